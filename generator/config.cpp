@@ -1,0 +1,217 @@
+#include "generator/config.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <regex>
+#include <sstream>
+
+namespace flashjit {
+
+namespace {
+
+constexpr int kMaxMTilesPerWarp = 2;  // 16-row MMA tiles a warp owns (template constraint)
+constexpr int kMaxCopiesPerThread = 16;  // 16-byte K (or V) tile copies per thread (template)
+// Registers beyond the fp32 accumulators: a fixed part (addresses, loop state, K/V fragments)
+// and a part per 16-row tile (Q and P fragments, m and l). Calibrated against ptxas (NVRTC
+// 13.0, sm_90) over every shape the template has: with it, no legal config spills, and every
+// config that ptxas fits in 255 registers without spilling stays legal except a few
+// 32-rows-per-warp shapes that need exactly 255 (docs/PERFORMANCE.md lists them).
+constexpr int kRegisterAllowance = 40;
+constexpr int kRegistersPerMTile = 32;
+constexpr int kSmemReservedPerCta = 1024;  // the driver reserves 1 KB per CTA on sm80+
+
+template <class Range>
+bool contains(const Range& range, int value) {
+  return std::find(std::begin(range), std::end(range), value) != std::end(range);
+}
+
+template <class Range>
+std::string list(const Range& range) {
+  std::string out;
+  for (int v : range) out += (out.empty() ? "" : ", ") + std::to_string(v);
+  return "{" + out + "}";
+}
+
+Status illegal(const AttentionConfig& config, const std::string& why) {
+  return make_error(ErrorCode::InvalidArgument, "config " + config.to_string() + ": " + why);
+}
+
+}  // namespace
+
+std::string AttentionConfig::to_string() const {
+  return "m" + std::to_string(block_m) + "n" + std::to_string(block_n) + "w" +
+         std::to_string(warps) + "s" + std::to_string(stages);
+}
+
+Result<AttentionConfig> AttentionConfig::parse(const std::string& text) {
+  static const std::regex pattern(R"(m(\d{1,4})n(\d{1,4})w(\d{1,2})s(\d{1,2}))");
+  std::smatch match;
+  if (!std::regex_match(text, match, pattern)) {
+    return make_error(ErrorCode::InvalidArgument,
+                      "config = '" + text + "': expected the form m<block_m>n<block_n>w<warps>s<stages>, "
+                      "e.g. m128n64w4s2");
+  }
+  AttentionConfig c;
+  c.block_m = std::stoi(match[1]);
+  c.block_n = std::stoi(match[2]);
+  c.warps = std::stoi(match[3]);
+  c.stages = std::stoi(match[4]);
+  return c;
+}
+
+int padded_head_dim(int head_dim) { return (head_dim + 63) / 64 * 64; }
+
+int smem_bytes(const AttentionConfig& c, const AttentionProblem& p) {
+  return (c.block_m + 2 * c.stages * c.block_n) * padded_head_dim(p.head_dim) * 2;
+}
+
+int estimated_registers(const AttentionConfig& c, const AttentionProblem& p) {
+  const int m_tiles = std::max(1, c.rows_per_warp() / 16);
+  const int o_accumulator = m_tiles * 16 * padded_head_dim(p.head_dim) / 32;
+  const int s_accumulator = m_tiles * 16 * c.block_n / 32;
+  // Each K/V copy a thread issues keeps a predicate and an address offset alive.
+  const int copies = c.block_n * (padded_head_dim(p.head_dim) / 8) / c.threads();
+  return o_accumulator + s_accumulator + kRegisterAllowance + kRegistersPerMTile * m_tiles + copies;
+}
+
+ResourceUse resource_use(const AttentionConfig& c, const AttentionProblem& p,
+                         const DeviceSpec& device) {
+  ResourceUse use;
+  use.smem_bytes = smem_bytes(c, p);
+  use.regs_per_thread = estimated_registers(c, p);
+  use.threads = c.threads();
+  // Registers are allocated per warp in units of 256 (8 per thread).
+  const int regs_rounded = (use.regs_per_thread + 7) / 8 * 8;
+  int by_smem = device.smem_per_sm / (use.smem_bytes + kSmemReservedPerCta);
+  int by_regs = device.regs_per_sm / std::max(1, regs_rounded * use.threads);
+  int by_threads = device.max_threads_per_sm / std::max(1, use.threads);
+  use.ctas_per_sm = std::max(0, std::min({by_smem, by_regs, by_threads}));
+  return use;
+}
+
+Status check_config(const AttentionConfig& c, const AttentionProblem& p, const DeviceSpec& device) {
+  // Template constraints (mirrored by static_asserts in templates/cuda/attention_fwd.cuh).
+  if (!contains(kBlockMChoices, c.block_m))
+    return illegal(c, "block_m = " + std::to_string(c.block_m) + " not in " + list(kBlockMChoices));
+  if (!contains(kBlockNChoices, c.block_n))
+    return illegal(c, "block_n = " + std::to_string(c.block_n) + " not in " + list(kBlockNChoices));
+  if (!contains(kWarpChoices, c.warps))
+    return illegal(c, "warps = " + std::to_string(c.warps) + " not in " + list(kWarpChoices));
+  if (!contains(kStageChoices, c.stages))
+    return illegal(c, "stages = " + std::to_string(c.stages) + " not in " + list(kStageChoices));
+  if (c.block_m % (16 * c.warps) != 0 || c.rows_per_warp() / 16 > kMaxMTilesPerWarp)
+    return illegal(c, "block_m / warps = " + std::to_string(c.block_m) + " / " +
+                          std::to_string(c.warps) + " must be 16 or 32 rows per warp");
+  const int chunks_per_row = padded_head_dim(p.head_dim) / 8;  // 16-byte copies per row
+  if ((c.block_n * chunks_per_row) % c.threads() != 0 ||
+      (c.block_m * chunks_per_row) % c.threads() != 0)
+    return illegal(c, "tile copies do not divide evenly over " + std::to_string(c.threads()) +
+                          " threads");
+  if (c.block_n * chunks_per_row / c.threads() > kMaxCopiesPerThread)
+    return illegal(c, std::to_string(c.block_n * chunks_per_row / c.threads()) +
+                          " K/V tile copies per thread exceed " +
+                          std::to_string(kMaxCopiesPerThread) + " (too few threads for the tile)");
+  if (c.threads() > device.max_threads_per_block)
+    return illegal(c, std::to_string(c.threads()) + " threads exceed the device's " +
+                          std::to_string(device.max_threads_per_block) + " per block");
+  // SRAM budget.
+  const int smem = smem_bytes(c, p);
+  if (smem > device.smem_per_block_optin)
+    return illegal(c, "shared memory " + std::to_string(smem) + " B exceeds the device's " +
+                          std::to_string(device.smem_per_block_optin) + " B per block");
+  // Register budget: more than the per-thread cap would spill to local memory.
+  const int regs = estimated_registers(c, p);
+  if (regs > device.max_regs_per_thread)
+    return illegal(c, "estimated " + std::to_string(regs) + " registers per thread exceed " +
+                          std::to_string(device.max_regs_per_thread));
+  if (regs * c.threads() > device.regs_per_sm)
+    return illegal(c, "estimated " + std::to_string(regs * c.threads()) +
+                          " registers per CTA exceed the SM's " + std::to_string(device.regs_per_sm));
+  return ok_status();
+}
+
+std::vector<AttentionConfig> legal_configs(const AttentionProblem& p, const DeviceSpec& device) {
+  std::vector<AttentionConfig> configs;
+  for (int block_m : kBlockMChoices)
+    for (int block_n : kBlockNChoices)
+      for (int warps : kWarpChoices)
+        for (int stages : kStageChoices) {
+          AttentionConfig c{block_m, block_n, warps, stages};
+          if (check_config(c, p, device).ok()) configs.push_back(c);
+        }
+  return configs;
+}
+
+namespace {
+int formula_block_m(const AttentionProblem& p, const DeviceSpec& device) {
+  return device.smem_per_block_optin / (3 * p.head_dim * static_cast<int>(sizeof(float)));
+}
+}  // namespace
+
+Result<AttentionConfig> default_config(const AttentionProblem& p, const DeviceSpec& device) {
+  const std::vector<AttentionConfig> legal = legal_configs(p, device);
+  if (legal.empty())
+    return make_error(ErrorCode::Unsupported, "no legal config for head_dim = " +
+                                                  std::to_string(p.head_dim) + " on " + device.name);
+  const int target = formula_block_m(p, device);
+  // The largest legal block_m at or below the formula, else the smallest legal one.
+  int block_m = 0;
+  for (const AttentionConfig& c : legal)
+    if (c.block_m <= target) block_m = std::max(block_m, c.block_m);
+  if (block_m == 0) block_m = legal.front().block_m;
+  // Among those: block_n 64 if legal (else the largest legal), most warps, 2 stages.
+  auto rank = [](const AttentionConfig& c) {
+    return std::make_tuple(c.block_n == 64, c.block_n, c.warps, c.stages == 2);
+  };
+  const AttentionConfig* best = nullptr;
+  for (const AttentionConfig& c : legal)
+    if (c.block_m == block_m && (!best || rank(c) > rank(*best))) best = &c;
+  return *best;
+}
+
+std::string explain_plan(const AttentionProblem& p, const DeviceSpec& device) {
+  std::ostringstream out;
+  const int d = p.head_dim, dp = padded_head_dim(d);
+  out << "device:  " << device.to_string() << "\n";
+  out << "problem: " << p.to_string() << "\n\n";
+  out << "Starting formula (FlashAttention): Br = SRAM / (3 * d * sizeof(float))\n";
+  out << "  = " << device.smem_per_block_optin << " / (3 * " << d << " * 4) = "
+      << formula_block_m(p, device) << " rows\n\n";
+  out << "Budget of this template (2-byte elements, head dim padded to " << dp << "):\n";
+  out << "  smem  = (Br + 2 * stages * Bc) * " << dp << " * 2 B      <= "
+      << device.smem_per_block_optin << " B per block\n";
+  out << "  regs ~= 16 * m_tiles * (" << dp << " + Bc) / 32 + " << kRegisterAllowance << " + "
+      << kRegistersPerMTile << " * m_tiles + Bc * " << dp / 8 << " / threads   <= "
+      << device.max_regs_per_thread << " per thread\n"
+      << "          (fp32 O and S accumulators + fragments and addresses + K/V copies)\n";
+  out << "  rows per warp = Br / warps in {16, 32}; Br in " << list(kBlockMChoices) << ", Bc in "
+      << list(kBlockNChoices) << ", warps in " << list(kWarpChoices) << ", stages in "
+      << list(kStageChoices) << "\n\n";
+  out << "config        smem(B)  regs~  CTAs/SM  status\n";
+  for (int block_m : kBlockMChoices)
+    for (int block_n : kBlockNChoices)
+      for (int warps : kWarpChoices)
+        for (int stages : kStageChoices) {
+          AttentionConfig c{block_m, block_n, warps, stages};
+          if (c.block_m % (16 * c.warps) != 0 || c.rows_per_warp() / 16 > kMaxMTilesPerWarp)
+            continue;  // not a shape the template has; listing it would only add noise
+          Status status = check_config(c, p, device);
+          ResourceUse use = resource_use(c, p, device);
+          char line[256];
+          std::string why = status.ok() ? "legal" : status.error().message;
+          const std::string prefix = "config " + c.to_string() + ": ";
+          if (why.rfind(prefix, 0) == 0) why = "illegal: " + why.substr(prefix.size());
+          std::snprintf(line, sizeof line, "%-12s %8d %6d %8d  %s\n", c.to_string().c_str(),
+                        use.smem_bytes, use.regs_per_thread, use.ctas_per_sm, why.c_str());
+          out << line;
+        }
+  auto legal = legal_configs(p, device);
+  out << "\n" << legal.size() << " legal configs.";
+  if (auto def = default_config(p, device); def.ok())
+    out << " Default (untuned): " << def->to_string() << "\n";
+  else
+    out << " " << def.error().message << "\n";
+  return out.str();
+}
+
+}  // namespace flashjit

@@ -1,0 +1,77 @@
+// Tile configurations of the attention forward kernel and the SRAM/register budget that
+// decides which are legal for a problem on a device.
+//
+// One CTA owns block_m query rows; its `warps` warps own 16 * m_tiles rows each. K and V are
+// streamed through shared memory in blocks of block_n rows, `stages` blocks deep.
+#pragma once
+
+#include <compare>
+#include <string>
+#include <vector>
+
+#include "generator/device.hpp"
+#include "generator/error.hpp"
+#include "generator/problem.hpp"
+
+namespace flashjit {
+
+struct AttentionConfig {
+  int block_m = 128;  // Br: query rows per CTA
+  int block_n = 64;   // Bc: key/value rows per pipeline stage
+  int warps = 4;      // warps per CTA; each owns block_m / warps query rows
+  int stages = 2;     // K/V shared-memory pipeline depth (cp.async groups in flight + 1)
+
+  auto operator<=>(const AttentionConfig&) const = default;
+
+  int threads() const { return warps * 32; }
+  int rows_per_warp() const { return block_m / warps; }
+  // "m128n64w4s2"
+  std::string to_string() const;
+  static Result<AttentionConfig> parse(const std::string& text);
+};
+
+// Values the template accepts for each knob (the enumeration's search space).
+inline constexpr int kBlockMChoices[] = {32, 64, 128, 256};
+inline constexpr int kBlockNChoices[] = {32, 64, 128};
+inline constexpr int kWarpChoices[] = {2, 4, 8};
+inline constexpr int kStageChoices[] = {2, 3};
+
+// Head dim as laid out in shared memory: rounded up to 64 so that every row is a whole number of
+// 128-byte swizzle groups. Padding columns are zero-filled and never written back.
+int padded_head_dim(int head_dim);
+
+struct ResourceUse {
+  int smem_bytes = 0;       // dynamic shared memory per CTA
+  int regs_per_thread = 0;  // estimate; the compiler's count is reported after compiling
+  int threads = 0;
+  int ctas_per_sm = 0;      // occupancy bound from smem, registers and threads (0: does not fit)
+};
+
+// Q tile + `stages` K and V tiles, 2-byte elements, padded head dim:
+//   smem = (block_m + 2 * stages * block_n) * padded_head_dim * 2
+int smem_bytes(const AttentionConfig& config, const AttentionProblem& problem);
+// Per-thread fp32 accumulators (O: m_tiles*16 x d, S: m_tiles*16 x block_n, spread over 32
+// lanes) plus allowances for fragments, addresses and softmax state, calibrated against ptxas
+// so that legal configs do not spill.
+int estimated_registers(const AttentionConfig& config, const AttentionProblem& problem);
+ResourceUse resource_use(const AttentionConfig& config, const AttentionProblem& problem,
+                         const DeviceSpec& device);
+
+// Why `config` is illegal for `problem` on `device` (template constraints first, then shared
+// memory, then registers), or ok.
+Status check_config(const AttentionConfig& config, const AttentionProblem& problem,
+                    const DeviceSpec& device);
+
+// Every legal config, in a stable order (block_m, block_n, warps, stages ascending).
+std::vector<AttentionConfig> legal_configs(const AttentionProblem& problem, const DeviceSpec& device);
+
+// The untuned default from the starting formula Br = smem_per_block / (3 * d * sizeof(float)),
+// rounded down to the largest legal block_m (the smallest legal one if none is below);
+// then block_n = 64 if legal, the most warps that are legal, and 2 stages.
+// Error only if no config is legal (a device too small for this head dim).
+Result<AttentionConfig> default_config(const AttentionProblem& problem, const DeviceSpec& device);
+
+// Human-readable budget arithmetic and the legal set, as `flashjit plan` prints it.
+std::string explain_plan(const AttentionProblem& problem, const DeviceSpec& device);
+
+}  // namespace flashjit

@@ -1,0 +1,178 @@
+#include "generator/problem.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <climits>
+#include <cmath>
+#include <sstream>
+
+namespace flashjit {
+
+const char* to_string(ErrorCode code) {
+  switch (code) {
+    case ErrorCode::InvalidArgument: return "InvalidArgument";
+    case ErrorCode::Unsupported: return "Unsupported";
+    case ErrorCode::NoDevice: return "NoDevice";
+    case ErrorCode::CompileFailed: return "CompileFailed";
+    case ErrorCode::DriverError: return "DriverError";
+    case ErrorCode::LaunchFailed: return "LaunchFailed";
+    case ErrorCode::IoError: return "IoError";
+    case ErrorCode::NotFound: return "NotFound";
+  }
+  return "Unknown";
+}
+
+const char* to_string(DType dtype) { return dtype == DType::F16 ? "f16" : "bf16"; }
+
+Result<DType> parse_dtype(const std::string& text) {
+  std::string lower = text;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (lower == "f16" || lower == "fp16" || lower == "float16" || lower == "half") return DType::F16;
+  if (lower == "bf16" || lower == "bfloat16") return DType::BF16;
+  return make_error(ErrorCode::InvalidArgument,
+                    "dtype = '" + text + "': must be one of f16 (fp16, float16), bf16 (bfloat16)");
+}
+
+const char* to_string(Layout layout) { return layout == Layout::BSHD ? "bshd" : "bhsd"; }
+
+Strides contiguous_strides(Layout layout, int64_t seqlen, int64_t heads, int64_t head_dim) {
+  if (layout == Layout::BSHD) return {seqlen * heads * head_dim, heads * head_dim, head_dim};
+  return {heads * seqlen * head_dim, head_dim, seqlen * head_dim};
+}
+
+AttentionProblem AttentionProblem::make(int64_t batch, int64_t heads_q, int64_t heads_kv,
+                                        int64_t seqlen_q, int64_t seqlen_k, int head_dim,
+                                        DType dtype, bool causal, Layout layout) {
+  AttentionProblem p;
+  p.batch = batch;
+  p.heads_q = heads_q;
+  p.heads_kv = heads_kv;
+  p.seqlen_q = seqlen_q;
+  p.seqlen_k = seqlen_k;
+  p.head_dim = head_dim;
+  p.dtype = dtype;
+  p.causal = causal;
+  p.q_strides = contiguous_strides(layout, seqlen_q, heads_q, head_dim);
+  p.o_strides = p.q_strides;
+  p.k_strides = contiguous_strides(layout, seqlen_k, heads_kv, head_dim);
+  p.v_strides = p.k_strides;
+  return p;
+}
+
+float AttentionProblem::scale() const {
+  return softmax_scale ? *softmax_scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+}
+
+double AttentionProblem::flops() const {
+  double f = 4.0 * batch * heads_q * static_cast<double>(seqlen_q) * seqlen_k * head_dim;
+  return causal ? f / 2 : f;
+}
+
+namespace {
+
+int64_t span(const Strides& s, int64_t batch, int64_t seqlen, int64_t heads, int64_t head_dim) {
+  return (batch - 1) * s.batch + (seqlen - 1) * s.seq + (heads - 1) * s.head + head_dim;
+}
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+// The tensor's elements must not alias: sort the axes by stride and require each stride to
+// step over everything the smaller axes span. (Sufficient, and what dense or padded layouts meet.)
+Status check_no_overlap(const char* name, const Strides& s, int64_t batch, int64_t seqlen,
+                        int64_t heads, int64_t head_dim) {
+  struct Axis {
+    int64_t stride, extent;
+    const char* what;
+  };
+  std::array<Axis, 4> axes{{{1, head_dim, "head_dim"},
+                            {s.seq, seqlen, "seq"},
+                            {s.head, heads, "head"},
+                            {s.batch, batch, "batch"}}};
+  std::sort(axes.begin(), axes.end(),
+            [](const Axis& a, const Axis& b) { return a.stride < b.stride; });
+  int64_t covered = 0;  // elements spanned by the axes so far, minus one
+  for (const Axis& axis : axes) {
+    if (axis.extent == 1) continue;
+    if (axis.stride <= covered) {
+      return make_error(ErrorCode::InvalidArgument,
+                        std::string(name) + " strides (batch " + str(s.batch) + ", seq " +
+                            str(s.seq) + ", head " + str(s.head) + ") make elements overlap: the " +
+                            axis.what + " stride " + str(axis.stride) +
+                            " must exceed the span of the smaller axes (" + str(covered) +
+                            "); an output must not alias itself");
+    }
+    covered += (axis.extent - 1) * axis.stride;
+  }
+  return ok_status();
+}
+
+Status check_strides(const char* name, const Strides& s, int64_t batch, int64_t seqlen,
+                     int64_t heads, int64_t head_dim, bool is_output) {
+  const std::pair<const char*, int64_t> fields[] = {
+      {"batch", s.batch}, {"seq", s.seq}, {"head", s.head}};
+  for (auto [axis, value] : fields) {
+    // 16-byte rows let the kernel move whole 8-element vectors; negative strides are not
+    // supported by the address arithmetic.
+    if (value < 0 || value % 8 != 0) {
+      return make_error(ErrorCode::InvalidArgument,
+                        std::string(name) + "." + axis + " stride = " + str(value) +
+                            ": must be a non-negative multiple of 8 elements (16-byte aligned rows)");
+    }
+  }
+  if (span(s, batch, seqlen, heads, head_dim) > (int64_t{1} << 62)) {
+    return make_error(ErrorCode::InvalidArgument,
+                      std::string(name) + " strides span more than 2^62 elements");
+  }
+  if (is_output) return check_no_overlap(name, s, batch, seqlen, heads, head_dim);
+  return ok_status();
+}
+
+}  // namespace
+
+int64_t AttentionProblem::q_span() const { return span(q_strides, batch, seqlen_q, heads_q, head_dim); }
+int64_t AttentionProblem::kv_span() const {
+  return std::max(span(k_strides, batch, seqlen_k, heads_kv, head_dim),
+                  span(v_strides, batch, seqlen_k, heads_kv, head_dim));
+}
+int64_t AttentionProblem::o_span() const { return span(o_strides, batch, seqlen_q, heads_q, head_dim); }
+
+std::string AttentionProblem::to_string() const {
+  std::ostringstream out;
+  out << "attention(batch=" << batch << ", heads_q=" << heads_q << ", heads_kv=" << heads_kv
+      << ", seqlen_q=" << seqlen_q << ", seqlen_k=" << seqlen_k << ", head_dim=" << head_dim
+      << ", dtype=" << flashjit::to_string(dtype) << (causal ? ", causal" : "")
+      << ", scale=" << scale() << ")";
+  return out.str();
+}
+
+Status validate(const AttentionProblem& p) {
+  auto invalid = [](const std::string& message) {
+    return Status(make_error(ErrorCode::InvalidArgument, message));
+  };
+  constexpr int64_t kMaxGridDim = 65535;  // heads and batch index grid y/z
+  if (p.batch < 1 || p.batch > kMaxGridDim)
+    return invalid("batch = " + str(p.batch) + ": must be in [1, 65535]");
+  if (p.heads_q < 1 || p.heads_q > kMaxGridDim)
+    return invalid("heads_q = " + str(p.heads_q) + ": must be in [1, 65535]");
+  if (p.heads_kv < 1 || p.heads_kv > p.heads_q || p.heads_q % p.heads_kv != 0)
+    return invalid("heads_kv = " + str(p.heads_kv) + ": must divide heads_q = " + str(p.heads_q) +
+                   " (GQA/MQA need heads_q to be a multiple of heads_kv)");
+  if (p.seqlen_q < 1 || p.seqlen_q > INT_MAX)
+    return invalid("seqlen_q = " + str(p.seqlen_q) + ": must be in [1, 2^31 - 1]");
+  if (p.seqlen_k < 1 || p.seqlen_k > INT_MAX)
+    return invalid("seqlen_k = " + str(p.seqlen_k) + ": must be in [1, 2^31 - 1]");
+  if (p.head_dim < kMinHeadDim || p.head_dim > kMaxHeadDim || p.head_dim % 8 != 0)
+    return invalid("head_dim = " + str(p.head_dim) + ": must be a multiple of 8 in [" +
+                   str(kMinHeadDim) + ", " + str(kMaxHeadDim) + "]");
+  if (p.softmax_scale && !std::isfinite(*p.softmax_scale))
+    return invalid("softmax_scale = " + std::to_string(*p.softmax_scale) + ": must be finite");
+  FLASHJIT_TRY(check_strides("q", p.q_strides, p.batch, p.seqlen_q, p.heads_q, p.head_dim, false));
+  FLASHJIT_TRY(check_strides("k", p.k_strides, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, false));
+  FLASHJIT_TRY(check_strides("v", p.v_strides, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, false));
+  FLASHJIT_TRY(check_strides("o", p.o_strides, p.batch, p.seqlen_q, p.heads_q, p.head_dim, true));
+  return ok_status();
+}
+
+}  // namespace flashjit

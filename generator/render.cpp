@@ -1,0 +1,86 @@
+#include "generator/render.hpp"
+
+#include <cstdint>
+#include <cstdio>
+#include <sstream>
+
+#include "templates/embedded.hpp"
+
+namespace flashjit {
+
+namespace {
+
+// Bump when the generator's output changes in a way the template texts do not show.
+constexpr int kGeneratorEpoch = 1;
+
+uint64_t fnv1a(std::string_view text, uint64_t hash = 1469598103934665603ull) {
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 1099511628211ull;
+  }
+  return hash;
+}
+
+// Preconditions the template states as static_asserts, checked here first so that a bad
+// config is a clear error instead of a compile log.
+Status check_template_constraints(const AttentionProblem& problem, const AttentionConfig& config) {
+  // A device with no limits to speak of: only the template's own constraints can fail.
+  DeviceSpec unlimited;
+  unlimited.name = "(template constraints only)";
+  unlimited.smem_per_block_optin = unlimited.smem_per_sm = 1 << 30;
+  unlimited.regs_per_sm = 1 << 30;
+  unlimited.max_regs_per_thread = 1 << 30;
+  unlimited.max_threads_per_sm = unlimited.max_threads_per_block = 1 << 30;
+  return check_config(config, problem, unlimited);
+}
+
+}  // namespace
+
+const std::string& generator_version() {
+  static const std::string version = [] {
+    uint64_t hash = fnv1a("epoch " + std::to_string(kGeneratorEpoch));
+    int count = 0;
+    const std::string_view* paths = templates::paths(&count);
+    for (int i = 0; i < count; ++i) {
+      hash = fnv1a(paths[i], hash);
+      hash = fnv1a(templates::text(paths[i]), hash);
+    }
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
+    return std::string(hex);
+  }();
+  return version;
+}
+
+Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
+                                           const AttentionConfig& config) {
+  FLASHJIT_TRY(validate(problem));
+  FLASHJIT_TRY(check_template_constraints(problem, config));
+  const std::string_view params = templates::text("attention_params.h");
+  const std::string_view kernel = templates::text("cuda/attention_fwd.cuh");
+  if (params.empty() || kernel.empty())
+    return make_error(ErrorCode::Unsupported, "the CUDA attention template is not embedded");
+
+  KernelSource source;
+  source.entry = kAttentionForwardEntry;
+  source.label = std::string("attention_fwd d") + std::to_string(problem.head_dim) + " " +
+                 to_string(problem.dtype) + (problem.causal ? " causal " : " ") + config.to_string();
+  std::ostringstream text;
+  text << "// flashjit " << source.label << " (generator " << generator_version() << ")\n"
+       << params << "\n"
+       << kernel << "\n"
+       << "// ---- instantiation ----\n"
+       << "typedef flashjit_kernel::Traits</*head_dim=*/" << problem.head_dim
+       << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n
+       << ", /*warps=*/" << config.warps << ", /*stages=*/" << config.stages
+       << ", /*bf16=*/" << (problem.dtype == DType::BF16 ? "true" : "false")
+       << ", /*causal=*/" << (problem.causal ? "true" : "false") << "> Config;\n"
+       << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads, 1)\n"
+       << source.entry << "(const __grid_constant__ FlashjitAttentionParams params) {\n"
+       << "  flashjit_kernel::attention_forward<Config>(params);\n"
+       << "}\n";
+  source.text = text.str();
+  return source;
+}
+
+}  // namespace flashjit

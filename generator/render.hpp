@@ -1,0 +1,31 @@
+// Rendering: one (problem, config) -> one self-contained kernel source for a backend.
+// Pure text work; no device or compiler is touched here.
+#pragma once
+
+#include <string>
+
+#include "generator/config.hpp"
+#include "generator/error.hpp"
+#include "generator/problem.hpp"
+
+namespace flashjit {
+
+struct KernelSource {
+  std::string entry;  // extern "C" name of the kernel function
+  std::string text;   // the whole translation unit: params struct, template, instantiation
+  std::string label;  // "attention_fwd d128 bf16 causal m128n64w4s2", for logs and errors
+};
+
+// Name of the entry point every rendered attention forward source defines.
+inline constexpr const char* kAttentionForwardEntry = "flashjit_attention_fwd";
+
+// CUDA (sm80+, mma.sync) forward kernel. Validates the problem and the config's template
+// constraints (not the device budget: that is check_config's job).
+Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
+                                           const AttentionConfig& config);
+
+// Changes whenever a template or the generator's output changes: part of binary-cache and
+// tuning-database keys. A hash of the embedded template texts plus a manual epoch.
+const std::string& generator_version();
+
+}  // namespace flashjit

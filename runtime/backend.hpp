@@ -1,0 +1,133 @@
+// The one backend interface: render, compile, load, launch, allocate, time.
+// CUDA (NVRTC + driver API) implements it now; HIP and CPU backends sit beside it later.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "generator/config.hpp"
+#include "generator/device.hpp"
+#include "generator/error.hpp"
+#include "generator/problem.hpp"
+#include "generator/render.hpp"
+
+namespace flashjit {
+
+// A compiled artifact (CUBIN for CUDA).
+struct Binary {
+  std::vector<char> bytes;
+  std::string compile_log;     // compiler output, may be empty
+  double compile_seconds = 0;  // 0 when it came from the cache
+  bool from_cache = false;
+};
+
+// What the loaded kernel really uses, as the driver reports it.
+struct KernelInfo {
+  int regs_per_thread = 0;
+  int local_bytes_per_thread = 0;  // stack frame + spills; > 0 means slow local memory
+  int dynamic_smem_bytes = 0;
+  int threads_per_block = 0;
+};
+
+// Device pointers of one attention call. Shapes and strides come from the AttentionProblem.
+struct AttentionArgs {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* o = nullptr;
+  float* lse = nullptr;  // may be null: then the log-sum-exp is not written
+};
+
+// The problem fields that are compiled into a kernel; everything else is a launch argument.
+struct ProblemSignature {
+  int head_dim = 0;
+  DType dtype = DType::BF16;
+  bool causal = false;
+  bool operator==(const ProblemSignature&) const = default;
+  static ProblemSignature of(const AttentionProblem& problem) {
+    return {problem.head_dim, problem.dtype, problem.causal};
+  }
+};
+
+// A loaded attention forward kernel for one signature and config. Thread-safe to launch.
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  virtual const ProblemSignature& signature() const = 0;
+  virtual const AttentionConfig& config() const = 0;
+  virtual const KernelInfo& info() const = 0;
+  // Validates the problem, checks it matches signature(), then enqueues the kernel on `stream`
+  // (the backend's native stream handle; nullptr = its default stream). Asynchronous.
+  virtual Status launch(const AttentionProblem& problem, const AttentionArgs& args,
+                        void* stream = nullptr) const = 0;
+};
+
+// Memory on a backend's device, freed on destruction.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(void* ptr, size_t bytes, std::function<void(void*)> release)
+      : ptr_(ptr), bytes_(bytes), release_(std::move(release)) {}
+  DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    reset();
+    ptr_ = std::exchange(other.ptr_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    release_ = std::move(other.release_);
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { reset(); }
+
+  void* get() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  void reset() {
+    if (ptr_ && release_) release_(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+  std::function<void(void*)> release_;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string name() const = 0;  // "cuda"
+  virtual const DeviceSpec& device() const = 0;
+  // Identifies compiler + target for cache keys: "nvrtc 13.0 sm_90".
+  virtual std::string compiler_fingerprint() const = 0;
+
+  virtual Result<KernelSource> render(const AttentionProblem& problem,
+                                      const AttentionConfig& config) const = 0;
+  virtual Result<Binary> compile(const KernelSource& source) const = 0;
+  virtual Result<std::shared_ptr<Kernel>> load(const Binary& binary, const KernelSource& source,
+                                               const ProblemSignature& signature,
+                                               const AttentionConfig& config) const = 0;
+
+  virtual Result<DeviceBuffer> allocate(size_t bytes) const = 0;
+  virtual Status copy_to_device(void* dst, const void* src, size_t bytes) const = 0;
+  virtual Status copy_to_host(void* dst, const void* src, size_t bytes) const = 0;
+  virtual Status fill_bytes(void* dst, uint8_t value, size_t bytes) const = 0;
+  virtual Status synchronize() const = 0;
+
+  // Device time of `work` (which enqueues on the default stream), in milliseconds, measured
+  // with events around `repetitions` back-to-back calls and divided by `repetitions`.
+  virtual Result<double> time_ms(const std::function<Status()>& work, int repetitions) const = 0;
+};
+
+}  // namespace flashjit

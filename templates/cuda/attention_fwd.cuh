@@ -1,0 +1,432 @@
+// FlashAttention-2 forward for NVIDIA sm80+ (A100, RTX 30/40, H100/H200), tensor cores via
+// mma.sync m16n8k16. Self-contained: no CUDA headers, so NVRTC parses it in milliseconds.
+// The renderer prepends templates/attention_params.h and appends one instantiation.
+//
+// One CTA computes O for kBlockM query rows of one (batch, head):
+//
+//   load Q tile                                   Q: [kBlockM, d] -> shared
+//   m = -inf, l = 0, acc = 0                      per row, fp32, in registers
+//   for each K/V block j (kBlockN rows):          K_j, V_j stream through `kStages` buffers
+//     S   = Q K_j^T                               [kBlockM, kBlockN], fp32 registers
+//     S   = mask(S)                               only on blocks that cross seqlen_k or the diagonal
+//     m'  = max(m, rowmax(S))
+//     P   = exp2(S * scale_log2 - m' * scale_log2)
+//     l   = l * exp2((m - m') * scale_log2) + rowsum(P)
+//     acc = acc * exp2((m - m') * scale_log2) + P V_j    P stays in registers as the A operand
+//     m   = m'
+//   O   = acc / l                                 written through shared memory, 16-byte stores
+//   LSE = (m * scale_log2 + log2(l)) * ln(2)
+//
+// Each warp owns kRowsPerWarp = 16 * kMTiles query rows end to end, so warps synchronize only
+// around the shared K/V buffers. Shared tiles are stored row-major with the 16-byte chunks of
+// each row XOR-swizzled by (row % 8): ldmatrix reads of 8 rows then touch 8 distinct bank groups.
+
+namespace flashjit_kernel {
+
+typedef unsigned short u16;  // one bf16/fp16 element, as raw bits
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+struct alignas(16) Vec16 {  // one 16-byte vector: 8 elements
+  u32 x, y, z, w;
+};
+
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WARPS, int STAGES, bool IS_BF16, bool CAUSAL>
+struct Traits {
+  static constexpr int kHeadDim = HEAD_DIM;
+  static constexpr int kHeadDimPadded = (HEAD_DIM + 63) / 64 * 64;  // whole swizzle groups
+  static constexpr int kBlockM = BLOCK_M;
+  static constexpr int kBlockN = BLOCK_N;
+  static constexpr int kWarps = WARPS;
+  static constexpr int kStages = STAGES;
+  static constexpr bool kIsBf16 = IS_BF16;
+  static constexpr bool kCausal = CAUSAL;
+
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRowsPerWarp = kBlockM / kWarps;
+  static constexpr int kMTiles = kRowsPerWarp / 16;        // 16-row MMA tiles per warp
+  static constexpr int kNTiles = kBlockN / 8;              // 8-column tiles of S
+  static constexpr int kDTiles = kHeadDimPadded / 8;       // 8-column tiles of O
+  static constexpr int kChunksPerRow = kHeadDimPadded / 8;  // 16-byte chunks per tile row
+  static constexpr int kRowBytes = kHeadDimPadded * 2;
+  static constexpr int kSmemElements = (kBlockM + 2 * kStages * kBlockN) * kHeadDimPadded;
+
+  static_assert(kHeadDim % 8 == 0 && kHeadDim >= 8 && kHeadDim <= 256,
+                "head dim: a multiple of 8 in [8, 256]");
+  static_assert(kBlockM % (16 * kWarps) == 0, "each warp owns whole 16-row MMA tiles");
+  static_assert(kMTiles == 1 || kMTiles == 2, "16 or 32 query rows per warp");
+  static_assert(kBlockN % 16 == 0, "P feeds the second MMA in k-steps of 16 columns");
+  static_assert(kStages >= 2 && kStages <= 3, "2 or 3 K/V pipeline stages");
+  static_assert((kBlockN * kChunksPerRow) % kThreads == 0, "K/V tile copies split evenly");
+  static_assert(kBlockN * kChunksPerRow / kThreads <= 16, "at most 16 copies per thread per tile");
+  static_assert((kBlockM * kChunksPerRow) % kThreads == 0, "Q tile copies split evenly");
+  static_assert((kRowsPerWarp * kChunksPerRow) % 32 == 0, "O row copies split over a warp");
+};
+
+// ---- PTX wrappers -----------------------------------------------------------------------------
+
+__device__ __forceinline__ u32 shared_address(const void* pointer) {
+  u32 address;
+  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }"
+      : "=r"(address)
+      : "l"(pointer));
+  return address;
+}
+
+// 16-byte global -> shared copy; bytes past `source_bytes` (0 or 16) are zero-filled.
+__device__ __forceinline__ void cp_async_16(u32 destination, const void* source, int source_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(destination), "l"(source),
+               "r"(source_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], u32 address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+// d[16x8] += a[16x16] * b[16x8], fp32 accumulate.
+template <bool IS_BF16>
+__device__ __forceinline__ void mma_16x8x16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  if constexpr (IS_BF16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two floats -> one register of two 16-bit elements, `low` in the low half.
+template <bool IS_BF16>
+__device__ __forceinline__ u32 pack2(float low, float high) {
+  u32 packed;
+  if constexpr (IS_BF16) {
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(high), "f"(low));
+  } else {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(high), "f"(low));
+  }
+  return packed;
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {  // exp2(-inf) = 0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float fast_log2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float minus_infinity() { return __int_as_float(0xff800000); }
+__device__ __forceinline__ float plus_infinity() { return __int_as_float(0x7f800000); }
+
+// ---- shared-memory tiles ----------------------------------------------------------------------
+
+// Element offset of (row, col) in a swizzled [rows, kHeadDimPadded] tile.
+template <class K>
+__device__ __forceinline__ int tile_offset(int row, int col) {
+  const int chunk = (col >> 3) ^ (row & 7);
+  return row * K::kHeadDimPadded + (chunk << 3) + (col & 7);
+}
+
+// Byte offset of (lane_row + row_add, lane_chunk + chunk_add) given `lane_offset`, the byte offset
+// of (lane_row, lane_chunk). Needs row_add % 8 == 0 (same swizzle phase) and lane_chunk's bits
+// disjoint from chunk_add's, so the swizzle splits into an add and an XOR of constants: the
+// per-lane part stays in one register instead of one register per fragment.
+// The adds are compile-time constants once the fragment loops are unrolled.
+template <class K>
+__device__ __forceinline__ u32 swizzled(u32 lane_offset, int row_add, int chunk_add) {
+  return (lane_offset + row_add * K::kRowBytes + (chunk_add & ~7) * 16) ^ ((chunk_add & 7) << 4);
+}
+
+// Starts the copy of ROWS global rows (row r at source + r * row_stride) into a shared tile.
+// Rows at or past `valid_rows` and columns past the head dim are zero-filled. When the threads
+// cover whole rows, each thread keeps one column and steps down the rows: one base pointer and
+// one stride in registers instead of one 64-bit address per copy.
+template <class K, int ROWS>
+__device__ __forceinline__ void load_tile_async(u32 tile, const u16* source, long long row_stride,
+                                                int valid_rows) {
+  constexpr int kCopies = ROWS * K::kChunksPerRow / K::kThreads;
+  if constexpr (K::kThreads % K::kChunksPerRow == 0) {
+    constexpr int kRowStep = K::kThreads / K::kChunksPerRow;
+    const int row0 = threadIdx.x / K::kChunksPerRow;
+    const int col = threadIdx.x % K::kChunksPerRow * 8;
+    const u16* from = source + row0 * row_stride + col;
+    const long long step = kRowStep * row_stride;
+    const int rows_left = col < K::kHeadDim ? valid_rows - row0 : 0;
+    const u32 to = tile + 2 * tile_offset<K>(row0, col);
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      // kRowStep is a multiple of 8 when the tile has >= 8 rows per step, so the swizzle phase
+      // of the row repeats; otherwise recompute the offset.
+      const u32 to_i = kRowStep % 8 == 0 ? to + i * kRowStep * K::kRowBytes
+                                         : tile + 2 * tile_offset<K>(row0 + i * kRowStep, col);
+      const bool valid = i * kRowStep < rows_left;
+      cp_async_16(to_i, valid ? from + i * step : source, valid ? 16 : 0);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      const int copy = threadIdx.x + i * K::kThreads;
+      const int row = copy / K::kChunksPerRow;
+      const int col = copy % K::kChunksPerRow * 8;
+      const bool valid = row < valid_rows && col < K::kHeadDim;
+      cp_async_16(tile + 2 * tile_offset<K>(row, col), valid ? source + row * row_stride + col : source,
+                  valid ? 16 : 0);
+    }
+  }
+}
+
+// ---- the kernel -------------------------------------------------------------------------------
+
+template <class K>
+__device__ __forceinline__ void attention_forward(const FlashjitAttentionParams& p) {
+  constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
+  constexpr int kMTiles = K::kMTiles, kNTiles = K::kNTiles, kDTiles = K::kDTiles;
+
+  constexpr int kTileBytes = kBlockN * K::kRowBytes;
+
+  extern __shared__ __align__(128) unsigned char shared_bytes[];
+  u16* q_tile = reinterpret_cast<u16*>(shared_bytes);        // [kBlockM, d_padded]
+  const u32 q_tile_address = shared_address(shared_bytes);
+  const u32 kv_tiles = q_tile_address + kBlockM * K::kRowBytes;  // kStages x {K, V}: [kBlockN, d_padded]
+
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  // Causal rows near the end see the most keys: launch them first so the tail is short.
+  const int m_block = K::kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int kv_head = head / p.group_size;
+  const int m0 = m_block * kBlockM;
+  const int warp_row0 = warp * K::kRowsPerWarp;  // first row of this warp within the block
+
+  const u16* q = static_cast<const u16*>(p.q) + batch * p.q_batch_stride +
+                 head * p.q_head_stride + m0 * p.q_seq_stride;
+  const u16* k = static_cast<const u16*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
+  const u16* v = static_cast<const u16*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
+  u16* o = static_cast<u16*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
+           m0 * p.o_seq_stride;
+  float* lse = p.lse ? p.lse + (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q : 0;
+
+  // Causal, bottom-right aligned: row i sees keys j <= i + diagonal.
+  const int diagonal = p.seqlen_k - p.seqlen_q;
+  int n_end = p.seqlen_k;
+  if (K::kCausal) n_end = min(n_end, m0 + kBlockM + diagonal);
+  const int n_blocks = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
+
+  // Fragment layout of an m16n8 accumulator: lane holds rows lane/4 and lane/4 + 8,
+  // columns 2 * (lane % 4) + {0, 1}.
+  const int frag_row = lane / 4;
+  const int frag_col = 2 * (lane % 4);
+  // Byte offsets of the row/chunk each lane addresses in its ldmatrix calls (before the
+  // per-fragment constants): Q as the A operand, K as B, V as B through .trans.
+  const u32 q_lane = 2 * tile_offset<K>(warp_row0 + lane % 16, lane / 16 * 8);
+  const u32 k_lane = 2 * tile_offset<K>(lane / 16 * 8 + lane % 8, (lane / 8) % 2 * 8);
+  const u32 v_lane = 2 * tile_offset<K>((lane / 8) % 2 * 8 + lane % 8, lane / 16 * 8);
+
+  float acc[kMTiles][kDTiles][4];  // O accumulator, fp32
+  float row_max[kMTiles][2];       // m, in units of raw scores
+  float row_sum[kMTiles][2];       // l, this lane's partial (reduced over the quad at the end)
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][dt][e] = 0.f;
+    row_max[mt][0] = row_max[mt][1] = minus_infinity();
+    row_sum[mt][0] = row_sum[mt][1] = 0.f;
+  }
+
+  if (n_blocks > 0) {
+    // Prologue: Q and the first kStages - 1 K/V blocks in flight, one commit group per block.
+    load_tile_async<K, kBlockM>(q_tile_address, q, p.q_seq_stride, p.seqlen_q - m0);
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < n_blocks) {
+        const u32 k_tile = kv_tiles + (2 * s) * kTileBytes;
+        load_tile_async<K, kBlockN>(k_tile, k + s * kBlockN * p.k_seq_stride, p.k_seq_stride,
+                                    p.seqlen_k - s * kBlockN);
+        load_tile_async<K, kBlockN>(k_tile + kTileBytes, v + s * kBlockN * p.v_seq_stride,
+                                    p.v_seq_stride, p.seqlen_k - s * kBlockN);
+      }
+      cp_async_commit();
+    }
+  }
+
+  for (int j = 0; j < n_blocks; ++j) {
+    cp_async_wait<kStages - 2>();  // this thread's copies of block j (and Q) have landed
+    __syncthreads();               // everyone's have; everyone is done with block j - 1's buffer
+    {
+      const int next = j + kStages - 1;  // refill the buffer block j - 1 used
+      if (next < n_blocks) {
+        const u32 k_tile = kv_tiles + 2 * (next % kStages) * kTileBytes;
+        load_tile_async<K, kBlockN>(k_tile, k + next * kBlockN * p.k_seq_stride, p.k_seq_stride,
+                                    p.seqlen_k - next * kBlockN);
+        load_tile_async<K, kBlockN>(k_tile + kTileBytes, v + next * kBlockN * p.v_seq_stride,
+                                    p.v_seq_stride, p.seqlen_k - next * kBlockN);
+      }
+      cp_async_commit();
+    }
+    const u32 k_tile = kv_tiles + 2 * (j % kStages) * kTileBytes;
+    const u32 v_tile = k_tile + kTileBytes;
+
+    // S = Q K^T: [kRowsPerWarp, kBlockN] per warp.
+    float s[kMTiles][kNTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < K::kHeadDimPadded / 16; ++kk) {
+      u32 q_frag[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+        ldmatrix_x4(q_frag[mt], q_tile_address + swizzled<K>(q_lane, mt * 16, 2 * kk));
+#pragma unroll
+      for (int np = 0; np < kNTiles / 2; ++np) {  // two 8-key tiles per ldmatrix.x4
+        u32 k_frag[4];
+        ldmatrix_x4(k_frag, k_tile + swizzled<K>(k_lane, np * 16, 2 * kk));
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          mma_16x8x16<K::kIsBf16>(s[mt][2 * np], q_frag[mt], k_frag[0], k_frag[1]);
+          mma_16x8x16<K::kIsBf16>(s[mt][2 * np + 1], q_frag[mt], k_frag[2], k_frag[3]);
+        }
+      }
+    }
+
+    // Mask keys past seqlen_k and, when causal, above the diagonal. Only blocks that cross one of
+    // those edges pay for it.
+    const int n0 = j * kBlockN;
+    if (n0 + kBlockN > p.seqlen_k || (K::kCausal && n0 + kBlockN - 1 > m0 + diagonal)) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          // Last visible key of this fragment row, relative to this lane's first column.
+          const int row = m0 + warp_row0 + mt * 16 + frag_row + half * 8;
+          const int limit = (K::kCausal ? min(p.seqlen_k - 1, row + diagonal) : p.seqlen_k - 1) -
+                            (n0 + frag_col);
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              if (nt * 8 + e > limit) s[mt][nt][2 * half + e] = minus_infinity();
+        }
+    }
+
+    // Online softmax, base 2, scale folded into one FMA per score.
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float block_max = row_max[mt][half];
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+          block_max = fmaxf(block_max, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
+        block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
+        block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
+        // A row that has seen no key yet has max -inf; subtract 0 instead so exp2 gives 0, not NaN.
+        const float max_scaled = block_max == minus_infinity() ? 0.f : block_max * p.scale_log2;
+        const float correction = fast_exp2(row_max[mt][half] * p.scale_log2 - max_scaled);
+        row_max[mt][half] = block_max;
+        row_sum[mt][half] *= correction;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          acc[mt][dt][2 * half] *= correction;
+          acc[mt][dt][2 * half + 1] *= correction;
+        }
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int e = 2 * half; e < 2 * half + 2; ++e) {
+            s[mt][nt][e] = fast_exp2(fmaf(s[mt][nt][e], p.scale_log2, -max_scaled));
+            row_sum[mt][half] += s[mt][nt][e];
+          }
+      }
+
+    // acc += P V: the S accumulators of key tiles (2t, 2t+1) are exactly the A fragment of k-step t.
+#pragma unroll
+    for (int t = 0; t < kBlockN / 16; ++t) {
+      u32 p_frag[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        p_frag[mt][0] = pack2<K::kIsBf16>(s[mt][2 * t][0], s[mt][2 * t][1]);
+        p_frag[mt][1] = pack2<K::kIsBf16>(s[mt][2 * t][2], s[mt][2 * t][3]);
+        p_frag[mt][2] = pack2<K::kIsBf16>(s[mt][2 * t + 1][0], s[mt][2 * t + 1][1]);
+        p_frag[mt][3] = pack2<K::kIsBf16>(s[mt][2 * t + 1][2], s[mt][2 * t + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < kDTiles / 2; ++dp) {  // two 8-column tiles of V per ldmatrix.x4
+        u32 v_frag[4];
+        ldmatrix_x4_trans(v_frag, v_tile + swizzled<K>(v_lane, t * 16, 2 * dp));
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          mma_16x8x16<K::kIsBf16>(acc[mt][2 * dp], p_frag[mt], v_frag[0], v_frag[1]);
+          mma_16x8x16<K::kIsBf16>(acc[mt][2 * dp + 1], p_frag[mt], v_frag[2], v_frag[3]);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // Epilogue: O = acc / l into this warp's own rows of the Q tile (no other warp reads them),
+  // then 16-byte coalesced stores. LSE from the lanes that own column 0 of each row.
+  constexpr float kLn2 = 0.6931471805599453f;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float sum = row_sum[mt][half];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inverse = sum > 0.f ? 1.f / sum : 0.f;  // a row with no keys: O = 0
+      const int row = warp_row0 + mt * 16 + frag_row + half * 8;
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        const u32 packed =
+            pack2<K::kIsBf16>(acc[mt][dt][2 * half] * inverse, acc[mt][dt][2 * half + 1] * inverse);
+        *reinterpret_cast<u32*>(q_tile + tile_offset<K>(row, dt * 8 + frag_col)) = packed;
+      }
+      if (lse && lane % 4 == 0 && m0 + row < p.seqlen_q) {
+        lse[m0 + row] = sum > 0.f
+                            ? (row_max[mt][half] * p.scale_log2 + fast_log2(sum)) * kLn2
+                            : plus_infinity();  // FlashAttention's convention: exp(s - lse) = 0
+      }
+    }
+  __syncwarp();
+  constexpr int kCopies = K::kRowsPerWarp * K::kChunksPerRow / 32;
+#pragma unroll
+  for (int i = 0; i < kCopies; ++i) {
+    const int copy = lane + i * 32;
+    const int row = warp_row0 + copy / K::kChunksPerRow;
+    const int col = copy % K::kChunksPerRow * 8;
+    if (m0 + row < p.seqlen_q && col < K::kHeadDim) {
+      *reinterpret_cast<Vec16*>(o + row * p.o_seq_stride + col) =
+          *reinterpret_cast<const Vec16*>(q_tile + tile_offset<K>(row, col));
+    }
+  }
+}
+
+}  // namespace flashjit_kernel

@@ -1,0 +1,103 @@
+#include "generator/config.hpp"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+namespace flashjit {
+namespace {
+
+DeviceSpec sm(int arch) { return *known_device("sm" + std::to_string(arch)); }
+
+AttentionProblem problem(int head_dim, bool causal = false) {
+  return AttentionProblem::make(1, 16, 16, 4096, 4096, head_dim, DType::BF16, causal);
+}
+
+TEST(Config, ParseAndPrintRoundTrip) {
+  AttentionConfig c{128, 64, 4, 2};
+  EXPECT_EQ(c.to_string(), "m128n64w4s2");
+  auto parsed = AttentionConfig::parse("m64n32w2s3");
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_EQ(*parsed, (AttentionConfig{64, 32, 2, 3}));
+  for (const char* bad : {"", "m128", "m128n64w4", "x128n64w4s2", "m128n64w4s2extra"}) {
+    auto r = AttentionConfig::parse(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.error().message.find("m<block_m>n<block_n>w<warps>s<stages>"), std::string::npos);
+  }
+}
+
+TEST(Config, SmemBudgetArithmetic) {
+  // (Br + 2 * stages * Bc) * padded_d * 2 bytes
+  EXPECT_EQ(smem_bytes({128, 64, 4, 2}, problem(128)), (128 + 2 * 2 * 64) * 128 * 2);
+  EXPECT_EQ(smem_bytes({64, 64, 4, 3}, problem(256)), (64 + 2 * 3 * 64) * 256 * 2);
+  EXPECT_EQ(padded_head_dim(64), 64);
+  EXPECT_EQ(padded_head_dim(72), 128);
+  EXPECT_EQ(padded_head_dim(96), 128);
+  EXPECT_EQ(padded_head_dim(256), 256);
+}
+
+TEST(Config, EveryLegalConfigFitsTheDevice) {
+  for (int arch : {80, 86, 89, 90})
+    for (int d : {64, 96, 128, 256}) {
+      const DeviceSpec device = sm(arch);
+      const auto p = problem(d);
+      const auto legal = legal_configs(p, device);
+      ASSERT_FALSE(legal.empty()) << "sm" << arch << " d" << d;
+      for (const AttentionConfig& c : legal) {
+        EXPECT_LE(smem_bytes(c, p), device.smem_per_block_optin) << c.to_string();
+        EXPECT_LE(estimated_registers(c, p), device.max_regs_per_thread) << c.to_string();
+        EXPECT_EQ(c.block_m % (16 * c.warps), 0) << c.to_string();
+        EXPECT_GE(resource_use(c, p, device).ctas_per_sm, 1) << c.to_string();
+      }
+      // Stable order and no duplicates.
+      EXPECT_TRUE(std::is_sorted(legal.begin(), legal.end()));
+      EXPECT_EQ(std::set<AttentionConfig>(legal.begin(), legal.end()).size(), legal.size());
+    }
+}
+
+TEST(Config, BudgetRejectsWhatDoesNotFit) {
+  // d = 256 with 3 stages of 128-row K/V tiles needs 448 KiB: over every device.
+  Status status = check_config({128, 128, 8, 3}, problem(256), sm(90));
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.error().message.find("shared memory"), std::string::npos);
+  // 99 KiB devices cannot hold what a 227 KiB device can.
+  AttentionConfig big{128, 64, 8, 3};
+  EXPECT_TRUE(check_config(big, problem(128), sm(90)).ok());
+  EXPECT_FALSE(check_config(big, problem(128), sm(86)).ok());
+  EXPECT_LT(legal_configs(problem(128), sm(86)).size(), legal_configs(problem(128), sm(90)).size());
+  // Template constraints.
+  EXPECT_FALSE(check_config({48, 64, 4, 2}, problem(128), sm(90)).ok());  // block_m choice
+  EXPECT_FALSE(check_config({64, 64, 8, 2}, problem(128), sm(90)).ok());  // 8 rows per warp
+  EXPECT_FALSE(check_config({256, 64, 4, 2}, problem(128), sm(90)).ok());  // 64 rows per warp
+  // Registers: 32 rows per warp at d = 256 needs 256 accumulator registers alone.
+  status = check_config({128, 32, 4, 2}, problem(256), sm(90));
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.error().message.find("registers"), std::string::npos);
+}
+
+TEST(Config, DefaultFollowsTheStartingFormula) {
+  // sm90: 232448 / (3 * d * 4) = 302, 151, 75 rows for d = 64, 128, 256.
+  EXPECT_EQ(default_config(problem(64), sm(90))->block_m, 256);
+  EXPECT_EQ(default_config(problem(128), sm(90))->block_m, 128);
+  EXPECT_EQ(default_config(problem(256), sm(90))->block_m, 64);
+  // sm80 (163 KiB): 108 rows at d = 128 -> 64.
+  EXPECT_EQ(default_config(problem(128), sm(80))->block_m, 64);
+  for (int arch : {80, 86, 89, 90})
+    for (int d : {64, 128, 256}) {
+      auto c = default_config(problem(d), sm(arch));
+      ASSERT_TRUE(c.ok());
+      EXPECT_TRUE(check_config(*c, problem(d), sm(arch)).ok()) << c->to_string();
+    }
+}
+
+TEST(Config, PlanShowsTheArithmeticAndTheLegalSet) {
+  const std::string plan = explain_plan(problem(128), sm(90));
+  EXPECT_NE(plan.find("232448 / (3 * 128 * 4) = 151"), std::string::npos) << plan;
+  EXPECT_NE(plan.find("legal configs"), std::string::npos);
+  EXPECT_NE(plan.find("Default (untuned): " + default_config(problem(128), sm(90))->to_string()),
+            std::string::npos);
+  EXPECT_NE(plan.find("illegal: shared memory"), std::string::npos) << plan;
+}
+
+}  // namespace
+}  // namespace flashjit

@@ -1,0 +1,108 @@
+#include "generator/problem.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace flashjit {
+namespace {
+
+AttentionProblem valid_problem() {
+  return AttentionProblem::make(2, 8, 2, 100, 300, 128, DType::BF16, true);
+}
+
+// The message must name the field and the bad value.
+void expect_invalid(const AttentionProblem& problem, const std::string& needle) {
+  Status status = validate(problem);
+  ASSERT_FALSE(status.ok()) << "expected an error mentioning '" << needle << "'";
+  EXPECT_EQ(status.error().code, ErrorCode::InvalidArgument);
+  EXPECT_NE(status.error().message.find(needle), std::string::npos) << status.error().message;
+}
+
+TEST(Problem, ValidProblemPasses) {
+  EXPECT_TRUE(validate(valid_problem()).ok());
+  EXPECT_TRUE(validate(AttentionProblem::make(1, 1, 1, 1, 1, 8, DType::F16, false)).ok());
+  EXPECT_TRUE(validate(AttentionProblem::make(3, 4, 1, 4097, 17, 256, DType::F16, false,
+                                              Layout::BHSD))
+                  .ok());
+}
+
+TEST(Problem, RejectsEachBadField) {
+  auto p = valid_problem();
+  p.batch = 0;
+  expect_invalid(p, "batch = 0");
+  p = valid_problem();
+  p.heads_kv = 3;
+  expect_invalid(p, "heads_kv = 3");
+  p = valid_problem();
+  p.heads_kv = 16;
+  expect_invalid(p, "heads_kv = 16");
+  p = valid_problem();
+  p.seqlen_q = 0;
+  expect_invalid(p, "seqlen_q = 0");
+  p = valid_problem();
+  p.seqlen_k = -5;
+  expect_invalid(p, "seqlen_k = -5");
+  for (int bad : {0, 4, 100, 264, 512}) {
+    p = AttentionProblem::make(1, 1, 1, 16, 16, bad, DType::BF16, false);
+    expect_invalid(p, "head_dim = " + std::to_string(bad));
+  }
+  p = valid_problem();
+  p.softmax_scale = std::nanf("");
+  expect_invalid(p, "softmax_scale");
+}
+
+TEST(Problem, RejectsMisalignedAndOverlappingStrides) {
+  auto p = valid_problem();
+  p.q_strides.seq += 4;  // rows no longer 16-byte aligned
+  expect_invalid(p, "q.seq stride");
+  p = valid_problem();
+  p.k_strides.head = -128;
+  expect_invalid(p, "k.head stride = -128");
+  p = valid_problem();
+  p.o_strides.seq = 64;  // rows of 128 elements overlap
+  expect_invalid(p, "o strides");
+  // Inputs may broadcast (stride 0); outputs may not.
+  p = valid_problem();
+  p.k_strides.batch = 0;
+  p.v_strides.batch = 0;
+  EXPECT_TRUE(validate(p).ok());
+  p.o_strides.batch = 0;
+  expect_invalid(p, "o strides");
+}
+
+TEST(Problem, PaddedStridesAreAccepted) {
+  auto p = AttentionProblem::make(2, 4, 4, 33, 33, 64, DType::F16, false);
+  p.q_strides = {33 * (4 * 64 + 24), 4 * 64 + 24, 64};
+  p.o_strides = {33 * (4 * 72 + 8), 4 * 72 + 8, 72};
+  EXPECT_TRUE(validate(p).ok()) << validate(p).error().message;
+  EXPECT_EQ(p.o_span(), 1 * 33 * (4 * 72 + 8) + 32 * (4 * 72 + 8) + 3 * 72 + 64);
+}
+
+TEST(Problem, LayoutsAndDerivedValues) {
+  EXPECT_EQ(contiguous_strides(Layout::BSHD, 10, 4, 64), (Strides{10 * 4 * 64, 4 * 64, 64}));
+  EXPECT_EQ(contiguous_strides(Layout::BHSD, 10, 4, 64), (Strides{4 * 10 * 64, 64, 10 * 64}));
+  auto p = AttentionProblem::make(2, 8, 2, 100, 300, 128, DType::BF16, false);
+  EXPECT_FLOAT_EQ(p.scale(), 1.0f / std::sqrt(128.0f));
+  p.softmax_scale = 0.5f;
+  EXPECT_FLOAT_EQ(p.scale(), 0.5f);
+  EXPECT_EQ(p.group_size(), 4);
+  EXPECT_DOUBLE_EQ(p.flops(), 4.0 * 2 * 8 * 100 * 300 * 128);
+  p.causal = true;
+  EXPECT_DOUBLE_EQ(p.flops(), 2.0 * 2 * 8 * 100 * 300 * 128);
+  EXPECT_EQ(p.q_span(), 2 * 100 * 8 * 128);
+  EXPECT_EQ(p.kv_span(), 2 * 300 * 2 * 128);
+  EXPECT_EQ(p.lse_elements(), 2 * 8 * 100);
+}
+
+TEST(Problem, ParsesDtypes) {
+  EXPECT_EQ(*parse_dtype("bf16"), DType::BF16);
+  EXPECT_EQ(*parse_dtype("BFloat16"), DType::BF16);
+  EXPECT_EQ(*parse_dtype("fp16"), DType::F16);
+  auto bad = parse_dtype("fp32");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("'fp32'"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace flashjit

@@ -1,0 +1,62 @@
+#include "generator/render.hpp"
+
+#include <gtest/gtest.h>
+
+#include "templates/embedded.hpp"
+
+namespace flashjit {
+namespace {
+
+TEST(Render, SourceIsSelfContainedAndNamesTheConfig) {
+  auto p = AttentionProblem::make(1, 2, 2, 64, 64, 128, DType::BF16, true);
+  auto source = render_cuda_attention(p, {128, 64, 4, 2});
+  ASSERT_TRUE(source.ok()) << source.error().describe();
+  EXPECT_EQ(source->entry, kAttentionForwardEntry);
+  EXPECT_EQ(source->label, "attention_fwd d128 bf16 causal m128n64w4s2");
+  const std::string& text = source->text;
+  EXPECT_NE(text.find("struct FlashjitAttentionParams"), std::string::npos);
+  EXPECT_NE(text.find("Traits</*head_dim=*/128, /*block_m=*/128, /*block_n=*/64, /*warps=*/4, "
+                      "/*stages=*/2, /*bf16=*/true, /*causal=*/true>"),
+            std::string::npos);
+  EXPECT_NE(text.find("extern \"C\" __global__"), std::string::npos);
+  EXPECT_EQ(text.find("#include"), std::string::npos) << "templates must not include headers";
+}
+
+TEST(Render, DistinctProblemsAndConfigsGiveDistinctSources) {
+  auto base = AttentionProblem::make(1, 2, 2, 64, 64, 128, DType::BF16, false);
+  auto f16 = base;
+  f16.dtype = DType::F16;
+  auto causal = base;
+  causal.causal = true;
+  auto d64 = AttentionProblem::make(1, 2, 2, 64, 64, 64, DType::BF16, false);
+  const std::string a = render_cuda_attention(base, {128, 64, 4, 2})->text;
+  EXPECT_NE(a, render_cuda_attention(f16, {128, 64, 4, 2})->text);
+  EXPECT_NE(a, render_cuda_attention(causal, {128, 64, 4, 2})->text);
+  EXPECT_NE(a, render_cuda_attention(d64, {128, 64, 4, 2})->text);
+  EXPECT_NE(a, render_cuda_attention(base, {128, 64, 4, 3})->text);
+  // Runtime-only fields do not change the source (one binary serves every seqlen).
+  auto longer = AttentionProblem::make(3, 2, 2, 4097, 4097, 128, DType::BF16, false);
+  EXPECT_EQ(a, render_cuda_attention(longer, {128, 64, 4, 2})->text);
+}
+
+TEST(Render, RejectsBadInputWithTheReason) {
+  auto p = AttentionProblem::make(1, 2, 2, 64, 64, 100, DType::BF16, false);
+  auto r = render_cuda_attention(p, {128, 64, 4, 2});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("head_dim = 100"), std::string::npos);
+  p = AttentionProblem::make(1, 2, 2, 64, 64, 128, DType::BF16, false);
+  r = render_cuda_attention(p, {128, 48, 4, 2});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("block_n = 48"), std::string::npos);
+}
+
+TEST(Render, TemplatesAreEmbeddedAndVersioned) {
+  EXPECT_FALSE(templates::text("cuda/attention_fwd.cuh").empty());
+  EXPECT_FALSE(templates::text("attention_params.h").empty());
+  EXPECT_TRUE(templates::text("no/such/file").empty());
+  EXPECT_EQ(generator_version().size(), 16u);
+  EXPECT_EQ(generator_version(), generator_version());
+}
+
+}  // namespace
+}  // namespace flashjit
