@@ -10,7 +10,9 @@ namespace flashjit {
 namespace {
 
 constexpr int kMaxMTilesPerWarp = 2;  // 16-row MMA tiles a warp owns (template constraint)
-constexpr int kMaxCopiesPerThread = 16;  // 16-byte K (or V) tile copies per thread (template)
+// 16-byte K (or V) tile copies per thread: the template takes up to 16, but past 8 each copy's
+// address and predicate push ptxas into spills on sm80 (seen with m64n128w4 at d = 128).
+constexpr int kMaxCopiesPerThread = 8;
 // Registers beyond the fp32 accumulators: a fixed part (addresses, loop state, K/V fragments)
 // and a part per 16-row tile (Q and P fragments, m and l). Calibrated against ptxas (NVRTC
 // 13.0, sm_90) over every shape the template has: with it, no legal config spills, and every
@@ -48,8 +50,9 @@ Result<AttentionConfig> AttentionConfig::parse(const std::string& text) {
   std::smatch match;
   if (!std::regex_match(text, match, pattern)) {
     return make_error(ErrorCode::InvalidArgument,
-                      "config = '" + text + "': expected the form m<block_m>n<block_n>w<warps>s<stages>, "
-                      "e.g. m128n64w4s2");
+                      "config = '" + text +
+                          "': expected the form m<block_m>n<block_n>w<warps>s<stages>, "
+                          "e.g. m128n64w4s2");
   }
   AttentionConfig c;
   c.block_m = std::stoi(match[1]);
@@ -105,12 +108,13 @@ Status check_config(const AttentionConfig& c, const AttentionProblem& p, const D
   const int chunks_per_row = padded_head_dim(p.head_dim) / 8;  // 16-byte copies per row
   if ((c.block_n * chunks_per_row) % c.threads() != 0 ||
       (c.block_m * chunks_per_row) % c.threads() != 0)
-    return illegal(c, "tile copies do not divide evenly over " + std::to_string(c.threads()) +
-                          " threads");
+    return illegal(
+        c, "tile copies do not divide evenly over " + std::to_string(c.threads()) + " threads");
   if (c.block_n * chunks_per_row / c.threads() > kMaxCopiesPerThread)
     return illegal(c, std::to_string(c.block_n * chunks_per_row / c.threads()) +
                           " K/V tile copies per thread exceed " +
-                          std::to_string(kMaxCopiesPerThread) + " (too few threads for the tile)");
+                          std::to_string(kMaxCopiesPerThread) +
+                          " (too few threads for the tile: registers would spill)");
   if (c.threads() > device.max_threads_per_block)
     return illegal(c, std::to_string(c.threads()) + " threads exceed the device's " +
                           std::to_string(device.max_threads_per_block) + " per block");
@@ -126,7 +130,8 @@ Status check_config(const AttentionConfig& c, const AttentionProblem& p, const D
                           std::to_string(device.max_regs_per_thread));
   if (regs * c.threads() > device.regs_per_sm)
     return illegal(c, "estimated " + std::to_string(regs * c.threads()) +
-                          " registers per CTA exceed the SM's " + std::to_string(device.regs_per_sm));
+                          " registers per CTA exceed the SM's " +
+                          std::to_string(device.regs_per_sm));
   return ok_status();
 }
 
@@ -151,8 +156,9 @@ int formula_block_m(const AttentionProblem& p, const DeviceSpec& device) {
 Result<AttentionConfig> default_config(const AttentionProblem& p, const DeviceSpec& device) {
   const std::vector<AttentionConfig> legal = legal_configs(p, device);
   if (legal.empty())
-    return make_error(ErrorCode::Unsupported, "no legal config for head_dim = " +
-                                                  std::to_string(p.head_dim) + " on " + device.name);
+    return make_error(
+        ErrorCode::Unsupported,
+        "no legal config for head_dim = " + std::to_string(p.head_dim) + " on " + device.name);
   const int target = formula_block_m(p, device);
   // The largest legal block_m at or below the formula, else the smallest legal one.
   int block_m = 0;
@@ -175,14 +181,14 @@ std::string explain_plan(const AttentionProblem& p, const DeviceSpec& device) {
   out << "device:  " << device.to_string() << "\n";
   out << "problem: " << p.to_string() << "\n\n";
   out << "Starting formula (FlashAttention): Br = SRAM / (3 * d * sizeof(float))\n";
-  out << "  = " << device.smem_per_block_optin << " / (3 * " << d << " * 4) = "
-      << formula_block_m(p, device) << " rows\n\n";
+  out << "  = " << device.smem_per_block_optin << " / (3 * " << d
+      << " * 4) = " << formula_block_m(p, device) << " rows\n\n";
   out << "Budget of this template (2-byte elements, head dim padded to " << dp << "):\n";
-  out << "  smem  = (Br + 2 * stages * Bc) * " << dp << " * 2 B      <= "
-      << device.smem_per_block_optin << " B per block\n";
+  out << "  smem  = (Br + 2 * stages * Bc) * " << dp
+      << " * 2 B      <= " << device.smem_per_block_optin << " B per block\n";
   out << "  regs ~= 16 * m_tiles * (" << dp << " + Bc) / 32 + " << kRegisterAllowance << " + "
-      << kRegistersPerMTile << " * m_tiles + Bc * " << dp / 8 << " / threads   <= "
-      << device.max_regs_per_thread << " per thread\n"
+      << kRegistersPerMTile << " * m_tiles + Bc * " << dp / 8
+      << " / threads   <= " << device.max_regs_per_thread << " per thread\n"
       << "          (fp32 O and S accumulators + fragments and addresses + K/V copies)\n";
   out << "  rows per warp = Br / warps in {16, 32}; Br in " << list(kBlockMChoices) << ", Bc in "
       << list(kBlockNChoices) << ", warps in " << list(kWarpChoices) << ", stages in "

@@ -44,7 +44,7 @@ struct ResourceUse {
   int smem_bytes = 0;       // dynamic shared memory per CTA
   int regs_per_thread = 0;  // estimate; the compiler's count is reported after compiling
   int threads = 0;
-  int ctas_per_sm = 0;      // occupancy bound from smem, registers and threads (0: does not fit)
+  int ctas_per_sm = 0;  // occupancy bound from smem, registers and threads (0: does not fit)
 };
 
 // Q tile + `stages` K and V tiles, 2-byte elements, padded head dim:
@@ -63,7 +63,8 @@ Status check_config(const AttentionConfig& config, const AttentionProblem& probl
                     const DeviceSpec& device);
 
 // Every legal config, in a stable order (block_m, block_n, warps, stages ascending).
-std::vector<AttentionConfig> legal_configs(const AttentionProblem& problem, const DeviceSpec& device);
+std::vector<AttentionConfig> legal_configs(const AttentionProblem& problem,
+                                           const DeviceSpec& device);
 
 // The untuned default from the starting formula Br = smem_per_block / (3 * d * sizeof(float)),
 // rounded down to the largest legal block_m (the smallest legal one if none is below);

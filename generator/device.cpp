@@ -71,8 +71,10 @@ std::vector<std::string> known_archs() {
 
 Result<DeviceSpec> known_device(const std::string& arch) {
   std::string digits = arch;
-  if (digits.rfind("sm_", 0) == 0) digits = digits.substr(3);
-  else if (digits.rfind("sm", 0) == 0) digits = digits.substr(2);
+  if (digits.rfind("sm_", 0) == 0)
+    digits = digits.substr(3);
+  else if (digits.rfind("sm", 0) == 0)
+    digits = digits.substr(2);
   for (int known : kKnownArchs)
     if (digits == std::to_string(known)) return table_entry(known);
   std::string allowed;

@@ -11,8 +11,8 @@
 namespace flashjit {
 
 struct DeviceSpec {
-  std::string name;              // "NVIDIA H100 80GB HBM3", or "sm90 (table)"
-  int arch = 0;                  // compute capability * 10: 80, 86, 89, 90
+  std::string name;  // "NVIDIA H100 80GB HBM3", or "sm90 (table)"
+  int arch = 0;      // compute capability * 10: 80, 86, 89, 90
   int sm_count = 0;
   int smem_per_block_optin = 0;  // bytes a block may use after opting in
   int smem_per_sm = 0;           // bytes

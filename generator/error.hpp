@@ -86,13 +86,15 @@ class [[nodiscard]] Status {
 
 inline Status ok_status() { return Status(); }
 
-inline Error make_error(ErrorCode code, std::string message) { return Error{code, std::move(message)}; }
+inline Error make_error(ErrorCode code, std::string message) {
+  return Error{code, std::move(message)};
+}
 
 }  // namespace flashjit
 
 // Propagate an error from an expression returning Status or Result<T>.
-#define FLASHJIT_TRY(expr)                                  \
-  do {                                                      \
-    auto&& flashjit_try_result_ = (expr);                   \
+#define FLASHJIT_TRY(expr)                                               \
+  do {                                                                   \
+    auto&& flashjit_try_result_ = (expr);                                \
     if (!flashjit_try_result_.ok()) return flashjit_try_result_.error(); \
   } while (0)

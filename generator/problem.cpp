@@ -11,14 +11,22 @@ namespace flashjit {
 
 const char* to_string(ErrorCode code) {
   switch (code) {
-    case ErrorCode::InvalidArgument: return "InvalidArgument";
-    case ErrorCode::Unsupported: return "Unsupported";
-    case ErrorCode::NoDevice: return "NoDevice";
-    case ErrorCode::CompileFailed: return "CompileFailed";
-    case ErrorCode::DriverError: return "DriverError";
-    case ErrorCode::LaunchFailed: return "LaunchFailed";
-    case ErrorCode::IoError: return "IoError";
-    case ErrorCode::NotFound: return "NotFound";
+    case ErrorCode::InvalidArgument:
+      return "InvalidArgument";
+    case ErrorCode::Unsupported:
+      return "Unsupported";
+    case ErrorCode::NoDevice:
+      return "NoDevice";
+    case ErrorCode::CompileFailed:
+      return "CompileFailed";
+    case ErrorCode::DriverError:
+      return "DriverError";
+    case ErrorCode::LaunchFailed:
+      return "LaunchFailed";
+    case ErrorCode::IoError:
+      return "IoError";
+    case ErrorCode::NotFound:
+      return "NotFound";
   }
   return "Unknown";
 }
@@ -116,9 +124,10 @@ Status check_strides(const char* name, const Strides& s, int64_t batch, int64_t 
     // 16-byte rows let the kernel move whole 8-element vectors; negative strides are not
     // supported by the address arithmetic.
     if (value < 0 || value % 8 != 0) {
-      return make_error(ErrorCode::InvalidArgument,
-                        std::string(name) + "." + axis + " stride = " + str(value) +
-                            ": must be a non-negative multiple of 8 elements (16-byte aligned rows)");
+      return make_error(
+          ErrorCode::InvalidArgument,
+          std::string(name) + "." + axis + " stride = " + str(value) +
+              ": must be a non-negative multiple of 8 elements (16-byte aligned rows)");
     }
   }
   if (span(s, batch, seqlen, heads, head_dim) > (int64_t{1} << 62)) {
@@ -131,12 +140,16 @@ Status check_strides(const char* name, const Strides& s, int64_t batch, int64_t 
 
 }  // namespace
 
-int64_t AttentionProblem::q_span() const { return span(q_strides, batch, seqlen_q, heads_q, head_dim); }
+int64_t AttentionProblem::q_span() const {
+  return span(q_strides, batch, seqlen_q, heads_q, head_dim);
+}
 int64_t AttentionProblem::kv_span() const {
   return std::max(span(k_strides, batch, seqlen_k, heads_kv, head_dim),
                   span(v_strides, batch, seqlen_k, heads_kv, head_dim));
 }
-int64_t AttentionProblem::o_span() const { return span(o_strides, batch, seqlen_q, heads_q, head_dim); }
+int64_t AttentionProblem::o_span() const {
+  return span(o_strides, batch, seqlen_q, heads_q, head_dim);
+}
 
 std::string AttentionProblem::to_string() const {
   std::ostringstream out;

@@ -1,7 +1,8 @@
 // AttentionProblem: what one attention forward call computes, independent of any device.
 //
 //   O[b, s, h, :] = softmax(scale * Q[b, s, h, :] K[b, :, h / G, :]^T + mask) V[b, :, h / G, :]
-//   LSE[b, h, s]  = log(sum_j exp(scale * q . k_j))   (natural log, fp32; +inf for a row with no keys)
+//   LSE[b, h, s]  = log(sum_j exp(scale * q . k_j))   (natural log, fp32; +inf for a row with no
+//   keys)
 //
 // with G = heads_q / heads_kv (GQA; MQA when heads_kv == 1). Causal masking is aligned
 // bottom-right as in FlashAttention-2: query i sees key j iff j <= i + seqlen_k - seqlen_q.

@@ -64,17 +64,18 @@ Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
   KernelSource source;
   source.entry = kAttentionForwardEntry;
   source.label = std::string("attention_fwd d") + std::to_string(problem.head_dim) + " " +
-                 to_string(problem.dtype) + (problem.causal ? " causal " : " ") + config.to_string();
+                 to_string(problem.dtype) + (problem.causal ? " causal " : " ") +
+                 config.to_string();
   std::ostringstream text;
   text << "// flashjit " << source.label << " (generator " << generator_version() << ")\n"
        << params << "\n"
        << kernel << "\n"
        << "// ---- instantiation ----\n"
-       << "typedef flashjit_kernel::Traits</*head_dim=*/" << problem.head_dim
-       << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n
-       << ", /*warps=*/" << config.warps << ", /*stages=*/" << config.stages
-       << ", /*bf16=*/" << (problem.dtype == DType::BF16 ? "true" : "false")
-       << ", /*causal=*/" << (problem.causal ? "true" : "false") << "> Config;\n"
+       << "typedef flashjit_kernel::Traits</*head_dim=*/" << problem.head_dim << ", /*block_m=*/"
+       << config.block_m << ", /*block_n=*/" << config.block_n << ", /*warps=*/" << config.warps
+       << ", /*stages=*/" << config.stages << ", /*bf16=*/"
+       << (problem.dtype == DType::BF16 ? "true" : "false") << ", /*causal=*/"
+       << (problem.causal ? "true" : "false") << "> Config;\n"
        << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads, 1)\n"
        << source.entry << "(const __grid_constant__ FlashjitAttentionParams params) {\n"
        << "  flashjit_kernel::attention_forward<Config>(params);\n"

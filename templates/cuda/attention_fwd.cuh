@@ -8,12 +8,10 @@
 //   m = -inf, l = 0, acc = 0                      per row, fp32, in registers
 //   for each K/V block j (kBlockN rows):          K_j, V_j stream through `kStages` buffers
 //     S   = Q K_j^T                               [kBlockM, kBlockN], fp32 registers
-//     S   = mask(S)                               only on blocks that cross seqlen_k or the diagonal
-//     m'  = max(m, rowmax(S))
-//     P   = exp2(S * scale_log2 - m' * scale_log2)
-//     l   = l * exp2((m - m') * scale_log2) + rowsum(P)
-//     acc = acc * exp2((m - m') * scale_log2) + P V_j    P stays in registers as the A operand
-//     m   = m'
+//     S   = mask(S)                               only on blocks that cross seqlen_k or the
+//     diagonal m'  = max(m, rowmax(S)) P   = exp2(S * scale_log2 - m' * scale_log2) l   = l *
+//     exp2((m - m') * scale_log2) + rowsum(P) acc = acc * exp2((m - m') * scale_log2) + P V_j    P
+//     stays in registers as the A operand m   = m'
 //   O   = acc / l                                 written through shared memory, 16-byte stores
 //   LSE = (m * scale_log2 + log2(l)) * ln(2)
 //
@@ -44,9 +42,9 @@ struct Traits {
 
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRowsPerWarp = kBlockM / kWarps;
-  static constexpr int kMTiles = kRowsPerWarp / 16;        // 16-row MMA tiles per warp
-  static constexpr int kNTiles = kBlockN / 8;              // 8-column tiles of S
-  static constexpr int kDTiles = kHeadDimPadded / 8;       // 8-column tiles of O
+  static constexpr int kMTiles = kRowsPerWarp / 16;         // 16-row MMA tiles per warp
+  static constexpr int kNTiles = kBlockN / 8;               // 8-column tiles of S
+  static constexpr int kDTiles = kHeadDimPadded / 8;        // 8-column tiles of O
   static constexpr int kChunksPerRow = kHeadDimPadded / 8;  // 16-byte chunks per tile row
   static constexpr int kRowBytes = kHeadDimPadded * 2;
   static constexpr int kSmemElements = (kBlockM + 2 * kStages * kBlockN) * kHeadDimPadded;
@@ -190,8 +188,8 @@ __device__ __forceinline__ void load_tile_async(u32 tile, const u16* source, lon
       const int row = copy / K::kChunksPerRow;
       const int col = copy % K::kChunksPerRow * 8;
       const bool valid = row < valid_rows && col < K::kHeadDim;
-      cp_async_16(tile + 2 * tile_offset<K>(row, col), valid ? source + row * row_stride + col : source,
-                  valid ? 16 : 0);
+      cp_async_16(tile + 2 * tile_offset<K>(row, col),
+                  valid ? source + row * row_stride + col : source, valid ? 16 : 0);
     }
   }
 }
@@ -206,9 +204,10 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
   constexpr int kTileBytes = kBlockN * K::kRowBytes;
 
   extern __shared__ __align__(128) unsigned char shared_bytes[];
-  u16* q_tile = reinterpret_cast<u16*>(shared_bytes);        // [kBlockM, d_padded]
+  u16* q_tile = reinterpret_cast<u16*>(shared_bytes);  // [kBlockM, d_padded]
   const u32 q_tile_address = shared_address(shared_bytes);
-  const u32 kv_tiles = q_tile_address + kBlockM * K::kRowBytes;  // kStages x {K, V}: [kBlockN, d_padded]
+  const u32 kv_tiles =
+      q_tile_address + kBlockM * K::kRowBytes;  // kStages x {K, V}: [kBlockN, d_padded]
 
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
@@ -220,10 +219,12 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
   const int m0 = m_block * kBlockM;
   const int warp_row0 = warp * K::kRowsPerWarp;  // first row of this warp within the block
 
-  const u16* q = static_cast<const u16*>(p.q) + batch * p.q_batch_stride +
-                 head * p.q_head_stride + m0 * p.q_seq_stride;
-  const u16* k = static_cast<const u16*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
-  const u16* v = static_cast<const u16*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
+  const u16* q = static_cast<const u16*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride +
+                 m0 * p.q_seq_stride;
+  const u16* k =
+      static_cast<const u16*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
+  const u16* v =
+      static_cast<const u16*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
   u16* o = static_cast<u16*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
            m0 * p.o_seq_stride;
   float* lse = p.lse ? p.lse + (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q : 0;
@@ -326,8 +327,8 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
         for (int half = 0; half < 2; ++half) {
           // Last visible key of this fragment row, relative to this lane's first column.
           const int row = m0 + warp_row0 + mt * 16 + frag_row + half * 8;
-          const int limit = (K::kCausal ? min(p.seqlen_k - 1, row + diagonal) : p.seqlen_k - 1) -
-                            (n0 + frag_col);
+          const int limit =
+              (K::kCausal ? min(p.seqlen_k - 1, row + diagonal) : p.seqlen_k - 1) - (n0 + frag_col);
 #pragma unroll
           for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
@@ -366,7 +367,8 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
           }
       }
 
-    // acc += P V: the S accumulators of key tiles (2t, 2t+1) are exactly the A fragment of k-step t.
+      // acc += P V: the S accumulators of key tiles (2t, 2t+1) are exactly the A fragment of k-step
+      // t.
 #pragma unroll
     for (int t = 0; t < kBlockN / 16; ++t) {
       u32 p_frag[kMTiles][4];

@@ -56,8 +56,8 @@ TEST(Config, EveryLegalConfigFitsTheDevice) {
 }
 
 TEST(Config, BudgetRejectsWhatDoesNotFit) {
-  // d = 256 with 3 stages of 128-row K/V tiles needs 448 KiB: over every device.
-  Status status = check_config({128, 128, 8, 3}, problem(256), sm(90));
+  // d = 256 with 3 stages of 64-row K/V tiles needs 256 KiB: over every device.
+  Status status = check_config({128, 64, 8, 3}, problem(256), sm(90));
   ASSERT_FALSE(status.ok());
   EXPECT_NE(status.error().message.find("shared memory"), std::string::npos);
   // 99 KiB devices cannot hold what a 227 KiB device can.
@@ -66,9 +66,13 @@ TEST(Config, BudgetRejectsWhatDoesNotFit) {
   EXPECT_FALSE(check_config(big, problem(128), sm(86)).ok());
   EXPECT_LT(legal_configs(problem(128), sm(86)).size(), legal_configs(problem(128), sm(90)).size());
   // Template constraints.
-  EXPECT_FALSE(check_config({48, 64, 4, 2}, problem(128), sm(90)).ok());  // block_m choice
-  EXPECT_FALSE(check_config({64, 64, 8, 2}, problem(128), sm(90)).ok());  // 8 rows per warp
+  EXPECT_FALSE(check_config({48, 64, 4, 2}, problem(128), sm(90)).ok());   // block_m choice
+  EXPECT_FALSE(check_config({64, 64, 8, 2}, problem(128), sm(90)).ok());   // 8 rows per warp
   EXPECT_FALSE(check_config({256, 64, 4, 2}, problem(128), sm(90)).ok());  // 64 rows per warp
+  // Too few threads for the tile: each would issue 16 copies per K/V tile.
+  status = check_config({64, 128, 4, 2}, problem(128), sm(90));
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.error().message.find("copies per thread"), std::string::npos);
   // Registers: 32 rows per warp at d = 256 needs 256 accumulator registers alone.
   status = check_config({128, 32, 4, 2}, problem(256), sm(90));
   ASSERT_FALSE(status.ok());

@@ -22,9 +22,9 @@ void expect_invalid(const AttentionProblem& problem, const std::string& needle) 
 TEST(Problem, ValidProblemPasses) {
   EXPECT_TRUE(validate(valid_problem()).ok());
   EXPECT_TRUE(validate(AttentionProblem::make(1, 1, 1, 1, 1, 8, DType::F16, false)).ok());
-  EXPECT_TRUE(validate(AttentionProblem::make(3, 4, 1, 4097, 17, 256, DType::F16, false,
-                                              Layout::BHSD))
-                  .ok());
+  EXPECT_TRUE(
+      validate(AttentionProblem::make(3, 4, 1, 4097, 17, 256, DType::F16, false, Layout::BHSD))
+          .ok());
 }
 
 TEST(Problem, RejectsEachBadField) {

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# One run on the GPU machine, from the repository root:
+#
+#   bench/device_run.sh [tests|bench|all] [CTEST_REGEX]
+#
+#   tests  configure + build (Release, build-device/), then ctest; CTEST_REGEX (ctest -R) matches
+#          gtest names, e.g. "CudaAttention" or "sm90_d128" (not executable names)
+#   bench  configure + build, then bench_attention, peers_bench.py (torch flash + cuDNN, fwd only)
+#          and the comparison table
+#   all    both (default)
+#
+# Results go to $OUT (the device tool's output folder; ./device-out when unset): ctest.log,
+# bench.log, flashjit.json, peers.log, peers.json, compare.md. Extra flags for the benchmarks:
+# BENCH_ARGS (e.g. "--quick") and PEERS_ARGS (e.g. "--quick").
+# Exits non-zero if the build, a test or a benchmark failed; the benchmarks still run after
+# failing tests, so that one call gives both answers. 'all' takes about 7-9 minutes on an H100
+# (build ~1.5, tests ~4, benchmarks ~2): near the device tool's 10-minute limit per command, so
+# prefer 'tests' and 'bench' as two calls on the same warm machine (the build is kept).
+set -euo pipefail
+
+what="${1:-all}"
+ctest_regex="${2:-}"
+case "$what" in
+  tests|bench|all) ;;
+  *) echo "usage: bench/device_run.sh [tests|bench|all] [CTEST_REGEX]" >&2; exit 2 ;;
+esac
+
+export PYTHONUNBUFFERED=1
+OUT="${OUT:-$PWD/device-out}"
+mkdir -p "$OUT"
+# Compiled kernels survive between test processes and the benchmark within this machine's life.
+export FLASHJIT_CACHE_DIR="$PWD/build-device/kcache"
+# GPU tests fail instead of skipping when the GPU cannot be used here.
+export FLASHJIT_EXPECT_GPU=1
+
+echo "== device"
+nvidia-smi -L || echo "nvidia-smi failed"
+commit="$(git rev-parse --short HEAD 2>/dev/null || true)"
+echo "== commit ${commit:-${COMMIT:-unknown}}"
+echo "== $(nproc) cores, $(cmake --version | head -1)"
+
+cmake_args=(-DCMAKE_BUILD_TYPE=Release -DFLASHJIT_BUILD_TESTS=ON -DFLASHJIT_BUILD_BENCH=ON)
+
+status=0
+start=$SECONDS
+echo "== configure + build (Release, build-device/)"
+cmake -S . -B build-device "${cmake_args[@]}" 2>&1 | tail -n 5
+if ! cmake --build build-device -j16 >build-device/build.log 2>&1; then
+  tail -n 80 build-device/build.log
+  echo "== build FAILED"
+  exit 1
+fi
+grep -E 'warning:' build-device/build.log | sort -u | head -n 20 || true
+echo "== built in $((SECONDS - start)) s"
+
+if [[ "$what" == tests || "$what" == all ]]; then
+  echo "== ctest"
+  ctest_args=(--test-dir build-device --output-on-failure -j1)
+  if [[ -n "$ctest_regex" ]]; then ctest_args+=(-R "$ctest_regex"); fi
+  if ! ctest "${ctest_args[@]}" 2>&1 | tee "$OUT/ctest.log"; then
+    status=1
+    echo "== ctest FAILED"
+  fi
+  echo "== tests done at $((SECONDS - start)) s"
+fi
+
+if [[ "$what" == bench || "$what" == all ]]; then
+  echo "== bench_attention"
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
+  if ! build-device/bench/bench_attention --json "$OUT/flashjit.json" ${BENCH_ARGS:-} 2>&1 |
+      tee "$OUT/bench.log"; then
+    status=1
+    echo "== bench_attention FAILED (rows with errors are in the JSON)"
+  fi
+  echo "== peers (torch SDPA flash + cuDNN, forward only)"
+  # shellcheck disable=SC2086
+  if ! python3 bench/peers_bench.py --bf16 --fwd-only --backends flash,cudnn \
+      --json "$OUT/peers.json" ${PEERS_ARGS:-} 2>&1 | tee "$OUT/peers.log"; then
+    status=1
+    echo "== peers_bench.py FAILED"
+  fi
+  if [[ -s "$OUT/flashjit.json" && -s "$OUT/peers.json" ]]; then
+    echo "== comparison"
+    python3 bench/compare.py "$OUT/flashjit.json" "$OUT/peers.json" | tee "$OUT/compare.md"
+  fi
+  echo "== bench done at $((SECONDS - start)) s"
+fi
+
+exit "$status"

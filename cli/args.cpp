@@ -1,0 +1,302 @@
+#include "cli/args.hpp"
+
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <system_error>
+
+namespace flashjit::cli {
+namespace {
+
+constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+
+// "--name". Built by append: gcc 12 warns falsely (-Wrestrict, PR 105329) on "--" + string&&.
+std::string dashed(std::string_view name) {
+  std::string out("--");
+  out.append(name);
+  return out;
+}
+
+Error flag_error(std::string_view name, std::string_view value, std::string_view allowed) {
+  std::string message = dashed(name);
+  message += " = '" + std::string(value) + "': " + std::string(allowed);
+  return make_error(ErrorCode::InvalidArgument, std::move(message));
+}
+
+std::string join(const std::vector<std::string>& items, std::string_view separator) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i > 0) out += separator;
+    out += items[i];
+  }
+  return out;
+}
+
+// The flag sets the commands share.
+const Flag kHelpFlag{"help", "", "print this help and exit"};
+
+std::vector<Flag> problem_flags() {
+  return {
+      {"batch", "N", "batch size (default 2)"},
+      {"heads", "N", "query heads (default 16)"},
+      {"kv-heads", "N", "key/value heads, dividing --heads (default: --heads; 1 = MQA)"},
+      {"seqlen", "N", "query and key sequence length (default 4096)"},
+      {"seqlen-q", "N", "query sequence length (overrides --seqlen)"},
+      {"seqlen-k", "N", "key/value sequence length (overrides --seqlen)"},
+      {"head-dim", "D", "head dimension, a multiple of 8 in [8, 256] (default 128)"},
+      {"dtype", "T", "bf16 or fp16 (default bf16)"},
+      {"causal", "", "causal mask, aligned bottom-right as in FlashAttention-2"},
+      {"scale", "X", "softmax scale, a finite number > 0 (default 1/sqrt(head-dim))"},
+      {"layout", "L", "bshd or bhsd, contiguous (default bshd)"},
+  };
+}
+
+std::vector<Flag> with(std::vector<Flag> flags, std::initializer_list<Flag> more) {
+  flags.insert(flags.end(), more.begin(), more.end());
+  flags.push_back(kHelpFlag);
+  return flags;
+}
+
+const Flag kArchFlag{"arch", "SM", "plan for a table architecture: sm80, sm86, sm89 or sm90"};
+const Flag kDeviceFlag{"device", "N", "plan for CUDA device N (default: device 0 if present)"};
+const Flag kConfigFlag{"config", "CFG", "tile config, e.g. m128n64w4s2 (default: default_config)"};
+
+}  // namespace
+
+std::optional<std::string> ParsedFlags::get(std::string_view name) const {
+  auto it = values.find(name);
+  if (it == values.end()) return std::nullopt;
+  return it->second;
+}
+
+const std::vector<Command>& commands() {
+  static const std::vector<Command> kCommands = {
+      {"plan", "print the SRAM budget arithmetic and the legal tile configs",
+       "Prints how the shared-memory and register budget of the device decides which tile\n"
+       "configs are legal for the problem, the legal set, and the default config.\n"
+       "Without --arch or --device it uses CUDA device 0, if there is one.",
+       with(problem_flags(), {kArchFlag, kDeviceFlag})},
+      {"show", "print the rendered CUDA source of a kernel",
+       "Prints the kernel source rendered for the problem and config to stdout (a header line\n"
+       "naming problem, config and device goes to stderr).",
+       with(problem_flags(), {kConfigFlag, kArchFlag, kDeviceFlag})},
+      {"compile", "compile kernels with NVRTC (no GPU needed) and report their resources",
+       "Compiles the default config (or --config, or every legal config with --all) to CUBIN\n"
+       "for the architecture and prints shared memory, estimated and ptxas register counts,\n"
+       "spills and compile time. Exit status 1 if any compile fails.",
+       with(problem_flags(), {kConfigFlag,
+                              kArchFlag,
+                              kDeviceFlag,
+                              {"all", "", "compile every legal config"},
+                              {"jobs", "N", "parallel compiles (default: number of CPU cores)"}})},
+      {"run", "build and time a kernel on the GPU",
+       "Builds the kernel through the Runtime (on-disk cache: $FLASHJIT_CACHE_DIR), runs it\n"
+       "on random inputs and prints the median time and TFLOP/s. Correctness is checked by\n"
+       "the tests, not here. Exit status 2 if there is no CUDA device.",
+       with(problem_flags(),
+            {kConfigFlag,
+             {"device", "N", "CUDA device ordinal (default 0)"},
+             {"reps", "N", "timed repetitions, the median is reported (default 20)"}})},
+      {"devices", "list CUDA devices and the known table architectures",
+       "Lists the CUDA devices with their limits, or says why there is none, and the\n"
+       "architectures `--arch` accepts.",
+       with({}, {})},
+  };
+  return kCommands;
+}
+
+const Command* find_command(std::string_view name) {
+  for (const Command& command : commands()) {
+    if (command.name == name) return &command;
+  }
+  return nullptr;
+}
+
+Result<ParsedFlags> parse_flags(const Command& command, const std::vector<std::string>& args) {
+  ParsedFlags parsed;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string_view arg = args[i];
+    if (arg == "-h") arg = "--help";
+    if (arg.size() < 3 || arg.substr(0, 2) != "--") {
+      return make_error(ErrorCode::InvalidArgument, "unexpected argument '" + std::string(arg) +
+                                                        "' for '" + std::string(command.name) +
+                                                        "': flags start with --; see flashjit " +
+                                                        std::string(command.name) + " --help");
+    }
+    std::string_view body = arg.substr(2);
+    std::optional<std::string> inline_value;
+    if (size_t eq = body.find('='); eq != std::string_view::npos) {
+      inline_value = std::string(body.substr(eq + 1));
+      body = body.substr(0, eq);
+    }
+    const Flag* flag = nullptr;
+    for (const Flag& candidate : command.flags) {
+      if (candidate.name == body) flag = &candidate;
+    }
+    if (flag == nullptr) {
+      std::vector<std::string> allowed;
+      for (const Flag& candidate : command.flags) allowed.push_back(dashed(candidate.name));
+      return make_error(ErrorCode::InvalidArgument, "unknown flag " + dashed(body) + " for '" +
+                                                        std::string(command.name) +
+                                                        "'; allowed: " + join(allowed, ", "));
+    }
+    if (parsed.has(flag->name)) {
+      return make_error(ErrorCode::InvalidArgument, dashed(flag->name) + " given more than once");
+    }
+    std::string value;
+    if (flag->is_switch()) {
+      if (inline_value) {
+        return flag_error(flag->name, *inline_value, "this switch takes no value");
+      }
+    } else if (inline_value) {
+      value = *inline_value;
+    } else if (i + 1 < args.size()) {
+      value = args[++i];
+    } else {
+      return make_error(ErrorCode::InvalidArgument,
+                        dashed(flag->name) + " needs a value (" + std::string(flag->metavar) + ")");
+    }
+    parsed.values.emplace(std::string(flag->name), std::move(value));
+  }
+  return parsed;
+}
+
+Result<int64_t> integer_flag(const ParsedFlags& flags, std::string_view name, int64_t fallback,
+                             int64_t min_value, int64_t max_value) {
+  std::optional<std::string> text = flags.get(name);
+  if (!text) return fallback;
+  int64_t value = 0;
+  const char* begin = text->data();
+  const char* end = begin + text->size();
+  auto [ptr, ec] = std::from_chars(begin, end, value);
+  bool in_range = ec == std::errc() && ptr == end && value >= min_value && value <= max_value;
+  if (!in_range) {
+    return flag_error(name, *text,
+                      "must be an integer in [" + std::to_string(min_value) + ", " +
+                          std::to_string(max_value) + "]");
+  }
+  return value;
+}
+
+Result<AttentionProblem> problem_from_flags(const ParsedFlags& flags) {
+  auto batch = integer_flag(flags, "batch", kDefaultBatch, 1, kMaxInt32);
+  FLASHJIT_TRY(batch);
+  auto heads = integer_flag(flags, "heads", kDefaultHeads, 1, kMaxInt32);
+  FLASHJIT_TRY(heads);
+  auto kv_heads = integer_flag(flags, "kv-heads", *heads, 1, *heads);
+  FLASHJIT_TRY(kv_heads);
+  if (*heads % *kv_heads != 0) {
+    return flag_error("kv-heads", *flags.get("kv-heads"),
+                      "must divide --heads = " + std::to_string(*heads));
+  }
+  auto seqlen = integer_flag(flags, "seqlen", kDefaultSeqlen, 1, kMaxInt32);
+  FLASHJIT_TRY(seqlen);
+  auto seqlen_q = integer_flag(flags, "seqlen-q", *seqlen, 1, kMaxInt32);
+  FLASHJIT_TRY(seqlen_q);
+  auto seqlen_k = integer_flag(flags, "seqlen-k", *seqlen, 1, kMaxInt32);
+  FLASHJIT_TRY(seqlen_k);
+  auto head_dim = integer_flag(flags, "head-dim", kDefaultHeadDim, kMinHeadDim, kMaxHeadDim);
+  FLASHJIT_TRY(head_dim);
+  if (*head_dim % 8 != 0) {
+    return flag_error("head-dim", *flags.get("head-dim"),
+                      "must be a multiple of 8 in [" + std::to_string(kMinHeadDim) + ", " +
+                          std::to_string(kMaxHeadDim) + "]");
+  }
+
+  DType dtype = DType::BF16;
+  if (auto text = flags.get("dtype")) {
+    // parse_dtype accepts the long spellings too; the message lists the short ones.
+    auto parsed = parse_dtype(*text);
+    if (!parsed.ok()) return flag_error("dtype", *text, "allowed: bf16, fp16");
+    dtype = *parsed;
+  }
+
+  Layout layout = Layout::BSHD;
+  if (auto text = flags.get("layout")) {
+    if (*text == "bshd" || *text == "BSHD") {
+      layout = Layout::BSHD;
+    } else if (*text == "bhsd" || *text == "BHSD") {
+      layout = Layout::BHSD;
+    } else {
+      return flag_error("layout", *text, "allowed: bshd, bhsd");
+    }
+  }
+
+  AttentionProblem problem =
+      AttentionProblem::make(*batch, *heads, *kv_heads, *seqlen_q, *seqlen_k,
+                             static_cast<int>(*head_dim), dtype, flags.has("causal"), layout);
+
+  if (auto text = flags.get("scale")) {
+    float scale = 0;
+    const char* begin = text->data();
+    const char* end = begin + text->size();
+    auto [ptr, ec] = std::from_chars(begin, end, scale);
+    if (ec != std::errc() || ptr != end || !std::isfinite(scale) || scale <= 0) {
+      return flag_error("scale", *text, "must be a finite number > 0");
+    }
+    problem.softmax_scale = scale;
+  }
+
+  FLASHJIT_TRY(validate(problem));
+  return problem;
+}
+
+Result<std::optional<AttentionConfig>> config_from_flags(const ParsedFlags& flags) {
+  std::optional<std::string> text = flags.get("config");
+  if (!text) return std::optional<AttentionConfig>();
+  auto config = AttentionConfig::parse(*text);
+  if (!config.ok()) {
+    // The parser's message already reads "config = '<text>': ..."; name the flag instead.
+    const std::string& message = config.error().message;
+    if (message.rfind("config = ", 0) == 0) {
+      return make_error(ErrorCode::InvalidArgument, dashed(message));
+    }
+    return flag_error("config", *text, message);
+  }
+  return std::optional<AttentionConfig>(*config);
+}
+
+Result<std::optional<DeviceSpec>> table_device_from_flags(const ParsedFlags& flags) {
+  std::optional<std::string> text = flags.get("arch");
+  if (!text) return std::optional<DeviceSpec>();
+  if (flags.has("device")) {
+    return make_error(ErrorCode::InvalidArgument, "--arch and --device exclude each other");
+  }
+  auto device = known_device(*text);
+  if (!device.ok()) {
+    return flag_error("arch", *text, "allowed: " + join(known_archs(), ", "));
+  }
+  return std::optional<DeviceSpec>(*device);
+}
+
+std::string program_usage() {
+  std::ostringstream out;
+  out << "flashjit: run-time compiled, autotuned FlashAttention forward for NVIDIA GPUs\n\n"
+      << "usage: flashjit <command> [flags]\n"
+      << "       flashjit <command> --help\n"
+      << "       flashjit --version\n\n"
+      << "commands:\n";
+  for (const Command& command : commands()) {
+    std::string name(command.name);
+    name.resize(10, ' ');
+    out << "  " << name << command.summary << "\n";
+  }
+  out << "\nenvironment:\n"
+      << "  FLASHJIT_CACHE_DIR  where compiled kernels are cached (default ~/.cache/flashjit)\n";
+  return out.str();
+}
+
+std::string command_usage(const Command& command) {
+  std::ostringstream out;
+  out << "usage: flashjit " << command.name << " [flags]\n\n" << command.details << "\n\nflags:\n";
+  for (const Flag& flag : command.flags) {
+    std::string left = dashed(flag.name);
+    if (!flag.is_switch()) left.append(" ").append(flag.metavar);
+    if (left.size() < 18) left.resize(18, ' ');
+    out << "  " << left << "  " << flag.help << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace flashjit::cli

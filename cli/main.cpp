@@ -1,0 +1,408 @@
+// `flashjit`: plan, show, compile and run attention kernels from the command line.
+//
+// Exit status: 0 success; 1 the work failed (a compile, a launch); 2 a usage error (bad flag or
+// value, invalid problem) or no CUDA device where one is needed.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <iostream>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/args.hpp"
+#include "generator/config.hpp"
+#include "generator/device.hpp"
+#include "generator/error.hpp"
+#include "generator/problem.hpp"
+#include "generator/render.hpp"
+#include "runtime/backend.hpp"
+#include "runtime/cuda/cuda_backend.hpp"
+#include "runtime/cuda/nvrtc_compiler.hpp"
+#include "runtime/runtime.hpp"
+
+// Keep in step with project(VERSION) in CMakeLists.txt; the build may define it instead.
+#ifndef FLASHJIT_VERSION
+#define FLASHJIT_VERSION "0.1.0"
+#endif
+
+namespace flashjit::cli {
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailed = 1;
+constexpr int kExitUsage = 2;
+
+// Prints `error` as one line (plus the compile log, if any) and returns the exit status.
+int report(std::string_view command, const Error& error) {
+  std::string prefix = command.empty() ? "flashjit: " : "flashjit " + std::string(command) + ": ";
+  if (error.code == ErrorCode::NoDevice) {
+    std::cerr << prefix << "no CUDA device: " << error.message << "\n";
+  } else {
+    std::cerr << prefix << error.describe() << "\n";
+  }
+  bool usage = error.code == ErrorCode::InvalidArgument || error.code == ErrorCode::NoDevice;
+  return usage ? kExitUsage : kExitFailed;
+}
+
+std::string join(const std::vector<std::string>& items, const char* separator) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? separator : "") + items[i];
+  return out;
+}
+
+// Why there is no usable device 0, for messages ("libcuda.so.1: cannot open shared object").
+std::string no_device_reason() {
+  auto device = cuda::query_device(0);
+  return device.ok() ? "device 0 is present" : device.error().message;
+}
+
+// The device a command plans for: --arch (table), --device N (driver), else device 0 if any.
+Result<DeviceSpec> resolve_device(const ParsedFlags& flags) {
+  auto table = table_device_from_flags(flags);
+  FLASHJIT_TRY(table);
+  if (*table) return **table;
+  auto ordinal = integer_flag(flags, "device", -1, 0, 1023);
+  FLASHJIT_TRY(ordinal);
+  if (*ordinal >= 0) return cuda::query_device(static_cast<int>(*ordinal));
+  if (cuda::device_count() > 0) return cuda::query_device(0);
+  return make_error(ErrorCode::InvalidArgument, "no CUDA device (" + no_device_reason() +
+                                                    "); pass --arch (one of " +
+                                                    join(known_archs(), ", ") + ")");
+}
+
+std::string device_summary(const DeviceSpec& device) {
+  return device.name + " (" + device.arch_name() + ", " + std::to_string(device.sm_count) + " SMs)";
+}
+
+void print_device(const DeviceSpec& device) {
+  std::printf("%s\n", device.name.c_str());
+  std::printf("  arch                  %s\n", device.arch_name().c_str());
+  std::printf("  SMs                   %d\n", device.sm_count);
+  std::printf("  smem per block opt-in %d B\n", device.smem_per_block_optin);
+  std::printf("  smem per SM           %d B\n", device.smem_per_sm);
+  std::printf("  registers per SM      %d\n", device.regs_per_sm);
+  std::printf("  max regs per thread   %d\n", device.max_regs_per_thread);
+  std::printf("  max threads per SM    %d\n", device.max_threads_per_sm);
+  std::printf("  max threads per block %d\n", device.max_threads_per_block);
+  std::printf("  L2                    %d B\n", device.l2_bytes);
+}
+
+// The config to use: --config, else the default for the device. A --config the template
+// rejects is an error; one that only exceeds the device's budget gets a warning on stderr, so
+// that its source and compile report can still be looked at.
+Result<AttentionConfig> choose_config(const ParsedFlags& flags, const AttentionProblem& problem,
+                                      const DeviceSpec& device, std::string_view command) {
+  auto given = config_from_flags(flags);
+  FLASHJIT_TRY(given);
+  if (!*given) return default_config(problem, device);
+  FLASHJIT_TRY(render_cuda_attention(problem, **given));
+  Status legal = check_config(**given, problem, device);
+  if (!legal.ok()) {
+    std::cerr << "flashjit " << command << ": warning: " << (*given)->to_string()
+              << " is not legal on " << device.arch_name() << ": " << legal.error().message << "\n";
+  }
+  return **given;
+}
+
+int run_plan(const ParsedFlags& flags) {
+  auto problem = problem_from_flags(flags);
+  if (!problem.ok()) return report("plan", problem.error());
+  auto device = resolve_device(flags);
+  if (!device.ok()) return report("plan", device.error());
+  std::cout << explain_plan(*problem, *device);
+  return kExitOk;
+}
+
+int run_show(const ParsedFlags& flags) {
+  auto problem = problem_from_flags(flags);
+  if (!problem.ok()) return report("show", problem.error());
+  auto device = resolve_device(flags);
+  if (!device.ok()) return report("show", device.error());
+  auto config = choose_config(flags, *problem, *device, "show");
+  if (!config.ok()) return report("show", config.error());
+  auto source = render_cuda_attention(*problem, *config);
+  if (!source.ok()) return report("show", source.error());
+  std::cerr << "// flashjit show: " << problem->to_string() << " | config " << config->to_string()
+            << " | device " << device_summary(*device) << " | entry " << source->entry << "\n";
+  std::cout << source->text;
+  if (!source->text.empty() && source->text.back() != '\n') std::cout << "\n";
+  return kExitOk;
+}
+
+struct CompileOutcome {
+  AttentionConfig config;
+  ResourceUse use;
+  std::optional<Result<Binary>> binary;  // empty until compiled
+};
+
+int run_compile(const ParsedFlags& flags) {
+  auto problem = problem_from_flags(flags);
+  if (!problem.ok()) return report("compile", problem.error());
+  auto device = resolve_device(flags);
+  if (!device.ok()) return report("compile", device.error());
+  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  auto jobs = integer_flag(flags, "jobs", cores, 1, 256);
+  if (!jobs.ok()) return report("compile", jobs.error());
+
+  std::vector<AttentionConfig> configs;
+  if (flags.has("all")) {
+    if (flags.has("config")) {
+      return report("compile", make_error(ErrorCode::InvalidArgument,
+                                          "--all and --config exclude each other"));
+    }
+    configs = legal_configs(*problem, *device);
+    if (configs.empty()) {
+      return report("compile", make_error(ErrorCode::Unsupported,
+                                          "no legal config for " + problem->to_string() + " on " +
+                                              device->arch_name()));
+    }
+  } else {
+    auto config = choose_config(flags, *problem, *device, "compile");
+    if (!config.ok()) return report("compile", config.error());
+    configs.push_back(*config);
+  }
+
+  std::vector<CompileOutcome> outcomes;
+  for (const AttentionConfig& config : configs) {
+    outcomes.push_back({config, resource_use(config, *problem, *device), std::nullopt});
+  }
+  std::cout << "compiling " << outcomes.size() << " config(s) for " << problem->to_string()
+            << " on " << device->arch_name() << " with " << cuda::nvrtc_version() << "\n"
+            << std::flush;
+
+  // Separate NVRTC programs compile independently, so a simple work queue over threads.
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i = next++; i < outcomes.size(); i = next++) {
+      auto source = render_cuda_attention(*problem, outcomes[i].config);
+      if (!source.ok()) {
+        outcomes[i].binary.emplace(source.error());
+      } else {
+        outcomes[i].binary.emplace(cuda::nvrtc_compile(*source, device->arch));
+      }
+    }
+  };
+  size_t thread_count = std::min<size_t>(static_cast<size_t>(*jobs), outcomes.size());
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < thread_count; ++t) threads.emplace_back(worker);
+  for (std::thread& thread : threads) thread.join();
+
+  std::printf("%-14s %9s %8s %9s %10s %13s %9s  %s\n", "config", "smem B", "ctas/SM", "est regs",
+              "ptxas regs", "spill st/ld B", "compile s", "status");
+  int failures = 0;
+  for (const CompileOutcome& outcome : outcomes) {
+    const Result<Binary>& binary = *outcome.binary;
+    std::string ptxas_regs = "-", spills = "-", seconds = "-", status = "ok";
+    if (binary.ok()) {
+      cuda::PtxasReport ptxas = cuda::parse_ptxas_report(binary->compile_log);
+      if (ptxas.registers >= 0) ptxas_regs = std::to_string(ptxas.registers);
+      if (ptxas.spill_store_bytes >= 0 || ptxas.spill_load_bytes >= 0) {
+        spills =
+            std::to_string(ptxas.spill_store_bytes) + "/" + std::to_string(ptxas.spill_load_bytes);
+      }
+      char buffer[32];
+      std::snprintf(buffer, sizeof(buffer), "%.2f", binary->compile_seconds);
+      seconds = buffer;
+    } else {
+      ++failures;
+      status = "FAILED";
+    }
+    std::printf("%-14s %9d %8d %9d %10s %13s %9s  %s\n", outcome.config.to_string().c_str(),
+                outcome.use.smem_bytes, outcome.use.ctas_per_sm, outcome.use.regs_per_thread,
+                ptxas_regs.c_str(), spills.c_str(), seconds.c_str(), status.c_str());
+  }
+  std::fflush(stdout);
+  for (const CompileOutcome& outcome : outcomes) {
+    if (!outcome.binary->ok()) report("compile", outcome.binary->error());
+  }
+  if (failures > 0) {
+    std::cerr << "flashjit compile: " << failures << " of " << outcomes.size()
+              << " compile(s) failed\n";
+    return kExitFailed;
+  }
+  return kExitOk;
+}
+
+// Random 16-bit floats in +-[1/16, 1), built as bit patterns (random sign, one of the four
+// binades below 1, random mantissa) so that no float -> half conversion is needed.
+std::vector<uint16_t> random_inputs(int64_t count, DType dtype, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint16_t> values(static_cast<size_t>(count));
+  for (uint16_t& value : values) {
+    uint32_t bits = rng();
+    uint32_t sign = bits >> 31;
+    uint32_t binade = (bits >> 29) & 3;
+    uint32_t out = dtype == DType::BF16 ? (sign << 15) | ((126 - binade) << 7) | (bits & 0x7f)
+                                        : (sign << 15) | ((14 - binade) << 10) | (bits & 0x3ff);
+    value = static_cast<uint16_t>(out);
+  }
+  return values;
+}
+
+Result<DeviceBuffer> upload(const Backend& backend, const std::vector<uint16_t>& host) {
+  size_t bytes = host.size() * sizeof(uint16_t);
+  auto buffer = backend.allocate(bytes);
+  FLASHJIT_TRY(buffer);
+  FLASHJIT_TRY(backend.copy_to_device(buffer->get(), host.data(), bytes));
+  return buffer;
+}
+
+int run_run(const ParsedFlags& flags) {
+  auto problem = problem_from_flags(flags);
+  if (!problem.ok()) return report("run", problem.error());
+  auto config = config_from_flags(flags);
+  if (!config.ok()) return report("run", config.error());
+  auto reps = integer_flag(flags, "reps", 20, 1, 100000);
+  if (!reps.ok()) return report("run", reps.error());
+  auto ordinal = integer_flag(flags, "device", 0, 0, 1023);
+  if (!ordinal.ok()) return report("run", ordinal.error());
+
+  RuntimeOptions options;
+  options.device = static_cast<int>(*ordinal);
+  auto runtime = Runtime::create(options);
+  if (!runtime.ok()) return report("run", runtime.error());
+  const Backend& backend = (*runtime)->backend();
+
+  auto build_start = std::chrono::steady_clock::now();
+  auto kernel =
+      *config ? (*runtime)->attention(*problem, **config) : (*runtime)->attention(*problem);
+  if (!kernel.ok()) return report("run", kernel.error());
+  double build_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - build_start).count();
+
+  const DType dtype = problem->dtype;
+  auto q = upload(backend, random_inputs(problem->q_span(), dtype, 1));
+  if (!q.ok()) return report("run", q.error());
+  auto k = upload(backend, random_inputs(problem->kv_span(), dtype, 2));
+  if (!k.ok()) return report("run", k.error());
+  auto v = upload(backend, random_inputs(problem->kv_span(), dtype, 3));
+  if (!v.ok()) return report("run", v.error());
+  auto o = backend.allocate(static_cast<size_t>(problem->o_span()) * dtype_bytes(dtype));
+  if (!o.ok()) return report("run", o.error());
+  auto lse = backend.allocate(static_cast<size_t>(problem->lse_elements()) * sizeof(float));
+  if (!lse.ok()) return report("run", lse.error());
+
+  AttentionArgs args{q->get(), k->get(), v->get(), o->get(), lse->as<float>()};
+  const Kernel& ready = **kernel;
+  auto launch = [&]() -> Status { return ready.launch(*problem, args); };
+
+  // Warm-up: first launch pays for module setup and clocks ramping up.
+  for (int i = 0; i < 3; ++i) {
+    Status status = launch();
+    if (!status.ok()) return report("run", status.error());
+  }
+  Status synced = backend.synchronize();
+  if (!synced.ok()) return report("run", synced.error());
+
+  std::vector<double> samples;
+  for (int64_t i = 0; i < *reps; ++i) {
+    auto ms = backend.time_ms(launch, 1);
+    if (!ms.ok()) return report("run", ms.error());
+    samples.push_back(*ms);
+  }
+  std::sort(samples.begin(), samples.end());
+  double median = samples.size() % 2
+                      ? samples[samples.size() / 2]
+                      : 0.5 * (samples[samples.size() / 2 - 1] + samples[samples.size() / 2]);
+  double tflops = problem->flops() / (median * 1e-3) / 1e12;
+
+  const KernelInfo& info = ready.info();
+  std::printf("device   %s\n", device_summary(backend.device()).c_str());
+  std::printf("problem  %s\n", problem->to_string().c_str());
+  std::printf("config   %s (%d regs, %d B local, %d B smem, %d threads)\n",
+              ready.config().to_string().c_str(), info.regs_per_thread, info.local_bytes_per_thread,
+              info.dynamic_smem_bytes, info.threads_per_block);
+  std::printf("build    %.3f s (compile, or load from the cache)\n", build_seconds);
+  std::printf("time     median %.4f ms, min %.4f ms, max %.4f ms over %lld reps\n", median,
+              samples.front(), samples.back(), static_cast<long long>(*reps));
+  std::printf("speed    %.1f TFLOP/s\n", tflops);
+  return kExitOk;
+}
+
+int run_devices() {
+  int count = cuda::device_count();
+  if (count == 0) {
+    std::printf("no CUDA device (%s)\n", no_device_reason().c_str());
+  }
+  for (int ordinal = 0; ordinal < count; ++ordinal) {
+    auto device = cuda::query_device(ordinal);
+    if (!device.ok()) {
+      std::printf("device %d: %s\n", ordinal, device.error().describe().c_str());
+      continue;
+    }
+    std::printf("device %d: ", ordinal);
+    print_device(*device);
+  }
+  std::printf("compiler: %s\n\n", cuda::nvrtc_version().c_str());
+  std::printf("table architectures (--arch):\n");
+  for (const std::string& arch : known_archs()) {
+    auto device = known_device(arch);
+    if (device.ok()) std::printf("  %s\n", device->to_string().c_str());
+  }
+  return kExitOk;
+}
+
+int dispatch(const std::vector<std::string>& args) {
+  if (args.empty()) {
+    std::cerr << program_usage();
+    return kExitUsage;
+  }
+  const std::string& name = args[0];
+  if (name == "--help" || name == "-h" || name == "help") {
+    std::cout << program_usage();
+    return kExitOk;
+  }
+  if (name == "--version") {
+    std::cout << "flashjit " << FLASHJIT_VERSION << "\n"
+              << "generator " << generator_version() << "\n"
+              << cuda::nvrtc_version() << "\n";
+    return kExitOk;
+  }
+  const Command* command = find_command(name);
+  if (command == nullptr) {
+    std::vector<std::string> names;
+    for (const Command& known : commands()) names.emplace_back(known.name);
+    return report("", make_error(ErrorCode::InvalidArgument,
+                                 "unknown command '" + name + "'; commands: " + join(names, ", ") +
+                                     " (see flashjit --help)"));
+  }
+  std::vector<std::string> rest(args.begin() + 1, args.end());
+  // --help wins over anything else on the line, even flags that would not parse.
+  if (std::find_if(rest.begin(), rest.end(), [](const std::string& arg) {
+        return arg == "--help" || arg == "-h";
+      }) != rest.end()) {
+    std::cout << command_usage(*command);
+    return kExitOk;
+  }
+  auto flags = parse_flags(*command, rest);
+  if (!flags.ok()) return report(command->name, flags.error());
+
+  if (command->name == "plan") return run_plan(*flags);
+  if (command->name == "show") return run_show(*flags);
+  if (command->name == "compile") return run_compile(*flags);
+  if (command->name == "run") return run_run(*flags);
+  return run_devices();
+}
+
+}  // namespace
+}  // namespace flashjit::cli
+
+int main(int argc, char** argv) {
+  try {
+    std::vector<std::string> args(argv + 1, argv + argc);
+    return flashjit::cli::dispatch(args);
+  } catch (const std::exception& error) {
+    // Last resort: flashjit reports errors as values; anything here is a bug or out of memory.
+    std::cerr << "flashjit: internal error: " << error.what() << "\n";
+    return 1;
+  } catch (...) {
+    std::cerr << "flashjit: internal error: unknown exception\n";
+    return 1;
+  }
+}

@@ -1,0 +1,477 @@
+// The CUDA backend: NVRTC compiles, the driver API (dlopen'ed) loads and launches, on the primary
+// context of one device. Every entry point makes that context current on the calling thread
+// first, so a backend (and its kernels) can be used from any thread.
+#include "runtime/cuda/cuda_backend.hpp"
+
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <utility>
+
+#include "generator/config.hpp"
+#include "generator/render.hpp"
+#include "runtime/cuda/nvrtc_compiler.hpp"
+#include "templates/attention_params.h"
+
+namespace flashjit::cuda {
+namespace {
+
+// Grid y and z are limited to 65535 blocks (x to 2^31 - 1).
+constexpr int64_t kMaxGridYZ = 65535;
+constexpr int64_t kMaxGridX = 2147483647;
+// The kernel loads 16-byte vectors (cp.async, ldmatrix) from Q, K, V and stores 16 bytes to O.
+constexpr uintptr_t kTensorAlignment = 16;
+
+std::string pointer_text(const void* pointer) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof(buffer), "0x%" PRIxPTR, reinterpret_cast<uintptr_t>(pointer));
+  return buffer;
+}
+
+std::string signature_text(const ProblemSignature& signature) {
+  // Built by appending: gcc 12 warns falsely (-Wrestrict) on "literal" + std::string&&.
+  std::string text = "d";
+  text += std::to_string(signature.head_dim);
+  text += " ";
+  text += to_string(signature.dtype);
+  text += signature.causal ? " causal" : " non-causal";
+  return text;
+}
+
+// A problem with `signature`'s compiled-in fields: shared memory depends only on head_dim and the
+// config, so this stands in for any problem the kernel will run.
+AttentionProblem representative_problem(const ProblemSignature& signature) {
+  AttentionProblem problem;
+  problem.head_dim = signature.head_dim;
+  problem.dtype = signature.dtype;
+  problem.causal = signature.causal;
+  return problem;
+}
+
+Result<int> device_attribute(const Driver& driver, CUdevice device, CUdevice_attribute attribute,
+                             const char* attribute_name) {
+  int value = 0;
+  Status status = check(driver.cuDeviceGetAttribute(&value, attribute, device), attribute_name,
+                        ErrorCode::DriverError);
+  if (!status.ok()) return status.error();
+  return value;
+}
+
+// Retains the device's primary context: each owner of driver resources (backend, kernel, device
+// buffer) holds its own reference, so that resources outliving the backend stay valid.
+Result<CUcontext> retain_primary_context(const Driver& driver, CUdevice device) {
+  CUcontext context = nullptr;
+  FLASHJIT_TRY(check(driver.cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain",
+                     ErrorCode::NoDevice));
+  return context;
+}
+
+// Destroys two events on every path out of time_ms.
+class EventPair {
+ public:
+  explicit EventPair(const Driver& driver) : driver_(driver) {}
+  ~EventPair() {
+    if (start != nullptr) driver_.cuEventDestroy(start);
+    if (stop != nullptr) driver_.cuEventDestroy(stop);
+  }
+  EventPair(const EventPair&) = delete;
+  EventPair& operator=(const EventPair&) = delete;
+
+  CUevent start = nullptr;
+  CUevent stop = nullptr;
+
+ private:
+  const Driver& driver_;
+};
+
+class CudaKernel final : public Kernel {
+ public:
+  CudaKernel(const Driver* driver, CUdevice device, CUcontext context, CUmodule module,
+             CUfunction function, ProblemSignature signature, AttentionConfig config,
+             KernelInfo info)
+      : driver_(driver),
+        device_(device),
+        context_(context),
+        module_(module),
+        function_(function),
+        signature_(signature),
+        config_(config),
+        info_(info) {}
+
+  ~CudaKernel() override {
+    // Errors cannot be reported from a destructor; the context reference is ours, so it is alive.
+    if (driver_->cuCtxSetCurrent(context_) == CUDA_SUCCESS) driver_->cuModuleUnload(module_);
+    driver_->cuDevicePrimaryCtxRelease(device_);
+  }
+  CudaKernel(const CudaKernel&) = delete;
+  CudaKernel& operator=(const CudaKernel&) = delete;
+
+  const ProblemSignature& signature() const override { return signature_; }
+  const AttentionConfig& config() const override { return config_; }
+  const KernelInfo& info() const override { return info_; }
+
+  Status launch(const AttentionProblem& problem, const AttentionArgs& args,
+                void* stream) const override {
+    FLASHJIT_TRY(validate(problem));
+    const ProblemSignature problem_signature = ProblemSignature::of(problem);
+    if (!(problem_signature == signature_)) {
+      return make_error(ErrorCode::InvalidArgument,
+                        "problem signature " + signature_text(problem_signature) +
+                            " does not match the kernel's " + signature_text(signature_));
+    }
+    FLASHJIT_TRY(check_tensor_pointer("q", args.q));
+    FLASHJIT_TRY(check_tensor_pointer("k", args.k));
+    FLASHJIT_TRY(check_tensor_pointer("v", args.v));
+    FLASHJIT_TRY(check_tensor_pointer("o", args.o));
+    if (reinterpret_cast<uintptr_t>(args.lse) % alignof(float) != 0) {
+      return make_error(ErrorCode::InvalidArgument,
+                        "lse = " + pointer_text(args.lse) + ": must be 4-byte aligned (or null)");
+    }
+    // The params hold 32-bit sizes; validate() should keep problems far below this.
+    for (const auto& [name, value] : {std::pair<const char*, int64_t>{"batch", problem.batch},
+                                      {"heads_q", problem.heads_q},
+                                      {"heads_kv", problem.heads_kv},
+                                      {"seqlen_q", problem.seqlen_q},
+                                      {"seqlen_k", problem.seqlen_k}}) {
+      if (value > INT32_MAX) {
+        return make_error(
+            ErrorCode::InvalidArgument,
+            std::string(name) + " = " + std::to_string(value) + ": must be at most 2147483647");
+      }
+    }
+
+    const int64_t grid_x = (problem.seqlen_q + config_.block_m - 1) / config_.block_m;
+    const int64_t grid_y = problem.heads_q;
+    const int64_t grid_z = problem.batch;
+    if (grid_y > kMaxGridYZ) {
+      return make_error(
+          ErrorCode::InvalidArgument,
+          "heads_q = " + std::to_string(grid_y) + ": must be at most 65535 (CUDA grid y limit)");
+    }
+    if (grid_z > kMaxGridYZ) {
+      return make_error(
+          ErrorCode::InvalidArgument,
+          "batch = " + std::to_string(grid_z) + ": must be at most 65535 (CUDA grid z limit)");
+    }
+    if (grid_x > kMaxGridX) {
+      return make_error(ErrorCode::InvalidArgument,
+                        "seqlen_q = " + std::to_string(problem.seqlen_q) + ": needs " +
+                            std::to_string(grid_x) + " blocks of " +
+                            std::to_string(config_.block_m) + " rows, more than 2^31 - 1");
+    }
+    // validate() rules out empty problems; nothing to enqueue if one got through anyway.
+    if (grid_x <= 0 || grid_y <= 0 || grid_z <= 0) return ok_status();
+
+    FlashjitAttentionParams params{};
+    params.q = args.q;
+    params.k = args.k;
+    params.v = args.v;
+    params.o = args.o;
+    params.lse = args.lse;
+    params.q_batch_stride = problem.q_strides.batch;
+    params.q_seq_stride = problem.q_strides.seq;
+    params.q_head_stride = problem.q_strides.head;
+    params.k_batch_stride = problem.k_strides.batch;
+    params.k_seq_stride = problem.k_strides.seq;
+    params.k_head_stride = problem.k_strides.head;
+    params.v_batch_stride = problem.v_strides.batch;
+    params.v_seq_stride = problem.v_strides.seq;
+    params.v_head_stride = problem.v_strides.head;
+    params.o_batch_stride = problem.o_strides.batch;
+    params.o_seq_stride = problem.o_strides.seq;
+    params.o_head_stride = problem.o_strides.head;
+    params.batch = static_cast<int>(problem.batch);
+    params.heads_q = static_cast<int>(problem.heads_q);
+    params.heads_kv = static_cast<int>(problem.heads_kv);
+    params.group_size = static_cast<int>(problem.group_size());
+    params.seqlen_q = static_cast<int>(problem.seqlen_q);
+    params.seqlen_k = static_cast<int>(problem.seqlen_k);
+    params.scale = problem.scale();
+    params.scale_log2 = params.scale * 1.4426950408889634f;  // log2(e): the kernel uses exp2
+
+    FLASHJIT_TRY(check(driver_->cuCtxSetCurrent(context_), "cuCtxSetCurrent"));
+    void* kernel_args[] = {&params};
+    return check(driver_->cuLaunchKernel(
+                     function_, static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y),
+                     static_cast<unsigned>(grid_z), static_cast<unsigned>(info_.threads_per_block),
+                     1, 1, static_cast<unsigned>(info_.dynamic_smem_bytes),
+                     static_cast<CUstream>(stream), kernel_args, nullptr),
+                 "cuLaunchKernel", ErrorCode::LaunchFailed);
+  }
+
+ private:
+  static Status check_tensor_pointer(const char* name, const void* pointer) {
+    if (pointer == nullptr) {
+      return make_error(ErrorCode::InvalidArgument,
+                        std::string(name) + " is null: q, k, v and o must be device pointers");
+    }
+    if (reinterpret_cast<uintptr_t>(pointer) % kTensorAlignment != 0) {
+      return make_error(
+          ErrorCode::InvalidArgument,
+          std::string(name) + " = " + pointer_text(pointer) + ": must be 16-byte aligned");
+    }
+    return ok_status();
+  }
+
+  const Driver* driver_;
+  CUdevice device_;
+  CUcontext context_;
+  CUmodule module_;
+  CUfunction function_;
+  ProblemSignature signature_;
+  AttentionConfig config_;
+  KernelInfo info_;
+};
+
+}  // namespace
+
+int device_count() {
+  const Result<const Driver*> loaded = driver();
+  if (!loaded.ok()) return 0;
+  int count = 0;
+  if (loaded.value()->cuDeviceGetCount(&count) != CUDA_SUCCESS) return 0;
+  return count;
+}
+
+Result<DeviceSpec> query_device(int ordinal) {
+  Result<const Driver*> loaded = driver();
+  if (!loaded.ok()) return loaded.error();
+  const Driver& cu = *loaded.value();
+
+  int count = 0;
+  FLASHJIT_TRY(check(cu.cuDeviceGetCount(&count), "cuDeviceGetCount", ErrorCode::NoDevice));
+  if (ordinal < 0 || ordinal >= count) {
+    return make_error(ErrorCode::NoDevice,
+                      "CUDA device ordinal " + std::to_string(ordinal) + " out of range: " +
+                          (count == 0 ? std::string("no CUDA device present")
+                                      : std::to_string(count) + " device(s), valid 0.." +
+                                            std::to_string(count - 1)));
+  }
+  CUdevice device = 0;
+  FLASHJIT_TRY(check(cu.cuDeviceGet(&device, ordinal), "cuDeviceGet", ErrorCode::NoDevice));
+
+  DeviceSpec spec;
+  char name[256] = {};
+  FLASHJIT_TRY(check(cu.cuDeviceGetName(name, static_cast<int>(sizeof(name)) - 1, device),
+                     "cuDeviceGetName"));
+  spec.name = name;
+
+  // Each attribute read through one helper so that a failure names the attribute.
+#define FLASHJIT_READ_ATTRIBUTE(variable, attribute)                          \
+  Result<int> variable = device_attribute(cu, device, attribute, #attribute); \
+  if (!variable.ok()) return variable.error();
+  FLASHJIT_READ_ATTRIBUTE(major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+  FLASHJIT_READ_ATTRIBUTE(minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+  FLASHJIT_READ_ATTRIBUTE(sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+  FLASHJIT_READ_ATTRIBUTE(smem_optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+  FLASHJIT_READ_ATTRIBUTE(smem_per_sm, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)
+  FLASHJIT_READ_ATTRIBUTE(regs_per_sm, CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR)
+  FLASHJIT_READ_ATTRIBUTE(threads_per_sm, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)
+  FLASHJIT_READ_ATTRIBUTE(threads_per_block, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)
+  FLASHJIT_READ_ATTRIBUTE(l2_bytes, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
+#undef FLASHJIT_READ_ATTRIBUTE
+
+  spec.arch = major.value() * 10 + minor.value();
+  spec.sm_count = sm_count.value();
+  spec.smem_per_block_optin = smem_optin.value();
+  spec.smem_per_sm = smem_per_sm.value();
+  spec.regs_per_sm = regs_per_sm.value();
+  spec.max_regs_per_thread = 255;  // every architecture since sm_35
+  spec.max_threads_per_sm = threads_per_sm.value();
+  spec.max_threads_per_block = threads_per_block.value();
+  spec.l2_bytes = l2_bytes.value();
+  return spec;
+}
+
+Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int ordinal) {
+  Result<DeviceSpec> spec = query_device(ordinal);
+  if (!spec.ok()) return spec.error();
+  if (spec->arch < 80) {
+    return make_error(ErrorCode::Unsupported,
+                      "device " + std::to_string(ordinal) + " (" + spec->name +
+                          ") has compute capability " + std::to_string(spec->arch / 10) + "." +
+                          std::to_string(spec->arch % 10) +
+                          ": flashjit needs 8.0 or newer (mma.sync bf16, cp.async, ldmatrix)");
+  }
+  const Driver* cu = driver().value();  // query_device succeeded, so the driver is loaded
+  CUdevice device = 0;
+  FLASHJIT_TRY(check(cu->cuDeviceGet(&device, ordinal), "cuDeviceGet", ErrorCode::NoDevice));
+  Result<CUcontext> context = retain_primary_context(*cu, device);
+  if (!context.ok()) return context.error();
+  return std::unique_ptr<CudaBackend>(
+      new CudaBackend(cu, device, context.value(), std::move(spec.value())));
+}
+
+CudaBackend::CudaBackend(const Driver* driver, CUdevice device, CUcontext context, DeviceSpec spec)
+    : driver_(driver), device_handle_(device), context_(context), device_(std::move(spec)) {}
+
+CudaBackend::~CudaBackend() { driver_->cuDevicePrimaryCtxRelease(device_handle_); }
+
+Status CudaBackend::make_current() const {
+  return check(driver_->cuCtxSetCurrent(context_), "cuCtxSetCurrent");
+}
+
+std::string CudaBackend::compiler_fingerprint() const {
+  return nvrtc_version() + " sm_" + std::to_string(device_.arch);
+}
+
+Result<KernelSource> CudaBackend::render(const AttentionProblem& problem,
+                                         const AttentionConfig& config) const {
+  return render_cuda_attention(problem, config);
+}
+
+Result<Binary> CudaBackend::compile(const KernelSource& source) const {
+  return nvrtc_compile(source, device_.arch);
+}
+
+Result<std::shared_ptr<Kernel>> CudaBackend::load(const Binary& binary, const KernelSource& source,
+                                                  const ProblemSignature& signature,
+                                                  const AttentionConfig& config) const {
+  if (binary.bytes.empty()) {
+    return make_error(ErrorCode::InvalidArgument,
+                      "empty binary for '" + source.label + "': nothing to load");
+  }
+  FLASHJIT_TRY(make_current());
+
+  const int dynamic_smem = smem_bytes(config, representative_problem(signature));
+  if (dynamic_smem > device_.smem_per_block_optin) {
+    return make_error(ErrorCode::InvalidArgument,
+                      "config " + config.to_string() + " needs " + std::to_string(dynamic_smem) +
+                          " bytes of shared memory for d" + std::to_string(signature.head_dim) +
+                          "; " + device_.name + " allows at most " +
+                          std::to_string(device_.smem_per_block_optin));
+  }
+
+  // The kernel holds its own context reference, released after its module is unloaded.
+  Result<CUcontext> context = retain_primary_context(*driver_, device_handle_);
+  if (!context.ok()) return context.error();
+  CUmodule module = nullptr;
+  // Cleans up on every error path below; disarmed once the kernel object owns both.
+  auto fail = [&](Status status) -> Error {
+    if (module != nullptr) driver_->cuModuleUnload(module);
+    driver_->cuDevicePrimaryCtxRelease(device_handle_);
+    return status.error();
+  };
+
+  Status status =
+      check(driver_->cuModuleLoadData(&module, binary.bytes.data()), "cuModuleLoadData");
+  if (!status.ok()) return fail(status);
+  CUfunction function = nullptr;
+  status = check(driver_->cuModuleGetFunction(&function, module, source.entry.c_str()),
+                 "cuModuleGetFunction");
+  if (!status.ok()) {
+    return fail(make_error(status.error().code,
+                           status.error().message + " (entry '" + source.entry + "')"));
+  }
+  // Above 48 KiB a kernel must opt in to its dynamic shared memory; setting it always is harmless.
+  status = check(driver_->cuFuncSetAttribute(
+                     function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_smem),
+                 "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
+  if (!status.ok()) {
+    return fail(make_error(status.error().code, status.error().message + " (" +
+                                                    std::to_string(dynamic_smem) + " bytes)"));
+  }
+
+  KernelInfo info;
+  info.dynamic_smem_bytes = dynamic_smem;
+  info.threads_per_block = config.threads();
+  int max_threads = 0;
+  status = check(
+      driver_->cuFuncGetAttribute(&info.regs_per_thread, CU_FUNC_ATTRIBUTE_NUM_REGS, function),
+      "cuFuncGetAttribute(NUM_REGS)");
+  if (status.ok()) {
+    status = check(driver_->cuFuncGetAttribute(&info.local_bytes_per_thread,
+                                               CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, function),
+                   "cuFuncGetAttribute(LOCAL_SIZE_BYTES)");
+  }
+  if (status.ok()) {
+    status = check(driver_->cuFuncGetAttribute(&max_threads,
+                                               CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, function),
+                   "cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)");
+  }
+  if (!status.ok()) return fail(status);
+  // Too many registers for the block size would only show up as a launch failure later.
+  if (max_threads < config.threads()) {
+    return fail(make_error(ErrorCode::Unsupported,
+                           "'" + source.label + "' uses " + std::to_string(info.regs_per_thread) +
+                               " registers per thread, so at most " + std::to_string(max_threads) +
+                               " threads fit in a block; config " + config.to_string() + " needs " +
+                               std::to_string(config.threads())));
+  }
+
+  return std::shared_ptr<Kernel>(std::make_shared<CudaKernel>(
+      driver_, device_handle_, context.value(), module, function, signature, config, info));
+}
+
+Result<DeviceBuffer> CudaBackend::allocate(size_t bytes) const {
+  if (bytes == 0) return DeviceBuffer();  // cuMemAlloc rejects 0; an empty buffer is the answer
+  FLASHJIT_TRY(make_current());
+  Result<CUcontext> context = retain_primary_context(*driver_, device_handle_);
+  if (!context.ok()) return context.error();
+  CUdeviceptr pointer = 0;
+  const Status status = check(driver_->cuMemAlloc(&pointer, bytes), "cuMemAlloc");
+  if (!status.ok()) {
+    driver_->cuDevicePrimaryCtxRelease(device_handle_);
+    return make_error(status.error().code,
+                      status.error().message + " (" + std::to_string(bytes) + " bytes)");
+  }
+  // The buffer holds a context reference so that it may outlive the backend.
+  const Driver* cu = driver_;
+  const CUdevice device = device_handle_;
+  const CUcontext owner = context.value();
+  return DeviceBuffer(reinterpret_cast<void*>(pointer), bytes, [cu, device, owner](void* ptr) {
+    if (cu->cuCtxSetCurrent(owner) == CUDA_SUCCESS) {
+      cu->cuMemFree(reinterpret_cast<CUdeviceptr>(ptr));
+    }
+    cu->cuDevicePrimaryCtxRelease(device);
+  });
+}
+
+Status CudaBackend::copy_to_device(void* dst, const void* src, size_t bytes) const {
+  if (bytes == 0) return ok_status();
+  FLASHJIT_TRY(make_current());
+  return check(driver_->cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(dst), src, bytes),
+               "cuMemcpyHtoD");
+}
+
+Status CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) const {
+  if (bytes == 0) return ok_status();
+  FLASHJIT_TRY(make_current());
+  return check(driver_->cuMemcpyDtoH(dst, reinterpret_cast<CUdeviceptr>(src), bytes),
+               "cuMemcpyDtoH");
+}
+
+Status CudaBackend::fill_bytes(void* dst, uint8_t value, size_t bytes) const {
+  if (bytes == 0) return ok_status();
+  FLASHJIT_TRY(make_current());
+  return check(driver_->cuMemsetD8(reinterpret_cast<CUdeviceptr>(dst), value, bytes), "cuMemsetD8");
+}
+
+Status CudaBackend::synchronize() const {
+  FLASHJIT_TRY(make_current());
+  // Errors of earlier asynchronous launches surface here.
+  return check(driver_->cuCtxSynchronize(), "cuCtxSynchronize", ErrorCode::LaunchFailed);
+}
+
+Result<double> CudaBackend::time_ms(const std::function<Status()>& work, int repetitions) const {
+  if (repetitions < 1) {
+    return make_error(ErrorCode::InvalidArgument,
+                      "repetitions = " + std::to_string(repetitions) + ": must be at least 1");
+  }
+  FLASHJIT_TRY(make_current());
+  EventPair events(*driver_);
+  FLASHJIT_TRY(check(driver_->cuEventCreate(&events.start, CU_EVENT_DEFAULT), "cuEventCreate"));
+  FLASHJIT_TRY(check(driver_->cuEventCreate(&events.stop, CU_EVENT_DEFAULT), "cuEventCreate"));
+  FLASHJIT_TRY(check(driver_->cuEventRecord(events.start, nullptr), "cuEventRecord"));
+  for (int i = 0; i < repetitions; ++i) FLASHJIT_TRY(work());
+  FLASHJIT_TRY(check(driver_->cuEventRecord(events.stop, nullptr), "cuEventRecord"));
+  FLASHJIT_TRY(check(driver_->cuEventSynchronize(events.stop), "cuEventSynchronize",
+                     ErrorCode::LaunchFailed));
+  float elapsed_ms = 0;
+  FLASHJIT_TRY(check(driver_->cuEventElapsedTime(&elapsed_ms, events.start, events.stop),
+                     "cuEventElapsedTime"));
+  return static_cast<double>(elapsed_ms) / repetitions;
+}
+
+}  // namespace flashjit::cuda

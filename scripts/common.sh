@@ -1,0 +1,81 @@
+# Shared by scripts/main.sh and scripts/test.sh (sourced, not run): install what the build needs
+# on a fresh Debian/Ubuntu machine, then configure and build flashjit into build/.
+#
+# Environment: CUDA_HOME (default /usr/local/cuda), BUILD_DIR (default <repo>/build),
+# JOBS (default: number of CPU cores).
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD_DIR="${BUILD_DIR:-${REPO_ROOT}/build}"
+CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+JOBS="${JOBS:-$(nproc 2>/dev/null || echo 2)}"
+
+log() { printf '[flashjit] %s\n' "$*" >&2; }
+
+# Installs the Debian packages whose probe fails; nothing when all are present. Needs root
+# (or passwordless sudo) and network only when something is missing.
+#   ensure_packages "probe-command-1" package-1 "probe-command-2" package-2 ...
+ensure_packages() {
+  local missing=()
+  while (($# >= 2)); do
+    if ! eval "$1" >/dev/null 2>&1; then missing+=("$2"); fi
+    shift 2
+  done
+  ((${#missing[@]} == 0)) && return 0
+  local sudo=()
+  if ((EUID != 0)); then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+      sudo=(sudo -n)
+    else
+      log "missing packages: ${missing[*]}; not root, so not installing them (the build may fail)"
+      return 0
+    fi
+  fi
+  if ! command -v apt-get >/dev/null 2>&1; then
+    log "missing packages: ${missing[*]}; no apt-get here, install them by hand"
+    return 0
+  fi
+  log "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  # An offline machine cannot install; say so and let the build report what is really missing.
+  "${sudo[@]}" apt-get update -qq || log "apt-get update failed (offline?)"
+  "${sudo[@]}" apt-get install -y --no-install-recommends "${missing[@]}" ||
+    log "apt-get install failed for: ${missing[*]}"
+}
+
+have_gtest() {
+  [[ -f /usr/include/gtest/gtest.h ]] &&
+    { compgen -G "/usr/lib/*/libgtest.a" || compgen -G "/usr/lib/*/libgtest.so"; } >/dev/null
+}
+
+install_build_tools() {
+  ensure_packages \
+    "command -v cmake" cmake \
+    "command -v g++" g++ \
+    "command -v make" make
+}
+
+install_test_tools() {
+  install_build_tools
+  ensure_packages "have_gtest" libgtest-dev
+}
+
+# flashjit needs the CUDA toolkit's headers (cuda.h) and NVRTC; not the driver, not a GPU.
+check_cuda_toolkit() {
+  if [[ ! -f "${CUDA_HOME}/include/cuda.h" || ! -f "${CUDA_HOME}/include/nvrtc.h" ]]; then
+    log "ERROR: CUDA toolkit not found at ${CUDA_HOME} (need include/cuda.h, include/nvrtc.h" \
+      "and lib64/libnvrtc.so). Install CUDA 12+ there or set CUDA_HOME."
+    exit 1
+  fi
+}
+
+# configure_and_build <ON|OFF: tests> [cmake --build args...]
+configure_and_build() {
+  local tests="$1"
+  shift
+  check_cuda_toolkit
+  log "configuring (Release, tests ${tests}) in ${BUILD_DIR}"
+  cmake -S "${REPO_ROOT}" -B "${BUILD_DIR}" -DCMAKE_BUILD_TYPE=Release \
+    -DCUDAToolkit_ROOT="${CUDA_HOME}" -DFLASHJIT_BUILD_TESTS="${tests}" >/dev/null
+  log "building with ${JOBS} jobs"
+  cmake --build "${BUILD_DIR}" -j "${JOBS}" "$@"
+}

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The test job: build flashjit with its tests and run them with ctest. GPU tests skip on a
+# machine without a GPU. CI reads ctest's closing "N% tests passed, M tests failed out of T".
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+start=${SECONDS}
+install_test_tools
+configure_and_build ON
+log "build done in $((SECONDS - start)) s"
+
+# Two at a time: GPU tests share one device, and CI machines have two cores.
+ctest --test-dir "${BUILD_DIR}" --output-on-failure -j "${CTEST_JOBS:-2}"
+log "test job done in $((SECONDS - start)) s"

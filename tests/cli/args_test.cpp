@@ -1,0 +1,237 @@
+// The CLI's argument parsing: every bad value is an error naming the flag, never a crash.
+//
+// cli/*.cpp are built into the `flashjit` executable only, and tests/CMakeLists.txt builds one
+// executable per *_test.cpp, so the parser's source is compiled into this test directly.
+#include "cli/args.cpp"  // NOLINT(build/include): see above
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace flashjit::cli {
+namespace {
+
+const Command& command(std::string_view name) {
+  const Command* found = find_command(name);
+  EXPECT_NE(found, nullptr) << name;
+  return *found;
+}
+
+Result<ParsedFlags> parse(std::string_view name, std::vector<std::string> args) {
+  return parse_flags(command(name), args);
+}
+
+// The error message of parsing + converting `args` for `plan` into a problem; "" on success.
+std::string problem_error(std::vector<std::string> args) {
+  auto flags = parse("plan", std::move(args));
+  if (!flags.ok()) return flags.error().message;
+  auto problem = problem_from_flags(*flags);
+  return problem.ok() ? "" : problem.error().message;
+}
+
+TEST(Commands, AllSubcommandsExistAndHaveHelp) {
+  for (const char* name : {"plan", "show", "compile", "run", "devices"}) {
+    const Command& found = command(name);
+    EXPECT_FALSE(found.summary.empty());
+    EXPECT_NE(command_usage(found).find("--help"), std::string::npos) << name;
+    EXPECT_NE(program_usage().find(name), std::string::npos) << name;
+  }
+  EXPECT_EQ(find_command("tune"), nullptr);
+}
+
+TEST(ParseFlags, ValuesSwitchesAndEqualsForm) {
+  auto flags = parse("compile", {"--batch", "3", "--head-dim=64", "--causal", "--all"});
+  ASSERT_TRUE(flags.ok()) << flags.error().describe();
+  EXPECT_EQ(flags->get("batch"), "3");
+  EXPECT_EQ(flags->get("head-dim"), "64");
+  EXPECT_TRUE(flags->has("causal"));
+  EXPECT_TRUE(flags->has("all"));
+  EXPECT_FALSE(flags->has("arch"));
+  EXPECT_EQ(flags->get("arch"), std::nullopt);
+}
+
+TEST(ParseFlags, ShortHelpIsHelp) {
+  auto flags = parse("plan", {"-h"});
+  ASSERT_TRUE(flags.ok());
+  EXPECT_TRUE(flags->has("help"));
+}
+
+TEST(ParseFlags, RejectsMalformedLines) {
+  auto unknown = parse("plan", {"--bogus", "1"});
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.error().code, ErrorCode::InvalidArgument);
+  EXPECT_NE(unknown.error().message.find("--bogus"), std::string::npos);
+  EXPECT_NE(unknown.error().message.find("--batch"), std::string::npos);  // lists the allowed
+
+  // A flag of another command is unknown here.
+  EXPECT_FALSE(parse("plan", {"--all"}).ok());
+  EXPECT_FALSE(parse("devices", {"--arch", "sm90"}).ok());
+
+  auto missing = parse("plan", {"--batch"});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.error().message.find("--batch needs a value"), std::string::npos);
+
+  EXPECT_FALSE(parse("plan", {"--causal=yes"}).ok());
+  EXPECT_FALSE(parse("plan", {"--batch", "1", "--batch", "2"}).ok());
+  EXPECT_FALSE(parse("plan", {"positional"}).ok());
+  EXPECT_FALSE(parse("plan", {"-x"}).ok());
+  EXPECT_FALSE(parse("plan", {"--"}).ok());
+}
+
+TEST(IntegerFlag, RangeAndSyntax) {
+  auto flags = parse("run", {"--reps", "7"});
+  ASSERT_TRUE(flags.ok());
+  auto reps = integer_flag(*flags, "reps", 20, 1, 100);
+  ASSERT_TRUE(reps.ok());
+  EXPECT_EQ(*reps, 7);
+  auto fallback = integer_flag(*flags, "device", 0, 0, 7);
+  ASSERT_TRUE(fallback.ok());
+  EXPECT_EQ(*fallback, 0);
+
+  for (const char* bad : {"0", "-1", "101", "7x", "", "1e3", "0x10", "99999999999999999999"}) {
+    auto parsed = parse("run", {"--reps", bad});
+    ASSERT_TRUE(parsed.ok()) << bad;
+    auto value = integer_flag(*parsed, "reps", 20, 1, 100);
+    ASSERT_FALSE(value.ok()) << bad;
+    EXPECT_NE(value.error().message.find("--reps = '" + std::string(bad) + "'"), std::string::npos)
+        << value.error().message;
+    EXPECT_NE(value.error().message.find("[1, 100]"), std::string::npos);
+  }
+}
+
+TEST(ProblemFromFlags, Defaults) {
+  auto flags = parse("plan", {});
+  ASSERT_TRUE(flags.ok());
+  auto problem = problem_from_flags(*flags);
+  ASSERT_TRUE(problem.ok()) << problem.error().describe();
+  EXPECT_EQ(problem->batch, kDefaultBatch);
+  EXPECT_EQ(problem->heads_q, kDefaultHeads);
+  EXPECT_EQ(problem->heads_kv, kDefaultHeads);
+  EXPECT_EQ(problem->seqlen_q, kDefaultSeqlen);
+  EXPECT_EQ(problem->seqlen_k, kDefaultSeqlen);
+  EXPECT_EQ(problem->head_dim, kDefaultHeadDim);
+  EXPECT_EQ(problem->dtype, DType::BF16);
+  EXPECT_FALSE(problem->causal);
+  EXPECT_FALSE(problem->softmax_scale.has_value());
+}
+
+TEST(ProblemFromFlags, EveryFlag) {
+  auto flags = parse("plan", {"--batch", "3", "--heads", "32", "--kv-heads", "8", "--seqlen",
+                              "1000", "--seqlen-k", "2048", "--head-dim", "64", "--dtype", "fp16",
+                              "--causal", "--scale", "0.25", "--layout", "bhsd"});
+  ASSERT_TRUE(flags.ok()) << flags.error().describe();
+  auto problem = problem_from_flags(*flags);
+  ASSERT_TRUE(problem.ok()) << problem.error().describe();
+  EXPECT_EQ(problem->batch, 3);
+  EXPECT_EQ(problem->heads_q, 32);
+  EXPECT_EQ(problem->heads_kv, 8);
+  EXPECT_EQ(problem->seqlen_q, 1000);
+  EXPECT_EQ(problem->seqlen_k, 2048);
+  EXPECT_EQ(problem->head_dim, 64);
+  EXPECT_EQ(problem->dtype, DType::F16);
+  EXPECT_TRUE(problem->causal);
+  ASSERT_TRUE(problem->softmax_scale.has_value());
+  EXPECT_FLOAT_EQ(*problem->softmax_scale, 0.25f);
+  AttentionProblem expected =
+      AttentionProblem::make(3, 32, 8, 1000, 2048, 64, DType::F16, true, Layout::BHSD);
+  EXPECT_EQ(problem->q_strides, expected.q_strides);
+  EXPECT_EQ(problem->k_strides, expected.k_strides);
+  EXPECT_EQ(problem->o_strides, expected.o_strides);
+}
+
+TEST(ProblemFromFlags, BadValuesNameTheFlagAndTheValue) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string expected;  // a part of the message
+  };
+  const Case cases[] = {
+      {{"--batch", "0"}, "--batch = '0'"},
+      {{"--batch", "two"}, "--batch = 'two'"},
+      {{"--heads", "-4"}, "--heads = '-4'"},
+      {{"--heads", "16", "--kv-heads", "3"}, "--kv-heads = '3': must divide --heads = 16"},
+      {{"--heads", "4", "--kv-heads", "8"}, "--kv-heads = '8'"},
+      {{"--seqlen", "0"}, "--seqlen = '0'"},
+      {{"--seqlen-q", "x"}, "--seqlen-q = 'x'"},
+      {{"--seqlen-k", "1.5"}, "--seqlen-k = '1.5'"},
+      {{"--head-dim", "100"}, "--head-dim = '100': must be a multiple of 8"},
+      {{"--head-dim", "512"}, "--head-dim = '512'"},
+      {{"--head-dim", "0"}, "--head-dim = '0'"},
+      {{"--dtype", "fp32"}, "--dtype = 'fp32': allowed: bf16, fp16"},
+      {{"--layout", "sbhd"}, "--layout = 'sbhd': allowed: bshd, bhsd"},
+      {{"--scale", "0"}, "--scale = '0'"},
+      {{"--scale", "-1"}, "--scale = '-1'"},
+      {{"--scale", "nan"}, "--scale = 'nan'"},
+      {{"--scale", "inf"}, "--scale = 'inf'"},
+      {{"--scale", "0.1x"}, "--scale = '0.1x'"},
+  };
+  for (const Case& c : cases) {
+    std::string message = problem_error(c.args);
+    EXPECT_NE(message.find(c.expected), std::string::npos)
+        << "args: " << c.args[0] << " ... got: '" << message << "'";
+  }
+}
+
+TEST(ProblemFromFlags, DtypeSpellings) {
+  for (const char* spelling : {"bf16", "bfloat16"}) {
+    EXPECT_EQ(problem_error({"--dtype", spelling}), "") << spelling;
+  }
+  for (const char* spelling : {"fp16", "f16", "float16"}) {
+    EXPECT_EQ(problem_error({"--dtype", spelling}), "") << spelling;
+  }
+}
+
+TEST(ConfigFromFlags, ParsesOrNamesTheFlag) {
+  auto absent = parse("show", {});
+  ASSERT_TRUE(absent.ok());
+  auto none = config_from_flags(*absent);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+
+  auto given = parse("show", {"--config", "m64n32w4s3"});
+  ASSERT_TRUE(given.ok());
+  auto config = config_from_flags(*given);
+  ASSERT_TRUE(config.ok()) << config.error().describe();
+  ASSERT_TRUE(config->has_value());
+  EXPECT_EQ((**config).block_m, 64);
+  EXPECT_EQ((**config).block_n, 32);
+  EXPECT_EQ((**config).warps, 4);
+  EXPECT_EQ((**config).stages, 3);
+
+  auto bad = parse("show", {"--config", "m128"});
+  ASSERT_TRUE(bad.ok());
+  auto error = config_from_flags(*bad);
+  ASSERT_FALSE(error.ok());
+  EXPECT_NE(error.error().message.find("--config = 'm128'"), std::string::npos);
+}
+
+TEST(TableDeviceFromFlags, KnownArchsUnknownArchAndConflicts) {
+  for (const std::string& arch : known_archs()) {
+    auto flags = parse("plan", {"--arch", arch});
+    ASSERT_TRUE(flags.ok());
+    auto device = table_device_from_flags(*flags);
+    ASSERT_TRUE(device.ok()) << device.error().describe();
+    ASSERT_TRUE(device->has_value());
+    EXPECT_EQ((**device).arch_name(), arch);
+  }
+
+  auto unknown = parse("plan", {"--arch", "sm70"});
+  ASSERT_TRUE(unknown.ok());
+  auto error = table_device_from_flags(*unknown);
+  ASSERT_FALSE(error.ok());
+  EXPECT_NE(error.error().message.find("--arch = 'sm70'"), std::string::npos);
+  EXPECT_NE(error.error().message.find("sm90"), std::string::npos);
+
+  auto both = parse("plan", {"--arch", "sm90", "--device", "0"});
+  ASSERT_TRUE(both.ok());
+  EXPECT_FALSE(table_device_from_flags(*both).ok());
+
+  auto absent = parse("plan", {});
+  ASSERT_TRUE(absent.ok());
+  auto none = table_device_from_flags(*absent);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+}
+
+}  // namespace
+}  // namespace flashjit::cli

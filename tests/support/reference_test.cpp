@@ -1,0 +1,377 @@
+// Tests of the test support itself: the fp64 reference, the conversions and compare(). Every GPU
+// correctness verdict rests on these, so they check against values derived by hand.
+#include "support/reference.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace flashjit::testing {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+float from_bits(uint32_t bits) {
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+TEST(HalfConversion, EveryBf16PatternRoundTrips) {
+  for (uint32_t bits = 0; bits < 65536; ++bits) {
+    const float value = bf16_to_float(static_cast<uint16_t>(bits));
+    if (std::isnan(value)) {
+      EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(value)))) << std::hex << bits;
+      continue;
+    }
+    ASSERT_EQ(float_to_bf16(value), bits) << std::hex << bits;
+  }
+}
+
+TEST(HalfConversion, EveryFp16PatternRoundTrips) {
+  for (uint32_t bits = 0; bits < 65536; ++bits) {
+    const float value = fp16_to_float(static_cast<uint16_t>(bits));
+    if (std::isnan(value)) {
+      EXPECT_TRUE(std::isnan(fp16_to_float(float_to_fp16(value)))) << std::hex << bits;
+      continue;
+    }
+    ASSERT_EQ(float_to_fp16(value), bits) << std::hex << bits;
+  }
+}
+
+TEST(HalfConversion, KnownValues) {
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3F80);
+  EXPECT_EQ(float_to_bf16(-2.0f), 0xC000);
+  EXPECT_EQ(float_to_fp16(1.0f), 0x3C00);
+  EXPECT_EQ(float_to_fp16(-2.0f), 0xC000);
+  EXPECT_EQ(float_to_fp16(65504.0f), 0x7BFF);  // largest finite half
+  EXPECT_EQ(float_to_fp16(65519.0f), 0x7BFF);  // below the halfway point to 65536
+  EXPECT_EQ(float_to_fp16(65520.0f), 0x7C00);  // tie rounds to even: infinity
+  EXPECT_EQ(float_to_fp16(1e10f), 0x7C00);
+  EXPECT_EQ(float_to_fp16(-std::numeric_limits<float>::infinity()), 0xFC00);
+  EXPECT_EQ(float_to_bf16(std::numeric_limits<float>::infinity()), 0x7F80);
+  EXPECT_EQ(float_to_bf16(std::numeric_limits<float>::max()), 0x7F80);  // rounds to infinity
+  EXPECT_TRUE(std::isnan(fp16_to_float(float_to_fp16(std::nanf("")))));
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::nanf("")))));
+
+  // Ties round to even, in both formats.
+  EXPECT_EQ(float_to_bf16(1.0f + 0x1p-8f), 0x3F80);             // halfway 1 .. 1+2^-7: down to even
+  EXPECT_EQ(float_to_bf16(1.0f + 3 * 0x1p-8f), 0x3F82);         // halfway 1+2^-7 .. 1+2^-6: up
+  EXPECT_EQ(float_to_bf16(1.0f + 0x1p-8f + 0x1p-20f), 0x3F81);  // just above halfway: up
+  EXPECT_EQ(float_to_fp16(1.0f + 0x1p-11f), 0x3C00);
+  EXPECT_EQ(float_to_fp16(1.0f + 3 * 0x1p-11f), 0x3C02);
+
+  // fp16 subnormals: multiples of 2^-24.
+  EXPECT_EQ(float_to_fp16(0x1p-24f), 0x0001);
+  EXPECT_EQ(float_to_fp16(0x1p-25f), 0x0000);      // tie: down to even (zero)
+  EXPECT_EQ(float_to_fp16(3 * 0x1p-25f), 0x0002);  // tie 1.5 -> 2
+  EXPECT_EQ(float_to_fp16(-0x1p-24f), 0x8001);
+  EXPECT_EQ(float_to_fp16(0x3FFp-24f), 0x03FF);  // largest subnormal
+  EXPECT_EQ(float_to_fp16(0x1p-14f), 0x0400);    // smallest normal
+  EXPECT_EQ(float_to_fp16(0x7FFp-25f), 0x0400);  // rounds up out of the subnormals
+  EXPECT_FLOAT_EQ(fp16_to_float(0x0001), 0x1p-24f);
+  EXPECT_FLOAT_EQ(fp16_to_float(0x8200), -0x200p-24f);
+  EXPECT_EQ(fp16_to_float(0x7C00), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(float_to_bf16(from_bits(0x00000001)), 0x0000);  // float subnormal to bf16 zero
+}
+
+// One head, d = 8, hand-set inputs: q_i, k_j are multiples of unit vectors, so every score is
+// known in closed form. V rows differ in every column to catch index mix-ups.
+struct TinyCase {
+  AttentionProblem problem;
+  HostInputs inputs;
+};
+
+TinyCase tiny_case(int64_t seqlen_q, int64_t seqlen_k, bool causal, DType dtype) {
+  TinyCase tiny;
+  tiny.problem = AttentionProblem::make(1, 1, 1, seqlen_q, seqlen_k, 8, dtype, causal);
+  const AttentionProblem& p = tiny.problem;
+  tiny.inputs.q.assign(p.q_span(), float_to_half(0.0f, dtype));
+  tiny.inputs.k.assign(p.kv_span(), float_to_half(0.0f, dtype));
+  tiny.inputs.v.assign(p.kv_span(), float_to_half(0.0f, dtype));
+  for (int64_t i = 0; i < seqlen_q; ++i) {  // q_i = (i + 1) e_(i mod 8)
+    tiny.inputs.q[i * p.q_strides.seq + i % 8] = float_to_half(static_cast<float>(i + 1), dtype);
+  }
+  for (int64_t j = 0; j < seqlen_k; ++j) {  // k_j = 2 e_(j mod 8), v_j[c] = j + c / 8
+    tiny.inputs.k[j * p.k_strides.seq + j % 8] = float_to_half(2.0f, dtype);
+    for (int c = 0; c < 8; ++c) {
+      tiny.inputs.v[j * p.v_strides.seq + c] = float_to_half(j + c / 8.0f, dtype);
+    }
+  }
+  return tiny;
+}
+
+double v_value(int64_t j, int c) { return j + c / 8.0; }
+
+TEST(ReferenceAttention, HandComputedTwoByTwo) {
+  const TinyCase tiny = tiny_case(2, 2, /*causal=*/false, DType::BF16);
+  const Reference ref = reference_attention(tiny.problem, tiny.inputs);
+  ASSERT_EQ(ref.o.size(), 2u * 8u);
+  ASSERT_EQ(ref.lse.size(), 2u);
+
+  const double scale = tiny.problem.scale();  // a float, as the kernel gets it
+  // Row 0: q0 = e0, scores (2 scale, 0). Row 1: q1 = 2 e1, scores (0, 4 scale).
+  const double scores[2][2] = {{2 * scale, 0.0}, {0.0, 4 * scale}};
+  for (int i = 0; i < 2; ++i) {
+    const double e0 = std::exp(scores[i][0]), e1 = std::exp(scores[i][1]);
+    EXPECT_NEAR(ref.lse[i], std::log(e0 + e1), 1e-12) << "row " << i;
+    for (int c = 0; c < 8; ++c) {
+      const double expected = (e0 * v_value(0, c) + e1 * v_value(1, c)) / (e0 + e1);
+      EXPECT_NEAR(ref.o[i * 8 + c], expected, 1e-12) << "row " << i << " col " << c;
+    }
+  }
+}
+
+TEST(ReferenceAttention, HandComputedCausalTwoByTwo) {
+  const TinyCase tiny = tiny_case(2, 2, /*causal=*/true, DType::F16);
+  const Reference ref = reference_attention(tiny.problem, tiny.inputs);
+  const double scale = tiny.problem.scale();  // a float, as the kernel gets it
+  // Row 0 sees key 0 only: o = v0, lse = its score.
+  EXPECT_NEAR(ref.lse[0], 2 * scale, 1e-12);
+  for (int c = 0; c < 8; ++c) EXPECT_NEAR(ref.o[c], v_value(0, c), 1e-12);
+  // Row 1 sees both keys: scores (0, 4 scale).
+  const double e1 = std::exp(4 * scale);
+  EXPECT_NEAR(ref.lse[1], std::log(1 + e1), 1e-12);
+  for (int c = 0; c < 8; ++c) {
+    EXPECT_NEAR(ref.o[8 + c], (v_value(0, c) + e1 * v_value(1, c)) / (1 + e1), 1e-12);
+  }
+}
+
+TEST(ReferenceAttention, CausalWithMoreQueriesThanKeysHasEmptyRows) {
+  // seqlen_q 5, seqlen_k 2, bottom-right aligned: row i sees j <= i - 3.
+  const TinyCase tiny = tiny_case(5, 2, /*causal=*/true, DType::BF16);
+  const Reference ref = reference_attention(tiny.problem, tiny.inputs);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(ref.lse[i], kInf) << "row " << i;
+    for (int c = 0; c < 8; ++c) EXPECT_EQ(ref.o[i * 8 + c], 0.0) << "row " << i;
+  }
+  // Row 3: q3 = 4 e3, k0 = 2 e0: the one visible score is 0; o = v0.
+  EXPECT_NEAR(ref.lse[3], 0.0, 1e-12);
+  for (int c = 0; c < 8; ++c) EXPECT_NEAR(ref.o[3 * 8 + c], v_value(0, c), 1e-12);
+  // Row 4: q4 = 5 e4, orthogonal to both keys: uniform over keys 0 and 1.
+  EXPECT_NEAR(ref.lse[4], std::log(2.0), 1e-12);
+  for (int c = 0; c < 8; ++c) {
+    EXPECT_NEAR(ref.o[4 * 8 + c], (v_value(0, c) + v_value(1, c)) / 2, 1e-12);
+  }
+}
+
+TEST(ReferenceAttention, CausalWithMoreKeysSeesThePrefixOfKeys) {
+  // seqlen_q 2, seqlen_k 5: row 0 sees keys 0..3, row 1 all five.
+  const TinyCase tiny = tiny_case(2, 5, /*causal=*/true, DType::BF16);
+  const Reference ref = reference_attention(tiny.problem, tiny.inputs);
+  const double scale = tiny.problem.scale();  // a float, as the kernel gets it
+  // Row 0: q0 = e0: scores (2 scale, 0, 0, 0).
+  const double e = std::exp(2 * scale);
+  EXPECT_NEAR(ref.lse[0], std::log(e + 3), 1e-12);
+  for (int c = 0; c < 8; ++c) {
+    const double expected =
+        (e * v_value(0, c) + v_value(1, c) + v_value(2, c) + v_value(3, c)) / (e + 3);
+    EXPECT_NEAR(ref.o[c], expected, 1e-12);
+  }
+}
+
+// K/V of a GQA problem expanded to one kv head per query head (head h gets kv head h / G or,
+// with `wrong_mapping`, h % heads_kv), as an MHA problem.
+void expand_to_mha(const AttentionProblem& gqa, const HostInputs& in, bool wrong_mapping,
+                   AttentionProblem* mha, HostInputs* out) {
+  *mha = AttentionProblem::make(gqa.batch, gqa.heads_q, gqa.heads_q, gqa.seqlen_q, gqa.seqlen_k,
+                                gqa.head_dim, gqa.dtype, gqa.causal);
+  out->q = in.q;  // same contiguous BSHD layout for q
+  out->k.assign(mha->kv_span(), 0);
+  out->v.assign(mha->kv_span(), 0);
+  for (int64_t b = 0; b < gqa.batch; ++b) {
+    for (int64_t s = 0; s < gqa.seqlen_k; ++s) {
+      for (int64_t h = 0; h < gqa.heads_q; ++h) {
+        const int64_t src_head = wrong_mapping ? h % gqa.heads_kv : h / gqa.group_size();
+        for (int c = 0; c < gqa.head_dim; ++c) {
+          const int64_t dst =
+              b * mha->k_strides.batch + s * mha->k_strides.seq + h * mha->k_strides.head + c;
+          const int64_t src =
+              b * gqa.k_strides.batch + s * gqa.k_strides.seq + src_head * gqa.k_strides.head + c;
+          out->k[dst] = in.k[src];
+          out->v[dst] = in.v[src];
+        }
+      }
+    }
+  }
+}
+
+TEST(ReferenceAttention, GqaMatchesMhaWithRepeatedKvHeads) {
+  const auto gqa = AttentionProblem::make(2, 8, 2, 33, 47, 16, DType::BF16, /*causal=*/true);
+  const HostInputs inputs = random_inputs(gqa, 7);
+  const Reference gqa_ref = reference_attention(gqa, inputs);
+
+  AttentionProblem mha;
+  HostInputs mha_inputs;
+  expand_to_mha(gqa, inputs, /*wrong_mapping=*/false, &mha, &mha_inputs);
+  const Reference mha_ref = reference_attention(mha, mha_inputs);
+  ASSERT_EQ(gqa_ref.o.size(), mha_ref.o.size());
+  for (size_t i = 0; i < gqa_ref.o.size(); ++i) ASSERT_DOUBLE_EQ(gqa_ref.o[i], mha_ref.o[i]) << i;
+  for (size_t i = 0; i < gqa_ref.lse.size(); ++i) ASSERT_DOUBLE_EQ(gqa_ref.lse[i], mha_ref.lse[i]);
+
+  // The comparison can fail: interleaved head mapping (h % heads_kv) gives other results.
+  expand_to_mha(gqa, inputs, /*wrong_mapping=*/true, &mha, &mha_inputs);
+  const Reference wrong_ref = reference_attention(mha, mha_inputs);
+  double max_diff = 0;
+  for (size_t i = 0; i < gqa_ref.o.size(); ++i) {
+    max_diff = std::max(max_diff, std::abs(gqa_ref.o[i] - wrong_ref.o[i]));
+  }
+  EXPECT_GT(max_diff, 1e-3);
+}
+
+TEST(ReferenceAttention, StridedInputsMatchContiguousCopy) {
+  const auto dense = AttentionProblem::make(2, 2, 2, 19, 23, 32, DType::F16, /*causal=*/false);
+  AttentionProblem strided = dense;
+  // Head stride d + 8, and 24 extra elements at the end of each sequence row.
+  const int64_t head_stride = dense.head_dim + 8;
+  for (Strides* strides : {&strided.q_strides, &strided.o_strides}) {
+    strides->head = head_stride;
+    strides->seq = dense.heads_q * head_stride + 24;
+    strides->batch = dense.seqlen_q * strides->seq + 8;
+  }
+  for (Strides* strides : {&strided.k_strides, &strided.v_strides}) {
+    strides->head = head_stride;
+    strides->seq = dense.heads_kv * head_stride + 24;
+    strides->batch = dense.seqlen_k * strides->seq + 8;
+  }
+  const HostInputs strided_inputs = random_inputs(strided, 11);
+  ASSERT_EQ(static_cast<int64_t>(strided_inputs.q.size()), strided.q_span());
+
+  // Padding is random too: a kernel reading it must not get zeros.
+  int64_t zero_padding = 0;
+  for (int64_t c = dense.head_dim; c < head_stride; ++c) zero_padding += strided_inputs.q[c] == 0;
+  EXPECT_LT(zero_padding, 4);
+
+  HostInputs dense_inputs;
+  auto copy = [](const std::vector<uint16_t>& src, const Strides& src_strides,
+                 const Strides& dst_strides, int64_t batch, int64_t seq, int64_t heads, int d,
+                 int64_t dst_span) {
+    std::vector<uint16_t> dst(dst_span);
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t s = 0; s < seq; ++s)
+        for (int64_t h = 0; h < heads; ++h)
+          for (int c = 0; c < d; ++c)
+            dst[b * dst_strides.batch + s * dst_strides.seq + h * dst_strides.head + c] =
+                src[b * src_strides.batch + s * src_strides.seq + h * src_strides.head + c];
+    return dst;
+  };
+  dense_inputs.q =
+      copy(strided_inputs.q, strided.q_strides, dense.q_strides, 2, 19, 2, 32, dense.q_span());
+  dense_inputs.k =
+      copy(strided_inputs.k, strided.k_strides, dense.k_strides, 2, 23, 2, 32, dense.kv_span());
+  dense_inputs.v =
+      copy(strided_inputs.v, strided.v_strides, dense.v_strides, 2, 23, 2, 32, dense.kv_span());
+
+  const Reference strided_ref = reference_attention(strided, strided_inputs);
+  const Reference dense_ref = reference_attention(dense, dense_inputs);
+  ASSERT_EQ(strided_ref.o, dense_ref.o);
+  ASSERT_EQ(strided_ref.lse, dense_ref.lse);
+}
+
+TEST(ReferenceAttention, SoftmaxRowsSumToOneOnConstantV) {
+  // With V = 1 everywhere every visible row of O is exactly 1 (up to rounding).
+  auto problem = AttentionProblem::make(1, 2, 1, 70, 50, 64, DType::BF16, /*causal=*/true);
+  HostInputs inputs = random_inputs(problem, 3);
+  std::fill(inputs.v.begin(), inputs.v.end(), float_to_bf16(1.0f));
+  const Reference ref = reference_attention(problem, inputs);
+  for (int64_t i = 0; i < problem.seqlen_q; ++i) {
+    const bool empty = i + problem.seqlen_k - problem.seqlen_q < 0;
+    for (int64_t h = 0; h < 2; ++h) {
+      EXPECT_NEAR(ref.o[(i * 2 + h) * 64], empty ? 0.0 : 1.0, 1e-12) << i;
+      EXPECT_EQ(std::isinf(ref.lse[h * problem.seqlen_q + i]), empty) << i;
+    }
+  }
+}
+
+// o rounded from the reference, laid out through the problem's o strides in a poisoned buffer.
+std::vector<uint16_t> rounded_output(const AttentionProblem& problem, const Reference& ref) {
+  std::vector<uint16_t> o(problem.o_span(), kPoisonBits);
+  size_t index = 0;
+  for (int64_t b = 0; b < problem.batch; ++b)
+    for (int64_t s = 0; s < problem.seqlen_q; ++s)
+      for (int64_t h = 0; h < problem.heads_q; ++h)
+        for (int c = 0; c < problem.head_dim; ++c, ++index)
+          o[b * problem.o_strides.batch + s * problem.o_strides.seq + h * problem.o_strides.head +
+            c] = float_to_half(static_cast<float>(ref.o[index]), problem.dtype);
+  return o;
+}
+
+TEST(Compare, RoundedReferencePassesAndDefectsFail) {
+  auto problem = AttentionProblem::make(1, 2, 2, 9, 4, 16, DType::BF16, /*causal=*/true);
+  problem.o_strides.head = 24;  // padded o: 8 padding elements per head
+  problem.o_strides.seq = 2 * 24;
+  problem.o_strides.batch = 9 * 2 * 24;
+  const HostInputs inputs = random_inputs(problem, 5);
+  const Reference ref = reference_attention(problem, inputs);
+  std::vector<float> lse(ref.lse.begin(), ref.lse.end());
+  std::vector<uint16_t> o = rounded_output(problem, ref);
+
+  const Comparison good = compare(problem, o, lse, ref);
+  EXPECT_TRUE(matches_reference(good));
+  EXPECT_LT(good.o_rel_error, 4e-3);  // bf16 rounding alone: <= 2^-9 relative
+  EXPECT_EQ(good.lse_mismatched_infinite, 0);
+  EXPECT_EQ(good.o_padding_written, 0);
+
+  {  // one element left poisoned: NaN and poisoned both count
+    auto bad = o;
+    bad[problem.o_strides.seq * 8 + 3] = kPoisonBits;
+    const Comparison c = compare(problem, bad, lse, ref);
+    EXPECT_EQ(c.poisoned_left, 1);
+    EXPECT_EQ(c.o_nan_count, 1);
+    EXPECT_FALSE(matches_reference(c));
+  }
+  {  // a write into the padding between heads
+    auto bad = o;
+    bad[16] = float_to_bf16(0.0f);
+    const Comparison c = compare(problem, bad, lse, ref);
+    EXPECT_EQ(c.o_padding_written, 1);
+    EXPECT_FALSE(matches_reference(c));
+  }
+  {  // o off by 5% everywhere
+    auto bad = o;
+    for (auto& bits : bad) {
+      if (bits != kPoisonBits) bits = float_to_bf16(bf16_to_float(bits) * 1.05f);
+    }
+    const Comparison c = compare(problem, bad, lse, ref);
+    EXPECT_GT(c.o_rel_error, 0.03);
+    EXPECT_FALSE(matches_reference(c));
+  }
+  {  // an empty row (causal, seqlen_q > seqlen_k) reported with a finite lse, and lse NaN
+    auto bad_lse = lse;
+    ASSERT_EQ(ref.lse[0], kInf);
+    bad_lse[0] = 0.0f;
+    bad_lse[8] = std::nanf("");
+    const Comparison c = compare(problem, o, bad_lse, ref);
+    EXPECT_EQ(c.lse_mismatched_infinite, 1);
+    EXPECT_EQ(c.lse_max_abs_error, kInf);
+    EXPECT_FALSE(matches_reference(c));
+  }
+  {  // lse off by 0.01 on one row
+    auto bad_lse = lse;
+    bad_lse[8] += 0.01f;
+    const Comparison c = compare(problem, o, bad_lse, ref);
+    EXPECT_NEAR(c.lse_max_abs_error, 0.01, 1e-4);
+    EXPECT_FALSE(matches_reference(c));
+  }
+  {  // no lse given: lse unchecked, o still checked
+    const Comparison c = compare(problem, o, {}, ref);
+    EXPECT_FALSE(c.lse_checked);
+    EXPECT_TRUE(matches_reference(c));
+  }
+}
+
+TEST(Compare, AllRowsEmptyUsesAbsoluteError) {
+  const auto problem = AttentionProblem::make(1, 1, 1, 3, 1, 8, DType::F16, /*causal=*/true);
+  const HostInputs inputs = random_inputs(problem, 9);
+  Reference ref = reference_attention(problem, inputs);
+  std::fill(ref.o.begin(), ref.o.end(), 0.0);  // pretend every row is empty
+  std::vector<uint16_t> o(problem.o_span(), float_to_fp16(0.0f));
+  EXPECT_EQ(compare(problem, o, {}, ref).o_rel_error, 0.0);
+  o[0] = float_to_fp16(0.5f);
+  EXPECT_NEAR(compare(problem, o, {}, ref).o_rel_error, 0.5, 1e-6);
+}
+
+}  // namespace
+}  // namespace flashjit::testing

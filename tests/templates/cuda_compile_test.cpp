@@ -1,0 +1,194 @@
+// Every legal config of the CUDA attention template compiles with NVRTC, for sm80 and sm90,
+// without register spills. Needs no GPU (NVRTC only), so it runs in CI: a template or generator
+// change that breaks any corner of the config space fails here, not on a GPU machine later.
+//
+// One gtest per (arch, head_dim, dtype, causal) group; each prints a table of its configs.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "generator/config.hpp"
+#include "generator/device.hpp"
+#include "generator/render.hpp"
+#include "runtime/cuda/nvrtc_compiler.hpp"
+#include "support/parallel.hpp"
+
+namespace flashjit {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Compile seconds over the whole process (all groups this process ran), printed at exit.
+std::mutex total_mutex;
+double total_compile_seconds = 0;
+double total_wall_seconds = 0;
+int total_compiles = 0;
+
+class TotalCompileTime : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    if (total_compiles == 0) return;
+    std::printf(
+        "[ total    ] %d NVRTC compiles: %.1f s of compile time, %.1f s wall on %u threads\n",
+        total_compiles, total_compile_seconds, total_wall_seconds, testing::worker_count());
+  }
+};
+::testing::Environment* const total_environment =
+    ::testing::AddGlobalTestEnvironment(new TotalCompileTime);
+
+struct CompileOutcome {
+  AttentionConfig config;
+  bool ok = false;
+  std::string error;  // render or compile error, with the log
+  size_t cubin_bytes = 0;
+  cuda::PtxasReport report;
+  double seconds = 0;
+};
+
+CompileOutcome compile_one(const AttentionProblem& problem, const AttentionConfig& config,
+                           int arch) {
+  CompileOutcome outcome;
+  outcome.config = config;
+  const Clock::time_point start = Clock::now();
+  Result<KernelSource> source = render_cuda_attention(problem, config);
+  if (!source.ok()) {
+    outcome.error = "render: " + source.error().describe();
+    return outcome;
+  }
+  Result<Binary> binary = cuda::nvrtc_compile(source.value(), arch);
+  outcome.seconds = seconds_since(start);
+  if (!binary.ok()) {
+    outcome.error = binary.error().describe();
+    return outcome;
+  }
+  outcome.ok = true;
+  outcome.cubin_bytes = binary->bytes.size();
+  outcome.report = cuda::parse_ptxas_report(binary->compile_log);
+  return outcome;
+}
+
+std::vector<CompileOutcome> compile_all(const AttentionProblem& problem,
+                                        const std::vector<AttentionConfig>& configs, int arch) {
+  const Clock::time_point start = Clock::now();
+  std::vector<CompileOutcome> outcomes = testing::parallel_map<CompileOutcome>(
+      configs.size(), [&](size_t i) { return compile_one(problem, configs[i], arch); });
+  const double wall = seconds_since(start);
+  double compile_seconds = 0;
+  for (const CompileOutcome& outcome : outcomes) compile_seconds += outcome.seconds;
+  std::printf("  %zu compiles for sm_%d: %.1f s wall, %.1f s compile time (%.2f s each)\n",
+              outcomes.size(), arch, wall, compile_seconds,
+              outcomes.empty() ? 0.0 : compile_seconds / outcomes.size());
+  std::lock_guard<std::mutex> lock(total_mutex);
+  total_compile_seconds += compile_seconds;
+  total_wall_seconds += wall;
+  total_compiles += static_cast<int>(outcomes.size());
+  return outcomes;
+}
+
+// Checks one outcome: compiled, non-empty CUBIN, a ptxas report with 0 spill stores.
+void expect_clean(const CompileOutcome& outcome, const std::string& group) {
+  const std::string where = group + " config " + outcome.config.to_string();
+  if (!outcome.ok) {
+    ADD_FAILURE() << where << " failed to compile:\n" << outcome.error;
+    return;
+  }
+  EXPECT_GT(outcome.cubin_bytes, 0u) << where << ": empty CUBIN";
+  EXPECT_GT(outcome.report.registers, 0) << where << ": no ptxas register report in the log";
+  EXPECT_EQ(outcome.report.spill_store_bytes, 0)
+      << where << ": " << outcome.report.spill_store_bytes << " bytes of spill stores ("
+      << outcome.report.registers << " registers)";
+}
+
+void print_table(const std::vector<CompileOutcome>& outcomes, const AttentionProblem& problem) {
+  std::printf("  %-14s %5s %5s %7s %6s %6s %8s %6s\n", "config", "regs", "est", "spill", "load",
+              "stack", "cubin", "sec");
+  for (const CompileOutcome& o : outcomes) {
+    if (!o.ok) {
+      std::printf("  %-14s FAILED\n", o.config.to_string().c_str());
+      continue;
+    }
+    std::printf("  %-14s %5d %5d %7d %6d %6d %8zu %6.2f\n", o.config.to_string().c_str(),
+                o.report.registers, estimated_registers(o.config, problem),
+                o.report.spill_store_bytes, o.report.spill_load_bytes, o.report.stack_frame_bytes,
+                o.cubin_bytes, o.seconds);
+  }
+  std::fflush(stdout);
+}
+
+struct CompileGroup {
+  int arch;
+  int head_dim;
+  DType dtype;
+  bool causal;
+
+  std::string name() const {
+    return "sm" + std::to_string(arch) + "_d" + std::to_string(head_dim) + "_" + to_string(dtype) +
+           (causal ? "_causal" : "_noncausal");
+  }
+};
+
+// gtest prints a failing test's parameter: by name rather than as raw bytes.
+void PrintTo(const CompileGroup& group, std::ostream* out) { *out << group.name(); }
+
+class CudaCompileAllConfigs : public ::testing::TestWithParam<CompileGroup> {};
+
+TEST_P(CudaCompileAllConfigs, EveryLegalConfigCompilesWithoutSpills) {
+  const CompileGroup& group = GetParam();
+  Result<DeviceSpec> device = known_device("sm" + std::to_string(group.arch));
+  ASSERT_TRUE(device.ok()) << device.error().describe();
+  // legal_configs depends on the head dim and the device only; the sizes are representative.
+  const auto problem =
+      AttentionProblem::make(2, 16, 16, 4096, 4096, group.head_dim, group.dtype, group.causal);
+  const std::vector<AttentionConfig> configs = legal_configs(problem, device.value());
+  ASSERT_FALSE(configs.empty()) << "no legal config for " << group.name();
+
+  const std::vector<CompileOutcome> outcomes = compile_all(problem, configs, group.arch);
+  print_table(outcomes, problem);
+  for (const CompileOutcome& outcome : outcomes) expect_clean(outcome, group.name());
+}
+
+std::vector<CompileGroup> all_groups() {
+  std::vector<CompileGroup> groups;
+  for (int arch : {80, 90})
+    for (int head_dim : {64, 128, 256})
+      for (DType dtype : {DType::F16, DType::BF16})
+        for (bool causal : {false, true}) groups.push_back({arch, head_dim, dtype, causal});
+  return groups;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllGroups, CudaCompileAllConfigs, ::testing::ValuesIn(all_groups()),
+                         [](const ::testing::TestParamInfo<CompileGroup>& info) {
+                           return info.param.name();
+                         });
+
+// A head dim that is not a power of two: the template pads it to padded_head_dim() (128).
+class CudaCompilePaddedHeadDim : public ::testing::TestWithParam<int> {};
+
+TEST_P(CudaCompilePaddedHeadDim, DefaultConfigOfHeadDim96Compiles) {
+  const int arch = GetParam();
+  Result<DeviceSpec> device = known_device("sm" + std::to_string(arch));
+  ASSERT_TRUE(device.ok()) << device.error().describe();
+  const auto problem = AttentionProblem::make(1, 8, 8, 1000, 1000, 96, DType::BF16, true);
+  Result<AttentionConfig> config = default_config(problem, device.value());
+  ASSERT_TRUE(config.ok()) << config.error().describe();
+  const std::vector<CompileOutcome> outcomes = compile_all(problem, {config.value()}, arch);
+  print_table(outcomes, problem);
+  expect_clean(outcomes.front(), "sm" + std::to_string(arch) + "_d96_bf16_causal");
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, CudaCompilePaddedHeadDim, ::testing::Values(80, 90),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "sm" + std::to_string(info.param);
+                         });
+
+}  // namespace
+}  // namespace flashjit
