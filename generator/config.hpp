@@ -50,9 +50,8 @@ struct ResourceUse {
 // Q tile + `stages` K and V tiles, 2-byte elements, padded head dim:
 //   smem = (block_m + 2 * stages * block_n) * padded_head_dim * 2
 int smem_bytes(const AttentionConfig& config, const AttentionProblem& problem);
-// Per-thread fp32 accumulators (O: m_tiles*16 x d, S: m_tiles*16 x block_n, spread over 32
-// lanes) plus allowances for fragments, addresses and softmax state, calibrated against ptxas
-// so that legal configs do not spill.
+// The least registers a thread needs: fp32 accumulators (O: m_tiles*16 x d, S: m_tiles*16 x
+// block_n, spread over 32 lanes) plus fragments, addresses and softmax state.
 int estimated_registers(const AttentionConfig& config, const AttentionProblem& problem);
 ResourceUse resource_use(const AttentionConfig& config, const AttentionProblem& problem,
                          const DeviceSpec& device);

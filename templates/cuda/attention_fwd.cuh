@@ -337,7 +337,9 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
         }
     }
 
-    // Online softmax, base 2, scale folded into one FMA per score.
+    // Online softmax, base 2, scale folded into one FMA per score. P is packed to 16 bits as soon
+    // as it exists: the fp32 scores die here, which halves what stays live through P V.
+    u32 p_packed[kMTiles][kNTiles][2];  // [mt][nt][half]: columns frag_col, frag_col + 1
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -359,25 +361,24 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
           acc[mt][dt][2 * half + 1] *= correction;
         }
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-          for (int e = 2 * half; e < 2 * half + 2; ++e) {
-            s[mt][nt][e] = fast_exp2(fmaf(s[mt][nt][e], p.scale_log2, -max_scaled));
-            row_sum[mt][half] += s[mt][nt][e];
-          }
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          const float p0 = fast_exp2(fmaf(s[mt][nt][2 * half], p.scale_log2, -max_scaled));
+          const float p1 = fast_exp2(fmaf(s[mt][nt][2 * half + 1], p.scale_log2, -max_scaled));
+          row_sum[mt][half] += p0 + p1;
+          p_packed[mt][nt][half] = pack2<K::kIsBf16>(p0, p1);
+        }
       }
 
-      // acc += P V: the S accumulators of key tiles (2t, 2t+1) are exactly the A fragment of k-step
-      // t.
+      // acc += P V: the P of key tiles (2t, 2t+1) is exactly the A fragment of k-step t.
 #pragma unroll
     for (int t = 0; t < kBlockN / 16; ++t) {
       u32 p_frag[kMTiles][4];
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
-        p_frag[mt][0] = pack2<K::kIsBf16>(s[mt][2 * t][0], s[mt][2 * t][1]);
-        p_frag[mt][1] = pack2<K::kIsBf16>(s[mt][2 * t][2], s[mt][2 * t][3]);
-        p_frag[mt][2] = pack2<K::kIsBf16>(s[mt][2 * t + 1][0], s[mt][2 * t + 1][1]);
-        p_frag[mt][3] = pack2<K::kIsBf16>(s[mt][2 * t + 1][2], s[mt][2 * t + 1][3]);
+        p_frag[mt][0] = p_packed[mt][2 * t][0];
+        p_frag[mt][1] = p_packed[mt][2 * t][1];
+        p_frag[mt][2] = p_packed[mt][2 * t + 1][0];
+        p_frag[mt][3] = p_packed[mt][2 * t + 1][1];
       }
 #pragma unroll
       for (int dp = 0; dp < kDTiles / 2; ++dp) {  // two 8-column tiles of V per ldmatrix.x4
