@@ -284,79 +284,104 @@ int main(int argc, char** argv) {
   }
   std::printf("# %zu input set(s) of %.0f MB rotated (L2 %.0f MB)\n", set_count,
               input_set_bytes / 1e6, l2_bytes / 1e6);
-  std::printf("%-5s %4s %6s %6s %3s %3s %-13s %10s %10s\n", "dtype", "d", "causal", "N", "B", "H",
-              "config", "fwd_ms", "TFLOP/s");
+  std::printf("%-5s %4s %6s %6s %3s %3s %-13s %10s %10s  %s\n", "dtype", "d", "causal", "N", "B",
+              "H", "config", "fwd_ms", "TFLOP/s", "impl");
 
-  const std::string impl =
-      options.config ? "flashjit-" + options.config->to_string() : "flashjit-default";
+  // Without --config every shape is timed twice: the SRAM-formula default config, and the config
+  // the runtime serves (the tuning DB's choice, else the same default: then one timing serves
+  // both rows).
+  auto time_kernel = [&](const Kernel& kernel, const AttentionProblem& problem,
+                         Row* row) -> std::optional<double> {
+    size_t next_set = 0;
+    auto work = [&]() -> Status {
+      const TensorSet& set = sets[next_set++ % sets.size()];
+      return kernel.launch(
+          problem, {set.q.get(), set.k.get(), set.v.get(), set.o.get(), set.lse.as<float>()});
+    };
+    // Warm-up (first launch, clocks) and an estimate of one launch.
+    Result<double> estimate = backend.time_ms(work, 3);
+    if (!estimate.ok()) {
+      row->error = estimate.error().describe();
+      return std::nullopt;
+    }
+    const double per_batch_ms = options.target_ms / kTimedBatches;
+    const int reps =
+        std::max(kMinRepsPerBatch,
+                 static_cast<int>(std::ceil(per_batch_ms / std::max(estimate.value(), 1e-3))));
+    std::vector<double> batches;
+    for (int b = 0; b < kTimedBatches; ++b) {
+      Result<double> timed = backend.time_ms(work, reps);
+      if (!timed.ok()) {
+        row->error = timed.error().describe();
+        return std::nullopt;
+      }
+      batches.push_back(timed.value());
+    }
+    return median(batches);
+  };
+
   std::vector<Row> rows;
   int failures = 0;
   for (int d : options.head_dims) {
     for (bool causal : {false, true}) {
       for (int64_t n : options.seqlens) {
-        Row row;
-        row.impl = impl;
-        row.dtype = to_string(options.dtype);
-        row.d = d;
-        row.causal = causal;
-        row.n = n;
-        row.batch = std::max<int64_t>(1, kTotalTokens / n);
-        row.heads = std::max<int64_t>(1, kHidden / d);
+        Row base;
+        base.dtype = to_string(options.dtype);
+        base.d = d;
+        base.causal = causal;
+        base.n = n;
+        base.batch = std::max<int64_t>(1, kTotalTokens / n);
+        base.heads = std::max<int64_t>(1, kHidden / d);
         const AttentionProblem problem = AttentionProblem::make(
-            row.batch, row.heads, row.heads, n, n, d, options.dtype, causal, Layout::BSHD);
+            base.batch, base.heads, base.heads, n, n, d, options.dtype, causal, Layout::BSHD);
 
-        Result<std::shared_ptr<Kernel>> kernel = options.config
-                                                     ? runtime.attention(problem, *options.config)
-                                                     : runtime.attention(problem);
-        std::optional<double> ms;
-        if (!kernel.ok()) {
-          row.error = kernel.error().describe();
+        // (impl, kernel) pairs to time for this shape.
+        std::vector<std::pair<std::string, Result<std::shared_ptr<Kernel>>>> variants;
+        if (options.config) {
+          variants.emplace_back("flashjit-" + options.config->to_string(),
+                                runtime.attention(problem, *options.config));
         } else {
-          const Kernel& k = *kernel.value();
-          row.config = k.config().to_string();
-          size_t next_set = 0;
-          auto work = [&]() -> Status {
-            const TensorSet& set = sets[next_set++ % sets.size()];
-            return k.launch(
-                problem, {set.q.get(), set.k.get(), set.v.get(), set.o.get(), set.lse.as<float>()});
-          };
-          // Warm-up (first launch, clocks) and an estimate of one launch.
-          Result<double> estimate = backend.time_ms(work, 3);
-          if (!estimate.ok()) {
-            row.error = estimate.error().describe();
+          Result<AttentionConfig> fallback = default_config(problem, device);
+          variants.emplace_back("flashjit-default",
+                                fallback.ok() ? runtime.attention(problem, fallback.value())
+                                              : Result<std::shared_ptr<Kernel>>(fallback.error()));
+          variants.emplace_back("flashjit-tuned", runtime.attention(problem));
+        }
+        std::optional<double> default_ms;
+        std::string default_config_name;
+        for (auto& [impl, kernel] : variants) {
+          Row row = base;
+          row.impl = impl;
+          std::optional<double> ms;
+          if (!kernel.ok()) {
+            row.error = kernel.error().describe();
           } else {
-            const double per_batch_ms = options.target_ms / kTimedBatches;
-            const int reps = std::max(
-                kMinRepsPerBatch,
-                static_cast<int>(std::ceil(per_batch_ms / std::max(estimate.value(), 1e-3))));
-            std::vector<double> batches;
-            for (int b = 0; b < kTimedBatches && row.error.empty(); ++b) {
-              Result<double> timed = backend.time_ms(work, reps);
-              if (timed.ok()) {
-                batches.push_back(timed.value());
-              } else {
-                row.error = timed.error().describe();
-              }
+            row.config = kernel.value()->config().to_string();
+            ms = impl == "flashjit-tuned" && default_ms && row.config == default_config_name
+                     ? default_ms
+                     : time_kernel(*kernel.value(), problem, &row);
+            if (impl == "flashjit-default") {
+              default_ms = ms;
+              default_config_name = row.config;
             }
-            if (row.error.empty()) ms = median(batches);
           }
+          if (ms) {
+            row.fwd_ms = *ms;
+            row.fwd_tflops = problem.flops() / (*ms * 1e-3) / 1e12;
+            std::printf("%-5s %4d %6s %6lld %3lld %3lld %-13s %10.4f %10.1f  %s\n",
+                        row.dtype.c_str(), d, causal ? "yes" : "no", static_cast<long long>(n),
+                        static_cast<long long>(row.batch), static_cast<long long>(row.heads),
+                        row.config.c_str(), row.fwd_ms, row.fwd_tflops, impl.c_str());
+          } else {
+            ++failures;
+            std::printf("%-5s %4d %6s %6lld %3lld %3lld ERROR: %s (%s)\n", row.dtype.c_str(), d,
+                        causal ? "yes" : "no", static_cast<long long>(n),
+                        static_cast<long long>(row.batch), static_cast<long long>(row.heads),
+                        row.error.c_str(), impl.c_str());
+          }
+          std::fflush(stdout);
+          rows.push_back(row);
         }
-        if (ms) {
-          row.fwd_ms = *ms;
-          row.fwd_tflops = problem.flops() / (*ms * 1e-3) / 1e12;
-          std::printf("%-5s %4d %6s %6lld %3lld %3lld %-13s %10.4f %10.1f\n", row.dtype.c_str(), d,
-                      causal ? "yes" : "no", static_cast<long long>(n),
-                      static_cast<long long>(row.batch), static_cast<long long>(row.heads),
-                      row.config.c_str(), row.fwd_ms, row.fwd_tflops);
-        } else {
-          ++failures;
-          std::printf("%-5s %4d %6s %6lld %3lld %3lld ERROR: %s\n", row.dtype.c_str(), d,
-                      causal ? "yes" : "no", static_cast<long long>(n),
-                      static_cast<long long>(row.batch), static_cast<long long>(row.heads),
-                      row.error.c_str());
-        }
-        std::fflush(stdout);
-        rows.push_back(row);
       }
     }
   }

@@ -7,7 +7,9 @@
 #          gtest names, e.g. "CudaAttention" or "sm90_d128" (not executable names)
 #   bench  configure + build, then bench_attention, peers_bench.py (torch flash + cuDNN, fwd only)
 #          and the comparison table
-#   all    both (default)
+#   tune   configure + build, `flashjit tune` over the bf16 standard grid (timed), then a fresh
+#          process's attention() of a tuned problem, then the bench (tuned and default configs)
+#   all    tests and bench (default)
 #
 # Results go to $OUT (the device tool's output folder; ./device-out when unset): ctest.log,
 # bench.log, flashjit.json, peers.log, peers.json, compare.md. Extra flags for the benchmarks:
@@ -21,8 +23,8 @@ set -euo pipefail
 what="${1:-all}"
 ctest_regex="${2:-}"
 case "$what" in
-  tests|bench|all) ;;
-  *) echo "usage: bench/device_run.sh [tests|bench|all] [CTEST_REGEX]" >&2; exit 2 ;;
+  tests|bench|tune|all) ;;
+  *) echo "usage: bench/device_run.sh [tests|bench|tune|all] [CTEST_REGEX]" >&2; exit 2 ;;
 esac
 
 export PYTHONUNBUFFERED=1
@@ -30,6 +32,8 @@ OUT="${OUT:-$PWD/device-out}"
 mkdir -p "$OUT"
 # Compiled kernels survive between test processes and the benchmark within this machine's life.
 export FLASHJIT_CACHE_DIR="$PWD/build-device/kcache"
+# Tuning results of this run stay in the build folder, not in the machine's home.
+export FLASHJIT_DB="$PWD/build-device/tuning.db"
 # GPU tests fail instead of skipping when the GPU cannot be used here.
 export FLASHJIT_EXPECT_GPU=1
 
@@ -40,6 +44,10 @@ echo "== commit ${commit:-${COMMIT:-unknown}}"
 echo "== $(nproc) cores, $(cmake --version | head -1)"
 
 cmake_args=(-DCMAKE_BUILD_TYPE=Release -DFLASHJIT_BUILD_TESTS=ON -DFLASHJIT_BUILD_BENCH=ON)
+# The GPU machines have libsqlite3.so.0 but no sqlite3.h: use the header carried in .deps/sqlite.
+if [[ ! -f /usr/include/sqlite3.h && -f .deps/sqlite/sqlite3.h ]]; then
+  cmake_args+=(-DFLASHJIT_SQLITE3_INCLUDE_DIR="$PWD/.deps/sqlite")
+fi
 
 status=0
 start=$SECONDS
@@ -64,7 +72,20 @@ if [[ "$what" == tests || "$what" == all ]]; then
   echo "== tests done at $((SECONDS - start)) s"
 fi
 
-if [[ "$what" == bench || "$what" == all ]]; then
+if [[ "$what" == tune ]]; then
+  echo "== flashjit tune (bf16 standard grid)"
+  tune_start=$SECONDS
+  if ! build-device/flashjit tune --json "$OUT/tune.json" 2>&1 | tee "$OUT/tune.log"; then
+    status=1
+    echo "== flashjit tune FAILED"
+  fi
+  echo "== tune took $((SECONDS - tune_start)) s"
+  echo "== fresh process, tuned problem (d128 bf16 causal N4096, 4 x 16 heads)"
+  FLASHJIT_LOG=1 build-device/flashjit run --head-dim 128 --seqlen 4096 --batch 4 --heads 16 \
+    --causal 2>&1 | tee "$OUT/fresh_run.log" || status=1
+fi
+
+if [[ "$what" == bench || "$what" == tune || "$what" == all ]]; then
   echo "== bench_attention"
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
   if ! build-device/bench/bench_attention --json "$OUT/flashjit.json" ${BENCH_ARGS:-} 2>&1 |

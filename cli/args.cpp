@@ -282,8 +282,14 @@ std::string program_usage() {
     name.resize(10, ' ');
     out << "  " << name << command.summary << "\n";
   }
+  out << "  tune      measure every legal config of a grid of problems, store the best\n"
+      << "  db        list, show, export, import, merge or clear tuning databases\n";
   out << "\nenvironment:\n"
-      << "  FLASHJIT_CACHE_DIR  where compiled kernels are cached (default ~/.cache/flashjit)\n";
+      << "  FLASHJIT_CACHE_DIR  where compiled kernels are cached (default ~/.cache/flashjit)\n"
+      << "  FLASHJIT_DB         the user tuning DB (default ~/.local/share/flashjit/tuning.db)\n"
+      << "  FLASHJIT_SYSTEM_DB  read-only tuning DBs under the user DB, ':'-separated\n"
+      << "  FLASHJIT_TUNE=1     tune a problem the DBs do not know on first use\n"
+      << "  FLASHJIT_LOG=1      log each kernel selection to stderr\n";
   return out.str();
 }
 

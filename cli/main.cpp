@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "cli/args.hpp"
+#include "cli/db_command.hpp"
+#include "cli/tune_command.hpp"
 #include "generator/config.hpp"
 #include "generator/device.hpp"
 #include "generator/error.hpp"
@@ -318,7 +320,10 @@ int run_run(const ParsedFlags& flags) {
   std::printf("config   %s (%d regs, %d B local, %d B smem, %d threads)\n",
               ready.config().to_string().c_str(), info.regs_per_thread, info.local_bytes_per_thread,
               info.dynamic_smem_bytes, info.threads_per_block);
-  std::printf("build    %.3f s (compile, or load from the cache)\n", build_seconds);
+  const RuntimeStats stats = (*runtime)->stats();
+  std::printf(
+      "build    %.4f s (%s)\n", build_seconds,
+      stats.compiles > 0 ? "compiled with NVRTC" : "loaded from the binary cache, no NVRTC");
   std::printf("time     median %.4f ms, min %.4f ms, max %.4f ms over %lld reps\n", median,
               samples.front(), samples.back(), static_cast<long long>(*reps));
   std::printf("speed    %.1f TFLOP/s\n", tflops);
@@ -338,6 +343,9 @@ int run_devices() {
     }
     std::printf("device %d: ", ordinal);
     print_device(*device);
+    // The key tuning results are stored under (docs/TUNING_DB.md).
+    if (auto backend = cuda::CudaBackend::create(ordinal); backend.ok())
+      std::printf("  fingerprint: %s\n", (*backend)->fingerprint().to_string().c_str());
   }
   std::printf("compiler: %s\n\n", cuda::nvrtc_version().c_str());
   std::printf("table architectures (--arch):\n");
@@ -364,10 +372,15 @@ int dispatch(const std::vector<std::string>& args) {
               << cuda::nvrtc_version() << "\n";
     return kExitOk;
   }
+  // Commands with their own argument handling (subcommands, lists).
+  if (name == "db") return run_db_command({args.begin() + 1, args.end()});
+  if (name == "tune") return run_tune_command({args.begin() + 1, args.end()});
   const Command* command = find_command(name);
   if (command == nullptr) {
     std::vector<std::string> names;
     for (const Command& known : commands()) names.emplace_back(known.name);
+    names.emplace_back("tune");
+    names.emplace_back("db");
     return report("", make_error(ErrorCode::InvalidArgument,
                                  "unknown command '" + name + "'; commands: " + join(names, ", ") +
                                      " (see flashjit --help)"));

@@ -15,6 +15,7 @@
 #include "generator/error.hpp"
 #include "generator/problem.hpp"
 #include "generator/render.hpp"
+#include "runtime/device_fingerprint.hpp"
 
 namespace flashjit {
 
@@ -111,6 +112,8 @@ class Backend {
   virtual const DeviceSpec& device() const = 0;
   // Identifies compiler + target for cache keys: "nvrtc 13.0 sm_90".
   virtual std::string compiler_fingerprint() const = 0;
+  // Identifies the machine for tuning results (device limits, driver and compiler versions).
+  virtual DeviceFingerprint fingerprint() const = 0;
 
   virtual Result<KernelSource> render(const AttentionProblem& problem,
                                       const AttentionConfig& config) const = 0;

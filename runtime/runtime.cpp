@@ -1,6 +1,11 @@
-// Runtime: render -> disk cache or compile -> load, with loaded kernels kept in memory.
+// Runtime: config selection (tuning DBs -> default), render -> disk cache or compile -> load, with
+// selections and loaded kernels kept in memory.
 #include "runtime/runtime.hpp"
 
+#include <cstdio>
+#include <cstdlib>
+#include <string_view>
+#include <system_error>
 #include <utility>
 
 #include "runtime/cuda/cuda_backend.hpp"
@@ -21,11 +26,67 @@ std::string kernel_map_key(const AttentionProblem& problem, const AttentionConfi
   return key;
 }
 
+// Set while this thread runs the tune hook: a nested attention(problem) does not tune again.
+thread_local bool t_in_tune_hook = false;
+
+struct InTuneHook {
+  InTuneHook() { t_in_tune_hook = true; }
+  ~InTuneHook() { t_in_tune_hook = false; }
+  InTuneHook(const InTuneHook&) = delete;
+  InTuneHook& operator=(const InTuneHook&) = delete;
+};
+
+bool disabled_db(const std::filesystem::path& path) { return path.empty() || path == "none"; }
+
+std::string db_label(const char* which, const TuningStore& store) {
+  std::string label = which;
+  label += " DB ";
+  label += store.path().string();
+  return label;
+}
+
 }  // namespace
+
+std::optional<std::filesystem::path> default_user_db() {
+  if (const char* env = std::getenv("FLASHJIT_DB")) {
+    const std::filesystem::path path(env);
+    if (disabled_db(path)) return std::nullopt;
+    return path;
+  }
+  if (const char* xdg = std::getenv("XDG_DATA_HOME"); xdg != nullptr && *xdg != '\0') {
+    return std::filesystem::path(xdg) / "flashjit" / "tuning.db";
+  }
+  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+    return std::filesystem::path(home) / ".local" / "share" / "flashjit" / "tuning.db";
+  }
+  return std::nullopt;
+}
+
+std::vector<std::filesystem::path> default_system_dbs() {
+  std::vector<std::filesystem::path> paths;
+  const char* env = std::getenv("FLASHJIT_SYSTEM_DB");
+  if (env == nullptr) return paths;
+  std::string part;
+  for (const char* c = env;; ++c) {
+    if (*c == ':' || *c == '\0') {
+      if (!part.empty()) paths.emplace_back(part);
+      part.clear();
+      if (*c == '\0') break;
+    } else {
+      part += *c;
+    }
+  }
+  return paths;
+}
+
+bool env_flag(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' && std::string_view(value) != "0";
+}
 
 Result<std::shared_ptr<Kernel>> build_kernel(const Backend& backend, const BinaryCache* cache,
                                              const AttentionProblem& problem,
-                                             const AttentionConfig& config) {
+                                             const AttentionConfig& config, BuildPath* path) {
   Result<KernelSource> source = backend.render(problem, config);
   if (!source.ok()) return source.error();
   const ProblemSignature signature = ProblemSignature::of(problem);
@@ -40,7 +101,10 @@ Result<std::shared_ptr<Kernel>> build_kernel(const Backend& backend, const Binar
       binary.from_cache = true;
       Result<std::shared_ptr<Kernel>> kernel =
           backend.load(binary, source.value(), signature, config);
-      if (kernel.ok()) return kernel;
+      if (kernel.ok()) {
+        if (path != nullptr) *path = BuildPath::FromDiskCache;
+        return kernel;
+      }
       // An entry the driver rejects (e.g. written by a broken build) is treated as a miss:
       // recompile below and overwrite it.
     }
@@ -48,6 +112,7 @@ Result<std::shared_ptr<Kernel>> build_kernel(const Backend& backend, const Binar
 
   Result<Binary> binary = backend.compile(source.value());
   if (!binary.ok()) return binary.error();
+  if (path != nullptr) *path = BuildPath::Compiled;
   if (cache != nullptr) {
     // Not fatal: the kernel works without the cache entry (read-only or full disk).
     Status stored = cache->put(key, binary->bytes);
@@ -63,17 +128,172 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
 }
 
 Runtime::Runtime(std::unique_ptr<Backend> backend, const RuntimeOptions& options)
-    : backend_(std::move(backend)) {
+    : backend_(std::move(backend)), options_(options), fingerprint_(backend_->fingerprint()) {
   if (options.use_disk_cache) {
     cache_.emplace(options.cache_dir.value_or(BinaryCache::default_dir()));
   }
+  // Tuning DBs: a DB that cannot be opened is logged and skipped, never an error.
+  std::optional<std::filesystem::path> user_db =
+      options.user_db.has_value() ? options.user_db : default_user_db();
+  if (user_db && !disabled_db(*user_db)) {
+    std::error_code ignored;
+    if (user_db->has_parent_path())
+      std::filesystem::create_directories(user_db->parent_path(), ignored);
+    Result<std::unique_ptr<TuningStore>> store = TuningStore::open(*user_db);
+    if (store.ok()) {
+      user_store_ = std::move(store.value());
+    } else {
+      log("user tuning DB not used: " + store.error().describe());
+    }
+  }
+  for (const std::filesystem::path& path : options.system_dbs) {
+    Result<std::unique_ptr<TuningStore>> store = TuningStore::open_read_only(path);
+    if (store.ok()) {
+      system_stores_.push_back(std::move(store.value()));
+    } else {
+      log("system tuning DB not used: " + store.error().describe());
+    }
+  }
+}
+
+Runtime::~Runtime() = default;
+
+void Runtime::log(const std::string& line) const {
+  if (!options_.log) return;
+  std::string text = "flashjit: ";
+  text += line;
+  text += "\n";
+  std::fputs(text.c_str(), stderr);  // one call: lines of concurrent threads do not interleave
+}
+
+void Runtime::set_tune_hook(TuneHook hook) {
+  std::lock_guard<std::mutex> lock(hook_mutex_);
+  tune_hook_ = std::move(hook);
+}
+
+Result<Runtime::Selection> Runtime::select(const AttentionProblem& problem, bool allow_tune) {
+  const ProblemKey key = ProblemKey::of(problem);
+  const DeviceSpec& device = backend_->device();
+  // A config from a DB is served only if it is legal for this problem on this device.
+  auto legal = [&](const AttentionConfig& config, const std::string& where) {
+    Status status = check_config(config, problem, device);
+    if (!status.ok()) {
+      log(config.to_string() + " from " + where + " ignored: " + status.error().message);
+    }
+    return status.ok();
+  };
+  auto exact = [&](const TuningStore& store, const char* which) -> std::optional<Selection> {
+    Result<std::optional<TuneChoice>> choice = store.choice(fingerprint_, key);
+    if (!choice.ok()) {
+      log("lookup failed: " + choice.error().describe());
+      return std::nullopt;
+    }
+    if (!choice->has_value()) return std::nullopt;
+    const std::string where = db_label(which, store);
+    if (!legal((*choice)->config, where)) return std::nullopt;
+    return Selection{(*choice)->config, ChoiceSource::Exact, "exact, " + where};
+  };
+  auto nearest = [&](const TuningStore& store, const char* which) -> std::optional<Selection> {
+    Result<std::optional<std::pair<ProblemKey, TuneChoice>>> found =
+        store.nearest_choice(fingerprint_, key);
+    if (!found.ok()) {
+      log("lookup failed: " + found.error().describe());
+      return std::nullopt;
+    }
+    if (!found->has_value()) return std::nullopt;
+    const std::string where = db_label(which, store);
+    if (!legal((*found)->second.config, where)) return std::nullopt;
+    std::string detail = "nearest ";
+    detail += (*found)->first.to_string();
+    detail += ", ";
+    detail += where;
+    return Selection{(*found)->second.config, ChoiceSource::NearestBucket, std::move(detail)};
+  };
+
+  if (user_store_) {
+    if (std::optional<Selection> found = exact(*user_store_, "user")) return *found;
+  }
+  for (const std::unique_ptr<TuningStore>& store : system_stores_) {
+    if (std::optional<Selection> found = exact(*store, "system")) return *found;
+  }
+
+  if (allow_tune && options_.tune_on_miss && !t_in_tune_hook) {
+    TuneHook hook;
+    {
+      std::lock_guard<std::mutex> lock(hook_mutex_);
+      hook = tune_hook_;
+    }
+    if (hook) {
+      std::lock_guard<std::mutex> tune_lock(tune_mutex_);
+      // Another thread may have tuned this key while this one waited.
+      if (user_store_) {
+        if (std::optional<Selection> found = exact(*user_store_, "user")) return *found;
+      }
+      log("tuning " + key.to_string() + " (" + problem.to_string() + ")");
+      Result<AttentionConfig> tuned = [&] {
+        InTuneHook in_hook;
+        return hook(*this, problem);
+      }();
+      if (!tuned.ok()) {
+        log("tuning " + key.to_string() + " failed: " + tuned.error().describe());
+      } else if (legal(tuned.value(), "the tune hook")) {
+        return Selection{tuned.value(), ChoiceSource::Exact, "tuned now"};
+      }
+    }
+  }
+
+  if (user_store_) {
+    if (std::optional<Selection> found = nearest(*user_store_, "user")) return *found;
+  }
+  for (const std::unique_ptr<TuningStore>& store : system_stores_) {
+    if (std::optional<Selection> found = nearest(*store, "system")) return *found;
+  }
+
+  Result<AttentionConfig> config = default_config(problem, device);
+  if (!config.ok()) return config.error();
+  return Selection{config.value(), ChoiceSource::Default, "default"};
+}
+
+Result<std::pair<AttentionConfig, ChoiceSource>> Runtime::select_config(
+    const AttentionProblem& problem) {
+  FLASHJIT_TRY(validate(problem));
+  Result<Selection> selection = select(problem, /*allow_tune=*/false);
+  if (!selection.ok()) return selection.error();
+  return std::make_pair(selection->config, selection->source);
 }
 
 Result<std::shared_ptr<Kernel>> Runtime::attention(const AttentionProblem& problem) {
   FLASHJIT_TRY(validate(problem));
-  Result<AttentionConfig> config = default_config(problem, backend_->device());
-  if (!config.ok()) return config.error();
-  return attention(problem, config.value());
+  const ProblemKey key = ProblemKey::of(problem);
+  const std::string map_key = key.to_string();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto found = selected_.find(map_key); found != selected_.end()) return found->second;
+  }
+  // Not under mutex_: DB lookups and the tune hook may take long (the hook builds kernels).
+  Result<Selection> selection = select(problem, /*allow_tune=*/true);
+  if (!selection.ok()) return selection.error();
+  Result<std::shared_ptr<Kernel>> kernel = attention(problem, selection->config);
+  if (!kernel.ok() && selection->source != ChoiceSource::Default) {
+    log(selection->config.to_string() + " (" + selection->detail +
+        ") failed to build, using the default: " + kernel.error().describe());
+    Result<AttentionConfig> fallback = default_config(problem, backend_->device());
+    if (!fallback.ok()) return kernel.error();
+    selection = Selection{fallback.value(), ChoiceSource::Default, "default"};
+    kernel = attention(problem, fallback.value());
+  }
+  if (!kernel.ok()) return kernel.error();
+  log(map_key + " -> " + selection->config.to_string() + " (" + selection->detail + ")");
+  // Inside the tune hook the key is being tuned: this answer is provisional, keep nothing.
+  if (t_in_tune_hook) return kernel;
+
+  if (options_.record_misses && user_store_ && selection->source != ChoiceSource::Exact) {
+    Status recorded = user_store_->record_miss(fingerprint_, problem);
+    if (!recorded.ok()) log("recording an untuned problem failed: " + recorded.error().describe());
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  // A concurrent call may have selected the same key first; both got the same kind of answer.
+  return selected_.emplace(map_key, kernel.value()).first->second;
 }
 
 Result<std::shared_ptr<Kernel>> Runtime::attention(const AttentionProblem& problem,
@@ -87,9 +307,13 @@ Result<std::shared_ptr<Kernel>> Runtime::attention(const AttentionProblem& probl
   // different kernels wait on each other; acceptable while compiles are rare (once per process).
   std::lock_guard<std::mutex> lock(mutex_);
   if (auto found = kernels_.find(key); found != kernels_.end()) return found->second;
+  BuildPath path = BuildPath::Compiled;
   Result<std::shared_ptr<Kernel>> kernel =
-      build_kernel(*backend_, cache_ ? &*cache_ : nullptr, problem, config);
+      build_kernel(*backend_, cache_ ? &*cache_ : nullptr, problem, config, &path);
   if (!kernel.ok()) return kernel.error();
+  ++(path == BuildPath::Compiled ? stats_.compiles : stats_.disk_cache_loads);
+  log(key +
+      (path == BuildPath::Compiled ? ": compiled with NVRTC" : ": loaded from the binary cache"));
   kernels_.emplace(key, kernel.value());
   return kernel;
 }

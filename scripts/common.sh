@@ -51,8 +51,13 @@ install_build_tools() {
   ensure_packages \
     "command -v cmake" cmake \
     "command -v g++" g++ \
-    "command -v make" make
+    "command -v make" make \
+    "have_sqlite3" libsqlite3-dev
 }
+
+# sqlite3.h from libsqlite3-dev. Where it cannot be installed, configure_and_build falls back to
+# a copy in .deps/sqlite (with the system's libsqlite3.so.0).
+have_sqlite3() { [[ -f /usr/include/sqlite3.h ]]; }
 
 install_test_tools() {
   install_build_tools
@@ -74,8 +79,12 @@ configure_and_build() {
   shift
   check_cuda_toolkit
   log "configuring (Release, tests ${tests}) in ${BUILD_DIR}"
+  local extra=()
+  if [[ ! -f /usr/include/sqlite3.h && -f "${REPO_ROOT}/.deps/sqlite/sqlite3.h" ]]; then
+    extra+=(-DFLASHJIT_SQLITE3_INCLUDE_DIR="${REPO_ROOT}/.deps/sqlite")
+  fi
   cmake -S "${REPO_ROOT}" -B "${BUILD_DIR}" -DCMAKE_BUILD_TYPE=Release \
-    -DCUDAToolkit_ROOT="${CUDA_HOME}" -DFLASHJIT_BUILD_TESTS="${tests}" >/dev/null
+    -DCUDAToolkit_ROOT="${CUDA_HOME}" -DFLASHJIT_BUILD_TESTS="${tests}" "${extra[@]}" >/dev/null
   log "building with ${JOBS} jobs"
   cmake --build "${BUILD_DIR}" -j "${JOBS}" "$@"
 }

@@ -316,6 +316,21 @@ std::string CudaBackend::compiler_fingerprint() const {
   return nvrtc_version() + " sm_" + std::to_string(device_.arch);
 }
 
+DeviceFingerprint CudaBackend::fingerprint() const {
+  DeviceFingerprint fingerprint;
+  fingerprint.backend = name();
+  fingerprint.name = device_.name;
+  fingerprint.arch = device_.arch;
+  fingerprint.sm_count = device_.sm_count;
+  fingerprint.smem_per_block_optin = device_.smem_per_block_optin;
+  fingerprint.l2_bytes = device_.l2_bytes;
+  int driver_version = 0;
+  if (driver_->cuDriverGetVersion(&driver_version) != CUDA_SUCCESS) driver_version = 0;
+  fingerprint.driver_version = driver_version;
+  fingerprint.compiler = nvrtc_version();
+  return fingerprint;
+}
+
 Result<KernelSource> CudaBackend::render(const AttentionProblem& problem,
                                          const AttentionConfig& config) const {
   return render_cuda_attention(problem, config);

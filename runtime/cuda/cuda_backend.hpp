@@ -24,6 +24,7 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   const DeviceSpec& device() const override { return device_; }
   std::string compiler_fingerprint() const override;
+  DeviceFingerprint fingerprint() const override;
 
   Result<KernelSource> render(const AttentionProblem& problem,
                               const AttentionConfig& config) const override;

@@ -1,8 +1,6 @@
 // The CLI's argument parsing: every bad value is an error naming the flag, never a crash.
-//
-// cli/*.cpp are built into the `flashjit` executable only, and tests/CMakeLists.txt builds one
-// executable per *_test.cpp, so the parser's source is compiled into this test directly.
-#include "cli/args.cpp"  // NOLINT(build/include): see above
+// (cli/*.cpp but main.cpp are the flashjit_cli_lib library, which every test links.)
+#include "cli/args.hpp"
 
 #include <gtest/gtest.h>
 

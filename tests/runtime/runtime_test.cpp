@@ -1,18 +1,23 @@
-// build_kernel and Runtime over a fake backend: the cache and kernel-map logic needs no GPU.
+// build_kernel and Runtime over a fake backend: the cache, kernel-map and config-selection logic
+// (tuning DBs, tune hook, recorded misses) needs no GPU.
 #include "runtime/runtime.hpp"
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "runtime/cuda/cuda_backend.hpp"
+#include "runtime/tuning_store.hpp"
 
 namespace flashjit {
 namespace {
@@ -44,6 +49,19 @@ class FakeBackend final : public Backend {
   std::string name() const override { return "fake"; }
   const DeviceSpec& device() const override { return device_; }
   std::string compiler_fingerprint() const override { return "fake 1.0 sm_90"; }
+  DeviceFingerprint fingerprint() const override { return fake_fingerprint(); }
+  static DeviceFingerprint fake_fingerprint() {
+    DeviceFingerprint fingerprint;
+    fingerprint.backend = "fake";
+    fingerprint.name = "Fake sm90";
+    fingerprint.arch = 90;
+    fingerprint.sm_count = 132;
+    fingerprint.smem_per_block_optin = 232448;
+    fingerprint.l2_bytes = 52428800;
+    fingerprint.driver_version = 13000;
+    fingerprint.compiler = "fake 1.0";
+    return fingerprint;
+  }
 
   Result<KernelSource> render(const AttentionProblem& problem,
                               const AttentionConfig& config) const override {
@@ -88,6 +106,16 @@ class FakeBackend final : public Backend {
  private:
   DeviceSpec device_;
 };
+
+// Options that touch neither the user's tuning DB nor the environment's settings.
+RuntimeOptions test_options() {
+  RuntimeOptions options;
+  options.user_db = "none";
+  options.system_dbs.clear();
+  options.tune_on_miss = false;
+  options.log = false;
+  return options;
+}
 
 class RuntimeTest : public ::testing::Test {
  protected:
@@ -174,7 +202,7 @@ TEST_F(RuntimeTest, CompileFailurePropagates) {
 TEST_F(RuntimeTest, KernelsAreKeptInMemoryPerSignatureAndConfig) {
   auto backend = std::make_unique<FakeBackend>();
   FakeBackend* fake = backend.get();
-  RuntimeOptions options;
+  RuntimeOptions options = test_options();
   options.use_disk_cache = false;
   Runtime runtime(std::move(backend), options);
 
@@ -197,7 +225,7 @@ TEST_F(RuntimeTest, KernelsAreKeptInMemoryPerSignatureAndConfig) {
 TEST_F(RuntimeTest, ConcurrentRequestsCompileOnce) {
   auto backend = std::make_unique<FakeBackend>();
   FakeBackend* fake = backend.get();
-  RuntimeOptions options;
+  RuntimeOptions options = test_options();
   options.use_disk_cache = false;
   Runtime runtime(std::move(backend), options);
   std::vector<std::thread> threads;
@@ -213,7 +241,7 @@ TEST_F(RuntimeTest, ConcurrentRequestsCompileOnce) {
 }
 
 TEST_F(RuntimeTest, InvalidProblemAndIllegalConfigAreInvalidArgument) {
-  RuntimeOptions options;
+  RuntimeOptions options = test_options();
   options.use_disk_cache = false;
   Runtime runtime(std::make_unique<FakeBackend>(), options);
 
@@ -231,7 +259,7 @@ TEST_F(RuntimeTest, InvalidProblemAndIllegalConfigAreInvalidArgument) {
 }
 
 TEST_F(RuntimeTest, DiskCacheDirectoryFromOptions) {
-  RuntimeOptions options;
+  RuntimeOptions options = test_options();
   options.cache_dir = dir_ / "kernels";
   Runtime runtime(std::make_unique<FakeBackend>(), options);
   ASSERT_TRUE(runtime.attention(problem()).ok());
@@ -241,6 +269,334 @@ TEST_F(RuntimeTest, DiskCacheDirectoryFromOptions) {
     ++entries;
   }
   EXPECT_EQ(entries, 1);
+}
+
+// A second process with a warm disk cache serves the kernel without compiling (no NVRTC call).
+TEST_F(RuntimeTest, WarmDiskCacheMeansNoCompileAndStatsSaySo) {
+  RuntimeOptions options = test_options();
+  options.cache_dir = dir_ / "kernels";
+  {
+    Runtime first(std::make_unique<FakeBackend>(), options);
+    ASSERT_TRUE(first.attention(problem()).ok());
+    EXPECT_EQ(first.stats().compiles, 1);
+    EXPECT_EQ(first.stats().disk_cache_loads, 0);
+  }
+  auto backend = std::make_unique<FakeBackend>();
+  FakeBackend* fake = backend.get();
+  Runtime second(std::move(backend), options);
+  ASSERT_TRUE(second.attention(problem()).ok());
+  EXPECT_EQ(fake->compiles, 0);
+  EXPECT_EQ(second.stats().compiles, 0);
+  EXPECT_EQ(second.stats().disk_cache_loads, 1);
+}
+
+// --- Config selection: tuning DBs, tune hook, recorded misses --------------------------------
+
+class RuntimeSelectionTest : public RuntimeTest {
+ protected:
+  void SetUp() override {
+    RuntimeTest::SetUp();
+    fs::create_directories(dir_);
+    const AttentionProblem p = problem();
+    const DeviceSpec device = known_device("sm90").value();
+    default_ = default_config(p, device).value();
+    for (const AttentionConfig& config : legal_configs(p, device)) {
+      if (config != default_) others_.push_back(config);
+    }
+    ASSERT_GE(others_.size(), 3u);
+  }
+
+  // A DB with `config` chosen for `problem`'s key on the fake device.
+  void choose(const fs::path& path, const AttentionProblem& p, const AttentionConfig& config) {
+    Result<std::unique_ptr<TuningStore>> store = TuningStore::open(path);
+    ASSERT_TRUE(store.ok()) << store.error().describe();
+    TuneChoice choice;
+    choice.config = config;
+    choice.median_ms = 1.0;
+    choice.default_ms = 1.2;
+    ASSERT_TRUE((*store)->choose(FakeBackend::fake_fingerprint(), ProblemKey::of(p), choice).ok());
+  }
+
+  RuntimeOptions options_with(const fs::path& user_db,
+                              std::vector<fs::path> system_dbs = {}) const {
+    RuntimeOptions options = test_options();
+    options.use_disk_cache = false;
+    options.user_db = user_db;
+    options.system_dbs = std::move(system_dbs);
+    return options;
+  }
+
+  static std::pair<AttentionConfig, ChoiceSource> select(Runtime& runtime,
+                                                         const AttentionProblem& p) {
+    Result<std::pair<AttentionConfig, ChoiceSource>> selected = runtime.select_config(p);
+    EXPECT_TRUE(selected.ok()) << selected.error().describe();
+    return selected.ok() ? selected.value() : std::make_pair(AttentionConfig{}, ChoiceSource{});
+  }
+
+  static AttentionProblem sized(int64_t seqlen, int head_dim = 128) {
+    return AttentionProblem::make(2, 8, 8, seqlen, seqlen, head_dim, DType::BF16, false);
+  }
+
+  AttentionConfig default_;
+  std::vector<AttentionConfig> others_;  // legal, not the default
+};
+
+TEST_F(RuntimeSelectionTest, ExactThenNearestThenDefault) {
+  const fs::path db = dir_ / "user.db";
+  choose(db, sized(512), others_[0]);   // exact for sized(512)
+  choose(db, sized(4096), others_[1]);  // nearest for sized(8192)
+  Runtime runtime(std::make_unique<FakeBackend>(), options_with(db));
+  ASSERT_NE(runtime.user_store(), nullptr);
+
+  EXPECT_EQ(select(runtime, sized(512)), std::make_pair(others_[0], ChoiceSource::Exact));
+  EXPECT_EQ(select(runtime, sized(500)), std::make_pair(others_[0], ChoiceSource::Exact));
+  EXPECT_EQ(select(runtime, sized(8192)), std::make_pair(others_[1], ChoiceSource::NearestBucket));
+  // Another head dim has no rows at all: the default for it.
+  const AttentionProblem d64 = sized(512, 64);
+  EXPECT_EQ(select(runtime, d64),
+            std::make_pair(default_config(d64, runtime.backend().device()).value(),
+                           ChoiceSource::Default));
+
+  // attention() serves the selected config.
+  Result<std::shared_ptr<Kernel>> kernel = runtime.attention(sized(512));
+  ASSERT_TRUE(kernel.ok()) << kernel.error().describe();
+  EXPECT_EQ((*kernel)->config(), others_[0]);
+  Result<std::shared_ptr<Kernel>> nearest = runtime.attention(sized(8192));
+  ASSERT_TRUE(nearest.ok());
+  EXPECT_EQ((*nearest)->config(), others_[1]);
+
+  Result<std::pair<AttentionConfig, ChoiceSource>> invalid =
+      runtime.select_config(AttentionProblem::make(1, 1, 1, 1, 1, 100, DType::BF16, false));
+  ASSERT_FALSE(invalid.ok());
+  EXPECT_EQ(invalid.error().code, ErrorCode::InvalidArgument);
+}
+
+TEST_F(RuntimeSelectionTest, SelectionIsKeptInMemoryPerKey) {
+  const fs::path db = dir_ / "user.db";
+  choose(db, sized(512), others_[0]);
+  auto backend = std::make_unique<FakeBackend>();
+  FakeBackend* fake = backend.get();
+  Runtime runtime(std::move(backend), options_with(db));
+  Result<std::shared_ptr<Kernel>> first = runtime.attention(sized(512));
+  ASSERT_TRUE(first.ok());
+  // A new choice in the DB is not seen by this runtime for a key it has served.
+  choose(db, sized(512), others_[1]);
+  Result<std::shared_ptr<Kernel>> second = runtime.attention(sized(300));
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(first->get(), second->get());
+  EXPECT_EQ(fake->compiles, 1);
+}
+
+TEST_F(RuntimeSelectionTest, SystemDbsServeUnderTheUserDb) {
+  const fs::path user = dir_ / "user.db";
+  const fs::path system = dir_ / "system.db";
+  choose(system, sized(512), others_[0]);
+  choose(system, sized(2048), others_[1]);
+  choose(user, sized(512), others_[2]);   // overrides the system DB's exact choice
+  choose(user, sized(1024), others_[2]);  // the user DB's nearest for sized(2048)
+  // A missing system DB in the list is skipped.
+  Runtime runtime(std::make_unique<FakeBackend>(),
+                  options_with(user, {dir_ / "missing.db", system}));
+  ASSERT_EQ(runtime.system_stores().size(), 1u);
+  EXPECT_EQ(select(runtime, sized(512)), std::make_pair(others_[2], ChoiceSource::Exact));
+  // The system DB's exact choice beats the user DB's nearest one.
+  EXPECT_EQ(select(runtime, sized(2048)), std::make_pair(others_[1], ChoiceSource::Exact));
+  // Nearest: the user DB's (q1024) first, even though the system DB's (q2048) is as near.
+  EXPECT_EQ(select(runtime, sized(4096)), std::make_pair(others_[2], ChoiceSource::NearestBucket));
+
+  // Without a user DB, the system DB's nearest.
+  Runtime system_only(std::make_unique<FakeBackend>(), options_with("none", {system}));
+  EXPECT_EQ(system_only.user_store(), nullptr);
+  EXPECT_EQ(select(system_only, sized(4096)),
+            std::make_pair(others_[1], ChoiceSource::NearestBucket));
+}
+
+TEST_F(RuntimeSelectionTest, RowsOfAnotherDeviceAreNotUsed) {
+  const fs::path db = dir_ / "user.db";
+  {
+    Result<std::unique_ptr<TuningStore>> store = TuningStore::open(db);
+    ASSERT_TRUE(store.ok());
+    DeviceFingerprint other = FakeBackend::fake_fingerprint();
+    other.driver_version = 12080;
+    TuneChoice choice;
+    choice.config = others_[0];
+    ASSERT_TRUE((*store)->choose(other, ProblemKey::of(sized(512)), choice).ok());
+  }
+  Runtime runtime(std::make_unique<FakeBackend>(), options_with(db));
+  EXPECT_EQ(select(runtime, sized(512)), std::make_pair(default_, ChoiceSource::Default));
+}
+
+TEST_F(RuntimeSelectionTest, CorruptOrMissingDbsFallBackToTheDefault) {
+  const fs::path junk = dir_ / "junk.db";
+  { std::ofstream(junk) << std::string(8192, 'z'); }
+  RuntimeOptions options = options_with(junk, {junk, dir_ / "missing.db"});
+  options.log = true;  // the failures are logged to stderr
+  Runtime runtime(std::make_unique<FakeBackend>(), options);
+  EXPECT_EQ(runtime.user_store(), nullptr);
+  EXPECT_TRUE(runtime.system_stores().empty());
+  Result<std::shared_ptr<Kernel>> kernel = runtime.attention(problem());
+  ASSERT_TRUE(kernel.ok()) << kernel.error().describe();
+  EXPECT_EQ((*kernel)->config(), default_);
+
+  // A user DB whose directory cannot be created.
+  const fs::path blocker = dir_ / "file";
+  { std::ofstream(blocker) << "x"; }
+  Runtime blocked(std::make_unique<FakeBackend>(), options_with(blocker / "sub" / "user.db"));
+  EXPECT_EQ(blocked.user_store(), nullptr);
+  ASSERT_TRUE(blocked.attention(problem()).ok());
+}
+
+TEST_F(RuntimeSelectionTest, UntunedProblemsAreRecorded) {
+  const fs::path db = dir_ / "user.db";
+  choose(db, sized(512), others_[0]);
+  {
+    Runtime runtime(std::make_unique<FakeBackend>(), options_with(db));
+    ASSERT_TRUE(runtime.attention(sized(512)).ok());  // exact: not recorded
+    const AttentionProblem nearest =
+        AttentionProblem::make(3, 8, 2, 4000, 5000, 128, DType::BF16, false);
+    const AttentionProblem fallback = sized(512, 64);
+    ASSERT_TRUE(runtime.attention(nearest).ok());
+    ASSERT_TRUE(runtime.attention(fallback).ok());
+    ASSERT_TRUE(runtime.attention(fallback).ok());  // served from memory: recorded once
+    Result<std::vector<AttentionProblem>> recorded =
+        runtime.user_store()->recorded_problems(FakeBackend::fake_fingerprint());
+    ASSERT_TRUE(recorded.ok()) << recorded.error().describe();
+    ASSERT_EQ(recorded->size(), 2u);
+    std::set<std::string> shapes;
+    for (const AttentionProblem& p : *recorded) shapes.insert(p.to_string());
+    EXPECT_TRUE(shapes.count(nearest.to_string()));
+    EXPECT_TRUE(shapes.count(fallback.to_string()));
+  }
+  // record_misses off: nothing new.
+  RuntimeOptions options = options_with(db);
+  options.record_misses = false;
+  Runtime runtime(std::make_unique<FakeBackend>(), options);
+  ASSERT_TRUE(runtime.attention(sized(512, 32)).ok());
+  EXPECT_EQ(runtime.user_store()->recorded_problems(FakeBackend::fake_fingerprint())->size(), 2u);
+}
+
+TEST_F(RuntimeSelectionTest, TuneHookRunsOnlyWhenEnabledAndOnlyOnAnExactMiss) {
+  const fs::path db = dir_ / "user.db";
+  std::atomic<int> calls{0};
+  const AttentionConfig tuned = others_[1];
+  Runtime::TuneHook hook = [&](Runtime& runtime, const AttentionProblem& p) {
+    ++calls;
+    // A nested attention(problem) does not tune again (and does not deadlock).
+    EXPECT_TRUE(runtime.attention(p).ok());
+    TuneChoice choice;
+    choice.config = tuned;
+    Status chosen = runtime.user_store()->choose(runtime.fingerprint(), ProblemKey::of(p), choice);
+    if (!chosen.ok()) return Result<AttentionConfig>(chosen.error());
+    return Result<AttentionConfig>(tuned);
+  };
+
+  {
+    Runtime off(std::make_unique<FakeBackend>(), options_with(db));
+    off.set_tune_hook(hook);
+    Result<std::shared_ptr<Kernel>> kernel = off.attention(sized(512));
+    ASSERT_TRUE(kernel.ok());
+    EXPECT_EQ((*kernel)->config(), default_);
+    EXPECT_EQ(calls, 0);
+  }
+
+  RuntimeOptions options = options_with(db);
+  options.tune_on_miss = true;
+  {
+    Runtime on(std::make_unique<FakeBackend>(), options);
+    // No hook installed: the default, no failure.
+    EXPECT_EQ(select(on, sized(1024)).second, ChoiceSource::Default);
+    on.set_tune_hook(hook);
+    // select_config never tunes.
+    EXPECT_EQ(select(on, sized(1024)).second, ChoiceSource::Default);
+    EXPECT_EQ(calls, 0);
+    // The first attention() of a key without an exact choice tunes it, once.
+    Result<std::shared_ptr<Kernel>> kernel = on.attention(sized(1024));
+    ASSERT_TRUE(kernel.ok()) << kernel.error().describe();
+    EXPECT_EQ((*kernel)->config(), tuned);
+    EXPECT_EQ(calls, 1);
+    ASSERT_TRUE(on.attention(sized(1000)).ok());
+    EXPECT_EQ(calls, 1);
+  }
+  // The tuned choice is in the DB: an exact hit for the next runtime, no tuning.
+  Runtime again(std::make_unique<FakeBackend>(), options);
+  again.set_tune_hook(hook);
+  Result<std::shared_ptr<Kernel>> kernel = again.attention(sized(1024));
+  ASSERT_TRUE(kernel.ok());
+  EXPECT_EQ((*kernel)->config(), tuned);
+  EXPECT_EQ(calls, 1);
+
+  // A failing hook falls back (to the nearest: the tuned q1024 choice).
+  again.set_tune_hook([&](Runtime&, const AttentionProblem&) -> Result<AttentionConfig> {
+    ++calls;
+    return make_error(ErrorCode::LaunchFailed, "fake tuning failure");
+  });
+  Result<std::shared_ptr<Kernel>> fallback = again.attention(sized(4096));
+  ASSERT_TRUE(fallback.ok());
+  EXPECT_EQ((*fallback)->config(), tuned);
+  EXPECT_EQ(calls, 2);
+}
+
+TEST_F(RuntimeSelectionTest, ConcurrentRequestsWithADbCompileOnce) {
+  const fs::path db = dir_ / "user.db";
+  choose(db, sized(512), others_[0]);
+  auto backend = std::make_unique<FakeBackend>();
+  FakeBackend* fake = backend.get();
+  Runtime runtime(std::move(backend), options_with(db));
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      for (int64_t seqlen : {512, 300, 8192, 64}) {
+        Result<std::shared_ptr<Kernel>> kernel = runtime.attention(sized(seqlen));
+        if (!kernel.ok() || (*kernel)->config() != others_[0]) ++wrong;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(fake->compiles, 1);
+}
+
+TEST(RuntimeDefaultsTest, EnvironmentDefaults) {
+  struct SavedEnv {
+    std::string name;
+    std::optional<std::string> value;
+    explicit SavedEnv(const char* n) : name(n) {
+      if (const char* v = getenv(n)) value = v;
+    }
+    ~SavedEnv() {
+      if (value) {
+        setenv(name.c_str(), value->c_str(), 1);
+      } else {
+        unsetenv(name.c_str());
+      }
+    }
+  };
+  SavedEnv db("FLASHJIT_DB"), system("FLASHJIT_SYSTEM_DB"), tune("FLASHJIT_TUNE"),
+      log("FLASHJIT_LOG"), xdg("XDG_DATA_HOME");
+
+  setenv("FLASHJIT_DB", "/tmp/x/tuning.db", 1);
+  EXPECT_EQ(default_user_db(), fs::path("/tmp/x/tuning.db"));
+  setenv("FLASHJIT_DB", "none", 1);
+  EXPECT_FALSE(default_user_db().has_value());
+  setenv("FLASHJIT_DB", "", 1);
+  EXPECT_FALSE(default_user_db().has_value());
+  unsetenv("FLASHJIT_DB");
+  setenv("XDG_DATA_HOME", "/data", 1);
+  EXPECT_EQ(default_user_db(), fs::path("/data/flashjit/tuning.db"));
+
+  setenv("FLASHJIT_SYSTEM_DB", "/a.db::/b.db:", 1);
+  EXPECT_EQ(default_system_dbs(), (std::vector<fs::path>{"/a.db", "/b.db"}));
+  unsetenv("FLASHJIT_SYSTEM_DB");
+  EXPECT_TRUE(default_system_dbs().empty());
+
+  setenv("FLASHJIT_TUNE", "1", 1);
+  setenv("FLASHJIT_LOG", "0", 1);
+  RuntimeOptions options;
+  EXPECT_TRUE(options.tune_on_miss);
+  EXPECT_FALSE(options.log);
+  EXPECT_TRUE(options.record_misses);
+  EXPECT_FALSE(options.user_db.has_value());
 }
 
 TEST(RuntimeCreateTest, NoDeviceWithoutAGpu) {

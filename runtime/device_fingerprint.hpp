@@ -1,0 +1,25 @@
+// DeviceFingerprint: what identifies "an identical machine" for tuning results. Every backend
+// reports its own (Backend::fingerprint()); the tuning store keys its rows by to_string().
+#pragma once
+
+#include <string>
+
+namespace flashjit {
+
+struct DeviceFingerprint {
+  std::string backend;  // "cuda"
+  std::string name;     // "NVIDIA H200" (informational, part of the key)
+  int arch = 0;         // 90
+  int sm_count = 0;
+  int smem_per_block_optin = 0;
+  int l2_bytes = 0;
+  int driver_version = 0;  // cuDriverGetVersion, e.g. 13000
+  std::string compiler;    // "nvrtc 13.0"
+
+  // One line, stable: "cuda|NVIDIA H200|sm90|132sm|232448B|52428800B|drv13000|nvrtc 13.0".
+  // Defined in runtime/tuning_store.cpp.
+  std::string to_string() const;
+  bool operator==(const DeviceFingerprint&) const = default;
+};
+
+}  // namespace flashjit

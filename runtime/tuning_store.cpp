@@ -1,0 +1,1039 @@
+// The tuning database on SQLite (C API). The schema is documented in docs/TUNING_DB.md; keep the
+// two in step (and bump kSchemaVersion on any incompatible change).
+//
+// Durability and concurrency:
+// - journal_mode=WAL + synchronous=NORMAL: a transaction is in the WAL file (in the OS page cache)
+//   once COMMIT returns, so it survives the writing process being killed (kill -9, a crash);
+//   only a power loss or OS crash may lose the last few transactions (never corrupts the file).
+// - Every write is one BEGIN IMMEDIATE ... COMMIT transaction: the write lock is taken up front,
+//   so a transaction never has to upgrade a read lock (which SQLite cannot wait for).
+// - busy_timeout makes SQLite wait for another writer's lock; on top of that BEGIN IMMEDIATE,
+//   COMMIT and the setup are retried on SQLITE_BUSY / SQLITE_LOCKED for up to kBusyRetryLimit,
+//   because a few lock paths (WAL recovery, journal-mode change) return BUSY without waiting.
+// - One sqlite3 connection per TuningStore, guarded by a mutex: a store is thread-safe.
+#include "runtime/tuning_store.hpp"
+
+#include <sqlite3.h>
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <tuple>
+#include <utility>
+
+#include "generator/render.hpp"
+
+namespace flashjit {
+namespace fs = std::filesystem;
+
+// --- Plain helpers of the header ---------------------------------------------------------------
+
+std::string DeviceFingerprint::to_string() const {
+  std::string out = backend;
+  out += "|";
+  out += name;
+  out += "|sm";
+  out += std::to_string(arch);
+  out += "|";
+  out += std::to_string(sm_count);
+  out += "sm|";
+  out += std::to_string(smem_per_block_optin);
+  out += "B|";
+  out += std::to_string(l2_bytes);
+  out += "B|drv";
+  out += std::to_string(driver_version);
+  out += "|";
+  out += compiler;
+  return out;
+}
+
+int64_t size_bucket(int64_t value) {
+  if (value <= 1) return 1;
+  return static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(value)));
+}
+
+ProblemKey ProblemKey::of(const AttentionProblem& problem) {
+  ProblemKey key;
+  key.head_dim = problem.head_dim;
+  key.dtype = problem.dtype;
+  key.causal = problem.causal;
+  key.group_size = problem.heads_kv > 0 ? problem.group_size() : 1;
+  key.seqlen_q_bucket = size_bucket(problem.seqlen_q);
+  key.seqlen_k_bucket = size_bucket(problem.seqlen_k);
+  key.batch_heads_bucket = size_bucket(problem.batch * problem.heads_q);
+  return key;
+}
+
+std::string ProblemKey::to_string() const {
+  std::string out = "d";
+  out += std::to_string(head_dim);
+  out += " ";
+  out += flashjit::to_string(dtype);
+  out += causal ? " causal g" : " noncausal g";
+  out += std::to_string(group_size);
+  out += " q";
+  out += std::to_string(seqlen_q_bucket);
+  out += " k";
+  out += std::to_string(seqlen_k_bucket);
+  out += " bh";
+  out += std::to_string(batch_heads_bucket);
+  return out;
+}
+
+const char* to_string(TuneStatus status) {
+  switch (status) {
+    case TuneStatus::Timed:
+      return "timed";
+    case TuneStatus::CompileFailed:
+      return "compile-failed";
+    case TuneStatus::LaunchFailed:
+      return "launch-failed";
+    case TuneStatus::WrongResult:
+      return "wrong-result";
+  }
+  return "unknown";
+}
+
+namespace {
+
+constexpr int kSchemaVersion = 1;
+constexpr int kBusyTimeoutMs = 30000;
+constexpr auto kBusyRetryLimit = std::chrono::seconds(120);
+
+// "now" in UTC with milliseconds; text of this one format sorts chronologically.
+constexpr const char* kNowSql = "strftime('%Y-%m-%d %H:%M:%f','now')";
+
+// Idempotent: every statement is IF NOT EXISTS. docs/TUNING_DB.md describes each column.
+constexpr const char* kSchemaSql = R"sql(
+CREATE TABLE IF NOT EXISTS meta (
+  key   TEXT PRIMARY KEY,
+  value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS devices (
+  device               TEXT PRIMARY KEY,
+  backend              TEXT NOT NULL,
+  name                 TEXT NOT NULL,
+  arch                 INTEGER NOT NULL,
+  sm_count             INTEGER NOT NULL,
+  smem_per_block_optin INTEGER NOT NULL,
+  l2_bytes             INTEGER NOT NULL,
+  driver_version       INTEGER NOT NULL,
+  compiler             TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS results (
+  device             TEXT NOT NULL,
+  generator          TEXT NOT NULL,
+  head_dim           INTEGER NOT NULL,
+  dtype              TEXT NOT NULL,
+  causal             INTEGER NOT NULL,
+  group_size         INTEGER NOT NULL,
+  seqlen_q_bucket    INTEGER NOT NULL,
+  seqlen_k_bucket    INTEGER NOT NULL,
+  batch_heads_bucket INTEGER NOT NULL,
+  config             TEXT NOT NULL,
+  block_m            INTEGER NOT NULL,
+  block_n            INTEGER NOT NULL,
+  warps              INTEGER NOT NULL,
+  stages             INTEGER NOT NULL,
+  status             TEXT NOT NULL,
+  median_ms          REAL NOT NULL DEFAULT 0,
+  min_ms             REAL NOT NULL DEFAULT 0,
+  max_ms             REAL NOT NULL DEFAULT 0,
+  repetitions        INTEGER NOT NULL DEFAULT 0,
+  tflops             REAL NOT NULL DEFAULT 0,
+  is_default         INTEGER NOT NULL DEFAULT 0,
+  message            TEXT NOT NULL DEFAULT '',
+  recorded_at        TEXT NOT NULL,
+  PRIMARY KEY (device, generator, head_dim, dtype, causal, group_size, seqlen_q_bucket,
+               seqlen_k_bucket, batch_heads_bucket, config)
+);
+CREATE TABLE IF NOT EXISTS choices (
+  device             TEXT NOT NULL,
+  generator          TEXT NOT NULL,
+  head_dim           INTEGER NOT NULL,
+  dtype              TEXT NOT NULL,
+  causal             INTEGER NOT NULL,
+  group_size         INTEGER NOT NULL,
+  seqlen_q_bucket    INTEGER NOT NULL,
+  seqlen_k_bucket    INTEGER NOT NULL,
+  batch_heads_bucket INTEGER NOT NULL,
+  config             TEXT NOT NULL,
+  median_ms          REAL NOT NULL DEFAULT 0,
+  default_ms         REAL NOT NULL DEFAULT 0,
+  chosen_at          TEXT NOT NULL,
+  PRIMARY KEY (device, generator, head_dim, dtype, causal, group_size, seqlen_q_bucket,
+               seqlen_k_bucket, batch_heads_bucket)
+);
+CREATE TABLE IF NOT EXISTS recorded_problems (
+  device     TEXT NOT NULL,
+  head_dim   INTEGER NOT NULL,
+  dtype      TEXT NOT NULL,
+  causal     INTEGER NOT NULL,
+  batch      INTEGER NOT NULL,
+  heads_q    INTEGER NOT NULL,
+  heads_kv   INTEGER NOT NULL,
+  seqlen_q   INTEGER NOT NULL,
+  seqlen_k   INTEGER NOT NULL,
+  uses       INTEGER NOT NULL DEFAULT 1,
+  first_seen TEXT NOT NULL,
+  last_seen  TEXT NOT NULL,
+  PRIMARY KEY (device, head_dim, dtype, causal, batch, heads_q, heads_kv, seqlen_q, seqlen_k)
+);
+CREATE INDEX IF NOT EXISTS results_by_generator ON results (generator);
+CREATE INDEX IF NOT EXISTS choices_by_generator ON choices (generator);
+CREATE VIEW IF NOT EXISTS best_configs AS
+SELECT c.device, c.generator, c.head_dim, c.dtype, c.causal, c.group_size, c.seqlen_q_bucket,
+       c.seqlen_k_bucket, c.batch_heads_bucket, c.config, c.median_ms, c.default_ms,
+       CASE WHEN c.median_ms > 0 AND c.default_ms > 0 THEN c.default_ms / c.median_ms END
+         AS speedup,
+       r.min_ms, r.max_ms, r.repetitions, r.tflops, r.status, c.chosen_at
+FROM choices AS c
+LEFT JOIN results AS r
+  ON r.device = c.device AND r.generator = c.generator AND r.head_dim = c.head_dim
+ AND r.dtype = c.dtype AND r.causal = c.causal AND r.group_size = c.group_size
+ AND r.seqlen_q_bucket = c.seqlen_q_bucket AND r.seqlen_k_bucket = c.seqlen_k_bucket
+ AND r.batch_heads_bucket = c.batch_heads_bucket AND r.config = c.config;
+)sql";
+
+// Column lists shared by statements (merge copies rows column by column).
+constexpr const char* kKeyColumns =
+    "device, generator, head_dim, dtype, causal, group_size, seqlen_q_bucket, seqlen_k_bucket, "
+    "batch_heads_bucket";
+constexpr const char* kResultColumns =
+    "device, generator, head_dim, dtype, causal, group_size, seqlen_q_bucket, seqlen_k_bucket, "
+    "batch_heads_bucket, config, block_m, block_n, warps, stages, status, median_ms, min_ms, "
+    "max_ms, repetitions, tflops, is_default, message, recorded_at";
+constexpr const char* kChoiceColumns =
+    "device, generator, head_dim, dtype, causal, group_size, seqlen_q_bucket, seqlen_k_bucket, "
+    "batch_heads_bucket, config, median_ms, default_ms, chosen_at";
+constexpr const char* kRecordedColumns =
+    "device, head_dim, dtype, causal, batch, heads_q, heads_kv, seqlen_q, seqlen_k, uses, "
+    "first_seen, last_seen";
+constexpr const char* kRecordedKey =
+    "device, head_dim, dtype, causal, batch, heads_q, heads_kv, seqlen_q, seqlen_k";
+constexpr const char* kDeviceColumns =
+    "device, backend, name, arch, sm_count, smem_per_block_optin, l2_bytes, driver_version, "
+    "compiler";
+// "m.device = o.device AND ..." over the key columns (+ extra).
+std::string key_match(const char* left, const char* right, bool with_config) {
+  static constexpr const char* kNames[] = {
+      "device",          "generator",       "head_dim",          "dtype", "causal", "group_size",
+      "seqlen_q_bucket", "seqlen_k_bucket", "batch_heads_bucket"};
+  std::string out;
+  for (const char* name : kNames) {
+    if (!out.empty()) out += " AND ";
+    out += left;
+    out += ".";
+    out += name;
+    out += " = ";
+    out += right;
+    out += ".";
+    out += name;
+  }
+  if (with_config) {
+    out += " AND ";
+    out += left;
+    out += ".config = ";
+    out += right;
+    out += ".config";
+  }
+  return out;
+}
+
+bool is_busy(int rc) {
+  const int primary = rc & 0xff;
+  return primary == SQLITE_BUSY || primary == SQLITE_LOCKED;
+}
+
+// Backoff between retries of a busy lock: 1 ms doubling to 50 ms.
+void backoff(int attempt) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(std::min(50, 1 << std::min(attempt, 6))));
+}
+
+TuneStatus parse_status(std::string_view text) {
+  if (text == "compile-failed") return TuneStatus::CompileFailed;
+  if (text == "launch-failed") return TuneStatus::LaunchFailed;
+  if (text == "wrong-result") return TuneStatus::WrongResult;
+  return TuneStatus::Timed;
+}
+
+// "file:<percent-encoded absolute path>?mode=ro" for ATTACH (the connection accepts URIs).
+std::string read_only_uri(const fs::path& path) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out = "file:";
+  for (unsigned char c : fs::absolute(path).string()) {
+    const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                       c == '/' || c == '-' || c == '_' || c == '.' || c == '~';
+    if (plain) {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  out += "?mode=ro";
+  return out;
+}
+
+// A prepared statement, finalized on destruction.
+class Statement {
+ public:
+  Statement() = default;
+  explicit Statement(sqlite3_stmt* stmt) : stmt_(stmt) {}
+  Statement(Statement&& other) noexcept : stmt_(std::exchange(other.stmt_, nullptr)) {}
+  Statement& operator=(Statement&& other) noexcept {
+    std::swap(stmt_, other.stmt_);
+    return *this;
+  }
+  Statement(const Statement&) = delete;
+  Statement& operator=(const Statement&) = delete;
+  ~Statement() { sqlite3_finalize(stmt_); }
+
+  sqlite3_stmt* get() const { return stmt_; }
+
+  int bind(int index, int64_t value) { return sqlite3_bind_int64(stmt_, index, value); }
+  int bind(int index, double value) { return sqlite3_bind_double(stmt_, index, value); }
+  int bind(int index, std::string_view value) {
+    return sqlite3_bind_text(stmt_, index, value.data(), static_cast<int>(value.size()),
+                             SQLITE_TRANSIENT);
+  }
+
+  int64_t int_at(int column) const { return sqlite3_column_int64(stmt_, column); }
+  double double_at(int column) const { return sqlite3_column_double(stmt_, column); }
+  std::string text_at(int column) const {
+    const unsigned char* text = sqlite3_column_text(stmt_, column);
+    if (text == nullptr) return {};
+    return std::string(reinterpret_cast<const char*>(text),
+                       static_cast<size_t>(sqlite3_column_bytes(stmt_, column)));
+  }
+
+ private:
+  sqlite3_stmt* stmt_ = nullptr;
+};
+
+// The connection and the checked-call helpers every method uses.
+struct Database {
+  fs::path path;
+  sqlite3* db = nullptr;
+  bool read_only = false;
+  std::mutex mutex;  // one connection, one statement at a time
+
+  ~Database() {
+    if (db != nullptr) sqlite3_close_v2(db);
+  }
+
+  // IoError "tuning DB <path>: <what>: <sqlite3_errmsg>".
+  Error error(std::string_view what) const {
+    std::string message = "tuning DB ";
+    message += path.string();
+    message += ": ";
+    message += what;
+    message += ": ";
+    message += db != nullptr ? sqlite3_errmsg(db) : "out of memory";
+    return make_error(ErrorCode::IoError, std::move(message));
+  }
+
+  Result<Statement> prepare(std::string_view sql) const {
+    sqlite3_stmt* stmt = nullptr;
+    const int rc = sqlite3_prepare_v2(db, sql.data(), static_cast<int>(sql.size()), &stmt, nullptr);
+    if (rc != SQLITE_OK) {
+      sqlite3_finalize(stmt);
+      std::string what = "preparing '";
+      what += sql.substr(0, 60);
+      what += "'";
+      return error(what);
+    }
+    return Statement(stmt);
+  }
+
+  // Checks a bind's return code.
+  Status bound(int rc) const {
+    if (rc != SQLITE_OK) return error("binding a parameter");
+    return ok_status();
+  }
+
+  // Steps once: SQLITE_ROW or SQLITE_DONE, retrying a busy lock (before any row was returned).
+  Result<int> step(Statement& stmt, std::string_view what) const {
+    const auto start = std::chrono::steady_clock::now();
+    for (int attempt = 0;; ++attempt) {
+      const int rc = sqlite3_step(stmt.get());
+      if (rc == SQLITE_ROW || rc == SQLITE_DONE) return rc;
+      if (is_busy(rc) && std::chrono::steady_clock::now() - start < kBusyRetryLimit) {
+        sqlite3_reset(stmt.get());
+        backoff(attempt);
+        continue;
+      }
+      return error(what);
+    }
+  }
+
+  // Runs a statement that returns no rows we need (DDL, INSERT, DELETE, BEGIN, COMMIT).
+  Status run(Statement& stmt, std::string_view what) const {
+    for (;;) {
+      Result<int> rc = step(stmt, what);
+      if (!rc.ok()) return rc.error();
+      if (rc.value() == SQLITE_DONE) return ok_status();
+    }
+  }
+
+  // Runs one or more statements of fixed text, retrying a busy lock.
+  Status exec(std::string_view sql, std::string_view what) const {
+    const std::string text(sql);
+    const auto start = std::chrono::steady_clock::now();
+    for (int attempt = 0;; ++attempt) {
+      const int rc = sqlite3_exec(db, text.c_str(), nullptr, nullptr, nullptr);
+      if (rc == SQLITE_OK) return ok_status();
+      if (is_busy(rc) && std::chrono::steady_clock::now() - start < kBusyRetryLimit) {
+        backoff(attempt);
+        continue;
+      }
+      return error(what);
+    }
+  }
+
+  // The first column of the first row of `sql` as text; nullopt when there is no row.
+  Result<std::optional<std::string>> query_text(std::string_view sql, std::string_view what) {
+    Result<Statement> stmt = prepare(sql);
+    if (!stmt.ok()) return stmt.error();
+    Result<int> rc = step(*stmt, what);
+    if (!rc.ok()) return rc.error();
+    if (rc.value() != SQLITE_ROW) return std::optional<std::string>();
+    return std::optional<std::string>(stmt->text_at(0));
+  }
+
+  Status check_schema_version(const char* schema) {
+    std::string sql = "SELECT value FROM ";
+    sql += schema;
+    sql += ".meta WHERE key = 'schema_version'";
+    Result<std::optional<std::string>> version = query_text(sql, "reading the schema version");
+    if (!version.ok()) {
+      return make_error(ErrorCode::IoError,
+                        version.error().message + " (not a flashjit tuning database?)");
+    }
+    const std::string expected = std::to_string(kSchemaVersion);
+    if (!version->has_value() || **version != expected) {
+      std::string message = "tuning DB ";
+      message += path.string();
+      message += ": schema_version = '";
+      message += version->value_or("(none)");
+      message += "': this build reads schema version ";
+      message += expected;
+      return make_error(ErrorCode::Unsupported, std::move(message));
+    }
+    return ok_status();
+  }
+};
+
+// One write transaction: BEGIN IMMEDIATE (retried while busy); rolled back unless committed.
+class Transaction {
+ public:
+  explicit Transaction(const Database& impl) : impl_(impl) {}
+  Transaction(const Transaction&) = delete;
+  Transaction& operator=(const Transaction&) = delete;
+  ~Transaction() {
+    if (open_) sqlite3_exec(impl_.db, "ROLLBACK", nullptr, nullptr, nullptr);
+  }
+
+  Status begin() {
+    FLASHJIT_TRY(impl_.exec("BEGIN IMMEDIATE", "BEGIN IMMEDIATE"));
+    open_ = true;
+    return ok_status();
+  }
+  Status commit() {
+    FLASHJIT_TRY(impl_.exec("COMMIT", "COMMIT"));
+    open_ = false;
+    return ok_status();
+  }
+
+ private:
+  const Database& impl_;
+  bool open_ = false;
+};
+
+// Binds the nine key columns starting at `index`; returns the next free index.
+Result<int> bind_key(const Database& impl, Statement& stmt, int index, const std::string& device,
+                     const ProblemKey& key) {
+  FLASHJIT_TRY(impl.bound(stmt.bind(index++, device)));
+  FLASHJIT_TRY(impl.bound(stmt.bind(index++, std::string_view(generator_version()))));
+  FLASHJIT_TRY(impl.bound(stmt.bind(index++, int64_t{key.head_dim})));
+  FLASHJIT_TRY(impl.bound(stmt.bind(index++, std::string_view(to_string(key.dtype)))));
+  FLASHJIT_TRY(impl.bound(stmt.bind(index++, int64_t{key.causal ? 1 : 0})));
+  FLASHJIT_TRY(impl.bound(stmt.bind(index++, key.group_size)));
+  FLASHJIT_TRY(impl.bound(stmt.bind(index++, key.seqlen_q_bucket)));
+  FLASHJIT_TRY(impl.bound(stmt.bind(index++, key.seqlen_k_bucket)));
+  FLASHJIT_TRY(impl.bound(stmt.bind(index++, key.batch_heads_bucket)));
+  return index;
+}
+
+constexpr const char* kKeyWhere =
+    "device = ? AND generator = ? AND head_dim = ? AND dtype = ? AND causal = ? AND "
+    "group_size = ? AND seqlen_q_bucket = ? AND seqlen_k_bucket = ? AND batch_heads_bucket = ?";
+
+// Reads a ProblemKey from columns head_dim .. batch_heads_bucket starting at `column`.
+ProblemKey key_at(const Statement& stmt, int column) {
+  ProblemKey key;
+  key.head_dim = static_cast<int>(stmt.int_at(column));
+  Result<DType> dtype = parse_dtype(stmt.text_at(column + 1));
+  key.dtype = dtype.ok() ? dtype.value() : DType::BF16;
+  key.causal = stmt.int_at(column + 2) != 0;
+  key.group_size = stmt.int_at(column + 3);
+  key.seqlen_q_bucket = stmt.int_at(column + 4);
+  key.seqlen_k_bucket = stmt.int_at(column + 5);
+  key.batch_heads_bucket = stmt.int_at(column + 6);
+  return key;
+}
+
+Status record_device(const Database& impl, const DeviceFingerprint& device) {
+  std::string sql = "INSERT OR IGNORE INTO devices (";
+  sql += kDeviceColumns;
+  sql += ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)";
+  Result<Statement> stmt = impl.prepare(sql);
+  if (!stmt.ok()) return stmt.error();
+  FLASHJIT_TRY(impl.bound(stmt->bind(1, device.to_string())));
+  FLASHJIT_TRY(impl.bound(stmt->bind(2, device.backend)));
+  FLASHJIT_TRY(impl.bound(stmt->bind(3, device.name)));
+  FLASHJIT_TRY(impl.bound(stmt->bind(4, int64_t{device.arch})));
+  FLASHJIT_TRY(impl.bound(stmt->bind(5, int64_t{device.sm_count})));
+  FLASHJIT_TRY(impl.bound(stmt->bind(6, int64_t{device.smem_per_block_optin})));
+  FLASHJIT_TRY(impl.bound(stmt->bind(7, int64_t{device.l2_bytes})));
+  FLASHJIT_TRY(impl.bound(stmt->bind(8, int64_t{device.driver_version})));
+  FLASHJIT_TRY(impl.bound(stmt->bind(9, device.compiler)));
+  return impl.run(*stmt, "recording the device");
+}
+
+// log2 of a bucket (floor, for robustness against hand-edited rows).
+int log2_of(int64_t bucket) {
+  return bucket <= 1 ? 0 : std::bit_width(static_cast<uint64_t>(bucket)) - 1;
+}
+
+}  // namespace
+
+struct TuningStore::Impl : Database {};
+
+// --- TuningStore ---------------------------------------------------------------------------------
+
+TuningStore::TuningStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TuningStore::~TuningStore() = default;
+
+const fs::path& TuningStore::path() const { return impl_->path; }
+
+Result<std::unique_ptr<TuningStore>> TuningStore::open(const fs::path& path) {
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  // Absolute, so that a relative name starting with "file:" is not taken as a URI.
+  std::error_code ec;
+  const fs::path absolute = fs::absolute(path, ec);
+  const std::string name = ec ? path.string() : absolute.string();
+  const int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_URI;
+  if (sqlite3_open_v2(name.c_str(), &impl->db, flags, nullptr) != SQLITE_OK) {
+    return impl->error("open");
+  }
+  if (sqlite3_busy_timeout(impl->db, kBusyTimeoutMs) != SQLITE_OK) {
+    return impl->error("setting the busy timeout");
+  }
+  // WAL + NORMAL: durable against a killed process (see the top of this file).
+  FLASHJIT_TRY(impl->exec("PRAGMA journal_mode=WAL", "setting journal_mode=WAL"));
+  FLASHJIT_TRY(impl->exec("PRAGMA synchronous=NORMAL", "setting synchronous=NORMAL"));
+  {
+    Transaction transaction(*impl);
+    FLASHJIT_TRY(transaction.begin());
+    FLASHJIT_TRY(impl->exec(kSchemaSql, "creating the schema"));
+    std::string meta = "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '";
+    meta += std::to_string(kSchemaVersion);
+    meta += "')";
+    FLASHJIT_TRY(impl->exec(meta, "writing the schema version"));
+    FLASHJIT_TRY(transaction.commit());
+  }
+  FLASHJIT_TRY(impl->check_schema_version("main"));
+  return std::unique_ptr<TuningStore>(new TuningStore(std::move(impl)));
+}
+
+Result<std::unique_ptr<TuningStore>> TuningStore::open_read_only(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) {
+    std::string message = "tuning DB ";
+    message += path.string();
+    message += ": no such file";
+    return make_error(ErrorCode::NotFound, std::move(message));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  impl->read_only = true;
+  const fs::path absolute = fs::absolute(path, ec);
+  const std::string name = ec ? path.string() : absolute.string();
+  if (sqlite3_open_v2(name.c_str(), &impl->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, nullptr) !=
+      SQLITE_OK) {
+    return impl->error("open (read-only)");
+  }
+  if (sqlite3_busy_timeout(impl->db, kBusyTimeoutMs) != SQLITE_OK) {
+    return impl->error("setting the busy timeout");
+  }
+  FLASHJIT_TRY(impl->check_schema_version("main"));
+  return std::unique_ptr<TuningStore>(new TuningStore(std::move(impl)));
+}
+
+Status TuningStore::record(const DeviceFingerprint& device, const ProblemKey& key,
+                           const TuneResult& result) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  const Impl& impl = *impl_;
+  std::string sql = "INSERT OR REPLACE INTO results (";
+  sql += kResultColumns;
+  sql += ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ";
+  sql += kNowSql;
+  sql += ")";
+  Result<Statement> stmt = impl.prepare(sql);
+  if (!stmt.ok()) return stmt.error();
+  Result<int> next = bind_key(impl, *stmt, 1, device.to_string(), key);
+  if (!next.ok()) return next.error();
+  int i = next.value();
+  FLASHJIT_TRY(impl.bound(stmt->bind(i++, result.config.to_string())));
+  FLASHJIT_TRY(impl.bound(stmt->bind(i++, int64_t{result.config.block_m})));
+  FLASHJIT_TRY(impl.bound(stmt->bind(i++, int64_t{result.config.block_n})));
+  FLASHJIT_TRY(impl.bound(stmt->bind(i++, int64_t{result.config.warps})));
+  FLASHJIT_TRY(impl.bound(stmt->bind(i++, int64_t{result.config.stages})));
+  FLASHJIT_TRY(impl.bound(stmt->bind(i++, std::string_view(to_string(result.status)))));
+  FLASHJIT_TRY(impl.bound(stmt->bind(i++, result.median_ms)));
+  FLASHJIT_TRY(impl.bound(stmt->bind(i++, result.min_ms)));
+  FLASHJIT_TRY(impl.bound(stmt->bind(i++, result.max_ms)));
+  FLASHJIT_TRY(impl.bound(stmt->bind(i++, int64_t{result.repetitions})));
+  FLASHJIT_TRY(impl.bound(stmt->bind(i++, result.tflops)));
+  FLASHJIT_TRY(impl.bound(stmt->bind(i++, int64_t{result.is_default ? 1 : 0})));
+  FLASHJIT_TRY(impl.bound(stmt->bind(i++, std::string_view(result.message))));
+
+  Transaction transaction(impl);
+  FLASHJIT_TRY(transaction.begin());
+  FLASHJIT_TRY(record_device(impl, device));
+  FLASHJIT_TRY(impl.run(*stmt, "recording a result"));
+  return transaction.commit();
+}
+
+Status TuningStore::choose(const DeviceFingerprint& device, const ProblemKey& key,
+                           const TuneChoice& choice) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  const Impl& impl = *impl_;
+  std::string sql = "INSERT OR REPLACE INTO choices (";
+  sql += kChoiceColumns;
+  sql += ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ";
+  sql += kNowSql;
+  sql += ")";
+  Result<Statement> stmt = impl.prepare(sql);
+  if (!stmt.ok()) return stmt.error();
+  Result<int> next = bind_key(impl, *stmt, 1, device.to_string(), key);
+  if (!next.ok()) return next.error();
+  int i = next.value();
+  FLASHJIT_TRY(impl.bound(stmt->bind(i++, choice.config.to_string())));
+  FLASHJIT_TRY(impl.bound(stmt->bind(i++, choice.median_ms)));
+  FLASHJIT_TRY(impl.bound(stmt->bind(i++, choice.default_ms)));
+
+  Transaction transaction(impl);
+  FLASHJIT_TRY(transaction.begin());
+  FLASHJIT_TRY(record_device(impl, device));
+  FLASHJIT_TRY(impl.run(*stmt, "recording a choice"));
+  return transaction.commit();
+}
+
+Result<std::vector<TuneResult>> TuningStore::results(const DeviceFingerprint& device,
+                                                     const ProblemKey& key) const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  const Impl& impl = *impl_;
+  std::string sql =
+      "SELECT config, status, median_ms, min_ms, max_ms, repetitions, tflops, is_default, "
+      "message FROM results WHERE ";
+  sql += kKeyWhere;
+  sql += " ORDER BY status != 'timed', median_ms, config";
+  Result<Statement> stmt = impl.prepare(sql);
+  if (!stmt.ok()) return stmt.error();
+  Result<int> bound = bind_key(impl, *stmt, 1, device.to_string(), key);
+  if (!bound.ok()) return bound.error();
+  std::vector<TuneResult> rows;
+  for (;;) {
+    Result<int> rc = impl.step(*stmt, "reading results");
+    if (!rc.ok()) return rc.error();
+    if (rc.value() == SQLITE_DONE) break;
+    Result<AttentionConfig> config = AttentionConfig::parse(stmt->text_at(0));
+    if (!config.ok()) continue;  // a hand-edited row: not a config this build can use
+    TuneResult row;
+    row.config = config.value();
+    row.status = parse_status(stmt->text_at(1));
+    row.median_ms = stmt->double_at(2);
+    row.min_ms = stmt->double_at(3);
+    row.max_ms = stmt->double_at(4);
+    row.repetitions = static_cast<int>(stmt->int_at(5));
+    row.tflops = stmt->double_at(6);
+    row.is_default = stmt->int_at(7) != 0;
+    row.message = stmt->text_at(8);
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+Result<std::optional<TuneChoice>> TuningStore::choice(const DeviceFingerprint& device,
+                                                      const ProblemKey& key) const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  const Impl& impl = *impl_;
+  std::string sql = "SELECT config, median_ms, default_ms FROM choices WHERE ";
+  sql += kKeyWhere;
+  Result<Statement> stmt = impl.prepare(sql);
+  if (!stmt.ok()) return stmt.error();
+  Result<int> bound = bind_key(impl, *stmt, 1, device.to_string(), key);
+  if (!bound.ok()) return bound.error();
+  Result<int> rc = impl.step(*stmt, "reading a choice");
+  if (!rc.ok()) return rc.error();
+  if (rc.value() == SQLITE_DONE) return std::optional<TuneChoice>();
+  const std::string text = stmt->text_at(0);
+  Result<AttentionConfig> config = AttentionConfig::parse(text);
+  if (!config.ok()) {
+    std::string message = "tuning DB ";
+    message += impl.path.string();
+    message += ": choice for ";
+    message += key.to_string();
+    message += " has config '";
+    message += text;
+    message += "': not a config (expected e.g. m128n64w4s2)";
+    return make_error(ErrorCode::IoError, std::move(message));
+  }
+  TuneChoice choice;
+  choice.config = config.value();
+  choice.median_ms = stmt->double_at(1);
+  choice.default_ms = stmt->double_at(2);
+  return std::optional<TuneChoice>(choice);
+}
+
+Result<std::optional<std::pair<ProblemKey, TuneChoice>>> TuningStore::nearest_choice(
+    const DeviceFingerprint& device, const ProblemKey& key) const {
+  using Found = std::optional<std::pair<ProblemKey, TuneChoice>>;
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  const Impl& impl = *impl_;
+  Result<Statement> stmt = impl.prepare(
+      "SELECT seqlen_q_bucket, seqlen_k_bucket, batch_heads_bucket, config, median_ms, "
+      "default_ms FROM choices WHERE device = ? AND generator = ? AND head_dim = ? AND "
+      "dtype = ? AND causal = ? AND group_size = ?");
+  if (!stmt.ok()) return stmt.error();
+  FLASHJIT_TRY(impl.bound(stmt->bind(1, device.to_string())));
+  FLASHJIT_TRY(impl.bound(stmt->bind(2, std::string_view(generator_version()))));
+  FLASHJIT_TRY(impl.bound(stmt->bind(3, int64_t{key.head_dim})));
+  FLASHJIT_TRY(impl.bound(stmt->bind(4, std::string_view(to_string(key.dtype)))));
+  FLASHJIT_TRY(impl.bound(stmt->bind(5, int64_t{key.causal ? 1 : 0})));
+  FLASHJIT_TRY(impl.bound(stmt->bind(6, key.group_size)));
+
+  const int q = log2_of(key.seqlen_q_bucket);
+  const int k = log2_of(key.seqlen_k_bucket);
+  const int bh = log2_of(key.batch_heads_bucket);
+  // Rank: smaller distance first; on a tie, larger buckets (sum of log2, then q, k, bh).
+  using Rank = std::tuple<int, int, int, int, int>;
+  std::optional<Rank> best_rank;
+  Found best;
+  for (;;) {
+    Result<int> rc = impl.step(*stmt, "reading choices");
+    if (!rc.ok()) return rc.error();
+    if (rc.value() == SQLITE_DONE) break;
+    Result<AttentionConfig> config = AttentionConfig::parse(stmt->text_at(3));
+    if (!config.ok()) continue;
+    ProblemKey candidate = key;
+    candidate.seqlen_q_bucket = stmt->int_at(0);
+    candidate.seqlen_k_bucket = stmt->int_at(1);
+    candidate.batch_heads_bucket = stmt->int_at(2);
+    const int cq = log2_of(candidate.seqlen_q_bucket);
+    const int ck = log2_of(candidate.seqlen_k_bucket);
+    const int cbh = log2_of(candidate.batch_heads_bucket);
+    const int distance = std::abs(cq - q) + std::abs(ck - k) + std::abs(cbh - bh);
+    const Rank rank{distance, -(cq + ck + cbh), -cq, -ck, -cbh};
+    if (best_rank && !(rank < *best_rank)) continue;
+    best_rank = rank;
+    TuneChoice choice;
+    choice.config = config.value();
+    choice.median_ms = stmt->double_at(4);
+    choice.default_ms = stmt->double_at(5);
+    best = std::make_pair(candidate, choice);
+  }
+  return best;
+}
+
+Result<std::vector<TuningStore::Entry>> TuningStore::entries() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  const Impl& impl = *impl_;
+  Result<Statement> stmt = impl.prepare(
+      "SELECT device, generator, head_dim, dtype, causal, group_size, seqlen_q_bucket, "
+      "seqlen_k_bucket, batch_heads_bucket, config, median_ms, default_ms FROM choices "
+      "ORDER BY chosen_at DESC, device, head_dim, dtype, causal, group_size, seqlen_q_bucket, "
+      "seqlen_k_bucket, batch_heads_bucket");
+  if (!stmt.ok()) return stmt.error();
+  std::vector<Entry> entries;
+  for (;;) {
+    Result<int> rc = impl.step(*stmt, "reading choices");
+    if (!rc.ok()) return rc.error();
+    if (rc.value() == SQLITE_DONE) break;
+    Result<AttentionConfig> config = AttentionConfig::parse(stmt->text_at(9));
+    if (!config.ok()) continue;
+    Entry entry;
+    entry.device = stmt->text_at(0);
+    entry.generator = stmt->text_at(1);
+    entry.key = key_at(*stmt, 2);
+    entry.choice.config = config.value();
+    entry.choice.median_ms = stmt->double_at(10);
+    entry.choice.default_ms = stmt->double_at(11);
+    entry.current = entry.generator == generator_version();
+    entries.push_back(std::move(entry));
+  }
+  return entries;
+}
+
+Result<std::vector<TuningStore::ResultEntry>> TuningStore::result_entries(
+    const std::optional<ProblemKey>& key) const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  const Impl& impl = *impl_;
+  std::string sql =
+      "SELECT device, generator, head_dim, dtype, causal, group_size, seqlen_q_bucket, "
+      "seqlen_k_bucket, batch_heads_bucket, config, status, median_ms, min_ms, max_ms, "
+      "repetitions, tflops, is_default, message, recorded_at FROM results";
+  if (key) {
+    sql +=
+        " WHERE head_dim = ? AND dtype = ? AND causal = ? AND group_size = ? AND "
+        "seqlen_q_bucket = ? AND seqlen_k_bucket = ? AND batch_heads_bucket = ?";
+  }
+  sql +=
+      " ORDER BY device, generator, head_dim, dtype, causal, group_size, seqlen_q_bucket, "
+      "seqlen_k_bucket, batch_heads_bucket, status != 'timed', median_ms, config";
+  Result<Statement> stmt = impl.prepare(sql);
+  if (!stmt.ok()) return stmt.error();
+  if (key) {
+    FLASHJIT_TRY(impl.bound(stmt->bind(1, int64_t{key->head_dim})));
+    FLASHJIT_TRY(impl.bound(stmt->bind(2, std::string_view(to_string(key->dtype)))));
+    FLASHJIT_TRY(impl.bound(stmt->bind(3, int64_t{key->causal ? 1 : 0})));
+    FLASHJIT_TRY(impl.bound(stmt->bind(4, key->group_size)));
+    FLASHJIT_TRY(impl.bound(stmt->bind(5, key->seqlen_q_bucket)));
+    FLASHJIT_TRY(impl.bound(stmt->bind(6, key->seqlen_k_bucket)));
+    FLASHJIT_TRY(impl.bound(stmt->bind(7, key->batch_heads_bucket)));
+  }
+  std::vector<ResultEntry> rows;
+  for (;;) {
+    Result<int> rc = impl.step(*stmt, "reading results");
+    if (!rc.ok()) return rc.error();
+    if (rc.value() == SQLITE_DONE) break;
+    Result<AttentionConfig> config = AttentionConfig::parse(stmt->text_at(9));
+    if (!config.ok()) continue;
+    ResultEntry row;
+    row.device = stmt->text_at(0);
+    row.generator = stmt->text_at(1);
+    row.key = key_at(*stmt, 2);
+    row.result.config = config.value();
+    row.result.status = parse_status(stmt->text_at(10));
+    row.result.median_ms = stmt->double_at(11);
+    row.result.min_ms = stmt->double_at(12);
+    row.result.max_ms = stmt->double_at(13);
+    row.result.repetitions = static_cast<int>(stmt->int_at(14));
+    row.result.tflops = stmt->double_at(15);
+    row.result.is_default = stmt->int_at(16) != 0;
+    row.result.message = stmt->text_at(17);
+    row.recorded_at = stmt->text_at(18);
+    row.current = row.generator == generator_version();
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+Status TuningStore::merge_from(const fs::path& other) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  Impl& impl = *impl_;
+  std::error_code ec;
+  if (!fs::is_regular_file(other, ec)) {
+    std::string message = "tuning DB ";
+    message += other.string();
+    message += ": no such file";
+    return make_error(ErrorCode::NotFound, std::move(message));
+  }
+  if (fs::equivalent(other, impl.path, ec)) {
+    std::string message = "cannot merge tuning DB ";
+    message += other.string();
+    message += " into itself";
+    return make_error(ErrorCode::InvalidArgument, std::move(message));
+  }
+  {
+    Result<Statement> attach = impl.prepare("ATTACH DATABASE ? AS other");
+    if (!attach.ok()) return attach.error();
+    FLASHJIT_TRY(impl.bound(attach->bind(1, read_only_uri(other))));
+    std::string what = "attaching ";
+    what += other.string();
+    FLASHJIT_TRY(impl.run(*attach, what));
+  }
+  // Detached on every path out (after the transaction has ended).
+  struct Detach {
+    const Impl& impl;
+    ~Detach() { sqlite3_exec(impl.db, "DETACH DATABASE other", nullptr, nullptr, nullptr); }
+  } detach{impl};
+
+  Status schema = impl.check_schema_version("other");
+  if (!schema.ok()) {
+    std::string message = schema.error().message;
+    message += " (merging ";
+    message += other.string();
+    message += ")";
+    return make_error(schema.error().code, std::move(message));
+  }
+
+  // Rows of `other` that are newer than (or absent from) ours replace ours.
+  std::string results = "INSERT OR REPLACE INTO main.results (";
+  results += kResultColumns;
+  results += ") SELECT ";
+  results += kResultColumns;
+  results += " FROM other.results AS o WHERE NOT EXISTS (SELECT 1 FROM main.results AS m WHERE ";
+  results += key_match("m", "o", /*with_config=*/true);
+  results += " AND m.recorded_at >= o.recorded_at)";
+
+  std::string choices = "INSERT OR REPLACE INTO main.choices (";
+  choices += kChoiceColumns;
+  choices += ") SELECT ";
+  choices += kChoiceColumns;
+  choices += " FROM other.choices AS o WHERE NOT EXISTS (SELECT 1 FROM main.choices AS m WHERE ";
+  choices += key_match("m", "o", /*with_config=*/false);
+  choices += " AND m.chosen_at >= o.chosen_at)";
+
+  std::string devices = "INSERT OR IGNORE INTO main.devices (";
+  devices += kDeviceColumns;
+  devices += ") SELECT ";
+  devices += kDeviceColumns;
+  devices += " FROM other.devices";
+
+  // "WHERE true" keeps the upsert's ON CONFLICT from parsing as a join constraint.
+  std::string recorded = "INSERT INTO main.recorded_problems (";
+  recorded += kRecordedColumns;
+  recorded += ") SELECT ";
+  recorded += kRecordedColumns;
+  recorded += " FROM other.recorded_problems WHERE true ON CONFLICT (";
+  recorded += kRecordedKey;
+  recorded +=
+      ") DO UPDATE SET uses = max(uses, excluded.uses), first_seen = min(first_seen, "
+      "excluded.first_seen), last_seen = max(last_seen, excluded.last_seen)";
+
+  Transaction transaction(impl);
+  FLASHJIT_TRY(transaction.begin());
+  FLASHJIT_TRY(impl.exec(devices, "merging devices"));
+  FLASHJIT_TRY(impl.exec(results, "merging results"));
+  FLASHJIT_TRY(impl.exec(choices, "merging choices"));
+  FLASHJIT_TRY(impl.exec(recorded, "merging recorded problems"));
+  return transaction.commit();
+}
+
+Status TuningStore::clear(bool stale_only) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  const Impl& impl = *impl_;
+  Transaction transaction(impl);
+  FLASHJIT_TRY(transaction.begin());
+  if (stale_only) {
+    for (const char* table : {"results", "choices"}) {
+      std::string sql = "DELETE FROM ";
+      sql += table;
+      sql += " WHERE generator != ?";
+      Result<Statement> stmt = impl.prepare(sql);
+      if (!stmt.ok()) return stmt.error();
+      FLASHJIT_TRY(impl.bound(stmt->bind(1, std::string_view(generator_version()))));
+      FLASHJIT_TRY(impl.run(*stmt, "deleting stale rows"));
+    }
+  } else {
+    FLASHJIT_TRY(
+        impl.exec("DELETE FROM results; DELETE FROM choices; DELETE FROM recorded_problems; "
+                  "DELETE FROM devices;",
+                  "deleting all rows"));
+  }
+  return transaction.commit();
+}
+
+Status TuningStore::record_miss(const DeviceFingerprint& device, const AttentionProblem& problem) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  const Impl& impl = *impl_;
+  std::string sql = "INSERT INTO recorded_problems (";
+  sql += kRecordedColumns;
+  sql += ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ";
+  sql += kNowSql;
+  sql += ", ";
+  sql += kNowSql;
+  sql += ") ON CONFLICT (";
+  sql += kRecordedKey;
+  sql += ") DO UPDATE SET uses = uses + 1, last_seen = excluded.last_seen";
+  Result<Statement> stmt = impl.prepare(sql);
+  if (!stmt.ok()) return stmt.error();
+  FLASHJIT_TRY(impl.bound(stmt->bind(1, device.to_string())));
+  FLASHJIT_TRY(impl.bound(stmt->bind(2, int64_t{problem.head_dim})));
+  FLASHJIT_TRY(impl.bound(stmt->bind(3, std::string_view(to_string(problem.dtype)))));
+  FLASHJIT_TRY(impl.bound(stmt->bind(4, int64_t{problem.causal ? 1 : 0})));
+  FLASHJIT_TRY(impl.bound(stmt->bind(5, problem.batch)));
+  FLASHJIT_TRY(impl.bound(stmt->bind(6, problem.heads_q)));
+  FLASHJIT_TRY(impl.bound(stmt->bind(7, problem.heads_kv)));
+  FLASHJIT_TRY(impl.bound(stmt->bind(8, problem.seqlen_q)));
+  FLASHJIT_TRY(impl.bound(stmt->bind(9, problem.seqlen_k)));
+
+  Transaction transaction(impl);
+  FLASHJIT_TRY(transaction.begin());
+  FLASHJIT_TRY(record_device(impl, device));
+  FLASHJIT_TRY(impl.run(*stmt, "recording a problem"));
+  return transaction.commit();
+}
+
+Result<std::vector<AttentionProblem>> TuningStore::recorded_problems(
+    const DeviceFingerprint& device) const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  const Impl& impl = *impl_;
+  Result<Statement> stmt = impl.prepare(
+      "SELECT batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype, causal "
+      "FROM recorded_problems WHERE device = ? ORDER BY uses DESC, last_seen DESC");
+  if (!stmt.ok()) return stmt.error();
+  FLASHJIT_TRY(impl.bound(stmt->bind(1, device.to_string())));
+  std::vector<AttentionProblem> problems;
+  for (;;) {
+    Result<int> rc = impl.step(*stmt, "reading recorded problems");
+    if (!rc.ok()) return rc.error();
+    if (rc.value() == SQLITE_DONE) break;
+    Result<DType> dtype = parse_dtype(stmt->text_at(6));
+    if (!dtype.ok()) continue;
+    AttentionProblem problem = AttentionProblem::make(
+        stmt->int_at(0), stmt->int_at(1), stmt->int_at(2), stmt->int_at(3), stmt->int_at(4),
+        static_cast<int>(stmt->int_at(5)), dtype.value(), stmt->int_at(7) != 0);
+    if (!validate(problem).ok()) continue;  // a hand-edited row
+    problems.push_back(problem);
+  }
+  return problems;
+}
+
+Status TuningStore::export_to(const fs::path& file) const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  const Impl& impl = *impl_;
+  std::error_code ec;
+  if (fs::exists(file, ec)) {
+    std::string message = "export target ";
+    message += file.string();
+    message += " exists: give a new file name";
+    return make_error(ErrorCode::InvalidArgument, std::move(message));
+  }
+  {
+    Result<Statement> stmt = impl.prepare("VACUUM INTO ?");
+    if (!stmt.ok()) return stmt.error();
+    FLASHJIT_TRY(impl.bound(stmt->bind(1, fs::absolute(file, ec).string())));
+    std::string what = "exporting to ";
+    what += file.string();
+    FLASHJIT_TRY(impl.run(*stmt, what));
+  }
+  // The copy as one self-contained file (no -wal/-shm needed), so that it opens read-only.
+  sqlite3* copy = nullptr;
+  int rc = sqlite3_open_v2(file.c_str(), &copy, SQLITE_OPEN_READWRITE, nullptr);
+  if (rc == SQLITE_OK) {
+    rc = sqlite3_exec(copy, "PRAGMA journal_mode=DELETE", nullptr, nullptr, nullptr);
+  }
+  if (rc != SQLITE_OK) {
+    std::string message = "tuning DB ";
+    message += file.string();
+    message += ": setting journal_mode=DELETE on the export: ";
+    message += copy != nullptr ? sqlite3_errmsg(copy) : "out of memory";
+    sqlite3_close_v2(copy);
+    return make_error(ErrorCode::IoError, std::move(message));
+  }
+  sqlite3_close_v2(copy);
+  return ok_status();
+}
+
+}  // namespace flashjit

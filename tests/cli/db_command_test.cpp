@@ -1,0 +1,231 @@
+// `flashjit db`: argument errors (exit 2, one line), failures (exit 1), and an
+// ls / show / export / import / merge / clear round trip on temporary DBs. No GPU needed.
+#include "cli/db_command.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "generator/problem.hpp"
+#include "runtime/tuning_store.hpp"
+
+namespace flashjit::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Outcome {
+  int status = 0;
+  std::string out;
+  std::string err;
+};
+
+Outcome run(std::vector<std::string> args) {
+  std::ostringstream out;
+  std::ostringstream err;
+  Outcome result;
+  result.status = run_db_command(args, out, err);
+  result.out = out.str();
+  result.err = err.str();
+  return result;
+}
+
+DeviceFingerprint device() {
+  DeviceFingerprint device;
+  device.backend = "cuda";
+  device.name = "Test GPU";
+  device.arch = 90;
+  device.sm_count = 132;
+  device.smem_per_block_optin = 232448;
+  device.l2_bytes = 52428800;
+  device.driver_version = 13000;
+  device.compiler = "nvrtc 13.0";
+  return device;
+}
+
+// The key of `flashjit db show --seqlen N` (batch 2, heads 16, d128, bf16).
+ProblemKey key_of_seqlen(int64_t seqlen) {
+  return ProblemKey::of(AttentionProblem::make(2, 16, 16, seqlen, seqlen, 128, DType::BF16, false));
+}
+
+class DbCommandTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           ("flashjit-db-command-test-" + std::to_string(getpid()) + "-" + info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    fs::remove_all(dir_, ignored);
+  }
+
+  // A DB with a choice (and two results) for the key of `seqlen`.
+  void make_db(const fs::path& path, int64_t seqlen, const AttentionConfig& config) {
+    Result<std::unique_ptr<TuningStore>> store = TuningStore::open(path);
+    ASSERT_TRUE(store.ok()) << store.error().describe();
+    TuneResult fast;
+    fast.config = config;
+    fast.median_ms = 1.0;
+    fast.repetitions = 10;
+    TuneResult slow;
+    slow.config = AttentionConfig{128, 64, 8, 2};
+    slow.median_ms = 1.5;
+    slow.is_default = true;
+    ASSERT_TRUE((*store)->record(device(), key_of_seqlen(seqlen), fast).ok());
+    ASSERT_TRUE((*store)->record(device(), key_of_seqlen(seqlen), slow).ok());
+    TuneChoice choice;
+    choice.config = config;
+    choice.median_ms = 1.0;
+    choice.default_ms = 1.5;
+    ASSERT_TRUE((*store)->choose(device(), key_of_seqlen(seqlen), choice).ok());
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(DbCommandTest, UsageErrorsAreOneLineWithExitStatus2) {
+  const std::string db = (dir_ / "x.db").string();
+  const std::vector<std::vector<std::string>> bad = {
+      {},
+      {"bogus"},
+      {"ls", "extra"},
+      {"ls", "--nope"},
+      {"ls", "--db"},
+      {"ls", "--all=yes"},
+      {"export"},
+      {"export", "a.db", "b.db"},
+      {"import"},
+      {"merge", "out.db"},
+      {"clear", "--db", db, "--stale", "--stale"},
+      {"show", "--db", db, "--head-dim", "100"},
+      {"show", "--db", db, "--dtype", "fp8"},
+  };
+  for (const std::vector<std::string>& args : bad) {
+    std::string joined;
+    for (const std::string& arg : args) joined += arg + " ";
+    Outcome result = run(args);
+    EXPECT_EQ(result.status, 2) << joined << "-> " << result.err;
+    EXPECT_TRUE(result.out.empty()) << joined;
+    ASSERT_FALSE(result.err.empty()) << joined;
+    EXPECT_EQ(result.err.find('\n'), result.err.size() - 1) << joined << "-> " << result.err;
+    EXPECT_EQ(result.err.rfind("flashjit db", 0), 0u) << result.err;
+  }
+  EXPECT_NE(run({"ls", "--nope"}).err.find("--nope"), std::string::npos);
+  EXPECT_NE(run({"bogus"}).err.find("'bogus'"), std::string::npos);
+  EXPECT_NE(run({"show", "--db", db, "--head-dim", "100"}).err.find("--head-dim"),
+            std::string::npos);
+}
+
+TEST_F(DbCommandTest, HelpTexts) {
+  Outcome help = run({"--help"});
+  EXPECT_EQ(help.status, 0);
+  for (const char* sub : {"ls", "show", "export", "import", "merge", "clear"}) {
+    EXPECT_NE(help.out.find(sub), std::string::npos) << sub;
+    Outcome sub_help = run({sub, "--help"});
+    EXPECT_EQ(sub_help.status, 0) << sub;
+    EXPECT_NE(sub_help.out.find(std::string("usage: flashjit db ") + sub), std::string::npos);
+  }
+  EXPECT_NE(run({"show", "-h"}).out.find("--head-dim"), std::string::npos);
+}
+
+TEST_F(DbCommandTest, MissingOrCorruptDbIsAFailureWithExitStatus1) {
+  const std::string missing = (dir_ / "missing.db").string();
+  Outcome ls = run({"ls", "--db", missing});
+  EXPECT_EQ(ls.status, 1);
+  EXPECT_NE(ls.err.find(missing), std::string::npos) << ls.err;
+  EXPECT_FALSE(fs::exists(missing));  // ls does not create a DB
+  EXPECT_EQ(run({"clear", "--db", missing}).status, 1);
+  EXPECT_EQ(run({"export", "--db", missing, (dir_ / "out.db").string()}).status, 1);
+
+  const fs::path junk = dir_ / "junk.db";
+  { std::ofstream(junk) << std::string(4096, 'j'); }
+  EXPECT_EQ(run({"ls", "--db", junk.string()}).status, 1);
+  EXPECT_EQ(run({"import", "--db", (dir_ / "user.db").string(), junk.string()}).status, 1);
+}
+
+TEST_F(DbCommandTest, LsShowExportImportMergeClearRoundTrip) {
+  const fs::path a = dir_ / "a.db";
+  const fs::path b = dir_ / "b.db";
+  make_db(a, 1024, AttentionConfig{64, 64, 4, 2});
+  make_db(b, 4096, AttentionConfig{128, 128, 8, 2});
+
+  const fs::path merged = dir_ / "sub" / "merged.db";
+  Outcome merge = run({"merge", merged.string(), a.string(), b.string()});
+  ASSERT_EQ(merge.status, 0) << merge.err;
+  EXPECT_NE(merge.out.find("2 choices"), std::string::npos) << merge.out;
+
+  // --all: on a machine with a GPU, ls and show default to that GPU's rows.
+  Outcome ls = run({"ls", "--db", merged.string(), "--all"});
+  ASSERT_EQ(ls.status, 0) << ls.err;
+  EXPECT_NE(ls.out.find(key_of_seqlen(1024).to_string()), std::string::npos) << ls.out;
+  EXPECT_NE(ls.out.find(key_of_seqlen(4096).to_string()), std::string::npos) << ls.out;
+  EXPECT_NE(ls.out.find("m64n64w4s2"), std::string::npos);
+  EXPECT_NE(ls.out.find("1.50x"), std::string::npos) << ls.out;
+  EXPECT_NE(ls.out.find(device().to_string()), std::string::npos);
+
+  Outcome show = run({"show", "--db", merged.string(), "--seqlen", "1000", "--all"});
+  ASSERT_EQ(show.status, 0) << show.err;
+  EXPECT_NE(show.out.find("* m64n64w4s2"), std::string::npos) << show.out;
+  EXPECT_NE(show.out.find("m128n64w8s2"), std::string::npos) << show.out;
+  EXPECT_NE(show.out.find("default"), std::string::npos) << show.out;
+  EXPECT_LT(show.out.find("m64n64w4s2"), show.out.find("m128n64w8s2"));  // fastest first
+  Outcome none = run({"show", "--db", merged.string(), "--seqlen", "64"});
+  ASSERT_EQ(none.status, 0);
+  EXPECT_NE(none.out.find("no results"), std::string::npos);
+
+  const fs::path exported = dir_ / "export.db";
+  Outcome exp = run({"export", "--db", merged.string(), exported.string()});
+  ASSERT_EQ(exp.status, 0) << exp.err;
+  EXPECT_TRUE(fs::exists(exported));
+  EXPECT_EQ(run({"export", "--db", merged.string(), exported.string()}).status, 2);  // exists
+
+  const fs::path user = dir_ / "user.db";
+  Outcome import = run({"import", "--db", user.string(), exported.string()});
+  ASSERT_EQ(import.status, 0) << import.err;
+  Outcome user_ls = run({"ls", "--db", user.string(), "--all"});
+  ASSERT_EQ(user_ls.status, 0);
+  EXPECT_NE(user_ls.out.find(key_of_seqlen(1024).to_string()), std::string::npos);
+  EXPECT_NE(user_ls.out.find(key_of_seqlen(4096).to_string()), std::string::npos);
+
+  // Nothing is stale: --stale deletes nothing; a plain clear deletes all.
+  Outcome stale = run({"clear", "--db", user.string(), "--stale"});
+  ASSERT_EQ(stale.status, 0) << stale.err;
+  EXPECT_NE(stale.out.find("0 choices deleted, 2 left"), std::string::npos) << stale.out;
+  Outcome clear = run({"clear", "--db", user.string()});
+  ASSERT_EQ(clear.status, 0) << clear.err;
+  EXPECT_NE(clear.out.find("2 choices deleted, 0 left"), std::string::npos) << clear.out;
+  Outcome empty = run({"ls", "--db", user.string(), "--all"});
+  ASSERT_EQ(empty.status, 0);
+  EXPECT_NE(empty.out.find("0 of 0 choices"), std::string::npos) << empty.out;
+}
+
+TEST_F(DbCommandTest, DefaultDbComesFromTheEnvironment) {
+  const fs::path a = dir_ / "env.db";
+  make_db(a, 1024, AttentionConfig{64, 64, 4, 2});
+  const char* saved = getenv("FLASHJIT_DB");
+  const std::string saved_value = saved ? saved : "";
+  setenv("FLASHJIT_DB", a.c_str(), 1);
+  Outcome ls = run({"ls", "--all"});
+  setenv("FLASHJIT_DB", "none", 1);
+  Outcome disabled = run({"ls"});
+  if (saved) {
+    setenv("FLASHJIT_DB", saved_value.c_str(), 1);
+  } else {
+    unsetenv("FLASHJIT_DB");
+  }
+  ASSERT_EQ(ls.status, 0) << ls.err;
+  EXPECT_NE(ls.out.find(a.string()), std::string::npos);
+  EXPECT_EQ(disabled.status, 2);
+  EXPECT_NE(disabled.err.find("--db"), std::string::npos) << disabled.err;
+}
+
+}  // namespace
+}  // namespace flashjit::cli

@@ -1,0 +1,244 @@
+// `flashjit tune` without a GPU: the grid built from flags, shards, devices, worker split, and
+// every bad flag reported as one line naming the flag (exit status 2).
+#include "cli/tune_command.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "runtime/cuda/cuda_backend.hpp"
+
+namespace flashjit::cli {
+namespace {
+
+Result<ParsedFlags> parse(std::vector<std::string> args) {
+  return parse_flags(tune_command(), args);
+}
+
+Result<std::vector<AttentionProblem>> grid(std::vector<std::string> args) {
+  auto flags = parse(std::move(args));
+  if (!flags.ok()) return flags.error();
+  return tune_problems_from_flags(*flags);
+}
+
+// The error message of building the grid from `args`; "" on success.
+std::string grid_error(std::vector<std::string> args) {
+  auto problems = grid(std::move(args));
+  return problems.ok() ? "" : problems.error().message;
+}
+
+TEST(TuneGrid, DefaultIsTheStandardGrid) {
+  auto problems = grid({});
+  ASSERT_TRUE(problems.ok()) << problems.error().describe();
+  ASSERT_EQ(problems->size(), 36u);
+  const std::vector<int64_t> seqlens = {512, 1024, 2048, 4096, 8192, 16384};
+  size_t i = 0;
+  for (int d : {64, 128, 256}) {
+    for (bool causal : {false, true}) {
+      for (int64_t n : seqlens) {
+        const AttentionProblem& p = (*problems)[i++];
+        EXPECT_EQ(p.head_dim, d);
+        EXPECT_EQ(p.causal, causal);
+        EXPECT_EQ(p.dtype, DType::BF16);
+        EXPECT_EQ(p.seqlen_q, n);
+        EXPECT_EQ(p.seqlen_k, n);
+        EXPECT_EQ(p.batch, 16384 / n);
+        EXPECT_EQ(p.heads_q, 2048 / d);
+        EXPECT_EQ(p.heads_kv, p.heads_q);
+        EXPECT_EQ(p.q_strides, contiguous_strides(Layout::BSHD, n, p.heads_q, d));
+      }
+    }
+  }
+}
+
+TEST(TuneGrid, FlagsSelectTheGrid) {
+  auto problems = grid({"--head-dims", "128", "--dtypes", "bf16,fp16", "--causal", "on",
+                        "--seqlens", "1024,4096", "--tokens", "8192", "--hidden", "4096"});
+  ASSERT_TRUE(problems.ok()) << problems.error().describe();
+  ASSERT_EQ(problems->size(), 4u);
+  EXPECT_EQ((*problems)[0].dtype, DType::BF16);
+  EXPECT_EQ((*problems)[2].dtype, DType::F16);
+  for (const AttentionProblem& p : *problems) {
+    EXPECT_TRUE(p.causal);
+    EXPECT_EQ(p.head_dim, 128);
+    EXPECT_EQ(p.heads_q, 32);
+    EXPECT_EQ(p.batch, 8192 / p.seqlen_q);
+  }
+  EXPECT_EQ((*problems)[1].seqlen_q, 4096);
+
+  auto fixed = grid({"--head-dims", "64", "--causal", "off", "--seqlens", "100000", "--batch", "3",
+                     "--heads", "8", "--kv-heads", "2"});
+  ASSERT_TRUE(fixed.ok()) << fixed.error().describe();
+  ASSERT_EQ(fixed->size(), 1u);
+  EXPECT_EQ((*fixed)[0].batch, 3);
+  EXPECT_EQ((*fixed)[0].heads_q, 8);
+  EXPECT_EQ((*fixed)[0].heads_kv, 2);
+  EXPECT_FALSE((*fixed)[0].causal);
+
+  // Fewer tokens than the sequence: batch 1. A head dim above the hidden size: 1 head.
+  auto small = grid({"--head-dims", "256", "--seqlens", "4096", "--tokens", "1000", "--hidden",
+                     "128", "--causal", "both"});
+  ASSERT_TRUE(small.ok()) << small.error().describe();
+  ASSERT_EQ(small->size(), 2u);
+  EXPECT_EQ((*small)[0].batch, 1);
+  EXPECT_EQ((*small)[0].heads_q, 1);
+
+  // Duplicates are dropped.
+  auto deduplicated = grid({"--head-dims", "64,64", "--seqlens", "512,512", "--causal", "on"});
+  ASSERT_TRUE(deduplicated.ok());
+  EXPECT_EQ(deduplicated->size(), 1u);
+}
+
+TEST(TuneGrid, BadValuesNameTheFlag) {
+  EXPECT_NE(grid_error({"--head-dims", "100"}).find("--head-dims = '100'"), std::string::npos);
+  EXPECT_NE(grid_error({"--head-dims", "64,x"}).find("--head-dims = '64,x'"), std::string::npos);
+  EXPECT_NE(grid_error({"--head-dims", "512"}).find("--head-dims"), std::string::npos);
+  EXPECT_NE(grid_error({"--head-dims", ""}).find("--head-dims"), std::string::npos);
+  EXPECT_NE(grid_error({"--dtypes", "fp32"}).find("--dtypes = 'fp32': allowed: bf16, fp16"),
+            std::string::npos);
+  EXPECT_NE(grid_error({"--dtypes", "bf16,"}).find("--dtypes"), std::string::npos);
+  EXPECT_NE(grid_error({"--causal", "yes"}).find("--causal = 'yes': allowed: on, off, both"),
+            std::string::npos);
+  EXPECT_NE(grid_error({"--seqlens", "0"}).find("--seqlens = '0'"), std::string::npos);
+  EXPECT_NE(grid_error({"--seqlens", "1,,2"}).find("--seqlens"), std::string::npos);
+  EXPECT_NE(grid_error({"--tokens", "0"}).find("--tokens"), std::string::npos);
+  EXPECT_NE(grid_error({"--tokens", "8", "--batch", "2"}).find("not both"), std::string::npos);
+  EXPECT_NE(grid_error({"--hidden", "8", "--heads", "2"}).find("not both"), std::string::npos);
+  EXPECT_NE(grid_error({"--kv-heads", "3"}).find("--kv-heads = '3': must divide"),
+            std::string::npos);
+  EXPECT_NE(grid_error({"--heads", "4", "--kv-heads", "8"}).find("--kv-heads"), std::string::npos);
+  EXPECT_NE(grid_error({"--seqlen", "4"}).find("unknown flag --seqlen"), std::string::npos);
+  EXPECT_NE(grid_error({"--verbose=1"}).find("--verbose"), std::string::npos);
+}
+
+TEST(TuneShard, ParsesAndSelects) {
+  auto flags = parse({"--shard", "1/3"});
+  ASSERT_TRUE(flags.ok());
+  auto shard = shard_from_flags(*flags);
+  ASSERT_TRUE(shard.ok()) << shard.error().describe();
+  EXPECT_EQ(shard->index, 1);
+  EXPECT_EQ(shard->count, 3);
+
+  auto none = parse({});
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(shard_from_flags(*none)->count, 1);
+
+  for (const char* bad : {"3/3", "1/0", "-1/2", "a/b", "1", "1/2/3", "/2", ""}) {
+    auto bad_flags = parse({"--shard", bad});
+    ASSERT_TRUE(bad_flags.ok()) << bad;
+    auto bad_shard = shard_from_flags(*bad_flags);
+    ASSERT_FALSE(bad_shard.ok()) << bad;
+    EXPECT_NE(bad_shard.error().message.find("--shard = '" + std::string(bad) + "'"),
+              std::string::npos)
+        << bad_shard.error().message;
+  }
+
+  auto all = grid({});
+  ASSERT_TRUE(all.ok());
+  std::set<std::string> seen;
+  size_t total = 0;
+  for (int i = 0; i < 5; ++i) {
+    const std::vector<AttentionProblem> part = select_shard(*all, Shard{i, 5});
+    total += part.size();
+    for (size_t j = 0; j < part.size(); ++j) {
+      EXPECT_EQ(part[j].to_string(), (*all)[j * 5 + i].to_string());
+      seen.insert(part[j].to_string());
+    }
+  }
+  EXPECT_EQ(total, all->size());
+  EXPECT_EQ(seen.size(), all->size());
+  EXPECT_EQ(select_shard(*all, Shard{0, 1}).size(), all->size());
+}
+
+TEST(TuneDevices, ParsesAndChecksOrdinals) {
+  auto none = parse({});
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*devices_from_flags(*none, 1), std::vector<int>{0});
+
+  auto two = parse({"--devices", "0,1"});
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ(*devices_from_flags(*two, 2), (std::vector<int>{0, 1}));
+  auto missing = devices_from_flags(*two, 1);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.error().message.find("--devices = '0,1': device 1 does not exist"),
+            std::string::npos)
+      << missing.error().message;
+
+  auto all = parse({"--devices", "all"});
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(*devices_from_flags(*all, 3), (std::vector<int>{0, 1, 2}));
+
+  auto bad = parse({"--devices", "gpu0"});
+  ASSERT_TRUE(bad.ok());
+  EXPECT_FALSE(devices_from_flags(*bad, 2).ok());
+}
+
+TEST(TuneWorkers, SplitIsContiguousAndBalanced) {
+  auto all = grid({});
+  ASSERT_TRUE(all.ok());
+  const auto parts = split_for_workers(*all, 4);
+  ASSERT_EQ(parts.size(), 4u);
+  size_t next = 0;
+  for (const auto& part : parts) {
+    EXPECT_EQ(part.size(), 9u);
+    for (const AttentionProblem& p : part) EXPECT_EQ(p.to_string(), (*all)[next++].to_string());
+  }
+  const auto uneven = split_for_workers(std::vector<AttentionProblem>(5), 2);
+  EXPECT_EQ(uneven[0].size() + uneven[1].size(), 5u);
+  EXPECT_LE(uneven[0].size(), 3u);
+  EXPECT_LE(uneven[1].size(), 3u);
+  const auto few = split_for_workers(std::vector<AttentionProblem>(1), 3);
+  ASSERT_EQ(few.size(), 3u);
+  EXPECT_EQ(few[0].size() + few[1].size() + few[2].size(), 1u);
+}
+
+// Runs the command, returning its exit status and what it printed on stderr.
+std::pair<int, std::string> run(std::vector<std::string> args) {
+  ::testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStdout();
+  const int status = run_tune_command(args);
+  (void)::testing::internal::GetCapturedStdout();
+  return {status, ::testing::internal::GetCapturedStderr()};
+}
+
+TEST(TuneCommand, BadFlagsExitTwoWithOneLine) {
+  const std::vector<std::vector<std::string>> cases = {
+      {"--head-dims", "100"},
+      {"--bogus"},
+      {"--shard", "2/2"},
+      {"--causal"},
+      {"--min-time-ms", "-1"},
+      {"--retime-top", "x"},
+      {"--recorded", "--head-dims", "64"},
+      {"positional"},
+  };
+  for (const auto& args : cases) {
+    const auto [status, err] = run(args);
+    EXPECT_EQ(status, 2) << args[0];
+    EXPECT_EQ(err.rfind("flashjit tune: ", 0), 0u) << err;
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+  }
+  const auto [status, err] = run({"--head-dims", "100"});
+  EXPECT_NE(err.find("--head-dims = '100'"), std::string::npos) << err;
+}
+
+TEST(TuneCommand, HelpExitsZero) {
+  ::testing::internal::CaptureStdout();
+  EXPECT_EQ(run_tune_command({"--bogus", "--help"}), 0);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("--shard"), std::string::npos) << out;
+  EXPECT_NE(out.find("--devices"), std::string::npos) << out;
+}
+
+TEST(TuneCommand, NoDeviceExitsTwo) {
+  if (cuda::device_count() > 0) GTEST_SKIP() << "a CUDA device is present";
+  const auto [status, err] = run({"--head-dims", "64", "--seqlens", "512"});
+  EXPECT_EQ(status, 2);
+  EXPECT_EQ(err.rfind("flashjit tune: no CUDA device: ", 0), 0u) << err;
+}
+
+}  // namespace
+}  // namespace flashjit::cli

@@ -1,0 +1,556 @@
+// The tuner's logic over a fake backend (no GPU): failure statuses, the noise rule, resume and
+// shared compiles; and one end-to-end tune on a real GPU (skipped without one).
+//
+// The fake "device" is host memory. A fake kernel computes attention with the fp64 reference for
+// small problems (the verification launch) and does nothing for large ones; the fake time_ms
+// runs the work once (to surface launch errors) and returns a per-config time with a chosen
+// jitter, so that the decision rules can be tested exactly.
+#include "tuner/tuner.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "support/gpu.hpp"
+#include "tuner/reference.hpp"
+
+namespace flashjit {
+namespace {
+
+namespace fs = std::filesystem;
+
+enum class Behavior { Good, CompileFails, LaunchFails, WrongResult, NaN };
+
+class FakeBackend;
+
+class FakeKernel final : public Kernel {
+ public:
+  FakeKernel(const FakeBackend& backend, ProblemSignature signature, AttentionConfig config)
+      : backend_(backend), signature_(signature), config_(config) {}
+  const ProblemSignature& signature() const override { return signature_; }
+  const AttentionConfig& config() const override { return config_; }
+  const KernelInfo& info() const override { return info_; }
+  Status launch(const AttentionProblem& problem, const AttentionArgs& args,
+                void* stream) const override;
+
+ private:
+  const FakeBackend& backend_;
+  ProblemSignature signature_;
+  AttentionConfig config_;
+  KernelInfo info_;
+};
+
+class FakeBackend final : public Backend {
+ public:
+  FakeBackend() : device_(known_device("sm90").value()) {
+    device_.l2_bytes = 1 << 20;  // small, so that the timing sets stay small
+  }
+
+  std::string name() const override { return "fake"; }
+  const DeviceSpec& device() const override { return device_; }
+  std::string compiler_fingerprint() const override { return "fake 1.0 sm_90"; }
+  DeviceFingerprint fingerprint() const override {
+    DeviceFingerprint fingerprint;
+    fingerprint.backend = "fake";
+    fingerprint.name = "Fake GPU";
+    fingerprint.arch = 90;
+    fingerprint.compiler = "fake 1.0";
+    return fingerprint;
+  }
+
+  Result<KernelSource> render(const AttentionProblem& problem,
+                              const AttentionConfig& config) const override {
+    KernelSource source;
+    source.entry = "fake_entry";
+    source.label = config.to_string();
+    source.text = "d" + std::to_string(problem.head_dim) + " " + to_string(problem.dtype) +
+                  (problem.causal ? " causal " : " ") + config.to_string();
+    return source;
+  }
+  Result<Binary> compile(const KernelSource& source) const override {
+    ++compiles;
+    if (behavior(AttentionConfig::parse(source.label).value()) == Behavior::CompileFails) {
+      return make_error(ErrorCode::CompileFailed, "fake compile failure");
+    }
+    Binary binary;
+    binary.bytes.assign(source.text.begin(), source.text.end());
+    return binary;
+  }
+  Result<std::shared_ptr<Kernel>> load(const Binary&, const KernelSource&,
+                                       const ProblemSignature& signature,
+                                       const AttentionConfig& config) const override {
+    return std::shared_ptr<Kernel>(std::make_shared<FakeKernel>(*this, signature, config));
+  }
+
+  Result<DeviceBuffer> allocate(size_t bytes) const override {
+    char* memory = new char[bytes];
+    return DeviceBuffer(memory, bytes, [](void* p) { delete[] static_cast<char*>(p); });
+  }
+  Status copy_to_device(void* dst, const void* src, size_t bytes) const override {
+    std::memcpy(dst, src, bytes);
+    return ok_status();
+  }
+  Status copy_to_host(void* dst, const void* src, size_t bytes) const override {
+    std::memcpy(dst, src, bytes);
+    return ok_status();
+  }
+  Status fill_bytes(void* dst, uint8_t value, size_t bytes) const override {
+    std::memset(dst, value, bytes);
+    return ok_status();
+  }
+  Status synchronize() const override {
+    if (device_lost) return make_error(ErrorCode::LaunchFailed, "fake: illegal address");
+    return ok_status();
+  }
+  Result<double> time_ms(const std::function<Status()>& work, int repetitions) const override {
+    EXPECT_GE(repetitions, 1);
+    FLASHJIT_TRY(work());
+    ++timed_batches;
+    auto found = times.find(last_launched.to_string());
+    const double base = found != times.end() ? found->second : default_ms;
+    // Each config's samples alternate above and below its base: the spread is 2 * jitter.
+    const double sign = (sample_counters[last_launched.to_string()]++ % 2 == 0) ? 1.0 : -1.0;
+    return base * (1.0 + sign * jitter);
+  }
+
+  Behavior behavior(const AttentionConfig& config) const {
+    auto found = behaviors.find(config.to_string());
+    return found == behaviors.end() ? Behavior::Good : found->second;
+  }
+
+  std::map<std::string, Behavior> behaviors;  // by config.to_string()
+  std::map<std::string, double> times;        // ms per launch, by config.to_string()
+  double default_ms = 2.0;                    // configs not in `times`
+  double jitter = 0.001;
+  bool device_lost_after_launch_failure = false;
+
+  mutable bool device_lost = false;
+  mutable AttentionConfig last_launched;
+  mutable std::atomic<int> compiles{0};
+  mutable std::atomic<int> launches{0};
+  mutable std::atomic<int> timed_batches{0};
+  mutable std::map<std::string, int> sample_counters;
+
+ private:
+  DeviceSpec device_;
+};
+
+Status FakeKernel::launch(const AttentionProblem& problem, const AttentionArgs& args, void*) const {
+  ++backend_.launches;
+  const Behavior behavior = backend_.behavior(config_);
+  if (behavior == Behavior::LaunchFails) {
+    if (backend_.device_lost_after_launch_failure) backend_.device_lost = true;
+    return make_error(ErrorCode::LaunchFailed, "fake launch failure");
+  }
+  backend_.last_launched = config_;
+  // Small problems (the verification launch) are computed; timing launches do nothing.
+  if (problem.batch * problem.heads_q * problem.seqlen_q * problem.seqlen_k > 1000000) {
+    return ok_status();
+  }
+  HostInputs inputs;
+  auto read = [](const void* pointer, int64_t elements) {
+    const uint16_t* bits = static_cast<const uint16_t*>(pointer);
+    return std::vector<uint16_t>(bits, bits + elements);
+  };
+  inputs.q = read(args.q, problem.q_span());
+  inputs.k = read(args.k, problem.kv_span());
+  inputs.v = read(args.v, problem.kv_span());
+  const Reference reference = reference_attention(problem, inputs);
+  uint16_t* o = static_cast<uint16_t*>(args.o);
+  size_t index = 0;  // reference.o is dense [b, s, h, d]
+  for (int64_t b = 0; b < problem.batch; ++b) {
+    for (int64_t s = 0; s < problem.seqlen_q; ++s) {
+      for (int64_t h = 0; h < problem.heads_q; ++h) {
+        const int64_t base =
+            b * problem.o_strides.batch + s * problem.o_strides.seq + h * problem.o_strides.head;
+        for (int c = 0; c < problem.head_dim; ++c, ++index) {
+          double value = reference.o[index];
+          if (behavior == Behavior::WrongResult) value += 0.25;
+          if (behavior == Behavior::NaN && index == 7) value = std::nan("");
+          o[base + c] = float_to_half(static_cast<float>(value), problem.dtype);
+        }
+      }
+    }
+  }
+  if (args.lse != nullptr) {
+    for (size_t row = 0; row < reference.lse.size(); ++row) {
+      args.lse[row] = static_cast<float>(reference.lse[row]);
+    }
+  }
+  return ok_status();
+}
+
+// Fast settings: the fake's times are exact, so few samples do.
+TuneOptions fast_options() {
+  TuneOptions options;
+  options.warmup_ms = 1;
+  options.min_time_ms = 20;
+  options.min_samples = 5;
+  options.max_samples = 20;
+  options.max_compile_threads = 2;
+  return options;
+}
+
+AttentionProblem test_problem(int64_t seqlen = 1024, int head_dim = 64, bool causal = false) {
+  return AttentionProblem::make(2, 4, 4, seqlen, seqlen, head_dim, DType::BF16, causal);
+}
+
+class TunerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    problem_ = test_problem();
+    configs_ = legal_configs(problem_, backend_.device());
+    default_ = default_config(problem_, backend_.device()).value();
+    ASSERT_GE(configs_.size(), 6u) << "the tests need several legal configs";
+    for (const AttentionConfig& config : configs_) {
+      if (config != default_) others_.push_back(config);
+    }
+    backend_.times[default_.to_string()] = 1.0;
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           ("flashjit-tuner-test-" + std::to_string(getpid()) + "-" + info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    fs::remove_all(dir_, ignored);
+  }
+
+  std::unique_ptr<TuningStore> open_store() {
+    auto store = TuningStore::open(dir_ / "tuning.db");
+    EXPECT_TRUE(store.ok()) << store.error().describe();
+    return store.ok() ? std::move(store.value()) : nullptr;
+  }
+
+  FakeBackend backend_;
+  AttentionProblem problem_;
+  std::vector<AttentionConfig> configs_;
+  AttentionConfig default_;
+  std::vector<AttentionConfig> others_;  // legal configs but the default
+  fs::path dir_;
+};
+
+TEST_F(TunerTest, FailedConfigsGetTheirStatusAndAreNeverChosen) {
+  // The failing configs would be the fastest by far; the winner is a correct one.
+  backend_.behaviors[others_[0].to_string()] = Behavior::CompileFails;
+  backend_.behaviors[others_[1].to_string()] = Behavior::LaunchFails;
+  backend_.behaviors[others_[2].to_string()] = Behavior::WrongResult;
+  backend_.behaviors[others_[3].to_string()] = Behavior::NaN;
+  for (int i = 0; i < 4; ++i) backend_.times[others_[i].to_string()] = 0.1;
+  backend_.times[others_[4].to_string()] = 0.5;
+
+  std::vector<TuneProgress::Phase> phases;
+  TuneOptions options = fast_options();
+  int timing_events = 0;
+  options.on_progress = [&](const TuneProgress& progress) {
+    if (progress.phase == TuneProgress::Phase::Timing) ++timing_events;
+    phases.push_back(progress.phase);
+  };
+  Tuner tuner(backend_, nullptr, nullptr, options);
+  Result<TuneReport> report = tuner.tune(problem_);
+  ASSERT_TRUE(report.ok()) << report.error().describe();
+
+  ASSERT_EQ(report->results.size(), configs_.size());
+  for (size_t i = 0; i < configs_.size(); ++i) {
+    EXPECT_EQ(report->results[i].config, configs_[i]) << "results follow legal_configs order";
+  }
+  EXPECT_EQ(report->result_of(others_[0])->status, TuneStatus::CompileFailed);
+  EXPECT_EQ(report->result_of(others_[1])->status, TuneStatus::LaunchFailed);
+  EXPECT_EQ(report->result_of(others_[2])->status, TuneStatus::WrongResult);
+  EXPECT_EQ(report->result_of(others_[3])->status, TuneStatus::WrongResult);
+  EXPECT_NE(report->result_of(others_[2])->message.find("o_rel_error"), std::string::npos)
+      << report->result_of(others_[2])->message;
+  for (size_t i = 4; i < others_.size(); ++i) {
+    EXPECT_EQ(report->result_of(others_[i])->status, TuneStatus::Timed) << others_[i].to_string();
+  }
+  const TuneResult* def = report->result_of(default_);
+  ASSERT_NE(def, nullptr);
+  EXPECT_TRUE(def->is_default);
+  EXPECT_EQ(def->status, TuneStatus::Timed);
+  EXPECT_NEAR(def->median_ms, 1.0, 0.01);
+  EXPECT_LE(def->min_ms, def->median_ms);
+  EXPECT_GE(def->max_ms, def->median_ms);
+  EXPECT_GT(def->repetitions, 0);
+  EXPECT_GT(def->tflops, 0);
+
+  ASSERT_TRUE(report->choice.has_value());
+  EXPECT_EQ(report->choice->config, others_[4]);
+  EXPECT_NEAR(report->choice->median_ms, 0.5, 0.01);
+  EXPECT_NEAR(report->choice->default_ms, 1.0, 0.01);
+  EXPECT_NEAR(report->gain(), 2.0, 0.05);
+  EXPECT_FALSE(report->kept_default);
+  EXPECT_EQ(report->default_config, default_);
+
+  EXPECT_EQ(timing_events, static_cast<int>(configs_.size()));
+  ASSERT_FALSE(phases.empty());
+  EXPECT_EQ(phases.back(), TuneProgress::Phase::Done);
+  EXPECT_NE(std::find(phases.begin(), phases.end(), TuneProgress::Phase::Retiming), phases.end());
+}
+
+TEST_F(TunerTest, SlowConfigsStopEarly) {
+  backend_.default_ms = 10.0;  // every config but the default is 10x slower
+  Tuner tuner(backend_, nullptr, nullptr, fast_options());
+  Result<TuneReport> report = tuner.tune(problem_);
+  ASSERT_TRUE(report.ok()) << report.error().describe();
+  const TuneResult* slow = report->result_of(others_.back());
+  EXPECT_EQ(slow->status, TuneStatus::Timed);
+  EXPECT_NE(slow->message.find("stopped early"), std::string::npos) << slow->message;
+  ASSERT_TRUE(report->choice);
+  EXPECT_EQ(report->choice->config, default_);
+  EXPECT_FALSE(report->kept_default);  // nothing was faster
+}
+
+TEST_F(TunerTest, WinnerWithinMinGainKeepsTheDefault) {
+  backend_.times[others_[0].to_string()] = 0.995;  // 0.5% faster: below min_gain (1%)
+  Tuner tuner(backend_, nullptr, nullptr, fast_options());
+  Result<TuneReport> report = tuner.tune(problem_);
+  ASSERT_TRUE(report.ok()) << report.error().describe();
+  ASSERT_TRUE(report->choice);
+  EXPECT_EQ(report->choice->config, default_);
+  EXPECT_TRUE(report->kept_default);
+  EXPECT_NEAR(report->noise_ms, 0.01, 1e-3);
+  EXPECT_DOUBLE_EQ(report->gain(), 1.0);
+}
+
+TEST_F(TunerTest, WinnerWithinMeasuredSpreadKeepsTheDefault) {
+  backend_.jitter = 0.05;                         // samples alternate +-5%: IQR ~10% of median
+  backend_.times[others_[0].to_string()] = 0.96;  // 4% faster: beyond min_gain, within noise
+  Tuner tuner(backend_, nullptr, nullptr, fast_options());
+  Result<TuneReport> report = tuner.tune(problem_);
+  ASSERT_TRUE(report.ok()) << report.error().describe();
+  ASSERT_TRUE(report->choice);
+  EXPECT_EQ(report->choice->config, default_);
+  EXPECT_TRUE(report->kept_default);
+  EXPECT_GT(report->noise_ms, 0.04);
+
+  // The same margin with quiet measurements wins.
+  FakeBackend quiet;
+  quiet.times = backend_.times;
+  Tuner quiet_tuner(quiet, nullptr, nullptr, fast_options());
+  Result<TuneReport> quiet_report = quiet_tuner.tune(problem_);
+  ASSERT_TRUE(quiet_report.ok()) << quiet_report.error().describe();
+  ASSERT_TRUE(quiet_report->choice);
+  EXPECT_EQ(quiet_report->choice->config, others_[0]);
+  EXPECT_FALSE(quiet_report->kept_default);
+}
+
+TEST_F(TunerTest, FailedDefaultLetsTheFastestWin) {
+  backend_.behaviors[default_.to_string()] = Behavior::WrongResult;
+  backend_.times[others_[2].to_string()] = 1.5;
+  Tuner tuner(backend_, nullptr, nullptr, fast_options());
+  Result<TuneReport> report = tuner.tune(problem_);
+  ASSERT_TRUE(report.ok()) << report.error().describe();
+  ASSERT_TRUE(report->choice);
+  EXPECT_EQ(report->choice->config, others_[2]);
+  EXPECT_EQ(report->default_ms, 0);
+  EXPECT_DOUBLE_EQ(report->gain(), 1.0);
+}
+
+TEST_F(TunerTest, NoUsableConfigGivesNoChoice) {
+  for (const AttentionConfig& config : configs_) {
+    backend_.behaviors[config.to_string()] = Behavior::CompileFails;
+  }
+  Tuner tuner(backend_, nullptr, nullptr, fast_options());
+  Result<TuneReport> report = tuner.tune(problem_);
+  ASSERT_TRUE(report.ok()) << report.error().describe();
+  EXPECT_FALSE(report->choice.has_value());
+  EXPECT_FALSE(report->note.empty());
+}
+
+TEST_F(TunerTest, LostDeviceStopsTheRun) {
+  backend_.behaviors[others_[0].to_string()] = Behavior::LaunchFails;
+  backend_.device_lost_after_launch_failure = true;
+  Tuner tuner(backend_, nullptr, nullptr, fast_options());
+  Result<TuneReport> report = tuner.tune(problem_);
+  ASSERT_FALSE(report.ok());
+  EXPECT_EQ(report.error().code, ErrorCode::DriverError);
+  EXPECT_NE(report.error().message.find(others_[0].to_string()), std::string::npos)
+      << report.error().message;
+}
+
+TEST_F(TunerTest, ProblemsSharingKernelsCompileOnce) {
+  Tuner tuner(backend_, nullptr, nullptr, fast_options());
+  Result<std::vector<TuneReport>> reports =
+      tuner.tune_all({test_problem(1024), test_problem(2048), test_problem(512)});
+  ASSERT_TRUE(reports.ok()) << reports.error().describe();
+  ASSERT_EQ(reports->size(), 3u);
+  std::set<AttentionConfig> all;
+  for (const AttentionProblem& p : {test_problem(1024), test_problem(2048), test_problem(512)}) {
+    for (const AttentionConfig& c : legal_configs(p, backend_.device())) all.insert(c);
+  }
+  EXPECT_EQ(backend_.compiles, static_cast<int>(all.size()));
+  for (const TuneReport& report : *reports) EXPECT_TRUE(report.choice.has_value());
+}
+
+TEST_F(TunerTest, InvalidProblemIsAnError) {
+  Tuner tuner(backend_, nullptr, nullptr, fast_options());
+  AttentionProblem bad = problem_;
+  bad.head_dim = 100;
+  Result<std::vector<TuneReport>> reports = tuner.tune_all({problem_, bad});
+  ASSERT_FALSE(reports.ok());
+  EXPECT_EQ(reports.error().code, ErrorCode::InvalidArgument);
+  EXPECT_NE(reports.error().message.find("problem 1"), std::string::npos);
+  EXPECT_EQ(backend_.compiles, 0) << "validated before anything runs";
+}
+
+TEST_F(TunerTest, RecordsEverythingAndResumes) {
+  std::unique_ptr<TuningStore> store = open_store();
+  ASSERT_NE(store, nullptr);
+  backend_.behaviors[others_[1].to_string()] = Behavior::WrongResult;
+  backend_.times[others_[2].to_string()] = 0.7;
+  {
+    Tuner tuner(backend_, nullptr, store.get(), fast_options());
+    Result<TuneReport> report = tuner.tune(problem_);
+    ASSERT_TRUE(report.ok()) << report.error().describe();
+    EXPECT_FALSE(report->resumed);
+  }
+  const DeviceFingerprint fingerprint = backend_.fingerprint();
+  const ProblemKey key = ProblemKey::of(problem_);
+  Result<std::vector<TuneResult>> rows = store->results(fingerprint, key);
+  ASSERT_TRUE(rows.ok()) << rows.error().describe();
+  EXPECT_EQ(rows->size(), configs_.size());
+  Result<std::optional<TuneChoice>> choice = store->choice(fingerprint, key);
+  ASSERT_TRUE(choice.ok()) << choice.error().describe();
+  ASSERT_TRUE(choice->has_value());
+  EXPECT_EQ((*choice)->config, others_[2]);
+  EXPECT_NEAR((*choice)->default_ms, 1.0, 0.01);
+
+  // A second run measures nothing.
+  const int compiles = backend_.compiles, launches = backend_.launches;
+  Tuner again(backend_, nullptr, store.get(), fast_options());
+  Result<TuneReport> resumed = again.tune(problem_);
+  ASSERT_TRUE(resumed.ok()) << resumed.error().describe();
+  EXPECT_TRUE(resumed->resumed);
+  EXPECT_EQ(backend_.compiles, compiles);
+  EXPECT_EQ(backend_.launches, launches);
+  ASSERT_TRUE(resumed->choice);
+  EXPECT_EQ(resumed->choice->config, others_[2]);
+  EXPECT_EQ(resumed->result_of(others_[1])->status, TuneStatus::WrongResult);
+  EXPECT_NEAR(resumed->default_ms, 1.0, 0.01);
+
+  // Another problem of the same key (same buckets) is resumed too.
+  Result<TuneReport> same_bucket = again.tune(test_problem(1000));
+  ASSERT_TRUE(same_bucket.ok()) << same_bucket.error().describe();
+  EXPECT_TRUE(same_bucket->resumed);
+
+  // resume = false measures everything again.
+  TuneOptions fresh = fast_options();
+  fresh.resume = false;
+  Tuner retune(backend_, nullptr, store.get(), fresh);
+  Result<TuneReport> retuned = retune.tune(problem_);
+  ASSERT_TRUE(retuned.ok()) << retuned.error().describe();
+  EXPECT_FALSE(retuned->resumed);
+  EXPECT_EQ(backend_.compiles, compiles + static_cast<int>(configs_.size()));
+}
+
+TEST_F(TunerTest, PartialResumeSkipsRecordedConfigs) {
+  std::unique_ptr<TuningStore> store = open_store();
+  ASSERT_NE(store, nullptr);
+  const DeviceFingerprint fingerprint = backend_.fingerprint();
+  const ProblemKey key = ProblemKey::of(problem_);
+  // A killed earlier run left two rows and no choice.
+  TuneResult timed;
+  timed.config = others_[0];
+  timed.status = TuneStatus::Timed;
+  timed.median_ms = timed.min_ms = timed.max_ms = 5.0;
+  timed.repetitions = 10;
+  ASSERT_TRUE(store->record(fingerprint, key, timed).ok());
+  TuneResult broken;
+  broken.config = others_[1];
+  broken.status = TuneStatus::CompileFailed;
+  broken.message = "earlier run";
+  ASSERT_TRUE(store->record(fingerprint, key, broken).ok());
+
+  Tuner tuner(backend_, nullptr, store.get(), fast_options());
+  Result<TuneReport> report = tuner.tune(problem_);
+  ASSERT_TRUE(report.ok()) << report.error().describe();
+  EXPECT_FALSE(report->resumed);
+  EXPECT_EQ(backend_.compiles, static_cast<int>(configs_.size()) - 2);
+  EXPECT_DOUBLE_EQ(report->result_of(others_[0])->median_ms, 5.0);
+  EXPECT_EQ(report->result_of(others_[1])->status, TuneStatus::CompileFailed);
+  EXPECT_EQ(report->result_of(others_[1])->message, "earlier run");
+  ASSERT_TRUE(report->choice);
+  EXPECT_EQ(report->choice->config, default_);
+  Result<std::optional<TuneChoice>> choice = store->choice(fingerprint, key);
+  ASSERT_TRUE(choice.ok() && choice->has_value());
+}
+
+TEST_F(TunerTest, StepsCountConfigsAndTheRetime) {
+  Tuner tuner(backend_, nullptr, nullptr, fast_options());
+  EXPECT_EQ(tuner.steps(problem_), static_cast<int>(configs_.size()) + 1);
+}
+
+TEST_F(TunerTest, TuneOnMissServesAndRecordsTheChoice) {
+  auto owned = std::make_unique<FakeBackend>();
+  owned->times[default_.to_string()] = 1.0;
+  owned->times[others_[3].to_string()] = 0.6;
+  FakeBackend& backend = *owned;
+  RuntimeOptions options;
+  options.use_disk_cache = false;
+  options.user_db = dir_ / "user.db";
+  options.system_dbs = {};
+  options.tune_on_miss = true;
+  Runtime runtime(std::move(owned), options);
+  install_tune_on_miss(runtime, fast_options());
+
+  Result<std::shared_ptr<Kernel>> kernel = runtime.attention(problem_);
+  ASSERT_TRUE(kernel.ok()) << kernel.error().describe();
+  EXPECT_EQ((*kernel)->config(), others_[3]);
+  ASSERT_NE(runtime.user_store(), nullptr);
+  Result<std::optional<TuneChoice>> choice =
+      runtime.user_store()->choice(backend.fingerprint(), ProblemKey::of(problem_));
+  ASSERT_TRUE(choice.ok() && choice->has_value());
+  EXPECT_EQ((*choice)->config, others_[3]);
+
+  // The same key again: served from memory, nothing measured.
+  const int launches = backend.launches;
+  ASSERT_TRUE(runtime.attention(problem_).ok());
+  EXPECT_EQ(backend.launches, launches);
+}
+
+// --- On a GPU
+// -------------------------------------------------------------------------------------
+
+TEST(TunerGpu, TunesOneSmallProblemEndToEnd) {
+  FLASHJIT_REQUIRE_GPU();
+  const Backend& backend = *::flashjit::testing::gpu_backend();
+  const AttentionProblem problem =
+      AttentionProblem::make(4, 16, 16, 1024, 1024, 64, DType::BF16, /*causal=*/false);
+  TuneOptions options;
+  options.min_time_ms = 30;
+  Tuner tuner(backend, nullptr, nullptr, options);
+  Result<TuneReport> report = tuner.tune(problem);
+  ASSERT_TRUE(report.ok()) << report.error().describe();
+  ASSERT_TRUE(report->choice.has_value()) << report->note;
+  EXPECT_TRUE(check_config(report->choice->config, problem, backend.device()).ok());
+  const TuneResult* chosen = report->result_of(report->choice->config);
+  ASSERT_NE(chosen, nullptr);
+  EXPECT_EQ(chosen->status, TuneStatus::Timed);
+  EXPECT_GT(chosen->median_ms, 0);
+  EXPECT_GT(report->default_ms, 0);
+  EXPECT_GE(report->gain(), 1.0);
+  for (const TuneResult& result : report->results) {
+    // Every legal config of the shipped template should compile, launch and be correct.
+    EXPECT_EQ(result.status, TuneStatus::Timed)
+        << result.config.to_string() << ": " << result.message;
+  }
+  std::printf("tuned %s: %s %.4f ms (default %s %.4f ms), gain %.3fx, %.1f s\n",
+              problem.to_string().c_str(), report->choice->config.to_string().c_str(),
+              report->choice->median_ms, report->default_config.to_string().c_str(),
+              report->default_ms, report->gain(), report->seconds);
+}
+
+}  // namespace
+}  // namespace flashjit

@@ -1,0 +1,341 @@
+// fp64 attention reference, half conversions and output comparison (see reference.hpp).
+#include "tuner/reference.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <thread>
+
+namespace flashjit {
+namespace {
+
+uint32_t float_bits(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+}
+
+float bits_float(uint32_t bits) {
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+// Runs `task(i)` for i in [0, count) on up to hardware_concurrency threads.
+template <class Task>
+void parallel_for(int64_t count, const Task& task) {
+  const int64_t threads =
+      std::min<int64_t>(count, std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 1) {
+    for (int64_t i = 0; i < count; ++i) task(i);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  std::vector<std::thread> pool;
+  pool.reserve(threads);
+  for (int64_t t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (int64_t i = next++; i < count; i = next++) task(i);
+    });
+  }
+  for (auto& thread : pool) thread.join();
+}
+
+// All 65536 patterns decoded once: the reference decodes millions of elements.
+const std::vector<float>& decode_table(DType dtype) {
+  static const std::vector<float> f16_table = [] {
+    std::vector<float> table(65536);
+    for (uint32_t bits = 0; bits < 65536; ++bits) table[bits] = fp16_to_float(bits);
+    return table;
+  }();
+  static const std::vector<float> bf16_table = [] {
+    std::vector<float> table(65536);
+    for (uint32_t bits = 0; bits < 65536; ++bits) table[bits] = bf16_to_float(bits);
+    return table;
+  }();
+  return dtype == DType::F16 ? f16_table : bf16_table;
+}
+
+// One tensor gathered through its strides into dense fp64 [batch, heads, seq, head_dim].
+std::vector<double> gather_dense(const std::vector<uint16_t>& bits, const Strides& strides,
+                                 int64_t batch, int64_t heads, int64_t seqlen, int head_dim,
+                                 DType dtype) {
+  const std::vector<float>& table = decode_table(dtype);
+  std::vector<double> dense(static_cast<size_t>(batch * heads * seqlen * head_dim));
+  size_t out = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t s = 0; s < seqlen; ++s) {
+        const int64_t base = b * strides.batch + h * strides.head + s * strides.seq;
+        for (int c = 0; c < head_dim; ++c) dense[out++] = table[bits[base + c]];
+      }
+    }
+  }
+  return dense;
+}
+
+// Number of keys query row `i` sees (0 for an empty row).
+int64_t visible_keys(const AttentionProblem& problem, int64_t i) {
+  if (!problem.causal) return problem.seqlen_k;
+  const int64_t last = i + problem.seqlen_k - problem.seqlen_q;  // last visible key index
+  return std::clamp<int64_t>(last + 1, 0, problem.seqlen_k);
+}
+
+}  // namespace
+
+float bf16_to_float(uint16_t bits) { return bits_float(static_cast<uint32_t>(bits) << 16); }
+
+uint16_t float_to_bf16(float value) {
+  const uint32_t bits = float_bits(value);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) {
+    return static_cast<uint16_t>((bits >> 16) | 0x0040u);  // keep sign, force a quiet NaN
+  }
+  // Round to nearest even; overflow carries into the exponent and correctly gives infinity.
+  const uint32_t rounding = 0x7FFFu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+
+float fp16_to_float(uint16_t bits) {
+  const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
+  const uint32_t exponent = (bits >> 10) & 0x1Fu;
+  const uint32_t mantissa = bits & 0x3FFu;
+  if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24, exact in float
+    const float magnitude = std::ldexp(static_cast<float>(mantissa), -24);
+    return sign ? -magnitude : magnitude;
+  }
+  if (exponent == 0x1F) return bits_float(sign | 0x7F800000u | (mantissa << 13));
+  return bits_float(sign | ((exponent - 15 + 127) << 23) | (mantissa << 13));
+}
+
+uint16_t float_to_fp16(float value) {
+  const uint32_t bits = float_bits(value);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t magnitude = bits & 0x7FFFFFFFu;
+  if (magnitude > 0x7F800000u) return sign | 0x7E00u;   // NaN
+  if (magnitude >= 0x477FF000u) return sign | 0x7C00u;  // >= 65520 rounds to infinity
+  if (magnitude < 0x38800000u) {
+    // Below 2^-14: a subnormal half, i.e. an integer multiple of 2^-24. Scaling by 2^24 is exact
+    // and nearbyint rounds to nearest even (the default rounding mode); 1024 becomes the
+    // smallest normal, which the bit layout encodes the same way.
+    const float scaled = std::ldexp(bits_float(magnitude), 24);
+    return sign | static_cast<uint16_t>(std::nearbyint(scaled));
+  }
+  const uint32_t exponent = (magnitude >> 23) - 127 + 15;
+  const uint32_t mantissa = magnitude & 0x7FFFFFu;
+  uint32_t half = (exponent << 10) | (mantissa >> 13);
+  const uint32_t dropped = mantissa & 0x1FFFu;
+  if (dropped > 0x1000u || (dropped == 0x1000u && (half & 1u))) ++half;  // carry is fine
+  return sign | static_cast<uint16_t>(half);
+}
+
+float half_to_float(uint16_t bits, DType dtype) {
+  return dtype == DType::F16 ? fp16_to_float(bits) : bf16_to_float(bits);
+}
+
+uint16_t float_to_half(float value, DType dtype) {
+  return dtype == DType::F16 ? float_to_fp16(value) : float_to_bf16(value);
+}
+
+HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed) {
+  std::mt19937_64 engine(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto fill = [&](int64_t elements) {
+    std::vector<uint16_t> bits(static_cast<size_t>(elements));
+    for (auto& element : bits) element = float_to_half(normal(engine), problem.dtype);
+    return bits;
+  };
+  HostInputs inputs;
+  inputs.q = fill(problem.q_span());
+  inputs.k = fill(problem.kv_span());
+  inputs.v = fill(problem.kv_span());
+  return inputs;
+}
+
+Reference reference_attention(const AttentionProblem& problem, const HostInputs& inputs) {
+  const int64_t batch = problem.batch, heads_q = problem.heads_q, heads_kv = problem.heads_kv;
+  const int64_t seqlen_q = problem.seqlen_q, seqlen_k = problem.seqlen_k;
+  const int d = problem.head_dim;
+  const int64_t group = heads_q / heads_kv;
+  const double scale = problem.scale();
+
+  const std::vector<double> q =
+      gather_dense(inputs.q, problem.q_strides, batch, heads_q, seqlen_q, d, problem.dtype);
+  const std::vector<double> k =
+      gather_dense(inputs.k, problem.k_strides, batch, heads_kv, seqlen_k, d, problem.dtype);
+  const std::vector<double> v =
+      gather_dense(inputs.v, problem.v_strides, batch, heads_kv, seqlen_k, d, problem.dtype);
+
+  Reference reference;
+  reference.o.assign(static_cast<size_t>(batch * seqlen_q * heads_q * d), 0.0);
+  reference.lse.assign(static_cast<size_t>(batch * heads_q * seqlen_q), 0.0);
+
+  // Work items: (batch, head, block of kRowsPerTask query rows), so that one long head is spread
+  // over all threads too. Inside an item, kRowBlock rows share each streamed K/V row.
+  constexpr int64_t kRowsPerTask = 32;
+  constexpr int kRowBlock = 8;
+  const int64_t tasks_per_head = (seqlen_q + kRowsPerTask - 1) / kRowsPerTask;
+
+  parallel_for(batch * heads_q * tasks_per_head, [&](int64_t task) {
+    const int64_t bh = task / tasks_per_head;
+    const int64_t b = bh / heads_q, h = bh % heads_q;
+    const int64_t h_kv = h / group;
+    const double* q_head = &q[static_cast<size_t>((b * heads_q + h) * seqlen_q * d)];
+    const double* k_head = &k[static_cast<size_t>((b * heads_kv + h_kv) * seqlen_k * d)];
+    const double* v_head = &v[static_cast<size_t>((b * heads_kv + h_kv) * seqlen_k * d)];
+
+    std::vector<double> q_transposed(static_cast<size_t>(d) * kRowBlock);   // [d][row]
+    std::vector<double> scores(static_cast<size_t>(kRowBlock * seqlen_k));  // [row][key]
+    std::vector<double> accum(static_cast<size_t>(kRowBlock) * d);          // [row][d]
+
+    const int64_t task_begin = (task % tasks_per_head) * kRowsPerTask;
+    const int64_t task_end = std::min(seqlen_q, task_begin + kRowsPerTask);
+    for (int64_t row0 = task_begin; row0 < task_end; row0 += kRowBlock) {
+      const int rows = static_cast<int>(std::min<int64_t>(kRowBlock, task_end - row0));
+      int64_t limits[kRowBlock];
+      int64_t max_limit = 0;
+      for (int r = 0; r < kRowBlock; ++r) {
+        limits[r] = r < rows ? visible_keys(problem, row0 + r) : 0;
+        max_limit = std::max(max_limit, limits[r]);
+        for (int c = 0; c < d; ++c) {
+          q_transposed[c * kRowBlock + r] = r < rows ? q_head[(row0 + r) * d + c] : 0.0;
+        }
+      }
+
+      // S = scale * Q K^T for the keys any row of the block sees.
+      for (int64_t j = 0; j < max_limit; ++j) {
+        const double* k_row = k_head + j * d;
+        double dots[kRowBlock] = {};
+        for (int c = 0; c < d; ++c) {
+          const double kc = k_row[c];
+          for (int r = 0; r < kRowBlock; ++r) dots[r] += q_transposed[c * kRowBlock + r] * kc;
+        }
+        for (int r = 0; r < kRowBlock; ++r) scores[r * seqlen_k + j] = scale * dots[r];
+      }
+
+      // Softmax weights in place, then O = P V.
+      double row_max[kRowBlock], row_sum[kRowBlock];
+      for (int r = 0; r < rows; ++r) {
+        double* s = &scores[r * seqlen_k];
+        row_max[r] = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < limits[r]; ++j) row_max[r] = std::max(row_max[r], s[j]);
+        row_sum[r] = 0;
+        for (int64_t j = 0; j < limits[r]; ++j) {
+          s[j] = std::exp(s[j] - row_max[r]);
+          row_sum[r] += s[j];
+        }
+      }
+      std::fill(accum.begin(), accum.end(), 0.0);
+      for (int64_t j = 0; j < max_limit; ++j) {
+        const double* v_row = v_head + j * d;
+        for (int r = 0; r < rows; ++r) {
+          if (j >= limits[r]) continue;
+          const double p = scores[r * seqlen_k + j];
+          double* out = &accum[static_cast<size_t>(r) * d];
+          for (int c = 0; c < d; ++c) out[c] += p * v_row[c];
+        }
+      }
+
+      for (int r = 0; r < rows; ++r) {
+        const int64_t i = row0 + r;
+        const size_t lse_index = static_cast<size_t>((b * heads_q + h) * seqlen_q + i);
+        double* o_row = &reference.o[static_cast<size_t>(((b * seqlen_q + i) * heads_q + h) * d)];
+        if (limits[r] == 0) {
+          reference.lse[lse_index] = std::numeric_limits<double>::infinity();
+          continue;  // o stays 0
+        }
+        reference.lse[lse_index] = row_max[r] + std::log(row_sum[r]);
+        for (int c = 0; c < d; ++c) o_row[c] = accum[static_cast<size_t>(r) * d + c] / row_sum[r];
+      }
+    }
+  });
+  return reference;
+}
+
+Comparison compare(const AttentionProblem& problem, const std::vector<uint16_t>& o_bits,
+                   const std::vector<float>& lse, const Reference& reference) {
+  Comparison result;
+  const int d = problem.head_dim;
+  const Strides& strides = problem.o_strides;
+  const std::vector<float>& table = decode_table(problem.dtype);
+  std::vector<bool> logical(o_bits.size(), false);
+
+  double diff_squared = 0, ref_squared = 0;
+  size_t ref_index = 0;  // reference.o is dense [b, s, h, d], the order of these loops
+  for (int64_t b = 0; b < problem.batch; ++b) {
+    for (int64_t s = 0; s < problem.seqlen_q; ++s) {
+      for (int64_t h = 0; h < problem.heads_q; ++h) {
+        const int64_t base = b * strides.batch + s * strides.seq + h * strides.head;
+        for (int c = 0; c < d; ++c, ++ref_index) {
+          const double ref = reference.o[ref_index];
+          ref_squared += ref * ref;
+          const size_t offset = static_cast<size_t>(base + c);
+          if (offset >= o_bits.size()) {  // caller passed too little: count as garbage
+            ++result.o_nan_count;
+            continue;
+          }
+          logical[offset] = true;
+          const uint16_t bits = o_bits[offset];
+          if (bits == kPoisonBits) ++result.poisoned_left;
+          const double value = table[bits];
+          if (!std::isfinite(value)) {
+            ++result.o_nan_count;
+            continue;
+          }
+          diff_squared += (value - ref) * (value - ref);
+        }
+      }
+    }
+  }
+  for (size_t i = 0; i < o_bits.size(); ++i) {
+    if (!logical[i] && o_bits[i] != kPoisonBits) ++result.o_padding_written;
+  }
+  const double diff_norm = std::sqrt(diff_squared), ref_norm = std::sqrt(ref_squared);
+  result.o_rel_error = ref_norm > 0 ? diff_norm / ref_norm : diff_norm;
+
+  result.lse_checked = !lse.empty();
+  if (result.lse_checked) {
+    for (size_t row = 0; row < reference.lse.size(); ++row) {
+      const double ref = reference.lse[row];
+      const double got = row < lse.size() ? lse[row] : std::numeric_limits<double>::quiet_NaN();
+      const bool ref_infinite = ref == std::numeric_limits<double>::infinity();
+      const bool got_infinite = got == std::numeric_limits<double>::infinity();
+      if (ref_infinite || got_infinite) {
+        if (ref_infinite != got_infinite) ++result.lse_mismatched_infinite;
+        continue;
+      }
+      const double error =
+          std::isfinite(got) ? std::abs(got - ref) : std::numeric_limits<double>::infinity();
+      result.lse_max_abs_error = std::max(result.lse_max_abs_error, error);
+    }
+  }
+  return result;
+}
+
+std::string Comparison::to_string() const {
+  std::ostringstream out;
+  out.precision(3);
+  out << "o_rel_error=" << o_rel_error << " o_nan_count=" << o_nan_count
+      << " poisoned_left=" << poisoned_left << " o_padding_written=" << o_padding_written;
+  if (lse_checked) {
+    out << " lse_max_abs_error=" << lse_max_abs_error
+        << " lse_mismatched_infinite=" << lse_mismatched_infinite;
+  } else {
+    out << " lse=unchecked";
+  }
+  return out.str();
+}
+
+bool within_tolerance(const Comparison& comparison, double max_rel, double max_lse_abs) {
+  // Written as x <= limit so that a NaN error fails.
+  const bool o_ok = comparison.o_rel_error <= max_rel && comparison.o_nan_count == 0 &&
+                    comparison.poisoned_left == 0 && comparison.o_padding_written == 0;
+  const bool lse_ok = !comparison.lse_checked || (comparison.lse_max_abs_error <= max_lse_abs &&
+                                                  comparison.lse_mismatched_infinite == 0);
+  return o_ok && lse_ok;
+}
+
+}  // namespace flashjit

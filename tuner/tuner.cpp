@@ -1,0 +1,892 @@
+#include "tuner/tuner.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <random>
+#include <utility>
+
+#include "tuner/reference.hpp"
+
+namespace flashjit {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int64_t kVerifyHeadsKv = 2;
+constexpr int64_t kVerifySeqlenQ = 257;
+constexpr int64_t kVerifySeqlenK = 300;
+constexpr uint64_t kVerifySeed = 0x5EED0001;
+constexpr uint64_t kTimingSeed = 0x5EED0002;
+constexpr size_t kHostBlockElements = size_t{1} << 20;  // random data copied block by block
+constexpr size_t kMaxInputSets = 64;
+constexpr int kMaxBatchReps = 100000;
+constexpr int kAbandonAfterSamples = 3;
+constexpr size_t kFallbackL2Bytes = size_t{50} << 20;
+
+double median_of(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t mid = values.size() / 2;
+  return values.size() % 2 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
+}
+
+// Linear interpolation between order statistics (values need not be sorted).
+double quantile(std::vector<double> values, double q) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const double position = q * static_cast<double>(values.size() - 1);
+  const size_t below = static_cast<size_t>(std::floor(position));
+  const size_t above = std::min(values.size() - 1, below + 1);
+  const double fraction = position - static_cast<double>(below);
+  return values[below] + fraction * (values[above] - values[below]);
+}
+
+double interquartile_range(const std::vector<double>& values) {
+  return quantile(values, 0.75) - quantile(values, 0.25);
+}
+
+double tflops_of(const AttentionProblem& problem, double ms) {
+  return ms > 0 ? problem.flops() / (ms * 1e-3) / 1e12 : 0;
+}
+
+std::string signature_key(const AttentionProblem& problem) {
+  std::string key = "d";
+  key += std::to_string(problem.head_dim);
+  key += "-";
+  key += to_string(problem.dtype);
+  key += problem.causal ? "-causal" : "-noncausal";
+  return key;
+}
+
+std::string slot_key(const AttentionProblem& problem, const AttentionConfig& config) {
+  std::string key = signature_key(problem);
+  key += "-";
+  key += config.to_string();
+  return key;
+}
+
+TuneResult failed(const AttentionConfig& config, TuneStatus status, std::string message) {
+  TuneResult result;
+  result.config = config;
+  result.status = status;
+  result.message = std::move(message);
+  return result;
+}
+
+// Appends `note` to `message`, separated by "; ".
+void append_note(std::string& message, const std::string& note) {
+  if (note.empty()) return;
+  if (!message.empty()) message += "; ";
+  message += note;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// State the tuner keeps between problems.
+
+// One kernel: compiled by a pool thread, then loaded and verified by the tuning thread.
+struct Tuner::Slot {
+  AttentionProblem problem;  // the first problem that needed it (render input)
+  AttentionConfig config;
+
+  bool done = false;  // guarded by Tuner::mutex_; the fields below are the pool's until then
+  std::optional<std::string> compile_error;
+  KernelSource source;
+  Binary binary;
+
+  // Tuning thread only.
+  bool load_tried = false;
+  std::shared_ptr<Kernel> kernel;
+  std::string load_error;
+  std::map<int64_t, TuneResult> verified;  // by GQA ratio; status Timed means it passed
+};
+
+// Timing inputs: `sets` copies of q, k, v (random), o and lse, sized for the largest problem yet.
+struct Tuner::Buffers {
+  struct Set {
+    DeviceBuffer q, k, v, o, lse;
+  };
+  std::vector<Set> sets;
+  size_t q_bytes = 0, kv_bytes = 0, o_bytes = 0, lse_bytes = 0;
+  DType dtype = DType::BF16;
+};
+
+// The small problem a kernel is verified on, its inputs on the host and device, and the reference.
+struct Tuner::Verification {
+  AttentionProblem problem;
+  HostInputs inputs;
+  Reference reference;
+  DeviceBuffer q, k, v, o, lse;
+};
+
+// ---------------------------------------------------------------------------------------------
+// TuneReport
+
+double TuneReport::default_tflops() const { return tflops_of(problem, default_ms); }
+
+double TuneReport::chosen_tflops() const {
+  return choice ? tflops_of(problem, choice->median_ms) : 0;
+}
+
+double TuneReport::gain() const {
+  if (!choice || choice->median_ms <= 0 || default_ms <= 0) return 1;
+  return default_ms / choice->median_ms;
+}
+
+const TuneResult* TuneReport::result_of(const AttentionConfig& config) const {
+  for (const TuneResult& result : results) {
+    if (result.config == config) return &result;
+  }
+  return nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tuner: construction and the compile pool.
+
+Tuner::Tuner(const Backend& backend, const BinaryCache* cache, TuningStore* store,
+             TuneOptions options)
+    : backend_(backend),
+      cache_(cache),
+      store_(store),
+      options_(std::move(options)),
+      fingerprint_(backend.fingerprint()) {
+  options_.min_samples = std::max(1, options_.min_samples);
+  options_.max_samples = std::max(options_.min_samples, options_.max_samples);
+  options_.retime_top = std::max(0, options_.retime_top);
+}
+
+Tuner::~Tuner() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  queue_cv_.notify_all();
+  for (std::thread& thread : threads_) thread.join();
+}
+
+int Tuner::steps(const AttentionProblem& problem) const {
+  return static_cast<int>(legal_configs(problem, backend_.device()).size()) + 1;
+}
+
+std::shared_ptr<Tuner::Slot> Tuner::slot(const AttentionProblem& problem,
+                                         const AttentionConfig& config) {
+  const std::string key = slot_key(problem, config);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (auto found = slots_.find(key); found != slots_.end()) return found->second;
+  auto created = std::make_shared<Slot>();
+  created->problem = problem;
+  created->config = config;
+  slots_.emplace(key, created);
+  queue_.push_back(created);
+  ++compiles_queued_;
+  if (threads_.empty()) {
+    int count = options_.max_compile_threads;
+    if (count <= 0) count = static_cast<int>(std::thread::hardware_concurrency()) - 1;
+    count = std::max(1, count);
+    for (int i = 0; i < count; ++i) threads_.emplace_back([this] { compile_loop(); });
+  }
+  queue_cv_.notify_one();
+  return created;
+}
+
+void Tuner::compile_loop() {
+  for (;;) {
+    std::shared_ptr<Slot> next;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      queue_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      next = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    compile(*next);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      next->done = true;
+      ++compiles_done_;
+    }
+    done_cv_.notify_all();
+  }
+}
+
+// Render, then the disk cache or the compiler. Runs on a pool thread; loads happen later on the
+// tuning thread.
+void Tuner::compile(Slot& slot) {
+  try {
+    Result<KernelSource> source = backend_.render(slot.problem, slot.config);
+    if (!source.ok()) {
+      slot.compile_error = "render: " + source.error().describe();
+      return;
+    }
+    slot.source = std::move(source.value());
+    std::string key;
+    if (cache_ != nullptr) {
+      key = BinaryCache::key(slot.source.text, backend_.compiler_fingerprint(), /*options=*/"");
+      if (std::optional<std::vector<char>> cached = cache_->get(key)) {
+        slot.binary.bytes = std::move(*cached);
+        slot.binary.from_cache = true;
+        return;
+      }
+    }
+    Result<Binary> binary = backend_.compile(slot.source);
+    if (!binary.ok()) {
+      slot.compile_error = binary.error().describe();
+      return;
+    }
+    if (cache_ != nullptr) {
+      Status stored = cache_->put(key, binary->bytes);  // not fatal: read-only or full disk
+      (void)stored;
+    }
+    slot.binary = std::move(binary.value());
+  } catch (const std::exception& error) {
+    slot.compile_error = std::string("internal error while compiling: ") + error.what();
+  }
+}
+
+void Tuner::prefetch(const std::vector<AttentionProblem>& problems) {
+  for (const AttentionProblem& problem : problems) {
+    if (!validate(problem).ok()) continue;
+    const std::vector<AttentionConfig> configs = legal_configs(problem, backend_.device());
+    Result<AttentionConfig> default_cfg = default_config(problem, backend_.device());
+    if (configs.empty() || !default_cfg.ok()) continue;
+
+    // What the store already has: recorded configs need no compile (the default always does,
+    // for the re-time), and a finished key needs nothing.
+    std::vector<AttentionConfig> recorded;
+    if (store_ != nullptr && options_.resume) {
+      const ProblemKey key = ProblemKey::of(problem);
+      Result<std::vector<TuneResult>> rows = store_->results(fingerprint_, key);
+      if (rows.ok()) {
+        for (const TuneResult& row : *rows) recorded.push_back(row.config);
+      }
+      Result<std::optional<TuneChoice>> choice = store_->choice(fingerprint_, key);
+      const bool all_recorded = std::all_of(configs.begin(), configs.end(), [&](const auto& c) {
+        return std::find(recorded.begin(), recorded.end(), c) != recorded.end();
+      });
+      if (choice.ok() && choice->has_value() && all_recorded) continue;
+    }
+    slot(problem, *default_cfg);
+    for (const AttentionConfig& config : configs) {
+      if (std::find(recorded.begin(), recorded.end(), config) == recorded.end()) {
+        slot(problem, config);
+      }
+    }
+  }
+}
+
+void Tuner::notify(TuneProgress progress) const {
+  if (!options_.on_progress) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    progress.compiles_done = compiles_done_;
+    progress.compiles_queued = compiles_queued_;
+  }
+  options_.on_progress(progress);
+}
+
+Status Tuner::record(const ProblemKey& key, const TuneResult& result) {
+  if (store_ == nullptr) return ok_status();
+  return store_->record(fingerprint_, key, result);
+}
+
+Status Tuner::device_health(const std::string& after) const {
+  Status synced = backend_.synchronize();
+  if (synced.ok()) return ok_status();
+  std::string message = "the device stopped working after ";
+  message += after;
+  message += " (";
+  message += synced.error().describe();
+  message += "); finished results are in the store: run again to resume";
+  return make_error(ErrorCode::DriverError, std::move(message));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Building and verifying one kernel.
+
+Result<TuneResult> Tuner::prepare_kernel(Slot& slot, const AttentionProblem& problem,
+                                         const TuneProgress& progress) {
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!slot.done) {
+      const int seen = compiles_done_;
+      lock.unlock();
+      TuneProgress waiting = progress;
+      waiting.phase = TuneProgress::Phase::Compiling;
+      notify(waiting);
+      lock.lock();
+      done_cv_.wait(lock, [&] { return slot.done || compiles_done_ != seen; });
+    }
+  }
+  if (slot.compile_error) {
+    return failed(slot.config, TuneStatus::CompileFailed, *slot.compile_error);
+  }
+
+  if (!slot.load_tried) {
+    slot.load_tried = true;
+    const ProblemSignature signature = ProblemSignature::of(slot.problem);
+    Result<std::shared_ptr<Kernel>> kernel =
+        backend_.load(slot.binary, slot.source, signature, slot.config);
+    if (!kernel.ok() && slot.binary.from_cache) {
+      // A cache entry the driver rejects: compile it afresh, as build_kernel does.
+      Result<Binary> binary = backend_.compile(slot.source);
+      if (binary.ok()) {
+        if (cache_ != nullptr) {
+          const std::string key =
+              BinaryCache::key(slot.source.text, backend_.compiler_fingerprint(), "");
+          Status stored = cache_->put(key, binary->bytes);
+          (void)stored;
+        }
+        kernel = backend_.load(binary.value(), slot.source, signature, slot.config);
+      } else {
+        kernel = binary.error();
+      }
+    }
+    if (kernel.ok()) {
+      slot.kernel = std::move(kernel.value());
+    } else {
+      slot.load_error = "load: " + kernel.error().describe();
+    }
+    slot.binary = Binary();  // loaded (or useless): free the image
+  }
+  if (!slot.kernel) return failed(slot.config, TuneStatus::CompileFailed, slot.load_error);
+
+  const int64_t group = problem.group_size();
+  auto found = slot.verified.find(group);
+  if (found == slot.verified.end()) {
+    Result<TuneResult> verdict = verify(slot, problem);
+    if (!verdict.ok()) return verdict.error();
+    found = slot.verified.emplace(group, std::move(verdict.value())).first;
+  }
+  return found->second;
+}
+
+Result<TuneResult> Tuner::verify(Slot& slot, const AttentionProblem& problem) {
+  const int64_t group = problem.group_size();
+  std::string key = signature_key(problem);
+  key += "-g";
+  key += std::to_string(group);
+  std::shared_ptr<Verification>& entry = verifications_[key];
+  if (!entry) {
+    auto created = std::make_shared<Verification>();
+    created->problem =
+        AttentionProblem::make(1, kVerifyHeadsKv * group, kVerifyHeadsKv, kVerifySeqlenQ,
+                               kVerifySeqlenK, problem.head_dim, problem.dtype, problem.causal);
+    created->inputs = random_inputs(created->problem, kVerifySeed);
+    created->reference = reference_attention(created->problem, created->inputs);
+    const AttentionProblem& p = created->problem;
+    const size_t q_bytes = static_cast<size_t>(p.q_span()) * 2;
+    const size_t kv_bytes = static_cast<size_t>(p.kv_span()) * 2;
+    const size_t o_bytes = static_cast<size_t>(p.o_span()) * 2;
+    const size_t lse_bytes = static_cast<size_t>(p.lse_elements()) * sizeof(float);
+    for (auto [buffer, bytes] : {std::pair{&created->q, q_bytes}, std::pair{&created->k, kv_bytes},
+                                 std::pair{&created->v, kv_bytes}, std::pair{&created->o, o_bytes},
+                                 std::pair{&created->lse, lse_bytes}}) {
+      Result<DeviceBuffer> allocated = backend_.allocate(bytes);
+      if (!allocated.ok()) return allocated.error();
+      *buffer = std::move(allocated.value());
+    }
+    FLASHJIT_TRY(backend_.copy_to_device(created->q.get(), created->inputs.q.data(), q_bytes));
+    FLASHJIT_TRY(backend_.copy_to_device(created->k.get(), created->inputs.k.data(), kv_bytes));
+    FLASHJIT_TRY(backend_.copy_to_device(created->v.get(), created->inputs.v.data(), kv_bytes));
+    entry = std::move(created);
+  }
+  Verification& v = *entry;
+
+  FLASHJIT_TRY(backend_.fill_bytes(v.o.get(), 0xFF, v.o.bytes()));
+  FLASHJIT_TRY(backend_.fill_bytes(v.lse.get(), 0xFF, v.lse.bytes()));
+  const AttentionArgs args{v.q.get(), v.k.get(), v.v.get(), v.o.get(), v.lse.as<float>()};
+  Status launched = slot.kernel->launch(v.problem, args);
+  if (launched.ok()) launched = backend_.synchronize();
+  if (!launched.ok()) {
+    FLASHJIT_TRY(device_health(slot.config.to_string() + " failed its verification launch"));
+    return failed(slot.config, TuneStatus::LaunchFailed,
+                  "verification launch: " + launched.error().describe());
+  }
+  std::vector<uint16_t> o_bits(static_cast<size_t>(v.problem.o_span()));
+  std::vector<float> lse(static_cast<size_t>(v.problem.lse_elements()));
+  FLASHJIT_TRY(backend_.copy_to_host(o_bits.data(), v.o.get(), o_bits.size() * 2));
+  FLASHJIT_TRY(backend_.copy_to_host(lse.data(), v.lse.get(), lse.size() * sizeof(float)));
+  const Comparison comparison = compare(v.problem, o_bits, lse, v.reference);
+  if (!within_tolerance(comparison, options_.max_rel_error, options_.max_lse_abs_error)) {
+    return failed(slot.config, TuneStatus::WrongResult,
+                  "verification vs fp64 reference on " + v.problem.to_string() + ": " +
+                      comparison.to_string());
+  }
+  TuneResult passed;
+  passed.config = slot.config;
+  if (options_.verbose) {
+    const KernelInfo& info = slot.kernel->info();
+    passed.message = "regs " + std::to_string(info.regs_per_thread) + ", smem " +
+                     std::to_string(info.dynamic_smem_bytes) + " B, local " +
+                     std::to_string(info.local_bytes_per_thread) + " B; verified " +
+                     comparison.to_string();
+  } else if (slot.kernel->info().local_bytes_per_thread > 0) {
+    passed.message =
+        "spills: " + std::to_string(slot.kernel->info().local_bytes_per_thread) + " B/thread local";
+  }
+  return passed;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timing.
+
+namespace {
+
+// Launches `kernel` on the timing sets in turn.
+class Rotation {
+ public:
+  Rotation(const Kernel& kernel, const AttentionProblem& problem,
+           const std::vector<AttentionArgs>& sets)
+      : kernel_(kernel), problem_(problem), sets_(sets) {}
+  Status operator()() {
+    const AttentionArgs& args = sets_[next_++ % sets_.size()];
+    return kernel_.launch(problem_, args);
+  }
+
+ private:
+  const Kernel& kernel_;
+  const AttentionProblem& problem_;
+  const std::vector<AttentionArgs>& sets_;
+  size_t next_ = 0;
+};
+
+struct Measurement {
+  std::vector<double> samples;  // ms per launch, one per batch
+  int reps = 1;                 // launches per batch
+  bool abandoned = false;
+};
+
+// Warms up for `warmup_ms` and returns the launches per batch that make a batch last `batch_ms`.
+Result<int> warm_up(const Backend& backend, const std::function<Status()>& work, double warmup_ms,
+                    double batch_ms) {
+  // The first launch may be slow (module upload, clocks): estimate again from each batch until
+  // warmup_ms of device time has passed.
+  Result<double> first = backend.time_ms(work, 1);
+  if (!first.ok()) return first.error();
+  double per_launch = std::max(first.value(), 1e-4);
+  double warmed_ms = first.value();
+  for (int round = 0; round < 8 && (round == 0 || warmed_ms < warmup_ms); ++round) {
+    const int reps = static_cast<int>(
+        std::clamp(std::ceil(std::max(warmup_ms - warmed_ms, per_launch) / per_launch), 1.0,
+                   double{kMaxBatchReps}));
+    Result<double> warm = backend.time_ms(work, reps);
+    if (!warm.ok()) return warm.error();
+    per_launch = std::max(warm.value(), 1e-4);
+    warmed_ms += warm.value() * reps;
+  }
+  return static_cast<int>(
+      std::clamp(std::round(batch_ms / per_launch), 1.0, double{kMaxBatchReps}));
+}
+
+}  // namespace
+
+// Timing inputs for `problem`: enough sets that a round over them is at least twice the L2.
+Status Tuner::ensure_buffers(const AttentionProblem& problem) {
+  const DeviceSpec& device = backend_.device();
+  const size_t q_bytes = static_cast<size_t>(problem.q_span()) * dtype_bytes(problem.dtype);
+  const size_t kv_bytes = static_cast<size_t>(problem.kv_span()) * dtype_bytes(problem.dtype);
+  const size_t o_bytes = static_cast<size_t>(problem.o_span()) * dtype_bytes(problem.dtype);
+  const size_t lse_bytes = static_cast<size_t>(problem.lse_elements()) * sizeof(float);
+  const size_t set_bytes = q_bytes + 2 * kv_bytes + o_bytes + lse_bytes;
+  const size_t l2 = device.l2_bytes > 0 ? static_cast<size_t>(device.l2_bytes) : kFallbackL2Bytes;
+  const size_t needed_sets =
+      std::clamp<size_t>((2 * l2 + set_bytes - 1) / set_bytes, 1, kMaxInputSets);
+  if (!buffers_) buffers_ = std::make_unique<Buffers>();
+  Buffers& b = *buffers_;
+  const bool fits = b.sets.size() >= needed_sets && b.q_bytes >= q_bytes &&
+                    b.kv_bytes >= kv_bytes && b.o_bytes >= o_bytes && b.lse_bytes >= lse_bytes &&
+                    b.dtype == problem.dtype;
+  if (!fits) {
+    const bool same_dtype = !b.sets.empty() && b.dtype == problem.dtype;
+    b.sets.clear();  // free before allocating anew
+    b.q_bytes = same_dtype ? std::max(b.q_bytes, q_bytes) : q_bytes;
+    b.kv_bytes = same_dtype ? std::max(b.kv_bytes, kv_bytes) : kv_bytes;
+    b.o_bytes = same_dtype ? std::max(b.o_bytes, o_bytes) : o_bytes;
+    b.lse_bytes = same_dtype ? std::max(b.lse_bytes, lse_bytes) : lse_bytes;
+    b.dtype = problem.dtype;
+    const size_t big_set = b.q_bytes + 2 * b.kv_bytes + b.o_bytes + b.lse_bytes;
+    const size_t set_count =
+        std::clamp<size_t>((2 * l2 + big_set - 1) / big_set, needed_sets, kMaxInputSets);
+
+    // Normal(0, 1) data in the dtype, copied block by block.
+    std::vector<uint16_t> block(kHostBlockElements);
+    std::mt19937_64 engine(kTimingSeed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (uint16_t& element : block) element = float_to_half(normal(engine), problem.dtype);
+    const size_t block_bytes = block.size() * sizeof(uint16_t);
+
+    std::vector<Buffers::Set> sets(set_count);
+    for (Buffers::Set& set : sets) {
+      for (auto [buffer, bytes] : {std::pair{&set.q, b.q_bytes}, std::pair{&set.k, b.kv_bytes},
+                                   std::pair{&set.v, b.kv_bytes}, std::pair{&set.o, b.o_bytes},
+                                   std::pair{&set.lse, b.lse_bytes}}) {
+        Result<DeviceBuffer> allocated = backend_.allocate(bytes);
+        if (!allocated.ok()) return allocated.error();  // b.sets stays empty: no stale sizes
+        *buffer = std::move(allocated.value());
+      }
+      for (DeviceBuffer* input : {&set.q, &set.k, &set.v}) {
+        char* base = input->as<char>();
+        for (size_t offset = 0; offset < input->bytes(); offset += block_bytes) {
+          const size_t bytes = std::min(block_bytes, input->bytes() - offset);
+          FLASHJIT_TRY(backend_.copy_to_device(base + offset, block.data(), bytes));
+        }
+      }
+    }
+    b.sets = std::move(sets);
+  }
+  return ok_status();
+}
+
+Result<TuneReport> Tuner::tune(const AttentionProblem& problem) { return tune_one(problem, 0, 1); }
+
+Result<std::vector<TuneReport>> Tuner::tune_all(const std::vector<AttentionProblem>& problems) {
+  for (size_t i = 0; i < problems.size(); ++i) {
+    Status valid = validate(problems[i]);
+    if (!valid.ok()) {
+      return make_error(valid.error().code,
+                        "problem " + std::to_string(i) + ": " + valid.error().message);
+    }
+  }
+  prefetch(problems);
+  std::vector<TuneReport> reports;
+  reports.reserve(problems.size());
+  for (size_t i = 0; i < problems.size(); ++i) {
+    Result<TuneReport> report = tune_one(problems[i], i, problems.size());
+    if (!report.ok()) return report.error();
+    reports.push_back(std::move(report.value()));
+  }
+  return reports;
+}
+
+Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index, size_t count) {
+  const Clock::time_point start = Clock::now();
+  FLASHJIT_TRY(validate(problem));
+  const DeviceSpec& device = backend_.device();
+
+  TuneReport report;
+  report.problem = problem;
+  report.key = ProblemKey::of(problem);
+  const std::vector<AttentionConfig> configs = legal_configs(problem, device);
+  Result<AttentionConfig> default_cfg = default_config(problem, device);
+
+  TuneProgress progress;
+  progress.problem = &problem;
+  progress.problem_index = index;
+  progress.problem_count = count;
+  progress.steps = static_cast<int>(configs.size()) + 1;
+  auto finish = [&]() {
+    report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    TuneProgress done = progress;
+    done.phase = TuneProgress::Phase::Done;
+    done.step = done.steps;
+    done.report = &report;
+    notify(done);
+    return report;
+  };
+  if (configs.empty() || !default_cfg.ok()) {
+    report.note = "no legal config on " + device.name;
+    if (!default_cfg.ok()) report.note += ": " + default_cfg.error().message;
+    return finish();
+  }
+  report.default_config = *default_cfg;
+  const size_t default_index =
+      std::find(configs.begin(), configs.end(), *default_cfg) - configs.begin();
+  if (default_index == configs.size()) {  // an invariant of the generator
+    return make_error(ErrorCode::Unsupported, "default config " + default_cfg->to_string() +
+                                                  " is not among the legal configs of " +
+                                                  problem.to_string());
+  }
+
+  // Results so far: from the store (resume), then measured.
+  std::vector<std::optional<TuneResult>> results(configs.size());
+  std::optional<TuneChoice> stored_choice;
+  if (store_ != nullptr && options_.resume) {
+    Result<std::vector<TuneResult>> rows = store_->results(fingerprint_, report.key);
+    if (!rows.ok()) return rows.error();
+    for (TuneResult& row : *rows) {
+      auto at = std::find(configs.begin(), configs.end(), row.config);
+      if (at != configs.end()) results[at - configs.begin()] = std::move(row);
+    }
+    Result<std::optional<TuneChoice>> choice = store_->choice(fingerprint_, report.key);
+    if (!choice.ok()) return choice.error();
+    stored_choice = choice.value();
+  }
+  for (size_t i = 0; i < configs.size(); ++i) {
+    if (results[i]) results[i]->is_default = i == default_index;
+  }
+  const bool all_recorded =
+      std::all_of(results.begin(), results.end(), [](const auto& r) { return r.has_value(); });
+  if (stored_choice && all_recorded) {
+    report.resumed = true;
+    for (auto& result : results) report.results.push_back(*result);
+    report.choice = stored_choice;
+    const TuneResult& def = report.results[default_index];
+    report.default_ms = def.status == TuneStatus::Timed ? def.median_ms : stored_choice->default_ms;
+    report.kept_default = false;
+    if (stored_choice->config == *default_cfg) {
+      for (const TuneResult& r : report.results) {
+        if (r.status == TuneStatus::Timed && r.median_ms < report.default_ms) {
+          report.kept_default = true;
+        }
+      }
+    }
+    report.note = "from the store";
+    return finish();
+  }
+
+  // Compiles for this problem (tune_all queued them already; this is a no-op then).
+  slot(problem, *default_cfg);
+  for (size_t i = 0; i < configs.size(); ++i) {
+    if (!results[i]) slot(problem, configs[i]);
+  }
+
+  FLASHJIT_TRY(ensure_buffers(problem));
+  std::vector<AttentionArgs> sets;
+  for (const Buffers::Set& set : buffers_->sets) {
+    sets.push_back({set.q.get(), set.k.get(), set.v.get(), set.o.get(), set.lse.as<float>()});
+  }
+
+  const double batch_ms = options_.min_time_ms / options_.min_samples;
+  std::vector<std::vector<double>> samples(configs.size());
+  double best_ms = 0;
+  for (const auto& r : results) {
+    if (r && r->status == TuneStatus::Timed && (best_ms == 0 || r->median_ms < best_ms)) {
+      best_ms = r->median_ms;
+    }
+  }
+
+  // Default first (it is the yardstick of the abandon rule), then the legal order.
+  std::vector<size_t> order{default_index};
+  for (size_t i = 0; i < configs.size(); ++i) {
+    if (i != default_index) order.push_back(i);
+  }
+  int step = 0;
+  for (size_t i : order) {
+    progress.step = step;
+    if (!results[i]) {
+      std::shared_ptr<Slot> s = slot(problem, configs[i]);
+      Result<TuneResult> prepared = prepare_kernel(*s, problem, progress);
+      if (!prepared.ok()) return prepared.error();
+      TuneResult result = std::move(prepared.value());
+      result.is_default = i == default_index;
+      if (result.status == TuneStatus::Timed) {
+        Rotation rotation(*s->kernel, problem, sets);
+        const std::function<Status()> work = std::ref(rotation);
+        Measurement m;
+        Result<int> reps = warm_up(backend_, work, options_.warmup_ms, batch_ms);
+        Status status = reps.ok() ? ok_status() : Status(reps.error());
+        if (reps.ok()) m.reps = *reps;
+        double total_ms = 0;
+        while (status.ok()) {
+          Result<double> sample = backend_.time_ms(work, m.reps);
+          if (!sample.ok()) {
+            status = sample.error();
+            break;
+          }
+          m.samples.push_back(*sample);
+          total_ms += *sample * m.reps;
+          const int n = static_cast<int>(m.samples.size());
+          if (n >= options_.max_samples) break;
+          if (n >= options_.min_samples && total_ms >= options_.min_time_ms) break;
+          if (n >= kAbandonAfterSamples && best_ms > 0 && options_.abandon_factor > 0 &&
+              median_of(m.samples) > options_.abandon_factor * best_ms) {
+            m.abandoned = true;
+            break;
+          }
+        }
+        if (!status.ok()) {
+          FLASHJIT_TRY(device_health(configs[i].to_string() + " failed to launch"));
+          result.status = TuneStatus::LaunchFailed;
+          result.message = "timing: " + status.error().describe();
+        } else {
+          result.median_ms = median_of(m.samples);
+          result.min_ms = *std::min_element(m.samples.begin(), m.samples.end());
+          result.max_ms = *std::max_element(m.samples.begin(), m.samples.end());
+          result.repetitions = static_cast<int>(m.samples.size()) * m.reps;
+          result.tflops = tflops_of(problem, result.median_ms);
+          if (m.abandoned) append_note(result.message, "stopped early: slower than the best");
+          samples[i] = std::move(m.samples);
+          if (best_ms == 0 || result.median_ms < best_ms) best_ms = result.median_ms;
+        }
+      }
+      FLASHJIT_TRY(record(report.key, result));
+      results[i] = std::move(result);
+    }
+    progress.step = ++step;
+    TuneProgress timed = progress;
+    timed.phase = TuneProgress::Phase::Timing;
+    timed.result = &*results[i];
+    notify(timed);
+  }
+
+  // Re-time the top configs and the default, interleaved.
+  std::vector<size_t> timed;
+  for (size_t i = 0; i < configs.size(); ++i) {
+    if (results[i]->status == TuneStatus::Timed) timed.push_back(i);
+  }
+  std::sort(timed.begin(), timed.end(),
+            [&](size_t a, size_t b) { return results[a]->median_ms < results[b]->median_ms; });
+  std::vector<size_t> candidates(
+      timed.begin(), timed.begin() + std::min<size_t>(timed.size(), options_.retime_top));
+  const bool default_timed = results[default_index]->status == TuneStatus::Timed;
+  if (default_timed &&
+      std::find(candidates.begin(), candidates.end(), default_index) == candidates.end()) {
+    candidates.push_back(default_index);
+  }
+  std::vector<size_t> retimed;  // candidates with re-timed samples
+  if (candidates.size() >= 2) {
+    TuneProgress retiming = progress;
+    retiming.phase = TuneProgress::Phase::Retiming;
+    notify(retiming);
+
+    struct Candidate {
+      size_t index;
+      std::shared_ptr<Slot> slot;
+      std::unique_ptr<Rotation> rotation;
+      std::function<Status()> work;
+      int reps = 1;
+      std::vector<double> samples;
+      double total_ms = 0;
+      bool failed = false;
+    };
+    std::vector<Candidate> runs;
+    for (size_t i : candidates) {
+      Candidate run;
+      run.index = i;
+      run.slot = slot(problem, configs[i]);
+      Result<TuneResult> prepared = prepare_kernel(*run.slot, problem, progress);
+      if (!prepared.ok()) return prepared.error();
+      if (prepared->status != TuneStatus::Timed) {  // recorded as timed, fails now
+        TuneResult result = std::move(prepared.value());
+        result.is_default = i == default_index;
+        FLASHJIT_TRY(record(report.key, result));
+        results[i] = std::move(result);
+        continue;
+      }
+      run.rotation = std::make_unique<Rotation>(*run.slot->kernel, problem, sets);
+      run.work = std::ref(*run.rotation);
+      runs.push_back(std::move(run));
+    }
+    for (Candidate& run : runs) {
+      Result<int> reps = warm_up(backend_, run.work, options_.warmup_ms, batch_ms);
+      if (reps.ok()) {
+        run.reps = *reps;
+      } else {
+        FLASHJIT_TRY(device_health(configs[run.index].to_string() + " failed to launch"));
+        run.failed = true;
+        results[run.index]->status = TuneStatus::LaunchFailed;
+        results[run.index]->message = "re-time: " + reps.error().describe();
+      }
+    }
+    for (int round = 0; round < options_.max_samples; ++round) {
+      bool enough = round >= options_.min_samples;
+      for (Candidate& run : runs) {
+        if (run.failed) continue;
+        Result<double> sample = backend_.time_ms(run.work, run.reps);
+        if (!sample.ok()) {
+          FLASHJIT_TRY(device_health(configs[run.index].to_string() + " failed to launch"));
+          run.failed = true;
+          results[run.index]->status = TuneStatus::LaunchFailed;
+          results[run.index]->message = "re-time: " + sample.error().describe();
+          continue;
+        }
+        run.samples.push_back(*sample);
+        run.total_ms += *sample * run.reps;
+        if (run.total_ms < options_.min_time_ms) enough = false;
+      }
+      if (enough) break;
+    }
+    for (Candidate& run : runs) {
+      TuneResult& result = *results[run.index];
+      if (!run.failed && !run.samples.empty()) {
+        result.median_ms = median_of(run.samples);
+        result.min_ms = *std::min_element(run.samples.begin(), run.samples.end());
+        result.max_ms = *std::max_element(run.samples.begin(), run.samples.end());
+        result.repetitions = static_cast<int>(run.samples.size()) * run.reps;
+        result.tflops = tflops_of(problem, result.median_ms);
+        append_note(result.message, "re-timed");
+        samples[run.index] = std::move(run.samples);
+        retimed.push_back(run.index);
+      }
+      FLASHJIT_TRY(record(report.key, result));
+    }
+  }
+
+  // The decision: the fastest re-timed config (measured side by side), else the fastest.
+  std::optional<size_t> best;
+  for (size_t i = 0; i < configs.size(); ++i) {
+    if (results[i]->status != TuneStatus::Timed) continue;
+    if (!retimed.empty() && std::find(retimed.begin(), retimed.end(), i) == retimed.end()) continue;
+    if (!best || results[i]->median_ms < results[*best]->median_ms) best = i;
+  }
+  for (auto& result : results) report.results.push_back(std::move(*result));
+  if (!best) {
+    report.note = "no config passed verification and timing";
+    return finish();
+  }
+  size_t chosen = *best;
+  const TuneResult& def = report.results[default_index];
+  if (def.status == TuneStatus::Timed) {
+    report.default_ms = def.median_ms;
+    if (chosen != default_index) {
+      report.noise_ms =
+          std::max({options_.min_gain * def.median_ms, interquartile_range(samples[chosen]),
+                    interquartile_range(samples[default_index])});
+      if (def.median_ms - report.results[chosen].median_ms <= report.noise_ms) {
+        chosen = default_index;
+        report.kept_default = true;
+      }
+    }
+  } else {
+    report.note =
+        "the default config " + report.default_config.to_string() + " " + to_string(def.status);
+  }
+  TuneChoice choice;
+  choice.config = configs[chosen];
+  choice.median_ms = report.results[chosen].median_ms;
+  choice.default_ms = report.default_ms;
+  if (store_ != nullptr) FLASHJIT_TRY(store_->choose(fingerprint_, report.key, choice));
+  report.choice = choice;
+  return finish();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tune on miss.
+
+void install_tune_on_miss(Runtime& runtime, TuneOptions options) {
+  struct State {
+    TuneOptions options;
+    const Runtime* owner = nullptr;
+    std::unique_ptr<BinaryCache> cache;
+    std::unique_ptr<Tuner> tuner;
+  };
+  auto state = std::make_shared<State>();
+  state->options = std::move(options);
+  runtime.set_tune_hook(
+      [state](Runtime& rt, const AttentionProblem& problem) -> Result<AttentionConfig> {
+        if (!state->tuner || state->owner != &rt) {
+          state->tuner.reset();
+          state->cache.reset();
+          if (rt.options().use_disk_cache) {
+            state->cache = std::make_unique<BinaryCache>(
+                rt.options().cache_dir.value_or(BinaryCache::default_dir()));
+          }
+          state->owner = &rt;
+          state->tuner = std::make_unique<Tuner>(rt.backend(), state->cache.get(), rt.user_store(),
+                                                 state->options);
+        }
+        Result<TuneReport> report = state->tuner->tune(problem);
+        if (!report.ok()) return report.error();
+        if (!report->choice) {
+          return make_error(ErrorCode::NotFound, "tuning " + problem.to_string() +
+                                                     " found no usable config: " + report->note);
+        }
+        return report->choice->config;
+      });
+}
+
+}  // namespace flashjit

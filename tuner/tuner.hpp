@@ -1,0 +1,192 @@
+// The tuner: for each problem, every legal config is compiled (on a thread pool), verified against
+// the fp64 reference, timed on the device, the best few are re-timed against the default, and
+// every result and the choice go to the tuning store as they are measured.
+//
+//   auto backend = flashjit::cuda::CudaBackend::create(0);
+//   flashjit::BinaryCache cache(flashjit::BinaryCache::default_dir());
+//   auto store = flashjit::TuningStore::open(path);
+//   flashjit::Tuner tuner(**backend, &cache, store->get(), {});
+//   auto reports = tuner.tune_all(problems);    // Result<std::vector<TuneReport>>
+//
+// Compiles: a kernel depends only on (head_dim, dtype, causal, config), so problems that differ in
+// sizes share their compiles. tune_all() queues every compile up front, in problem order, and the
+// pool compiles while the calling thread verifies and times earlier problems; kernels are loaded
+// and launched on the calling thread only.
+//
+// Verification, once per kernel and GQA ratio: batch 1, heads_kv 2 (heads_q = 2 * ratio),
+// seqlen_q 257, seqlen_k 300 (odd sizes, partial tiles), the problem's causal flag; o and lse are
+// poisoned before the launch and compared with the fp64 reference (tuner/reference.hpp).
+//
+// Timing (device time by the backend's events): a warm-up of warmup_ms, then samples, each the
+// mean of a batch of back-to-back launches (~min_time_ms / min_samples of device time), until at
+// least min_samples samples and min_time_ms in all; the median is the result, min and max the
+// spread. Launches rotate over enough input sets that the working set is at least 2x the L2.
+// A config whose median after 3 samples is abandon_factor times the best so far stops early.
+//
+// Decision: the top retime_top configs and the default are re-timed interleaved (round-robin
+// batches, so that drift hits all alike). The fastest replaces the default only if it is faster by
+// more than the noise: max(min_gain * default median, the interquartile range of either's
+// re-timed samples). Otherwise the default is chosen.
+//
+// Every config gets a TuneStatus: CompileFailed (render, compile or load), LaunchFailed,
+// WrongResult, or Timed. A failed config never stops the run and is never chosen. Errors returned
+// by tune()/tune_all() are fatal ones only: an invalid problem, a device that stopped working
+// (a kernel fault leaves the CUDA context unusable), a store that cannot be written.
+//
+// Resume (options.resume, with a store): configs already recorded for (device, generator version,
+// key) are not measured again; a key that has a choice and a row for every legal config is taken
+// from the store as it is (TuneReport::resumed).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "generator/config.hpp"
+#include "generator/error.hpp"
+#include "generator/problem.hpp"
+#include "runtime/backend.hpp"
+#include "runtime/binary_cache.hpp"
+#include "runtime/runtime.hpp"
+#include "runtime/tuning_store.hpp"
+
+namespace flashjit {
+
+struct TuneReport;
+
+// Where a tune_all() (or tune()) run is; passed to TuneOptions::on_progress on the tuning thread.
+// Pointers are valid during the callback only.
+struct TuneProgress {
+  enum class Phase {
+    Compiling,  // waiting for compiles the next config needs
+    Timing,     // a config was measured, failed or taken from the store: see `result`
+    Retiming,   // the top configs and the default are being re-timed
+    Done,       // the problem is finished: see `report`
+  };
+  Phase phase = Phase::Compiling;
+  const AttentionProblem* problem = nullptr;
+  size_t problem_index = 0;  // within this tune_all() call
+  size_t problem_count = 1;
+  int step = 0;   // steps of this problem done: one per legal config, and one for the re-time
+  int steps = 0;  // Tuner::steps(problem)
+  int compiles_done = 0;  // over the tuner's life (cache hits included)
+  int compiles_queued = 0;
+  const TuneResult* result = nullptr;  // Timing
+  const TuneReport* report = nullptr;  // Done
+};
+
+struct TuneOptions {
+  int max_compile_threads = 0;      // 0: hardware threads - 1 (one left for launching), at least 1
+  double warmup_ms = 25;            // device time of untimed launches before a config's samples
+  double min_time_ms = 80;          // device time of a config's samples, at least
+  int min_samples = 10;             // samples of a config, at least
+  int max_samples = 200;            // samples of a config, at most
+  double abandon_factor = 1.5;      // stop a config after 3 samples at this multiple of the best
+  int retime_top = 3;               // configs re-timed against the default at the end
+  double min_gain = 0.01;           // fraction a winner must beat the default by, at least
+  double max_rel_error = 1e-2;      // verification: relative L2 error of o
+  double max_lse_abs_error = 1e-3;  // verification: absolute error of the log-sum-exp
+  bool resume = true;               // skip what the store already has for this device
+  bool verbose = false;  // results' messages also carry registers, spills and verification errors
+  std::function<void(const TuneProgress&)> on_progress;
+};
+
+// The outcome of tuning one problem.
+struct TuneReport {
+  AttentionProblem problem;
+  ProblemKey key;
+  std::vector<TuneResult> results;   // every legal config, in legal_configs() order
+  std::optional<TuneChoice> choice;  // empty when no config could be timed
+  AttentionConfig default_config;
+  double default_ms = 0;      // the default's (re-timed) median; 0 when it was not timed
+  double noise_ms = 0;        // the margin a winner had to beat the default by
+  bool kept_default = false;  // a faster config was within the noise, so the default stays
+  bool resumed = false;       // taken from the store without measuring anything
+  double seconds = 0;         // wall time spent on this problem
+  std::string note;           // why there is no choice, or other remarks
+
+  double default_tflops() const;  // 0 when the default was not timed
+  double chosen_tflops() const;   // 0 without a choice
+  double gain() const;            // default_ms / chosen ms; 1 when either is unknown
+  const TuneResult* result_of(const AttentionConfig& config) const;
+};
+
+class Tuner {
+ public:
+  // `cache` and `store` may be null (no disk cache; nothing recorded, nothing resumed). All three
+  // must outlive the tuner. The tuner launches on `backend` from the calling thread only.
+  Tuner(const Backend& backend, const BinaryCache* cache, TuningStore* store,
+        TuneOptions options = {});
+  ~Tuner();
+  Tuner(const Tuner&) = delete;
+  Tuner& operator=(const Tuner&) = delete;
+
+  Result<TuneReport> tune(const AttentionProblem& problem);
+  // Tunes the problems in order; a problem that gets no choice does not stop the others.
+  Result<std::vector<TuneReport>> tune_all(const std::vector<AttentionProblem>& problems);
+
+  // Queues the compiles `problems` will need (tune and tune_all do this themselves). Lets a caller
+  // start compiling while it does something else.
+  void prefetch(const std::vector<AttentionProblem>& problems);
+
+  // Progress steps of one problem: its legal configs + 1 (the re-time).
+  int steps(const AttentionProblem& problem) const;
+
+  const DeviceFingerprint& fingerprint() const { return fingerprint_; }
+
+ private:
+  struct Slot;
+  struct Buffers;
+  struct Verification;
+
+  Result<TuneReport> tune_one(const AttentionProblem& problem, size_t index, size_t count);
+  std::shared_ptr<Slot> slot(const AttentionProblem& problem, const AttentionConfig& config);
+  void compile_loop();
+  void compile(Slot& slot);
+  // Waits for the slot's compile, loads and verifies it for the problem's GQA ratio. Returns the
+  // failure as a TuneResult status (Timed = usable); an Error only when the device is unusable.
+  Result<TuneResult> prepare_kernel(Slot& slot, const AttentionProblem& problem,
+                                    const TuneProgress& progress);
+  Result<TuneResult> verify(Slot& slot, const AttentionProblem& problem);
+  Status ensure_buffers(const AttentionProblem& problem);
+  Status device_health(const std::string& after) const;
+  Status record(const ProblemKey& key, const TuneResult& result);
+  void notify(TuneProgress progress) const;
+
+  const Backend& backend_;
+  const BinaryCache* cache_;
+  TuningStore* store_;
+  TuneOptions options_;
+  DeviceFingerprint fingerprint_;
+
+  // Compile pool: slots keyed by signature + config; a queue of slots to compile.
+  mutable std::mutex mutex_;
+  std::condition_variable queue_cv_;  // work queued, or stopping
+  std::condition_variable done_cv_;   // a compile finished
+  std::map<std::string, std::shared_ptr<Slot>> slots_;
+  std::deque<std::shared_ptr<Slot>> queue_;
+  std::vector<std::thread> threads_;
+  bool stopping_ = false;
+  int compiles_done_ = 0;
+  int compiles_queued_ = 0;
+
+  // Calling-thread state.
+  std::unique_ptr<Buffers> buffers_;
+  std::map<std::string, std::shared_ptr<Verification>> verifications_;
+};
+
+// Installs the tune-on-miss hook on `runtime` (Runtime::set_tune_hook; it runs only when
+// RuntimeOptions::tune_on_miss is set): a problem whose exact key has no choice is tuned on the
+// runtime's backend with `options`, recorded in runtime.user_store() (if any) and served with the
+// chosen config. One Tuner is kept for the runtime's life, so later misses reuse its compiles.
+void install_tune_on_miss(Runtime& runtime, TuneOptions options = {});
+
+}  // namespace flashjit
