@@ -58,7 +58,11 @@ std::vector<Flag> with(std::vector<Flag> flags, std::initializer_list<Flag> more
   return flags;
 }
 
-const Flag kArchFlag{"arch", "SM", "plan for a table architecture: sm80, sm86, sm89 or sm90"};
+const Flag kArchFlag{"arch", "SM",
+                     "plan for a table architecture: sm80, sm86, sm89, sm90, or cpu (this host)"};
+const Flag kBackendFlag{"backend", "B",
+                        "auto, cuda or cpu (default: $FLASHJIT_BACKEND or auto: CUDA device 0 if "
+                        "present, else the CPU)"};
 const Flag kDeviceFlag{"device", "N", "plan for CUDA device N (default: device 0 if present)"};
 const Flag kConfigFlag{"config", "CFG", "tile config, e.g. m128n64w4s2 (default: default_config)"};
 
@@ -76,11 +80,11 @@ const std::vector<Command>& commands() {
        "Prints how the shared-memory and register budget of the device decides which tile\n"
        "configs are legal for the problem, the legal set, and the default config.\n"
        "Without --arch or --device it uses CUDA device 0, if there is one.",
-       with(problem_flags(), {kArchFlag, kDeviceFlag})},
+       with(problem_flags(), {kArchFlag, kDeviceFlag, kBackendFlag})},
       {"show", "print the rendered CUDA source of a kernel",
        "Prints the kernel source rendered for the problem and config to stdout (a header line\n"
        "naming problem, config and device goes to stderr).",
-       with(problem_flags(), {kConfigFlag, kArchFlag, kDeviceFlag})},
+       with(problem_flags(), {kConfigFlag, kArchFlag, kDeviceFlag, kBackendFlag})},
       {"compile", "compile kernels with NVRTC (no GPU needed) and report their resources",
        "Compiles the default config (or --config, or every legal config with --all) to CUBIN\n"
        "for the architecture and prints shared memory, estimated and ptxas register counts,\n"
@@ -90,15 +94,16 @@ const std::vector<Command>& commands() {
                               kDeviceFlag,
                               {"all", "", "compile every legal config"},
                               {"jobs", "N", "parallel compiles (default: number of CPU cores)"}})},
-      {"run", "build and time a kernel on the GPU",
+      {"run", "build and time a kernel on the GPU (or the CPU)",
        "Builds the kernel through the Runtime (on-disk cache: $FLASHJIT_CACHE_DIR), runs it\n"
        "on random inputs and prints the median time and TFLOP/s. Correctness is checked by\n"
        "the tests, not here. Exit status 2 if there is no CUDA device.",
        with(problem_flags(),
             {kConfigFlag,
+             kBackendFlag,
              {"device", "N", "CUDA device ordinal (default 0)"},
              {"reps", "N", "timed repetitions, the median is reported (default 20)"}})},
-      {"devices", "list CUDA devices and the known table architectures",
+      {"devices", "list CUDA devices, the host CPU and the known table architectures",
        "Lists the CUDA devices with their limits, or says why there is none, and the\n"
        "architectures `--arch` accepts.",
        with({}, {})},

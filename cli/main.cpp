@@ -19,13 +19,19 @@
 #include "cli/db_command.hpp"
 #include "cli/tune_command.hpp"
 #include "generator/config.hpp"
+#include "generator/cpu_config.hpp"
 #include "generator/device.hpp"
 #include "generator/error.hpp"
 #include "generator/problem.hpp"
 #include "generator/render.hpp"
 #include "runtime/backend.hpp"
+#include "runtime/cpu/cpu_info.hpp"
 #include "runtime/cuda/cuda_backend.hpp"
 #include "runtime/cuda/nvrtc_compiler.hpp"
+#if FLASHJIT_HAVE_CPU_BACKEND
+#include "runtime/cpu/clang_jit.hpp"
+#include "runtime/cpu/cpu_backend.hpp"
+#endif
 #include "runtime/runtime.hpp"
 
 // Keep in step with project(VERSION) in CMakeLists.txt; the build may define it instead.
@@ -112,9 +118,50 @@ Result<AttentionConfig> choose_config(const ParsedFlags& flags, const AttentionP
   return **given;
 }
 
+// True when a planning command (plan, show) is for the CPU: --arch cpu, --backend cpu, or
+// --backend auto (the default) with no --arch/--device and no CUDA device.
+Result<bool> plans_for_cpu(const ParsedFlags& flags) {
+  if (flags.get("arch") == std::optional<std::string>("cpu")) {
+    if (flags.has("device")) {
+      return make_error(ErrorCode::InvalidArgument, "--arch and --device exclude each other");
+    }
+    return true;
+  }
+  const std::string backend = flags.get("backend").value_or(default_backend_name());
+  if (backend == "cpu") return true;
+  if (backend == "cuda") return false;
+  if (backend != "auto") {
+    return make_error(ErrorCode::InvalidArgument,
+                      "--backend = '" + backend + "': allowed: auto, cuda, cpu");
+  }
+  if (flags.has("arch") || flags.has("device")) return false;
+  return cuda::device_count() == 0;
+}
+
+// The CPU config to use: --config (a warning if it exceeds the cache budget), else the default.
+Result<AttentionConfig> choose_cpu_config(const ParsedFlags& flags, const AttentionProblem& problem,
+                                          const CpuSpec& cpu, std::string_view command) {
+  auto given = config_from_flags(flags);
+  FLASHJIT_TRY(given);
+  if (!*given) return default_cpu_config(problem, cpu);
+  FLASHJIT_TRY(render_cpu_attention(problem, **given));
+  Status legal = check_cpu_config(**given, problem, cpu);
+  if (!legal.ok()) {
+    std::cerr << "flashjit " << command << ": warning: " << (*given)->to_string()
+              << " is not legal on this CPU: " << legal.error().message << "\n";
+  }
+  return **given;
+}
+
 int run_plan(const ParsedFlags& flags) {
   auto problem = problem_from_flags(flags);
   if (!problem.ok()) return report("plan", problem.error());
+  auto on_cpu = plans_for_cpu(flags);
+  if (!on_cpu.ok()) return report("plan", on_cpu.error());
+  if (*on_cpu) {
+    std::cout << explain_cpu_plan(*problem, cpu::host_cpu());
+    return kExitOk;
+  }
   auto device = resolve_device(flags);
   if (!device.ok()) return report("plan", device.error());
   std::cout << explain_plan(*problem, *device);
@@ -124,6 +171,20 @@ int run_plan(const ParsedFlags& flags) {
 int run_show(const ParsedFlags& flags) {
   auto problem = problem_from_flags(flags);
   if (!problem.ok()) return report("show", problem.error());
+  auto on_cpu = plans_for_cpu(flags);
+  if (!on_cpu.ok()) return report("show", on_cpu.error());
+  if (*on_cpu) {
+    const CpuSpec cpu = cpu::host_cpu();
+    auto config = choose_cpu_config(flags, *problem, cpu, "show");
+    if (!config.ok()) return report("show", config.error());
+    auto source = render_cpu_attention(*problem, *config);
+    if (!source.ok()) return report("show", source.error());
+    std::cerr << "// flashjit show: " << problem->to_string() << " | config " << config->to_string()
+              << " | cpu " << cpu.to_string() << " | entry " << source->entry << "\n";
+    std::cout << source->text;
+    if (!source->text.empty() && source->text.back() != '\n') std::cout << "\n";
+    return kExitOk;
+  }
   auto device = resolve_device(flags);
   if (!device.ok()) return report("show", device.error());
   auto config = choose_config(flags, *problem, *device, "show");
@@ -267,6 +328,7 @@ int run_run(const ParsedFlags& flags) {
 
   RuntimeOptions options;
   options.device = static_cast<int>(*ordinal);
+  if (std::optional<std::string> backend = flags.get("backend")) options.backend = *backend;
   auto runtime = Runtime::create(options);
   if (!runtime.ok()) return report("run", runtime.error());
   const Backend& backend = (*runtime)->backend();
@@ -315,15 +377,20 @@ int run_run(const ParsedFlags& flags) {
   double tflops = problem->flops() / (median * 1e-3) / 1e12;
 
   const KernelInfo& info = ready.info();
-  std::printf("device   %s\n", device_summary(backend.device()).c_str());
+  const std::string where = backend.name() == "cpu"
+                                ? backend.device().name + " (CPU, " +
+                                      std::to_string(backend.device().sm_count) + " threads)"
+                                : device_summary(backend.device());
+  std::printf("device   %s\n", where.c_str());
   std::printf("problem  %s\n", problem->to_string().c_str());
   std::printf("config   %s (%d regs, %d B local, %d B smem, %d threads)\n",
               ready.config().to_string().c_str(), info.regs_per_thread, info.local_bytes_per_thread,
               info.dynamic_smem_bytes, info.threads_per_block);
   const RuntimeStats stats = (*runtime)->stats();
-  std::printf(
-      "build    %.4f s (%s)\n", build_seconds,
-      stats.compiles > 0 ? "compiled with NVRTC" : "loaded from the binary cache, no NVRTC");
+  std::printf("build    %.4f s (%s)\n", build_seconds,
+              stats.compiles > 0
+                  ? (backend.name() == "cpu" ? "compiled with Clang" : "compiled with NVRTC")
+                  : "loaded from the binary cache, no compile");
   std::printf("time     median %.4f ms, min %.4f ms, max %.4f ms over %lld reps\n", median,
               samples.front(), samples.back(), static_cast<long long>(*reps));
   std::printf("speed    %.1f TFLOP/s\n", tflops);
@@ -348,6 +415,20 @@ int run_devices() {
       std::printf("  fingerprint: %s\n", (*backend)->fingerprint().to_string().c_str());
   }
   std::printf("compiler: %s\n\n", cuda::nvrtc_version().c_str());
+  const CpuSpec host = cpu::host_cpu();
+  std::printf("cpu: %s\n", host.to_string().c_str());
+#if FLASHJIT_HAVE_CPU_BACKEND
+  if (auto backend = cpu::CpuBackend::create(host); backend.ok()) {
+    std::printf("  fingerprint: %s\n", (*backend)->fingerprint().to_string().c_str());
+    std::printf("  target: %s %s\n", cpu::host_target().triple.c_str(),
+                cpu::host_target().cpu.c_str());
+  } else {
+    std::printf("  CPU backend unusable: %s\n", backend.error().describe().c_str());
+  }
+#else
+  std::printf("  no CPU backend in this build (LLVM/Clang 14 not found)\n");
+#endif
+  std::printf("\n");
   std::printf("table architectures (--arch):\n");
   for (const std::string& arch : known_archs()) {
     auto device = known_device(arch);
@@ -369,7 +450,11 @@ int dispatch(const std::vector<std::string>& args) {
   if (name == "--version") {
     std::cout << "flashjit " << FLASHJIT_VERSION << "\n"
               << "generator " << generator_version() << "\n"
-              << cuda::nvrtc_version() << "\n";
+              << cuda::nvrtc_version() << "\n"
+#if FLASHJIT_HAVE_CPU_BACKEND
+              << cpu::clang_version() << " (CPU backend)\n"
+#endif
+        ;
     return kExitOk;
   }
   // Commands with their own argument handling (subcommands, lists).

@@ -389,7 +389,8 @@ const Command& tune_command() {
       "again (resume); --retune measures everything anew.\n"
       "The grid is every combination of --head-dims, --dtypes, --causal and --seqlens, with\n"
       "batch = --tokens / seqlen (or --batch) and heads = --hidden / head dim (or --heads);\n"
-      "the default is the standard grid (36 bf16 problems).",
+      "the default is the standard grid (36 bf16 problems); on the CPU (no GPU, or --backend cpu)\n"
+      "it is a small one: d 64,128 x N 256,1024 x causal both, batch 1, 4 heads, bf16.",
       {
           {"head-dims", "LIST", "head dims, e.g. 64,128,256 (default 64,128,256)"},
           {"dtypes", "LIST", "bf16,fp16 (default bf16)"},
@@ -403,6 +404,8 @@ const Command& tune_command() {
           {"recorded", "", "tune the problems the runtime recorded as untuned in the DB"},
           {"db", "PATH", "tuning DB (default: $FLASHJIT_DB or ~/.local/share/flashjit/tuning.db)"},
           {"devices", "LIST", "CUDA devices to tune on, one worker each: 0,1 or all (default 0)"},
+          {"backend", "B",
+           "auto, cuda or cpu (default: $FLASHJIT_BACKEND or auto: CUDA if present, else CPU)"},
           {"shard", "I/N", "tune only problems whose index is I modulo N (array jobs)"},
           {"retune", "", "measure everything again, ignoring results already in the DB"},
           {"min-time-ms", "MS", "device time spent timing each config (default 80)"},
@@ -413,6 +416,16 @@ const Command& tune_command() {
           {"help", "", "print this help and exit"},
       }};
   return kCommand;
+}
+
+std::vector<AttentionProblem> cpu_default_problems() {
+  std::vector<AttentionProblem> problems;
+  for (int head_dim : {64, 128})
+    for (int64_t seqlen : {256, 1024})
+      for (bool causal : {false, true})
+        problems.push_back(
+            AttentionProblem::make(1, 4, 4, seqlen, seqlen, head_dim, DType::BF16, causal));
+  return problems;
 }
 
 Result<std::vector<AttentionProblem>> tune_problems_from_flags(const ParsedFlags& flags) {
@@ -600,19 +613,46 @@ int run_tune_command(const std::vector<std::string>& args) {
   options.resume = !flags->has("retune");
   options.verbose = flags->has("verbose");
 
-  const int device_count = cuda::device_count();
-  if (device_count == 0) {
-    Result<DeviceSpec> device = cuda::query_device(0);
-    std::cerr << "flashjit tune: no CUDA device: "
-              << (device.ok() ? std::string("none found") : device.error().message) << "\n";
-    return kExitUsage;
+  // --backend: auto tunes on the GPU(s) if there is one, else on the CPU (where built in).
+  auto backend_name = resolve_backend(flags->get("backend").value_or(default_backend_name()));
+  if (!backend_name.ok()) {
+    if (backend_name.error().code == ErrorCode::NoDevice) {
+      std::cerr << "flashjit tune: no CUDA device: " << backend_name.error().message << "\n";
+      return kExitUsage;
+    }
+    return usage_error(backend_name.error());
   }
-  auto devices = devices_from_flags(*flags, device_count);
-  if (!devices.ok()) return usage_error(devices.error());
+  const bool on_cpu = *backend_name == "cpu";
+  std::vector<int> device_list = {0};
+  if (on_cpu) {
+    if (flags->has("devices")) {
+      return usage_error(flag_error("devices", *flags->get("devices"),
+                                    "the CPU is one device; --devices is for CUDA"));
+    }
+    // The standard grid is far too big for a CPU: without grid flags, a small one.
+    bool grid_given = false;
+    for (const char* grid_flag : {"head-dims", "dtypes", "causal", "seqlens", "tokens", "batch",
+                                  "hidden", "heads", "kv-heads"}) {
+      grid_given = grid_given || flags->has(grid_flag);
+    }
+    if (!recorded && !grid_given) problems = cpu_default_problems();
+  } else {
+    const int device_count = cuda::device_count();
+    if (device_count == 0) {
+      Result<DeviceSpec> device = cuda::query_device(0);
+      std::cerr << "flashjit tune: no CUDA device: "
+                << (device.ok() ? std::string("none found") : device.error().message) << "\n";
+      return kExitUsage;
+    }
+    auto devices = devices_from_flags(*flags, device_count);
+    if (!devices.ok()) return usage_error(devices.error());
+    device_list = *devices;
+  }
+  const std::vector<int>* devices = &device_list;
 
-  std::vector<std::unique_ptr<cuda::CudaBackend>> backends;
+  std::vector<std::unique_ptr<Backend>> backends;
   for (int ordinal : *devices) {
-    auto backend = cuda::CudaBackend::create(ordinal);
+    auto backend = create_backend(*backend_name, ordinal);
     if (!backend.ok()) {
       std::cerr << "flashjit tune: device " << ordinal << ": " << backend.error().describe()
                 << "\n";
@@ -676,7 +716,7 @@ int run_tune_command(const std::vector<std::string>& args) {
   int total_steps = 0;
   for (size_t w = 0; w < parts.size(); ++w) {
     for (const AttentionProblem& p : parts[w]) {
-      total_steps += static_cast<int>(legal_configs(p, backends[w]->device()).size()) + 1;
+      total_steps += static_cast<int>(backends[w]->legal_configs(p).size()) + 1;
     }
   }
 

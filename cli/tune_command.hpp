@@ -34,6 +34,9 @@ inline constexpr int64_t kTuneDefaultHidden = 2048;
 // --hidden/--heads --kv-heads), ordered by dtype, head dim, causal (off first), seqlen, so that
 // problems sharing kernels are adjacent. Errors name the flag and its value.
 Result<std::vector<AttentionProblem>> tune_problems_from_flags(const ParsedFlags& flags);
+// The grid `flashjit tune` uses on the CPU when no grid flag is given: d 64,128 x N 256,1024 x
+// causal both, batch 1, 4 heads, bf16.
+std::vector<AttentionProblem> cpu_default_problems();
 
 // --shard i/n: this process tunes the problems whose index in the full list is i modulo n.
 struct Shard {

@@ -1,6 +1,8 @@
-# Writes OUTPUT: a C++ file holding each template under ROOT (*.cuh, *.h) as a string, served
+# Writes OUTPUT: a C++ file holding each template under ROOT (*.cuh, *.h, *.hpp) as a string, served
 # by flashjit::templates::text(). Raw string literals keep the text byte-exact.
-file(GLOB_RECURSE FILES ${ROOT}/*.cuh ${ROOT}/*.h)
+file(GLOB_RECURSE FILES ${ROOT}/*.cuh ${ROOT}/*.h ${ROOT}/*.hpp)
+# templates/embedded.hpp is the library's accessor, not a template.
+list(FILTER FILES EXCLUDE REGEX "/embedded\\.hpp$")
 set(body "")
 set(table "")
 list(SORT FILES)

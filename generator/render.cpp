@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "generator/cpu_config.hpp"
 #include "templates/embedded.hpp"
 
 namespace flashjit {
@@ -79,6 +80,40 @@ Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
        << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads, 1)\n"
        << source.entry << "(const __grid_constant__ FlashjitAttentionParams params) {\n"
        << "  flashjit_kernel::attention_forward<Config>(params);\n"
+       << "}\n";
+  source.text = text.str();
+  return source;
+}
+
+Result<KernelSource> render_cpu_attention(const AttentionProblem& problem,
+                                          const AttentionConfig& config) {
+  FLASHJIT_TRY(validate(problem));
+  // A CPU with no cache limit to speak of: only the template's own constraints can fail.
+  CpuSpec unlimited;
+  unlimited.l1d_bytes = unlimited.l2_bytes = int64_t{1} << 40;
+  FLASHJIT_TRY(check_cpu_config(config, problem, unlimited));
+  const std::string_view params = templates::text("attention_params.h");
+  const std::string_view kernel = templates::text("cpu/attention_fwd.hpp");
+  if (params.empty() || kernel.empty())
+    return make_error(ErrorCode::Unsupported, "the CPU attention template is not embedded");
+
+  KernelSource source;
+  source.entry = kCpuAttentionForwardEntry;
+  source.label = std::string("attention_fwd_cpu d") + std::to_string(problem.head_dim) + " " +
+                 to_string(problem.dtype) + (problem.causal ? " causal " : " ") +
+                 config.to_string();
+  std::ostringstream text;
+  text << "// flashjit " << source.label << " (generator " << generator_version() << ")\n"
+       << params << "\n"
+       << kernel << "\n"
+       << "// ---- instantiation ----\n"
+       << "typedef flashjit_cpu::Traits</*head_dim=*/" << problem.head_dim << ", /*block_m=*/"
+       << config.block_m << ", /*block_n=*/" << config.block_n << ", /*storage=*/"
+       << (problem.dtype == DType::BF16 ? "flashjit_cpu::kBF16" : "flashjit_cpu::kF16")
+       << ", /*causal=*/" << (problem.causal ? "true" : "false") << "> Config;\n"
+       << "extern \"C\" int " << source.entry
+       << "(const FlashjitAttentionParams* params, int work_begin, int work_end) {\n"
+       << "  return flashjit_cpu::Kernel<Config>::run(*params, work_begin, work_end);\n"
        << "}\n";
   source.text = text.str();
   return source;

@@ -24,6 +24,18 @@ inline constexpr const char* kAttentionForwardEntry = "flashjit_attention_fwd";
 Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
                                            const AttentionConfig& config);
 
+// Name of the entry point every rendered CPU attention forward source defines:
+//   extern "C" int flashjit_attention_fwd_cpu(const FlashjitAttentionParams* params,
+//                                             int work_begin, int work_end);
+// It computes work items [work_begin, work_end) of batch x heads_q x ceil(seqlen_q / block_m)
+// (the query block fastest) and returns 0, or 1 when its scratch could not be allocated.
+inline constexpr const char* kCpuAttentionForwardEntry = "flashjit_attention_fwd_cpu";
+
+// C++ (host CPU, Clang) forward kernel (templates/cpu/attention_fwd.hpp). Validates the problem
+// and the config's template constraints (not the cache budget: check_cpu_config's job).
+Result<KernelSource> render_cpu_attention(const AttentionProblem& problem,
+                                          const AttentionConfig& config);
+
 // Changes whenever a template or the generator's output changes: part of binary-cache and
 // tuning-database keys. A hash of the embedded template texts plus a manual epoch.
 const std::string& generator_version();

@@ -1,5 +1,5 @@
 // The one backend interface: render, compile, load, launch, allocate, time.
-// CUDA (NVRTC + driver API) implements it now; HIP and CPU backends sit beside it later.
+// CUDA (NVRTC + driver API) and CPU (Clang/LLVM ORC JIT, optional at build time) implement it.
 #pragma once
 
 #include <cstddef>
@@ -114,6 +114,15 @@ class Backend {
   virtual std::string compiler_fingerprint() const = 0;
   // Identifies the machine for tuning results (device limits, driver and compiler versions).
   virtual DeviceFingerprint fingerprint() const = 0;
+
+  // The backend's config space (each backend's template has its own budget): the legal configs
+  // in a stable order, the untuned default, why one config is illegal, and the budget arithmetic
+  // as `flashjit plan` prints it. CUDA forwards to generator/config.hpp with device().
+  virtual std::vector<AttentionConfig> legal_configs(const AttentionProblem& problem) const = 0;
+  virtual Result<AttentionConfig> default_config(const AttentionProblem& problem) const = 0;
+  virtual Status check_config(const AttentionConfig& config,
+                              const AttentionProblem& problem) const = 0;
+  virtual std::string explain_plan(const AttentionProblem& problem) const = 0;
 
   virtual Result<KernelSource> render(const AttentionProblem& problem,
                                       const AttentionConfig& config) const = 0;

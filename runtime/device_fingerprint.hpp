@@ -17,6 +17,9 @@ struct DeviceFingerprint {
   std::string compiler;    // "nvrtc 13.0"
 
   // One line, stable: "cuda|NVIDIA H200|sm90|132sm|232448B|52428800B|drv13000|nvrtc 13.0".
+  // The CPU backend (backend "cpu": sm_count = cores, smem_per_block_optin = L2, l2_bytes = L3,
+  // compiler = clang version, target, ISA features and L1d) prints
+  // "cpu|AMD EPYC|2cores|L2 1048576B|L3 33554432B|clang 14.0.6 ...".
   // Defined in runtime/tuning_store.cpp.
   std::string to_string() const;
   bool operator==(const DeviceFingerprint&) const = default;

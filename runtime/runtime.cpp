@@ -9,6 +9,9 @@
 #include <utility>
 
 #include "runtime/cuda/cuda_backend.hpp"
+#if FLASHJIT_HAVE_CPU_BACKEND
+#include "runtime/cpu/cpu_backend.hpp"
+#endif
 
 namespace flashjit {
 namespace {
@@ -121,10 +124,60 @@ Result<std::shared_ptr<Kernel>> build_kernel(const Backend& backend, const Binar
   return backend.load(binary.value(), source.value(), signature, config);
 }
 
-Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) {
-  Result<std::unique_ptr<cuda::CudaBackend>> backend = cuda::CudaBackend::create(options.device);
+std::string default_backend_name() {
+  const char* env = std::getenv("FLASHJIT_BACKEND");
+  return env != nullptr && *env != '\0' ? std::string(env) : std::string("auto");
+}
+
+bool have_cpu_backend() {
+#if FLASHJIT_HAVE_CPU_BACKEND
+  return true;
+#else
+  return false;
+#endif
+}
+
+Result<std::string> resolve_backend(const std::string& name) {
+  if (name == "cuda") return name;
+  if (name == "cpu") {
+    if (!have_cpu_backend()) {
+      return make_error(ErrorCode::Unsupported,
+                        "backend = cpu: built without the CPU backend (LLVM/Clang 14 not found)");
+    }
+    return name;
+  }
+  if (name != "auto") {
+    return make_error(ErrorCode::InvalidArgument,
+                      "backend = '" + name + "': must be one of auto, cuda, cpu");
+  }
+  if (cuda::device_count() > 0) return std::string("cuda");
+  if (have_cpu_backend()) return std::string("cpu");
+  Result<DeviceSpec> device = cuda::query_device(0);
+  return make_error(ErrorCode::NoDevice,
+                    "no CUDA device (" +
+                        (device.ok() ? std::string("none found") : device.error().message) +
+                        ") and built without the CPU backend (LLVM/Clang 14 not found)");
+}
+
+Result<std::unique_ptr<Backend>> create_backend(const std::string& name, int device) {
+  Result<std::string> resolved = resolve_backend(name);
+  if (!resolved.ok()) return resolved.error();
+#if FLASHJIT_HAVE_CPU_BACKEND
+  if (*resolved == "cpu") {
+    Result<std::unique_ptr<cpu::CpuBackend>> backend = cpu::CpuBackend::create();
+    if (!backend.ok()) return backend.error();
+    return std::unique_ptr<Backend>(std::move(backend.value()));
+  }
+#endif
+  Result<std::unique_ptr<cuda::CudaBackend>> backend = cuda::CudaBackend::create(device);
   if (!backend.ok()) return backend.error();
-  return std::make_unique<Runtime>(std::unique_ptr<Backend>(std::move(backend.value())), options);
+  return std::unique_ptr<Backend>(std::move(backend.value()));
+}
+
+Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) {
+  Result<std::unique_ptr<Backend>> backend = create_backend(options.backend, options.device);
+  if (!backend.ok()) return backend.error();
+  return std::make_unique<Runtime>(std::move(backend.value()), options);
 }
 
 Runtime::Runtime(std::unique_ptr<Backend> backend, const RuntimeOptions& options)
@@ -173,10 +226,9 @@ void Runtime::set_tune_hook(TuneHook hook) {
 
 Result<Runtime::Selection> Runtime::select(const AttentionProblem& problem, bool allow_tune) {
   const ProblemKey key = ProblemKey::of(problem);
-  const DeviceSpec& device = backend_->device();
   // A config from a DB is served only if it is legal for this problem on this device.
   auto legal = [&](const AttentionConfig& config, const std::string& where) {
-    Status status = check_config(config, problem, device);
+    Status status = backend_->check_config(config, problem);
     if (!status.ok()) {
       log(config.to_string() + " from " + where + " ignored: " + status.error().message);
     }
@@ -249,7 +301,7 @@ Result<Runtime::Selection> Runtime::select(const AttentionProblem& problem, bool
     if (std::optional<Selection> found = nearest(*store, "system")) return *found;
   }
 
-  Result<AttentionConfig> config = default_config(problem, device);
+  Result<AttentionConfig> config = backend_->default_config(problem);
   if (!config.ok()) return config.error();
   return Selection{config.value(), ChoiceSource::Default, "default"};
 }
@@ -277,7 +329,7 @@ Result<std::shared_ptr<Kernel>> Runtime::attention(const AttentionProblem& probl
   if (!kernel.ok() && selection->source != ChoiceSource::Default) {
     log(selection->config.to_string() + " (" + selection->detail +
         ") failed to build, using the default: " + kernel.error().describe());
-    Result<AttentionConfig> fallback = default_config(problem, backend_->device());
+    Result<AttentionConfig> fallback = backend_->default_config(problem);
     if (!fallback.ok()) return kernel.error();
     selection = Selection{fallback.value(), ChoiceSource::Default, "default"};
     kernel = attention(problem, fallback.value());
@@ -299,7 +351,7 @@ Result<std::shared_ptr<Kernel>> Runtime::attention(const AttentionProblem& probl
 Result<std::shared_ptr<Kernel>> Runtime::attention(const AttentionProblem& problem,
                                                    const AttentionConfig& config) {
   FLASHJIT_TRY(validate(problem));
-  const Status legal = check_config(config, problem, backend_->device());
+  const Status legal = backend_->check_config(config, problem);
   if (!legal.ok()) return make_error(ErrorCode::InvalidArgument, legal.error().message);
 
   const std::string key = kernel_map_key(problem, config);
@@ -312,8 +364,8 @@ Result<std::shared_ptr<Kernel>> Runtime::attention(const AttentionProblem& probl
       build_kernel(*backend_, cache_ ? &*cache_ : nullptr, problem, config, &path);
   if (!kernel.ok()) return kernel.error();
   ++(path == BuildPath::Compiled ? stats_.compiles : stats_.disk_cache_loads);
-  log(key +
-      (path == BuildPath::Compiled ? ": compiled with NVRTC" : ": loaded from the binary cache"));
+  log(key + (path == BuildPath::Compiled ? ": compiled (" + backend_->name() + ")"
+                                         : std::string(": loaded from the binary cache")));
   kernels_.emplace(key, kernel.value());
   return kernel;
 }

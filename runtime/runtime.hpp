@@ -46,8 +46,22 @@ std::optional<std::filesystem::path> default_user_db();
 std::vector<std::filesystem::path> default_system_dbs();
 // True when the environment variable is set to a non-empty value other than "0".
 bool env_flag(const char* name);
+// $FLASHJIT_BACKEND if set and non-empty, else "auto".
+std::string default_backend_name();
+
+// True when this build has the CPU backend (LLVM/Clang 14 were found at build time).
+bool have_cpu_backend();
+
+// The backend `name` ("auto", "cuda", "cpu") resolves to: auto = CUDA if a CUDA device exists,
+// else the CPU if built in, else error NoDevice. Forced names are not probed here. Error
+// InvalidArgument for other names; Unsupported for "cpu" in a build without the CPU backend.
+Result<std::string> resolve_backend(const std::string& name);
+// The backend itself: CUDA device `device`, or the host CPU.
+Result<std::unique_ptr<Backend>> create_backend(const std::string& name, int device = 0);
 
 struct RuntimeOptions {
+  // "auto" (CUDA if a device exists, else the CPU if built in), "cuda" or "cpu". $FLASHJIT_BACKEND.
+  std::string backend = default_backend_name();
   int device = 0;                                  // CUDA device ordinal
   std::optional<std::filesystem::path> cache_dir;  // default: BinaryCache::default_dir()
   bool use_disk_cache = true;
@@ -92,7 +106,8 @@ class Runtime {
  public:
   using TuneHook = flashjit::TuneHook;
 
-  // Error NoDevice when there is no usable GPU (no driver, no device).
+  // The backend options.backend names (see resolve_backend). Error NoDevice when there is no
+  // usable device of that kind (auto: no GPU and no CPU backend).
   static Result<std::unique_ptr<Runtime>> create(const RuntimeOptions& options = {});
   // A runtime over a given backend (tests, other backends).
   Runtime(std::unique_ptr<Backend> backend, const RuntimeOptions& options);

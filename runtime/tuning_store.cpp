@@ -35,6 +35,20 @@ namespace fs = std::filesystem;
 
 std::string DeviceFingerprint::to_string() const {
   std::string out = backend;
+  if (backend == "cpu") {
+    // "cpu|AMD EPYC|2cores|L2 1048576B|L3 33554432B|clang 14.0.6 ... avx512f avx2 fma f16c ..."
+    out += "|";
+    out += name;
+    out += "|";
+    out += std::to_string(sm_count);
+    out += "cores|L2 ";
+    out += std::to_string(smem_per_block_optin);
+    out += "B|L3 ";
+    out += std::to_string(l2_bytes);
+    out += "B|";
+    out += compiler;
+    return out;
+  }
   out += "|";
   out += name;
   out += "|sm";

@@ -52,8 +52,17 @@ install_build_tools() {
     "command -v cmake" cmake \
     "command -v g++" g++ \
     "command -v make" make \
-    "have_sqlite3" libsqlite3-dev
+    "have_sqlite3" libsqlite3-dev \
+    "have_llvm14" llvm-14-dev \
+    "have_clang14" libclang-14-dev \
+    "have_clang_cpp14" libclang-cpp14-dev
 }
+
+# The optional CPU backend (Clang/LLVM 14 in-process): its CMake packages and shared libraries.
+# Where apt cannot install them, the build goes on without the CPU backend.
+have_llvm14() { [[ -f /usr/lib/llvm-14/lib/cmake/llvm/LLVMConfig.cmake ]]; }
+have_clang14() { [[ -f /usr/lib/llvm-14/include/clang/Frontend/CompilerInstance.h ]]; }
+have_clang_cpp14() { compgen -G "/usr/lib/llvm-14/lib/libclang-cpp.so*" >/dev/null; }
 
 # sqlite3.h from libsqlite3-dev. Where it cannot be installed, configure_and_build falls back to
 # a copy in .deps/sqlite (with the system's libsqlite3.so.0).

@@ -169,7 +169,7 @@ Tuner::~Tuner() {
 }
 
 int Tuner::steps(const AttentionProblem& problem) const {
-  return static_cast<int>(legal_configs(problem, backend_.device()).size()) + 1;
+  return static_cast<int>(backend_.legal_configs(problem).size()) + 1;
 }
 
 std::shared_ptr<Tuner::Slot> Tuner::slot(const AttentionProblem& problem,
@@ -250,8 +250,8 @@ void Tuner::compile(Slot& slot) {
 void Tuner::prefetch(const std::vector<AttentionProblem>& problems) {
   for (const AttentionProblem& problem : problems) {
     if (!validate(problem).ok()) continue;
-    const std::vector<AttentionConfig> configs = legal_configs(problem, backend_.device());
-    Result<AttentionConfig> default_cfg = default_config(problem, backend_.device());
+    const std::vector<AttentionConfig> configs = backend_.legal_configs(problem);
+    Result<AttentionConfig> default_cfg = backend_.default_config(problem);
     if (configs.empty() || !default_cfg.ok()) continue;
 
     // What the store already has: recorded configs need no compile (the default always does,
@@ -570,8 +570,8 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
   TuneReport report;
   report.problem = problem;
   report.key = ProblemKey::of(problem);
-  const std::vector<AttentionConfig> configs = legal_configs(problem, device);
-  Result<AttentionConfig> default_cfg = default_config(problem, device);
+  const std::vector<AttentionConfig> configs = backend_.legal_configs(problem);
+  Result<AttentionConfig> default_cfg = backend_.default_config(problem);
 
   TuneProgress progress;
   progress.problem = &problem;

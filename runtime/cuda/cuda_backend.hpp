@@ -26,6 +26,20 @@ class CudaBackend final : public Backend {
   std::string compiler_fingerprint() const override;
   DeviceFingerprint fingerprint() const override;
 
+  std::vector<AttentionConfig> legal_configs(const AttentionProblem& problem) const override {
+    return ::flashjit::legal_configs(problem, device_);
+  }
+  Result<AttentionConfig> default_config(const AttentionProblem& problem) const override {
+    return ::flashjit::default_config(problem, device_);
+  }
+  Status check_config(const AttentionConfig& config,
+                      const AttentionProblem& problem) const override {
+    return ::flashjit::check_config(config, problem, device_);
+  }
+  std::string explain_plan(const AttentionProblem& problem) const override {
+    return ::flashjit::explain_plan(problem, device_);
+  }
+
   Result<KernelSource> render(const AttentionProblem& problem,
                               const AttentionConfig& config) const override;
   Result<Binary> compile(const KernelSource& source) const override;

@@ -235,7 +235,7 @@ TEST(TuneCommand, HelpExitsZero) {
 
 TEST(TuneCommand, NoDeviceExitsTwo) {
   if (cuda::device_count() > 0) GTEST_SKIP() << "a CUDA device is present";
-  const auto [status, err] = run({"--head-dims", "64", "--seqlens", "512"});
+  const auto [status, err] = run({"--backend", "cuda", "--head-dims", "64", "--seqlens", "512"});
   EXPECT_EQ(status, 2);
   EXPECT_EQ(err.rfind("flashjit tune: no CUDA device: ", 0), 0u) << err;
 }

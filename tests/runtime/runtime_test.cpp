@@ -49,6 +49,19 @@ class FakeBackend final : public Backend {
   std::string name() const override { return "fake"; }
   const DeviceSpec& device() const override { return device_; }
   std::string compiler_fingerprint() const override { return "fake 1.0 sm_90"; }
+  std::vector<AttentionConfig> legal_configs(const AttentionProblem& problem) const override {
+    return ::flashjit::legal_configs(problem, device_);
+  }
+  Result<AttentionConfig> default_config(const AttentionProblem& problem) const override {
+    return ::flashjit::default_config(problem, device_);
+  }
+  Status check_config(const AttentionConfig& config,
+                      const AttentionProblem& problem) const override {
+    return ::flashjit::check_config(config, problem, device_);
+  }
+  std::string explain_plan(const AttentionProblem& problem) const override {
+    return ::flashjit::explain_plan(problem, device_);
+  }
   DeviceFingerprint fingerprint() const override { return fake_fingerprint(); }
   static DeviceFingerprint fake_fingerprint() {
     DeviceFingerprint fingerprint;
@@ -599,11 +612,35 @@ TEST(RuntimeDefaultsTest, EnvironmentDefaults) {
   EXPECT_FALSE(options.user_db.has_value());
 }
 
-TEST(RuntimeCreateTest, NoDeviceWithoutAGpu) {
+// Without a GPU, "auto" falls back to the CPU backend where it is built in, else NoDevice.
+TEST(RuntimeCreateTest, AutoWithoutAGpu) {
   if (cuda::device_count() > 0) GTEST_SKIP() << "a CUDA device is present";
-  Result<std::unique_ptr<Runtime>> runtime = Runtime::create();
+  RuntimeOptions options;
+  options.backend = "auto";
+  options.user_db = "none";
+  Result<std::unique_ptr<Runtime>> runtime = Runtime::create(options);
+  if (have_cpu_backend()) {
+    ASSERT_TRUE(runtime.ok()) << runtime.error().describe();
+    EXPECT_EQ((*runtime)->backend().name(), "cpu");
+  } else {
+    ASSERT_FALSE(runtime.ok());
+    EXPECT_EQ(runtime.error().code, ErrorCode::NoDevice);
+  }
+  options.backend = "cuda";
+  runtime = Runtime::create(options);
   ASSERT_FALSE(runtime.ok());
   EXPECT_EQ(runtime.error().code, ErrorCode::NoDevice);
+}
+
+TEST(RuntimeCreateTest, BackendNames) {
+  EXPECT_EQ(resolve_backend("tpu").error().code, ErrorCode::InvalidArgument);
+  EXPECT_NE(resolve_backend("tpu").error().message.find("auto, cuda, cpu"), std::string::npos);
+  EXPECT_EQ(resolve_backend("cuda").value(), "cuda");
+  if (have_cpu_backend()) {
+    EXPECT_EQ(resolve_backend("cpu").value(), "cpu");
+  } else {
+    EXPECT_EQ(resolve_backend("cpu").error().code, ErrorCode::Unsupported);
+  }
 }
 
 }  // namespace

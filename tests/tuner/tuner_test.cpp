@@ -60,6 +60,19 @@ class FakeBackend final : public Backend {
   std::string name() const override { return "fake"; }
   const DeviceSpec& device() const override { return device_; }
   std::string compiler_fingerprint() const override { return "fake 1.0 sm_90"; }
+  std::vector<AttentionConfig> legal_configs(const AttentionProblem& problem) const override {
+    return ::flashjit::legal_configs(problem, device_);
+  }
+  Result<AttentionConfig> default_config(const AttentionProblem& problem) const override {
+    return ::flashjit::default_config(problem, device_);
+  }
+  Status check_config(const AttentionConfig& config,
+                      const AttentionProblem& problem) const override {
+    return ::flashjit::check_config(config, problem, device_);
+  }
+  std::string explain_plan(const AttentionProblem& problem) const override {
+    return ::flashjit::explain_plan(problem, device_);
+  }
   DeviceFingerprint fingerprint() const override {
     DeviceFingerprint fingerprint;
     fingerprint.backend = "fake";

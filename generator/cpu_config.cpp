@@ -1,0 +1,224 @@
+#include "generator/cpu_config.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+namespace flashjit {
+namespace {
+
+template <size_t N>
+std::string list(const int (&values)[N]) {
+  std::string out = "{";
+  for (size_t i = 0; i < N; ++i) {
+    if (i > 0) out += ", ";
+    out += std::to_string(values[i]);
+  }
+  return out + "}";
+}
+
+std::string kib(int64_t bytes) { return std::to_string(bytes / 1024) + " KiB"; }
+
+template <size_t N>
+bool contains(const int (&values)[N], int value) {
+  return std::find(std::begin(values), std::end(values), value) != std::end(values);
+}
+
+}  // namespace
+
+std::string CpuSpec::isa() const {
+  std::string out;
+  for (const auto& [present, name] : {std::pair<bool, const char*>{avx512f, "avx512f"},
+                                      {avx2, "avx2"},
+                                      {fma, "fma"},
+                                      {f16c, "f16c"}}) {
+    if (!present) continue;
+    if (!out.empty()) out += " ";
+    out += name;
+  }
+  return out.empty() ? "baseline" : out;
+}
+
+std::string CpuSpec::to_string() const {
+  std::string out = model;
+  out += " (";
+  out += std::to_string(cores);
+  out += cores == 1 ? " core, L1d " : " cores, L1d ";
+  out += kib(l1d_bytes);
+  out += ", L2 ";
+  out += kib(l2_bytes);
+  out += ", L3 ";
+  out += kib(l3_bytes);
+  out += ", ";
+  out += isa();
+  out += ")";
+  return out;
+}
+
+CpuSpec known_cpu() {
+  CpuSpec cpu;
+  cpu.model = "x86-64 (table)";
+  cpu.cores = 4;
+  cpu.l1d_bytes = 32 << 10;
+  cpu.l2_bytes = 1 << 20;
+  cpu.l3_bytes = 32 << 20;
+  cpu.avx2 = cpu.fma = cpu.f16c = true;
+  return cpu;
+}
+
+DeviceSpec cpu_device_spec(const CpuSpec& cpu) {
+  DeviceSpec spec;
+  spec.name = cpu.model;
+  spec.arch = 0;
+  spec.sm_count = cpu.cores;
+  const int64_t int_max = 0x7fffffff;
+  spec.smem_per_block_optin = static_cast<int>(std::min(cpu.l2_bytes, int_max));
+  spec.smem_per_sm = spec.smem_per_block_optin;
+  spec.regs_per_sm = 0;
+  spec.max_regs_per_thread = 0;
+  spec.max_threads_per_sm = 1;
+  spec.max_threads_per_block = 1;
+  spec.l2_bytes =
+      static_cast<int>(std::min(cpu.l3_bytes > 0 ? cpu.l3_bytes : cpu.l2_bytes, int_max));
+  return spec;
+}
+
+int64_t cpu_working_set_bytes(const AttentionConfig& c, const AttentionProblem& p) {
+  const int64_t d = p.head_dim, m = c.block_m, n = c.block_n;
+  return 4 * (m * d + 2 * n * d + m * n + m * d + 2 * m);
+}
+
+int64_t cpu_kv_block_bytes(const AttentionConfig& c, const AttentionProblem& p) {
+  return 8 * static_cast<int64_t>(c.block_n) * p.head_dim;
+}
+
+Status check_cpu_config(const AttentionConfig& c, const AttentionProblem& p, const CpuSpec& cpu) {
+  const std::string prefix = "config " + c.to_string() + ": ";
+  if (!contains(kCpuBlockMChoices, c.block_m)) {
+    return make_error(ErrorCode::InvalidArgument,
+                      prefix + "block_m = " + std::to_string(c.block_m) +
+                          ": the CPU template takes one of " + list(kCpuBlockMChoices));
+  }
+  if (!contains(kCpuBlockNChoices, c.block_n)) {
+    return make_error(ErrorCode::InvalidArgument,
+                      prefix + "block_n = " + std::to_string(c.block_n) +
+                          ": the CPU template takes one of " + list(kCpuBlockNChoices));
+  }
+  if (c.warps != 1 || c.stages != 1) {
+    return make_error(ErrorCode::InvalidArgument,
+                      prefix + "warps = " + std::to_string(c.warps) +
+                          ", stages = " + std::to_string(c.stages) +
+                          ": must be 1 on the CPU (one work item per core, no pipeline)");
+  }
+  if (p.head_dim < kMinHeadDim || p.head_dim > kMaxHeadDim || p.head_dim % 8 != 0) {
+    return make_error(ErrorCode::InvalidArgument, prefix +
+                                                      "head_dim = " + std::to_string(p.head_dim) +
+                                                      ": must be a multiple of 8 in [8, 256]");
+  }
+  const int64_t bytes = cpu_working_set_bytes(c, p);
+  if (bytes > cpu.l2_bytes) {
+    return make_error(ErrorCode::InvalidArgument,
+                      prefix + "working set " + std::to_string(bytes) + " B exceeds the L2 (" +
+                          std::to_string(cpu.l2_bytes) + " B per core)");
+  }
+  return ok_status();
+}
+
+std::vector<AttentionConfig> legal_cpu_configs(const AttentionProblem& p, const CpuSpec& cpu) {
+  std::vector<AttentionConfig> out;
+  for (int m : kCpuBlockMChoices)
+    for (int n : kCpuBlockNChoices) {
+      const AttentionConfig c{m, n, 1, 1};
+      if (check_cpu_config(c, p, cpu).ok()) out.push_back(c);
+    }
+  return out;
+}
+
+namespace {
+
+int64_t formula_block_n(const AttentionProblem& p, const CpuSpec& cpu) {
+  return cpu.l2_bytes / 4 / (4 * static_cast<int64_t>(p.head_dim));
+}
+
+// The largest choice <= target among `legal` (the smallest if none is below).
+template <size_t N>
+int round_down(const int (&choices)[N], int64_t target, const std::vector<int>& legal) {
+  int best = -1;
+  for (int value : choices) {
+    if (std::find(legal.begin(), legal.end(), value) == legal.end()) continue;
+    if (value <= target) best = value;
+    if (best < 0) best = value;  // smallest legal, kept unless a value <= target follows
+  }
+  return best;
+}
+
+}  // namespace
+
+Result<AttentionConfig> default_cpu_config(const AttentionProblem& p, const CpuSpec& cpu) {
+  const std::vector<AttentionConfig> legal = legal_cpu_configs(p, cpu);
+  if (legal.empty()) {
+    return make_error(ErrorCode::Unsupported,
+                      "no CPU config fits head_dim = " + std::to_string(p.head_dim) +
+                          " in an L2 of " + std::to_string(cpu.l2_bytes) + " B");
+  }
+  const int64_t bn_target = formula_block_n(p, cpu);
+  std::vector<int> legal_n;
+  for (const AttentionConfig& c : legal) legal_n.push_back(c.block_n);
+  const int block_n = round_down(kCpuBlockNChoices, bn_target, legal_n);
+  std::vector<int> legal_m;
+  for (const AttentionConfig& c : legal)
+    if (c.block_n == block_n) legal_m.push_back(c.block_m);
+  const int block_m =
+      round_down(kCpuBlockMChoices, std::min<int64_t>(bn_target, p.head_dim), legal_m);
+  return AttentionConfig{block_m, block_n, 1, 1};
+}
+
+std::string explain_cpu_plan(const AttentionProblem& p, const CpuSpec& cpu) {
+  std::ostringstream out;
+  const int d = p.head_dim;
+  out << "cpu:     " << cpu.to_string() << "\n";
+  out << "problem: " << p.to_string() << "\n\n";
+  out << "Caches as SRAM: one work item (batch, head, Br query rows) runs on one core; its fp32\n"
+         "scratch must fit the core's L2 ("
+      << cpu.l2_bytes
+      << " B), and the K/V block should\n"
+         "fit L1d ("
+      << cpu.l1d_bytes << " B).\n\n";
+  const int64_t m_words = cpu.l2_bytes / 4;
+  const int64_t bn = formula_block_n(p, cpu);
+  out << "Starting formula (FlashAttention) with M = L2 / sizeof(float) = " << cpu.l2_bytes
+      << " / 4 = " << m_words << " words:\n";
+  out << "  Bc = M / (4 d) = " << m_words << " / (4 * " << d << ") = " << bn << "\n";
+  out << "  Br = min(Bc, d) = " << std::min<int64_t>(bn, d) << "\n";
+  out << "  each rounded down to a legal choice (Bc first)\n\n";
+  out << "Budget of this template (fp32 scratch per work item):\n";
+  out << "  L2:  4 * (Br*d [Q] + 2*Bc*d [K^T, V] + Br*Bc [S] + Br*d [O] + 2*Br) <= " << cpu.l2_bytes
+      << " B\n";
+  out << "  L1d: 8 * Bc * d [K, V block] <= " << cpu.l1d_bytes << " B (preferred, not required)\n";
+  out << "  Br in " << list(kCpuBlockMChoices) << ", Bc in " << list(kCpuBlockNChoices)
+      << "; warps = stages = 1 (unused on the CPU)\n\n";
+  out << "config        L2 set(B)  K/V blk(B)  in L1d  status\n";
+  for (int m : kCpuBlockMChoices)
+    for (int n : kCpuBlockNChoices) {
+      const AttentionConfig c{m, n, 1, 1};
+      const Status status = check_cpu_config(c, p, cpu);
+      std::string why = status.ok() ? "legal" : status.error().message;
+      const std::string prefix = "config " + c.to_string() + ": ";
+      if (why.rfind(prefix, 0) == 0) why = "illegal: " + why.substr(prefix.size());
+      const int64_t kv = cpu_kv_block_bytes(c, p);
+      char line[256];
+      std::snprintf(line, sizeof line, "%-12s %10lld  %10lld  %6s  %s\n", c.to_string().c_str(),
+                    static_cast<long long>(cpu_working_set_bytes(c, p)), static_cast<long long>(kv),
+                    kv <= cpu.l1d_bytes ? "yes" : "no", why.c_str());
+      out << line;
+    }
+  const auto legal = legal_cpu_configs(p, cpu);
+  out << "\n" << legal.size() << " legal configs.";
+  if (auto def = default_cpu_config(p, cpu); def.ok())
+    out << " Default (untuned): " << def->to_string() << "\n";
+  else
+    out << " " << def.error().message << "\n";
+  return out.str();
+}
+
+}  // namespace flashjit

@@ -1,0 +1,70 @@
+// The CPU template's config space and cache budget (pure: no I/O; the runtime reads the machine's
+// CpuSpec from sysfs and /proc/cpuinfo, runtime/cpu/cpu_info.hpp).
+//
+// On the CPU one work item (batch, head, block_m query rows) runs on one core, and its caches play
+// the role of shared memory: the fp32 scratch of a work item must fit the core's L2, and the K/V
+// block (the part re-read for every query row tile) should fit L1d. AttentionConfig is reused:
+// block_m and block_n mean what they mean on the GPU; warps and stages have no meaning on the CPU
+// and must be 1 (printed as "m64n64w1s1").
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "generator/config.hpp"
+#include "generator/device.hpp"
+#include "generator/error.hpp"
+#include "generator/problem.hpp"
+
+namespace flashjit {
+
+struct CpuSpec {
+  std::string model;      // "AMD EPYC 9B45", from /proc/cpuinfo "model name"
+  int cores = 1;          // online logical CPUs the thread pool uses
+  int64_t l1d_bytes = 0;  // per core
+  int64_t l2_bytes = 0;   // per core
+  int64_t l3_bytes = 0;   // shared; 0 when there is none
+  bool avx2 = false;
+  bool avx512f = false;
+  bool fma = false;
+  bool f16c = false;
+
+  // "avx512f avx2 fma f16c" (present features only; "baseline" when none).
+  std::string isa() const;
+  // "AMD EPYC (2 cores, L1d 48 KiB, L2 1024 KiB, L3 32768 KiB, avx512f avx2 fma f16c)"
+  std::string to_string() const;
+};
+
+// A representative x86-64 core (4 cores, 32 KiB L1d, 1 MiB L2, 32 MiB L3, AVX2 + FMA), for tests
+// and for `flashjit plan --arch cpu` when the machine cannot be read.
+CpuSpec known_cpu();
+
+// The DeviceSpec a CPU backend reports (device()): name = model, arch = 0, sm_count = cores,
+// smem_per_block_optin = smem_per_sm = L2 (the per-work-item budget), regs and threads unused
+// (1), l2_bytes = the last-level cache (L3, else L2: what the tuner rotates its inputs past).
+DeviceSpec cpu_device_spec(const CpuSpec& cpu);
+
+// Block sizes the CPU template accepts (multiples of its 4-row and 16-key register tiles).
+inline constexpr int kCpuBlockMChoices[] = {16, 32, 64, 128};
+inline constexpr int kCpuBlockNChoices[] = {32, 64, 128, 256};
+
+// fp32 scratch of one work item, in bytes:
+//   4 * (block_m*d [Q] + 2*block_n*d [K^T, V] + block_m*block_n [S] + block_m*d [O] + 2*block_m)
+int64_t cpu_working_set_bytes(const AttentionConfig& config, const AttentionProblem& problem);
+// The K and V blocks in fp32: 8 * block_n * d bytes (L1d resident is preferred, not required).
+int64_t cpu_kv_block_bytes(const AttentionConfig& config, const AttentionProblem& problem);
+
+// Why `config` is illegal for the CPU template (knob values, then the L2 budget), or ok.
+Status check_cpu_config(const AttentionConfig& config, const AttentionProblem& problem,
+                        const CpuSpec& cpu);
+// Every legal config, block_m then block_n ascending.
+std::vector<AttentionConfig> legal_cpu_configs(const AttentionProblem& problem, const CpuSpec& cpu);
+// FlashAttention's starting formula with the L2 as SRAM (M = L2 bytes / 4 fp32 words):
+// block_n = M / (4 d), block_m = min(block_n, d), each rounded down to the largest legal choice
+// (block_n first; the smallest if none is below). Error only if no config fits.
+Result<AttentionConfig> default_cpu_config(const AttentionProblem& problem, const CpuSpec& cpu);
+// The budget arithmetic and the legal set, as `flashjit plan --backend cpu` prints it.
+std::string explain_cpu_plan(const AttentionProblem& problem, const CpuSpec& cpu);
+
+}  // namespace flashjit

@@ -1,0 +1,340 @@
+#include "runtime/cpu/cpu_backend.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "generator/render.hpp"
+#include "runtime/cpu/clang_jit.hpp"
+#include "runtime/cpu/cpu_info.hpp"
+#include "templates/attention_params.h"
+
+namespace flashjit::cpu {
+
+// A fixed set of worker threads; parallel_for runs task(i) for i in [0, count) on them and on the
+// calling thread, and returns when all are done. One parallel_for at a time.
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads) {
+    for (int t = 1; t < threads; ++t) workers_.emplace_back([this] { work(); });
+  }
+  ~ThreadPool() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (std::thread& worker : workers_) worker.join();
+  }
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  void parallel_for(int count, const std::function<void(int)>& task) {
+    std::lock_guard<std::mutex> run_lock(run_mutex_);
+    if (workers_.empty() || count <= 1) {
+      for (int i = 0; i < count; ++i) task(i);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      task_ = &task;
+      count_ = count;
+      next_ = 0;
+      busy_ = static_cast<int>(workers_.size());
+      ++generation_;
+    }
+    wake_.notify_all();
+    drain();
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [this] { return busy_ == 0; });
+    task_ = nullptr;
+  }
+
+ private:
+  void drain() {
+    for (int i = next_++; i < count_; i = next_++) (*task_)(i);
+  }
+  void work() {
+    uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+      }
+      drain();
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (--busy_ == 0) done_.notify_all();
+    }
+  }
+
+  std::vector<std::thread> workers_;
+  std::mutex run_mutex_;
+  std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  const std::function<void(int)>* task_ = nullptr;
+  int count_ = 0;
+  std::atomic<int> next_{0};
+  int busy_ = 0;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+};
+
+namespace {
+
+using EntryFunction = int (*)(const FlashjitAttentionParams*, int, int);
+
+std::string signature_text(const ProblemSignature& signature) {
+  std::string text = "d";
+  text += std::to_string(signature.head_dim);
+  text += " ";
+  text += to_string(signature.dtype);
+  text += signature.causal ? " causal" : " non-causal";
+  return text;
+}
+
+class CpuKernel final : public Kernel {
+ public:
+  CpuKernel(std::unique_ptr<JitModule> module, EntryFunction entry,
+            std::shared_ptr<ThreadPool> pool, ProblemSignature signature, AttentionConfig config,
+            KernelInfo info)
+      : module_(std::move(module)),
+        entry_(entry),
+        pool_(std::move(pool)),
+        signature_(signature),
+        config_(config),
+        info_(info) {}
+
+  const ProblemSignature& signature() const override { return signature_; }
+  const AttentionConfig& config() const override { return config_; }
+  const KernelInfo& info() const override { return info_; }
+
+  // Synchronous: returns when the output is written. `stream` is ignored.
+  Status launch(const AttentionProblem& problem, const AttentionArgs& args, void*) const override {
+    FLASHJIT_TRY(validate(problem));
+    const ProblemSignature problem_signature = ProblemSignature::of(problem);
+    if (!(problem_signature == signature_)) {
+      return make_error(ErrorCode::InvalidArgument,
+                        "problem signature " + signature_text(problem_signature) +
+                            " does not match the kernel's " + signature_text(signature_));
+    }
+    for (const auto& [name, pointer] : {std::pair<const char*, const void*>{"q", args.q},
+                                        {"k", args.k},
+                                        {"v", args.v},
+                                        {"o", args.o}}) {
+      if (pointer == nullptr) {
+        return make_error(ErrorCode::InvalidArgument,
+                          std::string(name) + " is null: q, k, v and o must be host pointers");
+      }
+      if (reinterpret_cast<uintptr_t>(pointer) % 2 != 0) {
+        return make_error(ErrorCode::InvalidArgument,
+                          std::string(name) + ": must be 2-byte aligned (16-bit elements)");
+      }
+    }
+    if (reinterpret_cast<uintptr_t>(args.lse) % alignof(float) != 0) {
+      return make_error(ErrorCode::InvalidArgument, "lse: must be 4-byte aligned (or null)");
+    }
+    const int64_t m_blocks = (problem.seqlen_q + config_.block_m - 1) / config_.block_m;
+    const int64_t items = problem.batch * problem.heads_q * m_blocks;
+    if (items > INT32_MAX || problem.seqlen_q > INT32_MAX || problem.seqlen_k > INT32_MAX) {
+      return make_error(ErrorCode::InvalidArgument,
+                        problem.to_string() + ": " + std::to_string(items) +
+                            " work items; the CPU kernel takes at most 2^31 - 1");
+    }
+    if (items <= 0) return ok_status();
+
+    FlashjitAttentionParams params{};
+    params.q = args.q;
+    params.k = args.k;
+    params.v = args.v;
+    params.o = args.o;
+    params.lse = args.lse;
+    params.q_batch_stride = problem.q_strides.batch;
+    params.q_seq_stride = problem.q_strides.seq;
+    params.q_head_stride = problem.q_strides.head;
+    params.k_batch_stride = problem.k_strides.batch;
+    params.k_seq_stride = problem.k_strides.seq;
+    params.k_head_stride = problem.k_strides.head;
+    params.v_batch_stride = problem.v_strides.batch;
+    params.v_seq_stride = problem.v_strides.seq;
+    params.v_head_stride = problem.v_strides.head;
+    params.o_batch_stride = problem.o_strides.batch;
+    params.o_seq_stride = problem.o_strides.seq;
+    params.o_head_stride = problem.o_strides.head;
+    params.batch = static_cast<int>(problem.batch);
+    params.heads_q = static_cast<int>(problem.heads_q);
+    params.heads_kv = static_cast<int>(problem.heads_kv);
+    params.group_size = static_cast<int>(problem.group_size());
+    params.seqlen_q = static_cast<int>(problem.seqlen_q);
+    params.seqlen_k = static_cast<int>(problem.seqlen_k);
+    params.scale = problem.scale();
+    params.scale_log2 = params.scale * 1.4426950408889634f;
+
+    // Chunks of consecutive work items, 4 per thread so that causal imbalance evens out; each
+    // chunk is one call (one scratch allocation).
+    const int64_t chunks_wanted = static_cast<int64_t>(pool_->threads()) * 4;
+    const int64_t chunk = std::max<int64_t>(1, (items + chunks_wanted - 1) / chunks_wanted);
+    const int chunks = static_cast<int>((items + chunk - 1) / chunk);
+    std::atomic<int> failures{0};
+    pool_->parallel_for(chunks, [&](int c) {
+      const int64_t begin = c * chunk;
+      const int64_t end = std::min(items, begin + chunk);
+      if (entry_(&params, static_cast<int>(begin), static_cast<int>(end)) != 0) ++failures;
+    });
+    if (failures > 0) {
+      return make_error(ErrorCode::LaunchFailed, "the CPU kernel could not allocate its scratch (" +
+                                                     std::to_string(info_.dynamic_smem_bytes) +
+                                                     " B per thread)");
+    }
+    return ok_status();
+  }
+
+ private:
+  std::unique_ptr<JitModule> module_;
+  EntryFunction entry_;
+  std::shared_ptr<ThreadPool> pool_;
+  ProblemSignature signature_;
+  AttentionConfig config_;
+  KernelInfo info_;
+};
+
+}  // namespace
+
+CpuBackend::CpuBackend(const CpuSpec& spec)
+    : cpu_(spec),
+      device_(cpu_device_spec(spec)),
+      pool_(std::make_shared<ThreadPool>(std::max(1, spec.cores))) {}
+
+CpuBackend::~CpuBackend() = default;
+
+Result<std::unique_ptr<CpuBackend>> CpuBackend::create() { return create(host_cpu()); }
+
+Result<std::unique_ptr<CpuBackend>> CpuBackend::create(const CpuSpec& spec) {
+  if (spec.cores < 1 || spec.l2_bytes <= 0) {
+    return make_error(ErrorCode::InvalidArgument,
+                      "cpu spec " + spec.to_string() + ": needs at least 1 core and an L2 size");
+  }
+  // Fails early (NoDevice) if LLVM has no target for this host.
+  if (host_target().triple.empty()) {
+    return make_error(ErrorCode::NoDevice, "LLVM does not know the host's target");
+  }
+  return std::unique_ptr<CpuBackend>(new CpuBackend(spec));
+}
+
+std::string CpuBackend::compiler_fingerprint() const { return compiler_identity(); }
+
+DeviceFingerprint CpuBackend::fingerprint() const {
+  DeviceFingerprint fp;
+  fp.backend = "cpu";
+  fp.name = cpu_.model;
+  fp.arch = 0;
+  fp.sm_count = cpu_.cores;
+  fp.smem_per_block_optin = device_.smem_per_block_optin;  // L2 per core
+  fp.l2_bytes = device_.l2_bytes;                          // L3 (last level)
+  fp.driver_version = 0;
+  fp.compiler = compiler_identity();
+  fp.compiler += " ";
+  fp.compiler += cpu_.isa();
+  fp.compiler += " L1d ";
+  fp.compiler += std::to_string(cpu_.l1d_bytes);
+  fp.compiler += "B";
+  return fp;
+}
+
+std::vector<AttentionConfig> CpuBackend::legal_configs(const AttentionProblem& problem) const {
+  return legal_cpu_configs(problem, cpu_);
+}
+Result<AttentionConfig> CpuBackend::default_config(const AttentionProblem& problem) const {
+  return default_cpu_config(problem, cpu_);
+}
+Status CpuBackend::check_config(const AttentionConfig& config,
+                                const AttentionProblem& problem) const {
+  return check_cpu_config(config, problem, cpu_);
+}
+std::string CpuBackend::explain_plan(const AttentionProblem& problem) const {
+  return explain_cpu_plan(problem, cpu_);
+}
+
+Result<KernelSource> CpuBackend::render(const AttentionProblem& problem,
+                                        const AttentionConfig& config) const {
+  return render_cpu_attention(problem, config);
+}
+
+Result<Binary> CpuBackend::compile(const KernelSource& source) const {
+  Result<ClangOutput> output = compile_cpp(source.text, "attention_fwd_cpu.cpp", EmitKind::Object);
+  if (!output.ok()) {
+    return make_error(output.error().code, source.label + ": " + output.error().message);
+  }
+  Binary binary;
+  binary.bytes = std::move(output->bytes);
+  binary.compile_log = std::move(output->log);
+  binary.compile_seconds = output->seconds;
+  return binary;
+}
+
+Result<std::shared_ptr<Kernel>> CpuBackend::load(const Binary& binary, const KernelSource& source,
+                                                 const ProblemSignature& signature,
+                                                 const AttentionConfig& config) const {
+  Result<std::unique_ptr<JitModule>> module = JitModule::load(binary.bytes, source.label);
+  if (!module.ok()) return module.error();
+  Result<void*> entry = (*module)->lookup(source.entry);
+  if (!entry.ok()) {
+    return make_error(ErrorCode::CompileFailed, source.label + ": " + entry.error().message);
+  }
+  AttentionProblem representative;
+  representative.head_dim = signature.head_dim;
+  KernelInfo info;
+  info.dynamic_smem_bytes =
+      static_cast<int>(cpu_working_set_bytes(config, representative));  // scratch per thread
+  info.threads_per_block = 1;
+  return std::shared_ptr<Kernel>(std::make_shared<CpuKernel>(
+      std::move(module.value()), reinterpret_cast<EntryFunction>(entry.value()), pool_, signature,
+      config, info));
+}
+
+Result<DeviceBuffer> CpuBackend::allocate(size_t bytes) const {
+  const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+  void* pointer = std::aligned_alloc(64, rounded);
+  if (pointer == nullptr) {
+    return make_error(ErrorCode::DriverError,
+                      "host allocation of " + std::to_string(bytes) + " B failed");
+  }
+  return DeviceBuffer(pointer, bytes, [](void* p) { std::free(p); });
+}
+
+Status CpuBackend::copy_to_device(void* dst, const void* src, size_t bytes) const {
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+  return ok_status();
+}
+Status CpuBackend::copy_to_host(void* dst, const void* src, size_t bytes) const {
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+  return ok_status();
+}
+Status CpuBackend::fill_bytes(void* dst, uint8_t value, size_t bytes) const {
+  if (bytes > 0) std::memset(dst, value, bytes);
+  return ok_status();
+}
+
+Result<double> CpuBackend::time_ms(const std::function<Status()>& work, int repetitions) const {
+  if (repetitions < 1) {
+    return make_error(ErrorCode::InvalidArgument,
+                      "repetitions = " + std::to_string(repetitions) + ": must be at least 1");
+  }
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < repetitions; ++i) FLASHJIT_TRY(work());
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return ms / repetitions;
+}
+
+}  // namespace flashjit::cpu

@@ -1,0 +1,63 @@
+// The CPU backend: the C++ template (templates/cpu/attention_fwd.hpp) compiled in-process by
+// Clang/LLVM 14 for the host CPU, loaded by ORC LLJIT, run on a thread pool over the work items
+// (batch x heads x query blocks). Built only where LLVM/Clang 14 are found
+// (FLASHJIT_HAVE_CPU_BACKEND).
+//
+// "Device" memory is host memory: allocate() is a 64-byte aligned host allocation, copies are
+// memcpy, launches are synchronous (the stream argument is ignored), time_ms is wall-clock
+// (std::chrono::steady_clock). device() maps the CPU onto a DeviceSpec as cpu_device_spec() says.
+#pragma once
+
+#include <memory>
+
+#include "generator/cpu_config.hpp"
+#include "runtime/backend.hpp"
+
+namespace flashjit::cpu {
+
+class ThreadPool;
+
+class CpuBackend final : public Backend {
+ public:
+  // The host CPU (host_cpu()); threads = its logical cores.
+  static Result<std::unique_ptr<CpuBackend>> create();
+  // A given spec (tests); the pool runs spec.cores threads.
+  static Result<std::unique_ptr<CpuBackend>> create(const CpuSpec& spec);
+  ~CpuBackend() override;
+
+  const CpuSpec& cpu() const { return cpu_; }
+
+  std::string name() const override { return "cpu"; }
+  const DeviceSpec& device() const override { return device_; }
+  std::string compiler_fingerprint() const override;
+  DeviceFingerprint fingerprint() const override;
+
+  std::vector<AttentionConfig> legal_configs(const AttentionProblem& problem) const override;
+  Result<AttentionConfig> default_config(const AttentionProblem& problem) const override;
+  Status check_config(const AttentionConfig& config,
+                      const AttentionProblem& problem) const override;
+  std::string explain_plan(const AttentionProblem& problem) const override;
+
+  Result<KernelSource> render(const AttentionProblem& problem,
+                              const AttentionConfig& config) const override;
+  Result<Binary> compile(const KernelSource& source) const override;
+  Result<std::shared_ptr<Kernel>> load(const Binary& binary, const KernelSource& source,
+                                       const ProblemSignature& signature,
+                                       const AttentionConfig& config) const override;
+
+  Result<DeviceBuffer> allocate(size_t bytes) const override;
+  Status copy_to_device(void* dst, const void* src, size_t bytes) const override;
+  Status copy_to_host(void* dst, const void* src, size_t bytes) const override;
+  Status fill_bytes(void* dst, uint8_t value, size_t bytes) const override;
+  Status synchronize() const override { return ok_status(); }
+  Result<double> time_ms(const std::function<Status()>& work, int repetitions) const override;
+
+ private:
+  explicit CpuBackend(const CpuSpec& spec);
+
+  CpuSpec cpu_;
+  DeviceSpec device_;
+  std::shared_ptr<ThreadPool> pool_;
+};
+
+}  // namespace flashjit::cpu
