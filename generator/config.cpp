@@ -10,11 +10,9 @@ namespace flashjit {
 namespace {
 
 constexpr int kMaxMTilesPerWarp = 2;  // 16-row MMA tiles a warp owns (template constraint)
-// 16-byte K (or V) tile copies per thread, times the 16-row tiles a warp owns: each copy's
-// address and predicate stay live beside the accumulators, and past this ptxas spills heavily
-// (seen: 280 B with 32 copies at 16 rows per warp, m32n128w2 at d = 128; ~200 B with 16 copies
-// at 32 rows per warp, m64n128w2 at d = 64).
-constexpr int kMaxCopiesTimesMTiles = 16;
+// 16-byte K (or V) tile copies per thread: the template takes up to 16, but past 8 each copy's
+// address and predicate push ptxas into large spills (seen: 280 B with m32n128w2 at d = 128).
+constexpr int kMaxCopiesPerThread = 8;
 // Registers a thread needs at the least beyond its fp32 accumulators: a fixed part (tile
 // addresses, loop state, softmax scalars), the K and V fragments in flight, and per 16-row tile
 // the Q and P fragments and m, l. A config is legal when this minimum fits the 255-register
@@ -111,12 +109,10 @@ Status check_config(const AttentionConfig& c, const AttentionProblem& p, const D
       (c.block_m * chunks_per_row) % c.threads() != 0)
     return illegal(
         c, "tile copies do not divide evenly over " + std::to_string(c.threads()) + " threads");
-  const int copies = c.block_n * chunks_per_row / c.threads();
-  const int m_tiles = c.rows_per_warp() / 16;
-  if (copies * m_tiles > kMaxCopiesTimesMTiles)
-    return illegal(c, std::to_string(copies) + " K/V tile copies per thread at " +
-                          std::to_string(c.rows_per_warp()) + " rows per warp exceed " +
-                          std::to_string(kMaxCopiesTimesMTiles / m_tiles) +
+  if (c.block_n * chunks_per_row / c.threads() > kMaxCopiesPerThread)
+    return illegal(c, std::to_string(c.block_n * chunks_per_row / c.threads()) +
+                          " K/V tile copies per thread exceed " +
+                          std::to_string(kMaxCopiesPerThread) +
                           " (too few threads for the tile: registers would spill)");
   if (c.threads() > device.max_threads_per_block)
     return illegal(c, std::to_string(c.threads()) + " threads exceed the device's " +

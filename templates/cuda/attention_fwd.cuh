@@ -340,8 +340,6 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
     // Online softmax, base 2, scale folded into one FMA per score. P is packed to 16 bits as soon
     // as it exists: the fp32 scores die here, which halves what stays live through P V.
     u32 p_packed[kMTiles][kNTiles][2];  // [mt][nt][half]: columns frag_col, frag_col + 1
-    float correction[kMTiles][2];       // exp2((m_old - m_new) * scale_log2) per row
-    bool max_moved = false;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -354,10 +352,14 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
         block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
         // A row that has seen no key yet has max -inf; subtract 0 instead so exp2 gives 0, not NaN.
         const float max_scaled = block_max == minus_infinity() ? 0.f : block_max * p.scale_log2;
-        max_moved |= block_max != row_max[mt][half];
-        correction[mt][half] = fast_exp2(row_max[mt][half] * p.scale_log2 - max_scaled);
+        const float correction = fast_exp2(row_max[mt][half] * p.scale_log2 - max_scaled);
         row_max[mt][half] = block_max;
-        row_sum[mt][half] *= correction[mt][half];
+        row_sum[mt][half] *= correction;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          acc[mt][dt][2 * half] *= correction;
+          acc[mt][dt][2 * half + 1] *= correction;
+        }
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt) {
           const float p0 = fast_exp2(fmaf(s[mt][nt][2 * half], p.scale_log2, -max_scaled));
@@ -366,18 +368,8 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
           p_packed[mt][nt][half] = pack2<K::kIsBf16>(p0, p1);
         }
       }
-    // Rescale O only when a row of this warp has a new max: after the first K/V blocks the max
-    // rarely moves, and the rescale costs kMTiles * kDTiles * 4 multiplies per lane per block.
-    if (__any_sync(0xffffffffu, max_moved)) {
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[mt][dt][e] *= correction[mt][e / 2];
-    }
 
-    // acc += P V: the P of key tiles (2t, 2t+1) is exactly the A fragment of k-step t.
+      // acc += P V: the P of key tiles (2t, 2t+1) is exactly the A fragment of k-step t.
 #pragma unroll
     for (int t = 0; t < kBlockN / 16; ++t) {
       u32 p_frag[kMTiles][4];

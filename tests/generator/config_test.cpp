@@ -69,8 +69,8 @@ TEST(Config, BudgetRejectsWhatDoesNotFit) {
   EXPECT_FALSE(check_config({48, 64, 4, 2}, problem(128), sm(90)).ok());   // block_m choice
   EXPECT_FALSE(check_config({64, 64, 8, 2}, problem(128), sm(90)).ok());   // 8 rows per warp
   EXPECT_FALSE(check_config({256, 64, 4, 2}, problem(128), sm(90)).ok());  // 64 rows per warp
-  // Too few threads for the tile: each would issue 32 copies per K/V tile.
-  status = check_config({32, 128, 2, 2}, problem(128), sm(90));
+  // Too few threads for the tile: each would issue 16 copies per K/V tile.
+  status = check_config({64, 128, 4, 2}, problem(128), sm(90));
   ASSERT_FALSE(status.ok());
   EXPECT_NE(status.error().message.find("copies per thread"), std::string::npos);
   // Registers: 32 rows per warp at d = 256 needs 256 accumulator registers alone.
