@@ -14,6 +14,7 @@
 #include "generator/render.hpp"
 #include "runtime/cpu/clang_jit.hpp"
 #include "runtime/cpu/cpu_info.hpp"
+#include "runtime/launch_params.hpp"
 #include "templates/attention_params.h"
 
 namespace flashjit::cpu {
@@ -153,32 +154,7 @@ class CpuKernel final : public Kernel {
     }
     if (items <= 0) return ok_status();
 
-    FlashjitAttentionParams params{};
-    params.q = args.q;
-    params.k = args.k;
-    params.v = args.v;
-    params.o = args.o;
-    params.lse = args.lse;
-    params.q_batch_stride = problem.q_strides.batch;
-    params.q_seq_stride = problem.q_strides.seq;
-    params.q_head_stride = problem.q_strides.head;
-    params.k_batch_stride = problem.k_strides.batch;
-    params.k_seq_stride = problem.k_strides.seq;
-    params.k_head_stride = problem.k_strides.head;
-    params.v_batch_stride = problem.v_strides.batch;
-    params.v_seq_stride = problem.v_strides.seq;
-    params.v_head_stride = problem.v_strides.head;
-    params.o_batch_stride = problem.o_strides.batch;
-    params.o_seq_stride = problem.o_strides.seq;
-    params.o_head_stride = problem.o_strides.head;
-    params.batch = static_cast<int>(problem.batch);
-    params.heads_q = static_cast<int>(problem.heads_q);
-    params.heads_kv = static_cast<int>(problem.heads_kv);
-    params.group_size = static_cast<int>(problem.group_size());
-    params.seqlen_q = static_cast<int>(problem.seqlen_q);
-    params.seqlen_k = static_cast<int>(problem.seqlen_k);
-    params.scale = problem.scale();
-    params.scale_log2 = params.scale * 1.4426950408889634f;
+    FlashjitAttentionParams params = make_launch_params(problem, args);
 
     // Chunks of consecutive work items, 4 per thread so that causal imbalance evens out; each
     // chunk is one call (one scratch allocation).
