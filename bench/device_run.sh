@@ -44,7 +44,9 @@ echo "== commit ${commit:-${COMMIT:-unknown}}"
 echo "== $(nproc) cores, $(cmake --version | head -1)"
 
 cmake_args=(-DCMAKE_BUILD_TYPE=Release -DFLASHJIT_BUILD_TESTS=ON -DFLASHJIT_BUILD_BENCH=ON)
-# The GPU machines have libsqlite3.so.0 but no sqlite3.h: use the header carried in .deps/sqlite.
+# The GPU machines have libsqlite3.so.0 but no sqlite3.h: use the header carried in .deps/sqlite
+# (on the dev machine: mkdir -p .deps/sqlite && cp /usr/include/sqlite3.h .deps/sqlite/; then
+# name .deps in the device tool's carry list).
 if [[ ! -f /usr/include/sqlite3.h && -f .deps/sqlite/sqlite3.h ]]; then
   cmake_args+=(-DFLASHJIT_SQLITE3_INCLUDE_DIR="$PWD/.deps/sqlite")
 fi
