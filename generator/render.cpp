@@ -53,18 +53,21 @@ const std::string& generator_version() {
   return version;
 }
 
-Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
-                                           const AttentionConfig& config) {
-  FLASHJIT_TRY(validate(problem));
-  FLASHJIT_TRY(check_template_constraints(problem, config));
-  const std::string_view params = templates::text("attention_params.h");
-  const std::string_view kernel = templates::text("cuda/attention_fwd.cuh");
-  if (params.empty() || kernel.empty())
-    return make_error(ErrorCode::Unsupported, "the CUDA attention template is not embedded");
+namespace {
 
+// The parts every backend's source shares: a header line naming what it is, the params struct,
+// the template text, then the backend's own instantiation.
+Result<KernelSource> assemble(const char* template_path, const char* entry, const char* kind,
+                              const AttentionProblem& problem, const AttentionConfig& config,
+                              const std::string& instantiation) {
+  const std::string_view params = templates::text("attention_params.h");
+  const std::string_view kernel = templates::text(template_path);
+  if (params.empty() || kernel.empty())
+    return make_error(ErrorCode::Unsupported,
+                      std::string(template_path) + " is not embedded in this build");
   KernelSource source;
-  source.entry = kAttentionForwardEntry;
-  source.label = std::string("attention_fwd d") + std::to_string(problem.head_dim) + " " +
+  source.entry = entry;
+  source.label = std::string(kind) + " d" + std::to_string(problem.head_dim) + " " +
                  to_string(problem.dtype) + (problem.causal ? " causal " : " ") +
                  config.to_string();
   std::ostringstream text;
@@ -72,17 +75,30 @@ Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
        << params << "\n"
        << kernel << "\n"
        << "// ---- instantiation ----\n"
-       << "typedef flashjit_kernel::Traits</*head_dim=*/" << problem.head_dim << ", /*block_m=*/"
-       << config.block_m << ", /*block_n=*/" << config.block_n << ", /*warps=*/" << config.warps
-       << ", /*stages=*/" << config.stages << ", /*bf16=*/"
-       << (problem.dtype == DType::BF16 ? "true" : "false") << ", /*causal=*/"
-       << (problem.causal ? "true" : "false") << "> Config;\n"
-       << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads, 1)\n"
-       << source.entry << "(const __grid_constant__ FlashjitAttentionParams params) {\n"
-       << "  flashjit_kernel::attention_forward<Config>(params);\n"
-       << "}\n";
+       << instantiation;
   source.text = text.str();
   return source;
+}
+
+}  // namespace
+
+Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
+                                           const AttentionConfig& config) {
+  FLASHJIT_TRY(validate(problem));
+  FLASHJIT_TRY(check_template_constraints(problem, config));
+  std::ostringstream instantiation;
+  instantiation << "typedef flashjit_kernel::Traits</*head_dim=*/" << problem.head_dim
+                << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n
+                << ", /*warps=*/" << config.warps << ", /*stages=*/" << config.stages
+                << ", /*bf16=*/" << (problem.dtype == DType::BF16 ? "true" : "false")
+                << ", /*causal=*/" << (problem.causal ? "true" : "false") << "> Config;\n"
+                << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads, 1)\n"
+                << kAttentionForwardEntry
+                << "(const __grid_constant__ FlashjitAttentionParams params) {\n"
+                << "  flashjit_kernel::attention_forward<Config>(params);\n"
+                << "}\n";
+  return assemble("cuda/attention_fwd.cuh", kAttentionForwardEntry, "attention_fwd", problem,
+                  config, instantiation.str());
 }
 
 Result<KernelSource> render_cpu_attention(const AttentionProblem& problem,
@@ -92,31 +108,18 @@ Result<KernelSource> render_cpu_attention(const AttentionProblem& problem,
   CpuSpec unlimited;
   unlimited.l1d_bytes = unlimited.l2_bytes = int64_t{1} << 40;
   FLASHJIT_TRY(check_cpu_config(config, problem, unlimited));
-  const std::string_view params = templates::text("attention_params.h");
-  const std::string_view kernel = templates::text("cpu/attention_fwd.hpp");
-  if (params.empty() || kernel.empty())
-    return make_error(ErrorCode::Unsupported, "the CPU attention template is not embedded");
-
-  KernelSource source;
-  source.entry = kCpuAttentionForwardEntry;
-  source.label = std::string("attention_fwd_cpu d") + std::to_string(problem.head_dim) + " " +
-                 to_string(problem.dtype) + (problem.causal ? " causal " : " ") +
-                 config.to_string();
-  std::ostringstream text;
-  text << "// flashjit " << source.label << " (generator " << generator_version() << ")\n"
-       << params << "\n"
-       << kernel << "\n"
-       << "// ---- instantiation ----\n"
-       << "typedef flashjit_cpu::Traits</*head_dim=*/" << problem.head_dim << ", /*block_m=*/"
-       << config.block_m << ", /*block_n=*/" << config.block_n << ", /*storage=*/"
-       << (problem.dtype == DType::BF16 ? "flashjit_cpu::kBF16" : "flashjit_cpu::kF16")
-       << ", /*causal=*/" << (problem.causal ? "true" : "false") << "> Config;\n"
-       << "extern \"C\" int " << source.entry
-       << "(const FlashjitAttentionParams* params, int work_begin, int work_end) {\n"
-       << "  return flashjit_cpu::Kernel<Config>::run(*params, work_begin, work_end);\n"
-       << "}\n";
-  source.text = text.str();
-  return source;
+  std::ostringstream instantiation;
+  instantiation << "typedef flashjit_cpu::Traits</*head_dim=*/" << problem.head_dim
+                << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n
+                << ", /*storage=*/"
+                << (problem.dtype == DType::BF16 ? "flashjit_cpu::kBF16" : "flashjit_cpu::kF16")
+                << ", /*causal=*/" << (problem.causal ? "true" : "false") << "> Config;\n"
+                << "extern \"C\" int " << kCpuAttentionForwardEntry
+                << "(const FlashjitAttentionParams* params, int work_begin, int work_end) {\n"
+                << "  return flashjit_cpu::Kernel<Config>::run(*params, work_begin, work_end);\n"
+                << "}\n";
+  return assemble("cpu/attention_fwd.hpp", kCpuAttentionForwardEntry, "attention_fwd_cpu", problem,
+                  config, instantiation.str());
 }
 
 }  // namespace flashjit
