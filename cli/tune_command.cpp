@@ -165,11 +165,23 @@ struct WorkerOutcome {
   std::optional<Error> error;
 };
 
+// Throughput unit of the printed tables: TFLOP/s on GPUs, GFLOP/s on the CPU backend (whose
+// rates would print as 0.0 TFLOP/s).
+struct RateUnit {
+  const char* name = "TFLOP/s";
+  double per_tflops = 1;  // printed value = TFLOP/s * per_tflops
+};
+
+RateUnit rate_unit_for(const Backend& backend) {
+  return backend.name() == "cpu" ? RateUnit{"GFLOP/s", 1000} : RateUnit{};
+}
+
 // Shared progress of all workers; printed on stderr.
 class ProgressPrinter {
  public:
-  ProgressPrinter(int workers, int total_steps, size_t total_problems, bool verbose)
-      : done_steps_(workers, 0),
+  ProgressPrinter(int workers, int total_steps, size_t total_problems, bool verbose, RateUnit unit)
+      : unit_(unit),
+        done_steps_(workers, 0),
         current_(workers),
         total_steps_(std::max(1, total_steps)),
         total_problems_(total_problems),
@@ -267,10 +279,11 @@ class ProgressPrinter {
                        ": ";
     char numbers[160];
     if (report.choice) {
-      std::snprintf(numbers, sizeof(numbers), "%s %.1f TFLOP/s (default %s %.1f), gain %.3fx",
-                    report.choice->config.to_string().c_str(), report.chosen_tflops(),
-                    report.default_config.to_string().c_str(), report.default_tflops(),
-                    report.gain());
+      std::snprintf(numbers, sizeof(numbers), "%s %.1f %s (default %s %.1f), gain %.3fx",
+                    report.choice->config.to_string().c_str(),
+                    report.chosen_tflops() * unit_.per_tflops, unit_.name,
+                    report.default_config.to_string().c_str(),
+                    report.default_tflops() * unit_.per_tflops, report.gain());
       line += numbers;
     } else {
       line += "no choice: " + report.note;
@@ -283,7 +296,7 @@ class ProgressPrinter {
   void print_table(const TuneReport& report) {
     std::printf("%s  (key %s, %.1f s)\n", problem_label(report.problem).c_str(),
                 report.key.to_string().c_str(), report.seconds);
-    std::printf("  %-13s %-14s %10s %9s %8s %7s  %s\n", "config", "status", "median ms", "TFLOP/s",
+    std::printf("  %-13s %-14s %10s %9s %8s %7s  %s\n", "config", "status", "median ms", unit_.name,
                 "spread", "reps", "notes");
     for (const TuneResult& r : report.results) {
       std::string notes;
@@ -293,8 +306,8 @@ class ProgressPrinter {
       if (r.status == TuneStatus::Timed) {
         const double spread = r.median_ms > 0 ? 100.0 * (r.max_ms - r.min_ms) / r.median_ms : 0;
         std::printf("  %-13s %-14s %10.4f %9.1f %7.1f%% %7d  %s\n", r.config.to_string().c_str(),
-                    to_string(r.status), r.median_ms, r.tflops, spread, r.repetitions,
-                    notes.c_str());
+                    to_string(r.status), r.median_ms, r.tflops * unit_.per_tflops, spread,
+                    r.repetitions, notes.c_str());
       } else {
         std::printf("  %-13s %-14s %10s %9s %8s %7s  %s\n", r.config.to_string().c_str(),
                     to_string(r.status), "-", "-", "-", "-", notes.c_str());
@@ -306,6 +319,7 @@ class ProgressPrinter {
     std::fflush(stdout);
   }
 
+  const RateUnit unit_;
   std::mutex mutex_;
   std::vector<int> done_steps_;
   std::vector<Worker> current_;
@@ -728,8 +742,9 @@ int run_tune_command(const std::vector<std::string>& args) {
     std::fprintf(stderr, "  %s\n", backend->fingerprint().to_string().c_str());
   }
 
+  const RateUnit unit = rate_unit_for(*backends.front());
   ProgressPrinter printer(static_cast<int>(backends.size()), total_steps, problems.size(),
-                          options.verbose);
+                          options.verbose, unit);
   std::vector<WorkerOutcome> outcomes(backends.size());
   std::vector<std::thread> workers;
   for (size_t w = 0; w < backends.size(); ++w) {
@@ -761,8 +776,8 @@ int run_tune_command(const std::vector<std::string>& args) {
 
   // The summary.
   int exit_status = kExitOk;
-  std::printf("\n%-36s %-13s %9s  %-13s %9s %7s\n", "problem", "default", "TFLOP/s", "chosen",
-              "TFLOP/s", "gain");
+  std::printf("\n%-36s %-13s %9s  %-13s %9s %7s\n", "problem", "default", unit.name, "chosen",
+              unit.name, "gain");
   double log_gain_sum = 0;
   int gains = 0;
   for (const WorkerOutcome& outcome : outcomes) {
@@ -770,15 +785,15 @@ int run_tune_command(const std::vector<std::string>& args) {
       const std::string label = problem_label(r.problem);
       if (!r.choice) {
         std::printf("%-36s %-13s %9.1f  %-13s %9s %7s  %s\n", label.c_str(),
-                    r.default_config.to_string().c_str(), r.default_tflops(), "-", "-", "-",
-                    r.note.c_str());
+                    r.default_config.to_string().c_str(), r.default_tflops() * unit.per_tflops, "-",
+                    "-", "-", r.note.c_str());
         exit_status = kExitFailed;
         continue;
       }
       std::printf("%-36s %-13s %9.1f  %-13s %9.1f %6.3fx%s\n", label.c_str(),
-                  r.default_config.to_string().c_str(), r.default_tflops(),
-                  r.choice->config.to_string().c_str(), r.chosen_tflops(), r.gain(),
-                  r.kept_default ? "  (default kept: within noise)" : "");
+                  r.default_config.to_string().c_str(), r.default_tflops() * unit.per_tflops,
+                  r.choice->config.to_string().c_str(), r.chosen_tflops() * unit.per_tflops,
+                  r.gain(), r.kept_default ? "  (default kept: within noise)" : "");
       if (r.default_ms > 0) {
         log_gain_sum += std::log(r.gain());
         ++gains;
