@@ -85,7 +85,8 @@ Result<DeviceSpec> resolve_device(const ParsedFlags& flags) {
 }
 
 std::string device_summary(const DeviceSpec& device) {
-  return device.name + " (" + device.arch_name() + ", " + std::to_string(device.sm_count) + " SMs)";
+  return device.name + " (" + device.arch_name() + ", " + std::to_string(device.sm_count) +
+         (device.arch == 0 ? " cores)" : " SMs)");
 }
 
 void print_device(const DeviceSpec& device) {

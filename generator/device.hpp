@@ -22,7 +22,8 @@ struct DeviceSpec {
   int max_threads_per_block = 1024;
   int l2_bytes = 0;
 
-  std::string arch_name() const { return "sm" + std::to_string(arch); }  // "sm90"
+  // "sm90"; "cpu" for the host CPU, which the CPU backend describes with arch 0.
+  std::string arch_name() const { return arch == 0 ? "cpu" : "sm" + std::to_string(arch); }
   std::string to_string() const;
 };
 
