@@ -117,7 +117,7 @@ class Backend {
 
   // The backend's config space (each backend's template has its own budget): the legal configs
   // in a stable order, the untuned default, why one config is illegal, and the budget arithmetic
-  // as `flashjit plan` prints it. CUDA forwards to generator/config.hpp with device().
+  // as `flashjit plan` prints it. CUDA: CudaTemplateBackend below.
   virtual std::vector<AttentionConfig> legal_configs(const AttentionProblem& problem) const = 0;
   virtual Result<AttentionConfig> default_config(const AttentionProblem& problem) const = 0;
   virtual Status check_config(const AttentionConfig& config,
@@ -140,6 +140,25 @@ class Backend {
   // Device time of `work` (which enqueues on the default stream), in milliseconds, measured
   // with events around `repetitions` back-to-back calls and divided by `repetitions`.
   virtual Result<double> time_ms(const std::function<Status()>& work, int repetitions) const = 0;
+};
+
+// A backend that runs the CUDA template: its config space is generator/config.hpp's on device().
+// The CUDA backend and the tests' fake GPU backends derive from it.
+class CudaTemplateBackend : public Backend {
+ public:
+  std::vector<AttentionConfig> legal_configs(const AttentionProblem& problem) const override {
+    return ::flashjit::legal_configs(problem, device());
+  }
+  Result<AttentionConfig> default_config(const AttentionProblem& problem) const override {
+    return ::flashjit::default_config(problem, device());
+  }
+  Status check_config(const AttentionConfig& config,
+                      const AttentionProblem& problem) const override {
+    return ::flashjit::check_config(config, problem, device());
+  }
+  std::string explain_plan(const AttentionProblem& problem) const override {
+    return ::flashjit::explain_plan(problem, device());
+  }
 };
 
 }  // namespace flashjit

@@ -14,7 +14,7 @@ int device_count();
 // Queries the device's limits (name, compute capability, SMs, shared memory, registers, L2).
 Result<DeviceSpec> query_device(int ordinal);
 
-class CudaBackend final : public Backend {
+class CudaBackend final : public CudaTemplateBackend {
  public:
   // Error NoDevice when there is no driver or `ordinal` is out of range; Unsupported for
   // compute capability below 8.0 (the template needs mma.sync bf16, cp.async, ldmatrix).
@@ -25,20 +25,6 @@ class CudaBackend final : public Backend {
   const DeviceSpec& device() const override { return device_; }
   std::string compiler_fingerprint() const override;
   DeviceFingerprint fingerprint() const override;
-
-  std::vector<AttentionConfig> legal_configs(const AttentionProblem& problem) const override {
-    return ::flashjit::legal_configs(problem, device_);
-  }
-  Result<AttentionConfig> default_config(const AttentionProblem& problem) const override {
-    return ::flashjit::default_config(problem, device_);
-  }
-  Status check_config(const AttentionConfig& config,
-                      const AttentionProblem& problem) const override {
-    return ::flashjit::check_config(config, problem, device_);
-  }
-  std::string explain_plan(const AttentionProblem& problem) const override {
-    return ::flashjit::explain_plan(problem, device_);
-  }
 
   Result<KernelSource> render(const AttentionProblem& problem,
                               const AttentionConfig& config) const override;

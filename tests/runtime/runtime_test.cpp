@@ -42,26 +42,13 @@ class FakeKernel final : public Kernel {
 };
 
 // Renders a source naming the signature and config, "compiles" it to its own bytes, and counts.
-class FakeBackend final : public Backend {
+class FakeBackend final : public CudaTemplateBackend {
  public:
   FakeBackend() : device_(known_device("sm90").value()) {}
 
   std::string name() const override { return "fake"; }
   const DeviceSpec& device() const override { return device_; }
   std::string compiler_fingerprint() const override { return "fake 1.0 sm_90"; }
-  std::vector<AttentionConfig> legal_configs(const AttentionProblem& problem) const override {
-    return ::flashjit::legal_configs(problem, device_);
-  }
-  Result<AttentionConfig> default_config(const AttentionProblem& problem) const override {
-    return ::flashjit::default_config(problem, device_);
-  }
-  Status check_config(const AttentionConfig& config,
-                      const AttentionProblem& problem) const override {
-    return ::flashjit::check_config(config, problem, device_);
-  }
-  std::string explain_plan(const AttentionProblem& problem) const override {
-    return ::flashjit::explain_plan(problem, device_);
-  }
   DeviceFingerprint fingerprint() const override { return fake_fingerprint(); }
   static DeviceFingerprint fake_fingerprint() {
     DeviceFingerprint fingerprint;

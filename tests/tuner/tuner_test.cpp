@@ -51,7 +51,7 @@ class FakeKernel final : public Kernel {
   KernelInfo info_;
 };
 
-class FakeBackend final : public Backend {
+class FakeBackend final : public CudaTemplateBackend {
  public:
   FakeBackend() : device_(known_device("sm90").value()) {
     device_.l2_bytes = 1 << 20;  // small, so that the timing sets stay small
@@ -60,19 +60,6 @@ class FakeBackend final : public Backend {
   std::string name() const override { return "fake"; }
   const DeviceSpec& device() const override { return device_; }
   std::string compiler_fingerprint() const override { return "fake 1.0 sm_90"; }
-  std::vector<AttentionConfig> legal_configs(const AttentionProblem& problem) const override {
-    return ::flashjit::legal_configs(problem, device_);
-  }
-  Result<AttentionConfig> default_config(const AttentionProblem& problem) const override {
-    return ::flashjit::default_config(problem, device_);
-  }
-  Status check_config(const AttentionConfig& config,
-                      const AttentionProblem& problem) const override {
-    return ::flashjit::check_config(config, problem, device_);
-  }
-  std::string explain_plan(const AttentionProblem& problem) const override {
-    return ::flashjit::explain_plan(problem, device_);
-  }
   DeviceFingerprint fingerprint() const override {
     DeviceFingerprint fingerprint;
     fingerprint.backend = "fake";
