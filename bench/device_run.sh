@@ -13,7 +13,8 @@
 #
 # Results go to $OUT (the device tool's output folder; ./device-out when unset): ctest.log,
 # bench.log, flashjit.json, peers.log, peers.json, compare.md. Extra flags for the benchmarks:
-# BENCH_ARGS (e.g. "--quick") and PEERS_ARGS (e.g. "--quick").
+# BENCH_ARGS (e.g. "--quick") and PEERS_ARGS (e.g. "--quick"). DTYPES: the element types tuned
+# and benchmarked, "bf16" (default) or "bf16,fp16".
 # Exits non-zero if the build, a test or a benchmark failed; the benchmarks still run after
 # failing tests, so that one call gives both answers. 'all' takes about 7-9 minutes on an H100
 # (build ~1.5, tests ~4, benchmarks ~2): near the device tool's 10-minute limit per command, so
@@ -21,6 +22,7 @@
 set -euo pipefail
 
 what="${1:-all}"
+DTYPES="${DTYPES:-bf16}"
 ctest_regex="${2:-}"
 case "$what" in
   tests|bench|tune|all) ;;
@@ -75,9 +77,10 @@ if [[ "$what" == tests || "$what" == all ]]; then
 fi
 
 if [[ "$what" == tune ]]; then
-  echo "== flashjit tune (bf16 standard grid)"
+  echo "== flashjit tune (standard grid, ${DTYPES:-bf16})"
   tune_start=$SECONDS
-  if ! build-device/flashjit tune --json "$OUT/tune.json" 2>&1 | tee "$OUT/tune.log"; then
+  if ! build-device/flashjit tune --dtypes "${DTYPES:-bf16}" --json "$OUT/tune.json" 2>&1 |
+      tee "$OUT/tune.log"; then
     status=1
     echo "== flashjit tune FAILED"
   fi
@@ -88,16 +91,25 @@ if [[ "$what" == tune ]]; then
 fi
 
 if [[ "$what" == bench || "$what" == tune || "$what" == all ]]; then
-  echo "== bench_attention"
-  # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
-  if ! build-device/bench/bench_attention --json "$OUT/flashjit.json" ${BENCH_ARGS:-} 2>&1 |
-      tee "$OUT/bench.log"; then
-    status=1
-    echo "== bench_attention FAILED (rows with errors are in the JSON)"
-  fi
+  jsons=()
+  for dtype in ${DTYPES//,/ }; do
+    echo "== bench_attention ($dtype)"
+    # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
+    if ! build-device/bench/bench_attention --dtype "$dtype" --json "$OUT/flashjit-$dtype.json" \
+        ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/bench.log"; then
+      status=1
+      echo "== bench_attention FAILED (rows with errors are in the JSON)"
+    fi
+    jsons+=("$OUT/flashjit-$dtype.json")
+  done
+  # One list of rows for compare.py.
+  python3 -c 'import json, sys; print(json.dumps([r for p in sys.argv[1:] for r in json.load(open(p))]))' \
+    "${jsons[@]}" >"$OUT/flashjit.json" || status=1
+  peers_dtype=(--bf16)
+  [[ "${DTYPES:-bf16}" == bf16 ]] || peers_dtype=()
   echo "== peers (torch SDPA flash + cuDNN, forward only)"
   # shellcheck disable=SC2086
-  if ! python3 bench/peers_bench.py --bf16 --fwd-only --backends flash,cudnn \
+  if ! python3 bench/peers_bench.py "${peers_dtype[@]}" --fwd-only --backends flash,cudnn \
       --json "$OUT/peers.json" ${PEERS_ARGS:-} 2>&1 | tee "$OUT/peers.log"; then
     status=1
     echo "== peers_bench.py FAILED"

@@ -257,7 +257,7 @@ int run_compile(const ParsedFlags& flags) {
   for (size_t t = 0; t < thread_count; ++t) threads.emplace_back(worker);
   for (std::thread& thread : threads) thread.join();
 
-  std::printf("%-14s %9s %8s %9s %10s %13s %9s  %s\n", "config", "smem B", "ctas/SM", "est regs",
+  std::printf("%-18s %9s %8s %9s %10s %13s %9s  %s\n", "config", "smem B", "ctas/SM", "est regs",
               "ptxas regs", "spill st/ld B", "compile s", "status");
   int failures = 0;
   for (const CompileOutcome& outcome : outcomes) {
@@ -277,7 +277,7 @@ int run_compile(const ParsedFlags& flags) {
       ++failures;
       status = "FAILED";
     }
-    std::printf("%-14s %9d %8d %9d %10s %13s %9s  %s\n", outcome.config.to_string().c_str(),
+    std::printf("%-18s %9d %8d %9d %10s %13s %9s  %s\n", outcome.config.to_string().c_str(),
                 outcome.use.smem_bytes, outcome.use.ctas_per_sm, outcome.use.regs_per_thread,
                 ptxas_regs.c_str(), spills.c_str(), seconds.c_str(), status.c_str());
   }

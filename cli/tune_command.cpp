@@ -296,7 +296,7 @@ class ProgressPrinter {
   void print_table(const TuneReport& report) {
     std::printf("%s  (key %s, %.1f s)\n", problem_label(report.problem).c_str(),
                 report.key.to_string().c_str(), report.seconds);
-    std::printf("  %-13s %-14s %10s %9s %8s %7s  %s\n", "config", "status", "median ms", unit_.name,
+    std::printf("  %-18s %-14s %10s %9s %8s %7s  %s\n", "config", "status", "median ms", unit_.name,
                 "spread", "reps", "notes");
     for (const TuneResult& r : report.results) {
       std::string notes;
@@ -305,11 +305,11 @@ class ProgressPrinter {
       notes += r.message;
       if (r.status == TuneStatus::Timed) {
         const double spread = r.median_ms > 0 ? 100.0 * (r.max_ms - r.min_ms) / r.median_ms : 0;
-        std::printf("  %-13s %-14s %10.4f %9.1f %7.1f%% %7d  %s\n", r.config.to_string().c_str(),
+        std::printf("  %-18s %-14s %10.4f %9.1f %7.1f%% %7d  %s\n", r.config.to_string().c_str(),
                     to_string(r.status), r.median_ms, r.tflops * unit_.per_tflops, spread,
                     r.repetitions, notes.c_str());
       } else {
-        std::printf("  %-13s %-14s %10s %9s %8s %7s  %s\n", r.config.to_string().c_str(),
+        std::printf("  %-18s %-14s %10s %9s %8s %7s  %s\n", r.config.to_string().c_str(),
                     to_string(r.status), "-", "-", "-", "-", notes.c_str());
       }
     }
@@ -776,7 +776,7 @@ int run_tune_command(const std::vector<std::string>& args) {
 
   // The summary.
   int exit_status = kExitOk;
-  std::printf("\n%-36s %-13s %9s  %-13s %9s %7s\n", "problem", "default", unit.name, "chosen",
+  std::printf("\n%-36s %-13s %9s  %-18s %9s %7s\n", "problem", "default", unit.name, "chosen",
               unit.name, "gain");
   double log_gain_sum = 0;
   int gains = 0;
@@ -784,13 +784,13 @@ int run_tune_command(const std::vector<std::string>& args) {
     for (const TuneReport& r : outcome.reports) {
       const std::string label = problem_label(r.problem);
       if (!r.choice) {
-        std::printf("%-36s %-13s %9.1f  %-13s %9s %7s  %s\n", label.c_str(),
+        std::printf("%-36s %-13s %9.1f  %-18s %9s %7s  %s\n", label.c_str(),
                     r.default_config.to_string().c_str(), r.default_tflops() * unit.per_tflops, "-",
                     "-", "-", r.note.c_str());
         exit_status = kExitFailed;
         continue;
       }
-      std::printf("%-36s %-13s %9.1f  %-13s %9.1f %6.3fx%s\n", label.c_str(),
+      std::printf("%-36s %-13s %9.1f  %-18s %9.1f %6.3fx%s\n", label.c_str(),
                   r.default_config.to_string().c_str(), r.default_tflops() * unit.per_tflops,
                   r.choice->config.to_string().c_str(), r.chosen_tflops() * unit.per_tflops,
                   r.gain(), r.kept_default ? "  (default kept: within noise)" : "");

@@ -43,33 +43,42 @@ Status illegal(const AttentionConfig& config, const std::string& why) {
 
 std::string AttentionConfig::to_string() const {
   return "m" + std::to_string(block_m) + "n" + std::to_string(block_n) + "w" +
-         std::to_string(warps) + "s" + std::to_string(stages);
+         std::to_string(warps) + "s" + std::to_string(stages) +
+         (family == KernelFamily::Wgmma ? "-wgmma" : "");
 }
 
 Result<AttentionConfig> AttentionConfig::parse(const std::string& text) {
-  static const std::regex pattern(R"(m(\d{1,4})n(\d{1,4})w(\d{1,2})s(\d{1,2}))");
+  static const std::regex pattern(R"(m(\d{1,4})n(\d{1,4})w(\d{1,2})s(\d{1,2})(-wgmma)?)");
   std::smatch match;
   if (!std::regex_match(text, match, pattern)) {
     return make_error(ErrorCode::InvalidArgument,
                       "config = '" + text +
-                          "': expected the form m<block_m>n<block_n>w<warps>s<stages>, "
-                          "e.g. m128n64w4s2");
+                          "': expected the form m<block_m>n<block_n>w<warps>s<stages>[-wgmma], "
+                          "e.g. m128n64w4s2 or m128n128w8s2-wgmma");
   }
   AttentionConfig c;
   c.block_m = std::stoi(match[1]);
   c.block_n = std::stoi(match[2]);
   c.warps = std::stoi(match[3]);
   c.stages = std::stoi(match[4]);
+  c.family = match[5].matched ? KernelFamily::Wgmma : KernelFamily::Mma;
   return c;
 }
 
 int padded_head_dim(int head_dim) { return (head_dim + 63) / 64 * 64; }
 
 int smem_bytes(const AttentionConfig& c, const AttentionProblem& p) {
-  return (c.block_m + 2 * c.stages * c.block_n) * padded_head_dim(p.head_dim) * 2;
+  const int tiles = (c.block_m + 2 * c.stages * c.block_n) * padded_head_dim(p.head_dim) * 2;
+  return c.family == KernelFamily::Wgmma ? tiles + 1024 : tiles;
 }
 
 int estimated_registers(const AttentionConfig& c, const AttentionProblem& p) {
+  if (c.family == KernelFamily::Wgmma) {
+    // Per thread of a warpgroup: O (64 x d / 128 threads) and S (64 x block_n / 128) in fp32,
+    // P of two blocks in flight (16-bit pairs: block_n / 4 each), plus the same allowance.
+    return padded_head_dim(p.head_dim) / 2 + c.block_n / 2 + c.block_n / 2 + kRegisterAllowance +
+           kRegistersPerMTile;
+  }
   const int m_tiles = std::max(1, c.rows_per_warp() / 16);
   const int o_accumulator = m_tiles * 16 * padded_head_dim(p.head_dim) / 32;
   const int s_accumulator = m_tiles * 16 * c.block_n / 32;
@@ -91,19 +100,49 @@ ResourceUse resource_use(const AttentionConfig& c, const AttentionProblem& p,
   return use;
 }
 
-Status check_config(const AttentionConfig& c, const AttentionProblem& p, const DeviceSpec& device) {
-  // Template constraints (mirrored by static_asserts in templates/cuda/attention_fwd.cuh).
-  if (!contains(kBlockMChoices, c.block_m))
-    return illegal(c, "block_m = " + std::to_string(c.block_m) + " not in " + list(kBlockMChoices));
-  if (!contains(kBlockNChoices, c.block_n))
-    return illegal(c, "block_n = " + std::to_string(c.block_n) + " not in " + list(kBlockNChoices));
-  if (!contains(kWarpChoices, c.warps))
-    return illegal(c, "warps = " + std::to_string(c.warps) + " not in " + list(kWarpChoices));
+namespace {
+
+// The wgmma family's template constraints (static_asserts in attention_fwd_sm90.cuh) and the
+// architecture: wgmma exists on sm_90a only (not sm80/89, not sm100).
+Status check_wgmma_shape(const AttentionConfig& c, const DeviceSpec& device) {
+  if (device.arch != 90)
+    return illegal(c, "wgmma kernels need sm90 (H100/H200); this device is " + device.arch_name());
+  if (!contains(kWgmmaBlockMChoices, c.block_m))
+    return illegal(c, "block_m = " + std::to_string(c.block_m) + " not in " +
+                          list(kWgmmaBlockMChoices) + " (64 rows per warpgroup)");
+  if (!contains(kWgmmaBlockNChoices, c.block_n))
+    return illegal(
+        c, "block_n = " + std::to_string(c.block_n) + " not in " + list(kWgmmaBlockNChoices));
+  if (c.warps != c.block_m / 16)
+    return illegal(c, "warps = " + std::to_string(c.warps) +
+                          ": the wgmma family has block_m / 16 = " +
+                          std::to_string(c.block_m / 16) + " (one warpgroup per 64 rows)");
   if (!contains(kStageChoices, c.stages))
     return illegal(c, "stages = " + std::to_string(c.stages) + " not in " + list(kStageChoices));
-  if (c.block_m % (16 * c.warps) != 0 || c.rows_per_warp() / 16 > kMaxMTilesPerWarp)
-    return illegal(c, "block_m / warps = " + std::to_string(c.block_m) + " / " +
-                          std::to_string(c.warps) + " must be 16 or 32 rows per warp");
+  return ok_status();
+}
+
+}  // namespace
+
+Status check_config(const AttentionConfig& c, const AttentionProblem& p, const DeviceSpec& device) {
+  if (c.family == KernelFamily::Wgmma) {
+    FLASHJIT_TRY(check_wgmma_shape(c, device));
+  } else {
+    // Template constraints (mirrored by static_asserts in templates/cuda/attention_fwd.cuh).
+    if (!contains(kBlockMChoices, c.block_m))
+      return illegal(c,
+                     "block_m = " + std::to_string(c.block_m) + " not in " + list(kBlockMChoices));
+    if (!contains(kBlockNChoices, c.block_n))
+      return illegal(c,
+                     "block_n = " + std::to_string(c.block_n) + " not in " + list(kBlockNChoices));
+    if (!contains(kWarpChoices, c.warps))
+      return illegal(c, "warps = " + std::to_string(c.warps) + " not in " + list(kWarpChoices));
+    if (!contains(kStageChoices, c.stages))
+      return illegal(c, "stages = " + std::to_string(c.stages) + " not in " + list(kStageChoices));
+    if (c.block_m % (16 * c.warps) != 0 || c.rows_per_warp() / 16 > kMaxMTilesPerWarp)
+      return illegal(c, "block_m / warps = " + std::to_string(c.block_m) + " / " +
+                            std::to_string(c.warps) + " must be 16 or 32 rows per warp");
+  }
   const int chunks_per_row = padded_head_dim(p.head_dim) / 8;  // 16-byte copies per row
   if ((c.block_n * chunks_per_row) % c.threads() != 0 ||
       (c.block_m * chunks_per_row) % c.threads() != 0)
@@ -143,6 +182,13 @@ std::vector<AttentionConfig> legal_configs(const AttentionProblem& p, const Devi
           AttentionConfig c{block_m, block_n, warps, stages};
           if (check_config(c, p, device).ok()) configs.push_back(c);
         }
+  if (device.arch == 90)
+    for (int block_m : kWgmmaBlockMChoices)
+      for (int block_n : kWgmmaBlockNChoices)
+        for (int stages : kStageChoices) {
+          AttentionConfig c{block_m, block_n, block_m / 16, stages, KernelFamily::Wgmma};
+          if (check_config(c, p, device).ok()) configs.push_back(c);
+        }
   return configs;
 }
 
@@ -153,7 +199,14 @@ int formula_block_m(const AttentionProblem& p, const DeviceSpec& device) {
 }  // namespace
 
 Result<AttentionConfig> default_config(const AttentionProblem& p, const DeviceSpec& device) {
-  const std::vector<AttentionConfig> legal = legal_configs(p, device);
+  // The formula picks block_m within the device's best template family: wgmma where the device
+  // has it (sm90), mma.sync elsewhere.
+  std::vector<AttentionConfig> legal = legal_configs(p, device);
+  const bool has_wgmma = std::any_of(legal.begin(), legal.end(), [](const AttentionConfig& c) {
+    return c.family == KernelFamily::Wgmma;
+  });
+  const KernelFamily family = has_wgmma ? KernelFamily::Wgmma : KernelFamily::Mma;
+  std::erase_if(legal, [&](const AttentionConfig& c) { return c.family != family; });
   if (legal.empty())
     return make_error(
         ErrorCode::Unsupported,
@@ -210,6 +263,30 @@ std::string explain_plan(const AttentionProblem& p, const DeviceSpec& device) {
                         use.smem_bytes, use.regs_per_thread, use.ctas_per_sm, why.c_str());
           out << line;
         }
+  if (device.arch == 90) {
+    out << "\nwgmma family (sm_90a; 64 query rows per warpgroup of 4 warps, S = Q K^T one wgmma "
+           "m64n<Bc>k16 per 16 columns of d, P V from registers):\n";
+    out << "  smem  = 1024 + (Br + 2 * stages * Bc) * " << dp
+        << " * 2 B   <= " << device.smem_per_block_optin << " B per block\n";
+    out << "  regs ~= " << dp / 2 << " (O) + Bc / 2 (S) + 2 * Bc / 4 (P of two blocks) + "
+        << kRegisterAllowance + kRegistersPerMTile << "   <= " << device.max_regs_per_thread
+        << " per thread\n\n";
+    out << "config              smem(B)  regs~  CTAs/SM  status\n";
+    for (int block_m : kWgmmaBlockMChoices)
+      for (int block_n : kWgmmaBlockNChoices)
+        for (int stages : kStageChoices) {
+          AttentionConfig c{block_m, block_n, block_m / 16, stages, KernelFamily::Wgmma};
+          Status status = check_config(c, p, device);
+          ResourceUse use = resource_use(c, p, device);
+          std::string why = status.ok() ? "legal" : status.error().message;
+          const std::string prefix = "config " + c.to_string() + ": ";
+          if (why.rfind(prefix, 0) == 0) why = "illegal: " + why.substr(prefix.size());
+          char line[256];
+          std::snprintf(line, sizeof line, "%-18s %8d %6d %8d  %s\n", c.to_string().c_str(),
+                        use.smem_bytes, use.regs_per_thread, use.ctas_per_sm, why.c_str());
+          out << line;
+        }
+  }
   auto legal = legal_configs(p, device);
   out << "\n" << legal.size() << " legal configs.";
   if (auto def = default_config(p, device); def.ok())

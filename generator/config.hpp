@@ -3,10 +3,17 @@
 //
 // One CTA owns block_m query rows; its `warps` warps own 16 * m_tiles rows each. K and V are
 // streamed through shared memory in blocks of block_n rows, `stages` blocks deep.
+//
+// Two kernel families share these knobs:
+//   mma    templates/cuda/attention_fwd.cuh, sm80 and newer: mma.sync + ldmatrix, 16 or 32 rows
+//          per warp.
+//   wgmma  templates/cuda/attention_fwd_sm90.cuh, sm90 (H100/H200, compiled for sm_90a):
+//          warpgroup MMA from shared memory, 64 rows per warpgroup of 4 warps.
 #pragma once
 
 #include <compare>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "generator/device.hpp"
@@ -15,17 +22,25 @@
 
 namespace flashjit {
 
+enum class KernelFamily { Mma, Wgmma };
+
 struct AttentionConfig {
   int block_m = 128;  // Br: query rows per CTA
   int block_n = 64;   // Bc: key/value rows per pipeline stage
   int warps = 4;      // warps per CTA; each owns block_m / warps query rows
   int stages = 2;     // K/V shared-memory pipeline depth (cp.async groups in flight + 1)
+  KernelFamily family = KernelFamily::Mma;
 
-  auto operator<=>(const AttentionConfig&) const = default;
+  bool operator==(const AttentionConfig&) const = default;
+  // Family first, then the knobs: legal_configs lists the mma family, then the wgmma family.
+  auto operator<=>(const AttentionConfig& other) const {
+    return std::tie(family, block_m, block_n, warps, stages) <=>
+           std::tie(other.family, other.block_m, other.block_n, other.warps, other.stages);
+  }
 
   int threads() const { return warps * 32; }
   int rows_per_warp() const { return block_m / warps; }
-  // "m128n64w4s2"
+  // "m128n64w4s2" (mma), "m128n128w8s2-wgmma" (wgmma)
   std::string to_string() const;
   static Result<AttentionConfig> parse(const std::string& text);
 };
@@ -35,6 +50,9 @@ inline constexpr int kBlockMChoices[] = {32, 64, 128, 256};
 inline constexpr int kBlockNChoices[] = {32, 64, 128};
 inline constexpr int kWarpChoices[] = {2, 4, 8};
 inline constexpr int kStageChoices[] = {2, 3};
+// The wgmma family: block_m = 64 per warpgroup (warps = block_m / 16), S = Q K^T one wgmma wide.
+inline constexpr int kWgmmaBlockMChoices[] = {64, 128};
+inline constexpr int kWgmmaBlockNChoices[] = {64, 128};
 
 // Head dim as laid out in shared memory: rounded up to 64 so that every row is a whole number of
 // 128-byte swizzle groups. Padding columns are zero-filled and never written back.
@@ -48,7 +66,8 @@ struct ResourceUse {
 };
 
 // Q tile + `stages` K and V tiles, 2-byte elements, padded head dim:
-//   smem = (block_m + 2 * stages * block_n) * padded_head_dim * 2
+//   smem = (block_m + 2 * stages * block_n) * padded_head_dim * 2  (+ 1024 for wgmma: its
+//   tiles start on a 1024-byte swizzle-atom boundary)
 int smem_bytes(const AttentionConfig& config, const AttentionProblem& problem);
 // The least registers a thread needs: fp32 accumulators (O: m_tiles*16 x d, S: m_tiles*16 x
 // block_n, spread over 32 lanes) plus fragments, addresses and softmax state.
@@ -61,13 +80,14 @@ ResourceUse resource_use(const AttentionConfig& config, const AttentionProblem& 
 Status check_config(const AttentionConfig& config, const AttentionProblem& problem,
                     const DeviceSpec& device);
 
-// Every legal config, in a stable order (block_m, block_n, warps, stages ascending).
+// Every legal config, in a stable order (family, block_m, block_n, warps, stages ascending).
 std::vector<AttentionConfig> legal_configs(const AttentionProblem& problem,
                                            const DeviceSpec& device);
 
 // The untuned default from the starting formula Br = smem_per_block / (3 * d * sizeof(float)),
-// rounded down to the largest legal block_m (the smallest legal one if none is below);
-// then block_n = 64 if legal, the most warps that are legal, and 2 stages.
+// within the device's best kernel family (wgmma on sm90, else mma): rounded down to the largest
+// legal block_m (the smallest legal one if none is below); then block_n = 64 if legal, the most
+// warps that are legal, and 2 stages.
 // Error only if no config is legal (a device too small for this head dim).
 Result<AttentionConfig> default_config(const AttentionProblem& problem, const DeviceSpec& device);
 

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 #include <sstream>
 
 #include "generator/cpu_config.hpp"
@@ -32,6 +33,8 @@ Status check_template_constraints(const AttentionProblem& problem, const Attenti
   unlimited.regs_per_sm = 1 << 30;
   unlimited.max_regs_per_thread = 1 << 30;
   unlimited.max_threads_per_sm = unlimited.max_threads_per_block = 1 << 30;
+  // The wgmma family exists for sm90 only: the one architecture its constraints accept.
+  if (config.family == KernelFamily::Wgmma) unlimited.arch = 90;
   return check_config(config, problem, unlimited);
 }
 
@@ -57,14 +60,20 @@ namespace {
 
 // The parts every backend's source shares: a header line naming what it is, the params struct,
 // the template text, then the backend's own instantiation.
-Result<KernelSource> assemble(const char* template_path, const char* entry, const char* kind,
-                              const AttentionProblem& problem, const AttentionConfig& config,
-                              const std::string& instantiation) {
+Result<KernelSource> assemble(std::initializer_list<const char*> template_paths, const char* entry,
+                              const char* kind, const AttentionProblem& problem,
+                              const AttentionConfig& config, const std::string& instantiation) {
   const std::string_view params = templates::text("attention_params.h");
-  const std::string_view kernel = templates::text(template_path);
-  if (params.empty() || kernel.empty())
-    return make_error(ErrorCode::Unsupported,
-                      std::string(template_path) + " is not embedded in this build");
+  if (params.empty())
+    return make_error(ErrorCode::Unsupported, "attention_params.h is not embedded in this build");
+  std::string kernel;
+  for (const char* path : template_paths) {
+    const std::string_view part = templates::text(path);
+    if (part.empty())
+      return make_error(ErrorCode::Unsupported,
+                        std::string(path) + " is not embedded in this build");
+    kernel += std::string(part) + "\n";
+  }
   KernelSource source;
   source.entry = entry;
   source.label = std::string(kind) + " d" + std::to_string(problem.head_dim) + " " +
@@ -73,8 +82,7 @@ Result<KernelSource> assemble(const char* template_path, const char* entry, cons
   std::ostringstream text;
   text << "// flashjit " << source.label << " (generator " << generator_version() << ")\n"
        << params << "\n"
-       << kernel << "\n"
-       << "// ---- instantiation ----\n"
+       << kernel << "// ---- instantiation ----\n"
        << instantiation;
   source.text = text.str();
   return source;
@@ -86,19 +94,27 @@ Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
                                            const AttentionConfig& config) {
   FLASHJIT_TRY(validate(problem));
   FLASHJIT_TRY(check_template_constraints(problem, config));
+  const bool wgmma = config.family == KernelFamily::Wgmma;
   std::ostringstream instantiation;
-  instantiation << "typedef flashjit_kernel::Traits</*head_dim=*/" << problem.head_dim
-                << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n
-                << ", /*warps=*/" << config.warps << ", /*stages=*/" << config.stages
-                << ", /*bf16=*/" << (problem.dtype == DType::BF16 ? "true" : "false")
-                << ", /*causal=*/" << (problem.causal ? "true" : "false") << "> Config;\n"
+  instantiation << "typedef flashjit_kernel::" << (wgmma ? "Sm90Traits" : "Traits")
+                << "</*head_dim=*/" << problem.head_dim << ", /*block_m=*/" << config.block_m
+                << ", /*block_n=*/" << config.block_n << ", /*warps=*/" << config.warps
+                << ", /*stages=*/" << config.stages << ", /*bf16=*/"
+                << (problem.dtype == DType::BF16 ? "true" : "false") << ", /*causal=*/"
+                << (problem.causal ? "true" : "false") << "> Config;\n"
                 << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads, 1)\n"
                 << kAttentionForwardEntry
                 << "(const __grid_constant__ FlashjitAttentionParams params) {\n"
-                << "  flashjit_kernel::attention_forward<Config>(params);\n"
+                << "  flashjit_kernel::" << (wgmma ? "attention_forward_sm90" : "attention_forward")
+                << "<Config>(params);\n"
                 << "}\n";
-  return assemble("cuda/attention_fwd.cuh", kAttentionForwardEntry, "attention_fwd", problem,
-                  config, instantiation.str());
+  Result<KernelSource> source =
+      wgmma ? assemble({"cuda/common.cuh", "cuda/attention_fwd_sm90.cuh"}, kAttentionForwardEntry,
+                       "attention_fwd_sm90", problem, config, instantiation.str())
+            : assemble({"cuda/common.cuh", "cuda/attention_fwd.cuh"}, kAttentionForwardEntry,
+                       "attention_fwd", problem, config, instantiation.str());
+  if (source.ok()) source->arch_specific = wgmma;
+  return source;
 }
 
 Result<KernelSource> render_cpu_attention(const AttentionProblem& problem,
@@ -118,8 +134,8 @@ Result<KernelSource> render_cpu_attention(const AttentionProblem& problem,
                 << "(const FlashjitAttentionParams* params, int work_begin, int work_end) {\n"
                 << "  return flashjit_cpu::Kernel<Config>::run(*params, work_begin, work_end);\n"
                 << "}\n";
-  return assemble("cpu/attention_fwd.hpp", kCpuAttentionForwardEntry, "attention_fwd_cpu", problem,
-                  config, instantiation.str());
+  return assemble({"cpu/attention_fwd.hpp"}, kCpuAttentionForwardEntry, "attention_fwd_cpu",
+                  problem, config, instantiation.str());
 }
 
 }  // namespace flashjit

@@ -14,13 +14,17 @@ struct KernelSource {
   std::string entry;  // extern "C" name of the kernel function
   std::string text;   // the whole translation unit: params struct, template, instantiation
   std::string label;  // "attention_fwd d128 bf16 causal m128n64w4s2", for logs and errors
+  // Compile for the architecture-specific target (sm_90a rather than sm_90): the source uses
+  // instructions (wgmma) that exist only there.
+  bool arch_specific = false;
 };
 
 // Name of the entry point every rendered attention forward source defines.
 inline constexpr const char* kAttentionForwardEntry = "flashjit_attention_fwd";
 
-// CUDA (sm80+, mma.sync) forward kernel. Validates the problem and the config's template
-// constraints (not the device budget: that is check_config's job).
+// CUDA forward kernel: the mma family (sm80+, templates/cuda/attention_fwd.cuh) or the wgmma
+// family (sm90a, attention_fwd_sm90.cuh), both after templates/cuda/common.cuh. Validates the
+// problem and the config's template constraints (not the device budget: check_config's job).
 Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
                                            const AttentionConfig& config);
 

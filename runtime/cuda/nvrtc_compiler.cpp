@@ -64,10 +64,11 @@ std::string nvrtc_version() {
   return "nvrtc " + std::to_string(major) + "." + std::to_string(minor);
 }
 
-std::vector<std::string> nvrtc_options(int arch) {
+std::vector<std::string> nvrtc_options(int arch, bool arch_specific) {
   return {
-      // A real architecture, so that NVRTC runs ptxas and nvrtcGetCUBIN has a binary.
-      "--gpu-architecture=sm_" + std::to_string(arch),
+      // A real architecture, so that NVRTC runs ptxas and nvrtcGetCUBIN has a binary; sm_90a
+      // for sources that use architecture-specific instructions (wgmma).
+      "--gpu-architecture=sm_" + std::to_string(arch) + (arch_specific ? "a" : ""),
       "--std=c++17",
       // ptxas' resource report (registers, stack, spills) goes into the program log.
       "--ptxas-options=-v",
@@ -91,7 +92,7 @@ Result<Binary> nvrtc_compile(const KernelSource& source, int arch) {
   if (result != NVRTC_SUCCESS) return nvrtc_error(source, "nvrtcCreateProgram", result);
   ProgramGuard guard(program);
 
-  const std::vector<std::string> options = nvrtc_options(arch);
+  const std::vector<std::string> options = nvrtc_options(arch, source.arch_specific);
   std::vector<const char*> option_pointers;
   option_pointers.reserve(options.size());
   for (const std::string& option : options) option_pointers.push_back(option.c_str());

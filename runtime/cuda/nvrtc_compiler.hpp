@@ -13,8 +13,9 @@ namespace flashjit::cuda {
 // "nvrtc 13.0"
 std::string nvrtc_version();
 
-// Options passed to NVRTC for `arch` (80, 86, 89, 90): -arch=sm_XX, -std=c++17, ptxas -v, ...
-std::vector<std::string> nvrtc_options(int arch);
+// Options passed to NVRTC for `arch` (80, 86, 89, 90): -arch=sm_XX (sm_XXa when arch_specific),
+// -std=c++17, ptxas -v, ...
+std::vector<std::string> nvrtc_options(int arch, bool arch_specific = false);
 
 // Compiles to CUBIN. On failure the error (CompileFailed) carries the label and the full log.
 // The log of a success holds ptxas' resource report ("Used N registers, ... spill stores").

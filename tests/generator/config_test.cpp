@@ -19,7 +19,11 @@ TEST(Config, ParseAndPrintRoundTrip) {
   auto parsed = AttentionConfig::parse("m64n32w2s3");
   ASSERT_TRUE(parsed.ok());
   EXPECT_EQ(*parsed, (AttentionConfig{64, 32, 2, 3}));
-  for (const char* bad : {"", "m128", "m128n64w4", "x128n64w4s2", "m128n64w4s2extra"}) {
+  const AttentionConfig wgmma{128, 128, 8, 2, KernelFamily::Wgmma};
+  EXPECT_EQ(wgmma.to_string(), "m128n128w8s2-wgmma");
+  EXPECT_EQ(AttentionConfig::parse("m128n128w8s2-wgmma").value(), wgmma);
+  for (const char* bad :
+       {"", "m128", "m128n64w4", "x128n64w4s2", "m128n64w4s2extra", "m128n64w4s2-wgmm"}) {
     auto r = AttentionConfig::parse(bad);
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_NE(r.error().message.find("m<block_m>n<block_n>w<warps>s<stages>"), std::string::npos);
@@ -80,12 +84,19 @@ TEST(Config, BudgetRejectsWhatDoesNotFit) {
 }
 
 TEST(Config, DefaultFollowsTheStartingFormula) {
-  // sm90: 232448 / (3 * d * 4) = 302, 151, 75 rows for d = 64, 128, 256.
-  EXPECT_EQ(default_config(problem(64), sm(90))->block_m, 256);
-  EXPECT_EQ(default_config(problem(128), sm(90))->block_m, 128);
-  EXPECT_EQ(default_config(problem(256), sm(90))->block_m, 64);
-  // sm80 (163 KiB): 108 rows at d = 128 -> 64.
+  // sm90, wgmma family (block_m 64 or 128): 232448 / (3 * d * 4) = 302, 151, 75 rows for
+  // d = 64, 128, 256 -> 128, 128, and at d = 256 the only legal block_m, 128.
+  EXPECT_EQ(default_config(problem(64), sm(90)).value(),
+            (AttentionConfig{128, 64, 8, 2, KernelFamily::Wgmma}));
+  EXPECT_EQ(default_config(problem(128), sm(90)).value(),
+            (AttentionConfig{128, 64, 8, 2, KernelFamily::Wgmma}));
+  EXPECT_EQ(default_config(problem(256), sm(90))->block_m, 128);
+  // sm80 (163 KiB), mma family: 108 rows at d = 128 -> 64; 217 at d = 64 -> 128.
   EXPECT_EQ(default_config(problem(128), sm(80))->block_m, 64);
+  EXPECT_EQ(default_config(problem(64), sm(80))->block_m, 128);
+  for (int arch : {80, 86, 89})
+    for (int d : {64, 128, 256})
+      EXPECT_EQ(default_config(problem(d), sm(arch))->family, KernelFamily::Mma);
   for (int arch : {80, 86, 89, 90})
     for (int d : {64, 128, 256}) {
       auto c = default_config(problem(d), sm(arch));
@@ -101,6 +112,26 @@ TEST(Config, PlanShowsTheArithmeticAndTheLegalSet) {
   EXPECT_NE(plan.find("Default (untuned): " + default_config(problem(128), sm(90))->to_string()),
             std::string::npos);
   EXPECT_NE(plan.find("illegal: shared memory"), std::string::npos) << plan;
+  EXPECT_NE(plan.find("wgmma family"), std::string::npos) << plan;
+  EXPECT_EQ(explain_plan(problem(128), sm(80)).find("wgmma family"), std::string::npos);
+}
+
+TEST(Config, WgmmaFamilyOnlyOnSm90) {
+  const AttentionConfig wgmma{128, 128, 8, 2, KernelFamily::Wgmma};
+  EXPECT_TRUE(check_config(wgmma, problem(128), sm(90)).ok());
+  for (int arch : {80, 86, 89}) {
+    Status status = check_config(wgmma, problem(128), sm(arch));
+    ASSERT_FALSE(status.ok());
+    EXPECT_NE(status.error().message.find("need sm90"), std::string::npos)
+        << status.error().message;
+    for (const AttentionConfig& c : legal_configs(problem(128), sm(arch)))
+      EXPECT_EQ(c.family, KernelFamily::Mma) << c.to_string();
+  }
+  // Warps follow block_m (one warpgroup per 64 rows); 64-row tiles at d = 256 need 16 copies.
+  EXPECT_FALSE(check_config({128, 128, 4, 2, KernelFamily::Wgmma}, problem(128), sm(90)).ok());
+  EXPECT_FALSE(check_config({64, 64, 4, 2, KernelFamily::Wgmma}, problem(256), sm(90)).ok());
+  // Shared memory: + 1024 bytes for the swizzle-atom alignment.
+  EXPECT_EQ(smem_bytes(wgmma, problem(128)), 1024 + (128 + 2 * 2 * 128) * 128 * 2);
 }
 
 }  // namespace

@@ -346,12 +346,12 @@ TEST_P(CudaAttentionAllConfigs, MatchesFp64Reference) {
     }
   }
 
-  std::printf("  %-16s %5s %6s %10s %12s %6s\n", "config", "regs", "local", "max o rel",
+  std::printf("  %-20s %5s %6s %10s %12s %6s\n", "config", "regs", "local", "max o rel",
               "max lse abs", "runs");
   for (const BuiltKernel& b : built) {
     if (!b.kernel) continue;
     const Worst& w = worst[b.config];
-    std::printf("  %-16s %5d %6d %10.2e %12.2e %6d%s\n", b.config.to_string().c_str(),
+    std::printf("  %-20s %5d %6d %10.2e %12.2e %6d%s\n", b.config.to_string().c_str(),
                 b.kernel->info().regs_per_thread, b.kernel->info().local_bytes_per_thread, w.o_rel,
                 w.lse_abs, w.runs, b.config == default_cfg.value() ? "  default" : "");
   }
@@ -478,6 +478,9 @@ TEST_F(CudaAttentionApi, RuntimeServesDefaultConfigAndKeepsKernels) {
       ("flashjit-runtime-test-" + std::to_string(std::random_device{}()));
   RuntimeOptions options;
   options.cache_dir = cache_dir;
+  // No tuning DB: what a tune run left in $FLASHJIT_DB must not decide what this test gets.
+  options.user_db = "";
+  options.system_dbs.clear();
   Result<std::unique_ptr<Runtime>> runtime = Runtime::create(options);
   ASSERT_TRUE(runtime.ok()) << runtime.error().describe();
   const Backend& backend = (*runtime)->backend();

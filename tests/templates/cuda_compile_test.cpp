@@ -50,6 +50,7 @@ struct CompileOutcome {
   AttentionConfig config;
   bool ok = false;
   std::string error;  // render or compile error, with the log
+  std::string log;    // the compile log (ptxas' report and notes)
   size_t cubin_bytes = 0;
   cuda::PtxasReport report;
   double seconds = 0;
@@ -74,6 +75,7 @@ CompileOutcome compile_one(const AttentionProblem& problem, const AttentionConfi
   outcome.ok = true;
   outcome.cubin_bytes = binary->bytes.size();
   outcome.report = cuda::parse_ptxas_report(binary->compile_log);
+  outcome.log = binary->compile_log;
   return outcome;
 }
 
@@ -112,17 +114,22 @@ void expect_clean(const CompileOutcome& outcome, const std::string& group) {
   EXPECT_LE(outcome.report.spill_store_bytes, kMaxSpillBytes)
       << where << ": " << outcome.report.spill_store_bytes << " bytes of spill stores ("
       << outcome.report.registers << " registers)";
+  // ptxas serializes every wgmma of a kernel (a wait after each) when it cannot prove which
+  // accumulators are in flight: correct, but the tensor cores idle (notes C7514/C7515 etc.).
+  EXPECT_EQ(outcome.log.find("wgmma.mma_async instructions are serialized"), std::string::npos)
+      << where << ": ptxas serialized the wgmmas:\n"
+      << outcome.log;
 }
 
 void print_table(const std::vector<CompileOutcome>& outcomes, const AttentionProblem& problem) {
-  std::printf("  %-14s %5s %5s %7s %6s %6s %8s %6s\n", "config", "regs", "est", "spill", "load",
+  std::printf("  %-20s %5s %5s %7s %6s %6s %8s %6s\n", "config", "regs", "est", "spill", "load",
               "stack", "cubin", "sec");
   for (const CompileOutcome& o : outcomes) {
     if (!o.ok) {
-      std::printf("  %-14s FAILED\n", o.config.to_string().c_str());
+      std::printf("  %-20s FAILED\n", o.config.to_string().c_str());
       continue;
     }
-    std::printf("  %-14s %5d %5d %7d %6d %6d %8zu %6.2f\n", o.config.to_string().c_str(),
+    std::printf("  %-20s %5d %5d %7d %6d %6d %8zu %6.2f\n", o.config.to_string().c_str(),
                 o.report.registers, estimated_registers(o.config, problem),
                 o.report.spill_store_bytes, o.report.spill_load_bytes, o.report.stack_frame_bytes,
                 o.cubin_bytes, o.seconds);
