@@ -14,7 +14,7 @@
 # Results go to $OUT (the device tool's output folder; ./device-out when unset): ctest.log,
 # bench.log, flashjit.json, peers.log, peers.json, compare.md. Extra flags for the benchmarks:
 # BENCH_ARGS (e.g. "--quick") and PEERS_ARGS (e.g. "--quick"). DTYPES: the element types tuned
-# and benchmarked, "bf16" (default) or "bf16,fp16".
+# and benchmarked, "bf16" (default) or "bf16,fp16"; TUNE_ARGS: extra `flashjit tune` flags.
 # Exits non-zero if the build, a test or a benchmark failed; the benchmarks still run after
 # failing tests, so that one call gives both answers. 'all' takes about 7-9 minutes on an H100
 # (build ~1.5, tests ~4, benchmarks ~2): near the device tool's 10-minute limit per command, so
@@ -79,7 +79,8 @@ fi
 if [[ "$what" == tune ]]; then
   echo "== flashjit tune (standard grid, ${DTYPES:-bf16})"
   tune_start=$SECONDS
-  if ! build-device/flashjit tune --dtypes "${DTYPES:-bf16}" --json "$OUT/tune.json" 2>&1 |
+  # shellcheck disable=SC2086  # TUNE_ARGS is a list of flags
+  if ! build-device/flashjit tune --dtypes "${DTYPES:-bf16}" --json "$OUT/tune.json" ${TUNE_ARGS:-} 2>&1 |
       tee "$OUT/tune.log"; then
     status=1
     echo "== flashjit tune FAILED"
