@@ -13,6 +13,11 @@ constexpr int kMaxMTilesPerWarp = 2;  // 16-row MMA tiles a warp owns (template 
 // 16-byte K (or V) tile copies per thread: the template takes up to 16, but past 8 each copy's
 // address and predicate push ptxas into large spills (seen: 280 B with m32n128w2 at d = 128).
 constexpr int kMaxCopiesPerThread = 8;
+// The wgmma family holds no K/V fragments in registers (wgmma reads shared memory), so more
+// copies per thread fit where its loader steps down whole 8-row swizzle phases (one address
+// and stride per thread): m64n128w4 at d = 128 compiles without spills. Where it does not (d =
+// 256 with 128 threads), 16 copies spill ~270 B: the limit stays 8 there.
+constexpr int kMaxCopiesPerThreadWgmma = 16;
 // Registers a thread needs at the least beyond its fp32 accumulators: a fixed part (tile
 // addresses, loop state, softmax scalars), the K and V fragments in flight, and per 16-row tile
 // the Q and P fragments and m, l. A config is legal when this minimum fits the 255-register
@@ -148,10 +153,14 @@ Status check_config(const AttentionConfig& c, const AttentionProblem& p, const D
       (c.block_m * chunks_per_row) % c.threads() != 0)
     return illegal(
         c, "tile copies do not divide evenly over " + std::to_string(c.threads()) + " threads");
-  if (c.block_n * chunks_per_row / c.threads() > kMaxCopiesPerThread)
+  const bool row_stepping_loader =
+      c.threads() % chunks_per_row == 0 && (c.threads() / chunks_per_row) % 8 == 0;
+  const int max_copies = c.family == KernelFamily::Wgmma && row_stepping_loader
+                             ? kMaxCopiesPerThreadWgmma
+                             : kMaxCopiesPerThread;
+  if (c.block_n * chunks_per_row / c.threads() > max_copies)
     return illegal(c, std::to_string(c.block_n * chunks_per_row / c.threads()) +
-                          " K/V tile copies per thread exceed " +
-                          std::to_string(kMaxCopiesPerThread) +
+                          " K/V tile copies per thread exceed " + std::to_string(max_copies) +
                           " (too few threads for the tile: registers would spill)");
   if (c.threads() > device.max_threads_per_block)
     return illegal(c, std::to_string(c.threads()) + " threads exceed the device's " +
