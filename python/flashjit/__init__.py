@@ -90,6 +90,12 @@ def _check_array(name, x):
         ) from None
 
 
+def _detached(x):
+    """x without autograd: torch's __dlpack__ refuses tensors that require grad (flashjit has no
+    backward pass). Anything else as it is."""
+    return x.detach() if getattr(x, "requires_grad", False) else x
+
+
 def _stream_handle(stream):
     """An int CUstream from an int, a torch.cuda.Stream (.cuda_stream) or a cupy Stream (.ptr)."""
     if isinstance(stream, int):
@@ -137,8 +143,7 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", out=None, ret
     synchronize = False
     if kind == "torch":
         torch = _sys.modules["torch"]
-        # __dlpack__ refuses tensors that require grad; flashjit has no backward pass.
-        q, k, v = (x.detach() if x.requires_grad else x for x in (q, k, v))
+        q, k, v = (_detached(x) for x in (q, k, v))
         if out is None:
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         if return_lse and lse is None:
@@ -194,8 +199,7 @@ def config_for(q, k, v, *, causal=False, scale=None, layout="bshd", config=None)
     "given"), device ("cuda:0", "cpu") and problem."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_array(name, x)
-    if _framework(q) == "torch":
-        q, k, v = (x.detach() if x.requires_grad else x for x in (q, k, v))
+    q, k, v = (_detached(x) for x in (q, k, v))
     return _C.config_for(q, k, v, bool(causal), scale, layout, config)
 
 
