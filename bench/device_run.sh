@@ -7,14 +7,25 @@
 #          gtest names, e.g. "CudaAttention" or "sm90_d128" (not executable names)
 #   bench  configure + build, then bench_attention, peers_bench.py (torch flash + cuDNN, fwd only)
 #          and the comparison table
-#   tune   configure + build, `flashjit tune` over the bf16 standard grid (timed), then a fresh
+#   tune   configure + build, `flashjit tune` over the standard grid (DTYPES; timed), then a fresh
 #          process's attention() of a tuned problem, then the bench (tuned and default configs)
 #   all    tests and bench (default)
+#   py-tests   the Python module: pip install --no-build-isolation --target build-device/pysite .
+#              (the machine's python3 with torch, nanobind, scikit-build-core; no C++ build), then
+#              the Python tests on the GPU (tests/python, FLASHJIT_EXPECT_GPU=1): ~3 minutes
+#   py-bench   the same install, then flashjit.tune() over the standard grid for bf16 and fp16
+#              (what the DB lacks; `flashjit tune` in-process) and bench/side_by_side.py (flashjit
+#              tuned + default vs torch SDPA flash + cuDNN): ~6-7 minutes on an H100
+#   py         py-tests then py-bench (may exceed the device tool's 10-minute limit: prefer two
+#              calls on the same warm machine)
 #
 # Results go to $OUT (the device tool's output folder; ./device-out when unset): ctest.log,
-# bench.log, flashjit.json, peers.log, peers.json, compare.md. Extra flags for the benchmarks:
-# BENCH_ARGS (e.g. "--quick") and PEERS_ARGS (e.g. "--quick"). DTYPES: the element types tuned
-# and benchmarked, "bf16" (default) or "bf16,fp16"; TUNE_ARGS: extra `flashjit tune` flags.
+# bench.log, flashjit.json, peers.log, peers.json, compare.md; py modes: pip.log, pytest.log,
+# tune.log, tune.json, side_by_side.log and perf/ (the table .md, .json and .svg plots for
+# docs/perf). Extra flags for the benchmarks: BENCH_ARGS (e.g. "--quick"; py-bench passes them to
+# side_by_side.py), PEERS_ARGS (e.g. "--quick"), PYTEST_ARGS (e.g. "-k stream"). DTYPES: the
+# element types the tune mode tunes and benchmarks, "bf16" (default) or "bf16,fp16";
+# TUNE_ARGS: extra `flashjit tune` flags.
 # Exits non-zero if the build, a test or a benchmark failed; the benchmarks still run after
 # failing tests, so that one call gives both answers. 'all' takes about 7-9 minutes on an H100
 # (build ~1.5, tests ~4, benchmarks ~2): near the device tool's 10-minute limit per command, so
@@ -25,8 +36,9 @@ what="${1:-all}"
 DTYPES="${DTYPES:-bf16}"
 ctest_regex="${2:-}"
 case "$what" in
-  tests|bench|tune|all) ;;
-  *) echo "usage: bench/device_run.sh [tests|bench|tune|all] [CTEST_REGEX]" >&2; exit 2 ;;
+  tests|bench|tune|all|py|py-tests|py-bench) ;;
+  *) echo "usage: bench/device_run.sh [tests|bench|tune|all|py|py-tests|py-bench] [CTEST_REGEX]" >&2
+     exit 2 ;;
 esac
 
 export PYTHONUNBUFFERED=1
@@ -55,15 +67,88 @@ fi
 
 status=0
 start=$SECONDS
-echo "== configure + build (Release, build-device/)"
-cmake -S . -B build-device "${cmake_args[@]}" 2>&1 | tail -n 5
-if ! cmake --build build-device -j16 >build-device/build.log 2>&1; then
-  tail -n 80 build-device/build.log
-  echo "== build FAILED"
-  exit 1
+if [[ "$what" != py* ]]; then
+  echo "== configure + build (Release, build-device/)"
+  cmake -S . -B build-device "${cmake_args[@]}" 2>&1 | tail -n 5
+  if ! cmake --build build-device -j16 >build-device/build.log 2>&1; then
+    tail -n 80 build-device/build.log
+    echo "== build FAILED"
+    exit 1
+  fi
+  grep -E 'warning:' build-device/build.log | sort -u | head -n 20 || true
+  echo "== built in $((SECONDS - start)) s"
 fi
-grep -E 'warning:' build-device/build.log | sort -u | head -n 20 || true
-echo "== built in $((SECONDS - start)) s"
+
+if [[ "$what" == py* ]]; then
+  # The Python module, installed into a folder of its own (not the system's site-packages, which
+  # Ubuntu marks externally managed): PYTHONPATH points there for every later step. CMake finds
+  # .deps/sqlite by itself (CMakeLists.txt) when /usr/include/sqlite3.h is missing.
+  py="${PYTHON:-python3}"
+  pysite="$PWD/build-device/pysite"
+  export PYTHONPATH="$pysite${PYTHONPATH:+:$PYTHONPATH}"
+  echo "== python: $("$py" --version 2>&1), $(command -v "$py")"
+  "$py" - <<'PYCHECK' || { echo "== python prerequisites missing"; exit 1; }
+import importlib.util, os, sysconfig, sys
+missing = [m for m in ("nanobind", "scikit_build_core", "torch", "numpy", "pytest")
+           if importlib.util.find_spec(m) is None]
+header = os.path.join(sysconfig.get_paths()["include"], "Python.h")
+if not os.path.exists(header):
+    missing.append("Python.h (" + header + "; python3-dev)")
+print("   missing: " + ", ".join(missing) if missing else "   nanobind, scikit-build-core, torch,"
+      " numpy, pytest and Python.h present")
+sys.exit(1 if missing else 0)
+PYCHECK
+  echo "== pip install --no-build-isolation --target build-device/pysite ."
+  mkdir -p build-device
+  if ! CMAKE_BUILD_PARALLEL_LEVEL=16 "$py" -m pip install --no-build-isolation --no-deps \
+      --upgrade --target "$pysite" -v . >"$OUT/pip.log" 2>&1; then
+    tail -n 60 "$OUT/pip.log"
+    echo "== pip install FAILED (full log: pip.log)"
+    exit 1
+  fi
+  grep -E 'warning:' "$OUT/pip.log" | sort -u | head -n 20 || true
+  if ! (cd / && "$py" -c "import flashjit, json; print('   flashjit', flashjit.__version__,
+'from', flashjit.__file__); print('   devices:', json.dumps([d.get('name') for d in
+flashjit.devices()]))"); then
+    echo "== import flashjit FAILED"
+    exit 1
+  fi
+  echo "== installed in $((SECONDS - start)) s"
+fi
+
+if [[ "$what" == py || "$what" == py-tests ]]; then
+  echo "== python tests (GPU)"
+  # shellcheck disable=SC2086  # PYTEST_ARGS is a list of flags
+  if ! "$py" -m pytest -q -rs tests/python ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log"; then
+    status=1
+    echo "== python tests FAILED"
+  fi
+  echo "== python tests done at $((SECONDS - start)) s"
+fi
+
+if [[ "$what" == py || "$what" == py-bench ]]; then
+  echo "== flashjit.tune(): the standard grid, bf16 and fp16 (what the DB lacks)"
+  tune_start=$SECONDS
+  if ! "$py" - "$OUT/tune.json" <<'PYTUNE' 2>&1 | tee "$OUT/tune.log"; then
+import json, sys
+import flashjit
+report = flashjit.tune(dtypes=["bf16", "fp16"])
+with open(sys.argv[1], "w") as f:
+    json.dump(report, f, indent=1)
+PYTUNE
+    status=1
+    echo "== flashjit.tune FAILED"
+  fi
+  echo "== tune took $((SECONDS - tune_start)) s"
+  echo "== side_by_side.py (flashjit tuned + default vs torch SDPA flash + cuDNN)"
+  # shellcheck disable=SC2086
+  if ! COMMIT="${commit:-${COMMIT:-unknown}}" "$py" bench/side_by_side.py --out-dir "$OUT/perf" \
+      ${BENCH_ARGS:-} 2>&1 | tee "$OUT/side_by_side.log"; then
+    status=1
+    echo "== side_by_side.py FAILED"
+  fi
+  echo "== py-bench done at $((SECONDS - start)) s"
+fi
 
 if [[ "$what" == tests || "$what" == all ]]; then
   echo "== ctest"

@@ -82,6 +82,34 @@ check_cuda_toolkit() {
   fi
 }
 
+# The Python tests (tests/python): a venv at $BUILD_DIR/pyenv (not the system's python) with numpy
+# and pytest, and the package installed into it exactly as a user would: `pip install .` (which
+# builds the extension through CMake with scikit-build-core + nanobind, fetched by pip). Sets
+# PYTEST_PYTHON to the venv's python: configure_and_build then registers tests/python as the ctest
+# test python_tests. Set FLASHJIT_SKIP_PYTHON_TESTS=1 to skip (e.g. offline).
+prepare_python_tests() {
+  if [[ "${FLASHJIT_SKIP_PYTHON_TESTS:-0}" == 1 ]]; then
+    log "FLASHJIT_SKIP_PYTHON_TESTS=1: no Python tests"
+    return 0
+  fi
+  local python="${PYTHON:-python3}" venv="${BUILD_DIR}/pyenv"
+  if [[ ! -x "${venv}/bin/python" ]]; then
+    log "creating the venv ${venv} ($("${python}" --version 2>&1))"
+    "${python}" -m venv "${venv}" || {
+      log "ERROR: '${python} -m venv' failed (Debian: apt-get install python3-venv)"
+      return 1
+    }
+  fi
+  log "pip install numpy pytest, then pip install . (builds the extension, ${JOBS} jobs)"
+  "${venv}/bin/python" -m pip install -q --disable-pip-version-check numpy pytest || return 1
+  CMAKE_BUILD_PARALLEL_LEVEL="${JOBS}" "${venv}/bin/python" -m pip install -q \
+    --disable-pip-version-check "${REPO_ROOT}" || {
+    log "ERROR: pip install . failed"
+    return 1
+  }
+  PYTEST_PYTHON="${venv}/bin/python"
+}
+
 # configure_and_build <ON|OFF: tests> [cmake --build args...]
 configure_and_build() {
   local tests="$1"
@@ -92,6 +120,7 @@ configure_and_build() {
   if [[ ! -f /usr/include/sqlite3.h && -f "${REPO_ROOT}/.deps/sqlite/sqlite3.h" ]]; then
     extra+=(-DFLASHJIT_SQLITE3_INCLUDE_DIR="${REPO_ROOT}/.deps/sqlite")
   fi
+  if [[ -n "${PYTEST_PYTHON:-}" ]]; then extra+=(-DFLASHJIT_PYTEST_PYTHON="${PYTEST_PYTHON}"); fi
   cmake -S "${REPO_ROOT}" -B "${BUILD_DIR}" -DCMAKE_BUILD_TYPE=Release \
     -DCUDAToolkit_ROOT="${CUDA_HOME}" -DFLASHJIT_BUILD_TESTS="${tests}" "${extra[@]}" >/dev/null
   log "building with ${JOBS} jobs"

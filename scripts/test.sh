@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The test job: build flashjit with its tests and run them with ctest. GPU tests skip on a
-# machine without a GPU. CI reads ctest's closing "N% tests passed, M tests failed out of T".
+# machine without a GPU. The Python tests (pip install . into build/pyenv, then pytest
+# tests/python) run as the ctest test python_tests. CI reads ctest's closing
+# "N% tests passed, M tests failed out of T".
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 start=${SECONDS}
 install_test_tools
+prepare_python_tests || exit 1
+log "Python package installed in $((SECONDS - start)) s"
 configure_and_build ON
 log "build done in $((SECONDS - start)) s"
 

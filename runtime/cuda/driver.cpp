@@ -90,6 +90,7 @@ Result<const Driver*> load_driver() {
   FLASHJIT_TRY(resolve(library, table.cuDevicePrimaryCtxRelease,
                        {"cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"}));
   FLASHJIT_TRY(resolve(library, table.cuCtxSetCurrent, {"cuCtxSetCurrent"}));
+  FLASHJIT_TRY(resolve(library, table.cuCtxGetCurrent, {"cuCtxGetCurrent"}));
   // The plain symbol: cuCtxSynchronize_v2 takes a context argument.
   FLASHJIT_TRY(resolve(library, table.cuCtxSynchronize, {"cuCtxSynchronize"}));
   FLASHJIT_TRY(resolve(library, table.cuModuleLoadData, {"cuModuleLoadData"}));

@@ -1,0 +1,285 @@
+"""flashjit: a run-time-compiled, autotuned FlashAttention forward pass.
+
+    import numpy as np, flashjit
+    q = np.random.randn(1, 1000, 8, 64).astype(np.float16)   # (batch, seqlen, heads, head_dim)
+    k = v = np.random.randn(1, 1000, 2, 64).astype(np.float16)
+    o = flashjit.attention(q, k, v, causal=True)              # numpy in, numpy out (CPU backend)
+
+Arrays: torch tensors, cupy, jax or numpy arrays (anything with ``__dlpack__`` or the buffer
+protocol) are read through DLPack, without copies, where they are. CUDA arrays run on the CUDA
+backend of their device (NVRTC-compiled kernels, the device's primary context, the same one torch
+and cupy use); CPU arrays run on the CPU backend (a Clang JIT; present when the build found
+LLVM/Clang 14). float16 and bfloat16 (numpy has no bfloat16: float16 there).
+
+Layouts, stated per call with ``layout=``:
+  "bshd" (the default): (batch, seqlen, heads, head_dim), flash_attn's convention;
+  "bhsd": (batch, heads, seqlen, head_dim), torch SDPA's convention.
+Any strides work as long as the last (head_dim) axis is contiguous and the other strides are
+multiples of 8 elements (e.g. ``q.transpose(1, 2)`` of a BHSD tensor is a valid BSHD view).
+GQA/MQA come from the head counts: k and v may have fewer heads than q, dividing them.
+Causal masking is aligned bottom-right (FlashAttention-2): query i sees key j iff
+j <= i + seqlen_k - seqlen_q.
+
+Streams: torch CUDA tensors run on torch's current stream of their device, cupy arrays on cupy's
+current stream, jax arrays on the default stream with the call returning when the kernel is
+done; ``stream=`` overrides (an int handle, a torch.cuda.Stream or a cupy Stream). CPU calls are
+synchronous.
+
+Configs: attention() uses the config the tuning DB has for the problem on this device (exact, then
+the nearest bucket), else the SRAM-formula default; ``config="default"`` forces the default,
+``config="m128n64w4s2"`` a given legal config. ``tune()`` fills the DB (as ``flashjit tune``).
+Environment variables as for the C++ library: FLASHJIT_DB, FLASHJIT_CACHE_DIR, FLASHJIT_TUNE,
+FLASHJIT_LOG (README.md, "Environment").
+
+Errors raise flashjit.Error subclasses carrying the library's message and ``.code``:
+InvalidArgumentError and UnsupportedError (both also ValueError), NoDeviceError.
+"""
+
+import json as _json
+import os as _os
+import sys as _sys
+import tempfile as _tempfile
+
+from . import _flashjit as _C
+from ._flashjit import (  # noqa: F401  (re-exported)
+    Error,
+    InvalidArgumentError,
+    NoDeviceError,
+    UnsupportedError,
+    __version__,
+    have_cpu_backend,
+)
+
+__all__ = [
+    "attention",
+    "config_for",
+    "show",
+    "tune",
+    "devices",
+    "have_cpu_backend",
+    "Error",
+    "InvalidArgumentError",
+    "UnsupportedError",
+    "NoDeviceError",
+    "LAYOUTS",
+    "__version__",
+]
+
+LAYOUTS = ("bshd", "bhsd")
+
+
+def _framework(x):
+    """'torch', 'numpy', 'cupy', 'jax' or 'other', from the array's type (no imports)."""
+    top = type(x).__module__.split(".", 1)[0]
+    if top in ("torch", "numpy", "cupy"):
+        return top
+    if top in ("jax", "jaxlib"):
+        return "jax"
+    return "other"
+
+
+def _check_array(name, x):
+    if hasattr(type(x), "__dlpack__"):
+        return
+    try:
+        memoryview(x)
+    except TypeError:
+        raise TypeError(
+            f"{name}: expected an array (torch, cupy, jax, numpy: an object with __dlpack__ or "
+            f"the buffer protocol), got {type(x).__module__}.{type(x).__qualname__}"
+        ) from None
+
+
+def _detached(x):
+    """x without autograd: torch's __dlpack__ refuses tensors that require grad (flashjit has no
+    backward pass). Anything else as it is."""
+    return x.detach() if getattr(x, "requires_grad", False) else x
+
+
+def _stream_handle(stream):
+    """An int CUstream from an int, a torch.cuda.Stream (.cuda_stream) or a cupy Stream (.ptr)."""
+    if isinstance(stream, int):
+        return stream
+    for attribute in ("cuda_stream", "ptr"):
+        handle = getattr(stream, attribute, None)
+        if isinstance(handle, int):
+            return handle
+    raise TypeError(
+        f"stream: expected an int handle, a torch.cuda.Stream or a cupy Stream, got "
+        f"{type(stream).__module__}.{type(stream).__qualname__}"
+    )
+
+
+def _lse_shape(q, layout):
+    """(batch, heads, seqlen_q) of q in `layout`; None when q or layout is malformed (the
+    extension reports that)."""
+    shape = tuple(q.shape)
+    if len(shape) != 4 or layout not in LAYOUTS:
+        return None
+    return (shape[0], shape[2], shape[1]) if layout == "bshd" else (shape[0], shape[1], shape[2])
+
+
+def attention(q, k, v, *, causal=False, scale=None, layout="bshd", out=None, return_lse=False,
+              lse=None, config=None, stream=None):
+    """Attention forward: softmax(scale * q k^T + causal mask) v, per head.
+
+    q: (batch, seqlen_q, heads, head_dim) for layout="bshd" (the default), or
+       (batch, heads, seqlen_q, head_dim) for layout="bhsd"; k, v likewise with seqlen_k and
+       heads_kv dividing heads (GQA/MQA). float16 or bfloat16, all on one device.
+    causal: bottom-right aligned causal mask. scale: default 1/sqrt(head_dim).
+    out: optional output array (q's shape, dtype and device; any strides with a contiguous last
+       axis); allocated in q's framework when None (contiguous, q's layout).
+    return_lse: also return the log-sum-exp (float32, (batch, heads, seqlen_q), natural log);
+       lse: optional array to write it into.
+    config: None (tuned selection), "default" (the SRAM-formula default) or a config name.
+    stream: CUDA stream override (int handle, torch.cuda.Stream, cupy Stream).
+    Returns out, or (out, lse) when return_lse.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_array(name, x)
+    kind = _framework(q)
+    want_lse = bool(return_lse) or lse is not None
+    handle = None if stream is None else _stream_handle(stream)
+    synchronize = False
+    if kind == "torch":
+        torch = _sys.modules["torch"]
+        q, k, v = (_detached(x) for x in (q, k, v))
+        if out is None:
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        if return_lse and lse is None:
+            shape = _lse_shape(q, layout)
+            if shape is not None:
+                lse = torch.empty(shape, dtype=torch.float32, device=q.device)
+        if handle is None:
+            handle = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
+    elif kind == "numpy":
+        np = _sys.modules["numpy"]
+        if out is None:
+            out = np.empty(q.shape, dtype=q.dtype)
+        if return_lse and lse is None:
+            shape = _lse_shape(q, layout)
+            if shape is not None:
+                lse = np.empty(shape, dtype=np.float32)
+    elif kind == "cupy":
+        cupy = _sys.modules["cupy"]
+        with cupy.cuda.Device(q.device.id):
+            if out is None:
+                out = cupy.empty(q.shape, dtype=q.dtype)
+            if return_lse and lse is None:
+                shape = _lse_shape(q, layout)
+                if shape is not None:
+                    lse = cupy.empty(shape, dtype=cupy.float32)
+            if handle is None:
+                handle = cupy.cuda.get_current_stream().ptr
+    elif kind == "jax":
+        if out is not None or lse is not None:
+            raise ValueError("out= and lse= are not supported for jax arrays (immutable); "
+                             "flashjit allocates the outputs")
+        jax = _sys.modules.get("jax")
+        if jax is not None:
+            # jax runs asynchronously on its own streams: the inputs must be ready, and the
+            # result is complete when the call returns (synchronize below).
+            jax.block_until_ready((q, k, v))
+        synchronize = True
+    # Outputs the extension allocates (out/lse None here): jax arrays for jax; for other
+    # frameworks numpy arrays on the CPU and DLPack capsules on CUDA devices.
+    made_out, made_lse = _C.attention(
+        q, k, v, out, lse, want_lse, bool(causal), scale, layout, config,
+        0 if handle is None else handle, synchronize, "jax" if kind == "jax" else "numpy")
+    if made_out is not None:
+        out = made_out
+    if made_lse is not None:
+        lse = made_lse
+    return (out, lse) if return_lse else out
+
+
+def config_for(q, k, v, *, causal=False, scale=None, layout="bshd", config=None):
+    """The config attention(q, k, v, ...) would launch, without launching: a dict with
+    config ("m128n64w4s2"), source ("exact" / "nearest" from the tuning DB, "default", or
+    "given"), device ("cuda:0", "cpu") and problem."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_array(name, x)
+    q, k, v = (_detached(x) for x in (q, k, v))
+    return _C.config_for(q, k, v, bool(causal), scale, layout, config)
+
+
+def show(*, head_dim=128, seqlen=4096, seqlen_q=None, seqlen_k=None, batch=2, heads=16,
+         kv_heads=None, dtype="bf16", causal=False, scale=None, layout="bshd", config=None,
+         arch=None, device="auto"):
+    """The generated kernel source for a problem (as ``flashjit show``), with a first comment
+    line naming the problem, the config and where it came from.
+
+    device: "auto" (cuda:0 if there is a GPU, else the CPU backend), "cpu", "cuda", "cuda:N";
+    the config is that runtime's selection (tuning DB, then default) unless config= is given.
+    arch: a table architecture ("sm80", "sm86", "sm89", "sm90") instead of a device: no GPU
+    needed, the default config unless config= is given.
+    """
+    seqlen_q = seqlen if seqlen_q is None else seqlen_q
+    seqlen_k = seqlen if seqlen_k is None else seqlen_k
+    return _C.show(int(batch), int(heads), None if kv_heads is None else int(kv_heads),
+                   int(seqlen_q), int(seqlen_k), int(head_dim), str(dtype), bool(causal), scale,
+                   str(layout), config, arch, str(device))
+
+
+def devices():
+    """CUDA devices and the host CPU, as dicts (backend, device, name, arch or cores, the
+    fingerprint tuning results are stored under; "available" for the CPU backend)."""
+    return _C.devices()
+
+
+def _error(cls, code, message):
+    error = cls(message)
+    error.code = code
+    return error
+
+
+def _list_flag(value):
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(item) for item in value)
+    return str(value)
+
+
+def tune(*, head_dims=None, dtypes=None, causal=None, seqlens=None, tokens=None, batch=None,
+         hidden=None, heads=None, kv_heads=None, recorded=False, db=None, devices=None,
+         backend=None, shard=None, retune=False, min_time_ms=None, retime_top=None, jobs=None,
+         verbose=False):
+    """Tunes a grid of problems (or the recorded ones) and stores the winners in the tuning DB,
+    exactly as ``flashjit tune`` with the same-named flags does (progress on stderr, a table on
+    stdout). Returns its JSON report as a dict ({"problems": [...], "geomean_gain", ...}).
+
+    Defaults as the command: on a GPU the standard grid (d 64,128,256, causal both,
+    N 512..16384, 16k tokens, hidden 2048, bf16); on the CPU backend a small grid.
+    causal: True ("on"), False ("off") or "both". Lists may be Python lists or "a,b" strings.
+    Later attention() calls serve the new results.
+    """
+    args = []
+    for flag, value in (("head-dims", head_dims), ("dtypes", dtypes), ("seqlens", seqlens),
+                        ("tokens", tokens), ("batch", batch), ("hidden", hidden),
+                        ("heads", heads), ("kv-heads", kv_heads), ("db", db),
+                        ("devices", devices), ("backend", backend), ("shard", shard),
+                        ("min-time-ms", min_time_ms), ("retime-top", retime_top),
+                        ("jobs", jobs)):
+        if value is not None:
+            args += [f"--{flag}", _os.fspath(value) if flag == "db" else _list_flag(value)]
+    if causal is not None:
+        args += ["--causal", {True: "on", False: "off"}.get(causal, str(causal))]
+    for flag, value in (("recorded", recorded), ("retune", retune), ("verbose", verbose)):
+        if value:
+            args.append(f"--{flag}")
+    with _tempfile.TemporaryDirectory(prefix="flashjit-tune-") as folder:
+        report_path = _os.path.join(folder, "tune.json")
+        _sys.stdout.flush()
+        _sys.stderr.flush()
+        status, errors = _C.tune(args + ["--json", report_path])
+        if status != 0:
+            lines = [line for line in errors.splitlines() if line.strip()]
+            message = "\n".join(lines[-20:]) or f"flashjit tune failed (exit status {status})"
+            if "no CUDA device" in message:
+                raise _error(NoDeviceError, "NoDevice", message)
+            if status == 2:
+                raise _error(InvalidArgumentError, "InvalidArgument", message)
+            raise _error(Error, "Failed", message)
+        if not _os.path.exists(report_path):  # nothing to tune
+            return {"problems": [], "geomean_gain": 1.0, "seconds": 0.0}
+        with open(report_path) as f:
+            return _json.load(f)

@@ -1,0 +1,122 @@
+"""Shared setup of the Python tests (tests/python): a hermetic environment, the fp64 reference and
+the skip rules.
+
+Run after `pip install .`: python -m pytest tests/python. CPU tests need the CPU backend (a build
+that found LLVM/Clang 14); GPU tests need torch with CUDA and a CUDA device flashjit can use; each
+skips with its reason otherwise, except that FLASHJIT_EXPECT_GPU=1 turns a missing GPU into a
+failure (as the C++ GPU tests do on the GPU machine).
+"""
+import importlib.util
+import os
+import tempfile
+import zlib
+
+import numpy as np
+import pytest
+
+# Before flashjit creates any runtime: no user tuning DB (nothing read, nothing recorded) and a
+# kernel cache of this session's own unless the caller chose one.
+os.environ["FLASHJIT_DB"] = "none"
+os.environ.pop("FLASHJIT_SYSTEM_DB", None)
+os.environ.pop("FLASHJIT_TUNE", None)
+if not os.environ.get("FLASHJIT_CACHE_DIR"):
+    os.environ["FLASHJIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="flashjit-pytest-cache-")
+
+import flashjit  # noqa: E402
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def have_module(name):
+    return importlib.util.find_spec(name) is not None
+
+
+def cuda_devices():
+    return [d for d in flashjit.devices() if d["backend"] == "cuda" and "error" not in d]
+
+
+def torch_cuda_reason():
+    """None when torch + CUDA + a flashjit CUDA device are usable, else why not."""
+    if not have_module("torch"):
+        return "torch is not installed"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    if not cuda_devices():
+        return "flashjit sees no usable CUDA device"
+    return None
+
+
+def require_gpu():
+    reason = torch_cuda_reason()
+    if reason is None:
+        return
+    if os.environ.get("FLASHJIT_EXPECT_GPU") == "1":
+        pytest.fail(f"FLASHJIT_EXPECT_GPU=1 but {reason}")
+    pytest.skip(reason)
+
+
+def require_cpu_backend():
+    if not flashjit.have_cpu_backend():
+        pytest.skip("this build has no CPU backend (LLVM/Clang 14 were not found)")
+
+
+def seed(*parts):
+    """A reproducible per-case seed (hash() of strings changes with every process)."""
+    return zlib.crc32(repr(parts).encode())
+
+
+def to_bshd(x, layout):
+    return x if layout == "bshd" else np.swapaxes(x, 1, 2)
+
+
+def reference_attention(q, k, v, causal=False, scale=None, layout="bshd"):
+    """fp64 attention (numpy): (o in `layout`, lse (batch, heads_q, seqlen_q)).
+
+    GQA by head counts; causal aligned bottom-right (query i sees key j iff
+    j <= i + seqlen_k - seqlen_q); a row that sees no key has o = 0 and lse = +inf, as the
+    library's reference (tuner/reference.cpp)."""
+    q, k, v = (to_bshd(np.asarray(x, dtype=np.float64), layout) for x in (q, k, v))
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    group = heads_q // heads_kv
+    k = np.repeat(k, group, axis=2)
+    v = np.repeat(v, group, axis=2)
+    scale = 1.0 / np.sqrt(head_dim) if scale is None else scale
+    s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    visible = np.ones((seqlen_q, seqlen_k), dtype=bool)
+    if causal:
+        i = np.arange(seqlen_q)[:, None]
+        j = np.arange(seqlen_k)[None, :]
+        visible = j <= i + seqlen_k - seqlen_q
+    s = np.where(visible, s, -np.inf)
+    row_max = s.max(axis=-1, keepdims=True)
+    empty = ~visible.any(axis=-1)  # (seqlen_q,)
+    row_max = np.where(np.isfinite(row_max), row_max, 0.0)
+    p = np.exp(s - row_max)
+    total = p.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        o = np.einsum("bhqk,bkhd->bqhd", p / np.where(total > 0, total, 1.0), v)
+        lse = np.where(total[..., 0] > 0, np.log(total[..., 0]) + row_max[..., 0], np.inf)
+    o[:, empty, :, :] = 0.0
+    return to_bshd(o, layout), lse
+
+
+def relative_error(out, ref):
+    out = np.asarray(out, dtype=np.float64)
+    assert not np.isnan(out).any(), "NaN in the output"
+    assert np.isfinite(out).all(), "inf in the output"
+    norm = np.linalg.norm(ref)
+    return np.linalg.norm(out - ref) / (norm if norm > 0 else 1.0)
+
+
+def lse_error(lse, ref):
+    """Max |lse - ref| over rows with keys; rows without keys must be +inf in both."""
+    lse = np.asarray(lse, dtype=np.float64)
+    assert not np.isnan(lse).any(), "NaN in the lse"
+    infinite = np.isinf(ref)
+    assert np.array_equal(np.isposinf(lse), infinite), "lse: +inf rows differ from the reference"
+    if (~infinite).any():
+        return float(np.abs(lse[~infinite] - ref[~infinite]).max())
+    return 0.0

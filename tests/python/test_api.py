@@ -1,0 +1,91 @@
+"""flashjit.show, flashjit.devices, flashjit.tune and config_for: the functions around
+attention(), on whatever this machine has (sm90 table rendering needs no GPU)."""
+import numpy as np
+import pytest
+
+import flashjit
+from conftest import require_cpu_backend
+
+
+def test_version():
+    assert flashjit.__version__.count(".") == 2
+
+
+def test_devices_lists_the_cpu():
+    listed = flashjit.devices()
+    cpus = [d for d in listed if d["backend"] == "cpu"]
+    assert len(cpus) == 1
+    assert cpus[0]["cores"] >= 1 and cpus[0]["available"] == flashjit.have_cpu_backend()
+    if flashjit.have_cpu_backend():
+        assert cpus[0]["fingerprint"].startswith("cpu|")
+    for gpu in (d for d in listed if d["backend"] == "cuda" and "error" not in d):
+        assert gpu["arch"].startswith("sm") and gpu["fingerprint"].startswith("cuda|")
+
+
+def test_show_table_arch_needs_no_gpu():
+    source = flashjit.show(head_dim=128, causal=True, arch="sm90")
+    first = source.splitlines()[0]
+    assert first.startswith("// flashjit show: attention(batch=2, heads_q=16")
+    assert "| config m" in first and "(default) | sm90 (table)" in first
+    assert "__global__" in source
+    given = flashjit.show(head_dim=64, arch="sm80", config="m64n32w4s2")
+    assert "config m64n32w4s2 (given)" in given.splitlines()[0]
+
+
+def test_show_errors():
+    with pytest.raises(flashjit.InvalidArgumentError, match="head_dim = 100"):
+        flashjit.show(head_dim=100, arch="sm90")
+    with pytest.raises(flashjit.InvalidArgumentError, match="sm42"):
+        flashjit.show(arch="sm42")
+    with pytest.raises(flashjit.InvalidArgumentError, match="config = 'm512n512w4s2' is not "
+                       "legal on sm90"):
+        flashjit.show(arch="sm90", config="m512n512w4s2")
+    with pytest.raises(flashjit.InvalidArgumentError, match="device = 'gpu'"):
+        flashjit.show(device="gpu")
+    with pytest.raises(flashjit.InvalidArgumentError, match="heads_kv = 5"):
+        flashjit.show(heads=16, kv_heads=5, arch="sm90")
+
+
+def test_show_cpu_backend():
+    require_cpu_backend()
+    source = flashjit.show(head_dim=64, seqlen=256, heads=4, causal=True, device="cpu")
+    first = source.splitlines()[0]
+    assert "(default) | cpu" in first and "causal" in first
+    assert "flashjit" in source and len(source.splitlines()) > 20
+
+
+def test_tune_rejects_bad_flags_with_the_commands_message():
+    with pytest.raises(flashjit.InvalidArgumentError, match="--head-dims = '12'"):
+        flashjit.tune(head_dims=[12])
+    with pytest.raises(flashjit.InvalidArgumentError, match="--causal"):
+        flashjit.tune(causal="sometimes")
+
+
+def test_tune_cpu_then_attention_serves_the_result(tmp_path, monkeypatch):
+    """One small problem tuned on the CPU backend into a fresh DB; attention() then serves the
+    tuned config (exact match) and still matches the reference."""
+    require_cpu_backend()
+    db = tmp_path / "tuning.db"
+    monkeypatch.setenv("FLASHJIT_DB", str(db))
+    try:
+        report = flashjit.tune(backend="cpu", head_dims=[64], seqlens=[128], causal=False,
+                               batch=1, heads=2, dtypes=["fp16"], min_time_ms=2, retime_top=1)
+        assert db.exists()
+        (problem,) = report["problems"]
+        assert problem["d"] == 64 and problem["chosen"]["config"].startswith("m")
+        rng = np.random.default_rng(7)
+        q, k, v = (rng.standard_normal((1, 128, 2, 64)).astype(np.float16) for _ in range(3))
+        chosen = flashjit.config_for(q, k, v)
+        assert chosen["source"] == "exact"
+        assert chosen["config"] == problem["chosen"]["config"]
+        out = flashjit.attention(q, k, v)
+        from conftest import reference_attention, relative_error
+
+        assert relative_error(out, reference_attention(q, k, v)[0]) < 1e-2
+        # Already tuned: resumed from the DB, nothing measured again.
+        again = flashjit.tune(backend="cpu", head_dims=[64], seqlens=[128], causal=False,
+                              batch=1, heads=2, dtypes=["fp16"], min_time_ms=2, retime_top=1)
+        assert again["problems"][0]["chosen"]["config"] == problem["chosen"]["config"]
+    finally:
+        monkeypatch.undo()
+        flashjit._C.clear_runtimes()  # later tests: no DB again
