@@ -2,9 +2,11 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 #include <sstream>
 
 #include "generator/cpu_config.hpp"
+#include "generator/hip_config.hpp"
 #include "templates/embedded.hpp"
 
 namespace flashjit {
@@ -56,15 +58,17 @@ const std::string& generator_version() {
 namespace {
 
 // The parts every backend's source shares: a header line naming what it is, the params struct,
-// the template text, then the backend's own instantiation.
-Result<KernelSource> assemble(const char* template_path, const char* entry, const char* kind,
-                              const AttentionProblem& problem, const AttentionConfig& config,
-                              const std::string& instantiation) {
+// the template texts in order, then the backend's own instantiation.
+Result<KernelSource> assemble(std::initializer_list<const char*> template_paths, const char* entry,
+                              const char* kind, const AttentionProblem& problem,
+                              const AttentionConfig& config, const std::string& instantiation) {
   const std::string_view params = templates::text("attention_params.h");
-  const std::string_view kernel = templates::text(template_path);
-  if (params.empty() || kernel.empty())
-    return make_error(ErrorCode::Unsupported,
-                      std::string(template_path) + " is not embedded in this build");
+  if (params.empty())
+    return make_error(ErrorCode::Unsupported, "attention_params.h is not embedded in this build");
+  for (const char* path : template_paths)
+    if (templates::text(path).empty())
+      return make_error(ErrorCode::Unsupported,
+                        std::string(path) + " is not embedded in this build");
   KernelSource source;
   source.entry = entry;
   source.label = std::string(kind) + " d" + std::to_string(problem.head_dim) + " " +
@@ -72,10 +76,9 @@ Result<KernelSource> assemble(const char* template_path, const char* entry, cons
                  config.to_string();
   std::ostringstream text;
   text << "// flashjit " << source.label << " (generator " << generator_version() << ")\n"
-       << params << "\n"
-       << kernel << "\n"
-       << "// ---- instantiation ----\n"
-       << instantiation;
+       << params << "\n";
+  for (const char* path : template_paths) text << templates::text(path) << "\n";
+  text << "// ---- instantiation ----\n" << instantiation;
   source.text = text.str();
   return source;
 }
@@ -97,8 +100,36 @@ Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
                 << "(const __grid_constant__ FlashjitAttentionParams params) {\n"
                 << "  flashjit_kernel::attention_forward<Config>(params);\n"
                 << "}\n";
-  return assemble("cuda/attention_fwd.cuh", kAttentionForwardEntry, "attention_fwd", problem,
-                  config, instantiation.str());
+  return assemble({"attention_common.h", "cuda/attention_fwd.cuh"}, kAttentionForwardEntry,
+                  "attention_fwd", problem, config, instantiation.str());
+}
+
+Result<KernelSource> render_hip_attention(const AttentionProblem& problem,
+                                          const AttentionConfig& config) {
+  FLASHJIT_TRY(validate(problem));
+  // An AMD device with no limits to speak of: only the template's own constraints can fail.
+  DeviceSpec unlimited;
+  unlimited.name = "(template constraints only)";
+  unlimited.gcn_arch = "gfx90a";
+  unlimited.warp_size = kHipWaveSize;
+  unlimited.smem_per_block_optin = unlimited.smem_per_sm = 1 << 30;
+  unlimited.regs_per_sm = 1 << 30;
+  unlimited.max_regs_per_thread = 1 << 30;
+  unlimited.max_threads_per_sm = unlimited.max_threads_per_block = 1 << 30;
+  FLASHJIT_TRY(check_hip_config(config, problem, unlimited));
+  std::ostringstream instantiation;
+  instantiation << "typedef flashjit_hip::Traits</*head_dim=*/" << problem.head_dim
+                << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n
+                << ", /*waves=*/" << config.warps << ", /*stages=*/" << config.stages
+                << ", /*bf16=*/" << (problem.dtype == DType::BF16 ? "true" : "false")
+                << ", /*causal=*/" << (problem.causal ? "true" : "false") << "> Config;\n"
+                << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads)\n"
+                << kAttentionForwardEntry << "(FlashjitAttentionParams params) {\n"
+                << "  flashjit_hip::attention_forward<Config>(params);\n"
+                << "}\n";
+  return assemble({"attention_common.h", "hip/primitives.hpp", "hip/attention_fwd.hpp"},
+                  kAttentionForwardEntry, "attention_fwd_hip", problem, config,
+                  instantiation.str());
 }
 
 Result<KernelSource> render_cpu_attention(const AttentionProblem& problem,
@@ -118,8 +149,8 @@ Result<KernelSource> render_cpu_attention(const AttentionProblem& problem,
                 << "(const FlashjitAttentionParams* params, int work_begin, int work_end) {\n"
                 << "  return flashjit_cpu::Kernel<Config>::run(*params, work_begin, work_end);\n"
                 << "}\n";
-  return assemble("cpu/attention_fwd.hpp", kCpuAttentionForwardEntry, "attention_fwd_cpu", problem,
-                  config, instantiation.str());
+  return assemble({"cpu/attention_fwd.hpp"}, kCpuAttentionForwardEntry, "attention_fwd_cpu",
+                  problem, config, instantiation.str());
 }
 
 }  // namespace flashjit
