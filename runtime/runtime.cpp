@@ -177,7 +177,15 @@ Result<std::string> resolve_backend(const std::string& name) {
                       "backend = '" + name + "': must be one of auto, cuda, hip, cpu");
   }
   if (cuda::device_count() > 0) return std::string("cuda");
-  if (gpu_device_count("hip") > 0) return std::string("hip");
+#if FLASHJIT_HAVE_HIP_BACKEND
+  // Only an AMD GPU the HIP template supports: on any other (RDNA, MI100) auto goes on to the CPU.
+  if (hip::device_count() > 0) {
+    Result<DeviceSpec> amd = hip::query_device(0);
+    if (amd.ok() && hip::supported_processor(gcn_processor(amd->gcn_arch))) {
+      return std::string("hip");
+    }
+  }
+#endif
   if (have_cpu_backend()) return std::string("cpu");
   Result<DeviceSpec> device = cuda::query_device(0);
   return make_error(ErrorCode::NoDevice,

@@ -57,9 +57,9 @@ bool have_hip_backend();
 int gpu_device_count(const std::string& backend);
 
 // The backend `name` ("auto", "cuda", "hip", "cpu") resolves to: auto = CUDA if a CUDA device
-// exists, else HIP if built in and an AMD GPU exists, else the CPU if built in, else error
-// NoDevice. Forced names are not probed here. Error InvalidArgument for other names; Unsupported
-// for "cpu" or "hip" in a build without that backend.
+// exists, else HIP if built in and AMD GPU 0 is one it supports, else the CPU if built in, else
+// error NoDevice. Forced names are not probed here. Error InvalidArgument for other names;
+// Unsupported for "cpu" or "hip" in a build without that backend.
 Result<std::string> resolve_backend(const std::string& name);
 // The backend itself: CUDA or HIP device `device`, or the host CPU.
 Result<std::unique_ptr<Backend>> create_backend(const std::string& name, int device = 0);
