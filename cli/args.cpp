@@ -58,12 +58,14 @@ std::vector<Flag> with(std::vector<Flag> flags, std::initializer_list<Flag> more
   return flags;
 }
 
-const Flag kArchFlag{"arch", "SM",
-                     "plan for a table architecture: sm80, sm86, sm89, sm90, or cpu (this host)"};
+const Flag kArchFlag{"arch", "ARCH",
+                     "plan for a table architecture: sm80, sm86, sm89, sm90, gfx90a, gfx942, or "
+                     "cpu (this host)"};
 const Flag kBackendFlag{"backend", "B",
-                        "auto, cuda or cpu (default: $FLASHJIT_BACKEND or auto: CUDA device 0 if "
-                        "present, else the CPU)"};
-const Flag kDeviceFlag{"device", "N", "plan for CUDA device N (default: device 0 if present)"};
+                        "auto, cuda, hip or cpu (default: $FLASHJIT_BACKEND or auto: CUDA device "
+                        "0 if present, else an AMD GPU, else the CPU)"};
+const Flag kDeviceFlag{"device", "N",
+                       "plan for GPU N (CUDA; HIP with --backend hip; default: device 0)"};
 const Flag kConfigFlag{"config", "CFG", "tile config, e.g. m128n64w4s2 (default: default_config)"};
 
 }  // namespace
@@ -81,13 +83,14 @@ const std::vector<Command>& commands() {
        "configs are legal for the problem, the legal set, and the default config.\n"
        "Without --arch or --device it uses CUDA device 0, if there is one.",
        with(problem_flags(), {kArchFlag, kDeviceFlag, kBackendFlag})},
-      {"show", "print the rendered CUDA source of a kernel",
+      {"show", "print the rendered source of a kernel (CUDA, HIP or C++)",
        "Prints the kernel source rendered for the problem and config to stdout (a header line\n"
        "naming problem, config and device goes to stderr).",
        with(problem_flags(), {kConfigFlag, kArchFlag, kDeviceFlag, kBackendFlag})},
-      {"compile", "compile kernels with NVRTC (no GPU needed) and report their resources",
+      {"compile", "compile kernels with NVRTC or hipRTC (no GPU needed), report resources",
        "Compiles the default config (or --config, or every legal config with --all) to CUBIN\n"
-       "for the architecture and prints shared memory, estimated and ptxas register counts,\n"
+       "(NVRTC) or to an AMD code object (hipRTC, for --arch gfx90a/gfx942) for the\n"
+       "architecture and prints shared memory, estimated and compiler register counts,\n"
        "spills and compile time. Exit status 1 if any compile fails.",
        with(problem_flags(), {kConfigFlag,
                               kArchFlag,
@@ -97,15 +100,15 @@ const std::vector<Command>& commands() {
       {"run", "build and time a kernel on the GPU (or the CPU)",
        "Builds the kernel through the Runtime (on-disk cache: $FLASHJIT_CACHE_DIR), runs it\n"
        "on random inputs and prints the median time and TFLOP/s. Correctness is checked by\n"
-       "the tests, not here. Exit status 2 if there is no CUDA device.",
+       "the tests, not here. Exit status 2 if there is no device.",
        with(problem_flags(),
             {kConfigFlag,
              kBackendFlag,
-             {"device", "N", "CUDA device ordinal (default 0)"},
+             {"device", "N", "CUDA or HIP device ordinal (default 0)"},
              {"reps", "N", "timed repetitions, the median is reported (default 20)"}})},
-      {"devices", "list CUDA devices, the host CPU and the known table architectures",
-       "Lists the CUDA devices with their limits, or says why there is none, and the\n"
-       "architectures `--arch` accepts.",
+      {"devices", "list CUDA and AMD devices, the host CPU and the known table architectures",
+       "Lists the CUDA and AMD (HIP) devices with their limits, or says why there is none,\n"
+       "and the architectures `--arch` accepts.",
        with({}, {})},
   };
   return kCommands;
@@ -277,7 +280,7 @@ Result<std::optional<DeviceSpec>> table_device_from_flags(const ParsedFlags& fla
 
 std::string program_usage() {
   std::ostringstream out;
-  out << "flashjit: run-time compiled, autotuned FlashAttention forward for NVIDIA GPUs\n\n"
+  out << "flashjit: run-time compiled, autotuned FlashAttention forward for NVIDIA and AMD GPUs\n\n"
       << "usage: flashjit <command> [flags]\n"
       << "       flashjit <command> --help\n"
       << "       flashjit --version\n\n"

@@ -1,7 +1,7 @@
 // `flashjit`: plan, show, compile and run attention kernels from the command line.
 //
 // Exit status: 0 success; 1 the work failed (a compile, a launch); 2 a usage error (bad flag or
-// value, invalid problem) or no CUDA device where one is needed.
+// value, invalid problem) or no device where one is needed.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -22,6 +22,7 @@
 #include "generator/cpu_config.hpp"
 #include "generator/device.hpp"
 #include "generator/error.hpp"
+#include "generator/hip_config.hpp"
 #include "generator/problem.hpp"
 #include "generator/render.hpp"
 #include "runtime/backend.hpp"
@@ -31,6 +32,10 @@
 #if FLASHJIT_HAVE_CPU_BACKEND
 #include "runtime/cpu/clang_jit.hpp"
 #include "runtime/cpu/cpu_backend.hpp"
+#endif
+#if FLASHJIT_HAVE_HIP_BACKEND
+#include "runtime/hip/hip_backend.hpp"
+#include "runtime/hip/hiprtc_compiler.hpp"
 #endif
 #include "runtime/runtime.hpp"
 
@@ -50,7 +55,7 @@ constexpr int kExitUsage = 2;
 int report(std::string_view command, const Error& error) {
   std::string prefix = command.empty() ? "flashjit: " : "flashjit " + std::string(command) + ": ";
   if (error.code == ErrorCode::NoDevice) {
-    std::cerr << prefix << "no CUDA device: " << error.message << "\n";
+    std::cerr << prefix << "no device: " << error.message << "\n";
   } else {
     std::cerr << prefix << error.describe() << "\n";
   }
@@ -70,26 +75,72 @@ std::string no_device_reason() {
   return device.ok() ? "device 0 is present" : device.error().message;
 }
 
-// The device a command plans for: --arch (table), --device N (driver), else device 0 if any.
+// AMD device `ordinal` through HIP (Unsupported in a build without the HIP backend).
+Result<DeviceSpec> query_hip_device(int ordinal) {
+#if FLASHJIT_HAVE_HIP_BACKEND
+  return hip::query_device(ordinal);
+#else
+  (void)ordinal;
+  return make_error(ErrorCode::Unsupported,
+                    "built without the HIP backend (ROCm headers not found at build time)");
+#endif
+}
+
+// The device a command plans for: --arch (table), --device N (driver: CUDA, or HIP with
+// --backend hip), else device 0 of CUDA, then of HIP, if any.
 Result<DeviceSpec> resolve_device(const ParsedFlags& flags) {
   auto table = table_device_from_flags(flags);
   FLASHJIT_TRY(table);
   if (*table) return **table;
   auto ordinal = integer_flag(flags, "device", -1, 0, 1023);
   FLASHJIT_TRY(ordinal);
+  const std::string backend = flags.get("backend").value_or(default_backend_name());
+  if (backend == "hip") return query_hip_device(*ordinal >= 0 ? static_cast<int>(*ordinal) : 0);
   if (*ordinal >= 0) return cuda::query_device(static_cast<int>(*ordinal));
   if (cuda::device_count() > 0) return cuda::query_device(0);
-  return make_error(ErrorCode::InvalidArgument, "no CUDA device (" + no_device_reason() +
+  if (backend == "auto" && gpu_device_count("hip") > 0) return query_hip_device(0);
+  return make_error(ErrorCode::InvalidArgument, "no GPU (CUDA: " + no_device_reason() +
                                                     "); pass --arch (one of " +
                                                     join(known_archs(), ", ") + ")");
 }
 
 std::string device_summary(const DeviceSpec& device) {
   return device.name + " (" + device.arch_name() + ", " + std::to_string(device.sm_count) +
-         (device.arch == 0 ? " cores)" : " SMs)");
+         (device.is_cpu()   ? " cores)"
+          : device.is_amd() ? " CUs)"
+                            : " SMs)");
+}
+
+// The generator's functions for the template that runs on `device`: the HIP template's on AMD,
+// the CUDA template's otherwise (table devices have no backend object to ask).
+Result<AttentionConfig> default_for(const AttentionProblem& problem, const DeviceSpec& device) {
+  return device.is_amd() ? default_hip_config(problem, device) : default_config(problem, device);
+}
+Status check_for(const AttentionConfig& config, const AttentionProblem& problem,
+                 const DeviceSpec& device) {
+  return device.is_amd() ? check_hip_config(config, problem, device)
+                         : check_config(config, problem, device);
+}
+Result<KernelSource> render_for(const AttentionProblem& problem, const AttentionConfig& config,
+                                const DeviceSpec& device) {
+  return device.is_amd() ? render_hip_attention(problem, config)
+                         : render_cuda_attention(problem, config);
 }
 
 void print_device(const DeviceSpec& device) {
+  if (device.is_amd()) {
+    std::printf("%s\n", device.name.c_str());
+    std::printf("  target                %s\n", device.gcn_arch.c_str());
+    std::printf("  CUs                   %d\n", device.sm_count);
+    std::printf("  wavefront             %d\n", device.warp_size);
+    std::printf("  LDS per workgroup     %d B\n", device.smem_per_block_optin);
+    std::printf("  LDS per CU            %d B\n", device.smem_per_sm);
+    std::printf("  max regs per lane     %d (VGPRs + AGPRs)\n", device.max_regs_per_thread);
+    std::printf("  max threads per CU    %d\n", device.max_threads_per_sm);
+    std::printf("  max threads per block %d\n", device.max_threads_per_block);
+    std::printf("  L2                    %d B\n", device.l2_bytes);
+    return;
+  }
   std::printf("%s\n", device.name.c_str());
   std::printf("  arch                  %s\n", device.arch_name().c_str());
   std::printf("  SMs                   %d\n", device.sm_count);
@@ -109,9 +160,9 @@ Result<AttentionConfig> choose_config(const ParsedFlags& flags, const AttentionP
                                       const DeviceSpec& device, std::string_view command) {
   auto given = config_from_flags(flags);
   FLASHJIT_TRY(given);
-  if (!*given) return default_config(problem, device);
-  FLASHJIT_TRY(render_cuda_attention(problem, **given));
-  Status legal = check_config(**given, problem, device);
+  if (!*given) return default_for(problem, device);
+  FLASHJIT_TRY(render_for(problem, **given, device));
+  Status legal = check_for(**given, problem, device);
   if (!legal.ok()) {
     std::cerr << "flashjit " << command << ": warning: " << (*given)->to_string()
               << " is not legal on " << device.arch_name() << ": " << legal.error().message << "\n";
@@ -120,7 +171,7 @@ Result<AttentionConfig> choose_config(const ParsedFlags& flags, const AttentionP
 }
 
 // True when a planning command (plan, show) is for the CPU: --arch cpu, --backend cpu, or
-// --backend auto (the default) with no --arch/--device and no CUDA device.
+// --backend auto (the default) with no --arch/--device and no GPU.
 Result<bool> plans_for_cpu(const ParsedFlags& flags) {
   if (flags.get("arch") == std::optional<std::string>("cpu")) {
     if (flags.has("device")) {
@@ -130,13 +181,13 @@ Result<bool> plans_for_cpu(const ParsedFlags& flags) {
   }
   const std::string backend = flags.get("backend").value_or(default_backend_name());
   if (backend == "cpu") return true;
-  if (backend == "cuda") return false;
+  if (backend == "cuda" || backend == "hip") return false;
   if (backend != "auto") {
     return make_error(ErrorCode::InvalidArgument,
-                      "--backend = '" + backend + "': allowed: auto, cuda, cpu");
+                      "--backend = '" + backend + "': allowed: auto, cuda, hip, cpu");
   }
   if (flags.has("arch") || flags.has("device")) return false;
-  return cuda::device_count() == 0;
+  return cuda::device_count() == 0 && gpu_device_count("hip") == 0;
 }
 
 // The CPU config to use: --config (a warning if it exceeds the cache budget), else the default.
@@ -165,7 +216,8 @@ int run_plan(const ParsedFlags& flags) {
   }
   auto device = resolve_device(flags);
   if (!device.ok()) return report("plan", device.error());
-  std::cout << explain_plan(*problem, *device);
+  std::cout << (device->is_amd() ? explain_hip_plan(*problem, *device)
+                                 : explain_plan(*problem, *device));
   return kExitOk;
 }
 
@@ -190,7 +242,7 @@ int run_show(const ParsedFlags& flags) {
   if (!device.ok()) return report("show", device.error());
   auto config = choose_config(flags, *problem, *device, "show");
   if (!config.ok()) return report("show", config.error());
-  auto source = render_cuda_attention(*problem, *config);
+  auto source = render_for(*problem, *config, *device);
   if (!source.ok()) return report("show", source.error());
   std::cerr << "// flashjit show: " << problem->to_string() << " | config " << config->to_string()
             << " | device " << device_summary(*device) << " | entry " << source->entry << "\n";
@@ -204,6 +256,75 @@ struct CompileOutcome {
   ResourceUse use;
   std::optional<Result<Binary>> binary;  // empty until compiled
 };
+
+// `flashjit compile` for an AMD target: hipRTC in worker processes (a target this ROCm does not
+// know fails cleanly), resources from the code objects.
+int compile_hip(const AttentionProblem& problem, const DeviceSpec& device,
+                const std::vector<AttentionConfig>& configs, int jobs) {
+#if FLASHJIT_HAVE_HIP_BACKEND
+  const std::string target = device.gcn_arch;
+  std::cout << "compiling " << configs.size() << " config(s) for " << problem.to_string() << " on "
+            << target << " with " << hip::hiprtc_version() << "\n"
+            << std::flush;
+  std::vector<std::optional<Result<Binary>>> binaries(configs.size());
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i = next++; i < configs.size(); i = next++) {
+      auto source = render_hip_attention(problem, configs[i]);
+      binaries[i].emplace(source.ok() ? hip::hiprtc_compile(*source, target)
+                                      : Result<Binary>(source.error()));
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < std::min<size_t>(static_cast<size_t>(jobs), configs.size()); ++t)
+    threads.emplace_back(worker);
+  for (std::thread& thread : threads) thread.join();
+
+  std::printf("%-14s %8s %7s %9s %6s %6s %6s %9s %9s  %s\n", "config", "LDS B", "WGs/CU",
+              "est regs", "VGPRs", "AGPRs", "spills", "scratch B", "compile s", "status");
+  int failures = 0;
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const HipResourceUse use = hip_resource_use(configs[i], problem, device);
+    const Result<Binary>& binary = *binaries[i];
+    std::string vgprs = "-", agprs = "-", spills = "-", scratch = "-", seconds = "-", status = "ok";
+    if (binary.ok()) {
+      const hip::CodeObjectResources r = hip::parse_code_object_resources(binary->bytes);
+      auto text = [](int value) { return value >= 0 ? std::to_string(value) : std::string("-"); };
+      vgprs = text(r.vgprs);
+      agprs = text(r.agprs);
+      spills = text(r.vgpr_spills);
+      scratch = text(r.scratch_bytes);
+      char buffer[32];
+      std::snprintf(buffer, sizeof(buffer), "%.2f", binary->compile_seconds);
+      seconds = buffer;
+    } else {
+      ++failures;
+      status = "FAILED";
+    }
+    std::printf("%-14s %8d %7d %9d %6s %6s %6s %9s %9s  %s\n", configs[i].to_string().c_str(),
+                use.lds_bytes, use.blocks_per_cu, use.regs_per_lane, vgprs.c_str(), agprs.c_str(),
+                spills.c_str(), scratch.c_str(), seconds.c_str(), status.c_str());
+  }
+  std::fflush(stdout);
+  for (const std::optional<Result<Binary>>& binary : binaries) {
+    if (!binary->ok()) report("compile", binary->error());
+  }
+  if (failures > 0) {
+    std::cerr << "flashjit compile: " << failures << " of " << configs.size()
+              << " compile(s) failed\n";
+    return kExitFailed;
+  }
+  return kExitOk;
+#else
+  (void)problem;
+  (void)configs;
+  (void)jobs;
+  return report("compile", make_error(ErrorCode::Unsupported,
+                                      "compiling for " + device.arch_name() +
+                                          " needs the HIP backend; this build has none (ROCm "
+                                          "headers not found at build time)"));
+#endif
+}
 
 int run_compile(const ParsedFlags& flags) {
   auto problem = problem_from_flags(flags);
@@ -220,7 +341,8 @@ int run_compile(const ParsedFlags& flags) {
       return report("compile", make_error(ErrorCode::InvalidArgument,
                                           "--all and --config exclude each other"));
     }
-    configs = legal_configs(*problem, *device);
+    configs =
+        device->is_amd() ? legal_hip_configs(*problem, *device) : legal_configs(*problem, *device);
     if (configs.empty()) {
       return report("compile", make_error(ErrorCode::Unsupported,
                                           "no legal config for " + problem->to_string() + " on " +
@@ -231,6 +353,7 @@ int run_compile(const ParsedFlags& flags) {
     if (!config.ok()) return report("compile", config.error());
     configs.push_back(*config);
   }
+  if (device->is_amd()) return compile_hip(*problem, *device, configs, static_cast<int>(*jobs));
 
   std::vector<CompileOutcome> outcomes;
   for (const AttentionConfig& config : configs) {
@@ -388,10 +511,11 @@ int run_run(const ParsedFlags& flags) {
               ready.config().to_string().c_str(), info.regs_per_thread, info.local_bytes_per_thread,
               info.dynamic_smem_bytes, info.threads_per_block);
   const RuntimeStats stats = (*runtime)->stats();
+  const char* compiler = backend.name() == "cpu"   ? "compiled with Clang"
+                         : backend.name() == "hip" ? "compiled with hipRTC"
+                                                   : "compiled with NVRTC";
   std::printf("build    %.4f s (%s)\n", build_seconds,
-              stats.compiles > 0
-                  ? (backend.name() == "cpu" ? "compiled with Clang" : "compiled with NVRTC")
-                  : "loaded from the binary cache, no compile");
+              stats.compiles > 0 ? compiler : "loaded from the binary cache, no compile");
   std::printf("time     median %.4f ms, min %.4f ms, max %.4f ms over %lld reps\n", median,
               samples.front(), samples.back(), static_cast<long long>(*reps));
   std::printf("speed    %.1f TFLOP/s\n", tflops);
@@ -416,6 +540,30 @@ int run_devices() {
       std::printf("  fingerprint: %s\n", (*backend)->fingerprint().to_string().c_str());
   }
   std::printf("compiler: %s\n\n", cuda::nvrtc_version().c_str());
+#if FLASHJIT_HAVE_HIP_BACKEND
+  const int amd_count = hip::device_count();
+  if (amd_count == 0) {
+    Result<DeviceSpec> amd = hip::query_device(0);
+    std::printf("no AMD GPU (%s)\n", amd.ok() ? "none found" : amd.error().message.c_str());
+  }
+  for (int ordinal = 0; ordinal < amd_count; ++ordinal) {
+    auto device = hip::query_device(ordinal);
+    if (!device.ok()) {
+      std::printf("AMD device %d: %s\n", ordinal, device.error().describe().c_str());
+      continue;
+    }
+    std::printf("AMD device %d: ", ordinal);
+    print_device(*device);
+    if (auto backend = hip::HipBackend::create(ordinal); backend.ok()) {
+      std::printf("  fingerprint: %s\n", (*backend)->fingerprint().to_string().c_str());
+    } else {
+      std::printf("  HIP backend unusable: %s\n", backend.error().describe().c_str());
+    }
+  }
+  std::printf("compiler: %s\n\n", hip::hiprtc_version().c_str());
+#else
+  std::printf("no HIP backend in this build (ROCm headers not found)\n\n");
+#endif
   const CpuSpec host = cpu::host_cpu();
   std::printf("cpu: %s\n", host.to_string().c_str());
 #if FLASHJIT_HAVE_CPU_BACKEND
@@ -454,6 +602,9 @@ int dispatch(const std::vector<std::string>& args) {
               << cuda::nvrtc_version() << "\n"
 #if FLASHJIT_HAVE_CPU_BACKEND
               << cpu::clang_version() << " (CPU backend)\n"
+#endif
+#if FLASHJIT_HAVE_HIP_BACKEND
+              << hip::hiprtc_version() << " (HIP backend)\n"
 #endif
         ;
     return kExitOk;

@@ -650,6 +650,15 @@ int run_tune_command(const std::vector<std::string>& args) {
       grid_given = grid_given || flags->has(grid_flag);
     }
     if (!recorded && !grid_given) problems = cpu_default_problems();
+  } else if (*backend_name == "hip") {
+    const int device_count = gpu_device_count("hip");
+    if (device_count == 0) {
+      std::cerr << "flashjit tune: no AMD GPU (HIP) found\n";
+      return kExitUsage;
+    }
+    auto devices = devices_from_flags(*flags, device_count);
+    if (!devices.ok()) return usage_error(devices.error());
+    device_list = *devices;
   } else {
     const int device_count = cuda::device_count();
     if (device_count == 0) {

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "generator/cpu_config.hpp"
+#include "generator/hip_config.hpp"
 #include "templates/embedded.hpp"
 
 namespace flashjit {
@@ -59,7 +60,7 @@ const std::string& generator_version() {
 namespace {
 
 // The parts every backend's source shares: a header line naming what it is, the params struct,
-// the template text, then the backend's own instantiation.
+// the template texts in order, then the backend's own instantiation.
 Result<KernelSource> assemble(std::initializer_list<const char*> template_paths, const char* entry,
                               const char* kind, const AttentionProblem& problem,
                               const AttentionConfig& config, const std::string& instantiation) {
@@ -109,12 +110,42 @@ Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
                 << "<Config>(params);\n"
                 << "}\n";
   Result<KernelSource> source =
-      wgmma ? assemble({"cuda/common.cuh", "cuda/attention_fwd_sm90.cuh"}, kAttentionForwardEntry,
-                       "attention_fwd_sm90", problem, config, instantiation.str())
-            : assemble({"cuda/common.cuh", "cuda/attention_fwd.cuh"}, kAttentionForwardEntry,
-                       "attention_fwd", problem, config, instantiation.str());
+      wgmma
+          ? assemble({"attention_common.h", "cuda/common.cuh", "cuda/attention_fwd_sm90.cuh"},
+                     kAttentionForwardEntry, "attention_fwd_sm90", problem, config,
+                     instantiation.str())
+          : assemble({"attention_common.h", "cuda/common.cuh", "cuda/attention_fwd.cuh"},
+                     kAttentionForwardEntry, "attention_fwd", problem, config, instantiation.str());
   if (source.ok()) source->arch_specific = wgmma;
   return source;
+}
+
+Result<KernelSource> render_hip_attention(const AttentionProblem& problem,
+                                          const AttentionConfig& config) {
+  FLASHJIT_TRY(validate(problem));
+  // An AMD device with no limits to speak of: only the template's own constraints can fail.
+  DeviceSpec unlimited;
+  unlimited.name = "(template constraints only)";
+  unlimited.gcn_arch = "gfx90a";
+  unlimited.warp_size = kHipWaveSize;
+  unlimited.smem_per_block_optin = unlimited.smem_per_sm = 1 << 30;
+  unlimited.regs_per_sm = 1 << 30;
+  unlimited.max_regs_per_thread = 1 << 30;
+  unlimited.max_threads_per_sm = unlimited.max_threads_per_block = 1 << 30;
+  FLASHJIT_TRY(check_hip_config(config, problem, unlimited));
+  std::ostringstream instantiation;
+  instantiation << "typedef flashjit_hip::Traits</*head_dim=*/" << problem.head_dim
+                << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n
+                << ", /*waves=*/" << config.warps << ", /*stages=*/" << config.stages
+                << ", /*bf16=*/" << (problem.dtype == DType::BF16 ? "true" : "false")
+                << ", /*causal=*/" << (problem.causal ? "true" : "false") << "> Config;\n"
+                << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads)\n"
+                << kAttentionForwardEntry << "(FlashjitAttentionParams params) {\n"
+                << "  flashjit_hip::attention_forward<Config>(params);\n"
+                << "}\n";
+  return assemble({"attention_common.h", "hip/primitives.hpp", "hip/attention_fwd.hpp"},
+                  kAttentionForwardEntry, "attention_fwd_hip", problem, config,
+                  instantiation.str());
 }
 
 Result<KernelSource> render_cpu_attention(const AttentionProblem& problem,

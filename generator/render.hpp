@@ -28,6 +28,14 @@ inline constexpr const char* kAttentionForwardEntry = "flashjit_attention_fwd";
 Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
                                            const AttentionConfig& config);
 
+// HIP (AMD CDNA: gfx90a, gfx942; MFMA builtins) forward kernel, for hipRTC
+// (templates/hip/attention_fwd.hpp). The same entry name as the CUDA kernel, taking
+// FlashjitAttentionParams by value; launch with block (warps * 64) threads and
+// hip_lds_bytes(config, problem) bytes of dynamic LDS. Validates the problem and the config's
+// template constraints (not the device budget: check_hip_config's job).
+Result<KernelSource> render_hip_attention(const AttentionProblem& problem,
+                                          const AttentionConfig& config);
+
 // Name of the entry point every rendered CPU attention forward source defines:
 //   extern "C" int flashjit_attention_fwd_cpu(const FlashjitAttentionParams* params,
 //                                             int work_begin, int work_end);

@@ -19,7 +19,9 @@ struct DeviceFingerprint {
   // One line, stable: "cuda|NVIDIA H200|sm90|132sm|232448B|52428800B|drv13000|nvrtc 13.0".
   // The CPU backend (backend "cpu": sm_count = cores, smem_per_block_optin = L2, l2_bytes = L3,
   // compiler = clang version, target, ISA features and L1d) prints
-  // "cpu|AMD EPYC|2cores|L2 1048576B|L3 33554432B|clang 14.0.6 ...".
+  // "cpu|AMD EPYC|2cores|L2 1048576B|L3 33554432B|clang 14.0.6 ...". The HIP backend (arch =
+  // the gfx processor's hex digits, sm_count = CUs, compiler = hipRTC version + target ID) prints
+  // "hip|AMD Instinct MI250X|gfx90a|110cu|65536B|8388608B|drv50221153|hiprtc 5.2.21153 gfx90a:...".
   // Defined in runtime/tuning_store.cpp.
   std::string to_string() const;
   bool operator==(const DeviceFingerprint&) const = default;

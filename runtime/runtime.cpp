@@ -12,6 +12,9 @@
 #if FLASHJIT_HAVE_CPU_BACKEND
 #include "runtime/cpu/cpu_backend.hpp"
 #endif
+#if FLASHJIT_HAVE_HIP_BACKEND
+#include "runtime/hip/hip_backend.hpp"
+#endif
 
 namespace flashjit {
 namespace {
@@ -137,8 +140,31 @@ bool have_cpu_backend() {
 #endif
 }
 
+bool have_hip_backend() {
+#if FLASHJIT_HAVE_HIP_BACKEND
+  return true;
+#else
+  return false;
+#endif
+}
+
+int gpu_device_count(const std::string& backend) {
+  if (backend == "cuda") return cuda::device_count();
+#if FLASHJIT_HAVE_HIP_BACKEND
+  if (backend == "hip") return hip::device_count();
+#endif
+  return 0;
+}
+
 Result<std::string> resolve_backend(const std::string& name) {
   if (name == "cuda") return name;
+  if (name == "hip") {
+    if (!have_hip_backend()) {
+      return make_error(ErrorCode::Unsupported,
+                        "backend = hip: built without the HIP backend (ROCm headers not found)");
+    }
+    return name;
+  }
   if (name == "cpu") {
     if (!have_cpu_backend()) {
       return make_error(ErrorCode::Unsupported,
@@ -148,15 +174,25 @@ Result<std::string> resolve_backend(const std::string& name) {
   }
   if (name != "auto") {
     return make_error(ErrorCode::InvalidArgument,
-                      "backend = '" + name + "': must be one of auto, cuda, cpu");
+                      "backend = '" + name + "': must be one of auto, cuda, hip, cpu");
   }
   if (cuda::device_count() > 0) return std::string("cuda");
+#if FLASHJIT_HAVE_HIP_BACKEND
+  // Only an AMD GPU the HIP template supports: on any other (RDNA, MI100) auto goes on to the CPU.
+  if (hip::device_count() > 0) {
+    Result<DeviceSpec> amd = hip::query_device(0);
+    if (amd.ok() && hip::supported_processor(gcn_processor(amd->gcn_arch))) {
+      return std::string("hip");
+    }
+  }
+#endif
   if (have_cpu_backend()) return std::string("cpu");
   Result<DeviceSpec> device = cuda::query_device(0);
   return make_error(ErrorCode::NoDevice,
                     "no CUDA device (" +
-                        (device.ok() ? std::string("none found") : device.error().message) +
-                        ") and built without the CPU backend (LLVM/Clang 14 not found)");
+                        (device.ok() ? std::string("none found") : device.error().message) + ")" +
+                        (have_hip_backend() ? ", no AMD GPU" : "") +
+                        " and built without the CPU backend (LLVM/Clang 14 not found)");
 }
 
 Result<std::unique_ptr<Backend>> create_backend(const std::string& name, int device) {
@@ -165,6 +201,13 @@ Result<std::unique_ptr<Backend>> create_backend(const std::string& name, int dev
 #if FLASHJIT_HAVE_CPU_BACKEND
   if (*resolved == "cpu") {
     Result<std::unique_ptr<cpu::CpuBackend>> backend = cpu::CpuBackend::create();
+    if (!backend.ok()) return backend.error();
+    return std::unique_ptr<Backend>(std::move(backend.value()));
+  }
+#endif
+#if FLASHJIT_HAVE_HIP_BACKEND
+  if (*resolved == "hip") {
+    Result<std::unique_ptr<hip::HipBackend>> backend = hip::HipBackend::create(device);
     if (!backend.ok()) return backend.error();
     return std::unique_ptr<Backend>(std::move(backend.value()));
   }

@@ -51,18 +51,24 @@ std::string default_backend_name();
 
 // True when this build has the CPU backend (LLVM/Clang 14 were found at build time).
 bool have_cpu_backend();
+// True when this build has the HIP backend (the ROCm headers were found at build time).
+bool have_hip_backend();
+// GPUs of `backend` ("cuda" or "hip"); 0 without a driver/runtime, or for other names.
+int gpu_device_count(const std::string& backend);
 
-// The backend `name` ("auto", "cuda", "cpu") resolves to: auto = CUDA if a CUDA device exists,
-// else the CPU if built in, else error NoDevice. Forced names are not probed here. Error
-// InvalidArgument for other names; Unsupported for "cpu" in a build without the CPU backend.
+// The backend `name` ("auto", "cuda", "hip", "cpu") resolves to: auto = CUDA if a CUDA device
+// exists, else HIP if built in and AMD GPU 0 is one it supports, else the CPU if built in, else
+// error NoDevice. Forced names are not probed here. Error InvalidArgument for other names;
+// Unsupported for "cpu" or "hip" in a build without that backend.
 Result<std::string> resolve_backend(const std::string& name);
-// The backend itself: CUDA device `device`, or the host CPU.
+// The backend itself: CUDA or HIP device `device`, or the host CPU.
 Result<std::unique_ptr<Backend>> create_backend(const std::string& name, int device = 0);
 
 struct RuntimeOptions {
-  // "auto" (CUDA if a device exists, else the CPU if built in), "cuda" or "cpu". $FLASHJIT_BACKEND.
+  // "auto" (CUDA if a device exists, else an AMD GPU through HIP, else the CPU if built in),
+  // "cuda", "hip" or "cpu". $FLASHJIT_BACKEND.
   std::string backend = default_backend_name();
-  int device = 0;                                  // CUDA device ordinal
+  int device = 0;                                  // CUDA or HIP device ordinal
   std::optional<std::filesystem::path> cache_dir;  // default: BinaryCache::default_dir()
   bool use_disk_cache = true;
   // The read-write tuning DB, consulted first and written by record_misses and the tuner.

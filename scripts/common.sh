@@ -68,9 +68,16 @@ have_clang_cpp14() { compgen -G "/usr/lib/llvm-14/lib/libclang-cpp.so*" >/dev/nu
 # a copy in .deps/sqlite (with the system's libsqlite3.so.0).
 have_sqlite3() { [[ -f /usr/include/sqlite3.h ]]; }
 
+# The optional HIP backend: the ROCm headers (build) and libamdhip64 with hipRTC (the tests
+# compile every HIP config for gfx90a; no AMD GPU needed). Debian 12 ships ROCm 5.2. Where apt
+# cannot install it, the build goes on without the HIP backend.
+have_hip() { [[ -f /usr/include/hip/hiprtc.h && -f /usr/include/hip/hip_runtime_api.h ]]; }
+
 install_test_tools() {
   install_build_tools
   ensure_packages "have_gtest" libgtest-dev
+  # Its own call: if apt cannot install it, the packages above are not held back with it.
+  ensure_packages "have_hip" libamdhip64-dev
 }
 
 # flashjit needs the CUDA toolkit's headers (cuda.h) and NVRTC; not the driver, not a GPU.

@@ -1,6 +1,7 @@
 // FlashAttention-2 forward for NVIDIA sm80+ (A100, RTX 30/40, H100/H200), tensor cores via
-// mma.sync m16n8k16. The renderer prepends templates/attention_params.h and cuda/common.cuh
-// (element types, PTX wrappers) and appends one instantiation.
+// mma.sync m16n8k16. The renderer prepends templates/attention_params.h,
+// templates/attention_common.h (the key range, masking and LSE rules every GPU template shares)
+// and cuda/common.cuh (element types, PTX wrappers), and appends one instantiation.
 //
 // One CTA computes O for kBlockM query rows of one (batch, head):
 //
@@ -118,6 +119,7 @@ __device__ __forceinline__ void load_tile_async(u32 tile, const u16* source, lon
 
 template <class K>
 __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams& p) {
+  namespace fa = flashjit_attention;
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   constexpr int kMTiles = K::kMTiles, kNTiles = K::kNTiles, kDTiles = K::kDTiles;
 
@@ -150,10 +152,8 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
   float* lse = p.lse ? p.lse + (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q : 0;
 
   // Causal, bottom-right aligned: row i sees keys j <= i + diagonal.
-  const int diagonal = p.seqlen_k - p.seqlen_q;
-  int n_end = p.seqlen_k;
-  if (K::kCausal) n_end = min(n_end, m0 + kBlockM + diagonal);
-  const int n_blocks = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
+  const int diagonal = fa::diagonal(p);
+  const int n_blocks = fa::key_blocks<K::kCausal>(p, diagonal, m0, kBlockM, kBlockN);
 
   // Fragment layout of an m16n8 accumulator: lane holds rows lane/4 and lane/4 + 8,
   // columns 2 * (lane % 4) + {0, 1}.
@@ -240,15 +240,14 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
     // Mask keys past seqlen_k and, when causal, above the diagonal. Only blocks that cross one of
     // those edges pay for it.
     const int n0 = j * kBlockN;
-    if (n0 + kBlockN > p.seqlen_k || (K::kCausal && n0 + kBlockN - 1 > m0 + diagonal)) {
+    if (fa::block_needs_mask<K::kCausal>(p, diagonal, m0, n0, kBlockN)) {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           // Last visible key of this fragment row, relative to this lane's first column.
           const int row = m0 + warp_row0 + mt * 16 + frag_row + half * 8;
-          const int limit =
-              (K::kCausal ? min(p.seqlen_k - 1, row + diagonal) : p.seqlen_k - 1) - (n0 + frag_col);
+          const int limit = fa::last_key<K::kCausal>(p, diagonal, row) - (n0 + frag_col);
 #pragma unroll
           for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
@@ -271,7 +270,7 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
         block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
         block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
         // A row that has seen no key yet has max -inf; subtract 0 instead so exp2 gives 0, not NaN.
-        const float max_scaled = block_max == minus_infinity() ? 0.f : block_max * p.scale_log2;
+        const float max_scaled = fa::scaled_row_max(block_max, p.scale_log2);
         const float correction = fast_exp2(row_max[mt][half] * p.scale_log2 - max_scaled);
         row_max[mt][half] = block_max;
         row_sum[mt][half] *= correction;
@@ -316,7 +315,6 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
 
   // Epilogue: O = acc / l into this warp's own rows of the Q tile (no other warp reads them),
   // then 16-byte coalesced stores. LSE from the lanes that own column 0 of each row.
-  constexpr float kLn2 = 0.6931471805599453f;
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -333,9 +331,8 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
         *reinterpret_cast<u32*>(q_tile + tile_offset<K>(row, dt * 8 + frag_col)) = packed;
       }
       if (lse && lane % 4 == 0 && m0 + row < p.seqlen_q) {
-        lse[m0 + row] = sum > 0.f
-                            ? (row_max[mt][half] * p.scale_log2 + fast_log2(sum)) * kLn2
-                            : plus_infinity();  // FlashAttention's convention: exp(s - lse) = 0
+        lse[m0 + row] =
+            fa::row_lse(row_max[mt][half], p.scale_log2, sum, [](float x) { return fast_log2(x); });
       }
     }
   __syncwarp();

@@ -1,7 +1,8 @@
 // FlashAttention forward for Hopper (sm_90a: H100, H200): warpgroup MMA (wgmma) reading Q, K
 // and V straight from shared memory, P from registers. The renderer prepends
-// templates/attention_params.h and cuda/common.cuh and appends one instantiation; NVRTC compiles
-// it for sm_90a (wgmma exists on sm_90a only).
+// templates/attention_params.h, templates/attention_common.h (key range, masking and LSE rules)
+// and cuda/common.cuh, and appends one instantiation; NVRTC compiles it for sm_90a (wgmma exists
+// on sm_90a only).
 //
 // One CTA computes O for kBlockM = 64 * kWarpgroups query rows of one (batch, head). Each
 // warpgroup (4 warps, 128 threads) owns 64 rows end to end; each warp 16 of them.
@@ -425,11 +426,10 @@ __device__ __forceinline__ void attention_forward_sm90(const FlashjitAttentionPa
            m0 * p.o_seq_stride;
   float* lse = p.lse ? p.lse + (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q : 0;
 
-  // Causal, bottom-right aligned: row i sees keys j <= i + diagonal.
-  const int diagonal = p.seqlen_k - p.seqlen_q;
-  int n_end = p.seqlen_k;
-  if (K::kCausal) n_end = min(n_end, m0 + kBlockM + diagonal);
-  const int n_blocks = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
+  // Causal, bottom-right aligned: row i sees keys j <= i + diagonal (attention_common.h).
+  namespace fa = flashjit_attention;
+  const int diagonal = fa::diagonal(p);
+  const int n_blocks = fa::key_blocks<K::kCausal>(p, diagonal, m0, kBlockM, kBlockN);
 
   // Accumulator layout (per warp, as mma.sync m16n8 tiles): lane holds rows lane/4 and
   // lane/4 + 8, columns 2 * (lane % 4) + {0, 1} of each 8-column tile.
@@ -515,12 +515,11 @@ __device__ __forceinline__ void attention_forward_sm90(const FlashjitAttentionPa
   auto softmax = [&](int j) {
     // Keys past seqlen_k and, when causal, above the diagonal: only blocks crossing an edge.
     const int n0 = j * kBlockN;
-    if (n0 + kBlockN > p.seqlen_k || (K::kCausal && n0 + kBlockN - 1 > m0 + diagonal)) {
+    if (fa::block_needs_mask<K::kCausal>(p, diagonal, m0, n0, kBlockN)) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int row = m0 + warp_row0 + frag_row + half * 8;
-        const int limit =
-            (K::kCausal ? min(p.seqlen_k - 1, row + diagonal) : p.seqlen_k - 1) - (n0 + frag_col);
+        const int limit = fa::last_key<K::kCausal>(p, diagonal, row) - (n0 + frag_col);
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
@@ -538,7 +537,7 @@ __device__ __forceinline__ void attention_forward_sm90(const FlashjitAttentionPa
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
       // A row that has seen no key yet has max -inf; subtract 0 instead so exp2 gives 0, not NaN.
-      const float max_scaled = block_max == minus_infinity() ? 0.f : block_max * p.scale_log2;
+      const float max_scaled = fa::scaled_row_max(block_max, p.scale_log2);
       correction[half] = fast_exp2(row_max[half] * p.scale_log2 - max_scaled);
       row_max[half] = block_max;
       float sum = 0.f;
@@ -598,7 +597,6 @@ __device__ __forceinline__ void attention_forward_sm90(const FlashjitAttentionPa
 
   // Epilogue: O = acc / l into this warp's own rows of the Q tile (only its warpgroup's wgmmas
   // read those rows, all finished), then 16-byte coalesced stores. LSE from the quad leaders.
-  constexpr float kLn2 = 0.6931471805599453f;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     float sum = row_sum[half];
@@ -616,8 +614,8 @@ __device__ __forceinline__ void attention_forward_sm90(const FlashjitAttentionPa
         *reinterpret_cast<u32*>(q_tile_pointer + wg_tile_offset<K, kBlockM>(row, col)) = packed;
       }
     if (lse && lane % 4 == 0 && m0 + row < p.seqlen_q) {
-      lse[m0 + row] = sum > 0.f ? (row_max[half] * p.scale_log2 + fast_log2(sum)) * kLn2
-                                : plus_infinity();  // FlashAttention's convention
+      lse[m0 + row] =
+          fa::row_lse(row_max[half], p.scale_log2, sum, [](float x) { return fast_log2(x); });
     }
   }
   __syncwarp();

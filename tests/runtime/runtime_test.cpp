@@ -621,13 +621,31 @@ TEST(RuntimeCreateTest, AutoWithoutAGpu) {
 
 TEST(RuntimeCreateTest, BackendNames) {
   EXPECT_EQ(resolve_backend("tpu").error().code, ErrorCode::InvalidArgument);
-  EXPECT_NE(resolve_backend("tpu").error().message.find("auto, cuda, cpu"), std::string::npos);
+  EXPECT_NE(resolve_backend("tpu").error().message.find("auto, cuda, hip, cpu"), std::string::npos);
   EXPECT_EQ(resolve_backend("cuda").value(), "cuda");
   if (have_cpu_backend()) {
     EXPECT_EQ(resolve_backend("cpu").value(), "cpu");
   } else {
     EXPECT_EQ(resolve_backend("cpu").error().code, ErrorCode::Unsupported);
   }
+  if (have_hip_backend()) {
+    EXPECT_EQ(resolve_backend("hip").value(), "hip");
+  } else {
+    EXPECT_EQ(resolve_backend("hip").error().code, ErrorCode::Unsupported);
+  }
+}
+
+// Without an AMD GPU, forcing the HIP backend is a clean NoDevice (or Unsupported in a build
+// without it), never a crash, with or without ROCm installed.
+TEST(RuntimeCreateTest, HipWithoutAnAmdGpu) {
+  if (gpu_device_count("hip") > 0) GTEST_SKIP() << "an AMD GPU is present";
+  RuntimeOptions options;
+  options.backend = "hip";
+  options.user_db = "none";
+  Result<std::unique_ptr<Runtime>> runtime = Runtime::create(options);
+  ASSERT_FALSE(runtime.ok());
+  EXPECT_EQ(runtime.error().code, have_hip_backend() ? ErrorCode::NoDevice : ErrorCode::Unsupported)
+      << runtime.error().describe();
 }
 
 }  // namespace

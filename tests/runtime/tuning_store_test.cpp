@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "generator/device.hpp"
 #include "generator/render.hpp"
 
 namespace flashjit {
@@ -146,6 +147,18 @@ TEST(TuningStoreKeys, ProblemKeyOfAProblem) {
 TEST(TuningStoreKeys, FingerprintAndStatusStrings) {
   EXPECT_EQ(fingerprint().to_string(),
             "cuda|Test GPU|sm90|132sm|232448B|52428800B|drv13000|nvrtc 13.0");
+  DeviceFingerprint amd;
+  amd.backend = "hip";
+  amd.name = "AMD Instinct MI250X";
+  amd.arch = gcn_arch_number("gfx90a:sramecc+:xnack-");
+  amd.sm_count = 110;
+  amd.smem_per_block_optin = 65536;
+  amd.l2_bytes = 8 << 20;
+  amd.driver_version = 50221153;
+  amd.compiler = "hiprtc 5.2.21153 gfx90a:sramecc+:xnack-";
+  EXPECT_EQ(amd.to_string(),
+            "hip|AMD Instinct MI250X|gfx90a|110cu|65536B|8388608B|drv50221153|"
+            "hiprtc 5.2.21153 gfx90a:sramecc+:xnack-");
   EXPECT_STREQ(to_string(TuneStatus::Timed), "timed");
   EXPECT_STREQ(to_string(TuneStatus::CompileFailed), "compile-failed");
   EXPECT_STREQ(to_string(TuneStatus::LaunchFailed), "launch-failed");

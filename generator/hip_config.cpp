@@ -1,0 +1,227 @@
+#include "generator/hip_config.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+#include <tuple>
+
+namespace flashjit {
+namespace {
+
+constexpr int kMaxMTilesPerWave = 2;  // 16-row MFMA tiles a wave owns (template constraint)
+// 16-byte K (and V) copies per thread per block: the next block waits in registers while the
+// current one is computed, so more copies cost registers one for one (and the template's
+// unrolled copy loops grow).
+constexpr int kMaxCopiesPerThread = 8;
+// Registers beyond the budgeted arrays: tile addresses, loop counters, row max / sum, the K and V
+// operands of the MFMA in flight, masking temporaries.
+constexpr int kRegisterAllowance = 48;
+constexpr int kRegisterGranule = 8;  // CDNA2/3 allocate VGPRs in granules of 8 per lane
+// The fp32 O accumulator of one lane (rows_per_warp x padded d / 64) may take at most this many
+// registers. An empirical cap, from hipRTC's (ROCm 5.2) reports for gfx90a: with 32 rows per
+// wave at d = 256 (128 accumulator registers) every block size spilled to scratch even with all
+// 512 registers of a SIMD, while d = 192 (96) fit. The estimate below cannot see why (the
+// compiler keeps more in flight than the template holds); tests/templates/hip_compile_test.cpp
+// checks that no legal config spills.
+constexpr int kMaxAccumulatorPerLane = 96;
+constexpr int kVRowPadding = 4;  // elements of padding per V^T row (bank conflicts)
+
+template <class Range>
+bool contains(const Range& range, int value) {
+  return std::find(std::begin(range), std::end(range), value) != std::end(range);
+}
+
+template <class Range>
+std::string list(const Range& range) {
+  std::string out;
+  for (int v : range) out += (out.empty() ? "" : ", ") + std::to_string(v);
+  return "{" + out + "}";
+}
+
+Status illegal(const AttentionConfig& config, const std::string& why) {
+  return make_error(ErrorCode::InvalidArgument, "config " + config.to_string() + ": " + why);
+}
+
+int hip_threads(const AttentionConfig& c) { return c.warps * kHipWaveSize; }
+
+bool has_template_shape(const AttentionConfig& c) {
+  return c.warps > 0 && c.block_m % (16 * c.warps) == 0 &&
+         c.block_m / c.warps / 16 <= kMaxMTilesPerWave;
+}
+
+}  // namespace
+
+int hip_lds_bytes(const AttentionConfig& c, const AttentionProblem& p) {
+  const int dp = padded_head_dim(p.head_dim);
+  return c.stages * (c.block_n * dp * 2 + dp * (c.block_n + kVRowPadding) * 2);
+}
+
+int hip_estimated_registers(const AttentionConfig& c, const AttentionProblem& p) {
+  const int m_tiles = std::max(1, c.block_m / std::max(1, c.warps) / 16);
+  const int dp = padded_head_dim(p.head_dim);
+  const int o_accumulator = m_tiles * dp / 4;  // 16 rows x dp fp32 over 64 lanes, per tile
+  const int s_accumulator = m_tiles * c.block_n / 4;
+  const int p_packed = m_tiles * c.block_n / 8;
+  const int q_operands = m_tiles * dp / 8;
+  const int kv_in_flight = c.block_n * dp / std::max(1, hip_threads(c));  // 2 tiles x 2 B / 4 B
+  return o_accumulator + s_accumulator + p_packed + q_operands + kv_in_flight + kRegisterAllowance;
+}
+
+int hip_register_budget(const AttentionConfig& c, const DeviceSpec& device) {
+  const int simds = kHipSimdsPerCu;
+  const int waves_per_simd = std::max(1, (c.warps + simds - 1) / simds);
+  const int per_simd_lane = device.regs_per_sm / (simds * kHipWaveSize);
+  return std::min(device.max_regs_per_thread, per_simd_lane / waves_per_simd);
+}
+
+HipResourceUse hip_resource_use(const AttentionConfig& c, const AttentionProblem& p,
+                                const DeviceSpec& device) {
+  HipResourceUse use;
+  use.lds_bytes = hip_lds_bytes(c, p);
+  use.regs_per_lane = hip_estimated_registers(c, p);
+  use.threads = hip_threads(c);
+  const int regs_rounded =
+      (use.regs_per_lane + kRegisterGranule - 1) / kRegisterGranule * kRegisterGranule;
+  const int per_simd_lane = device.regs_per_sm / (kHipSimdsPerCu * kHipWaveSize);
+  const int waves_per_cu_by_regs = kHipSimdsPerCu * (per_simd_lane / std::max(1, regs_rounded));
+  const int by_lds = use.lds_bytes > 0 ? device.smem_per_sm / use.lds_bytes : 0;
+  const int by_regs = waves_per_cu_by_regs / std::max(1, c.warps);
+  const int by_waves = device.max_threads_per_sm / std::max(1, use.threads);
+  use.blocks_per_cu = std::max(0, std::min({by_lds, by_regs, by_waves}));
+  return use;
+}
+
+Status check_hip_config(const AttentionConfig& c, const AttentionProblem& p,
+                        const DeviceSpec& device) {
+  // Template constraints (mirrored by static_asserts in templates/hip/attention_fwd.hpp).
+  if (!contains(kHipBlockMChoices, c.block_m))
+    return illegal(c,
+                   "block_m = " + std::to_string(c.block_m) + " not in " + list(kHipBlockMChoices));
+  if (!contains(kHipBlockNChoices, c.block_n))
+    return illegal(c,
+                   "block_n = " + std::to_string(c.block_n) + " not in " + list(kHipBlockNChoices));
+  if (!contains(kHipWaveChoices, c.warps))
+    return illegal(
+        c, "warps (wavefronts) = " + std::to_string(c.warps) + " not in " + list(kHipWaveChoices));
+  if (!contains(kHipStageChoices, c.stages))
+    return illegal(c, "stages (LDS buffers) = " + std::to_string(c.stages) + " not in " +
+                          list(kHipStageChoices));
+  if (!has_template_shape(c))
+    return illegal(c, "block_m / waves = " + std::to_string(c.block_m) + " / " +
+                          std::to_string(c.warps) + " must be 16 or 32 rows per wave");
+  const int threads = hip_threads(c);
+  const int chunks_per_row = padded_head_dim(p.head_dim) / 8;  // 16-byte copies per row
+  if ((c.block_n * chunks_per_row) % threads != 0)
+    return illegal(
+        c, "K/V tile copies do not divide evenly over " + std::to_string(threads) + " threads");
+  if (c.block_n * chunks_per_row / threads > kMaxCopiesPerThread)
+    return illegal(c, std::to_string(c.block_n * chunks_per_row / threads) +
+                          " K/V tile copies per thread exceed " +
+                          std::to_string(kMaxCopiesPerThread) +
+                          " (too few threads for the tile: registers would spill)");
+  if (threads > device.max_threads_per_block)
+    return illegal(c, std::to_string(threads) + " threads exceed the device's " +
+                          std::to_string(device.max_threads_per_block) + " per workgroup");
+  // LDS budget.
+  const int lds = hip_lds_bytes(c, p);
+  if (lds > device.smem_per_block_optin)
+    return illegal(c, "LDS " + std::to_string(lds) + " B exceeds the device's " +
+                          std::to_string(device.smem_per_block_optin) + " B per workgroup");
+  // Register budget: past it the compiler spills to scratch memory.
+  const int accumulator = c.block_m / c.warps / 16 * padded_head_dim(p.head_dim) / 4;
+  if (accumulator > kMaxAccumulatorPerLane)
+    return illegal(c, "the O accumulator takes " + std::to_string(accumulator) +
+                          " registers per lane, more than " +
+                          std::to_string(kMaxAccumulatorPerLane) +
+                          " (32 rows per wave at this head dim spill to scratch)");
+  const int regs = hip_estimated_registers(c, p);
+  const int budget = hip_register_budget(c, device);
+  if (regs > budget)
+    return illegal(c, "estimated " + std::to_string(regs) + " registers per lane exceed " +
+                          std::to_string(budget) + " (" + std::to_string(c.warps) + " waves on " +
+                          std::to_string(kHipSimdsPerCu) + " SIMDs)");
+  return ok_status();
+}
+
+std::vector<AttentionConfig> legal_hip_configs(const AttentionProblem& p,
+                                               const DeviceSpec& device) {
+  std::vector<AttentionConfig> configs;
+  for (int block_m : kHipBlockMChoices)
+    for (int block_n : kHipBlockNChoices)
+      for (int waves : kHipWaveChoices)
+        for (int stages : kHipStageChoices) {
+          AttentionConfig c{block_m, block_n, waves, stages};
+          if (check_hip_config(c, p, device).ok()) configs.push_back(c);
+        }
+  return configs;
+}
+
+Result<AttentionConfig> default_hip_config(const AttentionProblem& p, const DeviceSpec& device) {
+  const std::vector<AttentionConfig> legal = legal_hip_configs(p, device);
+  if (legal.empty())
+    return make_error(
+        ErrorCode::Unsupported,
+        "no legal HIP config for head_dim = " + std::to_string(p.head_dim) + " on " + device.name);
+  auto rank = [&](const AttentionConfig& c) {
+    const bool two_per_cu = 2 * hip_lds_bytes(c, p) <= device.smem_per_sm;
+    return std::make_tuple(c.block_m == 128 && c.warps == 4, c.block_m == 128, c.block_n == 64,
+                           two_per_cu, c.stages == 2, c.block_n, c.block_m, c.warps);
+  };
+  const AttentionConfig* best = &legal.front();
+  for (const AttentionConfig& c : legal)
+    if (rank(c) > rank(*best)) best = &c;
+  return *best;
+}
+
+std::string explain_hip_plan(const AttentionProblem& p, const DeviceSpec& device) {
+  std::ostringstream out;
+  const int d = p.head_dim, dp = padded_head_dim(d);
+  out << "device:  " << device.to_string() << "\n";
+  out << "problem: " << p.to_string() << "\n\n";
+  out << "Starting formula (FlashAttention): Br = SRAM / (3 * d * sizeof(float))\n";
+  out << "  = " << device.smem_per_block_optin << " / (3 * " << d
+      << " * 4) = " << device.smem_per_block_optin / (3 * d * 4) << " rows\n";
+  out << "  (assumes Q in SRAM; the HIP template keeps Q in registers, see the default below)\n\n";
+  out << "Budget of the HIP template (MFMA 16x16x16, wave" << kHipWaveSize
+      << ", 2-byte elements, head dim padded to " << dp << "):\n";
+  out << "  LDS   = stages * (Bc * " << dp << " + " << dp << " * (Bc + " << kVRowPadding
+      << ")) * 2 B   <= " << device.smem_per_block_optin
+      << " B per workgroup (K and padded V^T tiles; Q in registers)\n";
+  out << "  regs ~= m_tiles * (" << dp << "/4 + Bc/4 + Bc/8 + " << dp << "/8) + Bc * " << dp
+      << " / threads + " << kRegisterAllowance
+      << "   <= " << device.regs_per_sm / (kHipSimdsPerCu * kHipWaveSize)
+      << " per lane (VGPRs + AGPRs), halved when 5-8 waves share the " << kHipSimdsPerCu
+      << " SIMDs\n"
+      << "          (fp32 O and S^T, 16-bit P and Q operands, next K/V block in flight)\n";
+  out << "  O accumulator = Br / waves * " << dp << " / 64 <= " << kMaxAccumulatorPerLane
+      << " per lane (measured: beyond it hipRTC spills)\n";
+  out << "  rows per wave = Br / waves in {16, 32}; Br in " << list(kHipBlockMChoices) << ", Bc in "
+      << list(kHipBlockNChoices) << ", waves in " << list(kHipWaveChoices)
+      << ", stages (LDS buffers) in " << list(kHipStageChoices) << "\n\n";
+  out << "config        LDS(B)  regs~  WGs/CU  status\n";
+  for (int block_m : kHipBlockMChoices)
+    for (int block_n : kHipBlockNChoices)
+      for (int waves : kHipWaveChoices)
+        for (int stages : kHipStageChoices) {
+          AttentionConfig c{block_m, block_n, waves, stages};
+          if (!has_template_shape(c)) continue;  // not a shape the template has
+          Status status = check_hip_config(c, p, device);
+          HipResourceUse use = hip_resource_use(c, p, device);
+          std::string why = status.ok() ? "legal" : status.error().message;
+          const std::string prefix = "config " + c.to_string() + ": ";
+          if (why.rfind(prefix, 0) == 0) why = "illegal: " + why.substr(prefix.size());
+          char line[256];
+          std::snprintf(line, sizeof line, "%-12s %7d %6d %7d  %s\n", c.to_string().c_str(),
+                        use.lds_bytes, use.regs_per_lane, use.blocks_per_cu, why.c_str());
+          out << line;
+        }
+  auto legal = legal_hip_configs(p, device);
+  out << "\n" << legal.size() << " legal configs.";
+  if (auto def = default_hip_config(p, device); def.ok())
+    out << " Default (untuned): " << def->to_string() << "\n";
+  else
+    out << " " << def.error().message << "\n";
+  return out.str();
+}
+
+}  // namespace flashjit

@@ -1,0 +1,73 @@
+// What every GPU attention forward template computes the same way, whatever its vendor: which
+// keys a block of query rows sees (seqlen_k edge, causal mask aligned bottom-right), which key
+// blocks need masking, and the conventions of the softmax state and the log-sum-exp output.
+// Scalar code only, so that it means the same thing under NVRTC, hipRTC and a host compiler
+// (the HIP template's host emulation test). The renderer prepends attention_params.h.
+#ifndef FLASHJIT_ATTENTION_COMMON_H
+#define FLASHJIT_ATTENTION_COMMON_H
+
+#ifndef FLASHJIT_DEVICE
+#if defined(__CUDACC__) || defined(__HIP__)
+#define FLASHJIT_DEVICE __device__ __forceinline__
+#else
+#define FLASHJIT_DEVICE inline
+#endif
+#endif
+
+namespace flashjit_attention {
+
+// +inf: NVRTC has no __builtin_huge_valf (nor INFINITY without <cmath>).
+#if defined(__CUDACC__)
+FLASHJIT_DEVICE float infinity() { return __int_as_float(0x7f800000); }
+#else
+FLASHJIT_DEVICE float infinity() { return __builtin_huge_valf(); }
+#endif
+
+// Causal masking is aligned bottom-right (FlashAttention-2): query row i sees key j iff
+// j <= i + diagonal, diagonal = seqlen_k - seqlen_q. With seqlen_q > seqlen_k the first rows see
+// no key at all. The functions below take the diagonal so that a kernel computes it once.
+FLASHJIT_DEVICE int diagonal(const FlashjitAttentionParams& p) { return p.seqlen_k - p.seqlen_q; }
+
+// Key blocks of `block_n` keys that any of the query rows [m0, m0 + block_m) sees.
+template <bool CAUSAL>
+FLASHJIT_DEVICE int key_blocks(const FlashjitAttentionParams& p, int diagonal, int m0, int block_m,
+                               int block_n) {
+  const int causal_end = m0 + block_m + diagonal;  // one past the last row's last key
+  const int end = CAUSAL && causal_end < p.seqlen_k ? causal_end : p.seqlen_k;
+  return end > 0 ? (end + block_n - 1) / block_n : 0;
+}
+
+// True when some score of the key block [n0, n0 + block_n) x rows [m0, ...) must be masked:
+// the block crosses seqlen_k or, when causal, the diagonal of the block's first row. Blocks
+// wholly inside pay nothing for masking.
+template <bool CAUSAL>
+FLASHJIT_DEVICE bool block_needs_mask(const FlashjitAttentionParams& p, int diagonal, int m0,
+                                      int n0, int block_n) {
+  return n0 + block_n > p.seqlen_k || (CAUSAL && n0 + block_n - 1 > m0 + diagonal);
+}
+
+// The last key query row `row` sees (negative when it sees none).
+template <bool CAUSAL>
+FLASHJIT_DEVICE int last_key(const FlashjitAttentionParams& p, int diagonal, int row) {
+  const int causal_last = row + diagonal;
+  return CAUSAL && causal_last < p.seqlen_k - 1 ? causal_last : p.seqlen_k - 1;
+}
+
+// The online softmax works in base 2 on raw scores s with the scale folded in:
+// p = exp2(s * scale_log2 - max_scaled). A row whose max is still -inf (no key seen yet)
+// subtracts 0 instead, so that exp2(-inf - 0) = 0 rather than NaN.
+FLASHJIT_DEVICE float scaled_row_max(float row_max, float scale_log2) {
+  return row_max == -infinity() ? 0.f : row_max * scale_log2;
+}
+
+// Natural-log LSE of a row from its raw-score max and its sum of exp2 terms; +inf for a row that
+// saw no key (FlashAttention's convention: exp(s - lse) = 0). `log2` is the kernel's log2,
+// evaluated only for a positive sum.
+template <class Log2>
+FLASHJIT_DEVICE float row_lse(float row_max, float scale_log2, float sum, Log2 log2) {
+  return sum > 0.f ? (row_max * scale_log2 + log2(sum)) * 0.6931471805599453f : infinity();
+}
+
+}  // namespace flashjit_attention
+
+#endif

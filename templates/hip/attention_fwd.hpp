@@ -1,0 +1,366 @@
+// FlashAttention-2 forward for AMD CDNA (gfx90a MI200, gfx942 MI300) through the matrix cores
+// (MFMA 16x16x16, bf16/fp16 in, fp32 accumulate). The renderer prepends attention_params.h,
+// attention_common.h and hip/primitives.hpp (every AMD-specific operation: MFMA, lane shuffles,
+// LDS, barriers, exp2) and appends one instantiation. This file is plain C++ over those names, so
+// that tests/templates/hip_emulation_test.cpp can run it on the host against the fp64 reference.
+//
+// One workgroup of kWaves wavefronts (64 lanes) computes O for kBlockM query rows of one
+// (batch, head); each wave owns kRowsPerWave = 16 * kMTiles rows end to end. The same online
+// softmax as the CUDA template, computed transposed so that the MFMA result of one step is the
+// operand of the next without any data movement:
+//
+//   Q -> registers, as MFMA B operands           once; Q never goes through LDS
+//   m = -inf, l = 0, acc = 0                     per query row, fp32
+//   for each K/V block j (kBlockN keys):         K_j and V_j^T in LDS (kStages buffers); block
+//                                                j + 1 is loaded into registers meanwhile
+//     S^T = K_j Q^T                              [kBlockN, kRowsPerWave] per wave: A = K rows
+//     mask(S^T)                                  only blocks crossing seqlen_k or the diagonal
+//     m'  = max(m, colmax(S^T))                  a query's scores are one column: 4 values per
+//     P^T = exp2(S^T * scale_log2 - m' * ...)    lane, 4 lane groups -> 2 shuffles per max
+//     l   = l * exp2((m - m') * scale_log2) + colsum(P^T)
+//     O^T = O^T * exp2(...) + V_j^T P^T          P^T's D layout *is* the B operand layout
+//   O = (O^T / l)^T, LSE = (m * scale_log2 + log2 l) * ln 2
+//
+// MFMA 16x16x16 layouts (primitives.hpp; l = lane, g = l / 16, r = l % 16, i = 0..3):
+//   A[r][4g + i], B[4g + i][r], D[4g + i][r] in element / value i of lane l. Hence:
+//   S^T = K Q^T: lane l reads K[key r][dims 4g..4g+3] (A) and holds Q[query r][dims 4g..4g+3]
+//                (B), and gets S^T[keys 4g..4g+3][query r] (D): one query per lane.
+//   O^T += V^T P^T: lane l reads V^T[dim r][keys 4g..4g+3] (A, from the transposed V tile) and
+//                passes S^T's D values, packed to 16 bits, as B[keys 4g..4g+3][query r].
+// LDS bank conflicts: the 8-byte operand reads of 16 rows must spread over all 32 banks. The K
+// tile does it with an XOR swizzle of its 16-byte chunks (no padding); the V^T tile with 8 bytes
+// of padding per row, which keeps its transposed 2-byte writes at compile-time offsets from one
+// address per copy (a swizzle would need an address register per element).
+
+namespace flashjit_hip {
+
+struct alignas(16) Vec16 {  // one 16-byte vector: 8 elements
+  u32 x, y, z, w;
+};
+struct alignas(8) Frag {  // 4 16-bit elements: one lane's A or B operand of one MFMA
+  u32 lo, hi;
+};
+
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WAVES, int STAGES, bool IS_BF16, bool CAUSAL>
+struct Traits {
+  static constexpr int kHeadDim = HEAD_DIM;
+  static constexpr int kHeadDimPadded = (HEAD_DIM + 63) / 64 * 64;  // whole swizzle groups
+  static constexpr int kBlockM = BLOCK_M;
+  static constexpr int kBlockN = BLOCK_N;
+  static constexpr int kWaves = WAVES;
+  static constexpr int kStages = STAGES;
+  static constexpr bool kIsBf16 = IS_BF16;
+  static constexpr bool kCausal = CAUSAL;
+
+  static constexpr int kWaveSize = 64;
+  static constexpr int kThreads = kWaves * kWaveSize;
+  static constexpr int kRowsPerWave = kBlockM / kWaves;
+  static constexpr int kMTiles = kRowsPerWave / 16;         // 16-query tiles per wave
+  static constexpr int kNTiles = kBlockN / 16;              // 16-key tiles of S^T (P V k-steps)
+  static constexpr int kDTiles = kHeadDimPadded / 16;       // 16-dim tiles of O^T (K Q^T k-steps)
+  static constexpr int kChunksPerRow = kHeadDimPadded / 8;  // 16-byte chunks of a K/V row
+  static constexpr int kCopies = kBlockN * kChunksPerRow / kThreads;  // K (and V) per thread
+  static constexpr int kKRowBytes = kHeadDimPadded * 2;  // K tile: [kBlockN][d], swizzled
+  static constexpr int kVRowBytes = (kBlockN + 4) * 2;   // V^T tile: [d][kBlockN + 4]
+  static constexpr int kKTileBytes = kBlockN * kKRowBytes;
+  static constexpr int kVTileBytes = kHeadDimPadded * kVRowBytes;
+  static constexpr int kStageBytes = kKTileBytes + kVTileBytes;
+  static constexpr int kLdsBytes = kStages * kStageBytes;  // generator: hip_lds_bytes
+
+  static_assert(kHeadDim % 8 == 0 && kHeadDim >= 8 && kHeadDim <= 256,
+                "head dim: a multiple of 8 in [8, 256]");
+  static_assert(kWaves >= 1 && kWaves <= 8, "1 to 8 waves");
+  static_assert(kBlockM % (16 * kWaves) == 0, "each wave owns whole 16-row MFMA tiles");
+  static_assert(kMTiles == 1 || kMTiles == 2, "16 or 32 query rows per wave");
+  static_assert(kBlockN == 32 || kBlockN == 64 || kBlockN == 128, "block_n: 32, 64 or 128");
+  static_assert(kStages == 1 || kStages == 2, "1 or 2 LDS buffers for K/V");
+  static_assert((kBlockN * kChunksPerRow) % kThreads == 0, "K/V tile copies split evenly");
+  static_assert(kCopies >= 1 && kCopies <= 16, "at most 16 copies per thread per tile");
+  static_assert(kLdsBytes <= 65536, "LDS: 64 KiB per workgroup on CDNA");
+};
+
+// ---- LDS tile addressing ----------------------------------------------------------------------
+
+// Byte offset of byte `byte` of row `row` in a tile of ROW_BYTES-byte rows whose 16-byte chunks
+// are XOR-swizzled by a phase that differs for each of the 8 rows sharing the banks: a 128-byte
+// bank line holds one row (ROW_BYTES >= 128) or 128 / ROW_BYTES rows (64: two per line).
+template <int ROW_BYTES>
+struct Swizzle {
+  static constexpr int kChunks = ROW_BYTES / 16;
+  static constexpr int kRowsPerLine = kChunks >= 8 ? 1 : 8 / kChunks;
+  static constexpr int kPhases = kChunks >= 8 ? 8 : kChunks;
+  static_assert(ROW_BYTES % 64 == 0, "rows of at least 4 chunks");
+
+  static FLASHJIT_DEVICE int offset(int row, int byte) {
+    const int phase = (row / kRowsPerLine) % kPhases;
+    return row * ROW_BYTES + (((byte >> 4) ^ phase) << 4) + (byte & 15);
+  }
+  // offset(row0 + row_add, byte0 + 16 * chunk_add) from lane_offset = offset(row0, byte0), with
+  // row_add a multiple of 16 (the phase repeats) and the chunk bits of byte0 below the phase
+  // range disjoint from chunk_add's: one add and one XOR of compile-time constants once the
+  // operand loops are unrolled, instead of the swizzle per read.
+  static FLASHJIT_DEVICE int advance(int lane_offset, int row_add, int chunk_add) {
+    return (lane_offset + row_add * ROW_BYTES + (chunk_add & ~(kPhases - 1)) * 16) ^
+           ((chunk_add & (kPhases - 1)) << 4);
+  }
+};
+
+// ---- K/V: global -> registers -> LDS ----------------------------------------------------------
+
+// Loads keys [n0, n0 + kBlockN) of K and V into registers: copy i of this thread is chunk
+// (tid + i * kThreads) of the tile in row-major order, so consecutive threads read consecutive
+// 16 bytes. Rows at or past seqlen_k and columns past the head dim read as zero (so padded
+// scores are 0 before masking and P x V never touches garbage).
+template <class K>
+FLASHJIT_DEVICE void load_kv(Vec16 (&k_regs)[K::kCopies], Vec16 (&v_regs)[K::kCopies], const u16* k,
+                             const u16* v, long long k_stride, long long v_stride, int n0,
+                             int seqlen_k, int tid) {
+#pragma unroll
+  for (int i = 0; i < K::kCopies; ++i) {
+    const int copy = tid + i * K::kThreads;
+    const int row = copy / K::kChunksPerRow;
+    const int col = copy % K::kChunksPerRow * 8;
+    // Values, not `valid ? *pointer : zero`: selecting between addresses would make the compiler
+    // put `zero` in scratch memory and emit flat loads.
+    k_regs[i] = Vec16{0u, 0u, 0u, 0u};
+    v_regs[i] = Vec16{0u, 0u, 0u, 0u};
+    if (n0 + row < seqlen_k && col < K::kHeadDim) {
+      k_regs[i] = *reinterpret_cast<const Vec16*>(k + (n0 + row) * k_stride + col);
+      v_regs[i] = *reinterpret_cast<const Vec16*>(v + (n0 + row) * v_stride + col);
+    }
+  }
+}
+
+// Writes the registers of load_kv into one LDS stage: K row-major ([key][dim], 16-byte writes),
+// V transposed ([dim][key], 2-byte writes) so that the P V operand reads are 8-byte reads. Rows
+// of V^T are kVRowBytes apart: element e of a chunk lands kVRowBytes * e past element 0.
+template <class K>
+FLASHJIT_DEVICE void store_kv(unsigned char* k_tile, unsigned char* v_tile,
+                              const Vec16 (&k_regs)[K::kCopies], const Vec16 (&v_regs)[K::kCopies],
+                              int tid) {
+#pragma unroll
+  for (int i = 0; i < K::kCopies; ++i) {
+    const int copy = tid + i * K::kThreads;
+    const int row = copy / K::kChunksPerRow;
+    const int chunk = copy % K::kChunksPerRow;
+    *reinterpret_cast<Vec16*>(k_tile + Swizzle<K::kKRowBytes>::offset(row, chunk * 16)) = k_regs[i];
+    const u32 words[4] = {v_regs[i].x, v_regs[i].y, v_regs[i].z, v_regs[i].w};
+    unsigned char* const v_column = v_tile + chunk * 8 * K::kVRowBytes + row * 2;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      *reinterpret_cast<u16*>(v_column + e * K::kVRowBytes) =
+          static_cast<u16>(words[e / 2] >> (16 * (e % 2)));
+    }
+  }
+}
+
+// ---- the kernel -------------------------------------------------------------------------------
+
+template <class K>
+FLASHJIT_DEVICE void attention_forward(const FlashjitAttentionParams& p) {
+  namespace fa = flashjit_attention;
+  constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
+  constexpr int kMTiles = K::kMTiles, kNTiles = K::kNTiles, kDTiles = K::kDTiles;
+  typedef Swizzle<K::kKRowBytes> KSwizzle;
+
+  unsigned char* const lds = lds_base();  // kStages x {K [kBlockN][d], V^T [d][kBlockN + 4]}
+
+  const int tid = thread_index();
+  const int lane = lane_index();
+  const int wave = tid / K::kWaveSize;
+  const int lane_row = lane % 16;    // r: the operand row / result column of this lane
+  const int lane_group = lane / 16;  // g: which 4 of the 16 k (or result rows) this lane holds
+  // Causal rows near the end see the most keys: launch them first so the tail is short.
+  const int m_block = K::kCausal ? grid_size_x() - 1 - block_index_x() : block_index_x();
+  const int head = block_index_y();
+  const int batch = block_index_z();
+  const int kv_head = head / p.group_size;
+  const int m0 = m_block * kBlockM;
+  const int wave_row0 = wave * K::kRowsPerWave;  // first row of this wave within the block
+
+  const u16* q = static_cast<const u16*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride +
+                 m0 * p.q_seq_stride;
+  const u16* k =
+      static_cast<const u16*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
+  const u16* v =
+      static_cast<const u16*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
+  u16* o = static_cast<u16*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
+           m0 * p.o_seq_stride;
+  float* lse = p.lse ? p.lse + (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q : 0;
+
+  const int diagonal = fa::diagonal(p);  // causal: row i sees keys j <= i + diagonal
+  const int n_blocks = fa::key_blocks<K::kCausal>(p, diagonal, m0, kBlockM, kBlockN);
+
+  // Q as B operands of S^T = K Q^T: q_frag[mt][kk] = Q[query mt*16 + r][dims kk*16 + 4g .. + 3].
+  // Rows past seqlen_q and dims past the head dim are zero (their results are never stored).
+  Frag q_frag[kMTiles][kDTiles];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+    const int row = wave_row0 + mt * 16 + lane_row;
+#pragma unroll
+    for (int kk = 0; kk < kDTiles; ++kk) {
+      const int col = kk * 16 + 4 * lane_group;
+      q_frag[mt][kk] = Frag{0u, 0u};
+      if (m0 + row < p.seqlen_q && col < K::kHeadDim)
+        q_frag[mt][kk] = *reinterpret_cast<const Frag*>(q + row * p.q_seq_stride + col);
+    }
+  }
+
+  // Operand reads: byte offsets of this lane's (row r, dims/keys 4g) in a K or V^T tile. The
+  // per-MFMA parts are compile-time constants: KSwizzle::advance (chunk 2 * step; lane_group / 2
+  // is chunk bit 0), or plain offsets in the padded V^T tile.
+  const int k_lane = KSwizzle::offset(lane_row, lane_group * 8);
+  const int v_lane = lane_row * K::kVRowBytes + lane_group * 8;
+
+  f32x4 acc[kMTiles][kDTiles];  // O^T: acc[mt][dt][i] = O[query mt*16 + r][dim dt*16 + 4g + i]
+  float row_max[kMTiles];       // m of query mt*16 + r (the same in all 4 lane groups)
+  float row_sum[kMTiles];       // l, this lane's partial over its keys (reduced at the end)
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt) acc[mt][dt] = f32x4{0.f, 0.f, 0.f, 0.f};
+    row_max[mt] = -fa::infinity();
+    row_sum[mt] = 0.f;
+  }
+
+  Vec16 k_next[K::kCopies];
+  Vec16 v_next[K::kCopies];
+  if (n_blocks > 0) {
+    load_kv<K>(k_next, v_next, k, v, p.k_seq_stride, p.v_seq_stride, 0, p.seqlen_k, tid);
+    store_kv<K>(lds, lds + K::kKTileBytes, k_next, v_next, tid);
+  }
+  barrier();
+
+  for (int j = 0; j < n_blocks; ++j) {
+    const int stage = kStages == 2 ? (j & 1) : 0;
+    const unsigned char* k_tile = lds + stage * K::kStageBytes;
+    const unsigned char* v_tile = k_tile + K::kKTileBytes;
+    const int n0 = j * kBlockN;
+    const bool more = j + 1 < n_blocks;
+    // Block j + 1 travels from global memory while block j is computed.
+    if (more) {
+      load_kv<K>(k_next, v_next, k, v, p.k_seq_stride, p.v_seq_stride, n0 + kBlockN, p.seqlen_k,
+                 tid);
+    }
+
+    // S^T = K Q^T: s[mt][nt][i] = S[query mt*16 + r][key n0 + nt*16 + 4g + i].
+    f32x4 s[kMTiles][kNTiles];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) s[mt][nt] = f32x4{0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int kk = 0; kk < kDTiles; ++kk) {
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        const Frag k_frag =
+            *reinterpret_cast<const Frag*>(k_tile + KSwizzle::advance(k_lane, nt * 16, 2 * kk));
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          s[mt][nt] = mfma_16x16x16<K::kIsBf16>(k_frag.lo, k_frag.hi, q_frag[mt][kk].lo,
+                                                q_frag[mt][kk].hi, s[mt][nt]);
+        }
+      }
+    }
+
+    // Mask keys past seqlen_k and, when causal, past each row's diagonal.
+    if (fa::block_needs_mask<K::kCausal>(p, diagonal, m0, n0, kBlockN)) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        const int row = m0 + wave_row0 + mt * 16 + lane_row;
+        // Last visible key of this row, relative to this lane's first key of each tile.
+        const int limit = fa::last_key<K::kCausal>(p, diagonal, row) - (n0 + 4 * lane_group);
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            if (nt * 16 + i > limit) s[mt][nt][i] = -fa::infinity();
+      }
+    }
+
+    // Online softmax, base 2. P^T is packed to 16 bits as it is made: p_frag[mt][nt] is the B
+    // operand of k-step nt of O^T += V^T P^T.
+    Frag p_frag[kMTiles][kNTiles];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      float block_max = row_max[mt];
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) block_max = __builtin_fmaxf(block_max, s[mt][nt][i]);
+      // A query's scores are spread over the 4 lane groups (lanes r, r+16, r+32, r+48).
+      block_max = __builtin_fmaxf(block_max, shuffle_xor(block_max, 16));
+      block_max = __builtin_fmaxf(block_max, shuffle_xor(block_max, 32));
+      const float max_scaled = fa::scaled_row_max(block_max, p.scale_log2);
+      const float correction = fast_exp2(row_max[mt] * p.scale_log2 - max_scaled);
+      row_max[mt] = block_max;
+      row_sum[mt] *= correction;
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) acc[mt][dt] *= correction;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        float e[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          e[i] = fast_exp2(__builtin_fmaf(s[mt][nt][i], p.scale_log2, -max_scaled));
+        row_sum[mt] += (e[0] + e[1]) + (e[2] + e[3]);
+        p_frag[mt][nt].lo = pack2<K::kIsBf16>(e[0], e[1]);
+        p_frag[mt][nt].hi = pack2<K::kIsBf16>(e[2], e[3]);
+      }
+    }
+
+    // O^T += V^T P^T: acc[mt][dt] += V^T[dims dt*16..][keys nt*16..] P^T[keys nt*16..][queries].
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        const Frag v_frag =
+            *reinterpret_cast<const Frag*>(v_tile + v_lane + dt * 16 * K::kVRowBytes + nt * 32);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          acc[mt][dt] = mfma_16x16x16<K::kIsBf16>(v_frag.lo, v_frag.hi, p_frag[mt][nt].lo,
+                                                  p_frag[mt][nt].hi, acc[mt][dt]);
+        }
+      }
+    }
+
+    // Block j + 1 into LDS: with one buffer, once everyone is done reading block j from it; with
+    // two, into the buffer block j - 1 used (everyone passed the barrier after reading it).
+    if (kStages == 1) barrier();
+    if (more) {
+      unsigned char* next_tile = lds + (kStages == 2 ? (stage ^ 1) : 0) * K::kStageBytes;
+      store_kv<K>(next_tile, next_tile + K::kKTileBytes, k_next, v_next, tid);
+    }
+    barrier();
+  }
+
+  // Epilogue: O = acc / l straight from the accumulators (4 consecutive dims of one row per lane:
+  // 8-byte stores), LSE from lane group 0. The row sums are reduced over the lane groups first,
+  // by every lane (shuffles need the whole wave).
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+    float sum = row_sum[mt];
+    sum += shuffle_xor(sum, 16);
+    sum += shuffle_xor(sum, 32);
+    const float inverse = sum > 0.f ? 1.f / sum : 0.f;  // a row with no keys: O = 0
+    const int row = wave_row0 + mt * 16 + lane_row;
+    if (m0 + row < p.seqlen_q) {
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        const int col = dt * 16 + 4 * lane_group;
+        if (col < K::kHeadDim) {
+          Frag out;
+          out.lo = pack2<K::kIsBf16>(acc[mt][dt][0] * inverse, acc[mt][dt][1] * inverse);
+          out.hi = pack2<K::kIsBf16>(acc[mt][dt][2] * inverse, acc[mt][dt][3] * inverse);
+          *reinterpret_cast<Frag*>(o + row * p.o_seq_stride + col) = out;
+        }
+      }
+      if (lse && lane_group == 0) {
+        lse[m0 + row] =
+            fa::row_lse(row_max[mt], p.scale_log2, sum, [](float x) { return fast_log2(x); });
+      }
+    }
+  }
+}
+
+}  // namespace flashjit_hip
