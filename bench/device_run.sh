@@ -53,7 +53,8 @@ export FLASHJIT_EXPECT_GPU=1
 
 echo "== device"
 nvidia-smi -L || echo "nvidia-smi failed"
-commit="$(git rev-parse --short HEAD 2>/dev/null || true)"
+# COMMIT (set by the caller) wins: the device copy's .git may lag behind its working tree.
+commit="${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || true)}"
 echo "== commit ${commit:-${COMMIT:-unknown}}"
 echo "== $(nproc) cores, $(cmake --version | head -1)"
 
