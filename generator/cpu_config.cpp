@@ -85,7 +85,7 @@ DeviceSpec cpu_device_spec(const CpuSpec& cpu) {
 
 int64_t cpu_working_set_bytes(const AttentionConfig& c, const AttentionProblem& p) {
   const int64_t d = p.head_dim, m = c.block_m, n = c.block_n;
-  return 4 * (m * d + 2 * n * d + m * n + m * d + 2 * m);
+  return 4 * (m * d + 2 * n * d + m * n + m * d + 3 * m);
 }
 
 int64_t cpu_kv_block_bytes(const AttentionConfig& c, const AttentionProblem& p) {
@@ -192,8 +192,9 @@ std::string explain_cpu_plan(const AttentionProblem& p, const CpuSpec& cpu) {
   out << "  Br = min(Bc, d) = " << std::min<int64_t>(bn, d) << "\n";
   out << "  each rounded down to a legal choice (Bc first)\n\n";
   out << "Budget of this template (fp32 scratch per work item):\n";
-  out << "  L2:  4 * (Br*d [Q] + 2*Bc*d [K^T, V] + Br*Bc [S] + Br*d [O] + 2*Br) <= " << cpu.l2_bytes
-      << " B\n";
+  out << "  L2:  4 * (Br*d [Q^T] + 2*Bc*d [K, V] + Br*Bc [S^T] + Br*d [O^T] + 3*Br [m, l, alpha]) "
+         "<= "
+      << cpu.l2_bytes << " B\n";
   out << "  L1d: 8 * Bc * d [K, V block] <= " << cpu.l1d_bytes << " B (preferred, not required)\n";
   out << "  Br in " << list(kCpuBlockMChoices) << ", Bc in " << list(kCpuBlockNChoices)
       << "; warps = stages = 1 (unused on the CPU)\n\n";

@@ -45,12 +45,13 @@ CpuSpec known_cpu();
 // (1), l2_bytes = the last-level cache (L3, else L2: what the tuner rotates its inputs past).
 DeviceSpec cpu_device_spec(const CpuSpec& cpu);
 
-// Block sizes the CPU template accepts (multiples of its 4-row and 16-key register tiles).
+// Block sizes the CPU template accepts (multiples of its 16 query lanes and 16-key tiles).
 inline constexpr int kCpuBlockMChoices[] = {16, 32, 64, 128};
 inline constexpr int kCpuBlockNChoices[] = {32, 64, 128, 256};
 
 // fp32 scratch of one work item, in bytes:
-//   4 * (block_m*d [Q] + 2*block_n*d [K^T, V] + block_m*block_n [S] + block_m*d [O] + 2*block_m)
+//   4 * (block_m*d [Q^T] + 2*block_n*d [K, V] + block_m*block_n [S^T] + block_m*d [O^T]
+//        + 3*block_m [row max, row sum, rescale])
 int64_t cpu_working_set_bytes(const AttentionConfig& config, const AttentionProblem& problem);
 // The K and V blocks in fp32: 8 * block_n * d bytes (L1d resident is preferred, not required).
 int64_t cpu_kv_block_bytes(const AttentionConfig& config, const AttentionProblem& problem);

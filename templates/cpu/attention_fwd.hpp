@@ -1,21 +1,28 @@
 // flashjit CPU attention forward: FlashAttention's algorithm on the host, compiled by Clang at run
 // time with -O3 for the host CPU (every ISA feature it has: AVX2, AVX-512, FMA).
 //
+// The vector lanes run along the query rows: 16 queries per f32x16, so that the online softmax
+// (a max and a sum over keys for each query) is element-wise vector arithmetic, and both matrix
+// products are register-tiled outer products with one operand broadcast from memory.
+//
 // One work item = (batch, head, block of kBlockM query rows). For each item:
-//   Q block -> fp32, pre-scaled by scale * log2(e) (the softmax works in base 2);
-//   for each block of kBlockN keys (only up to the causal diagonal):
-//     K block -> fp32, transposed (d x kBlockN); V block -> fp32 (kBlockN x d)
-//     S = Q K^T                          (register tiles: 4 rows x 16 keys)
-//     mask (past seqlen_k, causal);  online softmax: new row max m', P = exp2(S - m'),
-//     l = l * exp2(m - m') + rowsum(P);  O = O * exp2(m - m') + P V   (fp32 accumulate)
-//   O /= l, stored in the storage type; lse = (m + log2 l) * ln 2 (natural log).
+//   Q^T <- Q block in fp32, transposed (d x kBlockM), pre-scaled by scale * log2(e) (base-2
+//   softmax) O^T <- 0 (d x kBlockM);  m <- -inf;  l <- 0            (per query) for each block of
+//   kBlockN keys (only up to the causal diagonal):
+//     K, V <- the block in fp32, row-major (kBlockN x d): packed once, read kBlockM / 16 times
+//     S^T = K Q^T                          (tiles: kKeyTile keys x kQueryVecs query vectors)
+//     mask (past seqlen_k, causal) on the blocks that need it
+//     m' = max(m, max_j S^T[j]);  P^T = exp2(S^T - m');  alpha = exp2(m - m')
+//     l = l * alpha + sum_j P^T[j];  m = m'
+//     O^T = O^T * alpha + V^T P^T          (tiles: kDimTile dims x kQueryVecs query vectors)
+//   O = (O^T / l)^T in the storage type;  lse = (m + log2 l) * ln 2 (natural log).
 // A row with no visible key (causal, seqlen_q > seqlen_k) gets O = 0 and lse = +inf.
 //
 // The L1/L2 caches play the role of shared memory: the generator (generator/cpu_config.hpp) keeps
 // the scratch of one work item (kScratchFloats below) within the L2 budget.
 //
-// Nothing is included: the host's malloc/free and log2f are resolved by the JIT from the process.
-// The rendered source prepends attention_params.h and appends one Traits instantiation.
+// Nothing is included: the host's aligned_alloc/free and log2f are resolved by the JIT from the
+// process. The rendered source prepends attention_params.h and appends one Traits instantiation.
 
 namespace flashjit_cpu {
 
@@ -26,7 +33,19 @@ typedef long long i64;
 extern "C" void* aligned_alloc(unsigned long alignment, unsigned long size);
 extern "C" void free(void* pointer);
 
-enum Storage { kF16 = 0, kBF16 = 1 };
+enum Storage { kF16 = 0, kBF16 = 1, kF32 = 2 };
+
+// The element type of q, k, v and o in memory.
+template <int S>
+struct StorageElement {
+  typedef u16 type;  // fp16 and bf16 bit patterns
+};
+template <>
+struct StorageElement<kF32> {
+  typedef float type;
+};
+
+constexpr int kLanes = 16;  // floats per vector (one AVX-512 register, two AVX2 registers)
 
 template <int HeadDim, int BlockM, int BlockN, int StorageType, bool Causal>
 struct Traits {
@@ -37,42 +56,38 @@ struct Traits {
   static constexpr bool kCausal = Causal;
   static_assert(HeadDim >= 8 && HeadDim <= 256 && HeadDim % 8 == 0,
                 "head_dim must be a multiple of 8 in [8, 256]");
-  static_assert(BlockM >= 4 && BlockM <= 256 && BlockM % 4 == 0,
-                "block_m must be a multiple of 4 (the row tile) in [4, 256]");
+  static_assert(BlockM >= kLanes && BlockM <= 256 && BlockM % kLanes == 0,
+                "block_m must be a multiple of 16 (the query lanes of a vector) in [16, 256]");
   static_assert(BlockN >= 16 && BlockN <= 256 && BlockN % 16 == 0,
-                "block_n must be a multiple of 16 (the key tile) in [16, 256]");
-  static_assert(StorageType == kF16 || StorageType == kBF16, "storage must be fp16 or bf16");
-  // Columns of the P V tile: 16 floats when the head dim allows, else 8.
-  static constexpr int kVecD = HeadDim % 16 == 0 ? 16 : 8;
-  // fp32 scratch of one work item: Q, K^T, V, S, O blocks, row max and row sum.
+                "block_n must be a multiple of 16 (the largest key tile) in [16, 256]");
+  static_assert(StorageType == kF16 || StorageType == kBF16 || StorageType == kF32,
+                "storage must be fp16, bf16 or fp32");
+
+  // Register tiles: kQueryVecs vectors of queries (up to 64 queries) times kKeyTile keys (S^T)
+  // or kDimTile head dims (O^T): 16 accumulators, enough independent FMAs to cover the FMA
+  // latency on two pipes, with room left in 32 vector registers for the operands.
+  static constexpr int kQueryVecs = BlockM / kLanes >= 4 ? 4 : BlockM / kLanes;
+  static constexpr int kKeyTile = 16 / kQueryVecs;
+  static constexpr int kDimTile = kQueryVecs == 4 ? 4 : 8;
+  static_assert(BlockM % (kQueryVecs * kLanes) == 0, "query groups must tile block_m");
+  static_assert(BlockN % kKeyTile == 0, "key tiles must tile block_n");
+  static_assert(HeadDim % kDimTile == 0, "dim tiles must tile head_dim");
+
+  // fp32 scratch of one work item: Q^T, K, V, S^T (then P^T), O^T blocks; m, l and alpha per query.
   static constexpr i64 kScratchFloats = (i64)BlockM * HeadDim + 2 * (i64)BlockN * HeadDim +
-                                        (i64)BlockM * BlockN + (i64)BlockM * HeadDim + 2 * BlockM;
+                                        (i64)BlockM * BlockN + (i64)BlockM * HeadDim + 3 * BlockM;
 };
 
-typedef float f32x8 __attribute__((ext_vector_type(8)));
 typedef float f32x16 __attribute__((ext_vector_type(16)));
+typedef int i32x16 __attribute__((ext_vector_type(16)));
 
-template <int N>
-struct Vec;
-template <>
-struct Vec<8> {
-  typedef f32x8 type;
-};
-template <>
-struct Vec<16> {
-  typedef f32x16 type;
-};
-
-template <class V>
-inline V load(const float* p) {
-  V v;
-  __builtin_memcpy(&v, p, sizeof(V));
+inline f32x16 load(const float* p) {
+  f32x16 v;
+  __builtin_memcpy(&v, p, sizeof(v));
   return v;
 }
-template <class V>
-inline void store(float* p, V v) {
-  __builtin_memcpy(p, &v, sizeof(V));
-}
+inline void store(float* p, f32x16 v) { __builtin_memcpy(p, &v, sizeof(v)); }
+inline f32x16 vmax(f32x16 a, f32x16 b) { return a > b ? a : b; }
 
 inline float bits_to_float(u32 bits) { return __builtin_bit_cast(float, bits); }
 inline u32 float_to_bits(float value) { return __builtin_bit_cast(u32, value); }
@@ -120,29 +135,40 @@ inline u16 float_to_fp16(float value) {
 }
 
 template <int S>
-inline float to_float(u16 h) {
-  return S == kBF16 ? bf16_to_float(h) : fp16_to_float(h);
+inline float to_float(typename StorageElement<S>::type x) {
+  if constexpr (S == kF32)
+    return x;
+  else if constexpr (S == kBF16)
+    return bf16_to_float(x);
+  else
+    return fp16_to_float(x);
 }
 template <int S>
-inline u16 from_float(float value) {
-  return S == kBF16 ? float_to_bf16(value) : float_to_fp16(value);
+inline typename StorageElement<S>::type from_float(float value) {
+  if constexpr (S == kF32)
+    return value;
+  else if constexpr (S == kBF16)
+    return float_to_bf16(value);
+  else
+    return float_to_fp16(value);
 }
 
-// 2^x for x <= 0 (the softmax's only range), relative error ~1e-7; 0 below -126 and for -inf.
-inline float exp2_nonpositive(float x) {
-  const float clamped = x < -126.0f ? -126.0f : x;
-  const float whole = __builtin_floorf(clamped);
-  const float f = clamped - whole;  // [0, 1)
-  // Taylor series of 2^f = e^(f ln 2) to degree 7: error < 1.3e-6 * 2^f at f -> 1.
-  float p = 1.525273380405984e-05f;
-  p = p * f + 1.5403530393381608e-04f;
+// 2^x for x <= 0 (the softmax's only range), 16 lanes; exactly 0 below -126 and for -inf.
+// x = n + f with n = round(x), f in [-1/2, 1/2]; 2^f by its Taylor series to degree 6 (relative
+// error < 2e-7), 2^n by building the exponent bits.
+inline f32x16 exp2_nonpositive(f32x16 x) {
+  const f32x16 clamped = x < -126.0f ? -126.0f : x;
+  const f32x16 n = __builtin_elementwise_floor(clamped + 0.5f);
+  const f32x16 f = clamped - n;
+  f32x16 p = 1.5403530393381608e-04f;
   p = p * f + 1.3333558146428443e-03f;
   p = p * f + 9.618129107628477e-03f;
   p = p * f + 5.550410866482158e-02f;
   p = p * f + 2.402265069591007e-01f;
   p = p * f + 6.931471805599453e-01f;
   p = p * f + 1.0f;
-  const float scale = bits_to_float((u32)((int)whole + 127) << 23);
+  const i32x16 exponent = (__builtin_convertvector(n, i32x16) + 127) << 23;
+  const f32x16 scale = __builtin_bit_cast(f32x16, exponent);
   return x < -126.0f ? 0.0f : p * scale;
 }
 
@@ -153,128 +179,150 @@ struct Kernel {
   static constexpr int D = T::kHeadDim;
   static constexpr int BM = T::kBlockM;
   static constexpr int BN = T::kBlockN;
-  static constexpr int VD = T::kVecD;
-  typedef typename Vec<VD>::type VecD;
+  static constexpr int QV = T::kQueryVecs;
+  static constexpr int KT = T::kKeyTile;
+  static constexpr int DT = T::kDimTile;
+  static constexpr int kGroup = QV * kLanes;  // queries of one register tile
+  typedef typename StorageElement<T::kStorage>::type Element;
+
+  // S^T[j0 + a][g + 16 v] = sum_c K[j0 + a][c] * Q^T[c][g + 16 v]   (a < KT, v < QV)
+  static void qk_tile(const float* __restrict kb, const float* __restrict qt, float* __restrict st,
+                      int j0, int g) {
+    f32x16 acc[KT][QV];
+    for (int a = 0; a < KT; ++a)
+      for (int v = 0; v < QV; ++v) acc[a][v] = 0.0f;
+    for (int c = 0; c < D; ++c) {
+      f32x16 q[QV];
+      for (int v = 0; v < QV; ++v) q[v] = load(qt + c * BM + g + v * kLanes);
+      for (int a = 0; a < KT; ++a) {
+        const float k = kb[(j0 + a) * D + c];
+        for (int v = 0; v < QV; ++v) acc[a][v] += k * q[v];
+      }
+    }
+    for (int a = 0; a < KT; ++a)
+      for (int v = 0; v < QV; ++v) store(st + (j0 + a) * BM + g + v * kLanes, acc[a][v]);
+  }
+
+  // O^T[c0 + a][g + 16 v] = O^T[..] * alpha[g + 16 v] + sum_{j < keys} V[j][c0 + a] P^T[j][g + 16
+  // v]
+  static void pv_tile(const float* __restrict vb, const float* __restrict pt,
+                      const float* __restrict alpha, float* __restrict ot, int keys, int c0,
+                      int g) {
+    f32x16 acc[DT][QV];
+    for (int v = 0; v < QV; ++v) {
+      const f32x16 scale = load(alpha + g + v * kLanes);
+      for (int a = 0; a < DT; ++a) acc[a][v] = load(ot + (c0 + a) * BM + g + v * kLanes) * scale;
+    }
+    for (int j = 0; j < keys; ++j) {
+      f32x16 p[QV];
+      for (int v = 0; v < QV; ++v) p[v] = load(pt + j * BM + g + v * kLanes);
+      for (int a = 0; a < DT; ++a) {
+        const float x = vb[j * D + c0 + a];
+        for (int v = 0; v < QV; ++v) acc[a][v] += x * p[v];
+      }
+    }
+    for (int v = 0; v < QV; ++v)
+      for (int a = 0; a < DT; ++a) store(ot + (c0 + a) * BM + g + v * kLanes, acc[a][v]);
+  }
 
   // One work item: query rows [m_block * BM, +BM) of (batch b, head h).
   static void block(const FlashjitAttentionParams& p, int b, int h, int m_block, float* scratch) {
-    float* __restrict qs = scratch;            // [BM][D], scaled into log2 units
-    float* __restrict kt = qs + BM * D;        // [D][BN], K block transposed
-    float* __restrict vs = kt + D * BN;        // [BN][D]
-    float* __restrict s = vs + BN * D;         // [BM][BN], scores, then probabilities
-    float* __restrict acc = s + BM * BN;       // [BM][D], O accumulator
-    float* __restrict row_max = acc + BM * D;  // [BM]
+    float* __restrict qt = scratch;            // [D][BM], scaled into log2 units
+    float* __restrict kb = qt + D * BM;        // [BN][D]
+    float* __restrict vb = kb + BN * D;        // [BN][D]
+    float* __restrict st = vb + BN * D;        // [BN][BM], scores, then probabilities
+    float* __restrict ot = st + BN * BM;       // [D][BM], O accumulator
+    float* __restrict row_max = ot + D * BM;   // [BM]
     float* __restrict row_sum = row_max + BM;  // [BM]
+    float* __restrict alpha = row_sum + BM;    // [BM], this block's rescale of O
     const float kNegInf = -__builtin_inff();
 
     const int q0 = m_block * BM;
     const int rows = min_int(BM, p.seqlen_q - q0);
-    const int rows4 = (rows + 3) & ~3;  // row tiles of 4; padding rows are zero and discarded
     const int hk = h / p.group_size;
-    const u16* q = (const u16*)p.q + b * p.q_batch_stride + h * p.q_head_stride;
-    const u16* k = (const u16*)p.k + b * p.k_batch_stride + hk * p.k_head_stride;
-    const u16* v = (const u16*)p.v + b * p.v_batch_stride + hk * p.v_head_stride;
+    const Element* q = (const Element*)p.q + b * p.q_batch_stride + h * p.q_head_stride;
+    const Element* k = (const Element*)p.k + b * p.k_batch_stride + hk * p.k_head_stride;
+    const Element* v = (const Element*)p.v + b * p.v_batch_stride + hk * p.v_head_stride;
 
-    for (int i = 0; i < rows4; ++i) {
-      const u16* q_row = q + (i64)(q0 + (i < rows ? i : 0)) * p.q_seq_stride;
+    // Q^T; padding rows (past seqlen_q) are zero and their results discarded.
+    for (int i = 0; i < BM; ++i) {
+      const Element* q_row = q + (i64)(q0 + (i < rows ? i : 0)) * p.q_seq_stride;
       const float keep = i < rows ? p.scale_log2 : 0.0f;
-      for (int c = 0; c < D; ++c) qs[i * D + c] = to_float<T::kStorage>(q_row[c]) * keep;
-      for (int c = 0; c < D; ++c) acc[i * D + c] = 0.0f;
-      row_max[i] = kNegInf;
-      row_sum[i] = 0.0f;
+      for (int c = 0; c < D; ++c) qt[c * BM + i] = to_float<T::kStorage>(q_row[c]) * keep;
     }
+    for (int x = 0; x < D * BM; ++x) ot[x] = 0.0f;
+    for (int i = 0; i < BM; ++i) row_max[i] = kNegInf, row_sum[i] = 0.0f;
 
     // Causal (bottom-right aligned): query i sees key j iff j <= i + diag.
     const int diag = p.seqlen_k - p.seqlen_q;
     int kv_end = p.seqlen_k;
     if (T::kCausal) kv_end = min_int(kv_end, q0 + rows - 1 + diag + 1);
+    const i32x16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
     for (int n0 = 0; n0 < kv_end; n0 += BN) {
       const int cols = min_int(BN, p.seqlen_k - n0);
-      for (int j = 0; j < BN; ++j) {
+      const int key_tiles = (cols + KT - 1) / KT;
+
+      // K and V in fp32; rows past seqlen_k are zero (never garbage: 0 * NaN would be NaN).
+      for (int j = 0; j < key_tiles * KT; ++j) {
         const bool in = j < cols;
-        const u16* k_row = k + (i64)(n0 + (in ? j : 0)) * p.k_seq_stride;
-        const u16* v_row = v + (i64)(n0 + (in ? j : 0)) * p.v_seq_stride;
+        const Element* k_row = k + (i64)(n0 + (in ? j : 0)) * p.k_seq_stride;
+        const Element* v_row = v + (i64)(n0 + (in ? j : 0)) * p.v_seq_stride;
         const float keep = in ? 1.0f : 0.0f;
-        for (int c = 0; c < D; ++c) kt[c * BN + j] = to_float<T::kStorage>(k_row[c]) * keep;
-        for (int c = 0; c < D; ++c) vs[j * D + c] = to_float<T::kStorage>(v_row[c]) * keep;
+        for (int c = 0; c < D; ++c) kb[j * D + c] = to_float<T::kStorage>(k_row[c]) * keep;
+        for (int c = 0; c < D; ++c) vb[j * D + c] = to_float<T::kStorage>(v_row[c]) * keep;
       }
 
-      // S = Q K^T, in register tiles of 4 rows x 16 keys.
-      for (int i = 0; i < rows4; i += 4) {
-        for (int j = 0; j < BN; j += 16) {
-          f32x16 s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-          for (int c = 0; c < D; ++c) {
-            const f32x16 kv = load<f32x16>(kt + c * BN + j);
-            s0 += qs[(i + 0) * D + c] * kv;
-            s1 += qs[(i + 1) * D + c] * kv;
-            s2 += qs[(i + 2) * D + c] * kv;
-            s3 += qs[(i + 3) * D + c] * kv;
+      // S^T = K Q^T.
+      for (int g = 0; g < BM; g += kGroup)
+        for (int t = 0; t < key_tiles; ++t) qk_tile(kb, qt, st, t * KT, g);
+
+      // Online softmax, 16 queries at a time, over the cols keys of the block (the loops stop at
+      // cols, so keys past seqlen_k need no mask). Causal: mask the block that crosses the
+      // diagonal.
+      const bool crosses_diagonal = T::kCausal && n0 + cols - 1 > q0 + diag;
+      for (int i = 0; i < BM; i += kLanes) {
+        f32x16 block_max = kNegInf;
+        if (crosses_diagonal) {
+          // Query q0 + i + lane sees key n0 + j iff j <= q0 + i + lane + diag - n0.
+          const i32x16 last = q0 + i + diag - n0 + lane;
+          for (int j = 0; j < cols; ++j) {
+            f32x16 s = load(st + j * BM + i);
+            s = j <= last ? s : kNegInf;
+            store(st + j * BM + i, s);
+            block_max = vmax(block_max, s);
           }
-          store(s + (i + 0) * BN + j, s0);
-          store(s + (i + 1) * BN + j, s1);
-          store(s + (i + 2) * BN + j, s2);
-          store(s + (i + 3) * BN + j, s3);
+        } else {
+          for (int j = 0; j < cols; ++j) block_max = vmax(block_max, load(st + j * BM + i));
         }
-      }
-
-      // Mask, online softmax.
-      for (int i = 0; i < rows4; ++i) {
-        float* __restrict s_row = s + i * BN;
-        int limit = i < rows ? cols : 0;
-        if (T::kCausal) limit = min_int(limit, q0 + i + diag - n0 + 1);
-        float block_max = kNegInf;
-        for (int j = 0; j < BN; ++j) {
-          const float x = j < limit ? s_row[j] : kNegInf;
-          s_row[j] = x;
-          block_max = block_max > x ? block_max : x;
-        }
-        const float m_new = row_max[i] > block_max ? row_max[i] : block_max;
-        if (m_new == kNegInf) {  // nothing visible yet: P = 0, state unchanged
-          for (int j = 0; j < BN; ++j) s_row[j] = 0.0f;
-          continue;
-        }
-        const float alpha = exp2_nonpositive(row_max[i] - m_new);
-        float sum = 0.0f;
-        for (int j = 0; j < BN; ++j) {
-          const float pj = exp2_nonpositive(s_row[j] - m_new);
-          s_row[j] = pj;
+        const f32x16 m_old = load(row_max + i);
+        const f32x16 m_new = vmax(m_old, block_max);
+        // Lanes that have seen no visible key yet keep P = 0, alpha = 0, l = 0, O = 0.
+        const f32x16 m_safe = m_new == kNegInf ? 0.0f : m_new;
+        const f32x16 scale = exp2_nonpositive(m_old - m_safe);
+        f32x16 sum = 0.0f;
+        for (int j = 0; j < cols; ++j) {
+          const f32x16 pj = exp2_nonpositive(load(st + j * BM + i) - m_safe);
+          store(st + j * BM + i, pj);
           sum += pj;
         }
-        row_sum[i] = row_sum[i] * alpha + sum;
-        row_max[i] = m_new;
-        for (int c = 0; c < D; ++c) acc[i * D + c] *= alpha;
+        store(row_sum + i, load(row_sum + i) * scale + sum);
+        store(row_max + i, m_new);
+        store(alpha + i, scale);
       }
 
-      // O += P V, in register tiles of 4 rows x VD columns.
-      for (int i = 0; i < rows4; i += 4) {
-        for (int c = 0; c < D; c += VD) {
-          VecD o0 = load<VecD>(acc + (i + 0) * D + c);
-          VecD o1 = load<VecD>(acc + (i + 1) * D + c);
-          VecD o2 = load<VecD>(acc + (i + 2) * D + c);
-          VecD o3 = load<VecD>(acc + (i + 3) * D + c);
-          for (int j = 0; j < BN; ++j) {
-            const VecD vv = load<VecD>(vs + j * D + c);
-            o0 += s[(i + 0) * BN + j] * vv;
-            o1 += s[(i + 1) * BN + j] * vv;
-            o2 += s[(i + 2) * BN + j] * vv;
-            o3 += s[(i + 3) * BN + j] * vv;
-          }
-          store(acc + (i + 0) * D + c, o0);
-          store(acc + (i + 1) * D + c, o1);
-          store(acc + (i + 2) * D + c, o2);
-          store(acc + (i + 3) * D + c, o3);
-        }
-      }
+      // O^T = O^T * alpha + V^T P^T.
+      for (int g = 0; g < BM; g += kGroup)
+        for (int c0 = 0; c0 < D; c0 += DT) pv_tile(vb, st, alpha, ot, cols, c0, g);
     }
 
     // O = acc / l in the storage type; lse in natural log.
-    u16* o = (u16*)p.o + b * p.o_batch_stride + h * p.o_head_stride;
+    Element* o = (Element*)p.o + b * p.o_batch_stride + h * p.o_head_stride;
     for (int i = 0; i < rows; ++i) {
-      u16* o_row = o + (i64)(q0 + i) * p.o_seq_stride;
+      Element* o_row = o + (i64)(q0 + i) * p.o_seq_stride;
       const float l = row_sum[i];
       const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      for (int c = 0; c < D; ++c) o_row[c] = from_float<T::kStorage>(acc[i * D + c] * inv);
+      for (int c = 0; c < D; ++c) o_row[c] = from_float<T::kStorage>(ot[c * BM + i] * inv);
       if (p.lse) {
         const float lse =
             l > 0.0f ? (row_max[i] + __builtin_log2f(l)) * 0.6931471805599453f : __builtin_inff();

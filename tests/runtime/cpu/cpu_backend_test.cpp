@@ -40,7 +40,8 @@ TEST(CpuConfig, BudgetArithmetic) {
   const CpuSpec cpu = known_cpu();  // 1 MiB L2, 32 KiB L1d
   const AttentionProblem p = AttentionProblem::make(1, 1, 1, 128, 128, 128, DType::BF16, false);
   const AttentionConfig c{64, 64, 1, 1};
-  EXPECT_EQ(cpu_working_set_bytes(c, p), 4 * (64 * 128 + 2 * 64 * 128 + 64 * 64 + 64 * 128 + 128));
+  EXPECT_EQ(cpu_working_set_bytes(c, p),
+            4 * (64 * 128 + 2 * 64 * 128 + 64 * 64 + 64 * 128 + 3 * 64));
   EXPECT_EQ(cpu_kv_block_bytes(c, p), 8 * 64 * 128);
   EXPECT_TRUE(check_cpu_config(c, p, cpu).ok());
   Status bad = check_cpu_config({64, 64, 4, 2}, p, cpu);
