@@ -29,6 +29,7 @@ bool contains(const int (&values)[N], int value) {
 std::string CpuSpec::isa() const {
   std::string out;
   for (const auto& [present, name] : {std::pair<bool, const char*>{avx512f, "avx512f"},
+                                      {avx512bf16, "avx512bf16"},
                                       {avx2, "avx2"},
                                       {fma, "fma"},
                                       {f16c, "f16c"}}) {

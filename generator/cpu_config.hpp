@@ -27,10 +27,11 @@ struct CpuSpec {
   int64_t l3_bytes = 0;   // shared; 0 when there is none
   bool avx2 = false;
   bool avx512f = false;
+  bool avx512bf16 = false;  // vdpbf16ps: the CPU template's bf16 dot products
   bool fma = false;
   bool f16c = false;
 
-  // "avx512f avx2 fma f16c" (present features only; "baseline" when none).
+  // "avx512f avx512bf16 avx2 fma f16c" (present features only; "baseline" when none).
   std::string isa() const;
   // "AMD EPYC (2 cores, L1d 48 KiB, L2 1024 KiB, L3 32768 KiB, avx512f avx2 fma f16c)"
   std::string to_string() const;

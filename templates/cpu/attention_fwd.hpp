@@ -1,22 +1,30 @@
 // flashjit CPU attention forward: FlashAttention's algorithm on the host, compiled by Clang at run
-// time with -O3 for the host CPU (every ISA feature it has: AVX2, AVX-512, FMA).
+// time with -O3 for the host CPU (every ISA feature it has: AVX2, AVX-512, FMA, AVX512_BF16).
 //
 // The vector lanes run along the query rows: 16 queries per f32x16, so that the online softmax
 // (a max and a sum over keys for each query) is element-wise vector arithmetic, and both matrix
 // products are register-tiled outer products with one operand broadcast from memory.
 //
 // One work item = (batch, head, block of kBlockM query rows). For each item:
-//   Q^T <- Q block in fp32, transposed (d x kBlockM), pre-scaled by scale * log2(e) (base-2
-//   softmax) O^T <- 0 (d x kBlockM);  m <- -inf;  l <- 0            (per query) for each block of
-//   kBlockN keys (only up to the causal diagonal):
-//     K, V <- the block in fp32, row-major (kBlockN x d): packed once, read kBlockM / 16 times
-//     S^T = K Q^T                          (tiles: kKeyTile keys x kQueryVecs query vectors)
-//     mask (past seqlen_k, causal) on the blocks that need it
+//   Q^T <- the Q block, transposed (d x kBlockM)
+//   O^T <- 0 (d x kBlockM);  m <- -inf;  l <- 0            (per query, base-2 units)
+//   for each block of kBlockN keys (only up to the causal diagonal):
+//     pack the block of K and V once (it is read kBlockM / 16 times)
+//     S^T = K Q^T * scale * log2(e)        (tiles: kKeyTile keys x kQueryVecs query vectors)
+//     mask the block that crosses the causal diagonal
 //     m' = max(m, max_j S^T[j]);  P^T = exp2(S^T - m');  alpha = exp2(m - m')
 //     l = l * alpha + sum_j P^T[j];  m = m'
 //     O^T = O^T * alpha + V^T P^T          (tiles: kDimTile dims x kQueryVecs query vectors)
 //   O = (O^T / l)^T in the storage type;  lse = (m + log2 l) * ln 2 (natural log).
 // A row with no visible key (causal, seqlen_q > seqlen_k) gets O = 0 and lse = +inf.
+//
+// Two kinds of arithmetic, both accumulating in fp32:
+//   fp32 FMAs (fp16 and fp32 storage; bf16 on a host without AVX512_BF16): Q^T, K, V converted to
+//     fp32 when packed, Q^T pre-scaled by scale * log2(e).
+//   bf16 dot products (bf16 storage with AVX512_BF16, kDotBf16): vdpbf16ps multiplies pairs of
+//     bf16 exactly and adds them in fp32, at twice the FMA's rate. Q and V are packed as bf16
+//     pairs along the reduced axis, K is read in place, P is rounded to bf16 for P V (as
+//     FlashAttention-2 does on the GPU), the scores are scaled in the softmax.
 //
 // The L1/L2 caches play the role of shared memory: the generator (generator/cpu_config.hpp) keeps
 // the scratch of one work item (kScratchFloats below) within the L2 budget.
@@ -45,7 +53,13 @@ struct StorageElement<kF32> {
   typedef float type;
 };
 
-constexpr int kLanes = 16;  // floats per vector (one AVX-512 register, two AVX2 registers)
+constexpr int kLanes = 16;
+
+#if defined(__AVX512BF16__)
+#define FLASHJIT_CPU_DOT_BF16 1
+#else
+#define FLASHJIT_CPU_DOT_BF16 0
+#endif  // floats per vector (one AVX-512 register, two AVX2 registers)
 
 template <int HeadDim, int BlockM, int BlockN, int StorageType, bool Causal>
 struct Traits {
@@ -73,7 +87,12 @@ struct Traits {
   static_assert(BlockN % kKeyTile == 0, "key tiles must tile block_n");
   static_assert(HeadDim % kDimTile == 0, "dim tiles must tile head_dim");
 
-  // fp32 scratch of one work item: Q^T, K, V, S^T (then P^T), O^T blocks; m, l and alpha per query.
+  // bf16 storage on a host with AVX512_BF16: both products as bf16 dot products (see
+  // dot_bf16_pairs), P rounded to bf16 for P V as on the GPU. Otherwise fp32 FMAs.
+  static constexpr bool kDotBf16 = StorageType == kBF16 && FLASHJIT_CPU_DOT_BF16;
+
+  // Scratch of one work item in 4-byte words: Q^T, K, V, S^T (then P^T), O^T blocks; m, l and
+  // alpha per query. (The bf16 dot products use less: Q and V as pairs, no K, P in place of S.)
   static constexpr i64 kScratchFloats = (i64)BlockM * HeadDim + 2 * (i64)BlockN * HeadDim +
                                         (i64)BlockM * BlockN + (i64)BlockM * HeadDim + 3 * BlockM;
 };
@@ -174,6 +193,42 @@ inline f32x16 exp2_nonpositive(f32x16 x) {
 
 inline int min_int(int a, int b) { return a < b ? a : b; }
 
+// acc[i] += a[2i] b[2i] + a[2i+1] b[2i+1] over bf16 pairs, fp32 accumulation (vdpbf16ps: the
+// products of two bf16 are exact in fp32, so this is as precise as two fp32 FMAs, at twice their
+// rate). Only called when the host has AVX512_BF16 (Traits::kDotBf16).
+inline f32x16 dot_bf16_pairs(f32x16 acc, i32x16 a, i32x16 b) {
+#if FLASHJIT_CPU_DOT_BF16
+  return __builtin_ia32_dpbf16ps_512(acc, a, b);
+#else
+  (void)a, (void)b;
+  return acc;
+#endif
+}
+
+inline i32x16 load_pairs(const u32* p) {
+  i32x16 v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void store_pairs(u32* p, i32x16 v) { __builtin_memcpy(p, &v, sizeof(v)); }
+// Two adjacent bf16 elements as one 32-bit word (the low one first).
+inline u32 pair_at(const u16* p) {
+  u32 word;
+  __builtin_memcpy(&word, p, sizeof(word));
+  return word;
+}
+// bf16 pairs (lo[i], hi[i]) from two fp32 vectors already rounded to bf16 (low 16 bits zero).
+inline i32x16 pack_pairs(f32x16 lo, f32x16 hi) {
+  const i32x16 lo_bits = __builtin_bit_cast(i32x16, lo), hi_bits = __builtin_bit_cast(i32x16, hi);
+  return (i32x16)((__attribute__((ext_vector_type(16))) unsigned)lo_bits >> 16) | hi_bits;
+}
+// Rounds to the nearest bf16 (even on ties), as an fp32 value; for the finite, non-negative
+// probabilities only.
+inline f32x16 round_to_bf16(f32x16 x) {
+  const i32x16 bits = __builtin_bit_cast(i32x16, x);
+  return __builtin_bit_cast(f32x16, (bits + 0x7fff + ((bits >> 16) & 1)) & (int)0xffff0000u);
+}
+
 template <class T>
 struct Kernel {
   static constexpr int D = T::kHeadDim;
@@ -182,8 +237,11 @@ struct Kernel {
   static constexpr int QV = T::kQueryVecs;
   static constexpr int KT = T::kKeyTile;
   static constexpr int DT = T::kDimTile;
+  static constexpr bool kDot = T::kDotBf16;
   static constexpr int kGroup = QV * kLanes;  // queries of one register tile
   typedef typename StorageElement<T::kStorage>::type Element;
+
+  // ---- fp32 arithmetic (fp16, fp32 storage; bf16 without AVX512_BF16) ----
 
   // S^T[j0 + a][g + 16 v] = sum_c K[j0 + a][c] * Q^T[c][g + 16 v]   (a < KT, v < QV)
   static void qk_tile(const float* __restrict kb, const float* __restrict qt, float* __restrict st,
@@ -203,8 +261,7 @@ struct Kernel {
       for (int v = 0; v < QV; ++v) store(st + (j0 + a) * BM + g + v * kLanes, acc[a][v]);
   }
 
-  // O^T[c0 + a][g + 16 v] = O^T[..] * alpha[g + 16 v] + sum_{j < keys} V[j][c0 + a] P^T[j][g + 16
-  // v]
+  // O^T[c0 + a][g + 16 v] = O^T[..] * alpha[g + 16 v] + sum_{j < keys} V[j][c0 + a] P^T[j][..]
   static void pv_tile(const float* __restrict vb, const float* __restrict pt,
                       const float* __restrict alpha, float* __restrict ot, int keys, int c0,
                       int g) {
@@ -225,16 +282,63 @@ struct Kernel {
       for (int a = 0; a < DT; ++a) store(ot + (c0 + a) * BM + g + v * kLanes, acc[a][v]);
   }
 
+  // ---- bf16 dot products (bf16 storage on a host with AVX512_BF16) ----
+
+  // As qk_tile, over the bf16 pairs (c, c + 1): K's pair is broadcast straight from the input
+  // row k_rows[a], Q's pairs were packed once per work item (qp[c / 2][query]).
+  static void qk_tile_dot(const u16* const* k_rows, const u32* __restrict qp, float* __restrict st,
+                          int j0, int g) {
+    f32x16 acc[KT][QV];
+    for (int a = 0; a < KT; ++a)
+      for (int v = 0; v < QV; ++v) acc[a][v] = 0.0f;
+    for (int c = 0; c < D; c += 2) {
+      i32x16 q[QV];
+      for (int v = 0; v < QV; ++v) q[v] = load_pairs(qp + (c / 2) * BM + g + v * kLanes);
+      for (int a = 0; a < KT; ++a) {
+        const i32x16 k = (int)pair_at(k_rows[a] + c);
+        for (int v = 0; v < QV; ++v) acc[a][v] = dot_bf16_pairs(acc[a][v], q[v], k);
+      }
+    }
+    for (int a = 0; a < KT; ++a)
+      for (int v = 0; v < QV; ++v) store(st + (j0 + a) * BM + g + v * kLanes, acc[a][v]);
+  }
+
+  // As pv_tile, over the bf16 pairs of keys (j, j + 1): vp[j / 2][dim] and pp[j / 2][query].
+  static void pv_tile_dot(const u32* __restrict vp, const u32* __restrict pp,
+                          const float* __restrict alpha, float* __restrict ot, int key_pairs,
+                          int c0, int g) {
+    f32x16 acc[DT][QV];
+    for (int v = 0; v < QV; ++v) {
+      const f32x16 scale = load(alpha + g + v * kLanes);
+      for (int a = 0; a < DT; ++a) acc[a][v] = load(ot + (c0 + a) * BM + g + v * kLanes) * scale;
+    }
+    for (int jj = 0; jj < key_pairs; ++jj) {
+      i32x16 p[QV];
+      for (int v = 0; v < QV; ++v) p[v] = load_pairs(pp + jj * BM + g + v * kLanes);
+      for (int a = 0; a < DT; ++a) {
+        const i32x16 x = (int)vp[jj * D + c0 + a];
+        for (int v = 0; v < QV; ++v) acc[a][v] = dot_bf16_pairs(acc[a][v], p[v], x);
+      }
+    }
+    for (int v = 0; v < QV; ++v)
+      for (int a = 0; a < DT; ++a) store(ot + (c0 + a) * BM + g + v * kLanes, acc[a][v]);
+  }
+
   // One work item: query rows [m_block * BM, +BM) of (batch b, head h).
   static void block(const FlashjitAttentionParams& p, int b, int h, int m_block, float* scratch) {
-    float* __restrict qt = scratch;            // [D][BM], scaled into log2 units
-    float* __restrict kb = qt + D * BM;        // [BN][D]
-    float* __restrict vb = kb + BN * D;        // [BN][D]
-    float* __restrict st = vb + BN * D;        // [BN][BM], scores, then probabilities
-    float* __restrict ot = st + BN * BM;       // [D][BM], O accumulator
-    float* __restrict row_max = ot + D * BM;   // [BM]
-    float* __restrict row_sum = row_max + BM;  // [BM]
-    float* __restrict alpha = row_sum + BM;    // [BM], this block's rescale of O
+    // fp32 arithmetic: Q^T [D][BM] (scaled into log2 units), K [BN][D], V [BN][D].
+    // bf16 dot products: Q pairs [D/2][BM] (unscaled), V pairs [BN/2][D]; K is read in place.
+    float* const qt = scratch;
+    u32* const qp = (u32*)scratch;
+    float* const kb = qt + D * BM;
+    float* const vb = kb + BN * D;
+    u32* const vp = (u32*)kb;
+    float* const st = vb + BN * D;        // [BN][BM]: scores, then probabilities
+    u32* const pp = (u32*)st;             // [BN/2][BM]: bf16 pairs of probabilities, in place
+    float* const ot = st + BN * BM;       // [D][BM], O accumulator
+    float* const row_max = ot + D * BM;   // [BM]
+    float* const row_sum = row_max + BM;  // [BM]
+    float* const alpha = row_sum + BM;    // [BM], this block's rescale of O
     const float kNegInf = -__builtin_inff();
 
     const int q0 = m_block * BM;
@@ -244,11 +348,15 @@ struct Kernel {
     const Element* k = (const Element*)p.k + b * p.k_batch_stride + hk * p.k_head_stride;
     const Element* v = (const Element*)p.v + b * p.v_batch_stride + hk * p.v_head_stride;
 
-    // Q^T; padding rows (past seqlen_q) are zero and their results discarded.
+    // Q, transposed; padding rows (past seqlen_q) are zero and their results discarded.
     for (int i = 0; i < BM; ++i) {
       const Element* q_row = q + (i64)(q0 + (i < rows ? i : 0)) * p.q_seq_stride;
-      const float keep = i < rows ? p.scale_log2 : 0.0f;
-      for (int c = 0; c < D; ++c) qt[c * BM + i] = to_float<T::kStorage>(q_row[c]) * keep;
+      if constexpr (kDot) {
+        for (int c = 0; c < D; c += 2) qp[(c / 2) * BM + i] = i < rows ? pair_at(q_row + c) : 0;
+      } else {
+        const float keep = i < rows ? p.scale_log2 : 0.0f;
+        for (int c = 0; c < D; ++c) qt[c * BM + i] = to_float<T::kStorage>(q_row[c]) * keep;
+      }
     }
     for (int x = 0; x < D * BM; ++x) ot[x] = 0.0f;
     for (int i = 0; i < BM; ++i) row_max[i] = kNegInf, row_sum[i] = 0.0f;
@@ -262,33 +370,50 @@ struct Kernel {
     for (int n0 = 0; n0 < kv_end; n0 += BN) {
       const int cols = min_int(BN, p.seqlen_k - n0);
       const int key_tiles = (cols + KT - 1) / KT;
+      const int key_pairs = (cols + 1) / 2;
 
-      // K and V in fp32; rows past seqlen_k are zero (never garbage: 0 * NaN would be NaN).
-      for (int j = 0; j < key_tiles * KT; ++j) {
-        const bool in = j < cols;
-        const Element* k_row = k + (i64)(n0 + (in ? j : 0)) * p.k_seq_stride;
-        const Element* v_row = v + (i64)(n0 + (in ? j : 0)) * p.v_seq_stride;
-        const float keep = in ? 1.0f : 0.0f;
-        for (int c = 0; c < D; ++c) kb[j * D + c] = to_float<T::kStorage>(k_row[c]) * keep;
-        for (int c = 0; c < D; ++c) vb[j * D + c] = to_float<T::kStorage>(v_row[c]) * keep;
+      // S^T = K Q^T, after packing this block of K and V (rows past seqlen_k are zero, never
+      // garbage: 0 * NaN would be NaN).
+      if constexpr (kDot) {
+        for (int jj = 0; jj < key_pairs; ++jj) {
+          const u16* v0 = v + (i64)(n0 + 2 * jj) * p.v_seq_stride;
+          const bool second = 2 * jj + 1 < cols;
+          const u16* v1 = second ? v0 + p.v_seq_stride : v0;
+          for (int c = 0; c < D; ++c) vp[jj * D + c] = v0[c] | (second ? (u32)v1[c] << 16 : 0u);
+        }
+        for (int g = 0; g < BM; g += kGroup)
+          for (int t = 0; t < key_tiles; ++t) {
+            const u16* k_rows[KT];  // keys past seqlen_k repeat the last one (scores unused)
+            for (int a = 0; a < KT; ++a)
+              k_rows[a] = k + (i64)(n0 + min_int(t * KT + a, cols - 1)) * p.k_seq_stride;
+            qk_tile_dot(k_rows, qp, st, t * KT, g);
+          }
+      } else {
+        for (int j = 0; j < key_tiles * KT; ++j) {
+          const bool in = j < cols;
+          const Element* k_row = k + (i64)(n0 + (in ? j : 0)) * p.k_seq_stride;
+          const Element* v_row = v + (i64)(n0 + (in ? j : 0)) * p.v_seq_stride;
+          const float keep = in ? 1.0f : 0.0f;
+          for (int c = 0; c < D; ++c) kb[j * D + c] = to_float<T::kStorage>(k_row[c]) * keep;
+          for (int c = 0; c < D; ++c) vb[j * D + c] = to_float<T::kStorage>(v_row[c]) * keep;
+        }
+        for (int g = 0; g < BM; g += kGroup)
+          for (int t = 0; t < key_tiles; ++t) qk_tile(kb, qt, st, t * KT, g);
       }
-
-      // S^T = K Q^T.
-      for (int g = 0; g < BM; g += kGroup)
-        for (int t = 0; t < key_tiles; ++t) qk_tile(kb, qt, st, t * KT, g);
 
       // Online softmax, 16 queries at a time, over the cols keys of the block (the loops stop at
       // cols, so keys past seqlen_k need no mask). Causal: mask the block that crosses the
-      // diagonal.
+      // diagonal. The dot-product path scales the scores here (its Q is not pre-scaled).
       const bool crosses_diagonal = T::kCausal && n0 + cols - 1 > q0 + diag;
       for (int i = 0; i < BM; i += kLanes) {
         f32x16 block_max = kNegInf;
-        if (crosses_diagonal) {
+        if (crosses_diagonal || kDot) {
           // Query q0 + i + lane sees key n0 + j iff j <= q0 + i + lane + diag - n0.
           const i32x16 last = q0 + i + diag - n0 + lane;
+          const float scale = kDot ? p.scale_log2 : 1.0f;
           for (int j = 0; j < cols; ++j) {
-            f32x16 s = load(st + j * BM + i);
-            s = j <= last ? s : kNegInf;
+            f32x16 s = load(st + j * BM + i) * scale;
+            if (crosses_diagonal) s = j <= last ? s : kNegInf;
             store(st + j * BM + i, s);
             block_max = vmax(block_max, s);
           }
@@ -299,21 +424,39 @@ struct Kernel {
         const f32x16 m_new = vmax(m_old, block_max);
         // Lanes that have seen no visible key yet keep P = 0, alpha = 0, l = 0, O = 0.
         const f32x16 m_safe = m_new == kNegInf ? 0.0f : m_new;
-        const f32x16 scale = exp2_nonpositive(m_old - m_safe);
+        const f32x16 rescale = exp2_nonpositive(m_old - m_safe);
         f32x16 sum = 0.0f;
-        for (int j = 0; j < cols; ++j) {
-          const f32x16 pj = exp2_nonpositive(load(st + j * BM + i) - m_safe);
-          store(st + j * BM + i, pj);
-          sum += pj;
+        if constexpr (kDot) {
+          // P in bf16 pairs (j, j + 1) for P V; l sums the fp32 values (as FlashAttention-2
+          // does: the lse stays fp32-accurate however few keys a row has).
+          for (int j = 0; j < cols; j += 2) {
+            const f32x16 p0 = exp2_nonpositive(load(st + j * BM + i) - m_safe);
+            const f32x16 p1 =
+                j + 1 < cols ? exp2_nonpositive(load(st + (j + 1) * BM + i) - m_safe) : 0.0f;
+            // Written over S^T rows that this loop has already read.
+            store_pairs(pp + (j / 2) * BM + i, pack_pairs(round_to_bf16(p0), round_to_bf16(p1)));
+            sum += p0 + p1;
+          }
+        } else {
+          for (int j = 0; j < cols; ++j) {
+            const f32x16 pj = exp2_nonpositive(load(st + j * BM + i) - m_safe);
+            store(st + j * BM + i, pj);
+            sum += pj;
+          }
         }
-        store(row_sum + i, load(row_sum + i) * scale + sum);
+        store(row_sum + i, load(row_sum + i) * rescale + sum);
         store(row_max + i, m_new);
-        store(alpha + i, scale);
+        store(alpha + i, rescale);
       }
 
       // O^T = O^T * alpha + V^T P^T.
       for (int g = 0; g < BM; g += kGroup)
-        for (int c0 = 0; c0 < D; c0 += DT) pv_tile(vb, st, alpha, ot, cols, c0, g);
+        for (int c0 = 0; c0 < D; c0 += DT) {
+          if constexpr (kDot)
+            pv_tile_dot(vp, pp, alpha, ot, key_pairs, c0, g);
+          else
+            pv_tile(vb, st, alpha, ot, cols, c0, g);
+        }
     }
 
     // O = acc / l in the storage type; lse in natural log.
