@@ -55,10 +55,16 @@ TEST(CpuConfig, BudgetArithmetic) {
   bad = check_cpu_config({128, 256, 1, 1}, p, small);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("exceeds the L2"), std::string::npos);
-  // Bc = (1 MiB / 4) / (4 * 128) = 512 -> 256; Br = min(512, 128) = 128.
-  EXPECT_EQ(default_cpu_config(p, cpu).value(), (AttentionConfig{128, 256, 1, 1}));
+  // Br = 64 (one register tile of queries); Bc = (32 KiB / 2) / (4 * 64) = 64.
+  EXPECT_EQ(cpu_score_block_bytes(c), 4 * 64 * 64);
+  EXPECT_EQ(default_cpu_config(p, cpu).value(), (AttentionConfig{64, 64, 1, 1}));
+  CpuSpec big_l1 = cpu;
+  big_l1.l1d_bytes = 48 << 10;  // 24 KiB / 256 B = 96 -> 64
+  EXPECT_EQ(default_cpu_config(p, big_l1).value(), (AttentionConfig{64, 64, 1, 1}));
+  big_l1.l1d_bytes = 128 << 10;  // 64 KiB / 256 B = 256
+  EXPECT_EQ(default_cpu_config(p, big_l1).value(), (AttentionConfig{64, 256, 1, 1}));
   const std::string plan = explain_cpu_plan(p, cpu);
-  EXPECT_NE(plan.find("262144 / (4 * 128) = 512"), std::string::npos) << plan;
+  EXPECT_NE(plan.find("16384 / (4 * 64) = 64"), std::string::npos) << plan;
   EXPECT_EQ(legal_cpu_configs(p, small).size() < legal_cpu_configs(p, cpu).size(), true);
 }
 
