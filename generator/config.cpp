@@ -91,7 +91,22 @@ ResourceUse resource_use(const AttentionConfig& c, const AttentionProblem& p,
   return use;
 }
 
+Status check_cuda_dtype(DType dtype) {
+  if (dtype == DType::F16 || dtype == DType::BF16) return ok_status();
+  return make_error(ErrorCode::Unsupported,
+                    std::string("dtype = ") + to_string(dtype) +
+                        ": the CUDA backend supports f16 and bf16 storage only (f32 runs on the "
+                        "CPU backend: --backend cpu, FLASHJIT_BACKEND=cpu)");
+}
+
+Status check_cuda_problem(const AttentionProblem& p) {
+  FLASHJIT_TRY(validate(p));
+  return check_cuda_dtype(p.dtype);
+}
+
 Status check_config(const AttentionConfig& c, const AttentionProblem& p, const DeviceSpec& device) {
+  if (Status dtype = check_cuda_dtype(p.dtype); !dtype.ok())
+    return illegal(c, dtype.error().message);
   // Template constraints (mirrored by static_asserts in templates/cuda/attention_fwd.cuh).
   if (!contains(kBlockMChoices, c.block_m))
     return illegal(c, "block_m = " + std::to_string(c.block_m) + " not in " + list(kBlockMChoices));
@@ -153,6 +168,7 @@ int formula_block_m(const AttentionProblem& p, const DeviceSpec& device) {
 }  // namespace
 
 Result<AttentionConfig> default_config(const AttentionProblem& p, const DeviceSpec& device) {
+  FLASHJIT_TRY(check_cuda_dtype(p.dtype));
   const std::vector<AttentionConfig> legal = legal_configs(p, device);
   if (legal.empty())
     return make_error(

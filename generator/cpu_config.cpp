@@ -179,7 +179,6 @@ Result<AttentionConfig> default_cpu_config(const AttentionProblem& p, const CpuS
 
 std::string explain_cpu_plan(const AttentionProblem& p, const CpuSpec& cpu) {
   std::ostringstream out;
-  const int d = p.head_dim;
   out << "cpu:     " << cpu.to_string() << "\n";
   out << "problem: " << p.to_string() << "\n\n";
   out << "Caches as SRAM: one work item (batch, head, Br query rows) runs on one core; its\n"

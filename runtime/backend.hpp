@@ -118,6 +118,9 @@ class Backend {
   // The backend's config space (each backend's template has its own budget): the legal configs
   // in a stable order, the untuned default, why one config is illegal, and the budget arithmetic
   // as `flashjit plan` prints it. CUDA: CudaTemplateBackend below.
+  // Whether this backend's template can run `problem` at all: validate() plus the backend's own
+  // limits (the CUDA template stores f16/bf16 only). The error names the value and what is allowed.
+  virtual Status check_problem(const AttentionProblem& problem) const { return validate(problem); }
   virtual std::vector<AttentionConfig> legal_configs(const AttentionProblem& problem) const = 0;
   virtual Result<AttentionConfig> default_config(const AttentionProblem& problem) const = 0;
   virtual Status check_config(const AttentionConfig& config,
@@ -146,6 +149,9 @@ class Backend {
 // The CUDA backend and the tests' fake GPU backends derive from it.
 class CudaTemplateBackend : public Backend {
  public:
+  Status check_problem(const AttentionProblem& problem) const override {
+    return ::flashjit::check_cuda_problem(problem);
+  }
   std::vector<AttentionConfig> legal_configs(const AttentionProblem& problem) const override {
     return ::flashjit::legal_configs(problem, device());
   }

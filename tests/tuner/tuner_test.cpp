@@ -405,6 +405,26 @@ TEST_F(TunerTest, InvalidProblemIsAnError) {
   EXPECT_EQ(backend_.compiles, 0) << "validated before anything runs";
 }
 
+// `flashjit tune --dtypes fp32` on a GPU: the CUDA template stores f16/bf16 only, and the tuner
+// says so (typed, naming the dtype) before anything compiles, for one problem and for a grid.
+TEST_F(TunerTest, Fp32OnTheCudaTemplateIsANamedError) {
+  Tuner tuner(backend_, nullptr, nullptr, fast_options());
+  AttentionProblem fp32 = problem_;
+  fp32.dtype = DType::F32;
+  Result<TuneReport> one = tuner.tune(fp32);
+  ASSERT_FALSE(one.ok());
+  EXPECT_EQ(one.error().code, ErrorCode::Unsupported);
+  EXPECT_NE(one.error().message.find("dtype = f32: the CUDA backend supports f16 and bf16"),
+            std::string::npos)
+      << one.error().message;
+  Result<std::vector<TuneReport>> grid = tuner.tune_all({problem_, fp32});
+  ASSERT_FALSE(grid.ok());
+  EXPECT_EQ(grid.error().code, ErrorCode::Unsupported);
+  EXPECT_NE(grid.error().message.find("problem 1: dtype = f32"), std::string::npos)
+      << grid.error().message;
+  EXPECT_EQ(backend_.compiles, 0);
+}
+
 TEST_F(TunerTest, RecordsEverythingAndResumes) {
   std::unique_ptr<TuningStore> store = open_store();
   ASSERT_NE(store, nullptr);
