@@ -143,6 +143,10 @@ class Backend {
   // Device time of `work` (which enqueues on the default stream), in milliseconds, measured
   // with events around `repetitions` back-to-back calls and divided by `repetitions`.
   virtual Result<double> time_ms(const std::function<Status()>& work, int repetitions) const = 0;
+
+  // True when compiling takes the cores the kernels run on (the CPU backend): a tuner must then
+  // finish its compiles before it times anything, or the timings measure the compiler too.
+  virtual bool compiles_share_the_device() const { return false; }
 };
 
 // A backend that runs the CUDA template: its config space is generator/config.hpp's on device().

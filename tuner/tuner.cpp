@@ -307,6 +307,11 @@ Status Tuner::device_health(const std::string& after) const {
 // ---------------------------------------------------------------------------------------------
 // Building and verifying one kernel.
 
+void Tuner::wait_for_compiles() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_cv_.wait(lock, [&] { return compiles_done_ == compiles_queued_; });
+}
+
 Result<TuneResult> Tuner::prepare_kernel(Slot& slot, const AttentionProblem& problem,
                                          const TuneProgress& progress) {
   {
@@ -675,6 +680,8 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
       TuneResult result = std::move(prepared.value());
       result.is_default = i == default_index;
       if (result.status == TuneStatus::Timed) {
+        // On the CPU the compiler would take a core from the kernel being timed.
+        if (backend_.compiles_share_the_device()) wait_for_compiles();
         Rotation rotation(*s->kernel, problem, sets);
         const std::function<Status()> work = std::ref(rotation);
         Measurement m;
