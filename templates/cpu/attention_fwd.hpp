@@ -53,13 +53,14 @@ struct StorageElement<kF32> {
   typedef float type;
 };
 
-constexpr int kLanes = 16;
+constexpr int kLanes = 16;  // floats per vector (one AVX-512 register, two AVX2 registers)
 
+// The host has vdpbf16ps (Clang defines the macro from the target features it compiles for).
 #if defined(__AVX512BF16__)
 #define FLASHJIT_CPU_DOT_BF16 1
 #else
 #define FLASHJIT_CPU_DOT_BF16 0
-#endif  // floats per vector (one AVX-512 register, two AVX2 registers)
+#endif
 
 template <int HeadDim, int BlockM, int BlockN, int StorageType, bool Causal>
 struct Traits {
