@@ -94,6 +94,13 @@ bool parse_options(int argc, char** argv, Options* options) {
           std::fprintf(stderr, "bench_attention: %s\n", dtype.error().describe().c_str());
           return false;
         }
+        if (dtype.value() == DType::F32) {
+          std::fprintf(stderr,
+                       "bench_attention: --dtype %s: this benchmark times bf16 and f16 (the GPU's "
+                       "dtypes); for fp32 on the CPU use bench/cpu_bench.py\n",
+                       text->c_str());
+          return false;
+        }
         options->dtype = dtype.value();
       } else if (flag == "--config") {
         Result<AttentionConfig> config = AttentionConfig::parse(*text);

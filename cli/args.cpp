@@ -45,7 +45,7 @@ std::vector<Flag> problem_flags() {
       {"seqlen-q", "N", "query sequence length (overrides --seqlen)"},
       {"seqlen-k", "N", "key/value sequence length (overrides --seqlen)"},
       {"head-dim", "D", "head dimension, a multiple of 8 in [8, 256] (default 128)"},
-      {"dtype", "T", "bf16 or fp16 (default bf16)"},
+      {"dtype", "T", "bf16, fp16 or fp32 (fp32: CPU backend only; default bf16)"},
       {"causal", "", "causal mask, aligned bottom-right as in FlashAttention-2"},
       {"scale", "X", "softmax scale, a finite number > 0 (default 1/sqrt(head-dim))"},
       {"layout", "L", "bshd or bhsd, contiguous (default bshd)"},
@@ -216,7 +216,7 @@ Result<AttentionProblem> problem_from_flags(const ParsedFlags& flags) {
   if (auto text = flags.get("dtype")) {
     // parse_dtype accepts the long spellings too; the message lists the short ones.
     auto parsed = parse_dtype(*text);
-    if (!parsed.ok()) return flag_error("dtype", *text, "allowed: bf16, fp16");
+    if (!parsed.ok()) return flag_error("dtype", *text, "allowed: bf16, fp16, fp32");
     dtype = *parsed;
   }
 

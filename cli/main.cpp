@@ -416,20 +416,35 @@ int run_compile(const ParsedFlags& flags) {
   return kExitOk;
 }
 
-// Random 16-bit floats in +-[1/16, 1), built as bit patterns (random sign, one of the four
-// binades below 1, random mantissa) so that no float -> half conversion is needed.
+// Random floats in +-[1/16, 1), built as bit patterns (random sign, one of the four binades
+// below 1, random mantissa) so that no float -> half conversion is needed. Raw storage in 16-bit
+// words: one per f16/bf16 element, two per f32 element (the low half first).
 std::vector<uint16_t> random_inputs(int64_t count, DType dtype, uint32_t seed) {
   std::mt19937 rng(seed);
-  std::vector<uint16_t> values(static_cast<size_t>(count));
-  for (uint16_t& value : values) {
-    uint32_t bits = rng();
-    uint32_t sign = bits >> 31;
-    uint32_t binade = (bits >> 29) & 3;
-    uint32_t out = dtype == DType::BF16 ? (sign << 15) | ((126 - binade) << 7) | (bits & 0x7f)
-                                        : (sign << 15) | ((14 - binade) << 10) | (bits & 0x3ff);
-    value = static_cast<uint16_t>(out);
+  std::vector<uint16_t> words;
+  words.reserve(static_cast<size_t>(count) * (dtype == DType::F32 ? 2 : 1));
+  for (int64_t i = 0; i < count; ++i) {
+    const uint32_t bits = rng();
+    const uint32_t sign = bits >> 31;
+    const uint32_t binade = (bits >> 29) & 3;
+    switch (dtype) {
+      case DType::BF16:
+        words.push_back(
+            static_cast<uint16_t>((sign << 15) | ((126 - binade) << 7) | (bits & 0x7f)));
+        break;
+      case DType::F16:
+        words.push_back(
+            static_cast<uint16_t>((sign << 15) | ((14 - binade) << 10) | (bits & 0x3ff)));
+        break;
+      case DType::F32: {
+        const uint32_t out = (sign << 31) | ((126 - binade) << 23) | (rng() & 0x7fffff);
+        words.push_back(static_cast<uint16_t>(out));
+        words.push_back(static_cast<uint16_t>(out >> 16));
+        break;
+      }
+    }
   }
-  return values;
+  return words;
 }
 
 Result<DeviceBuffer> upload(const Backend& backend, const std::vector<uint16_t>& host) {
@@ -498,7 +513,7 @@ int run_run(const ParsedFlags& flags) {
   double median = samples.size() % 2
                       ? samples[samples.size() / 2]
                       : 0.5 * (samples[samples.size() / 2 - 1] + samples[samples.size() / 2]);
-  double tflops = problem->flops() / (median * 1e-3) / 1e12;
+  const double flops_per_s = problem->flops() / (median * 1e-3);
 
   const KernelInfo& info = ready.info();
   const std::string where = backend.name() == "cpu"
@@ -518,7 +533,11 @@ int run_run(const ParsedFlags& flags) {
               stats.compiles > 0 ? compiler : "loaded from the binary cache, no compile");
   std::printf("time     median %.4f ms, min %.4f ms, max %.4f ms over %lld reps\n", median,
               samples.front(), samples.back(), static_cast<long long>(*reps));
-  std::printf("speed    %.1f TFLOP/s\n", tflops);
+  if (backend.name() == "cpu") {
+    std::printf("speed    %.1f GFLOP/s\n", flops_per_s / 1e9);
+  } else {
+    std::printf("speed    %.1f TFLOP/s\n", flops_per_s / 1e12);
+  }
   return kExitOk;
 }
 

@@ -407,7 +407,7 @@ const Command& tune_command() {
       "it is a small one: d 64,128 x N 256,1024 x causal both, batch 1, 4 heads, bf16.",
       {
           {"head-dims", "LIST", "head dims, e.g. 64,128,256 (default 64,128,256)"},
-          {"dtypes", "LIST", "bf16,fp16 (default bf16)"},
+          {"dtypes", "LIST", "bf16,fp16,fp32 (fp32: CPU backend only; default bf16)"},
           {"causal", "WHICH", "on, off or both (default both)"},
           {"seqlens", "LIST", "sequence lengths (default 512,1024,2048,4096,8192,16384)"},
           {"tokens", "N", "total tokens: batch = N / seqlen, at least 1 (default 16384)"},
@@ -458,10 +458,12 @@ Result<std::vector<AttentionProblem>> tune_problems_from_flags(const ParsedFlags
   if (std::optional<std::string> text = flags.get("dtypes")) {
     for (const std::string& item : split(*text, ',')) {
       Result<DType> dtype = parse_dtype(item);
-      if (!dtype.ok()) return flag_error("dtypes", *text, "allowed: bf16, fp16 (comma-separated)");
+      if (!dtype.ok())
+        return flag_error("dtypes", *text, "allowed: bf16, fp16, fp32 (comma-separated)");
       if (std::find(dtypes.begin(), dtypes.end(), *dtype) == dtypes.end()) dtypes.push_back(*dtype);
     }
-    if (dtypes.empty()) return flag_error("dtypes", *text, "allowed: bf16, fp16 (comma-separated)");
+    if (dtypes.empty())
+      return flag_error("dtypes", *text, "allowed: bf16, fp16, fp32 (comma-separated)");
   } else {
     dtypes = {DType::BF16};
   }
@@ -684,6 +686,12 @@ int run_tune_command(const std::vector<std::string>& args) {
     backends.push_back(std::move(backend.value()));
   }
 
+  // A grid the backend cannot run (fp32 on CUDA) is a usage error, named before anything runs.
+  for (const AttentionProblem& problem : problems) {
+    Status supported = backends.front()->check_problem(problem);
+    if (!supported.ok()) return usage_error(supported.error());
+  }
+
   std::optional<std::filesystem::path> db_path;
   if (std::optional<std::string> text = flags->get("db")) {
     db_path = *text;
@@ -717,7 +725,7 @@ int run_tune_command(const std::vector<std::string>& args) {
       return kExitFailed;
     }
     for (AttentionProblem& problem : listed.value()) {
-      Status valid = validate(problem);
+      Status valid = backends.front()->check_problem(problem);
       if (valid.ok()) {
         problems.push_back(std::move(problem));
       } else {

@@ -105,6 +105,19 @@ ResourceUse resource_use(const AttentionConfig& c, const AttentionProblem& p,
   return use;
 }
 
+Status check_cuda_dtype(DType dtype) {
+  if (dtype == DType::F16 || dtype == DType::BF16) return ok_status();
+  return make_error(ErrorCode::Unsupported,
+                    std::string("dtype = ") + to_string(dtype) +
+                        ": the CUDA backend supports f16 and bf16 storage only (f32 runs on the "
+                        "CPU backend: --backend cpu, FLASHJIT_BACKEND=cpu)");
+}
+
+Status check_cuda_problem(const AttentionProblem& p) {
+  FLASHJIT_TRY(validate(p));
+  return check_cuda_dtype(p.dtype);
+}
+
 namespace {
 
 // The wgmma family's template constraints (static_asserts in attention_fwd_sm90.cuh) and the
@@ -130,6 +143,8 @@ Status check_wgmma_shape(const AttentionConfig& c, const DeviceSpec& device) {
 }  // namespace
 
 Status check_config(const AttentionConfig& c, const AttentionProblem& p, const DeviceSpec& device) {
+  if (Status dtype = check_cuda_dtype(p.dtype); !dtype.ok())
+    return illegal(c, dtype.error().message);
   if (c.family == KernelFamily::Wgmma) {
     FLASHJIT_TRY(check_wgmma_shape(c, device));
   } else {
@@ -208,6 +223,7 @@ int formula_block_m(const AttentionProblem& p, const DeviceSpec& device) {
 }  // namespace
 
 Result<AttentionConfig> default_config(const AttentionProblem& p, const DeviceSpec& device) {
+  FLASHJIT_TRY(check_cuda_dtype(p.dtype));
   // The formula picks block_m within the device's best template family: wgmma where the device
   // has it (sm90), mma.sync elsewhere.
   std::vector<AttentionConfig> legal = legal_configs(p, device);

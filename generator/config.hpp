@@ -75,8 +75,13 @@ int estimated_registers(const AttentionConfig& config, const AttentionProblem& p
 ResourceUse resource_use(const AttentionConfig& config, const AttentionProblem& problem,
                          const DeviceSpec& device);
 
-// Why `config` is illegal for `problem` on `device` (template constraints first, then shared
-// memory, then registers), or ok.
+// Whether the CUDA template can run `problem` at all: validate() plus its storage types, f16 and
+// bf16 (check_cuda_dtype: error Unsupported naming the dtype; f32 runs on the CPU backend only).
+Status check_cuda_dtype(DType dtype);
+Status check_cuda_problem(const AttentionProblem& problem);
+
+// Why `config` is illegal for `problem` on `device` (the problem's dtype, template constraints,
+// then shared memory, then registers), or ok.
 Status check_config(const AttentionConfig& config, const AttentionProblem& problem,
                     const DeviceSpec& device);
 
@@ -88,7 +93,8 @@ std::vector<AttentionConfig> legal_configs(const AttentionProblem& problem,
 // within the device's best kernel family (wgmma on sm90, else mma): rounded down to the largest
 // legal block_m (the smallest legal one if none is below); then block_n = 64 if legal, the most
 // warps that are legal, and 2 stages.
-// Error only if no config is legal (a device too small for this head dim).
+// Error if the CUDA templates cannot store the dtype (check_cuda_dtype) or no config is legal
+// (a device too small for this head dim).
 Result<AttentionConfig> default_config(const AttentionProblem& problem, const DeviceSpec& device);
 
 // Human-readable budget arithmetic and the legal set, as `flashjit plan` prints it.

@@ -29,6 +29,7 @@ bool contains(const int (&values)[N], int value) {
 std::string CpuSpec::isa() const {
   std::string out;
   for (const auto& [present, name] : {std::pair<bool, const char*>{avx512f, "avx512f"},
+                                      {avx512bf16, "avx512bf16"},
                                       {avx2, "avx2"},
                                       {fma, "fma"},
                                       {f16c, "f16c"}}) {
@@ -85,11 +86,15 @@ DeviceSpec cpu_device_spec(const CpuSpec& cpu) {
 
 int64_t cpu_working_set_bytes(const AttentionConfig& c, const AttentionProblem& p) {
   const int64_t d = p.head_dim, m = c.block_m, n = c.block_n;
-  return 4 * (m * d + 2 * n * d + m * n + m * d + 2 * m);
+  return 4 * (m * d + 2 * n * d + m * n + m * d + 3 * m);
 }
 
 int64_t cpu_kv_block_bytes(const AttentionConfig& c, const AttentionProblem& p) {
   return 8 * static_cast<int64_t>(c.block_n) * p.head_dim;
+}
+
+int64_t cpu_score_block_bytes(const AttentionConfig& c) {
+  return 4 * static_cast<int64_t>(c.block_m) * c.block_n;
 }
 
 Status check_cpu_config(const AttentionConfig& c, const AttentionProblem& p, const CpuSpec& cpu) {
@@ -136,8 +141,9 @@ std::vector<AttentionConfig> legal_cpu_configs(const AttentionProblem& p, const 
 
 namespace {
 
-int64_t formula_block_n(const AttentionProblem& p, const CpuSpec& cpu) {
-  return cpu.l2_bytes / 4 / (4 * static_cast<int64_t>(p.head_dim));
+// block_n with the S^T block (4 * block_m * block_n bytes) within half the L1d.
+int64_t target_block_n(int block_m, const CpuSpec& cpu) {
+  return cpu.l1d_bytes / 2 / (4 * static_cast<int64_t>(block_m));
 }
 
 // The largest choice <= target among `legal` (the smallest if none is below).
@@ -161,43 +167,42 @@ Result<AttentionConfig> default_cpu_config(const AttentionProblem& p, const CpuS
                       "no CPU config fits head_dim = " + std::to_string(p.head_dim) +
                           " in an L2 of " + std::to_string(cpu.l2_bytes) + " B");
   }
-  const int64_t bn_target = formula_block_n(p, cpu);
-  std::vector<int> legal_n;
-  for (const AttentionConfig& c : legal) legal_n.push_back(c.block_n);
-  const int block_n = round_down(kCpuBlockNChoices, bn_target, legal_n);
   std::vector<int> legal_m;
+  for (const AttentionConfig& c : legal) legal_m.push_back(c.block_m);
+  const int block_m = round_down(kCpuBlockMChoices, kCpuTileQueries, legal_m);
+  std::vector<int> legal_n;
   for (const AttentionConfig& c : legal)
-    if (c.block_n == block_n) legal_m.push_back(c.block_m);
-  const int block_m =
-      round_down(kCpuBlockMChoices, std::min<int64_t>(bn_target, p.head_dim), legal_m);
+    if (c.block_m == block_m) legal_n.push_back(c.block_n);
+  const int block_n = round_down(kCpuBlockNChoices, target_block_n(block_m, cpu), legal_n);
   return AttentionConfig{block_m, block_n, 1, 1};
 }
 
 std::string explain_cpu_plan(const AttentionProblem& p, const CpuSpec& cpu) {
   std::ostringstream out;
-  const int d = p.head_dim;
   out << "cpu:     " << cpu.to_string() << "\n";
   out << "problem: " << p.to_string() << "\n\n";
-  out << "Caches as SRAM: one work item (batch, head, Br query rows) runs on one core; its fp32\n"
+  out << "Caches as SRAM: one work item (batch, head, Br query rows) runs on one core; its\n"
          "scratch must fit the core's L2 ("
       << cpu.l2_bytes
-      << " B), and the K/V block should\n"
-         "fit L1d ("
+      << " B), and the S^T block, which P V sweeps once\n"
+         "per tile of head dims, should fit half the L1d ("
       << cpu.l1d_bytes << " B).\n\n";
-  const int64_t m_words = cpu.l2_bytes / 4;
-  const int64_t bn = formula_block_n(p, cpu);
-  out << "Starting formula (FlashAttention) with M = L2 / sizeof(float) = " << cpu.l2_bytes
-      << " / 4 = " << m_words << " words:\n";
-  out << "  Bc = M / (4 d) = " << m_words << " / (4 * " << d << ") = " << bn << "\n";
-  out << "  Br = min(Bc, d) = " << std::min<int64_t>(bn, d) << "\n";
-  out << "  each rounded down to a legal choice (Bc first)\n\n";
+  const int64_t bn = target_block_n(kCpuTileQueries, cpu);
+  out << "Default (untuned):\n";
+  out << "  Br = " << kCpuTileQueries
+      << " (the queries of one register tile: 4 vectors x 16 lanes)\n";
+  out << "  Bc = (L1d / 2) / (4 Br) = " << cpu.l1d_bytes / 2 << " / (4 * " << kCpuTileQueries
+      << ") = " << bn << "\n";
+  out << "  each rounded down to a legal choice (Br first)\n\n";
   out << "Budget of this template (fp32 scratch per work item):\n";
-  out << "  L2:  4 * (Br*d [Q] + 2*Bc*d [K^T, V] + Br*Bc [S] + Br*d [O] + 2*Br) <= " << cpu.l2_bytes
-      << " B\n";
-  out << "  L1d: 8 * Bc * d [K, V block] <= " << cpu.l1d_bytes << " B (preferred, not required)\n";
+  out << "  L2:  4 * (Br*d [Q^T] + 2*Bc*d [K, V] + Br*Bc [S^T] + Br*d [O^T] + 3*Br [m, l, alpha]) "
+         "<= "
+      << cpu.l2_bytes << " B\n";
+  out << "  L1d: 4 * Br * Bc [S^T block] <= " << cpu.l1d_bytes / 2
+      << " B (half the L1d; preferred, not required)\n";
   out << "  Br in " << list(kCpuBlockMChoices) << ", Bc in " << list(kCpuBlockNChoices)
       << "; warps = stages = 1 (unused on the CPU)\n\n";
-  out << "config        L2 set(B)  K/V blk(B)  in L1d  status\n";
+  out << "config        L2 set(B)  K/V blk(B)  S^T blk(B)  in L1d/2  status\n";
   for (int m : kCpuBlockMChoices)
     for (int n : kCpuBlockNChoices) {
       const AttentionConfig c{m, n, 1, 1};
@@ -205,11 +210,13 @@ std::string explain_cpu_plan(const AttentionProblem& p, const CpuSpec& cpu) {
       std::string why = status.ok() ? "legal" : status.error().message;
       const std::string prefix = "config " + c.to_string() + ": ";
       if (why.rfind(prefix, 0) == 0) why = "illegal: " + why.substr(prefix.size());
-      const int64_t kv = cpu_kv_block_bytes(c, p);
+      const int64_t scores = cpu_score_block_bytes(c);
       char line[256];
-      std::snprintf(line, sizeof line, "%-12s %10lld  %10lld  %6s  %s\n", c.to_string().c_str(),
-                    static_cast<long long>(cpu_working_set_bytes(c, p)), static_cast<long long>(kv),
-                    kv <= cpu.l1d_bytes ? "yes" : "no", why.c_str());
+      std::snprintf(line, sizeof line, "%-12s %10lld  %10lld  %10lld  %8s  %s\n",
+                    c.to_string().c_str(), static_cast<long long>(cpu_working_set_bytes(c, p)),
+                    static_cast<long long>(cpu_kv_block_bytes(c, p)),
+                    static_cast<long long>(scores), scores <= cpu.l1d_bytes / 2 ? "yes" : "no",
+                    why.c_str());
       out << line;
     }
   const auto legal = legal_cpu_configs(p, cpu);

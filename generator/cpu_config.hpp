@@ -27,10 +27,11 @@ struct CpuSpec {
   int64_t l3_bytes = 0;   // shared; 0 when there is none
   bool avx2 = false;
   bool avx512f = false;
+  bool avx512bf16 = false;  // vdpbf16ps: the CPU template's bf16 dot products
   bool fma = false;
   bool f16c = false;
 
-  // "avx512f avx2 fma f16c" (present features only; "baseline" when none).
+  // "avx512f avx512bf16 avx2 fma f16c" (present features only; "baseline" when none).
   std::string isa() const;
   // "AMD EPYC (2 cores, L1d 48 KiB, L2 1024 KiB, L3 32768 KiB, avx512f avx2 fma f16c)"
   std::string to_string() const;
@@ -45,24 +46,34 @@ CpuSpec known_cpu();
 // (1), l2_bytes = the last-level cache (L3, else L2: what the tuner rotates its inputs past).
 DeviceSpec cpu_device_spec(const CpuSpec& cpu);
 
-// Block sizes the CPU template accepts (multiples of its 4-row and 16-key register tiles).
+// Block sizes the CPU template accepts (multiples of its 16 query lanes and 16-key tiles).
 inline constexpr int kCpuBlockMChoices[] = {16, 32, 64, 128};
 inline constexpr int kCpuBlockNChoices[] = {32, 64, 128, 256};
 
 // fp32 scratch of one work item, in bytes:
-//   4 * (block_m*d [Q] + 2*block_n*d [K^T, V] + block_m*block_n [S] + block_m*d [O] + 2*block_m)
+//   4 * (block_m*d [Q^T] + 2*block_n*d [K, V] + block_m*block_n [S^T] + block_m*d [O^T]
+//        + 3*block_m [row max, row sum, rescale])
 int64_t cpu_working_set_bytes(const AttentionConfig& config, const AttentionProblem& problem);
-// The K and V blocks in fp32: 8 * block_n * d bytes (L1d resident is preferred, not required).
+// The K and V blocks in fp32: 8 * block_n * d bytes.
 int64_t cpu_kv_block_bytes(const AttentionConfig& config, const AttentionProblem& problem);
+// The S^T (then P^T) block in fp32: 4 * block_m * block_n bytes. P V sweeps it once per tile of
+// head dims, so the default keeps it within half the L1d.
+int64_t cpu_score_block_bytes(const AttentionConfig& config);
+
+// The queries of one register tile of the CPU template (4 vectors of 16 lanes): the default
+// block_m.
+inline constexpr int kCpuTileQueries = 64;
 
 // Why `config` is illegal for the CPU template (knob values, then the L2 budget), or ok.
 Status check_cpu_config(const AttentionConfig& config, const AttentionProblem& problem,
                         const CpuSpec& cpu);
 // Every legal config, block_m then block_n ascending.
 std::vector<AttentionConfig> legal_cpu_configs(const AttentionProblem& problem, const CpuSpec& cpu);
-// FlashAttention's starting formula with the L2 as SRAM (M = L2 bytes / 4 fp32 words):
-// block_n = M / (4 d), block_m = min(block_n, d), each rounded down to the largest legal choice
-// (block_n first; the smallest if none is below). Error only if no config fits.
+// The untuned default: block_m = kCpuTileQueries (one register tile of queries, every column of
+// Q^T reused over whole key blocks); block_n = the largest with the S^T block within half the L1d:
+// (L1d / 2) / (4 block_m). Each rounded down to the largest legal choice (block_m first; the
+// smallest if none is below). Error only if no config fits. (FlashAttention's GPU formula with
+// the L2 as SRAM gave m128n256 at d = 128, 2x slower than this on a Zen 5 core.)
 Result<AttentionConfig> default_cpu_config(const AttentionProblem& problem, const CpuSpec& cpu);
 // The budget arithmetic and the legal set, as `flashjit plan --backend cpu` prints it.
 std::string explain_cpu_plan(const AttentionProblem& problem, const CpuSpec& cpu);

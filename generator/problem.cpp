@@ -31,7 +31,17 @@ const char* to_string(ErrorCode code) {
   return "Unknown";
 }
 
-const char* to_string(DType dtype) { return dtype == DType::F16 ? "f16" : "bf16"; }
+const char* to_string(DType dtype) {
+  switch (dtype) {
+    case DType::F16:
+      return "f16";
+    case DType::BF16:
+      return "bf16";
+    case DType::F32:
+      return "f32";
+  }
+  return "unknown";
+}
 
 Result<DType> parse_dtype(const std::string& text) {
   std::string lower = text;
@@ -39,8 +49,12 @@ Result<DType> parse_dtype(const std::string& text) {
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   if (lower == "f16" || lower == "fp16" || lower == "float16" || lower == "half") return DType::F16;
   if (lower == "bf16" || lower == "bfloat16") return DType::BF16;
+  if (lower == "f32" || lower == "fp32" || lower == "float32" || lower == "float")
+    return DType::F32;
   return make_error(ErrorCode::InvalidArgument,
-                    "dtype = '" + text + "': must be one of f16 (fp16, float16), bf16 (bfloat16)");
+                    "dtype = '" + text +
+                        "': must be one of f16 (fp16, float16), bf16 (bfloat16), f32 (fp32, "
+                        "float32; CPU backend only)");
 }
 
 const char* to_string(Layout layout) { return layout == Layout::BSHD ? "bshd" : "bhsd"; }

@@ -16,11 +16,14 @@
 
 namespace flashjit {
 
-enum class DType { F16, BF16 };
+// Storage type of q, k, v and o (arithmetic is fp32 either way). F32 runs on the CPU backend
+// only: the CUDA template takes F16 and BF16 (check_cuda_problem, generator/config.hpp).
+enum class DType { F16, BF16, F32 };
 
-const char* to_string(DType dtype);
-Result<DType> parse_dtype(const std::string& text);  // "f16"/"fp16"/"float16", "bf16"/"bfloat16"
-inline int dtype_bytes(DType) { return 2; }
+const char* to_string(DType dtype);  // "f16", "bf16", "f32"
+// "f16"/"fp16"/"float16"/"half", "bf16"/"bfloat16", "f32"/"fp32"/"float32"/"float"
+Result<DType> parse_dtype(const std::string& text);
+inline int dtype_bytes(DType dtype) { return dtype == DType::F32 ? 4 : 2; }
 
 // Memory layouts with a contiguous last (head-dim) axis.
 enum class Layout {

@@ -159,7 +159,9 @@ Result<KernelSource> render_cpu_attention(const AttentionProblem& problem,
   instantiation << "typedef flashjit_cpu::Traits</*head_dim=*/" << problem.head_dim
                 << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n
                 << ", /*storage=*/"
-                << (problem.dtype == DType::BF16 ? "flashjit_cpu::kBF16" : "flashjit_cpu::kF16")
+                << (problem.dtype == DType::BF16  ? "flashjit_cpu::kBF16"
+                    : problem.dtype == DType::F32 ? "flashjit_cpu::kF32"
+                                                  : "flashjit_cpu::kF16")
                 << ", /*causal=*/" << (problem.causal ? "true" : "false") << "> Config;\n"
                 << "extern \"C\" int " << kCpuAttentionForwardEntry
                 << "(const FlashjitAttentionParams* params, int work_begin, int work_end) {\n"

@@ -118,6 +118,9 @@ class Backend {
   // The backend's config space (each backend's template has its own budget): the legal configs
   // in a stable order, the untuned default, why one config is illegal, and the budget arithmetic
   // as `flashjit plan` prints it. CUDA: CudaTemplateBackend below.
+  // Whether this backend's template can run `problem` at all: validate() plus the backend's own
+  // limits (the CUDA template stores f16/bf16 only). The error names the value and what is allowed.
+  virtual Status check_problem(const AttentionProblem& problem) const { return validate(problem); }
   virtual std::vector<AttentionConfig> legal_configs(const AttentionProblem& problem) const = 0;
   virtual Result<AttentionConfig> default_config(const AttentionProblem& problem) const = 0;
   virtual Status check_config(const AttentionConfig& config,
@@ -140,12 +143,19 @@ class Backend {
   // Device time of `work` (which enqueues on the default stream), in milliseconds, measured
   // with events around `repetitions` back-to-back calls and divided by `repetitions`.
   virtual Result<double> time_ms(const std::function<Status()>& work, int repetitions) const = 0;
+
+  // True when compiling takes the cores the kernels run on (the CPU backend): a tuner must then
+  // finish its compiles before it times anything, or the timings measure the compiler too.
+  virtual bool compiles_share_the_device() const { return false; }
 };
 
 // A backend that runs the CUDA template: its config space is generator/config.hpp's on device().
 // The CUDA backend and the tests' fake GPU backends derive from it.
 class CudaTemplateBackend : public Backend {
  public:
+  Status check_problem(const AttentionProblem& problem) const override {
+    return ::flashjit::check_cuda_problem(problem);
+  }
   std::vector<AttentionConfig> legal_configs(const AttentionProblem& problem) const override {
     return ::flashjit::legal_configs(problem, device());
   }

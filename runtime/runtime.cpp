@@ -351,14 +351,14 @@ Result<Runtime::Selection> Runtime::select(const AttentionProblem& problem, bool
 
 Result<std::pair<AttentionConfig, ChoiceSource>> Runtime::select_config(
     const AttentionProblem& problem) {
-  FLASHJIT_TRY(validate(problem));
+  FLASHJIT_TRY(backend_->check_problem(problem));
   Result<Selection> selection = select(problem, /*allow_tune=*/false);
   if (!selection.ok()) return selection.error();
   return std::make_pair(selection->config, selection->source);
 }
 
 Result<std::shared_ptr<Kernel>> Runtime::attention(const AttentionProblem& problem) {
-  FLASHJIT_TRY(validate(problem));
+  FLASHJIT_TRY(backend_->check_problem(problem));
   const ProblemKey key = ProblemKey::of(problem);
   const std::string map_key = key.to_string();
   {
@@ -393,7 +393,7 @@ Result<std::shared_ptr<Kernel>> Runtime::attention(const AttentionProblem& probl
 
 Result<std::shared_ptr<Kernel>> Runtime::attention(const AttentionProblem& problem,
                                                    const AttentionConfig& config) {
-  FLASHJIT_TRY(validate(problem));
+  FLASHJIT_TRY(backend_->check_problem(problem));
   const Status legal = backend_->check_config(config, problem);
   if (!legal.ok()) return make_error(ErrorCode::InvalidArgument, legal.error().message);
 

@@ -60,18 +60,26 @@ const std::vector<float>& decode_table(DType dtype) {
   return dtype == DType::F16 ? f16_table : bf16_table;
 }
 
+// Element `index` of raw storage: through the decode table for the 16-bit dtypes.
+float decode(const uint16_t* storage, int64_t index, DType dtype) {
+  if (dtype == DType::F32) {
+    return bits_float(static_cast<uint32_t>(storage[2 * index]) |
+                      static_cast<uint32_t>(storage[2 * index + 1]) << 16);
+  }
+  return decode_table(dtype)[storage[index]];
+}
+
 // One tensor gathered through its strides into dense fp64 [batch, heads, seq, head_dim].
-std::vector<double> gather_dense(const std::vector<uint16_t>& bits, const Strides& strides,
+std::vector<double> gather_dense(const std::vector<uint16_t>& storage, const Strides& strides,
                                  int64_t batch, int64_t heads, int64_t seqlen, int head_dim,
                                  DType dtype) {
-  const std::vector<float>& table = decode_table(dtype);
   std::vector<double> dense(static_cast<size_t>(batch * heads * seqlen * head_dim));
   size_t out = 0;
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t h = 0; h < heads; ++h) {
       for (int64_t s = 0; s < seqlen; ++s) {
         const int64_t base = b * strides.batch + h * strides.head + s * strides.seq;
-        for (int c = 0; c < head_dim; ++c) dense[out++] = table[bits[base + c]];
+        for (int c = 0; c < head_dim; ++c) dense[out++] = decode(storage.data(), base + c, dtype);
       }
     }
   }
@@ -140,13 +148,28 @@ uint16_t float_to_half(float value, DType dtype) {
   return dtype == DType::F16 ? float_to_fp16(value) : float_to_bf16(value);
 }
 
+float element_value(const uint16_t* storage, int64_t index, DType dtype) {
+  return decode(storage, index, dtype);
+}
+
+void set_element(uint16_t* storage, int64_t index, float value, DType dtype) {
+  if (dtype == DType::F32) {
+    const uint32_t bits = float_bits(value);
+    storage[2 * index] = static_cast<uint16_t>(bits);
+    storage[2 * index + 1] = static_cast<uint16_t>(bits >> 16);
+    return;
+  }
+  storage[index] = float_to_half(value, dtype);
+}
+
 HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed) {
   std::mt19937_64 engine(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   auto fill = [&](int64_t elements) {
-    std::vector<uint16_t> bits(static_cast<size_t>(elements));
-    for (auto& element : bits) element = float_to_half(normal(engine), problem.dtype);
-    return bits;
+    std::vector<uint16_t> storage(static_cast<size_t>(elements * storage_words(problem.dtype)));
+    for (int64_t i = 0; i < elements; ++i)
+      set_element(storage.data(), i, normal(engine), problem.dtype);
+    return storage;
   };
   HostInputs inputs;
   inputs.q = fill(problem.q_span());
@@ -260,8 +283,14 @@ Comparison compare(const AttentionProblem& problem, const std::vector<uint16_t>&
   Comparison result;
   const int d = problem.head_dim;
   const Strides& strides = problem.o_strides;
-  const std::vector<float>& table = decode_table(problem.dtype);
-  std::vector<bool> logical(o_bits.size(), false);
+  const int words = storage_words(problem.dtype);
+  const size_t elements = o_bits.size() / static_cast<size_t>(words);
+  std::vector<bool> logical(elements, false);
+  auto poisoned = [&](size_t element) {
+    for (int w = 0; w < words; ++w)
+      if (o_bits[element * words + w] != kPoisonBits) return false;
+    return true;
+  };
 
   double diff_squared = 0, ref_squared = 0;
   size_t ref_index = 0;  // reference.o is dense [b, s, h, d], the order of these loops
@@ -273,14 +302,13 @@ Comparison compare(const AttentionProblem& problem, const std::vector<uint16_t>&
           const double ref = reference.o[ref_index];
           ref_squared += ref * ref;
           const size_t offset = static_cast<size_t>(base + c);
-          if (offset >= o_bits.size()) {  // caller passed too little: count as garbage
+          if (offset >= elements) {  // caller passed too little: count as garbage
             ++result.o_nan_count;
             continue;
           }
           logical[offset] = true;
-          const uint16_t bits = o_bits[offset];
-          if (bits == kPoisonBits) ++result.poisoned_left;
-          const double value = table[bits];
+          if (poisoned(offset)) ++result.poisoned_left;
+          const double value = decode(o_bits.data(), static_cast<int64_t>(offset), problem.dtype);
           if (!std::isfinite(value)) {
             ++result.o_nan_count;
             continue;
@@ -290,8 +318,8 @@ Comparison compare(const AttentionProblem& problem, const std::vector<uint16_t>&
       }
     }
   }
-  for (size_t i = 0; i < o_bits.size(); ++i) {
-    if (!logical[i] && o_bits[i] != kPoisonBits) ++result.o_padding_written;
+  for (size_t i = 0; i < elements; ++i) {
+    if (!logical[i] && !poisoned(i)) ++result.o_padding_written;
   }
   const double diff_norm = std::sqrt(diff_squared), ref_norm = std::sqrt(ref_squared);
   result.o_rel_error = ref_norm > 0 ? diff_norm / ref_norm : diff_norm;

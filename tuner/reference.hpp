@@ -2,9 +2,11 @@
 // conversions, random inputs, the reference itself and a comparison of a kernel's output with it.
 // The tuner verifies every variant with it before timing; tests/support re-exports it.
 //
-// Inputs are stored as raw 16-bit patterns (std::vector<uint16_t>) in the problem's dtype and are
-// read through the problem's strides, exactly as a kernel reads them; the reference works on the
-// rounded inputs, so the only difference it measures is the kernel's arithmetic.
+// Host tensors are raw storage in 16-bit words (std::vector<uint16_t>): one word per f16/bf16
+// element, two per f32 element (little-endian, the low half first), so that one container serves
+// every dtype. They are read through the problem's strides, exactly as a kernel reads them; the
+// reference works on the rounded inputs, so the only difference it measures is the kernel's
+// arithmetic.
 #pragma once
 
 #include <cstdint>
@@ -21,14 +23,27 @@ float bf16_to_float(uint16_t bits);
 uint16_t float_to_bf16(float value);
 float fp16_to_float(uint16_t bits);
 uint16_t float_to_fp16(float value);
+// The 16-bit dtypes only (F16, BF16); element_value / set_element serve every dtype.
 float half_to_float(uint16_t bits, DType dtype);
 uint16_t float_to_half(float value, DType dtype);
 
-// The pattern o is filled with before a launch (0xFF bytes): a NaN in both fp16 and bf16.
+// 16-bit words per element of `dtype` (1, or 2 for F32).
+inline int storage_words(DType dtype) { return dtype_bytes(dtype) / 2; }
+// Element `index` of raw storage, decoded to float.
+float element_value(const uint16_t* storage, int64_t index, DType dtype);
+// Stores `value` rounded to `dtype` (nearest even) as element `index` of raw storage.
+void set_element(uint16_t* storage, int64_t index, float value, DType dtype);
+
+// The word o is filled with before a launch (0xFF bytes): a NaN in f16, bf16 and f32 alike.
 inline constexpr uint16_t kPoisonBits = 0xFFFF;
 
+// Raw storage for `elements` elements of `dtype`, every word kPoisonBits.
+inline std::vector<uint16_t> poisoned_storage(int64_t elements, DType dtype) {
+  return std::vector<uint16_t>(static_cast<size_t>(elements * storage_words(dtype)), kPoisonBits);
+}
+
 struct HostInputs {
-  std::vector<uint16_t> q;  // problem.q_span() elements
+  std::vector<uint16_t> q;  // problem.q_span() elements (raw storage, see above)
   std::vector<uint16_t> k;  // problem.kv_span() elements
   std::vector<uint16_t> v;  // problem.kv_span() elements
 };
@@ -51,7 +66,7 @@ struct Comparison {
   int64_t o_nan_count = 0;       // NaN or inf elements of o (poisoned ones included)
   double lse_max_abs_error = 0;  // over rows with finite reference lse; NaN lse counts as inf
   int64_t lse_mismatched_infinite = 0;  // rows where exactly one of ref and lse is +inf
-  int64_t poisoned_left = 0;            // o elements still equal to kPoisonBits
+  int64_t poisoned_left = 0;            // o elements still all kPoisonBits
   int64_t o_padding_written = 0;        // elements between strided o rows that were overwritten
   bool lse_checked = true;              // false when compare() was given no lse
 
@@ -59,8 +74,9 @@ struct Comparison {
 };
 
 // Compares a kernel's output with the reference. `o_bits` is the whole o span
-// (problem.o_span() elements, read through problem.o_strides) as copied back after a launch into
-// a poisoned buffer; `lse` is [batch, heads_q, seqlen_q], or empty to skip the lse checks.
+// (problem.o_span() elements of raw storage, read through problem.o_strides) as copied back after
+// a launch into a poisoned buffer; `lse` is [batch, heads_q, seqlen_q], or empty to skip the lse
+// checks.
 Comparison compare(const AttentionProblem& problem, const std::vector<uint16_t>& o_bits,
                    const std::vector<float>& lse, const Reference& reference);
 

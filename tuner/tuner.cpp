@@ -249,7 +249,7 @@ void Tuner::compile(Slot& slot) {
 
 void Tuner::prefetch(const std::vector<AttentionProblem>& problems) {
   for (const AttentionProblem& problem : problems) {
-    if (!validate(problem).ok()) continue;
+    if (!backend_.check_problem(problem).ok()) continue;
     const std::vector<AttentionConfig> configs = backend_.legal_configs(problem);
     Result<AttentionConfig> default_cfg = backend_.default_config(problem);
     if (configs.empty() || !default_cfg.ok()) continue;
@@ -306,6 +306,11 @@ Status Tuner::device_health(const std::string& after) const {
 
 // ---------------------------------------------------------------------------------------------
 // Building and verifying one kernel.
+
+void Tuner::wait_for_compiles() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_cv_.wait(lock, [&] { return compiles_done_ == compiles_queued_; });
+}
 
 Result<TuneResult> Tuner::prepare_kernel(Slot& slot, const AttentionProblem& problem,
                                          const TuneProgress& progress) {
@@ -378,9 +383,9 @@ Result<TuneResult> Tuner::verify(Slot& slot, const AttentionProblem& problem) {
     created->inputs = random_inputs(created->problem, kVerifySeed);
     created->reference = reference_attention(created->problem, created->inputs);
     const AttentionProblem& p = created->problem;
-    const size_t q_bytes = static_cast<size_t>(p.q_span()) * 2;
-    const size_t kv_bytes = static_cast<size_t>(p.kv_span()) * 2;
-    const size_t o_bytes = static_cast<size_t>(p.o_span()) * 2;
+    const size_t q_bytes = static_cast<size_t>(p.q_span()) * dtype_bytes(p.dtype);
+    const size_t kv_bytes = static_cast<size_t>(p.kv_span()) * dtype_bytes(p.dtype);
+    const size_t o_bytes = static_cast<size_t>(p.o_span()) * dtype_bytes(p.dtype);
     const size_t lse_bytes = static_cast<size_t>(p.lse_elements()) * sizeof(float);
     for (auto [buffer, bytes] : {std::pair{&created->q, q_bytes}, std::pair{&created->k, kv_bytes},
                                  std::pair{&created->v, kv_bytes}, std::pair{&created->o, o_bytes},
@@ -406,7 +411,7 @@ Result<TuneResult> Tuner::verify(Slot& slot, const AttentionProblem& problem) {
     return failed(slot.config, TuneStatus::LaunchFailed,
                   "verification launch: " + launched.error().describe());
   }
-  std::vector<uint16_t> o_bits(static_cast<size_t>(v.problem.o_span()));
+  std::vector<uint16_t> o_bits = poisoned_storage(v.problem.o_span(), v.problem.dtype);
   std::vector<float> lse(static_cast<size_t>(v.problem.lse_elements()));
   FLASHJIT_TRY(backend_.copy_to_host(o_bits.data(), v.o.get(), o_bits.size() * 2));
   FLASHJIT_TRY(backend_.copy_to_host(lse.data(), v.lse.get(), lse.size() * sizeof(float)));
@@ -513,10 +518,11 @@ Status Tuner::ensure_buffers(const AttentionProblem& problem) {
         std::clamp<size_t>((2 * l2 + big_set - 1) / big_set, needed_sets, kMaxInputSets);
 
     // Normal(0, 1) data in the dtype, copied block by block.
-    std::vector<uint16_t> block(kHostBlockElements);
+    std::vector<uint16_t> block(kHostBlockElements * storage_words(problem.dtype));
     std::mt19937_64 engine(kTimingSeed);
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (uint16_t& element : block) element = float_to_half(normal(engine), problem.dtype);
+    for (size_t i = 0; i < kHostBlockElements; ++i)
+      set_element(block.data(), static_cast<int64_t>(i), normal(engine), problem.dtype);
     const size_t block_bytes = block.size() * sizeof(uint16_t);
 
     std::vector<Buffers::Set> sets(set_count);
@@ -545,7 +551,7 @@ Result<TuneReport> Tuner::tune(const AttentionProblem& problem) { return tune_on
 
 Result<std::vector<TuneReport>> Tuner::tune_all(const std::vector<AttentionProblem>& problems) {
   for (size_t i = 0; i < problems.size(); ++i) {
-    Status valid = validate(problems[i]);
+    Status valid = backend_.check_problem(problems[i]);
     if (!valid.ok()) {
       return make_error(valid.error().code,
                         "problem " + std::to_string(i) + ": " + valid.error().message);
@@ -564,7 +570,7 @@ Result<std::vector<TuneReport>> Tuner::tune_all(const std::vector<AttentionProbl
 
 Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index, size_t count) {
   const Clock::time_point start = Clock::now();
-  FLASHJIT_TRY(validate(problem));
+  FLASHJIT_TRY(backend_.check_problem(problem));
   const DeviceSpec& device = backend_.device();
 
   TuneReport report;
@@ -674,6 +680,8 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
       TuneResult result = std::move(prepared.value());
       result.is_default = i == default_index;
       if (result.status == TuneStatus::Timed) {
+        // On the CPU the compiler would take a core from the kernel being timed.
+        if (backend_.compiles_share_the_device()) wait_for_compiles();
         Rotation rotation(*s->kernel, problem, sets);
         const std::function<Status()> work = std::ref(rotation);
         Measurement m;

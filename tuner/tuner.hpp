@@ -153,6 +153,8 @@ class Tuner {
   void compile(Slot& slot);
   // Waits for the slot's compile, loads and verifies it for the problem's GQA ratio. Returns the
   // failure as a TuneResult status (Timed = usable); an Error only when the device is unusable.
+  // Blocks until every queued compile has finished (backends whose compiles share the device).
+  void wait_for_compiles();
   Result<TuneResult> prepare_kernel(Slot& slot, const AttentionProblem& problem,
                                     const TuneProgress& progress);
   Result<TuneResult> verify(Slot& slot, const AttentionProblem& problem);

@@ -137,9 +137,11 @@ class CpuKernel final : public Kernel {
         return make_error(ErrorCode::InvalidArgument,
                           std::string(name) + " is null: q, k, v and o must be host pointers");
       }
-      if (reinterpret_cast<uintptr_t>(pointer) % 2 != 0) {
+      const int element_bytes = dtype_bytes(problem.dtype);
+      if (reinterpret_cast<uintptr_t>(pointer) % element_bytes != 0) {
         return make_error(ErrorCode::InvalidArgument,
-                          std::string(name) + ": must be 2-byte aligned (16-bit elements)");
+                          std::string(name) + ": must be " + std::to_string(element_bytes) +
+                              "-byte aligned (" + to_string(problem.dtype) + " elements)");
       }
     }
     if (reinterpret_cast<uintptr_t>(args.lse) % alignof(float) != 0) {

@@ -51,6 +51,8 @@ class CpuBackend final : public Backend {
   Status fill_bytes(void* dst, uint8_t value, size_t bytes) const override;
   Status synchronize() const override { return ok_status(); }
   Result<double> time_ms(const std::function<Status()>& work, int repetitions) const override;
+  // Clang runs on the same cores as the kernels.
+  bool compiles_share_the_device() const override { return true; }
 
  private:
   explicit CpuBackend(const CpuSpec& spec);

@@ -65,6 +65,7 @@ CpuSpec host_cpu() {
       while (flags >> flag) {
         if (flag == "avx2") cpu.avx2 = true;
         if (flag == "avx512f") cpu.avx512f = true;
+        if (flag == "avx512_bf16") cpu.avx512bf16 = true;
         if (flag == "fma") cpu.fma = true;
         if (flag == "f16c") cpu.f16c = true;
       }

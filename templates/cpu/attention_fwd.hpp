@@ -1,21 +1,36 @@
 // flashjit CPU attention forward: FlashAttention's algorithm on the host, compiled by Clang at run
-// time with -O3 for the host CPU (every ISA feature it has: AVX2, AVX-512, FMA).
+// time with -O3 for the host CPU (every ISA feature it has: AVX2, AVX-512, FMA, AVX512_BF16).
+//
+// The vector lanes run along the query rows: 16 queries per f32x16, so that the online softmax
+// (a max and a sum over keys for each query) is element-wise vector arithmetic, and both matrix
+// products are register-tiled outer products with one operand broadcast from memory.
 //
 // One work item = (batch, head, block of kBlockM query rows). For each item:
-//   Q block -> fp32, pre-scaled by scale * log2(e) (the softmax works in base 2);
+//   Q^T <- the Q block, transposed (d x kBlockM)
+//   O^T <- 0 (d x kBlockM);  m <- -inf;  l <- 0            (per query, base-2 units)
 //   for each block of kBlockN keys (only up to the causal diagonal):
-//     K block -> fp32, transposed (d x kBlockN); V block -> fp32 (kBlockN x d)
-//     S = Q K^T                          (register tiles: 4 rows x 16 keys)
-//     mask (past seqlen_k, causal);  online softmax: new row max m', P = exp2(S - m'),
-//     l = l * exp2(m - m') + rowsum(P);  O = O * exp2(m - m') + P V   (fp32 accumulate)
-//   O /= l, stored in the storage type; lse = (m + log2 l) * ln 2 (natural log).
+//     pack the block of K and V once (it is read kBlockM / 16 times)
+//     S^T = K Q^T * scale * log2(e)        (tiles: kKeyTile keys x kQueryVecs query vectors)
+//     mask the block that crosses the causal diagonal
+//     m' = max(m, max_j S^T[j]);  P^T = exp2(S^T - m');  alpha = exp2(m - m')
+//     l = l * alpha + sum_j P^T[j];  m = m'
+//     O^T = O^T * alpha + V^T P^T          (tiles: kDimTile dims x kQueryVecs query vectors)
+//   O = (O^T / l)^T in the storage type;  lse = (m + log2 l) * ln 2 (natural log).
 // A row with no visible key (causal, seqlen_q > seqlen_k) gets O = 0 and lse = +inf.
+//
+// Two kinds of arithmetic, both accumulating in fp32:
+//   fp32 FMAs (fp16 and fp32 storage; bf16 on a host without AVX512_BF16): Q^T, K, V converted to
+//     fp32 when packed, Q^T pre-scaled by scale * log2(e).
+//   bf16 dot products (bf16 storage with AVX512_BF16, kDotBf16): vdpbf16ps multiplies pairs of
+//     bf16 exactly and adds them in fp32, at twice the FMA's rate. Q and V are packed as bf16
+//     pairs along the reduced axis, K is read in place, P is rounded to bf16 for P V (as
+//     FlashAttention-2 does on the GPU), the scores are scaled in the softmax.
 //
 // The L1/L2 caches play the role of shared memory: the generator (generator/cpu_config.hpp) keeps
 // the scratch of one work item (kScratchFloats below) within the L2 budget.
 //
-// Nothing is included: the host's malloc/free and log2f are resolved by the JIT from the process.
-// The rendered source prepends attention_params.h and appends one Traits instantiation.
+// Nothing is included: the host's aligned_alloc/free and log2f are resolved by the JIT from the
+// process. The rendered source prepends attention_params.h and appends one Traits instantiation.
 
 namespace flashjit_cpu {
 
@@ -26,7 +41,26 @@ typedef long long i64;
 extern "C" void* aligned_alloc(unsigned long alignment, unsigned long size);
 extern "C" void free(void* pointer);
 
-enum Storage { kF16 = 0, kBF16 = 1 };
+enum Storage { kF16 = 0, kBF16 = 1, kF32 = 2 };
+
+// The element type of q, k, v and o in memory.
+template <int S>
+struct StorageElement {
+  typedef u16 type;  // fp16 and bf16 bit patterns
+};
+template <>
+struct StorageElement<kF32> {
+  typedef float type;
+};
+
+constexpr int kLanes = 16;  // floats per vector (one AVX-512 register, two AVX2 registers)
+
+// The host has vdpbf16ps (Clang defines the macro from the target features it compiles for).
+#if defined(__AVX512BF16__)
+#define FLASHJIT_CPU_DOT_BF16 1
+#else
+#define FLASHJIT_CPU_DOT_BF16 0
+#endif
 
 template <int HeadDim, int BlockM, int BlockN, int StorageType, bool Causal>
 struct Traits {
@@ -37,42 +71,43 @@ struct Traits {
   static constexpr bool kCausal = Causal;
   static_assert(HeadDim >= 8 && HeadDim <= 256 && HeadDim % 8 == 0,
                 "head_dim must be a multiple of 8 in [8, 256]");
-  static_assert(BlockM >= 4 && BlockM <= 256 && BlockM % 4 == 0,
-                "block_m must be a multiple of 4 (the row tile) in [4, 256]");
+  static_assert(BlockM >= kLanes && BlockM <= 256 && BlockM % kLanes == 0,
+                "block_m must be a multiple of 16 (the query lanes of a vector) in [16, 256]");
   static_assert(BlockN >= 16 && BlockN <= 256 && BlockN % 16 == 0,
-                "block_n must be a multiple of 16 (the key tile) in [16, 256]");
-  static_assert(StorageType == kF16 || StorageType == kBF16, "storage must be fp16 or bf16");
-  // Columns of the P V tile: 16 floats when the head dim allows, else 8.
-  static constexpr int kVecD = HeadDim % 16 == 0 ? 16 : 8;
-  // fp32 scratch of one work item: Q, K^T, V, S, O blocks, row max and row sum.
+                "block_n must be a multiple of 16 (the largest key tile) in [16, 256]");
+  static_assert(StorageType == kF16 || StorageType == kBF16 || StorageType == kF32,
+                "storage must be fp16, bf16 or fp32");
+
+  // Register tiles: kQueryVecs vectors of queries (up to 64 queries) times kKeyTile keys (S^T)
+  // or kDimTile head dims (O^T): 16 accumulators, enough independent FMAs to cover the FMA
+  // latency on two pipes, with room left in 32 vector registers for the operands.
+  static constexpr int kQueryVecs = BlockM / kLanes >= 4 ? 4 : BlockM / kLanes;
+  static constexpr int kKeyTile = 16 / kQueryVecs;
+  static constexpr int kDimTile = kQueryVecs == 4 ? 4 : 8;
+  static_assert(BlockM % (kQueryVecs * kLanes) == 0, "query groups must tile block_m");
+  static_assert(BlockN % kKeyTile == 0, "key tiles must tile block_n");
+  static_assert(HeadDim % kDimTile == 0, "dim tiles must tile head_dim");
+
+  // bf16 storage on a host with AVX512_BF16: both products as bf16 dot products (see
+  // dot_bf16_pairs), P rounded to bf16 for P V as on the GPU. Otherwise fp32 FMAs.
+  static constexpr bool kDotBf16 = StorageType == kBF16 && FLASHJIT_CPU_DOT_BF16;
+
+  // Scratch of one work item in 4-byte words: Q^T, K, V, S^T (then P^T), O^T blocks; m, l and
+  // alpha per query. (The bf16 dot products use less: Q and V as pairs, no K, P in place of S.)
   static constexpr i64 kScratchFloats = (i64)BlockM * HeadDim + 2 * (i64)BlockN * HeadDim +
-                                        (i64)BlockM * BlockN + (i64)BlockM * HeadDim + 2 * BlockM;
+                                        (i64)BlockM * BlockN + (i64)BlockM * HeadDim + 3 * BlockM;
 };
 
-typedef float f32x8 __attribute__((ext_vector_type(8)));
 typedef float f32x16 __attribute__((ext_vector_type(16)));
+typedef int i32x16 __attribute__((ext_vector_type(16)));
 
-template <int N>
-struct Vec;
-template <>
-struct Vec<8> {
-  typedef f32x8 type;
-};
-template <>
-struct Vec<16> {
-  typedef f32x16 type;
-};
-
-template <class V>
-inline V load(const float* p) {
-  V v;
-  __builtin_memcpy(&v, p, sizeof(V));
+inline f32x16 load(const float* p) {
+  f32x16 v;
+  __builtin_memcpy(&v, p, sizeof(v));
   return v;
 }
-template <class V>
-inline void store(float* p, V v) {
-  __builtin_memcpy(p, &v, sizeof(V));
-}
+inline void store(float* p, f32x16 v) { __builtin_memcpy(p, &v, sizeof(v)); }
+inline f32x16 vmax(f32x16 a, f32x16 b) { return a > b ? a : b; }
 
 inline float bits_to_float(u32 bits) { return __builtin_bit_cast(float, bits); }
 inline u32 float_to_bits(float value) { return __builtin_bit_cast(u32, value); }
@@ -120,161 +155,324 @@ inline u16 float_to_fp16(float value) {
 }
 
 template <int S>
-inline float to_float(u16 h) {
-  return S == kBF16 ? bf16_to_float(h) : fp16_to_float(h);
+inline float to_float(typename StorageElement<S>::type x) {
+  if constexpr (S == kF32)
+    return x;
+  else if constexpr (S == kBF16)
+    return bf16_to_float(x);
+  else
+    return fp16_to_float(x);
 }
 template <int S>
-inline u16 from_float(float value) {
-  return S == kBF16 ? float_to_bf16(value) : float_to_fp16(value);
+inline typename StorageElement<S>::type from_float(float value) {
+  if constexpr (S == kF32)
+    return value;
+  else if constexpr (S == kBF16)
+    return float_to_bf16(value);
+  else
+    return float_to_fp16(value);
 }
 
-// 2^x for x <= 0 (the softmax's only range), relative error ~1e-7; 0 below -126 and for -inf.
-inline float exp2_nonpositive(float x) {
-  const float clamped = x < -126.0f ? -126.0f : x;
-  const float whole = __builtin_floorf(clamped);
-  const float f = clamped - whole;  // [0, 1)
-  // Taylor series of 2^f = e^(f ln 2) to degree 7: error < 1.3e-6 * 2^f at f -> 1.
-  float p = 1.525273380405984e-05f;
-  p = p * f + 1.5403530393381608e-04f;
+// 2^x for x <= 0 (the softmax's only range), 16 lanes; exactly 0 from -126.5 down and for -inf,
+// NaN stays NaN. x = n + f with n = round(x), f in [-1/2, 1/2]; 2^f by its Taylor series to
+// degree 6 (relative error < 2e-7), 2^n by building the exponent bits: n = -127 (x clamped there)
+// gives exponent bits 0, so 2^n = 0 exactly, with no select (clamp and all: 13 instructions).
+inline f32x16 exp2_nonpositive(f32x16 x) {
+  const f32x16 clamped = x < -127.0f ? -127.0f : x;  // vmaxps, which keeps a NaN x
+  const f32x16 n = __builtin_elementwise_floor(clamped + 0.5f);
+  const f32x16 f = clamped - n;
+  f32x16 p = 1.5403530393381608e-04f;
   p = p * f + 1.3333558146428443e-03f;
   p = p * f + 9.618129107628477e-03f;
   p = p * f + 5.550410866482158e-02f;
   p = p * f + 2.402265069591007e-01f;
   p = p * f + 6.931471805599453e-01f;
   p = p * f + 1.0f;
-  const float scale = bits_to_float((u32)((int)whole + 127) << 23);
-  return x < -126.0f ? 0.0f : p * scale;
+  const i32x16 exponent = (__builtin_convertvector(n, i32x16) + 127) << 23;
+  const f32x16 scale = __builtin_bit_cast(f32x16, exponent);
+  return p * scale;
 }
 
 inline int min_int(int a, int b) { return a < b ? a : b; }
+
+// acc[i] += a[2i] b[2i] + a[2i+1] b[2i+1] over bf16 pairs, fp32 accumulation (vdpbf16ps: the
+// products of two bf16 are exact in fp32, so this is as precise as two fp32 FMAs, at twice their
+// rate). Only called when the host has AVX512_BF16 (Traits::kDotBf16).
+inline f32x16 dot_bf16_pairs(f32x16 acc, i32x16 a, i32x16 b) {
+#if FLASHJIT_CPU_DOT_BF16
+  return __builtin_ia32_dpbf16ps_512(acc, a, b);
+#else
+  (void)a, (void)b;
+  return acc;
+#endif
+}
+
+inline i32x16 load_pairs(const u32* p) {
+  i32x16 v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void store_pairs(u32* p, i32x16 v) { __builtin_memcpy(p, &v, sizeof(v)); }
+// Two adjacent bf16 elements as one 32-bit word (the low one first).
+inline u32 pair_at(const u16* p) {
+  u32 word;
+  __builtin_memcpy(&word, p, sizeof(word));
+  return word;
+}
+// bf16 pairs (lo[i], hi[i]) from two fp32 vectors, each rounded to the nearest bf16 (even on
+// ties): vcvtne2ps2bf16 gives [lo[0..15], hi[0..15]] as 32 bf16, one shuffle interleaves them.
+// Only called when the host has AVX512_BF16 (Traits::kDotBf16).
+inline i32x16 pack_bf16_pairs(f32x16 lo, f32x16 hi) {
+#if FLASHJIT_CPU_DOT_BF16
+  typedef short i16x32 __attribute__((ext_vector_type(32)));
+  const i16x32 halves = __builtin_ia32_cvtne2ps2bf16_512(hi, lo);
+  return __builtin_bit_cast(
+      i32x16,
+      __builtin_shufflevector(halves, halves, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7,
+                              23, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31));
+#else
+  (void)lo, (void)hi;
+  return 0;
+#endif
+}
 
 template <class T>
 struct Kernel {
   static constexpr int D = T::kHeadDim;
   static constexpr int BM = T::kBlockM;
   static constexpr int BN = T::kBlockN;
-  static constexpr int VD = T::kVecD;
-  typedef typename Vec<VD>::type VecD;
+  static constexpr int QV = T::kQueryVecs;
+  static constexpr int KT = T::kKeyTile;
+  static constexpr int DT = T::kDimTile;
+  static constexpr bool kDot = T::kDotBf16;
+  static constexpr int kGroup = QV * kLanes;  // queries of one register tile
+  typedef typename StorageElement<T::kStorage>::type Element;
+
+  // ---- fp32 arithmetic (fp16, fp32 storage; bf16 without AVX512_BF16) ----
+
+  // S^T[j0 + a][g + 16 v] = sum_c K[j0 + a][c] * Q^T[c][g + 16 v]   (a < KT, v < QV)
+  static void qk_tile(const float* __restrict kb, const float* __restrict qt, float* __restrict st,
+                      int j0, int g) {
+    f32x16 acc[KT][QV];
+    for (int a = 0; a < KT; ++a)
+      for (int v = 0; v < QV; ++v) acc[a][v] = 0.0f;
+    for (int c = 0; c < D; ++c) {
+      f32x16 q[QV];
+      for (int v = 0; v < QV; ++v) q[v] = load(qt + c * BM + g + v * kLanes);
+      for (int a = 0; a < KT; ++a) {
+        const float k = kb[(j0 + a) * D + c];
+        for (int v = 0; v < QV; ++v) acc[a][v] += k * q[v];
+      }
+    }
+    for (int a = 0; a < KT; ++a)
+      for (int v = 0; v < QV; ++v) store(st + (j0 + a) * BM + g + v * kLanes, acc[a][v]);
+  }
+
+  // O^T[c0 + a][g + 16 v] = O^T[..] * alpha[g + 16 v] + sum_{j < keys} V[j][c0 + a] P^T[j][..]
+  static void pv_tile(const float* __restrict vb, const float* __restrict pt,
+                      const float* __restrict alpha, float* __restrict ot, int keys, int c0,
+                      int g) {
+    f32x16 acc[DT][QV];
+    for (int v = 0; v < QV; ++v) {
+      const f32x16 scale = load(alpha + g + v * kLanes);
+      for (int a = 0; a < DT; ++a) acc[a][v] = load(ot + (c0 + a) * BM + g + v * kLanes) * scale;
+    }
+    for (int j = 0; j < keys; ++j) {
+      f32x16 p[QV];
+      for (int v = 0; v < QV; ++v) p[v] = load(pt + j * BM + g + v * kLanes);
+      for (int a = 0; a < DT; ++a) {
+        const float x = vb[j * D + c0 + a];
+        for (int v = 0; v < QV; ++v) acc[a][v] += x * p[v];
+      }
+    }
+    for (int v = 0; v < QV; ++v)
+      for (int a = 0; a < DT; ++a) store(ot + (c0 + a) * BM + g + v * kLanes, acc[a][v]);
+  }
+
+  // ---- bf16 dot products (bf16 storage on a host with AVX512_BF16) ----
+
+  // As qk_tile, over the bf16 pairs (c, c + 1): K's pair is broadcast straight from the input
+  // row k_rows[a], Q's pairs were packed once per work item (qp[c / 2][query]).
+  static void qk_tile_dot(const u16* const* k_rows, const u32* __restrict qp, float* __restrict st,
+                          int j0, int g) {
+    f32x16 acc[KT][QV];
+    for (int a = 0; a < KT; ++a)
+      for (int v = 0; v < QV; ++v) acc[a][v] = 0.0f;
+    for (int c = 0; c < D; c += 2) {
+      i32x16 q[QV];
+      for (int v = 0; v < QV; ++v) q[v] = load_pairs(qp + (c / 2) * BM + g + v * kLanes);
+      for (int a = 0; a < KT; ++a) {
+        const i32x16 k = (int)pair_at(k_rows[a] + c);
+        for (int v = 0; v < QV; ++v) acc[a][v] = dot_bf16_pairs(acc[a][v], q[v], k);
+      }
+    }
+    for (int a = 0; a < KT; ++a)
+      for (int v = 0; v < QV; ++v) store(st + (j0 + a) * BM + g + v * kLanes, acc[a][v]);
+  }
+
+  // As pv_tile, over the bf16 pairs of keys (j, j + 1): vp[j / 2][dim] and pp[j / 2][query].
+  static void pv_tile_dot(const u32* __restrict vp, const u32* __restrict pp,
+                          const float* __restrict alpha, float* __restrict ot, int key_pairs,
+                          int c0, int g) {
+    f32x16 acc[DT][QV];
+    for (int v = 0; v < QV; ++v) {
+      const f32x16 scale = load(alpha + g + v * kLanes);
+      for (int a = 0; a < DT; ++a) acc[a][v] = load(ot + (c0 + a) * BM + g + v * kLanes) * scale;
+    }
+    for (int jj = 0; jj < key_pairs; ++jj) {
+      i32x16 p[QV];
+      for (int v = 0; v < QV; ++v) p[v] = load_pairs(pp + jj * BM + g + v * kLanes);
+      for (int a = 0; a < DT; ++a) {
+        const i32x16 x = (int)vp[jj * D + c0 + a];
+        for (int v = 0; v < QV; ++v) acc[a][v] = dot_bf16_pairs(acc[a][v], p[v], x);
+      }
+    }
+    for (int v = 0; v < QV; ++v)
+      for (int a = 0; a < DT; ++a) store(ot + (c0 + a) * BM + g + v * kLanes, acc[a][v]);
+  }
 
   // One work item: query rows [m_block * BM, +BM) of (batch b, head h).
   static void block(const FlashjitAttentionParams& p, int b, int h, int m_block, float* scratch) {
-    float* __restrict qs = scratch;            // [BM][D], scaled into log2 units
-    float* __restrict kt = qs + BM * D;        // [D][BN], K block transposed
-    float* __restrict vs = kt + D * BN;        // [BN][D]
-    float* __restrict s = vs + BN * D;         // [BM][BN], scores, then probabilities
-    float* __restrict acc = s + BM * BN;       // [BM][D], O accumulator
-    float* __restrict row_max = acc + BM * D;  // [BM]
-    float* __restrict row_sum = row_max + BM;  // [BM]
+    // fp32 arithmetic: Q^T [D][BM] (scaled into log2 units), K [BN][D], V [BN][D].
+    // bf16 dot products: Q pairs [D/2][BM] (unscaled), V pairs [BN/2][D]; K is read in place.
+    float* const qt = scratch;
+    u32* const qp = (u32*)scratch;
+    float* const kb = qt + D * BM;
+    float* const vb = kb + BN * D;
+    u32* const vp = (u32*)kb;
+    float* const st = vb + BN * D;        // [BN][BM]: scores, then probabilities
+    u32* const pp = (u32*)st;             // [BN/2][BM]: bf16 pairs of probabilities, in place
+    float* const ot = st + BN * BM;       // [D][BM], O accumulator
+    float* const row_max = ot + D * BM;   // [BM]
+    float* const row_sum = row_max + BM;  // [BM]
+    float* const alpha = row_sum + BM;    // [BM], this block's rescale of O
     const float kNegInf = -__builtin_inff();
 
     const int q0 = m_block * BM;
     const int rows = min_int(BM, p.seqlen_q - q0);
-    const int rows4 = (rows + 3) & ~3;  // row tiles of 4; padding rows are zero and discarded
     const int hk = h / p.group_size;
-    const u16* q = (const u16*)p.q + b * p.q_batch_stride + h * p.q_head_stride;
-    const u16* k = (const u16*)p.k + b * p.k_batch_stride + hk * p.k_head_stride;
-    const u16* v = (const u16*)p.v + b * p.v_batch_stride + hk * p.v_head_stride;
+    const Element* q = (const Element*)p.q + b * p.q_batch_stride + h * p.q_head_stride;
+    const Element* k = (const Element*)p.k + b * p.k_batch_stride + hk * p.k_head_stride;
+    const Element* v = (const Element*)p.v + b * p.v_batch_stride + hk * p.v_head_stride;
 
-    for (int i = 0; i < rows4; ++i) {
-      const u16* q_row = q + (i64)(q0 + (i < rows ? i : 0)) * p.q_seq_stride;
-      const float keep = i < rows ? p.scale_log2 : 0.0f;
-      for (int c = 0; c < D; ++c) qs[i * D + c] = to_float<T::kStorage>(q_row[c]) * keep;
-      for (int c = 0; c < D; ++c) acc[i * D + c] = 0.0f;
-      row_max[i] = kNegInf;
-      row_sum[i] = 0.0f;
+    // Q, transposed; padding rows (past seqlen_q) are zero and their results discarded.
+    for (int i = 0; i < BM; ++i) {
+      const Element* q_row = q + (i64)(q0 + (i < rows ? i : 0)) * p.q_seq_stride;
+      if constexpr (kDot) {
+        for (int c = 0; c < D; c += 2) qp[(c / 2) * BM + i] = i < rows ? pair_at(q_row + c) : 0;
+      } else {
+        const float keep = i < rows ? p.scale_log2 : 0.0f;
+        for (int c = 0; c < D; ++c) qt[c * BM + i] = to_float<T::kStorage>(q_row[c]) * keep;
+      }
     }
+    for (int x = 0; x < D * BM; ++x) ot[x] = 0.0f;
+    for (int i = 0; i < BM; ++i) row_max[i] = kNegInf, row_sum[i] = 0.0f;
 
     // Causal (bottom-right aligned): query i sees key j iff j <= i + diag.
     const int diag = p.seqlen_k - p.seqlen_q;
     int kv_end = p.seqlen_k;
     if (T::kCausal) kv_end = min_int(kv_end, q0 + rows - 1 + diag + 1);
+    const i32x16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
     for (int n0 = 0; n0 < kv_end; n0 += BN) {
       const int cols = min_int(BN, p.seqlen_k - n0);
-      for (int j = 0; j < BN; ++j) {
-        const bool in = j < cols;
-        const u16* k_row = k + (i64)(n0 + (in ? j : 0)) * p.k_seq_stride;
-        const u16* v_row = v + (i64)(n0 + (in ? j : 0)) * p.v_seq_stride;
-        const float keep = in ? 1.0f : 0.0f;
-        for (int c = 0; c < D; ++c) kt[c * BN + j] = to_float<T::kStorage>(k_row[c]) * keep;
-        for (int c = 0; c < D; ++c) vs[j * D + c] = to_float<T::kStorage>(v_row[c]) * keep;
-      }
+      const int key_tiles = (cols + KT - 1) / KT;
+      const int key_pairs = (cols + 1) / 2;
 
-      // S = Q K^T, in register tiles of 4 rows x 16 keys.
-      for (int i = 0; i < rows4; i += 4) {
-        for (int j = 0; j < BN; j += 16) {
-          f32x16 s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-          for (int c = 0; c < D; ++c) {
-            const f32x16 kv = load<f32x16>(kt + c * BN + j);
-            s0 += qs[(i + 0) * D + c] * kv;
-            s1 += qs[(i + 1) * D + c] * kv;
-            s2 += qs[(i + 2) * D + c] * kv;
-            s3 += qs[(i + 3) * D + c] * kv;
+      // S^T = K Q^T, after packing this block of K and V (rows past seqlen_k are zero, never
+      // garbage: 0 * NaN would be NaN).
+      if constexpr (kDot) {
+        for (int jj = 0; jj < key_pairs; ++jj) {
+          const u16* v0 = v + (i64)(n0 + 2 * jj) * p.v_seq_stride;
+          const bool second = 2 * jj + 1 < cols;
+          const u16* v1 = second ? v0 + p.v_seq_stride : v0;
+          for (int c = 0; c < D; ++c) vp[jj * D + c] = v0[c] | (second ? (u32)v1[c] << 16 : 0u);
+        }
+        for (int g = 0; g < BM; g += kGroup)
+          for (int t = 0; t < key_tiles; ++t) {
+            const u16* k_rows[KT];  // keys past seqlen_k repeat the last one (scores unused)
+            for (int a = 0; a < KT; ++a)
+              k_rows[a] = k + (i64)(n0 + min_int(t * KT + a, cols - 1)) * p.k_seq_stride;
+            qk_tile_dot(k_rows, qp, st, t * KT, g);
           }
-          store(s + (i + 0) * BN + j, s0);
-          store(s + (i + 1) * BN + j, s1);
-          store(s + (i + 2) * BN + j, s2);
-          store(s + (i + 3) * BN + j, s3);
+      } else {
+        for (int j = 0; j < key_tiles * KT; ++j) {
+          const bool in = j < cols;
+          const Element* k_row = k + (i64)(n0 + (in ? j : 0)) * p.k_seq_stride;
+          const Element* v_row = v + (i64)(n0 + (in ? j : 0)) * p.v_seq_stride;
+          const float keep = in ? 1.0f : 0.0f;
+          for (int c = 0; c < D; ++c) kb[j * D + c] = to_float<T::kStorage>(k_row[c]) * keep;
+          for (int c = 0; c < D; ++c) vb[j * D + c] = to_float<T::kStorage>(v_row[c]) * keep;
         }
+        for (int g = 0; g < BM; g += kGroup)
+          for (int t = 0; t < key_tiles; ++t) qk_tile(kb, qt, st, t * KT, g);
       }
 
-      // Mask, online softmax.
-      for (int i = 0; i < rows4; ++i) {
-        float* __restrict s_row = s + i * BN;
-        int limit = i < rows ? cols : 0;
-        if (T::kCausal) limit = min_int(limit, q0 + i + diag - n0 + 1);
-        float block_max = kNegInf;
-        for (int j = 0; j < BN; ++j) {
-          const float x = j < limit ? s_row[j] : kNegInf;
-          s_row[j] = x;
-          block_max = block_max > x ? block_max : x;
-        }
-        const float m_new = row_max[i] > block_max ? row_max[i] : block_max;
-        if (m_new == kNegInf) {  // nothing visible yet: P = 0, state unchanged
-          for (int j = 0; j < BN; ++j) s_row[j] = 0.0f;
-          continue;
-        }
-        const float alpha = exp2_nonpositive(row_max[i] - m_new);
-        float sum = 0.0f;
-        for (int j = 0; j < BN; ++j) {
-          const float pj = exp2_nonpositive(s_row[j] - m_new);
-          s_row[j] = pj;
-          sum += pj;
-        }
-        row_sum[i] = row_sum[i] * alpha + sum;
-        row_max[i] = m_new;
-        for (int c = 0; c < D; ++c) acc[i * D + c] *= alpha;
-      }
-
-      // O += P V, in register tiles of 4 rows x VD columns.
-      for (int i = 0; i < rows4; i += 4) {
-        for (int c = 0; c < D; c += VD) {
-          VecD o0 = load<VecD>(acc + (i + 0) * D + c);
-          VecD o1 = load<VecD>(acc + (i + 1) * D + c);
-          VecD o2 = load<VecD>(acc + (i + 2) * D + c);
-          VecD o3 = load<VecD>(acc + (i + 3) * D + c);
-          for (int j = 0; j < BN; ++j) {
-            const VecD vv = load<VecD>(vs + j * D + c);
-            o0 += s[(i + 0) * BN + j] * vv;
-            o1 += s[(i + 1) * BN + j] * vv;
-            o2 += s[(i + 2) * BN + j] * vv;
-            o3 += s[(i + 3) * BN + j] * vv;
+      // Online softmax, 16 queries at a time, over the cols keys of the block (the loops stop at
+      // cols, so keys past seqlen_k need no mask). Causal: mask the block that crosses the
+      // diagonal. The dot-product path scales the scores here (its Q is not pre-scaled).
+      const bool crosses_diagonal = T::kCausal && n0 + cols - 1 > q0 + diag;
+      for (int i = 0; i < BM; i += kLanes) {
+        f32x16 block_max = kNegInf;
+        if (crosses_diagonal || kDot) {
+          // Query q0 + i + lane sees key n0 + j iff j <= q0 + i + lane + diag - n0.
+          const i32x16 last = q0 + i + diag - n0 + lane;
+          const float scale = kDot ? p.scale_log2 : 1.0f;
+          for (int j = 0; j < cols; ++j) {
+            f32x16 s = load(st + j * BM + i) * scale;
+            if (crosses_diagonal) s = j <= last ? s : kNegInf;
+            store(st + j * BM + i, s);
+            block_max = vmax(block_max, s);
           }
-          store(acc + (i + 0) * D + c, o0);
-          store(acc + (i + 1) * D + c, o1);
-          store(acc + (i + 2) * D + c, o2);
-          store(acc + (i + 3) * D + c, o3);
+        } else {
+          for (int j = 0; j < cols; ++j) block_max = vmax(block_max, load(st + j * BM + i));
         }
+        const f32x16 m_old = load(row_max + i);
+        const f32x16 m_new = vmax(m_old, block_max);
+        // Lanes that have seen no visible key yet keep P = 0, alpha = 0, l = 0, O = 0.
+        const f32x16 m_safe = m_new == kNegInf ? 0.0f : m_new;
+        const f32x16 rescale = exp2_nonpositive(m_old - m_safe);
+        f32x16 sum = 0.0f;
+        if constexpr (kDot) {
+          // P in bf16 pairs (j, j + 1) for P V; l sums the fp32 values (as FlashAttention-2
+          // does: the lse stays fp32-accurate however few keys a row has).
+          for (int j = 0; j < cols; j += 2) {
+            const f32x16 p0 = exp2_nonpositive(load(st + j * BM + i) - m_safe);
+            const f32x16 p1 =
+                j + 1 < cols ? exp2_nonpositive(load(st + (j + 1) * BM + i) - m_safe) : 0.0f;
+            // Written over S^T rows that this loop has already read.
+            store_pairs(pp + (j / 2) * BM + i, pack_bf16_pairs(p0, p1));
+            sum += p0 + p1;
+          }
+        } else {
+          for (int j = 0; j < cols; ++j) {
+            const f32x16 pj = exp2_nonpositive(load(st + j * BM + i) - m_safe);
+            store(st + j * BM + i, pj);
+            sum += pj;
+          }
+        }
+        store(row_sum + i, load(row_sum + i) * rescale + sum);
+        store(row_max + i, m_new);
+        store(alpha + i, rescale);
       }
+
+      // O^T = O^T * alpha + V^T P^T.
+      for (int g = 0; g < BM; g += kGroup)
+        for (int c0 = 0; c0 < D; c0 += DT) {
+          if constexpr (kDot)
+            pv_tile_dot(vp, pp, alpha, ot, key_pairs, c0, g);
+          else
+            pv_tile(vb, st, alpha, ot, cols, c0, g);
+        }
     }
 
     // O = acc / l in the storage type; lse in natural log.
-    u16* o = (u16*)p.o + b * p.o_batch_stride + h * p.o_head_stride;
+    Element* o = (Element*)p.o + b * p.o_batch_stride + h * p.o_head_stride;
     for (int i = 0; i < rows; ++i) {
-      u16* o_row = o + (i64)(q0 + i) * p.o_seq_stride;
+      Element* o_row = o + (i64)(q0 + i) * p.o_seq_stride;
       const float l = row_sum[i];
       const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      for (int c = 0; c < D; ++c) o_row[c] = from_float<T::kStorage>(acc[i * D + c] * inv);
+      for (int c = 0; c < D; ++c) o_row[c] = from_float<T::kStorage>(ot[c * BM + i] * inv);
       if (p.lse) {
         const float lse =
             l > 0.0f ? (row_max[i] + __builtin_log2f(l)) * 0.6931471805599453f : __builtin_inff();

@@ -155,7 +155,7 @@ TEST(ProblemFromFlags, BadValuesNameTheFlagAndTheValue) {
       {{"--head-dim", "100"}, "--head-dim = '100': must be a multiple of 8"},
       {{"--head-dim", "512"}, "--head-dim = '512'"},
       {{"--head-dim", "0"}, "--head-dim = '0'"},
-      {{"--dtype", "fp32"}, "--dtype = 'fp32': allowed: bf16, fp16"},
+      {{"--dtype", "fp8"}, "--dtype = 'fp8': allowed: bf16, fp16, fp32"},
       {{"--layout", "sbhd"}, "--layout = 'sbhd': allowed: bshd, bhsd"},
       {{"--scale", "0"}, "--scale = '0'"},
       {{"--scale", "-1"}, "--scale = '-1'"},

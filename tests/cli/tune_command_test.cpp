@@ -97,7 +97,7 @@ TEST(TuneGrid, BadValuesNameTheFlag) {
   EXPECT_NE(grid_error({"--head-dims", "64,x"}).find("--head-dims = '64,x'"), std::string::npos);
   EXPECT_NE(grid_error({"--head-dims", "512"}).find("--head-dims"), std::string::npos);
   EXPECT_NE(grid_error({"--head-dims", ""}).find("--head-dims"), std::string::npos);
-  EXPECT_NE(grid_error({"--dtypes", "fp32"}).find("--dtypes = 'fp32': allowed: bf16, fp16"),
+  EXPECT_NE(grid_error({"--dtypes", "fp8"}).find("--dtypes = 'fp8': allowed: bf16, fp16, fp32"),
             std::string::npos);
   EXPECT_NE(grid_error({"--dtypes", "bf16,"}).find("--dtypes"), std::string::npos);
   EXPECT_NE(grid_error({"--causal", "yes"}).find("--causal = 'yes': allowed: on, off, both"),

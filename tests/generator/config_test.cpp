@@ -13,6 +13,24 @@ AttentionProblem problem(int head_dim, bool causal = false) {
   return AttentionProblem::make(1, 16, 16, 4096, 4096, head_dim, DType::BF16, causal);
 }
 
+TEST(Config, CudaTemplateTakesSixteenBitStorageOnly) {
+  EXPECT_TRUE(check_cuda_problem(problem(128)).ok());
+  AttentionProblem fp32 = problem(128);
+  fp32.dtype = DType::F32;
+  const Status rejected = check_cuda_problem(fp32);
+  ASSERT_FALSE(rejected.ok());
+  EXPECT_EQ(rejected.error().code, ErrorCode::Unsupported);
+  EXPECT_NE(rejected.error().message.find("dtype = f32: the CUDA backend supports f16 and bf16"),
+            std::string::npos)
+      << rejected.error().message;
+  EXPECT_TRUE(legal_configs(fp32, sm(90)).empty());
+  const Status config = check_config({64, 64, 4, 2}, fp32, sm(90));
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(config.error().message.find("dtype = f32"), std::string::npos);
+  ASSERT_FALSE(default_config(fp32, sm(90)).ok());
+  EXPECT_EQ(default_config(fp32, sm(90)).error().code, ErrorCode::Unsupported);
+}
+
 TEST(Config, ParseAndPrintRoundTrip) {
   AttentionConfig c{128, 64, 4, 2};
   EXPECT_EQ(c.to_string(), "m128n64w4s2");

@@ -99,9 +99,18 @@ TEST(Problem, ParsesDtypes) {
   EXPECT_EQ(*parse_dtype("bf16"), DType::BF16);
   EXPECT_EQ(*parse_dtype("BFloat16"), DType::BF16);
   EXPECT_EQ(*parse_dtype("fp16"), DType::F16);
-  auto bad = parse_dtype("fp32");
+  EXPECT_EQ(*parse_dtype("fp32"), DType::F32);
+  EXPECT_EQ(*parse_dtype("Float32"), DType::F32);
+  EXPECT_EQ(*parse_dtype("f32"), DType::F32);
+  for (DType dtype : {DType::F16, DType::BF16, DType::F32})
+    EXPECT_EQ(*parse_dtype(to_string(dtype)), dtype);
+  EXPECT_EQ(dtype_bytes(DType::F16), 2);
+  EXPECT_EQ(dtype_bytes(DType::BF16), 2);
+  EXPECT_EQ(dtype_bytes(DType::F32), 4);
+  auto bad = parse_dtype("fp8");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.error().message.find("'fp32'"), std::string::npos);
+  EXPECT_NE(bad.error().message.find("'fp8'"), std::string::npos);
+  EXPECT_NE(bad.error().message.find("f32 (fp32"), std::string::npos) << bad.error().message;
 }
 
 }  // namespace

@@ -222,6 +222,39 @@ TEST_F(RuntimeTest, KernelsAreKeptInMemoryPerSignatureAndConfig) {
   EXPECT_EQ(fake->compiles, 2);
 }
 
+// fp32 storage is a CPU-backend dtype: the CUDA template's backends answer with a typed error
+// that names the dtype and what is allowed, before any config is chosen or anything compiles.
+TEST_F(RuntimeTest, CudaTemplateRejectsFp32WithANamedError) {
+  auto backend = std::make_unique<FakeBackend>();
+  FakeBackend* fake = backend.get();
+  RuntimeOptions options = test_options();
+  options.use_disk_cache = false;
+  Runtime runtime(std::move(backend), options);
+  const AttentionProblem p = AttentionProblem::make(1, 2, 2, 64, 64, 64, DType::F32, false);
+  auto expect_dtype_error = [](const Error& error) {
+    EXPECT_EQ(error.code, ErrorCode::Unsupported) << error.describe();
+    EXPECT_NE(error.message.find("dtype = f32"), std::string::npos) << error.message;
+    EXPECT_NE(error.message.find("f16 and bf16"), std::string::npos) << error.message;
+  };
+  Result<std::shared_ptr<Kernel>> kernel = runtime.attention(p);
+  ASSERT_FALSE(kernel.ok());
+  expect_dtype_error(kernel.error());
+  Result<std::shared_ptr<Kernel>> forced = runtime.attention(p, AttentionConfig{64, 64, 4, 2});
+  ASSERT_FALSE(forced.ok());
+  expect_dtype_error(forced.error());
+  auto selected = runtime.select_config(p);
+  ASSERT_FALSE(selected.ok());
+  expect_dtype_error(selected.error());
+  EXPECT_EQ(fake->compiles, 0);
+  // The generator's own answers agree: no legal config, no default, no CUDA source.
+  EXPECT_TRUE(fake->legal_configs(p).empty());
+  ASSERT_FALSE(fake->default_config(p).ok());
+  expect_dtype_error(fake->default_config(p).error());
+  Result<KernelSource> source = render_cuda_attention(p, AttentionConfig{64, 64, 4, 2});
+  ASSERT_FALSE(source.ok());
+  EXPECT_NE(source.error().message.find("dtype = f32"), std::string::npos);
+}
+
 TEST_F(RuntimeTest, ConcurrentRequestsCompileOnce) {
   auto backend = std::make_unique<FakeBackend>();
   FakeBackend* fake = backend.get();

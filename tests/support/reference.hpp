@@ -14,6 +14,7 @@ namespace flashjit::testing {
 using ::flashjit::bf16_to_float;
 using ::flashjit::compare;
 using ::flashjit::Comparison;
+using ::flashjit::element_value;
 using ::flashjit::float_to_bf16;
 using ::flashjit::float_to_fp16;
 using ::flashjit::float_to_half;
@@ -21,9 +22,12 @@ using ::flashjit::fp16_to_float;
 using ::flashjit::half_to_float;
 using ::flashjit::HostInputs;
 using ::flashjit::kPoisonBits;
+using ::flashjit::poisoned_storage;
 using ::flashjit::random_inputs;
 using ::flashjit::Reference;
 using ::flashjit::reference_attention;
+using ::flashjit::set_element;
+using ::flashjit::storage_words;
 
 // Passes when o is within `max_rel` relative L2 error, has no NaN/inf, nothing was left poisoned,
 // no padding was written, and lse agrees within `max_lse_abs` with matching infinities

@@ -88,17 +88,18 @@ TinyCase tiny_case(int64_t seqlen_q, int64_t seqlen_k, bool causal, DType dtype)
   TinyCase tiny;
   tiny.problem = AttentionProblem::make(1, 1, 1, seqlen_q, seqlen_k, 8, dtype, causal);
   const AttentionProblem& p = tiny.problem;
-  tiny.inputs.q.assign(p.q_span(), float_to_half(0.0f, dtype));
-  tiny.inputs.k.assign(p.kv_span(), float_to_half(0.0f, dtype));
-  tiny.inputs.v.assign(p.kv_span(), float_to_half(0.0f, dtype));
+  const int words = storage_words(dtype);
+  tiny.inputs.q.assign(p.q_span() * words, 0);  // +0.0 in every dtype
+  tiny.inputs.k.assign(p.kv_span() * words, 0);
+  tiny.inputs.v.assign(p.kv_span() * words, 0);
   for (int64_t i = 0; i < seqlen_q; ++i) {  // q_i = (i + 1) e_(i mod 8)
-    tiny.inputs.q[i * p.q_strides.seq + i % 8] = float_to_half(static_cast<float>(i + 1), dtype);
+    set_element(tiny.inputs.q.data(), i * p.q_strides.seq + i % 8, static_cast<float>(i + 1),
+                dtype);
   }
   for (int64_t j = 0; j < seqlen_k; ++j) {  // k_j = 2 e_(j mod 8), v_j[c] = j + c / 8
-    tiny.inputs.k[j * p.k_strides.seq + j % 8] = float_to_half(2.0f, dtype);
-    for (int c = 0; c < 8; ++c) {
-      tiny.inputs.v[j * p.v_strides.seq + c] = float_to_half(j + c / 8.0f, dtype);
-    }
+    set_element(tiny.inputs.k.data(), j * p.k_strides.seq + j % 8, 2.0f, dtype);
+    for (int c = 0; c < 8; ++c)
+      set_element(tiny.inputs.v.data(), j * p.v_strides.seq + c, j + c / 8.0f, dtype);
   }
   return tiny;
 }
@@ -106,20 +107,23 @@ TinyCase tiny_case(int64_t seqlen_q, int64_t seqlen_k, bool causal, DType dtype)
 double v_value(int64_t j, int c) { return j + c / 8.0; }
 
 TEST(ReferenceAttention, HandComputedTwoByTwo) {
-  const TinyCase tiny = tiny_case(2, 2, /*causal=*/false, DType::BF16);
-  const Reference ref = reference_attention(tiny.problem, tiny.inputs);
-  ASSERT_EQ(ref.o.size(), 2u * 8u);
-  ASSERT_EQ(ref.lse.size(), 2u);
+  for (DType dtype : {DType::BF16, DType::F32}) {
+    SCOPED_TRACE(to_string(dtype));
+    const TinyCase tiny = tiny_case(2, 2, /*causal=*/false, dtype);
+    const Reference ref = reference_attention(tiny.problem, tiny.inputs);
+    ASSERT_EQ(ref.o.size(), 2u * 8u);
+    ASSERT_EQ(ref.lse.size(), 2u);
 
-  const double scale = tiny.problem.scale();  // a float, as the kernel gets it
-  // Row 0: q0 = e0, scores (2 scale, 0). Row 1: q1 = 2 e1, scores (0, 4 scale).
-  const double scores[2][2] = {{2 * scale, 0.0}, {0.0, 4 * scale}};
-  for (int i = 0; i < 2; ++i) {
-    const double e0 = std::exp(scores[i][0]), e1 = std::exp(scores[i][1]);
-    EXPECT_NEAR(ref.lse[i], std::log(e0 + e1), 1e-12) << "row " << i;
-    for (int c = 0; c < 8; ++c) {
-      const double expected = (e0 * v_value(0, c) + e1 * v_value(1, c)) / (e0 + e1);
-      EXPECT_NEAR(ref.o[i * 8 + c], expected, 1e-12) << "row " << i << " col " << c;
+    const double scale = tiny.problem.scale();  // a float, as the kernel gets it
+    // Row 0: q0 = e0, scores (2 scale, 0). Row 1: q1 = 2 e1, scores (0, 4 scale).
+    const double scores[2][2] = {{2 * scale, 0.0}, {0.0, 4 * scale}};
+    for (int i = 0; i < 2; ++i) {
+      const double e0 = std::exp(scores[i][0]), e1 = std::exp(scores[i][1]);
+      EXPECT_NEAR(ref.lse[i], std::log(e0 + e1), 1e-12) << "row " << i;
+      for (int c = 0; c < 8; ++c) {
+        const double expected = (e0 * v_value(0, c) + e1 * v_value(1, c)) / (e0 + e1);
+        EXPECT_NEAR(ref.o[i * 8 + c], expected, 1e-12) << "row " << i << " col " << c;
+      }
     }
   }
 }
@@ -287,14 +291,16 @@ TEST(ReferenceAttention, SoftmaxRowsSumToOneOnConstantV) {
 
 // o rounded from the reference, laid out through the problem's o strides in a poisoned buffer.
 std::vector<uint16_t> rounded_output(const AttentionProblem& problem, const Reference& ref) {
-  std::vector<uint16_t> o(problem.o_span(), kPoisonBits);
+  std::vector<uint16_t> o = poisoned_storage(problem.o_span(), problem.dtype);
   size_t index = 0;
   for (int64_t b = 0; b < problem.batch; ++b)
     for (int64_t s = 0; s < problem.seqlen_q; ++s)
       for (int64_t h = 0; h < problem.heads_q; ++h)
         for (int c = 0; c < problem.head_dim; ++c, ++index)
-          o[b * problem.o_strides.batch + s * problem.o_strides.seq + h * problem.o_strides.head +
-            c] = float_to_half(static_cast<float>(ref.o[index]), problem.dtype);
+          set_element(o.data(),
+                      b * problem.o_strides.batch + s * problem.o_strides.seq +
+                          h * problem.o_strides.head + c,
+                      static_cast<float>(ref.o[index]), problem.dtype);
   return o;
 }
 
@@ -359,6 +365,70 @@ TEST(Compare, RoundedReferencePassesAndDefectsFail) {
     const Comparison c = compare(problem, o, {}, ref);
     EXPECT_FALSE(c.lse_checked);
     EXPECT_TRUE(matches_reference(c));
+  }
+}
+
+// fp32 storage: two 16-bit words per element, exact round trips, and compare() sees one element
+// (not one word) as poisoned, written padding or wrong.
+TEST(Compare, Fp32StorageIsTwoWordsPerElement) {
+  EXPECT_EQ(storage_words(DType::F32), 2);
+  EXPECT_EQ(storage_words(DType::BF16), 1);
+  std::vector<uint16_t> words(4, 0);
+  for (float value : {1.0f, -3.14159274f, 1e-30f, 65504.5f, 0.1f}) {
+    set_element(words.data(), 1, value, DType::F32);
+    EXPECT_EQ(element_value(words.data(), 1, DType::F32), value);
+    set_element(words.data(), 3, value, DType::BF16);
+    EXPECT_EQ(words[3], float_to_bf16(value));
+    EXPECT_EQ(element_value(words.data(), 3, DType::BF16), bf16_to_float(float_to_bf16(value)));
+  }
+  EXPECT_TRUE(std::isnan(element_value(poisoned_storage(1, DType::F32).data(), 0, DType::F32)));
+
+  auto problem = AttentionProblem::make(1, 2, 2, 9, 4, 16, DType::F32, /*causal=*/false);
+  problem.o_strides.head = 24;  // padded o
+  problem.o_strides.seq = 2 * 24;
+  problem.o_strides.batch = 9 * 2 * 24;
+  const HostInputs inputs = random_inputs(problem, 5);
+  ASSERT_EQ(inputs.q.size(), static_cast<size_t>(problem.q_span() * 2));
+  int64_t beyond_bf16 = 0;  // fp32 inputs keep their low mantissa bits
+  for (int64_t i = 0; i < problem.q_span(); ++i) beyond_bf16 += inputs.q[2 * i] != 0;
+  EXPECT_GT(beyond_bf16, problem.q_span() / 2);
+  const Reference ref = reference_attention(problem, inputs);
+  std::vector<float> lse(ref.lse.begin(), ref.lse.end());
+  const std::vector<uint16_t> o = rounded_output(problem, ref);
+  const Comparison good = compare(problem, o, lse, ref);
+  EXPECT_TRUE(matches_reference(good, 1e-6, 1e-6));
+  EXPECT_LT(good.o_rel_error, 1e-7);
+  {  // the high word of one element poisoned: that element is NaN, not poisoned
+    auto bad = o;
+    bad[2 * (problem.o_strides.seq * 3 + 5) + 1] = kPoisonBits;
+    const Comparison c = compare(problem, bad, lse, ref);
+    EXPECT_EQ(c.poisoned_left, 0);
+    EXPECT_EQ(c.o_nan_count, 1);
+    EXPECT_FALSE(matches_reference(c));
+  }
+  {  // both words poisoned: poisoned (and NaN)
+    auto bad = o;
+    bad[2 * 7] = bad[2 * 7 + 1] = kPoisonBits;
+    const Comparison c = compare(problem, bad, lse, ref);
+    EXPECT_EQ(c.poisoned_left, 1);
+    EXPECT_EQ(c.o_nan_count, 1);
+  }
+  {  // one word of padding written: one element of padding
+    auto bad = o;
+    bad[2 * 17] = 0;
+    const Comparison c = compare(problem, bad, lse, ref);
+    EXPECT_EQ(c.o_padding_written, 1);
+    EXPECT_FALSE(matches_reference(c));
+  }
+  {  // 1e-4 relative off everywhere: beyond what fp32 storage allows
+    auto bad = o;
+    for (int64_t i = 0; i < problem.o_span(); ++i) {
+      const float value = element_value(bad.data(), i, DType::F32);
+      if (!std::isnan(value)) set_element(bad.data(), i, value * 1.0001f, DType::F32);
+    }
+    const Comparison c = compare(problem, bad, lse, ref);
+    EXPECT_NEAR(c.o_rel_error, 1e-4, 1e-5);
+    EXPECT_FALSE(matches_reference(c, 1e-5, 1e-5));
   }
 }
 

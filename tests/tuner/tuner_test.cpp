@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -20,6 +21,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/gpu.hpp"
@@ -80,6 +82,9 @@ class FakeBackend final : public CudaTemplateBackend {
   }
   Result<Binary> compile(const KernelSource& source) const override {
     ++compiles;
+    ++compiling;
+    if (slow_compiles) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    --compiling;
     if (behavior(AttentionConfig::parse(source.label).value()) == Behavior::CompileFails) {
       return make_error(ErrorCode::CompileFailed, "fake compile failure");
     }
@@ -113,8 +118,10 @@ class FakeBackend final : public CudaTemplateBackend {
     if (device_lost) return make_error(ErrorCode::LaunchFailed, "fake: illegal address");
     return ok_status();
   }
+  bool compiles_share_the_device() const override { return shares_device; }
   Result<double> time_ms(const std::function<Status()>& work, int repetitions) const override {
     EXPECT_GE(repetitions, 1);
+    if (compiling > 0) ++timed_while_compiling;
     FLASHJIT_TRY(work());
     ++timed_batches;
     auto found = times.find(last_launched.to_string());
@@ -134,6 +141,11 @@ class FakeBackend final : public CudaTemplateBackend {
   double default_ms = 2.0;                    // configs not in `times`
   double jitter = 0.001;
   bool device_lost_after_launch_failure = false;
+  bool shares_device = false;  // compiles_share_the_device(), as the CPU backend's
+  bool slow_compiles = false;
+
+  mutable std::atomic<int> compiling{0};
+  mutable std::atomic<int> timed_while_compiling{0};
 
   mutable bool device_lost = false;
   mutable AttentionConfig last_launched;
@@ -403,6 +415,44 @@ TEST_F(TunerTest, InvalidProblemIsAnError) {
   EXPECT_EQ(reports.error().code, ErrorCode::InvalidArgument);
   EXPECT_NE(reports.error().message.find("problem 1"), std::string::npos);
   EXPECT_EQ(backend_.compiles, 0) << "validated before anything runs";
+}
+
+// `flashjit tune --dtypes fp32` on a GPU: the CUDA template stores f16/bf16 only, and the tuner
+// says so (typed, naming the dtype) before anything compiles, for one problem and for a grid.
+TEST_F(TunerTest, Fp32OnTheCudaTemplateIsANamedError) {
+  Tuner tuner(backend_, nullptr, nullptr, fast_options());
+  AttentionProblem fp32 = problem_;
+  fp32.dtype = DType::F32;
+  Result<TuneReport> one = tuner.tune(fp32);
+  ASSERT_FALSE(one.ok());
+  EXPECT_EQ(one.error().code, ErrorCode::Unsupported);
+  EXPECT_NE(one.error().message.find("dtype = f32: the CUDA backend supports f16 and bf16"),
+            std::string::npos)
+      << one.error().message;
+  Result<std::vector<TuneReport>> grid = tuner.tune_all({problem_, fp32});
+  ASSERT_FALSE(grid.ok());
+  EXPECT_EQ(grid.error().code, ErrorCode::Unsupported);
+  EXPECT_NE(grid.error().message.find("problem 1: dtype = f32"), std::string::npos)
+      << grid.error().message;
+  EXPECT_EQ(backend_.compiles, 0);
+}
+
+// On the CPU the compiler and the timed kernel share the cores: the tuner compiles everything
+// first. (A GPU backend overlaps them: compiles run on the host while the GPU times.)
+TEST_F(TunerTest, NoTimingWhileCompilingWhenCompilesShareTheDevice) {
+  backend_.slow_compiles = true;
+  {
+    Tuner tuner(backend_, nullptr, nullptr, fast_options());
+    ASSERT_TRUE(tuner.tune_all({problem_, test_problem(512)}).ok());
+    EXPECT_GT(backend_.timed_while_compiling, 0) << "the GPU behaviour overlaps them";
+  }
+  backend_.shares_device = true;
+  backend_.timed_while_compiling = 0;
+  Tuner tuner(backend_, nullptr, nullptr, fast_options());
+  Result<std::vector<TuneReport>> reports = tuner.tune_all({problem_, test_problem(512)});
+  ASSERT_TRUE(reports.ok()) << reports.error().describe();
+  ASSERT_TRUE((*reports)[0].choice.has_value());
+  EXPECT_EQ(backend_.timed_while_compiling, 0);
 }
 
 TEST_F(TunerTest, RecordsEverythingAndResumes) {

@@ -1,5 +1,5 @@
 // The CPU backend (Clang/LLVM 14 + ORC JIT) against the fp64 reference: every legal config for
-// d 64 and 128 (the default for d 96 and 256) x fp16/bf16 x causal, over the shapes of the GPU
+// d 64 and 128 (the default for d 96 and 256) x fp16/bf16/fp32 x causal, over the shapes of the GPU
 // tests (seqlen 1, 17, 1000, seqlen_q != seqlen_k both ways, GQA, MQA, padded BSHD, BHSD); clang
 // diagnostics in compile errors; tune -> store -> a new process's attention(). Skips in a build
 // without the CPU backend.
@@ -40,7 +40,8 @@ TEST(CpuConfig, BudgetArithmetic) {
   const CpuSpec cpu = known_cpu();  // 1 MiB L2, 32 KiB L1d
   const AttentionProblem p = AttentionProblem::make(1, 1, 1, 128, 128, 128, DType::BF16, false);
   const AttentionConfig c{64, 64, 1, 1};
-  EXPECT_EQ(cpu_working_set_bytes(c, p), 4 * (64 * 128 + 2 * 64 * 128 + 64 * 64 + 64 * 128 + 128));
+  EXPECT_EQ(cpu_working_set_bytes(c, p),
+            4 * (64 * 128 + 2 * 64 * 128 + 64 * 64 + 64 * 128 + 3 * 64));
   EXPECT_EQ(cpu_kv_block_bytes(c, p), 8 * 64 * 128);
   EXPECT_TRUE(check_cpu_config(c, p, cpu).ok());
   Status bad = check_cpu_config({64, 64, 4, 2}, p, cpu);
@@ -54,10 +55,16 @@ TEST(CpuConfig, BudgetArithmetic) {
   bad = check_cpu_config({128, 256, 1, 1}, p, small);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("exceeds the L2"), std::string::npos);
-  // Bc = (1 MiB / 4) / (4 * 128) = 512 -> 256; Br = min(512, 128) = 128.
-  EXPECT_EQ(default_cpu_config(p, cpu).value(), (AttentionConfig{128, 256, 1, 1}));
+  // Br = 64 (one register tile of queries); Bc = (32 KiB / 2) / (4 * 64) = 64.
+  EXPECT_EQ(cpu_score_block_bytes(c), 4 * 64 * 64);
+  EXPECT_EQ(default_cpu_config(p, cpu).value(), (AttentionConfig{64, 64, 1, 1}));
+  CpuSpec big_l1 = cpu;
+  big_l1.l1d_bytes = 48 << 10;  // 24 KiB / 256 B = 96 -> 64
+  EXPECT_EQ(default_cpu_config(p, big_l1).value(), (AttentionConfig{64, 64, 1, 1}));
+  big_l1.l1d_bytes = 128 << 10;  // 64 KiB / 256 B = 256
+  EXPECT_EQ(default_cpu_config(p, big_l1).value(), (AttentionConfig{64, 256, 1, 1}));
   const std::string plan = explain_cpu_plan(p, cpu);
-  EXPECT_NE(plan.find("262144 / (4 * 128) = 512"), std::string::npos) << plan;
+  EXPECT_NE(plan.find("16384 / (4 * 64) = 64"), std::string::npos) << plan;
   EXPECT_EQ(legal_cpu_configs(p, small).size() < legal_cpu_configs(p, cpu).size(), true);
 }
 
@@ -115,17 +122,24 @@ AttentionProblem make_problem(const Shape& s, int d, DType dtype, bool causal) {
   return p;
 }
 
+// Tolerances against the fp64 reference: 16-bit storage rounds o to 2^-9 (bf16) relative; fp32
+// storage leaves only the fp32 arithmetic (seen: o 7e-7, lse 1.3e-6), so it must be far closer
+// (a kernel that rounded anything to 16 bits would fail).
+double max_rel_error(DType dtype) { return dtype == DType::F32 ? 2e-5 : 1e-2; }
+double max_lse_error(DType dtype) { return dtype == DType::F32 ? 2e-5 : 1e-3; }
+
 // Runs `kernel` on `problem` with poisoned outputs and compares with the fp64 reference.
 ::testing::AssertionResult run_and_check(const Kernel& kernel, const AttentionProblem& problem,
                                          uint64_t seed) {
   const ft::HostInputs inputs = ft::random_inputs(problem, seed);
-  std::vector<uint16_t> o(static_cast<size_t>(problem.o_span()), ft::kPoisonBits);
+  std::vector<uint16_t> o = ft::poisoned_storage(problem.o_span(), problem.dtype);
   std::vector<float> lse(static_cast<size_t>(problem.lse_elements()), -12345.0f);
   Status status = kernel.launch(
       problem, {inputs.q.data(), inputs.k.data(), inputs.v.data(), o.data(), lse.data()});
   if (!status.ok()) return ::testing::AssertionFailure() << status.error().describe();
   const ft::Reference reference = ft::reference_attention(problem, inputs);
-  return ft::matches_reference(ft::compare(problem, o, lse, reference));
+  return ft::matches_reference(ft::compare(problem, o, lse, reference),
+                               max_rel_error(problem.dtype), max_lse_error(problem.dtype));
 }
 
 struct Variant {
@@ -140,7 +154,7 @@ TEST(CpuAttention, EveryLegalConfigMatchesTheReference) {
   const cpu::CpuBackend& cpu = backend();
   std::vector<Variant> variants;
   for (int d : {64, 128, 96, 256}) {
-    for (DType dtype : {DType::F16, DType::BF16}) {
+    for (DType dtype : {DType::F16, DType::BF16, DType::F32}) {
       for (bool causal : {false, true}) {
         const AttentionProblem probe = make_problem(kShapes[0], d, dtype, causal);
         const AttentionConfig def = cpu.default_config(probe).value();
@@ -248,15 +262,20 @@ TEST(CpuCompile, VectorizedForTheHost) {
   if (spec.fma) {
     EXPECT_NE(text.find("vfmadd"), std::string::npos);
   }
+  // bf16 storage on a host with AVX512_BF16: both products are bf16 dot products.
+  if (spec.avx512bf16) {
+    EXPECT_NE(text.find("vdpbf16ps"), std::string::npos);
+  }
 }
 
 // Tune a tiny problem into a temporary DB, then a new process (fork) serves it from attention().
-TEST(CpuEndToEnd, TunedConfigServedToANewProcess) {
-  const fs::path dir = fs::temp_directory_path() / ("flashjit_cpu_e2e_" + std::to_string(getpid()));
+void tuned_config_served_to_a_new_process(DType dtype) {
+  const fs::path dir = fs::temp_directory_path() /
+                       ("flashjit_cpu_e2e_" + std::to_string(getpid()) + "_" + to_string(dtype));
   fs::remove_all(dir);
   fs::create_directories(dir);
   const fs::path db = dir / "tuning.db";
-  const AttentionProblem problem = AttentionProblem::make(1, 2, 2, 128, 128, 64, DType::BF16, true);
+  const AttentionProblem problem = AttentionProblem::make(1, 2, 2, 128, 128, 64, dtype, true);
   AttentionConfig chosen;
   {
     auto store = TuningStore::open(db);
@@ -313,6 +332,14 @@ TEST(CpuEndToEnd, TunedConfigServedToANewProcess) {
   waitpid(child, &status, 0);
   EXPECT_EQ(answer, chosen.to_string());
   fs::remove_all(dir);
+}
+
+TEST(CpuEndToEnd, TunedConfigServedToANewProcess) {
+  tuned_config_served_to_a_new_process(DType::BF16);
+}
+
+TEST(CpuEndToEnd, TunedFp32ConfigServedToANewProcess) {
+  tuned_config_served_to_a_new_process(DType::F32);
 }
 
 #else

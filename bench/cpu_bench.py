@@ -1,0 +1,257 @@
+#!/usr/bin/env python3
+"""flashjit's CPU backend against PyTorch's CPU scaled_dot_product_attention, same run, same
+machine, same thread count; GFLOP/s and the fraction of the CPU's peak.
+
+    python3 bench/cpu_bench.py [--dtypes bf16,fp32] [--d 64,128] [--n 512,1024,2048,4096]
+                               [--causal off|on|both] [--reps 7] [--tune | --no-tune]
+                               [--json PATH] [--markdown PATH]
+
+What it does, in order:
+  1. Makes sure PyTorch is importable: if the running python has no torch, it creates the
+     git-ignored virtual environment <repo>/.venv-bench and installs torch there with pip, then
+     re-runs itself with that python. PyTorch's CPU-only wheel index is tried first; where it is
+     unreachable, the PyPI wheel is installed without its CUDA dependencies (--no-deps, ~1 GB
+     instead of ~4 GB), plus the few small ones `import torch` needs (filelock, fsspec, jinja2,
+     networkx, sympy, typing-extensions, numpy and four nvidia-* libraries that libtorch links);
+     if torch still cannot be imported, the full `pip install torch`.
+  2. Builds build/bench/cpu_bench and build/flashjit if missing (cmake --build build).
+  3. `cpu_bench peak` (before and after the run): the clock (a chain of dependent adds, one per
+     cycle; the higher of the two measurements) and the measured
+     throughput of 12 independent FMA chains (and of vdpbf16ps where the CPU has AVX512_BF16).
+     Peak = cores x SIMD lanes (16 fp32 with AVX-512, 8 with AVX2) x 2 FMA units x 2 FLOP x
+     clock. The 2 FMA units are an assumption (Zen 4/5, Intel server cores) that the measured
+     FMA throughput checks: it prints both.
+  4. Unless --no-tune: `flashjit tune --backend cpu` over the grid into build/bench-cpu-tuning.db
+     (resumes: problems already tuned there are not measured again).
+  5. For every (dtype, d, causal, N): torch SDPA (reps/2 timed calls), flashjit's default and
+     tuned configs (`cpu_bench time`, reps timed launches each), torch again (reps/2): medians.
+     torch gets torch.set_num_threads(cores), the number of threads flashjit's pool runs.
+
+Shapes: batch = 4096 / N, heads = 512 / d (the GPU benchmark's 16k tokens x 2048 hidden scaled to
+a CPU), N = seqlen_q = seqlen_k; flashjit BSHD, torch BHSD (each's native layout), both
+contiguous. FLOPs: 4 B H N^2 d, halved when causal (the FlashAttention convention).
+The numbers are noisy on a shared machine: every sample is kept in the JSON.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BUILD = REPO / "build"
+VENV = REPO / ".venv-bench"
+TOKENS, HIDDEN = 4096, 512
+
+
+def log(message):
+    print(f"[cpu_bench] {message}", file=sys.stderr, flush=True)
+
+
+# ---- 1. torch -------------------------------------------------------------------------------
+
+def torch_importable(python):
+    return subprocess.run([str(python), "-c", "import torch"], capture_output=True).returncode == 0
+
+
+def ensure_torch():
+    """Returns when `import torch` works in this interpreter, else re-executes under the venv."""
+    try:
+        import torch  # noqa: F401
+        return
+    except ImportError:
+        pass
+    python = VENV / "bin" / "python"
+    if not python.exists():
+        log(f"creating {VENV}")
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    if not torch_importable(python):
+        log("installing torch (CPU wheel index)")
+        subprocess.run(pip + ["torch", "--index-url", "https://download.pytorch.org/whl/cpu"])
+    if not torch_importable(python):
+        log("CPU wheel index unreachable: PyPI's torch without its CUDA dependencies")
+        subprocess.run(pip + ["--no-deps", "torch"], check=True)
+        subprocess.run(pip + ["filelock", "fsspec", "jinja2", "networkx", "sympy",
+                              "typing-extensions", "numpy", "setuptools"], check=True)
+        # libtorch_cuda.so is linked against these (loaded at import even without a GPU).
+        subprocess.run(pip + ["--no-deps", "nvidia-cufile", "nvidia-cusparselt-cu13",
+                              "nvidia-nvshmem-cu13", "nvidia-nccl-cu13"])
+    if not torch_importable(python):
+        log("torch still not importable: the full `pip install torch`")
+        subprocess.run(pip + ["torch"], check=True)
+    if not torch_importable(python):
+        sys.exit("cpu_bench: could not install an importable torch")
+    os.execv(str(python), [str(python), str(Path(__file__).resolve())] + sys.argv[1:])
+
+
+# ---- 2./3./4. flashjit side -----------------------------------------------------------------
+
+def ensure_built():
+    if (BUILD / "bench" / "cpu_bench").exists() and (BUILD / "flashjit").exists():
+        return
+    log("building build/bench/cpu_bench and build/flashjit")
+    if not (BUILD / "CMakeCache.txt").exists():
+        subprocess.run(["cmake", "-S", str(REPO), "-B", str(BUILD), "-DCMAKE_BUILD_TYPE=Release"],
+                       check=True)
+    subprocess.run(["cmake", "--build", str(BUILD), "-j", str(os.cpu_count() or 2), "--target",
+                    "cpu_bench", "flashjit_cli"], check=True)
+
+
+def peak():
+    out = subprocess.run([str(BUILD / "bench" / "cpu_bench"), "peak"], capture_output=True,
+                         text=True, check=True).stdout
+    return json.loads(out)
+
+
+def tune(args, db):
+    for dtype in args.dtypes:
+        command = [str(BUILD / "flashjit"), "tune", "--backend", "cpu", "--db", str(db),
+                   "--dtypes", dtype, "--head-dims", ",".join(map(str, args.d)),
+                   "--seqlens", ",".join(map(str, args.n)), "--causal", args.causal,
+                   "--tokens", str(TOKENS), "--hidden", str(HIDDEN)]
+        log("tuning: " + " ".join(command[1:]))
+        subprocess.run(command, check=True)
+
+
+def flashjit_times(dtype, d, n, causal, reps, db):
+    command = [str(BUILD / "bench" / "cpu_bench"), "time", "--dtype", dtype, "--d", str(d),
+               "--n", str(n), "--tokens", str(TOKENS), "--hidden", str(HIDDEN), "--reps",
+               str(reps), "--db", str(db)]
+    if causal:
+        command.append("--causal")
+    out = subprocess.run(command, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr.strip())
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    by_impl = {row["impl"]: row for row in rows}
+    if "flashjit-tuned" not in by_impl:  # the DB's choice is the default config
+        tuned = dict(by_impl["flashjit-default"], impl="flashjit-tuned")
+        by_impl["flashjit-tuned"] = tuned
+    return by_impl
+
+
+# ---- 5. torch side --------------------------------------------------------------------------
+
+def torch_samples(torch, dtype, d, n, causal, reps):
+    import torch.nn.functional as F
+    batch, heads = max(1, TOKENS // n), max(1, HIDDEN // d)
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    generator = torch.Generator().manual_seed(20261122)
+    q, k, v = (torch.randn(batch, heads, n, d, generator=generator).to(torch_dtype)
+               for _ in range(3))
+    with torch.inference_mode():
+        for _ in range(2):
+            F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        samples = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            samples.append((time.perf_counter() - start) * 1e3)
+    return samples
+
+
+def flops(d, n, causal):
+    batch, heads = max(1, TOKENS // n), max(1, HIDDEN // d)
+    f = 4.0 * batch * heads * n * n * d
+    return f / 2 if causal else f
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dtypes", default="bf16,fp32")
+    parser.add_argument("--d", default="64,128")
+    parser.add_argument("--n", default="512,1024,2048,4096")
+    parser.add_argument("--causal", default="both", choices=["off", "on", "both"])
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--tune", dest="tune", action="store_true", default=True)
+    parser.add_argument("--no-tune", dest="tune", action="store_false")
+    parser.add_argument("--db", default=str(BUILD / "bench-cpu-tuning.db"))
+    parser.add_argument("--json", default=str(BUILD / "cpu-bench.json"))
+    parser.add_argument("--markdown", default=None, help="also write the markdown table here")
+    args = parser.parse_args()
+    args.dtypes = args.dtypes.split(",")
+    args.d = [int(x) for x in args.d.split(",")]
+    args.n = [int(x) for x in args.n.split(",")]
+
+    ensure_torch()
+    import torch
+    ensure_built()
+    machine = peak()
+    cores = machine["cores"]
+    torch.set_num_threads(cores)
+    log(f"{cores} cores, {machine['isa']}, clock {machine['clock_ghz']:.2f} GHz now; measured FMA "
+        f"{machine['fma_gflops_per_core']:.0f} GFLOP/s per core "
+        f"({machine['fma_flop_per_cycle']:.1f} FLOP/cycle)")
+    log(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"CPU capability {torch.backends.cpu.get_cpu_capability()}")
+    if args.tune:
+        tune(args, args.db)
+
+    causal_values = {"off": [False], "on": [True], "both": [False, True]}[args.causal]
+    half = max(1, args.reps // 2)
+    rows = []
+    print(f"{'dtype':5} {'d':>4} {'causal':>6} {'N':>5}  {'default':>8} {'tuned':>8} "
+          f"{'torch':>8}  {'ratio':>6}  config   (GFLOP/s, medians)")
+    for dtype in args.dtypes:
+        for d in args.d:
+            for causal in causal_values:
+                for n in args.n:
+                    torch_ms = torch_samples(torch, dtype, d, n, causal, half)
+                    fj = flashjit_times(dtype, d, n, causal, args.reps, args.db)
+                    torch_ms += torch_samples(torch, dtype, d, n, causal, half)
+                    f = flops(d, n, causal)
+                    torch_gflops = f / (statistics.median(torch_ms) * 1e-3) / 1e9
+                    tuned = fj["flashjit-tuned"]
+                    row = {
+                        "dtype": dtype, "d": d, "causal": causal, "N": n,
+                        "B": max(1, TOKENS // n), "H": max(1, HIDDEN // d),
+                        "default_gflops": fj["flashjit-default"]["gflops"],
+                        "default_config": fj["flashjit-default"]["config"],
+                        "tuned_gflops": tuned["gflops"], "tuned_config": tuned["config"],
+                        "torch_gflops": torch_gflops,
+                        "ratio_tuned_vs_torch": tuned["gflops"] / torch_gflops,
+                        "samples_ms": {"default": fj["flashjit-default"]["samples_ms"],
+                                       "tuned": tuned["samples_ms"], "torch": torch_ms},
+                    }
+                    rows.append(row)
+                    print(f"{dtype:5} {d:4} {'yes' if causal else 'no':>6} {n:5}  "
+                          f"{row['default_gflops']:8.1f} {row['tuned_gflops']:8.1f} "
+                          f"{torch_gflops:8.1f}  {row['ratio_tuned_vs_torch']:5.2f}x  "
+                          f"{row['tuned_config']}", flush=True)
+
+    # The peak at the higher of the clocks measured before and after (the other load on a shared
+    # machine only ever makes the measured clock lower).
+    again = peak()
+    clock = max(machine["clock_ghz"], again["clock_ghz"])
+    fp32_peak = cores * machine["lanes"] * 2 * 2 * clock
+    log(f"fp32 peak = {cores} cores x {machine['lanes']} lanes x 2 FMA units x 2 FLOP x "
+        f"{clock:.2f} GHz = {fp32_peak:.0f} GFLOP/s (clock measured {machine['clock_ghz']:.2f} "
+        f"GHz before, {again['clock_ghz']:.2f} GHz after)")
+    for row in rows:
+        row["tuned_fraction_of_fp32_peak"] = row["tuned_gflops"] / fp32_peak
+    result = {"machine": machine, "machine_at_end": again, "clock_ghz": clock,
+              "fp32_peak_gflops": fp32_peak, "torch": torch.__version__, "threads": cores,
+              "tokens": TOKENS, "hidden": HIDDEN, "reps": args.reps, "rows": rows}
+    Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    log(f"wrote {args.json}")
+    lines = ["| dtype | d | causal | N | flashjit default | flashjit tuned (config) | torch SDPA "
+             "| tuned / torch | tuned, % of fp32 peak |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['dtype']} | {r['d']} | {'yes' if r['causal'] else 'no'} | {r['N']} "
+                     f"| {r['default_gflops']:.0f} | {r['tuned_gflops']:.0f} "
+                     f"({r['tuned_config']}) | {r['torch_gflops']:.0f} "
+                     f"| {r['ratio_tuned_vs_torch']:.2f}x "
+                     f"| {100 * r['tuned_fraction_of_fp32_peak']:.0f}% |")
+    print("\n".join(lines))
+    if args.markdown:
+        Path(args.markdown).write_text("\n".join(lines) + "\n")
+        log(f"wrote {args.markdown}")
+
+if __name__ == "__main__":
+    main()
