@@ -246,21 +246,17 @@ bool same_dtype(const nb::dlpack::dtype& a, const nb::dlpack::dtype& b) {
   return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
 }
 
-// The element types attention() takes. float32 is refused until the library has DType::F32
-// (then: map is_float(dtype, 32) to it here; the backends say which of them run it).
+// The element types attention() takes. float32 is DType::F32: the CPU backend runs it, the CUDA
+// backend refuses it with its own Unsupported error.
 DType element_type(const char* name, const nb::dlpack::dtype& dtype) {
   if (is_float(dtype, 16)) return DType::F16;
   if (dtype.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) && dtype.bits == 16 &&
       dtype.lanes == 1) {
     return DType::BF16;
   }
-  if (is_float(dtype, 32)) {
-    raise(ErrorCode::Unsupported, std::string(name) +
-                                      ".dtype = float32: not supported yet; flashjit computes "
-                                      "float16 and bfloat16 (convert the inputs first)");
-  }
-  raise(ErrorCode::InvalidArgument,
-        std::string(name) + ".dtype = " + dtype_name(dtype) + ": must be float16 or bfloat16");
+  if (is_float(dtype, 32)) return DType::F32;
+  raise(ErrorCode::InvalidArgument, std::string(name) + ".dtype = " + dtype_name(dtype) +
+                                        ": must be float16, bfloat16 or float32");
 }
 
 template <class Array>

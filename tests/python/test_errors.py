@@ -32,9 +32,15 @@ def test_exception_hierarchy():
     assert issubclass(flashjit.NoDeviceError, flashjit.Error)
 
 
-def test_float32_is_not_supported_yet():
-    error = raises(flashjit.UnsupportedError, "q.dtype = float32: not supported yet",
-                   *arrays(dtype=np.float32))
+def test_float32_on_cuda_is_the_backends_unsupported_error():
+    from conftest import require_gpu
+
+    require_gpu()
+    import torch
+
+    q, k, v = (torch.from_numpy(x).cuda() for x in arrays(dtype=np.float32))
+    error = raises(flashjit.UnsupportedError,
+                   "dtype = f32: the CUDA backend supports f16 and bf16 storage only", q, k, v)
     assert error.code == "Unsupported"
 
 
@@ -42,7 +48,8 @@ def test_float32_is_not_supported_yet():
                                         (np.uint16, "uint16")])
 def test_wrong_dtype(dtype, name):
     error = raises(flashjit.InvalidArgumentError,
-                   f"q.dtype = {name}: must be float16 or bfloat16", *arrays(dtype=dtype))
+                   f"q.dtype = {name}: must be float16, bfloat16 or float32",
+                   *arrays(dtype=dtype))
     assert error.code == "InvalidArgument"
 
 
