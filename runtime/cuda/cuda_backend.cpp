@@ -21,24 +21,6 @@ namespace {
 // Grid y and z are limited to 65535 blocks (x to 2^31 - 1).
 constexpr int64_t kMaxGridYZ = 65535;
 constexpr int64_t kMaxGridX = 2147483647;
-// The kernel loads 16-byte vectors (cp.async, ldmatrix) from Q, K, V and stores 16 bytes to O.
-constexpr uintptr_t kTensorAlignment = 16;
-
-std::string pointer_text(const void* pointer) {
-  char buffer[32];
-  std::snprintf(buffer, sizeof(buffer), "0x%" PRIxPTR, reinterpret_cast<uintptr_t>(pointer));
-  return buffer;
-}
-
-std::string signature_text(const ProblemSignature& signature) {
-  // Built by appending: gcc 12 warns falsely (-Wrestrict) on "literal" + std::string&&.
-  std::string text = "d";
-  text += std::to_string(signature.head_dim);
-  text += " ";
-  text += to_string(signature.dtype);
-  text += signature.causal ? " causal" : " non-causal";
-  return text;
-}
 
 // A problem with `signature`'s compiled-in fields: shared memory depends only on head_dim and the
 // config, so this stands in for any problem the kernel will run.
@@ -114,33 +96,8 @@ class CudaKernel final : public Kernel {
 
   Status launch(const AttentionProblem& problem, const AttentionArgs& args,
                 void* stream) const override {
-    FLASHJIT_TRY(validate(problem));
-    const ProblemSignature problem_signature = ProblemSignature::of(problem);
-    if (!(problem_signature == signature_)) {
-      return make_error(ErrorCode::InvalidArgument,
-                        "problem signature " + signature_text(problem_signature) +
-                            " does not match the kernel's " + signature_text(signature_));
-    }
-    FLASHJIT_TRY(check_tensor_pointer("q", args.q));
-    FLASHJIT_TRY(check_tensor_pointer("k", args.k));
-    FLASHJIT_TRY(check_tensor_pointer("v", args.v));
-    FLASHJIT_TRY(check_tensor_pointer("o", args.o));
-    if (reinterpret_cast<uintptr_t>(args.lse) % alignof(float) != 0) {
-      return make_error(ErrorCode::InvalidArgument,
-                        "lse = " + pointer_text(args.lse) + ": must be 4-byte aligned (or null)");
-    }
-    // The params hold 32-bit sizes; validate() should keep problems far below this.
-    for (const auto& [name, value] : {std::pair<const char*, int64_t>{"batch", problem.batch},
-                                      {"heads_q", problem.heads_q},
-                                      {"heads_kv", problem.heads_kv},
-                                      {"seqlen_q", problem.seqlen_q},
-                                      {"seqlen_k", problem.seqlen_k}}) {
-      if (value > INT32_MAX) {
-        return make_error(
-            ErrorCode::InvalidArgument,
-            std::string(name) + " = " + std::to_string(value) + ": must be at most 2147483647");
-      }
-    }
+    // Problem, signature, pointers and 32-bit sizes: the checks every GPU backend makes.
+    FLASHJIT_TRY(check_attention_launch(problem, args, signature_));
 
     const int64_t grid_x = (problem.seqlen_q + config_.block_m - 1) / config_.block_m;
     const int64_t grid_y = problem.heads_q;
@@ -177,19 +134,6 @@ class CudaKernel final : public Kernel {
   }
 
  private:
-  static Status check_tensor_pointer(const char* name, const void* pointer) {
-    if (pointer == nullptr) {
-      return make_error(ErrorCode::InvalidArgument,
-                        std::string(name) + " is null: q, k, v and o must be device pointers");
-    }
-    if (reinterpret_cast<uintptr_t>(pointer) % kTensorAlignment != 0) {
-      return make_error(
-          ErrorCode::InvalidArgument,
-          std::string(name) + " = " + pointer_text(pointer) + ": must be 16-byte aligned");
-    }
-    return ok_status();
-  }
-
   const Driver* driver_;
   CUdevice device_;
   CUcontext context_;
