@@ -233,7 +233,7 @@ int run_show(const ParsedFlags& flags) {
     auto source = render_cpu_attention(*problem, *config);
     if (!source.ok()) return report("show", source.error());
     std::cerr << "// flashjit show: " << problem->to_string() << " | config " << config->to_string()
-              << " | cpu " << cpu.to_string() << " | entry " << source->entry << "\n";
+              << " | cpu " << cpu.to_string() << " | entry " << source->entry() << "\n";
     std::cout << source->text;
     if (!source->text.empty() && source->text.back() != '\n') std::cout << "\n";
     return kExitOk;
@@ -245,7 +245,7 @@ int run_show(const ParsedFlags& flags) {
   auto source = render_for(*problem, *config, *device);
   if (!source.ok()) return report("show", source.error());
   std::cerr << "// flashjit show: " << problem->to_string() << " | config " << config->to_string()
-            << " | device " << device_summary(*device) << " | entry " << source->entry << "\n";
+            << " | device " << device_summary(*device) << " | entry " << source->entry() << "\n";
   std::cout << source->text;
   if (!source->text.empty() && source->text.back() != '\n') std::cout << "\n";
   return kExitOk;

@@ -5,6 +5,8 @@
 #include <regex>
 #include <sstream>
 
+#include "generator/backward_config.hpp"
+
 namespace flashjit {
 
 namespace {
@@ -49,17 +51,18 @@ Status illegal(const AttentionConfig& config, const std::string& why) {
 std::string AttentionConfig::to_string() const {
   return "m" + std::to_string(block_m) + "n" + std::to_string(block_n) + "w" +
          std::to_string(warps) + "s" + std::to_string(stages) +
-         (family == KernelFamily::Wgmma ? "-wgmma" : "");
+         (family == KernelFamily::Wgmma ? "-wgmma" : "") + (dq == DqMode::Separate ? "-det" : "");
 }
 
 Result<AttentionConfig> AttentionConfig::parse(const std::string& text) {
-  static const std::regex pattern(R"(m(\d{1,4})n(\d{1,4})w(\d{1,2})s(\d{1,2})(-wgmma)?)");
+  static const std::regex pattern(R"(m(\d{1,4})n(\d{1,4})w(\d{1,2})s(\d{1,2})(-wgmma)?(-det)?)");
   std::smatch match;
   if (!std::regex_match(text, match, pattern)) {
-    return make_error(ErrorCode::InvalidArgument,
-                      "config = '" + text +
-                          "': expected the form m<block_m>n<block_n>w<warps>s<stages>[-wgmma], "
-                          "e.g. m128n64w4s2 or m128n128w8s2-wgmma");
+    return make_error(
+        ErrorCode::InvalidArgument,
+        "config = '" + text +
+            "': expected the form m<block_m>n<block_n>w<warps>s<stages>[-wgmma][-det], e.g. "
+            "m128n64w4s2, m128n128w8s2-wgmma or (backward, separate dQ kernel) m64n128w8s2-det");
   }
   AttentionConfig c;
   c.block_m = std::stoi(match[1]);
@@ -67,6 +70,7 @@ Result<AttentionConfig> AttentionConfig::parse(const std::string& text) {
   c.warps = std::stoi(match[3]);
   c.stages = std::stoi(match[4]);
   c.family = match[5].matched ? KernelFamily::Wgmma : KernelFamily::Mma;
+  c.dq = match[6].matched ? DqMode::Separate : DqMode::Atomic;
   return c;
 }
 
@@ -143,6 +147,9 @@ Status check_wgmma_shape(const AttentionConfig& c, const DeviceSpec& device) {
 }  // namespace
 
 Status check_config(const AttentionConfig& c, const AttentionProblem& p, const DeviceSpec& device) {
+  if (p.is_backward()) return check_backward_config(c, p, device);
+  if (c.dq != DqMode::Atomic)
+    return illegal(c, "-det (a separate dQ kernel) exists in the backward pass only");
   if (Status dtype = check_cuda_dtype(p.dtype); !dtype.ok())
     return illegal(c, dtype.error().message);
   if (c.family == KernelFamily::Wgmma) {
@@ -198,6 +205,7 @@ Status check_config(const AttentionConfig& c, const AttentionProblem& p, const D
 }
 
 std::vector<AttentionConfig> legal_configs(const AttentionProblem& p, const DeviceSpec& device) {
+  if (p.is_backward()) return legal_backward_configs(p, device);
   std::vector<AttentionConfig> configs;
   for (int block_m : kBlockMChoices)
     for (int block_n : kBlockNChoices)
@@ -223,6 +231,7 @@ int formula_block_m(const AttentionProblem& p, const DeviceSpec& device) {
 }  // namespace
 
 Result<AttentionConfig> default_config(const AttentionProblem& p, const DeviceSpec& device) {
+  if (p.is_backward()) return default_backward_config(p, device);
   FLASHJIT_TRY(check_cuda_dtype(p.dtype));
   // The formula picks block_m within the device's best template family: wgmma where the device
   // has it (sm90), mma.sync elsewhere.
@@ -253,6 +262,7 @@ Result<AttentionConfig> default_config(const AttentionProblem& p, const DeviceSp
 }
 
 std::string explain_plan(const AttentionProblem& p, const DeviceSpec& device) {
+  if (p.is_backward()) return explain_backward_plan(p, device);
   std::ostringstream out;
   const int d = p.head_dim, dp = padded_head_dim(d);
   out << "device:  " << device.to_string() << "\n";

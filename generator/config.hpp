@@ -24,23 +24,40 @@ namespace flashjit {
 
 enum class KernelFamily { Mma, Wgmma };
 
+// How the backward pass produces dQ (the forward pass has no dQ: always Atomic there, unprinted).
+//   Atomic    the dK/dV kernel adds each key block's contribution to an fp32 workspace with
+//             atomics; a last kernel converts it. One pass over the scores; the order of the
+//             additions varies run to run.
+//   Separate  a dQ kernel of its own loops over the key blocks of each query block and
+//             recomputes P and dP: about 40% more arithmetic, no atomics, bitwise reproducible
+//             (AttentionProblem::deterministic allows only these). Printed as a "-det" suffix.
+enum class DqMode { Atomic, Separate };
+
+// One kernel configuration. The knobs mean, per pass:
+//   forward   block_m query rows per CTA, K/V streamed in blocks of block_n rows, `stages` deep;
+//   backward  block_n key/value rows per CTA of the dK/dV kernel, Q and dO streamed in blocks
+//             of block_m rows, `stages` deep (the dQ kernel of DqMode::Separate transposes the
+//             roles: block_m query rows per CTA, K and V streamed in blocks of block_n).
 struct AttentionConfig {
-  int block_m = 128;  // Br: query rows per CTA
-  int block_n = 64;   // Bc: key/value rows per pipeline stage
-  int warps = 4;      // warps per CTA; each owns block_m / warps query rows
-  int stages = 2;     // K/V shared-memory pipeline depth (cp.async groups in flight + 1)
+  int block_m = 128;  // Br: query rows per CTA (forward) or per streamed block (backward)
+  int block_n = 64;   // Bc: key/value rows per pipeline stage (forward) or per CTA (backward)
+  int warps = 4;      // warps per CTA
+  int stages = 2;     // shared-memory pipeline depth of the streamed operand
   KernelFamily family = KernelFamily::Mma;
+  DqMode dq = DqMode::Atomic;  // backward only
 
   bool operator==(const AttentionConfig&) const = default;
   // Family first, then the knobs: legal_configs lists the mma family, then the wgmma family.
   auto operator<=>(const AttentionConfig& other) const {
-    return std::tie(family, block_m, block_n, warps, stages) <=>
-           std::tie(other.family, other.block_m, other.block_n, other.warps, other.stages);
+    return std::tie(family, block_m, block_n, warps, stages, dq) <=>
+           std::tie(other.family, other.block_m, other.block_n, other.warps, other.stages,
+                    other.dq);
   }
 
   int threads() const { return warps * 32; }
   int rows_per_warp() const { return block_m / warps; }
-  // "m128n64w4s2" (mma), "m128n128w8s2-wgmma" (wgmma)
+  // "m128n64w4s2" (mma), "m128n128w8s2-wgmma" (wgmma), "m64n128w8s2-det" (backward, DqMode::
+  // Separate)
   std::string to_string() const;
   static Result<AttentionConfig> parse(const std::string& text);
 };
@@ -79,6 +96,9 @@ ResourceUse resource_use(const AttentionConfig& config, const AttentionProblem& 
 // bf16 (check_cuda_dtype: error Unsupported naming the dtype; f32 runs on the CPU backend only).
 Status check_cuda_dtype(DType dtype);
 Status check_cuda_problem(const AttentionProblem& problem);
+
+// The functions below serve either pass: for problem.pass == Backward they forward to the
+// backward pass's budget (generator/backward_config.hpp).
 
 // Why `config` is illegal for `problem` on `device` (the problem's dtype, template constraints,
 // then shared memory, then registers), or ok.

@@ -59,6 +59,18 @@ Result<DType> parse_dtype(const std::string& text) {
 
 const char* to_string(Layout layout) { return layout == Layout::BSHD ? "bshd" : "bhsd"; }
 
+const char* to_string(Pass pass) { return pass == Pass::Forward ? "fwd" : "bwd"; }
+
+Result<Pass> parse_pass(const std::string& text) {
+  std::string lower = text;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (lower == "fwd" || lower == "forward") return Pass::Forward;
+  if (lower == "bwd" || lower == "backward") return Pass::Backward;
+  return make_error(ErrorCode::InvalidArgument,
+                    "pass = '" + text + "': must be fwd (forward) or bwd (backward)");
+}
+
 Strides contiguous_strides(Layout layout, int64_t seqlen, int64_t heads, int64_t head_dim) {
   if (layout == Layout::BSHD) return {seqlen * heads * head_dim, heads * head_dim, head_dim};
   return {heads * seqlen * head_dim, head_dim, seqlen * head_dim};
@@ -80,6 +92,8 @@ AttentionProblem AttentionProblem::make(int64_t batch, int64_t heads_q, int64_t 
   p.o_strides = p.q_strides;
   p.k_strides = contiguous_strides(layout, seqlen_k, heads_kv, head_dim);
   p.v_strides = p.k_strides;
+  p.do_strides = p.dq_strides = p.q_strides;
+  p.dk_strides = p.dv_strides = p.k_strides;
   return p;
 }
 
@@ -89,7 +103,8 @@ float AttentionProblem::scale() const {
 
 double AttentionProblem::flops() const {
   double f = 4.0 * batch * heads_q * static_cast<double>(seqlen_q) * seqlen_k * head_dim;
-  return causal ? f / 2 : f;
+  if (causal) f /= 2;
+  return pass == Pass::Backward ? 2.5 * f : f;
 }
 
 namespace {
@@ -164,13 +179,25 @@ int64_t AttentionProblem::kv_span() const {
 int64_t AttentionProblem::o_span() const {
   return span(o_strides, batch, seqlen_q, heads_q, head_dim);
 }
+int64_t AttentionProblem::do_span() const {
+  return span(do_strides, batch, seqlen_q, heads_q, head_dim);
+}
+int64_t AttentionProblem::dq_span() const {
+  return span(dq_strides, batch, seqlen_q, heads_q, head_dim);
+}
+int64_t AttentionProblem::dkv_span() const {
+  return std::max(span(dk_strides, batch, seqlen_k, heads_kv, head_dim),
+                  span(dv_strides, batch, seqlen_k, heads_kv, head_dim));
+}
 
 std::string AttentionProblem::to_string() const {
   std::ostringstream out;
-  out << "attention(batch=" << batch << ", heads_q=" << heads_q << ", heads_kv=" << heads_kv
-      << ", seqlen_q=" << seqlen_q << ", seqlen_k=" << seqlen_k << ", head_dim=" << head_dim
+  out << (pass == Pass::Backward ? "attention_backward(" : "attention(") << "batch=" << batch
+      << ", heads_q=" << heads_q << ", heads_kv=" << heads_kv << ", seqlen_q=" << seqlen_q
+      << ", seqlen_k=" << seqlen_k << ", head_dim=" << head_dim
       << ", dtype=" << flashjit::to_string(dtype) << (causal ? ", causal" : "")
-      << ", scale=" << scale() << ")";
+      << ", scale=" << scale() << (pass == Pass::Backward && deterministic ? ", deterministic" : "")
+      << ")";
   return out.str();
 }
 
@@ -199,6 +226,15 @@ Status validate(const AttentionProblem& p) {
   FLASHJIT_TRY(check_strides("k", p.k_strides, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, false));
   FLASHJIT_TRY(check_strides("v", p.v_strides, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, false));
   FLASHJIT_TRY(check_strides("o", p.o_strides, p.batch, p.seqlen_q, p.heads_q, p.head_dim, true));
+  if (p.pass != Pass::Backward) return ok_status();
+  // o is an input of the backward pass; the gradients are its outputs.
+  FLASHJIT_TRY(
+      check_strides("do", p.do_strides, p.batch, p.seqlen_q, p.heads_q, p.head_dim, false));
+  FLASHJIT_TRY(check_strides("dq", p.dq_strides, p.batch, p.seqlen_q, p.heads_q, p.head_dim, true));
+  FLASHJIT_TRY(
+      check_strides("dk", p.dk_strides, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, true));
+  FLASHJIT_TRY(
+      check_strides("dv", p.dv_strides, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, true));
   return ok_status();
 }
 

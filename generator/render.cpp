@@ -61,9 +61,10 @@ namespace {
 
 // The parts every backend's source shares: a header line naming what it is, the params struct,
 // the template texts in order, then the backend's own instantiation.
-Result<KernelSource> assemble(std::initializer_list<const char*> template_paths, const char* entry,
-                              const char* kind, const AttentionProblem& problem,
-                              const AttentionConfig& config, const std::string& instantiation) {
+Result<KernelSource> assemble(std::initializer_list<const char*> template_paths,
+                              std::vector<std::string> entries, const char* kind,
+                              const AttentionProblem& problem, const AttentionConfig& config,
+                              const std::string& instantiation) {
   const std::string_view params = templates::text("attention_params.h");
   if (params.empty())
     return make_error(ErrorCode::Unsupported, "attention_params.h is not embedded in this build");
@@ -76,7 +77,7 @@ Result<KernelSource> assemble(std::initializer_list<const char*> template_paths,
     kernel += std::string(part) + "\n";
   }
   KernelSource source;
-  source.entry = entry;
+  source.entries = std::move(entries);
   source.label = std::string(kind) + " d" + std::to_string(problem.head_dim) + " " +
                  to_string(problem.dtype) + (problem.causal ? " causal " : " ") +
                  config.to_string();
@@ -93,6 +94,7 @@ Result<KernelSource> assemble(std::initializer_list<const char*> template_paths,
 
 Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
                                            const AttentionConfig& config) {
+  if (problem.is_backward()) return render_cuda_attention_backward(problem, config);
   FLASHJIT_TRY(validate(problem));
   FLASHJIT_TRY(check_template_constraints(problem, config));
   const bool wgmma = config.family == KernelFamily::Wgmma;
@@ -110,18 +112,19 @@ Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
                 << "<Config>(params);\n"
                 << "}\n";
   Result<KernelSource> source =
-      wgmma
-          ? assemble({"attention_common.h", "cuda/common.cuh", "cuda/attention_fwd_sm90.cuh"},
-                     kAttentionForwardEntry, "attention_fwd_sm90", problem, config,
-                     instantiation.str())
-          : assemble({"attention_common.h", "cuda/common.cuh", "cuda/attention_fwd.cuh"},
-                     kAttentionForwardEntry, "attention_fwd", problem, config, instantiation.str());
+      wgmma ? assemble({"attention_common.h", "cuda/common.cuh", "cuda/attention_fwd_sm90.cuh"},
+                       {kAttentionForwardEntry}, "attention_fwd_sm90", problem, config,
+                       instantiation.str())
+            : assemble({"attention_common.h", "cuda/common.cuh", "cuda/attention_fwd.cuh"},
+                       {kAttentionForwardEntry}, "attention_fwd", problem, config,
+                       instantiation.str());
   if (source.ok()) source->arch_specific = wgmma;
   return source;
 }
 
 Result<KernelSource> render_hip_attention(const AttentionProblem& problem,
                                           const AttentionConfig& config) {
+  if (problem.is_backward()) return render_hip_attention_backward(problem, config);
   FLASHJIT_TRY(validate(problem));
   // An AMD device with no limits to speak of: only the template's own constraints can fail.
   DeviceSpec unlimited;
@@ -144,12 +147,13 @@ Result<KernelSource> render_hip_attention(const AttentionProblem& problem,
                 << "  flashjit_hip::attention_forward<Config>(params);\n"
                 << "}\n";
   return assemble({"attention_common.h", "hip/primitives.hpp", "hip/attention_fwd.hpp"},
-                  kAttentionForwardEntry, "attention_fwd_hip", problem, config,
+                  {kAttentionForwardEntry}, "attention_fwd_hip", problem, config,
                   instantiation.str());
 }
 
 Result<KernelSource> render_cpu_attention(const AttentionProblem& problem,
                                           const AttentionConfig& config) {
+  if (problem.is_backward()) return render_cpu_attention_backward(problem, config);
   FLASHJIT_TRY(validate(problem));
   // A CPU with no cache limit to speak of: only the template's own constraints can fail.
   CpuSpec unlimited;
@@ -167,8 +171,70 @@ Result<KernelSource> render_cpu_attention(const AttentionProblem& problem,
                 << "(const FlashjitAttentionParams* params, int work_begin, int work_end) {\n"
                 << "  return flashjit_cpu::Kernel<Config>::run(*params, work_begin, work_end);\n"
                 << "}\n";
-  return assemble({"cpu/attention_fwd.hpp"}, kCpuAttentionForwardEntry, "attention_fwd_cpu",
+  return assemble({"cpu/attention_fwd.hpp"}, {kCpuAttentionForwardEntry}, "attention_fwd_cpu",
                   problem, config, instantiation.str());
+}
+
+// ---- the backward pass ----------------------------------------------------------------------
+
+Result<KernelSource> render_cuda_attention_backward(const AttentionProblem& problem,
+                                                    const AttentionConfig& config) {
+  FLASHJIT_TRY(validate(problem));
+  FLASHJIT_TRY(check_template_constraints(problem, config));
+  // Each family's template defines a traits template with these parameters and two device
+  // functions over it: <prefix>_dkdv and <prefix>_dq (the DqMode::Separate dQ kernel). The row
+  // kernels (preprocess, the Atomic mode's convert) are cuda/attention_bwd_common.cuh's.
+  const bool wgmma = config.family == KernelFamily::Wgmma;
+  const char* traits = wgmma ? "Sm90BwdTraits" : "BwdTraits";
+  const char* prefix = wgmma ? "attention_backward_sm90" : "attention_backward";
+  const char* file = wgmma ? "cuda/attention_bwd_sm90.cuh" : "cuda/attention_bwd.cuh";
+  const std::string row_args = "<" + std::to_string(problem.head_dim) + ", " +
+                               (problem.dtype == DType::BF16 ? "true" : "false") + ">";
+  const char* params = "(const __grid_constant__ FlashjitAttentionParams params) {\n";
+  std::ostringstream instantiation;
+  instantiation
+      << "typedef flashjit_kernel::" << traits << "</*head_dim=*/" << problem.head_dim
+      << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n << ", /*warps=*/"
+      << config.warps << ", /*stages=*/" << config.stages << ", /*bf16=*/"
+      << (problem.dtype == DType::BF16 ? "true" : "false") << ", /*causal=*/"
+      << (problem.causal ? "true" : "false") << ", /*dq_atomic=*/"
+      << (config.dq == DqMode::Atomic ? "true" : "false") << "> Config;\n"
+      << "extern \"C\" __global__ void __launch_bounds__(flashjit_kernel::kBackwardThreads)\n"
+      << kBackwardPreprocessEntry << params << "  flashjit_kernel::backward_preprocess" << row_args
+      << "(params);\n}\n"
+      << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads, 1)\n"
+      << kBackwardDkDvEntry << params << "  flashjit_kernel::" << prefix
+      << "_dkdv<Config>(params);\n}\n";
+  if (config.dq == DqMode::Atomic) {
+    instantiation
+        << "extern \"C\" __global__ void __launch_bounds__(flashjit_kernel::kBackwardThreads)\n"
+        << kBackwardDqEntry << params << "  flashjit_kernel::backward_dq_convert" << row_args
+        << "(params);\n}\n";
+  } else {
+    instantiation << "extern \"C\" __global__ void __launch_bounds__(Config::kDqThreads, 1)\n"
+                  << kBackwardDqEntry << params << "  flashjit_kernel::" << prefix
+                  << "_dq<Config>(params);\n}\n";
+  }
+  Result<KernelSource> source = assemble(
+      {"attention_common.h", "cuda/common.cuh", "cuda/attention_bwd_common.cuh", file},
+      {kBackwardPreprocessEntry, kBackwardDkDvEntry, kBackwardDqEntry},
+      wgmma ? "attention_bwd_sm90" : "attention_bwd", problem, config, instantiation.str());
+  if (source.ok()) source->arch_specific = wgmma;
+  return source;
+}
+
+Result<KernelSource> render_hip_attention_backward(const AttentionProblem& problem,
+                                                   const AttentionConfig& config) {
+  FLASHJIT_TRY(validate(problem));
+  (void)config;
+  return make_error(ErrorCode::Unsupported, "the backward pass has no HIP template yet");
+}
+
+Result<KernelSource> render_cpu_attention_backward(const AttentionProblem& problem,
+                                                   const AttentionConfig& config) {
+  FLASHJIT_TRY(validate(problem));
+  (void)config;
+  return make_error(ErrorCode::Unsupported, "the backward pass has no CPU template yet");
 }
 
 }  // namespace flashjit

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "generator/config.hpp"
 #include "generator/error.hpp"
@@ -11,16 +12,36 @@
 namespace flashjit {
 
 struct KernelSource {
-  std::string entry;  // extern "C" name of the kernel function
+  // extern "C" names of the kernel functions, in launch order: one for the forward; for the
+  // backward the preprocess, dK/dV and dQ kernels (kBackward*Entry, on the CPU kCpuBackward*).
+  std::vector<std::string> entries;
   std::string text;   // the whole translation unit: params struct, template, instantiation
   std::string label;  // "attention_fwd d128 bf16 causal m128n64w4s2", for logs and errors
   // Compile for the architecture-specific target (sm_90a rather than sm_90): the source uses
   // instructions (wgmma) that exist only there.
   bool arch_specific = false;
+
+  const std::string& entry() const { return entries.front(); }  // the first (or only) one
 };
 
 // Name of the entry point every rendered attention forward source defines.
 inline constexpr const char* kAttentionForwardEntry = "flashjit_attention_fwd";
+
+// The entry points every rendered GPU backward source defines (CUDA, HIP), launched in this
+// order on one stream; each takes the FlashjitAttentionParams by value:
+//   preprocess  grid (seqlen_q_rounded / kBackwardPreprocessRows, heads_q, batch),
+//               kBackwardPreprocessThreads threads, no dynamic shared memory: delta and lse_log2
+//               for every row (padding rows too), dq_accum zeroed when it is not null.
+//   dkdv        grid (ceil(seqlen_k / block_n), heads_kv, batch), config.threads() threads,
+//               backward_dkdv_smem_bytes (generator/backward_config.hpp) of dynamic shared memory.
+//   dq          DqMode::Atomic: dq = dq_accum * 1 in the storage type, grid and threads as the
+//               preprocess; DqMode::Separate: grid (ceil(seqlen_q / block_m), heads_q, batch),
+//               config.threads() threads, backward_dq_smem_bytes of dynamic shared memory.
+inline constexpr const char* kBackwardPreprocessEntry = "flashjit_attention_bwd_preprocess";
+inline constexpr const char* kBackwardDkDvEntry = "flashjit_attention_bwd_dkdv";
+inline constexpr const char* kBackwardDqEntry = "flashjit_attention_bwd_dq";
+inline constexpr int kBackwardPreprocessRows = 128;  // query rows per preprocess/convert block
+inline constexpr int kBackwardPreprocessThreads = 128;
 
 // CUDA forward kernel: the mma family (sm80+, templates/cuda/attention_fwd.cuh) or the wgmma
 // family (sm90a, attention_fwd_sm90.cuh), both after templates/cuda/common.cuh. Validates the
@@ -43,10 +64,29 @@ Result<KernelSource> render_hip_attention(const AttentionProblem& problem,
 // (the query block fastest) and returns 0, or 1 when its scratch could not be allocated.
 inline constexpr const char* kCpuAttentionForwardEntry = "flashjit_attention_fwd_cpu";
 
+// The CPU backward's entry points, each with the forward's signature over its own work items
+// (batch x heads x blocks, the block fastest), run one after the other over the thread pool:
+//   preprocess  batch x heads_q x ceil(seqlen_q / block_m): delta and lse_log2
+//   dkdv        batch x heads_kv x ceil(seqlen_k / block_n): dK, dV
+//   dq          batch x heads_q x ceil(seqlen_q / block_m): dQ (DqMode::Separate)
+inline constexpr const char* kCpuBackwardPreprocessEntry = "flashjit_attention_bwd_preprocess_cpu";
+inline constexpr const char* kCpuBackwardDkDvEntry = "flashjit_attention_bwd_dkdv_cpu";
+inline constexpr const char* kCpuBackwardDqEntry = "flashjit_attention_bwd_dq_cpu";
+
 // C++ (host CPU, Clang) forward kernel (templates/cpu/attention_fwd.hpp). Validates the problem
 // and the config's template constraints (not the cache budget: check_cpu_config's job).
 Result<KernelSource> render_cpu_attention(const AttentionProblem& problem,
                                           const AttentionConfig& config);
+
+// The backward pass of `problem` (problem.pass is Backward; the functions above forward here for
+// such problems): one source defining the pass's entry points (kBackward*Entry above; on the CPU
+// kCpuBackward*Entry). Validates the problem and the config's template constraints.
+Result<KernelSource> render_cuda_attention_backward(const AttentionProblem& problem,
+                                                    const AttentionConfig& config);
+Result<KernelSource> render_hip_attention_backward(const AttentionProblem& problem,
+                                                   const AttentionConfig& config);
+Result<KernelSource> render_cpu_attention_backward(const AttentionProblem& problem,
+                                                   const AttentionConfig& config);
 
 // Changes whenever a template or the generator's output changes: part of binary-cache and
 // tuning-database keys. A hash of the embedded template texts plus a manual epoch.

@@ -36,12 +36,24 @@ struct KernelInfo {
 };
 
 // Device pointers of one attention call. Shapes and strides come from the AttentionProblem.
+//   forward   reads q, k, v; writes o and (if not null) lse.
+//   backward  reads q, k, v, o, lse (required: the forward's log-sum-exp) and d_o; writes dq, dk
+//             and dv. Its fp32 scratch (Kernel::workspace_bytes) is `workspace` when given, else
+//             a buffer the kernel keeps per stream and reuses (allocated on first use, grown
+//             when a larger problem needs it).
 struct AttentionArgs {
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
-  void* o = nullptr;
-  float* lse = nullptr;  // may be null: then the log-sum-exp is not written
+  void* o = nullptr;     // the forward's output; an input of the backward pass
+  float* lse = nullptr;  // forward: may be null (then not written); backward: required input
+  // Backward pass only.
+  const void* d_o = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  void* workspace = nullptr;  // optional: at least workspace_bytes, 256-byte aligned
+  size_t workspace_bytes = 0;
 };
 
 // The problem fields that are compiled into a kernel; everything else is a launch argument.
@@ -49,23 +61,40 @@ struct ProblemSignature {
   int head_dim = 0;
   DType dtype = DType::BF16;
   bool causal = false;
+  Pass pass = Pass::Forward;
   bool operator==(const ProblemSignature&) const = default;
   static ProblemSignature of(const AttentionProblem& problem) {
-    return {problem.head_dim, problem.dtype, problem.causal};
+    return {problem.head_dim, problem.dtype, problem.causal, problem.pass};
+  }
+  // "d128 bf16 causal" (forward), "bwd d128 bf16 non-causal"
+  std::string to_string() const {
+    std::string text = pass == Pass::Backward ? "bwd d" : "d";
+    text += std::to_string(head_dim);
+    text += " ";
+    text += flashjit::to_string(dtype);
+    text += causal ? " causal" : " non-causal";
+    return text;
   }
 };
 
-// A loaded attention forward kernel for one signature and config. Thread-safe to launch.
+// A loaded attention kernel (one pass: the forward, or the backward's kernels together) for one
+// signature and config. Thread-safe to launch.
 class Kernel {
  public:
   virtual ~Kernel() = default;
   virtual const ProblemSignature& signature() const = 0;
   virtual const AttentionConfig& config() const = 0;
+  // The main kernel's resources (the backward: its dK/dV kernel).
   virtual const KernelInfo& info() const = 0;
-  // Validates the problem, checks it matches signature(), then enqueues the kernel on `stream`
-  // (the backend's native stream handle; nullptr = its default stream). Asynchronous.
+  // Validates the problem, checks it matches signature(), then enqueues the kernel(s) on
+  // `stream` (the backend's native stream handle; nullptr = its default stream). Asynchronous.
   virtual Status launch(const AttentionProblem& problem, const AttentionArgs& args,
                         void* stream = nullptr) const = 0;
+  // Bytes of scratch a launch for `problem` needs (0 for the forward).
+  virtual size_t workspace_bytes(const AttentionProblem& problem) const {
+    (void)problem;
+    return 0;
+  }
 };
 
 // Memory on a backend's device, freed on destruction.

@@ -6,55 +6,111 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "generator/config.hpp"
 #include "generator/problem.hpp"
 #include "runtime/backend.hpp"
 #include "templates/attention_params.h"
 
 namespace flashjit {
 
-// What every GPU launch checks before enqueueing (the HIP backend; the CUDA backend has the same
-// checks inline): a valid problem with the kernel's compiled-in signature, q, k, v, o non-null
-// and 16-byte aligned (the kernels move 16- and 8-byte vectors), lse 4-byte aligned or null,
-// sizes that fit the parameter block's 32-bit fields.
-inline Status check_attention_launch(const AttentionProblem& problem, const AttentionArgs& args,
-                                     const ProblemSignature& kernel_signature) {
-  FLASHJIT_TRY(validate(problem));
-  auto signature_text = [](const ProblemSignature& s) {
-    std::string text = "d";
-    text += std::to_string(s.head_dim);
-    text += " ";
-    text += to_string(s.dtype);
-    text += s.causal ? " causal" : " non-causal";
-    return text;
+// The fp32 workspace of a backward launch, carved from one buffer (AttentionArgs::workspace or
+// the kernel's own): delta and lse_log2 always, the dQ accumulator for DqMode::Atomic. Rows are
+// padded to a multiple of kBackwardRowAlign, the head dim of the accumulator to a multiple of 64.
+inline constexpr int64_t kBackwardRowAlign = 128;
+inline constexpr size_t kWorkspaceAlign = 256;
+
+struct BackwardWorkspace {
+  int64_t seqlen_q_rounded = 0;
+  size_t delta_offset = 0, lse_offset = 0, dq_accum_offset = 0;  // bytes from the start
+  size_t bytes = 0;                                              // total; 0 for the forward
+  bool has_dq_accum = false;
+};
+
+inline BackwardWorkspace backward_workspace(const AttentionProblem& problem,
+                                            const AttentionConfig& config) {
+  BackwardWorkspace w;
+  if (!problem.is_backward()) return w;
+  auto align = [](size_t bytes) {
+    return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
   };
+  w.seqlen_q_rounded =
+      (problem.seqlen_q + kBackwardRowAlign - 1) / kBackwardRowAlign * kBackwardRowAlign;
+  const size_t rows = static_cast<size_t>(problem.batch * problem.heads_q * w.seqlen_q_rounded);
+  w.delta_offset = 0;
+  w.lse_offset = align(rows * sizeof(float));
+  w.dq_accum_offset = w.lse_offset + align(rows * sizeof(float));
+  w.has_dq_accum = config.dq == DqMode::Atomic;
+  w.bytes = w.dq_accum_offset +
+            (w.has_dq_accum
+                 ? rows * static_cast<size_t>(padded_head_dim(problem.head_dim)) * sizeof(float)
+                 : 0);
+  return w;
+}
+
+// What every GPU launch checks before enqueueing (CUDA and HIP): a valid problem with the
+// kernel's compiled-in signature, the call's pointers non-null and 16-byte aligned (the kernels
+// move 16- and 8-byte vectors), lse 4-byte aligned (or null, forward only), sizes that fit the
+// parameter block's 32-bit fields; for the backward pass a given workspace large enough and
+// 256-byte aligned.
+inline Status check_attention_launch(const AttentionProblem& problem, const AttentionArgs& args,
+                                     const ProblemSignature& kernel_signature,
+                                     size_t pointer_alignment = 16, size_t workspace_needed = 0) {
+  FLASHJIT_TRY(validate(problem));
   if (!(ProblemSignature::of(problem) == kernel_signature)) {
     return make_error(ErrorCode::InvalidArgument,
-                      "problem signature " + signature_text(ProblemSignature::of(problem)) +
-                          " does not match the kernel's " + signature_text(kernel_signature));
+                      "problem signature " + ProblemSignature::of(problem).to_string() +
+                          " does not match the kernel's " + kernel_signature.to_string());
   }
   auto pointer_text = [](const void* pointer) {
     char buffer[32];
     std::snprintf(buffer, sizeof(buffer), "0x%" PRIxPTR, reinterpret_cast<uintptr_t>(pointer));
     return std::string(buffer);
   };
-  for (const auto& [name, pointer] : {std::pair<const char*, const void*>{"q", args.q},
-                                      {"k", args.k},
-                                      {"v", args.v},
-                                      {"o", args.o}}) {
+  const bool backward = problem.is_backward();
+  std::vector<std::pair<const char*, const void*>> pointers = {
+      {"q", args.q}, {"k", args.k}, {"v", args.v}, {"o", args.o}};
+  if (backward) {
+    pointers.insert(pointers.end(),
+                    {{"do", args.d_o}, {"dq", args.dq}, {"dk", args.dk}, {"dv", args.dv}});
+  }
+  for (const auto& [name, pointer] : pointers) {
     if (pointer == nullptr) {
       return make_error(ErrorCode::InvalidArgument,
-                        std::string(name) + " is null: q, k, v and o must be device pointers");
+                        std::string(name) + " is null: " +
+                            (backward ? "q, k, v, o, do, dq, dk and dv" : "q, k, v and o") +
+                            " must be device pointers");
     }
-    if (reinterpret_cast<uintptr_t>(pointer) % 16 != 0) {
-      return make_error(
-          ErrorCode::InvalidArgument,
-          std::string(name) + " = " + pointer_text(pointer) + ": must be 16-byte aligned");
+    if (reinterpret_cast<uintptr_t>(pointer) % pointer_alignment != 0) {
+      return make_error(ErrorCode::InvalidArgument,
+                        std::string(name) + " = " + pointer_text(pointer) + ": must be " +
+                            std::to_string(pointer_alignment) + "-byte aligned");
     }
   }
-  if (reinterpret_cast<uintptr_t>(args.lse) % alignof(float) != 0) {
+  if (backward && args.lse == nullptr) {
     return make_error(ErrorCode::InvalidArgument,
-                      "lse = " + pointer_text(args.lse) + ": must be 4-byte aligned (or null)");
+                      "lse is null: the backward pass needs the forward's log-sum-exp "
+                      "([batch, heads_q, seqlen_q] fp32, from a forward call with lse)");
+  }
+  if (reinterpret_cast<uintptr_t>(args.lse) % alignof(float) != 0) {
+    return make_error(ErrorCode::InvalidArgument, "lse = " + pointer_text(args.lse) +
+                                                      ": must be 4-byte aligned" +
+                                                      (backward ? "" : " (or null)"));
+  }
+  if (backward && args.workspace != nullptr) {
+    if (args.workspace_bytes < workspace_needed) {
+      return make_error(ErrorCode::InvalidArgument,
+                        "workspace_bytes = " + std::to_string(args.workspace_bytes) +
+                            ": this backward call needs at least " +
+                            std::to_string(workspace_needed) + " (Kernel::workspace_bytes)");
+    }
+    if (reinterpret_cast<uintptr_t>(args.workspace) % kWorkspaceAlign != 0) {
+      return make_error(ErrorCode::InvalidArgument,
+                        "workspace = " + pointer_text(args.workspace) + ": must be " +
+                            std::to_string(kWorkspaceAlign) + "-byte aligned");
+    }
   }
   for (const auto& [name, value] : {std::pair<const char*, int64_t>{"batch", problem.batch},
                                     {"heads_q", problem.heads_q},
@@ -99,7 +155,36 @@ inline FlashjitAttentionParams make_launch_params(const AttentionProblem& proble
   params.seqlen_k = static_cast<int>(problem.seqlen_k);
   params.scale = problem.scale();
   params.scale_log2 = params.scale * 1.4426950408889634f;  // log2(e): the kernels use exp2
+  if (problem.is_backward()) {
+    params.d_o = args.d_o;
+    params.dq = args.dq;
+    params.dk = args.dk;
+    params.dv = args.dv;
+    params.do_batch_stride = problem.do_strides.batch;
+    params.do_seq_stride = problem.do_strides.seq;
+    params.do_head_stride = problem.do_strides.head;
+    params.dq_batch_stride = problem.dq_strides.batch;
+    params.dq_seq_stride = problem.dq_strides.seq;
+    params.dq_head_stride = problem.dq_strides.head;
+    params.dk_batch_stride = problem.dk_strides.batch;
+    params.dk_seq_stride = problem.dk_strides.seq;
+    params.dk_head_stride = problem.dk_strides.head;
+    params.dv_batch_stride = problem.dv_strides.batch;
+    params.dv_seq_stride = problem.dv_strides.seq;
+    params.dv_head_stride = problem.dv_strides.head;
+  }
   return params;
+}
+
+// Points the backward fields of `params` into `workspace` (layout: backward_workspace).
+inline void bind_workspace(FlashjitAttentionParams& params, const BackwardWorkspace& layout,
+                           void* workspace) {
+  auto* base = static_cast<unsigned char*>(workspace);
+  params.delta = reinterpret_cast<float*>(base + layout.delta_offset);
+  params.lse_log2 = reinterpret_cast<float*>(base + layout.lse_offset);
+  params.dq_accum =
+      layout.has_dq_accum ? reinterpret_cast<float*>(base + layout.dq_accum_offset) : nullptr;
+  params.seqlen_q_rounded = static_cast<int>(layout.seqlen_q_rounded);
 }
 
 }  // namespace flashjit

@@ -23,11 +23,8 @@ namespace {
 // part of it.
 std::string kernel_map_key(const AttentionProblem& problem, const AttentionConfig& config) {
   // Built by appending: gcc 12 warns falsely (-Wrestrict) on "literal" + std::string&&.
-  std::string key = "d";
-  key += std::to_string(problem.head_dim);
-  key += "-";
-  key += to_string(problem.dtype);
-  key += problem.causal ? "-causal-" : "-noncausal-";
+  std::string key = ProblemSignature::of(problem).to_string();
+  key += " ";
   key += config.to_string();
   return key;
 }

@@ -147,6 +147,16 @@ class Runtime {
   Result<std::shared_ptr<Kernel>> attention(const AttentionProblem& problem,
                                             const AttentionConfig& config);
 
+  // The backward pass of `problem` (whatever its pass field says): the kernels that take q, k,
+  // v, o, lse and dO and write dq, dk and dv (AttentionArgs), selected as attention() selects:
+  //   auto backward = problem.with_pass(flashjit::Pass::Backward);
+  //   auto kernel = (*runtime)->attention_backward(problem);
+  //   (*kernel)->launch(backward, {q, k, v, o, lse, d_o, dq, dk, dv}, stream);
+  // problem.deterministic asks for configs whose dQ has no atomics (bitwise reproducible).
+  Result<std::shared_ptr<Kernel>> attention_backward(const AttentionProblem& problem) {
+    return attention(problem.with_pass(Pass::Backward));
+  }
+
   // The config attention(problem) would use and where it comes from, without building a
   // kernel, recording a miss or calling the tune hook (for `flashjit show`, logging, tests).
   // Error only for an invalid problem (or a device too small for any config).

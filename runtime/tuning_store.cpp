@@ -92,6 +92,8 @@ int64_t size_bucket(int64_t value) {
 
 ProblemKey ProblemKey::of(const AttentionProblem& problem) {
   ProblemKey key;
+  key.pass = problem.pass;
+  key.deterministic = problem.is_backward() && problem.deterministic;
   key.head_dim = problem.head_dim;
   key.dtype = problem.dtype;
   key.causal = problem.causal;
@@ -103,7 +105,7 @@ ProblemKey ProblemKey::of(const AttentionProblem& problem) {
 }
 
 std::string ProblemKey::to_string() const {
-  std::string out = "d";
+  std::string out = pass == Pass::Backward ? (deterministic ? "bwd-det d" : "bwd d") : "d";
   out += std::to_string(head_dim);
   out += " ";
   out += flashjit::to_string(dtype);

@@ -32,6 +32,8 @@ int64_t size_bucket(int64_t value);
 
 // The part of a problem that tuning results are keyed by.
 struct ProblemKey {
+  Pass pass = Pass::Forward;
+  bool deterministic = false;  // backward only (AttentionProblem::deterministic)
   int head_dim = 0;
   DType dtype = DType::BF16;
   bool causal = false;
@@ -41,7 +43,7 @@ struct ProblemKey {
   int64_t batch_heads_bucket = 0;  // size_bucket(batch * heads_q)
 
   static ProblemKey of(const AttentionProblem& problem);
-  // "d128 bf16 causal g1 q4096 k4096 bh64"
+  // "d128 bf16 causal g1 q4096 k4096 bh64" (forward), "bwd d128 ..." / "bwd-det d128 ..."
   std::string to_string() const;
   bool operator==(const ProblemKey&) const = default;
 };

@@ -1,6 +1,6 @@
-// Launch parameters of the attention forward kernels. Plain C so that the same definition is
-// compiled into the host library and prepended to every rendered kernel source (NVRTC, hipRTC,
-// Clang): host and device agree on the layout by construction.
+// Launch parameters of the attention kernels (forward and backward). Plain C so that the same
+// definition is compiled into the host library and prepended to every rendered kernel source
+// (NVRTC, hipRTC, Clang): host and device agree on the layout by construction.
 #ifndef FLASHJIT_ATTENTION_PARAMS_H
 #define FLASHJIT_ATTENTION_PARAMS_H
 
@@ -25,6 +25,26 @@ struct FlashjitAttentionParams {
   int seqlen_k;
   float scale;       // softmax scale, applied to q . k
   float scale_log2;  // scale * log2(e): the kernel works in base 2
+
+  // ---- the backward pass only (the forward kernels ignore these) ----
+  // Inputs: q, k, v, o and lse above (lse as the forward wrote it: natural log, +inf for a row
+  // with no key), and d_o. Outputs: dq, dk, dv in the storage type.
+  const void* d_o;  // like o, through the do strides
+  void* dq;         // like q, through the dq strides
+  void* dk;         // like k, through the dk strides
+  void* dv;         // like v, through the dv strides
+  long long do_batch_stride, do_seq_stride, do_head_stride;
+  long long dq_batch_stride, dq_seq_stride, dq_head_stride;
+  long long dk_batch_stride, dk_seq_stride, dk_head_stride;
+  long long dv_batch_stride, dv_seq_stride, dv_head_stride;
+  // Workspace (fp32, carved from one buffer by the runtime; rows padded to seqlen_q_rounded, a
+  // multiple of 128, so that whole blocks of rows are read and written without bounds checks):
+  float* delta;     // [batch, heads_q, seqlen_q_rounded]: D = rowsum(dO * O); 0 past seqlen_q
+  float* lse_log2;  // [batch, heads_q, seqlen_q_rounded]: lse * log2(e); +inf past seqlen_q
+  // [batch, heads_q, seqlen_q_rounded, head_dim_padded] (head dim rounded up to 64):
+  // DqMode::Atomic's dQ accumulator, zeroed by the preprocess kernel; null for Separate.
+  float* dq_accum;
+  int seqlen_q_rounded;
 };
 
 #endif

@@ -175,10 +175,34 @@ HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed) {
   inputs.q = fill(problem.q_span());
   inputs.k = fill(problem.kv_span());
   inputs.v = fill(problem.kv_span());
+  if (!problem.is_backward()) return inputs;
+  inputs.d_o = fill(problem.do_span());
+  inputs.o = fill(problem.o_span());  // random padding; the rows are overwritten below
+  const Reference forward = reference_attention(problem.with_pass(Pass::Forward), inputs);
+  size_t index = 0;  // forward.o is dense [b, s, h, d]
+  for (int64_t b = 0; b < problem.batch; ++b)
+    for (int64_t s = 0; s < problem.seqlen_q; ++s)
+      for (int64_t h = 0; h < problem.heads_q; ++h)
+        for (int c = 0; c < problem.head_dim; ++c, ++index) {
+          const int64_t offset = b * problem.o_strides.batch + s * problem.o_strides.seq +
+                                 h * problem.o_strides.head + c;
+          set_element(inputs.o.data(), offset, static_cast<float>(forward.o[index]), problem.dtype);
+        }
+  inputs.lse.assign(forward.lse.begin(), forward.lse.end());  // +inf stays +inf
   return inputs;
 }
 
+namespace {
+void add_reference_gradients(const AttentionProblem& problem, const HostInputs& inputs,
+                             Reference& reference);
+}  // namespace
+
 Reference reference_attention(const AttentionProblem& problem, const HostInputs& inputs) {
+  if (problem.is_backward()) {
+    Reference reference = reference_attention(problem.with_pass(Pass::Forward), inputs);
+    add_reference_gradients(problem, inputs, reference);
+    return reference;
+  }
   const int64_t batch = problem.batch, heads_q = problem.heads_q, heads_kv = problem.heads_kv;
   const int64_t seqlen_q = problem.seqlen_q, seqlen_k = problem.seqlen_k;
   const int d = problem.head_dim;
@@ -278,39 +302,114 @@ Reference reference_attention(const AttentionProblem& problem, const HostInputs&
   return reference;
 }
 
-Comparison compare(const AttentionProblem& problem, const std::vector<uint16_t>& o_bits,
-                   const std::vector<float>& lse, const Reference& reference) {
-  Comparison result;
+namespace {
+
+// The gradients, with the exact forward of the rounded inputs: per (batch, kv head) task, every
+// query head of the group and every row, dS = P * (dP - D) one row at a time.
+void add_reference_gradients(const AttentionProblem& problem, const HostInputs& inputs,
+                             Reference& reference) {
+  const int64_t batch = problem.batch, heads_q = problem.heads_q, heads_kv = problem.heads_kv;
+  const int64_t seqlen_q = problem.seqlen_q, seqlen_k = problem.seqlen_k;
   const int d = problem.head_dim;
-  const Strides& strides = problem.o_strides;
+  const int64_t group = heads_q / heads_kv;
+  const double scale = problem.scale();
+  const std::vector<double> q =
+      gather_dense(inputs.q, problem.q_strides, batch, heads_q, seqlen_q, d, problem.dtype);
+  const std::vector<double> k =
+      gather_dense(inputs.k, problem.k_strides, batch, heads_kv, seqlen_k, d, problem.dtype);
+  const std::vector<double> v =
+      gather_dense(inputs.v, problem.v_strides, batch, heads_kv, seqlen_k, d, problem.dtype);
+  const std::vector<double> d_o =
+      gather_dense(inputs.d_o, problem.do_strides, batch, heads_q, seqlen_q, d, problem.dtype);
+  // gather_dense is [b, h, s, d]; the outputs are [b, s, h, d].
+  reference.dq.assign(static_cast<size_t>(batch * seqlen_q * heads_q * d), 0.0);
+  reference.dk.assign(static_cast<size_t>(batch * seqlen_k * heads_kv * d), 0.0);
+  reference.dv.assign(static_cast<size_t>(batch * seqlen_k * heads_kv * d), 0.0);
+
+  parallel_for(batch * heads_kv, [&](int64_t task) {
+    const int64_t b = task / heads_kv, h_kv = task % heads_kv;
+    const double* k_head = &k[static_cast<size_t>((b * heads_kv + h_kv) * seqlen_k * d)];
+    const double* v_head = &v[static_cast<size_t>((b * heads_kv + h_kv) * seqlen_k * d)];
+    std::vector<double> dk(static_cast<size_t>(seqlen_k) * d, 0.0), dv(dk.size(), 0.0);
+    std::vector<double> ds(static_cast<size_t>(seqlen_k)), p(ds.size());
+    for (int64_t h = h_kv * group; h < (h_kv + 1) * group; ++h) {
+      const double* q_head = &q[static_cast<size_t>((b * heads_q + h) * seqlen_q * d)];
+      const double* do_head = &d_o[static_cast<size_t>((b * heads_q + h) * seqlen_q * d)];
+      for (int64_t i = 0; i < seqlen_q; ++i) {
+        const int64_t keys = visible_keys(problem, i);
+        if (keys == 0) continue;  // no key: o = 0, no gradient flows
+        const double lse = reference.lse[static_cast<size_t>((b * heads_q + h) * seqlen_q + i)];
+        const double* q_row = q_head + i * d;
+        const double* do_row = do_head + i * d;
+        const double* o_row =
+            &reference.o[static_cast<size_t>(((b * seqlen_q + i) * heads_q + h) * d)];
+        double delta = 0;  // D_i = dO_i . O_i
+        for (int c = 0; c < d; ++c) delta += do_row[c] * o_row[c];
+        for (int64_t j = 0; j < keys; ++j) {
+          double s = 0, dp = 0;
+          for (int c = 0; c < d; ++c) {
+            s += q_row[c] * k_head[j * d + c];
+            dp += do_row[c] * v_head[j * d + c];
+          }
+          p[j] = std::exp(scale * s - lse);
+          ds[j] = p[j] * (dp - delta);
+        }
+        double* dq_row = &reference.dq[static_cast<size_t>(((b * seqlen_q + i) * heads_q + h) * d)];
+        for (int64_t j = 0; j < keys; ++j) {
+          const double dsj = scale * ds[j], pj = p[j];
+          for (int c = 0; c < d; ++c) {
+            dq_row[c] += dsj * k_head[j * d + c];
+            dk[j * d + c] += dsj * q_row[c];
+            dv[j * d + c] += pj * do_row[c];
+          }
+        }
+      }
+    }
+    for (int64_t j = 0; j < seqlen_k; ++j) {
+      const size_t out = static_cast<size_t>(((b * seqlen_k + j) * heads_kv + h_kv) * d);
+      for (int c = 0; c < d; ++c) {
+        reference.dk[out + c] = dk[j * d + c];
+        reference.dv[out + c] = dv[j * d + c];
+      }
+    }
+  });
+}
+
+// One strided output tensor [batch, seqlen, heads, d] in raw storage against its dense
+// reference (same order): relative L2 error, non-finite, poisoned and padding elements.
+TensorComparison compare_tensor(const AttentionProblem& problem, const Strides& strides,
+                                int64_t seqlen, int64_t heads, const std::vector<uint16_t>& bits,
+                                const std::vector<double>& reference) {
+  TensorComparison result;
+  const int d = problem.head_dim;
   const int words = storage_words(problem.dtype);
-  const size_t elements = o_bits.size() / static_cast<size_t>(words);
+  const size_t elements = bits.size() / static_cast<size_t>(words);
   std::vector<bool> logical(elements, false);
   auto poisoned = [&](size_t element) {
     for (int w = 0; w < words; ++w)
-      if (o_bits[element * words + w] != kPoisonBits) return false;
+      if (bits[element * words + w] != kPoisonBits) return false;
     return true;
   };
 
   double diff_squared = 0, ref_squared = 0;
-  size_t ref_index = 0;  // reference.o is dense [b, s, h, d], the order of these loops
+  size_t ref_index = 0;
   for (int64_t b = 0; b < problem.batch; ++b) {
-    for (int64_t s = 0; s < problem.seqlen_q; ++s) {
-      for (int64_t h = 0; h < problem.heads_q; ++h) {
+    for (int64_t s = 0; s < seqlen; ++s) {
+      for (int64_t h = 0; h < heads; ++h) {
         const int64_t base = b * strides.batch + s * strides.seq + h * strides.head;
         for (int c = 0; c < d; ++c, ++ref_index) {
-          const double ref = reference.o[ref_index];
+          const double ref = reference[ref_index];
           ref_squared += ref * ref;
           const size_t offset = static_cast<size_t>(base + c);
           if (offset >= elements) {  // caller passed too little: count as garbage
-            ++result.o_nan_count;
+            ++result.nan_count;
             continue;
           }
           logical[offset] = true;
           if (poisoned(offset)) ++result.poisoned_left;
-          const double value = decode(o_bits.data(), static_cast<int64_t>(offset), problem.dtype);
+          const double value = decode(bits.data(), static_cast<int64_t>(offset), problem.dtype);
           if (!std::isfinite(value)) {
-            ++result.o_nan_count;
+            ++result.nan_count;
             continue;
           }
           diff_squared += (value - ref) * (value - ref);
@@ -319,10 +418,36 @@ Comparison compare(const AttentionProblem& problem, const std::vector<uint16_t>&
     }
   }
   for (size_t i = 0; i < elements; ++i) {
-    if (!logical[i] && !poisoned(i)) ++result.o_padding_written;
+    if (!logical[i] && !poisoned(i)) ++result.padding_written;
   }
   const double diff_norm = std::sqrt(diff_squared), ref_norm = std::sqrt(ref_squared);
-  result.o_rel_error = ref_norm > 0 ? diff_norm / ref_norm : diff_norm;
+  result.rel_error = ref_norm > 0 ? diff_norm / ref_norm : diff_norm;
+  return result;
+}
+
+bool tensor_ok(const TensorComparison& t, double max_rel) {
+  // Written as x <= limit so that a NaN error fails.
+  return t.rel_error <= max_rel && t.nan_count == 0 && t.poisoned_left == 0 &&
+         t.padding_written == 0;
+}
+
+void describe(std::ostringstream& out, const char* name, const TensorComparison& t) {
+  out << name << "_rel_error=" << t.rel_error << " " << name << "_nan_count=" << t.nan_count << " "
+      << name << "_poisoned_left=" << t.poisoned_left << " " << name
+      << "_padding_written=" << t.padding_written;
+}
+
+}  // namespace
+
+Comparison compare(const AttentionProblem& problem, const std::vector<uint16_t>& o_bits,
+                   const std::vector<float>& lse, const Reference& reference) {
+  Comparison result;
+  const TensorComparison o = compare_tensor(problem, problem.o_strides, problem.seqlen_q,
+                                            problem.heads_q, o_bits, reference.o);
+  result.o_rel_error = o.rel_error;
+  result.o_nan_count = o.nan_count;
+  result.poisoned_left = o.poisoned_left;
+  result.o_padding_written = o.padding_written;
 
   result.lse_checked = !lse.empty();
   if (result.lse_checked) {
@@ -341,6 +466,55 @@ Comparison compare(const AttentionProblem& problem, const std::vector<uint16_t>&
     }
   }
   return result;
+}
+
+GradientComparison compare_gradients(const AttentionProblem& problem,
+                                     const std::vector<uint16_t>& dq_bits,
+                                     const std::vector<uint16_t>& dk_bits,
+                                     const std::vector<uint16_t>& dv_bits,
+                                     const Reference& reference) {
+  GradientComparison result;
+  result.dq = compare_tensor(problem, problem.dq_strides, problem.seqlen_q, problem.heads_q,
+                             dq_bits, reference.dq);
+  result.dk = compare_tensor(problem, problem.dk_strides, problem.seqlen_k, problem.heads_kv,
+                             dk_bits, reference.dk);
+  result.dv = compare_tensor(problem, problem.dv_strides, problem.seqlen_k, problem.heads_kv,
+                             dv_bits, reference.dv);
+  return result;
+}
+
+double GradientComparison::max_rel_error() const {
+  if (std::isnan(dq.rel_error) || std::isnan(dk.rel_error) || std::isnan(dv.rel_error))
+    return std::numeric_limits<double>::quiet_NaN();
+  return std::max({dq.rel_error, dk.rel_error, dv.rel_error});
+}
+
+std::string GradientComparison::to_string() const {
+  std::ostringstream out;
+  out.precision(3);
+  describe(out, "dq", dq);
+  out << " ";
+  describe(out, "dk", dk);
+  out << " ";
+  describe(out, "dv", dv);
+  return out.str();
+}
+
+double gradient_tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::BF16:
+      return 2e-2;
+    case DType::F16:
+      return 5e-3;
+    case DType::F32:
+      return 1e-4;
+  }
+  return 2e-2;
+}
+
+bool within_tolerance(const GradientComparison& comparison, double max_rel) {
+  return tensor_ok(comparison.dq, max_rel) && tensor_ok(comparison.dk, max_rel) &&
+         tensor_ok(comparison.dv, max_rel);
 }
 
 std::string Comparison::to_string() const {

@@ -46,19 +46,29 @@ struct HostInputs {
   std::vector<uint16_t> q;  // problem.q_span() elements (raw storage, see above)
   std::vector<uint16_t> k;  // problem.kv_span() elements
   std::vector<uint16_t> v;  // problem.kv_span() elements
+  // Backward problems only: what the forward produced and the upstream gradient.
+  std::vector<uint16_t> o;    // problem.o_span() elements: the fp64 forward, rounded to dtype
+  std::vector<float> lse;     // [batch, heads_q, seqlen_q]: the fp64 forward's, in fp32
+  std::vector<uint16_t> d_o;  // problem.do_span() elements, Normal(0, 1)
 };
 
 // Normal(0, 1) values rounded to the problem's dtype, over the whole span of every tensor
 // (padding between strided rows too, so a kernel that reads padding gets garbage, not zeros).
+// For a backward problem also d_o (random) and o, lse from the fp64 forward of q, k, v (o's
+// padding random too), as a forward kernel would have left them.
 HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed);
 
 struct Reference {
   std::vector<double> o;    // dense [batch, seqlen_q, heads_q, head_dim]
   std::vector<double> lse;  // [batch, heads_q, seqlen_q], natural log; +inf for a row with no key
+  // Backward problems only: the exact gradients of the rounded inputs (P from the exact forward,
+  // D = rowsum(dO * O) with the exact O), dense like o; dk, dv [batch, seqlen_k, heads_kv, d].
+  std::vector<double> dq, dk, dv;
 };
 
 // fp64 attention over the rounded inputs, multithreaded. A row with no visible key (causal with
-// seqlen_q > seqlen_k) has o = 0 and lse = +inf.
+// seqlen_q > seqlen_k) has o = 0 and lse = +inf (and contributes no gradient). For a backward
+// problem the gradients too (o and lse as for the forward).
 Reference reference_attention(const AttentionProblem& problem, const HostInputs& inputs);
 
 struct Comparison {
@@ -79,6 +89,43 @@ struct Comparison {
 // checks.
 Comparison compare(const AttentionProblem& problem, const std::vector<uint16_t>& o_bits,
                    const std::vector<float>& lse, const Reference& reference);
+
+// One output tensor of a backward call against its reference: relative L2 error, non-finite
+// elements, elements left poisoned, elements written between strided rows.
+struct TensorComparison {
+  double rel_error = 0;
+  int64_t nan_count = 0;
+  int64_t poisoned_left = 0;
+  int64_t padding_written = 0;
+};
+
+struct GradientComparison {
+  TensorComparison dq, dk, dv;
+  double max_rel_error() const;  // NaN if any is NaN
+  std::string to_string() const;
+};
+
+// Compares a backward call's dq, dk and dv (whole spans of raw storage through the problem's dq,
+// dk and dv strides, copied back after a launch into poisoned buffers) with the reference.
+GradientComparison compare_gradients(const AttentionProblem& problem,
+                                     const std::vector<uint16_t>& dq_bits,
+                                     const std::vector<uint16_t>& dk_bits,
+                                     const std::vector<uint16_t>& dv_bits,
+                                     const Reference& reference);
+
+// The relative L2 error a correct backward kernel stays under, by storage type. The forward's
+// output is within 1e-2 in bf16 and fp16; the gradients compound more roundings: P and dS are
+// rounded to the storage type before the matrix products that make dV, dK and dQ (as
+// FlashAttention does), and D = rowsum(dO * O) uses the rounded O. Each rounding is a relative
+// 2^-9 (bf16) or 2^-12 (fp16) per element; over sums of hundreds of terms of both signs the
+// relative L2 error measured on the CPU and GPU kernels is ~4e-3 (bf16) and ~6e-4 (fp16): the
+// limits leave about 4x of headroom while any indexing or masking error (a missed key block, a
+// wrong row) lands far above them. fp32 storage (CPU) computes everything in fp32.
+double gradient_tolerance(DType dtype);
+
+// True when every gradient is within `max_rel` relative L2 error, finite, fully written and no
+// padding was written. A NaN error fails.
+bool within_tolerance(const GradientComparison& comparison, double max_rel);
 
 // True when o is within `max_rel` relative L2 error, has no NaN/inf, nothing was left poisoned,
 // no padding was written, and (when checked) lse agrees within `max_lse_abs` with matching

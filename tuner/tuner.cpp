@@ -53,12 +53,7 @@ double tflops_of(const AttentionProblem& problem, double ms) {
 }
 
 std::string signature_key(const AttentionProblem& problem) {
-  std::string key = "d";
-  key += std::to_string(problem.head_dim);
-  key += "-";
-  key += to_string(problem.dtype);
-  key += problem.causal ? "-causal" : "-noncausal";
-  return key;
+  return ProblemSignature::of(problem).to_string();
 }
 
 std::string slot_key(const AttentionProblem& problem, const AttentionConfig& config) {

@@ -653,7 +653,7 @@ std::string show(int64_t batch, int64_t heads, std::optional<int64_t> kv_heads, 
     header += " | config " + chosen.to_string() + " (" + from + ") | " + place.to_string() + " " +
               runtime->backend().device().name;
   }
-  header += " | entry " + source.entry + "\n";
+  header += " | entry " + source.entry() + "\n";
   return header + source.text;
 }
 

@@ -265,7 +265,7 @@ Result<std::shared_ptr<Kernel>> CpuBackend::load(const Binary& binary, const Ker
                                                  const AttentionConfig& config) const {
   Result<std::unique_ptr<JitModule>> module = JitModule::load(binary.bytes, source.label);
   if (!module.ok()) return module.error();
-  Result<void*> entry = (*module)->lookup(source.entry);
+  Result<void*> entry = (*module)->lookup(source.entry());
   if (!entry.ok()) {
     return make_error(ErrorCode::CompileFailed, source.label + ": " + entry.error().message);
   }

@@ -9,10 +9,12 @@
 #include <string>
 #include <utility>
 
+#include "generator/backward_config.hpp"
 #include "generator/config.hpp"
 #include "generator/render.hpp"
 #include "runtime/cuda/nvrtc_compiler.hpp"
 #include "runtime/launch_params.hpp"
+#include "runtime/workspace.hpp"
 #include "templates/attention_params.h"
 
 namespace flashjit::cuda {
@@ -68,19 +70,57 @@ class EventPair {
   const Driver& driver_;
 };
 
+// cuMemAlloc on `device`'s primary context; the buffer holds a context reference of its own so
+// that it may outlive whoever allocated it (the backend, a kernel).
+Result<DeviceBuffer> allocate_on(const Driver* cu, CUdevice device, size_t bytes) {
+  if (bytes == 0) return DeviceBuffer();  // cuMemAlloc rejects 0; an empty buffer is the answer
+  Result<CUcontext> context = retain_primary_context(*cu, device);
+  if (!context.ok()) return context.error();
+  const CUcontext owner = context.value();
+  Status status = check(cu->cuCtxSetCurrent(owner), "cuCtxSetCurrent");
+  CUdeviceptr pointer = 0;
+  if (status.ok()) status = check(cu->cuMemAlloc(&pointer, bytes), "cuMemAlloc");
+  if (!status.ok()) {
+    cu->cuDevicePrimaryCtxRelease(device);
+    return make_error(status.error().code,
+                      status.error().message + " (" + std::to_string(bytes) + " bytes)");
+  }
+  return DeviceBuffer(reinterpret_cast<void*>(pointer), bytes, [cu, device, owner](void* ptr) {
+    if (cu->cuCtxSetCurrent(owner) == CUDA_SUCCESS) {
+      cu->cuMemFree(reinterpret_cast<CUdeviceptr>(ptr));
+    }
+    cu->cuDevicePrimaryCtxRelease(device);
+  });
+}
+
+// Grid and block of one launch, checked against the CUDA limits.
+struct LaunchShape {
+  int64_t grid_x = 0, grid_y = 0, grid_z = 0;
+  int threads = 0;
+  int smem_bytes = 0;
+};
+
+// The kernels of one module: one for the forward, three for the backward (render.hpp names and
+// shapes them). Thread-safe to launch: the only mutable state is the backward's workspace cache.
 class CudaKernel final : public Kernel {
  public:
   CudaKernel(const Driver* driver, CUdevice device, CUcontext context, CUmodule module,
-             CUfunction function, ProblemSignature signature, AttentionConfig config,
+             std::vector<CUfunction> functions, ProblemSignature signature, AttentionConfig config,
              KernelInfo info)
       : driver_(driver),
         device_(device),
         context_(context),
         module_(module),
-        function_(function),
+        functions_(std::move(functions)),
         signature_(signature),
         config_(config),
-        info_(info) {}
+        info_(info),
+        workspace_([driver, device](size_t bytes) { return allocate_on(driver, device, bytes); },
+                   [driver, context](void* stream) -> Status {
+                     FLASHJIT_TRY(check(driver->cuCtxSetCurrent(context), "cuCtxSetCurrent"));
+                     return check(driver->cuStreamSynchronize(static_cast<CUstream>(stream)),
+                                  "cuStreamSynchronize", ErrorCode::LaunchFailed);
+                   }) {}
 
   ~CudaKernel() override {
     // Errors cannot be reported from a destructor; the context reference is ours, so it is alive.
@@ -94,54 +134,105 @@ class CudaKernel final : public Kernel {
   const AttentionConfig& config() const override { return config_; }
   const KernelInfo& info() const override { return info_; }
 
+  size_t workspace_bytes(const AttentionProblem& problem) const override {
+    return backward_workspace(problem, config_).bytes;
+  }
+
   Status launch(const AttentionProblem& problem, const AttentionArgs& args,
                 void* stream) const override {
+    if (signature_.pass == Pass::Backward) return launch_backward(problem, args, stream);
     // Problem, signature, pointers and 32-bit sizes: the checks every GPU backend makes.
     FLASHJIT_TRY(check_attention_launch(problem, args, signature_));
-
-    const int64_t grid_x = (problem.seqlen_q + config_.block_m - 1) / config_.block_m;
-    const int64_t grid_y = problem.heads_q;
-    const int64_t grid_z = problem.batch;
-    if (grid_y > kMaxGridYZ) {
-      return make_error(
-          ErrorCode::InvalidArgument,
-          "heads_q = " + std::to_string(grid_y) + ": must be at most 65535 (CUDA grid y limit)");
-    }
-    if (grid_z > kMaxGridYZ) {
-      return make_error(
-          ErrorCode::InvalidArgument,
-          "batch = " + std::to_string(grid_z) + ": must be at most 65535 (CUDA grid z limit)");
-    }
-    if (grid_x > kMaxGridX) {
-      return make_error(ErrorCode::InvalidArgument,
-                        "seqlen_q = " + std::to_string(problem.seqlen_q) + ": needs " +
-                            std::to_string(grid_x) + " blocks of " +
-                            std::to_string(config_.block_m) + " rows, more than 2^31 - 1");
-    }
-    // validate() rules out empty problems; nothing to enqueue if one got through anyway.
-    if (grid_x <= 0 || grid_y <= 0 || grid_z <= 0) return ok_status();
-
+    const LaunchShape shape{(problem.seqlen_q + config_.block_m - 1) / config_.block_m,
+                            problem.heads_q, problem.batch, info_.threads_per_block,
+                            info_.dynamic_smem_bytes};
+    FLASHJIT_TRY(check_shape(problem, shape, "seqlen_q", config_.block_m));
     FlashjitAttentionParams params = make_launch_params(problem, args);
-
     FLASHJIT_TRY(check(driver_->cuCtxSetCurrent(context_), "cuCtxSetCurrent"));
-    void* kernel_args[] = {&params};
-    return check(driver_->cuLaunchKernel(
-                     function_, static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y),
-                     static_cast<unsigned>(grid_z), static_cast<unsigned>(info_.threads_per_block),
-                     1, 1, static_cast<unsigned>(info_.dynamic_smem_bytes),
-                     static_cast<CUstream>(stream), kernel_args, nullptr),
-                 "cuLaunchKernel", ErrorCode::LaunchFailed);
+    return enqueue(functions_[0], shape, params, stream);
   }
 
  private:
+  // The backward's three kernels in order on `stream` (render.hpp: kBackward*Entry).
+  Status launch_backward(const AttentionProblem& problem, const AttentionArgs& args,
+                         void* stream) const {
+    const BackwardWorkspace layout = backward_workspace(problem, config_);
+    FLASHJIT_TRY(check_attention_launch(problem, args, signature_, 16, layout.bytes));
+    const int64_t row_blocks = layout.seqlen_q_rounded / kBackwardPreprocessRows;
+    const LaunchShape rows{row_blocks, problem.heads_q, problem.batch, kBackwardPreprocessThreads,
+                           0};
+    const LaunchShape dkdv{(problem.seqlen_k + config_.block_n - 1) / config_.block_n,
+                           problem.heads_kv, problem.batch, backward_dkdv_threads(config_),
+                           info_.dynamic_smem_bytes};
+    const LaunchShape dq =
+        config_.dq == DqMode::Atomic
+            ? rows
+            : LaunchShape{(problem.seqlen_q + config_.block_m - 1) / config_.block_m,
+                          problem.heads_q, problem.batch, backward_dq_threads(config_),
+                          backward_dq_smem_bytes(config_, problem)};
+    FLASHJIT_TRY(check_shape(problem, rows, "seqlen_q", kBackwardPreprocessRows));
+    FLASHJIT_TRY(check_shape(problem, dkdv, "seqlen_k", config_.block_n));
+    FLASHJIT_TRY(check_shape(problem, dq, "seqlen_q", config_.block_m));
+
+    void* workspace = args.workspace;
+    if (workspace == nullptr) {
+      Result<void*> cached = workspace_.get(layout.bytes, stream);
+      if (!cached.ok()) return cached.error();
+      workspace = cached.value();
+    }
+    FlashjitAttentionParams params = make_launch_params(problem, args);
+    bind_workspace(params, layout, workspace);
+    FLASHJIT_TRY(check(driver_->cuCtxSetCurrent(context_), "cuCtxSetCurrent"));
+    FLASHJIT_TRY(enqueue(functions_[0], rows, params, stream));
+    FLASHJIT_TRY(enqueue(functions_[1], dkdv, params, stream));
+    return enqueue(functions_[2], dq, params, stream);
+  }
+
+  // The grid's limits: x up to 2^31 - 1 blocks, y and z up to 65535.
+  static Status check_shape(const AttentionProblem& problem, const LaunchShape& shape,
+                            const char* rows_name, int rows_per_block) {
+    if (shape.grid_y > kMaxGridYZ) {
+      return make_error(ErrorCode::InvalidArgument,
+                        "heads = " + std::to_string(shape.grid_y) +
+                            ": must be at most 65535 (CUDA grid y limit)");
+    }
+    if (shape.grid_z > kMaxGridYZ) {
+      return make_error(ErrorCode::InvalidArgument,
+                        "batch = " + std::to_string(problem.batch) +
+                            ": must be at most 65535 (CUDA grid z limit)");
+    }
+    if (shape.grid_x > kMaxGridX) {
+      return make_error(ErrorCode::InvalidArgument,
+                        std::string(rows_name) + " of " + problem.to_string() + " needs " +
+                            std::to_string(shape.grid_x) + " blocks of " +
+                            std::to_string(rows_per_block) + " rows, more than 2^31 - 1");
+    }
+    return ok_status();
+  }
+
+  Status enqueue(CUfunction function, const LaunchShape& shape, FlashjitAttentionParams& params,
+                 void* stream) const {
+    // validate() rules out empty problems; nothing to enqueue if one got through anyway.
+    if (shape.grid_x <= 0 || shape.grid_y <= 0 || shape.grid_z <= 0) return ok_status();
+    void* kernel_args[] = {&params};
+    return check(driver_->cuLaunchKernel(function, static_cast<unsigned>(shape.grid_x),
+                                         static_cast<unsigned>(shape.grid_y),
+                                         static_cast<unsigned>(shape.grid_z),
+                                         static_cast<unsigned>(shape.threads), 1, 1,
+                                         static_cast<unsigned>(shape.smem_bytes),
+                                         static_cast<CUstream>(stream), kernel_args, nullptr),
+                 "cuLaunchKernel", ErrorCode::LaunchFailed);
+  }
+
   const Driver* driver_;
   CUdevice device_;
   CUcontext context_;
   CUmodule module_;
-  CUfunction function_;
+  std::vector<CUfunction> functions_;
   ProblemSignature signature_;
   AttentionConfig config_;
   KernelInfo info_;
+  mutable WorkspaceCache workspace_;
 };
 
 }  // namespace
@@ -267,15 +358,36 @@ Result<std::shared_ptr<Kernel>> CudaBackend::load(const Binary& binary, const Ke
     return make_error(ErrorCode::InvalidArgument,
                       "empty binary for '" + source.label + "': nothing to load");
   }
+  const bool backward = signature.pass == Pass::Backward;
+  const size_t expected_entries = backward ? 3 : 1;
+  if (source.entries.size() != expected_entries) {
+    return make_error(ErrorCode::InvalidArgument,
+                      "'" + source.label + "' defines " + std::to_string(source.entries.size()) +
+                          " entry points; a " + to_string(signature.pass) + " kernel has " +
+                          std::to_string(expected_entries));
+  }
   FLASHJIT_TRY(make_current());
 
-  const int dynamic_smem = smem_bytes(config, representative_problem(signature));
-  if (dynamic_smem > device_.smem_per_block_optin) {
-    return make_error(ErrorCode::InvalidArgument,
-                      "config " + config.to_string() + " needs " + std::to_string(dynamic_smem) +
-                          " bytes of shared memory for d" + std::to_string(signature.head_dim) +
-                          "; " + device_.name + " allows at most " +
-                          std::to_string(device_.smem_per_block_optin));
+  // Per entry: threads per block and dynamic shared memory (render.hpp gives the backward's).
+  const AttentionProblem problem = representative_problem(signature);
+  std::vector<std::pair<int, int>> shapes;  // {threads, smem bytes}
+  if (backward) {
+    shapes = {{kBackwardPreprocessThreads, 0},
+              {backward_dkdv_threads(config), backward_dkdv_smem_bytes(config, problem)},
+              config.dq == DqMode::Atomic ? std::pair{kBackwardPreprocessThreads, 0}
+                                          : std::pair{backward_dq_threads(config),
+                                                      backward_dq_smem_bytes(config, problem)}};
+  } else {
+    shapes = {{config.threads(), smem_bytes(config, problem)}};
+  }
+  for (const auto& [threads, smem] : shapes) {
+    if (smem > device_.smem_per_block_optin) {
+      return make_error(ErrorCode::InvalidArgument,
+                        "config " + config.to_string() + " needs " + std::to_string(smem) +
+                            " bytes of shared memory for " + signature.to_string() + "; " +
+                            device_.name + " allows at most " +
+                            std::to_string(device_.smem_per_block_optin));
+    }
   }
 
   // The kernel holds its own context reference, released after its module is unloaded.
@@ -292,75 +404,66 @@ Result<std::shared_ptr<Kernel>> CudaBackend::load(const Binary& binary, const Ke
   Status status =
       check(driver_->cuModuleLoadData(&module, binary.bytes.data()), "cuModuleLoadData");
   if (!status.ok()) return fail(status);
-  CUfunction function = nullptr;
-  status = check(driver_->cuModuleGetFunction(&function, module, source.entry.c_str()),
-                 "cuModuleGetFunction");
-  if (!status.ok()) {
-    return fail(make_error(status.error().code,
-                           status.error().message + " (entry '" + source.entry + "')"));
-  }
-  // Above 48 KiB a kernel must opt in to its dynamic shared memory; setting it always is harmless.
-  status = check(driver_->cuFuncSetAttribute(
-                     function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_smem),
-                 "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
-  if (!status.ok()) {
-    return fail(make_error(status.error().code, status.error().message + " (" +
-                                                    std::to_string(dynamic_smem) + " bytes)"));
+  std::vector<CUfunction> functions;
+  KernelInfo info;  // of the main kernel: the forward's, the backward's dK/dV kernel
+  for (size_t e = 0; e < source.entries.size(); ++e) {
+    const std::string& entry = source.entries[e];
+    const auto [threads, smem] = shapes[e];
+    CUfunction function = nullptr;
+    status = check(driver_->cuModuleGetFunction(&function, module, entry.c_str()),
+                   "cuModuleGetFunction");
+    if (!status.ok()) {
+      return fail(
+          make_error(status.error().code, status.error().message + " (entry '" + entry + "')"));
+    }
+    // Above 48 KiB a kernel must opt in to its dynamic shared memory; setting it always is
+    // harmless.
+    status = check(driver_->cuFuncSetAttribute(
+                       function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+                   "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
+    if (!status.ok()) {
+      return fail(make_error(
+          status.error().code,
+          status.error().message + " (" + std::to_string(smem) + " bytes, entry '" + entry + "')"));
+    }
+    KernelInfo entry_info;
+    entry_info.dynamic_smem_bytes = smem;
+    entry_info.threads_per_block = threads;
+    int max_threads = 0;
+    status = check(driver_->cuFuncGetAttribute(&entry_info.regs_per_thread,
+                                               CU_FUNC_ATTRIBUTE_NUM_REGS, function),
+                   "cuFuncGetAttribute(NUM_REGS)");
+    if (status.ok()) {
+      status = check(driver_->cuFuncGetAttribute(&entry_info.local_bytes_per_thread,
+                                                 CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, function),
+                     "cuFuncGetAttribute(LOCAL_SIZE_BYTES)");
+    }
+    if (status.ok()) {
+      status = check(driver_->cuFuncGetAttribute(&max_threads,
+                                                 CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, function),
+                     "cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)");
+    }
+    if (!status.ok()) return fail(status);
+    // Too many registers for the block size would only show up as a launch failure later.
+    if (max_threads < threads) {
+      return fail(make_error(ErrorCode::Unsupported,
+                             "'" + source.label + "' (entry '" + entry + "') uses " +
+                                 std::to_string(entry_info.regs_per_thread) +
+                                 " registers per thread, so at most " +
+                                 std::to_string(max_threads) + " threads fit in a block; config " +
+                                 config.to_string() + " needs " + std::to_string(threads)));
+    }
+    if (e == (backward ? 1 : 0)) info = entry_info;
+    functions.push_back(function);
   }
 
-  KernelInfo info;
-  info.dynamic_smem_bytes = dynamic_smem;
-  info.threads_per_block = config.threads();
-  int max_threads = 0;
-  status = check(
-      driver_->cuFuncGetAttribute(&info.regs_per_thread, CU_FUNC_ATTRIBUTE_NUM_REGS, function),
-      "cuFuncGetAttribute(NUM_REGS)");
-  if (status.ok()) {
-    status = check(driver_->cuFuncGetAttribute(&info.local_bytes_per_thread,
-                                               CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, function),
-                   "cuFuncGetAttribute(LOCAL_SIZE_BYTES)");
-  }
-  if (status.ok()) {
-    status = check(driver_->cuFuncGetAttribute(&max_threads,
-                                               CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, function),
-                   "cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)");
-  }
-  if (!status.ok()) return fail(status);
-  // Too many registers for the block size would only show up as a launch failure later.
-  if (max_threads < config.threads()) {
-    return fail(make_error(ErrorCode::Unsupported,
-                           "'" + source.label + "' uses " + std::to_string(info.regs_per_thread) +
-                               " registers per thread, so at most " + std::to_string(max_threads) +
-                               " threads fit in a block; config " + config.to_string() + " needs " +
-                               std::to_string(config.threads())));
-  }
-
-  return std::shared_ptr<Kernel>(std::make_shared<CudaKernel>(
-      driver_, device_handle_, context.value(), module, function, signature, config, info));
+  return std::shared_ptr<Kernel>(
+      std::make_shared<CudaKernel>(driver_, device_handle_, context.value(), module,
+                                   std::move(functions), signature, config, info));
 }
 
 Result<DeviceBuffer> CudaBackend::allocate(size_t bytes) const {
-  if (bytes == 0) return DeviceBuffer();  // cuMemAlloc rejects 0; an empty buffer is the answer
-  FLASHJIT_TRY(make_current());
-  Result<CUcontext> context = retain_primary_context(*driver_, device_handle_);
-  if (!context.ok()) return context.error();
-  CUdeviceptr pointer = 0;
-  const Status status = check(driver_->cuMemAlloc(&pointer, bytes), "cuMemAlloc");
-  if (!status.ok()) {
-    driver_->cuDevicePrimaryCtxRelease(device_handle_);
-    return make_error(status.error().code,
-                      status.error().message + " (" + std::to_string(bytes) + " bytes)");
-  }
-  // The buffer holds a context reference so that it may outlive the backend.
-  const Driver* cu = driver_;
-  const CUdevice device = device_handle_;
-  const CUcontext owner = context.value();
-  return DeviceBuffer(reinterpret_cast<void*>(pointer), bytes, [cu, device, owner](void* ptr) {
-    if (cu->cuCtxSetCurrent(owner) == CUDA_SUCCESS) {
-      cu->cuMemFree(reinterpret_cast<CUdeviceptr>(ptr));
-    }
-    cu->cuDevicePrimaryCtxRelease(device);
-  });
+  return allocate_on(driver_, device_handle_, bytes);
 }
 
 Status CudaBackend::copy_to_device(void* dst, const void* src, size_t bytes) const {

@@ -86,7 +86,7 @@ Result<Binary> nvrtc_compile(const KernelSource& source, int arch) {
   const auto start = std::chrono::steady_clock::now();
 
   nvrtcProgram program = nullptr;
-  const std::string file_name = (source.entry.empty() ? "kernel" : source.entry) + ".cu";
+  const std::string file_name = (source.entries.empty() ? std::string("kernel") : source.entry()) + ".cu";
   nvrtcResult result = nvrtcCreateProgram(&program, source.text.c_str(), file_name.c_str(),
                                           /*numHeaders=*/0, nullptr, nullptr);
   if (result != NVRTC_SUCCESS) return nvrtc_error(source, "nvrtcCreateProgram", result);

@@ -232,11 +232,11 @@ Result<std::shared_ptr<Kernel>> HipBackend::load(const Binary& binary, const Ker
     return status.error();
   };
   hipFunction_t function = nullptr;
-  Status status = check(api_->hipModuleGetFunction(&function, module, source.entry.c_str()),
+  Status status = check(api_->hipModuleGetFunction(&function, module, source.entry().c_str()),
                         "hipModuleGetFunction");
   if (!status.ok()) {
     return fail(make_error(status.error().code,
-                           status.error().message + " (entry '" + source.entry + "')"));
+                           status.error().message + " (entry '" + source.entry() + "')"));
   }
   KernelInfo info;
   info.dynamic_smem_bytes = lds;

@@ -230,7 +230,7 @@ Result<Binary> hiprtc_compile(const KernelSource& source, const std::string& tar
     worker = found.value();
   }
   HiprtcRequest request;
-  request.name = (source.entry.empty() ? std::string("kernel") : source.entry) + ".hip";
+  request.name = (source.entries.empty() ? std::string("kernel") : source.entry()) + ".hip";
   request.options = hiprtc_options(target);
   request.source = source.text;
   Result<ProcessResult> ran =

@@ -88,7 +88,7 @@ TEST(HipConfig, RenderNamesTheConfigAndIncludesNothing) {
   auto p = AttentionProblem::make(1, 2, 2, 64, 64, 128, DType::F16, true);
   auto source = render_hip_attention(p, {128, 64, 4, 1});
   ASSERT_TRUE(source.ok()) << source.error().describe();
-  EXPECT_EQ(source->entry, kAttentionForwardEntry);
+  EXPECT_EQ(source->entry(), kAttentionForwardEntry);
   EXPECT_EQ(source->label, "attention_fwd_hip d128 f16 causal m128n64w4s1");
   EXPECT_NE(source->text.find("flashjit_hip::Traits</*head_dim=*/128, /*block_m=*/128, "
                               "/*block_n=*/64, /*waves=*/4, /*stages=*/1, /*bf16=*/false, "

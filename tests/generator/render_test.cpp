@@ -11,7 +11,7 @@ TEST(Render, SourceIsSelfContainedAndNamesTheConfig) {
   auto p = AttentionProblem::make(1, 2, 2, 64, 64, 128, DType::BF16, true);
   auto source = render_cuda_attention(p, {128, 64, 4, 2});
   ASSERT_TRUE(source.ok()) << source.error().describe();
-  EXPECT_EQ(source->entry, kAttentionForwardEntry);
+  EXPECT_EQ(source->entry(), kAttentionForwardEntry);
   EXPECT_EQ(source->label, "attention_fwd d128 bf16 causal m128n64w4s2");
   const std::string& text = source->text;
   EXPECT_NE(text.find("struct FlashjitAttentionParams"), std::string::npos);

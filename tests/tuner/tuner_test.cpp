@@ -74,7 +74,7 @@ class FakeBackend final : public CudaTemplateBackend {
   Result<KernelSource> render(const AttentionProblem& problem,
                               const AttentionConfig& config) const override {
     KernelSource source;
-    source.entry = "fake_entry";
+    source.entries = {"fake_entry"};
     source.label = config.to_string();
     source.text = "d" + std::to_string(problem.head_dim) + " " + to_string(problem.dtype) +
                   (problem.causal ? " causal " : " ") + config.to_string();

@@ -73,7 +73,7 @@ class CudaBackendGpuTest : public ::testing::Test {
   // Adds 1.0f to n floats; its entry stands in for the attention kernel's.
   static KernelSource increment_kernel() {
     KernelSource source;
-    source.entry = "flashjit_test_increment";
+    source.entries = {"flashjit_test_increment"};
     source.label = "test increment kernel";
     source.text =
         "struct Params { float* x; int n; };\n"
@@ -166,7 +166,7 @@ TEST_F(CudaBackendGpuTest, LoadRejectsBadBinaryAndMissingEntry) {
   Result<Binary> binary = backend_->compile(source);
   ASSERT_TRUE(binary.ok()) << binary.error().describe();
   KernelSource renamed = source;
-  renamed.entry = "no_such_entry";
+  renamed.entries = {"no_such_entry"};
   Result<std::shared_ptr<Kernel>> missing =
       backend_->load(binary.value(), renamed, signature, config);
   ASSERT_FALSE(missing.ok());

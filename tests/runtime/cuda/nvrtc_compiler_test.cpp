@@ -13,7 +13,7 @@ namespace {
 
 KernelSource tiny_kernel(const std::string& body = "x[i] = x[i] * 2.0f + 1.0f;") {
   KernelSource source;
-  source.entry = "flashjit_test_scale";
+  source.entries = {"flashjit_test_scale"};
   source.label = "test scale kernel";
   source.text =
       "extern \"C\" __global__ void flashjit_test_scale(float* x, int n) {\n"

@@ -35,7 +35,7 @@ bool have_hiprtc() { return hiprtc_version().rfind("hiprtc unavailable", 0) != 0
 // A small kernel using the bf16 MFMA: compiles for gfx90a, not for targets without it.
 KernelSource mfma_kernel() {
   KernelSource source;
-  source.entry = "flashjit_test_mfma";
+  source.entries = {"flashjit_test_mfma"};
   source.label = "test mfma kernel";
   source.text = R"(
 typedef short i16x4 __attribute__((ext_vector_type(4)));

@@ -1,0 +1,118 @@
+// The backward pass's row kernels, shared by every CUDA backward family (mma, wgmma). The
+// renderer places this after templates/attention_params.h, templates/attention_common.h and
+// cuda/common.cuh, before the family's dK/dV and dQ template.
+//
+//   backward_preprocess   per query row i (padding rows up to seqlen_q_rounded too):
+//                           delta[i]    = rowsum(dO_i * O_i)      (0 past seqlen_q)
+//                           lse_log2[i] = lse[i] * log2(e)        (+inf past seqlen_q)
+//                           dq_accum[i] = 0                       (when it is not null)
+//   backward_dq_convert   DqMode::Atomic's last kernel: dQ_i = scale * dq_accum[i], in the
+//                         storage type, through the dq strides.
+//
+// Both run kBackwardRows rows per CTA of kBackwardThreads threads (render.hpp's
+// kBackwardPreprocessRows / kBackwardPreprocessThreads): each warp owns kBackwardRows / 4 rows
+// and walks them one at a time, its lanes covering the row's 16-byte chunks.
+
+namespace flashjit_kernel {
+
+constexpr int kBackwardRows = 128;
+constexpr int kBackwardThreads = 128;
+
+// Eight 16-bit elements (one 16-byte vector) to floats.
+template <bool IS_BF16>
+__device__ __forceinline__ void unpack8(const Vec16& v, float (&out)[8]) {
+  const u32 words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (IS_BF16) {
+      out[2 * i] = __uint_as_float(words[i] << 16);
+      out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    } else {
+      float low, high;
+      asm("{ .reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h; }\n"
+          : "=f"(low), "=f"(high)
+          : "r"(words[i]));
+      out[2 * i] = low;
+      out[2 * i + 1] = high;
+    }
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float value) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2)
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+template <int HEAD_DIM, bool IS_BF16>
+__device__ __forceinline__ void backward_preprocess(const FlashjitAttentionParams& p) {
+  constexpr int kChunks = HEAD_DIM / 8;                  // 16-byte chunks of a row
+  constexpr int kPaddedDim = (HEAD_DIM + 63) / 64 * 64;  // dq_accum's row length
+  constexpr int kRowsPerWarp = kBackwardRows / (kBackwardThreads / 32);
+  static_assert(HEAD_DIM % 8 == 0 && HEAD_DIM <= 256, "head dim: a multiple of 8 up to 256");
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const long long row_base =
+      (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q_rounded;
+  const u16* o = static_cast<const u16*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
+  const u16* d_o =
+      static_cast<const u16*>(p.d_o) + batch * p.do_batch_stride + head * p.do_head_stride;
+  const float* lse = p.lse + (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q;
+
+  const int row0 = blockIdx.x * kBackwardRows + warp * kRowsPerWarp;
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int row = row0 + r;
+    float dot = 0.f;
+    if (row < p.seqlen_q) {
+      for (int c = lane; c < kChunks; c += 32) {
+        float a[8], b[8];
+        unpack8<IS_BF16>(*reinterpret_cast<const Vec16*>(o + row * p.o_seq_stride + c * 8), a);
+        unpack8<IS_BF16>(*reinterpret_cast<const Vec16*>(d_o + row * p.do_seq_stride + c * 8), b);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) dot = fmaf(a[e], b[e], dot);
+      }
+    }
+    dot = warp_sum(dot);
+    if (lane == 0) {
+      p.delta[row_base + row] = row < p.seqlen_q ? dot : 0.f;
+      p.lse_log2[row_base + row] =
+          row < p.seqlen_q ? lse[row] * 1.4426950408889634f : plus_infinity();
+    }
+  }
+  if (p.dq_accum != 0) {
+    // The CTA's rows of the accumulator are contiguous: kBackwardRows * kPaddedDim floats.
+    float4* accum = reinterpret_cast<float4*>(p.dq_accum +
+                                              (row_base + blockIdx.x * kBackwardRows) * kPaddedDim);
+    constexpr int kVectors = kBackwardRows * kPaddedDim / 4;
+    for (int i = threadIdx.x; i < kVectors; i += kBackwardThreads)
+      accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+
+template <int HEAD_DIM, bool IS_BF16>
+__device__ __forceinline__ void backward_dq_convert(const FlashjitAttentionParams& p) {
+  constexpr int kChunks = HEAD_DIM / 8;
+  constexpr int kPaddedDim = (HEAD_DIM + 63) / 64 * 64;
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const long long row_base =
+      (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q_rounded;
+  u16* dq = static_cast<u16*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride;
+  const int row0 = blockIdx.x * kBackwardRows;
+  // One 16-byte output chunk per thread per step: consecutive threads take consecutive chunks.
+  for (int i = threadIdx.x; i < kBackwardRows * kChunks; i += kBackwardThreads) {
+    const int row = row0 + i / kChunks, c = i % kChunks;
+    if (row >= p.seqlen_q) break;  // rows only grow with i
+    const float4* from =
+        reinterpret_cast<const float4*>(p.dq_accum + (row_base + row) * kPaddedDim + c * 8);
+    const float4 a = from[0], b = from[1];
+    Vec16 out;
+    out.x = pack2<IS_BF16>(a.x * p.scale, a.y * p.scale);
+    out.y = pack2<IS_BF16>(a.z * p.scale, a.w * p.scale);
+    out.z = pack2<IS_BF16>(b.x * p.scale, b.y * p.scale);
+    out.w = pack2<IS_BF16>(b.z * p.scale, b.w * p.scale);
+    *reinterpret_cast<Vec16*>(dq + row * p.dq_seq_stride + c * 8) = out;
+  }
+}
+
+}  // namespace flashjit_kernel
