@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "tuner/reference.hpp"
+#include "tuner/workload.hpp"
 
 namespace flashjit {
 namespace {
@@ -20,7 +21,6 @@ constexpr int64_t kVerifySeqlenQ = 257;
 constexpr int64_t kVerifySeqlenK = 300;
 constexpr uint64_t kVerifySeed = 0x5EED0001;
 constexpr uint64_t kTimingSeed = 0x5EED0002;
-constexpr size_t kHostBlockElements = size_t{1} << 20;  // random data copied block by block
 constexpr size_t kMaxInputSets = 64;
 constexpr int kMaxBatchReps = 100000;
 constexpr int kAbandonAfterSamples = 3;
@@ -100,22 +100,13 @@ struct Tuner::Slot {
   std::map<int64_t, TuneResult> verified;  // by GQA ratio; status Timed means it passed
 };
 
-// Timing inputs: `sets` copies of q, k, v (random), o and lse, sized for the largest problem yet.
+// Timing inputs: `sets` copies of one call's tensors (tuner/workload.hpp), each at least as large
+// as `specs` says (the largest problem of this dtype and pass yet).
 struct Tuner::Buffers {
-  struct Set {
-    DeviceBuffer q, k, v, o, lse;
-  };
-  std::vector<Set> sets;
-  size_t q_bytes = 0, kv_bytes = 0, o_bytes = 0, lse_bytes = 0;
+  std::vector<DeviceTensors> sets;
+  std::vector<TensorSpec> specs;
   DType dtype = DType::BF16;
-};
-
-// The small problem a kernel is verified on, its inputs on the host and device, and the reference.
-struct Tuner::Verification {
-  AttentionProblem problem;
-  HostInputs inputs;
-  Reference reference;
-  DeviceBuffer q, k, v, o, lse;
+  Pass pass = Pass::Forward;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -369,52 +360,31 @@ Result<TuneResult> Tuner::verify(Slot& slot, const AttentionProblem& problem) {
   std::string key = signature_key(problem);
   key += "-g";
   key += std::to_string(group);
-  std::shared_ptr<Verification>& entry = verifications_[key];
+  std::unique_ptr<Verification>& entry = verifications_[key];
   if (!entry) {
-    auto created = std::make_shared<Verification>();
-    created->problem =
+    AttentionProblem small =
         AttentionProblem::make(1, kVerifyHeadsKv * group, kVerifyHeadsKv, kVerifySeqlenQ,
                                kVerifySeqlenK, problem.head_dim, problem.dtype, problem.causal);
-    created->inputs = random_inputs(created->problem, kVerifySeed);
-    created->reference = reference_attention(created->problem, created->inputs);
-    const AttentionProblem& p = created->problem;
-    const size_t q_bytes = static_cast<size_t>(p.q_span()) * dtype_bytes(p.dtype);
-    const size_t kv_bytes = static_cast<size_t>(p.kv_span()) * dtype_bytes(p.dtype);
-    const size_t o_bytes = static_cast<size_t>(p.o_span()) * dtype_bytes(p.dtype);
-    const size_t lse_bytes = static_cast<size_t>(p.lse_elements()) * sizeof(float);
-    for (auto [buffer, bytes] : {std::pair{&created->q, q_bytes}, std::pair{&created->k, kv_bytes},
-                                 std::pair{&created->v, kv_bytes}, std::pair{&created->o, o_bytes},
-                                 std::pair{&created->lse, lse_bytes}}) {
-      Result<DeviceBuffer> allocated = backend_.allocate(bytes);
-      if (!allocated.ok()) return allocated.error();
-      *buffer = std::move(allocated.value());
-    }
-    FLASHJIT_TRY(backend_.copy_to_device(created->q.get(), created->inputs.q.data(), q_bytes));
-    FLASHJIT_TRY(backend_.copy_to_device(created->k.get(), created->inputs.k.data(), kv_bytes));
-    FLASHJIT_TRY(backend_.copy_to_device(created->v.get(), created->inputs.v.data(), kv_bytes));
-    entry = std::move(created);
+    small.pass = problem.pass;
+    small.deterministic = problem.deterministic;
+    Result<std::unique_ptr<Verification>> created =
+        Verification::create(backend_, small, kVerifySeed);
+    if (!created.ok()) return created.error();
+    entry = std::move(created.value());
   }
-  Verification& v = *entry;
-
-  FLASHJIT_TRY(backend_.fill_bytes(v.o.get(), 0xFF, v.o.bytes()));
-  FLASHJIT_TRY(backend_.fill_bytes(v.lse.get(), 0xFF, v.lse.bytes()));
-  const AttentionArgs args{v.q.get(), v.k.get(), v.v.get(), v.o.get(), v.lse.as<float>()};
-  Status launched = slot.kernel->launch(v.problem, args);
-  if (launched.ok()) launched = backend_.synchronize();
-  if (!launched.ok()) {
+  const Verification& v = *entry;
+  Result<Verification::Verdict> verdict =
+      v.run(*slot.kernel, options_.max_rel_error, options_.max_lse_abs_error,
+            options_.max_grad_rel_error);
+  if (!verdict.ok()) return verdict.error();
+  if (!verdict->launched) {
     FLASHJIT_TRY(device_health(slot.config.to_string() + " failed its verification launch"));
-    return failed(slot.config, TuneStatus::LaunchFailed,
-                  "verification launch: " + launched.error().describe());
+    return failed(slot.config, TuneStatus::LaunchFailed, "verification launch: " + verdict->detail);
   }
-  std::vector<uint16_t> o_bits = poisoned_storage(v.problem.o_span(), v.problem.dtype);
-  std::vector<float> lse(static_cast<size_t>(v.problem.lse_elements()));
-  FLASHJIT_TRY(backend_.copy_to_host(o_bits.data(), v.o.get(), o_bits.size() * 2));
-  FLASHJIT_TRY(backend_.copy_to_host(lse.data(), v.lse.get(), lse.size() * sizeof(float)));
-  const Comparison comparison = compare(v.problem, o_bits, lse, v.reference);
-  if (!within_tolerance(comparison, options_.max_rel_error, options_.max_lse_abs_error)) {
-    return failed(slot.config, TuneStatus::WrongResult,
-                  "verification vs fp64 reference on " + v.problem.to_string() + ": " +
-                      comparison.to_string());
+  if (!verdict->passed) {
+    return failed(
+        slot.config, TuneStatus::WrongResult,
+        "verification vs fp64 reference on " + v.problem().to_string() + ": " + verdict->detail);
   }
   TuneResult passed;
   passed.config = slot.config;
@@ -423,7 +393,7 @@ Result<TuneResult> Tuner::verify(Slot& slot, const AttentionProblem& problem) {
     passed.message = "regs " + std::to_string(info.regs_per_thread) + ", smem " +
                      std::to_string(info.dynamic_smem_bytes) + " B, local " +
                      std::to_string(info.local_bytes_per_thread) + " B; verified " +
-                     comparison.to_string();
+                     verdict->detail;
   } else if (slot.kernel->info().local_bytes_per_thread > 0) {
     passed.message =
         "spills: " + std::to_string(slot.kernel->info().local_bytes_per_thread) + " B/thread local";
@@ -487,58 +457,41 @@ Result<int> warm_up(const Backend& backend, const std::function<Status()>& work,
 // Timing inputs for `problem`: enough sets that a round over them is at least twice the L2.
 Status Tuner::ensure_buffers(const AttentionProblem& problem) {
   const DeviceSpec& device = backend_.device();
-  const size_t q_bytes = static_cast<size_t>(problem.q_span()) * dtype_bytes(problem.dtype);
-  const size_t kv_bytes = static_cast<size_t>(problem.kv_span()) * dtype_bytes(problem.dtype);
-  const size_t o_bytes = static_cast<size_t>(problem.o_span()) * dtype_bytes(problem.dtype);
-  const size_t lse_bytes = static_cast<size_t>(problem.lse_elements()) * sizeof(float);
-  const size_t set_bytes = q_bytes + 2 * kv_bytes + o_bytes + lse_bytes;
+  const std::vector<TensorSpec> specs = tensor_specs(problem);
+  size_t set_bytes = 0;
+  for (const TensorSpec& spec : specs) set_bytes += spec.bytes;
   const size_t l2 = device.l2_bytes > 0 ? static_cast<size_t>(device.l2_bytes) : kFallbackL2Bytes;
   const size_t needed_sets =
       std::clamp<size_t>((2 * l2 + set_bytes - 1) / set_bytes, 1, kMaxInputSets);
   if (!buffers_) buffers_ = std::make_unique<Buffers>();
   Buffers& b = *buffers_;
-  const bool fits = b.sets.size() >= needed_sets && b.q_bytes >= q_bytes &&
-                    b.kv_bytes >= kv_bytes && b.o_bytes >= o_bytes && b.lse_bytes >= lse_bytes &&
-                    b.dtype == problem.dtype;
-  if (!fits) {
-    const bool same_dtype = !b.sets.empty() && b.dtype == problem.dtype;
-    b.sets.clear();  // free before allocating anew
-    b.q_bytes = same_dtype ? std::max(b.q_bytes, q_bytes) : q_bytes;
-    b.kv_bytes = same_dtype ? std::max(b.kv_bytes, kv_bytes) : kv_bytes;
-    b.o_bytes = same_dtype ? std::max(b.o_bytes, o_bytes) : o_bytes;
-    b.lse_bytes = same_dtype ? std::max(b.lse_bytes, lse_bytes) : lse_bytes;
-    b.dtype = problem.dtype;
-    const size_t big_set = b.q_bytes + 2 * b.kv_bytes + b.o_bytes + b.lse_bytes;
-    const size_t set_count =
-        std::clamp<size_t>((2 * l2 + big_set - 1) / big_set, needed_sets, kMaxInputSets);
+  const bool same_kind = !b.sets.empty() && b.dtype == problem.dtype && b.pass == problem.pass;
+  bool fits = same_kind && b.sets.size() >= needed_sets;
+  for (size_t i = 0; fits && i < specs.size(); ++i) fits = b.specs[i].bytes >= specs[i].bytes;
+  if (fits) return ok_status();
 
-    // Normal(0, 1) data in the dtype, copied block by block.
-    std::vector<uint16_t> block(kHostBlockElements * storage_words(problem.dtype));
-    std::mt19937_64 engine(kTimingSeed);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (size_t i = 0; i < kHostBlockElements; ++i)
-      set_element(block.data(), static_cast<int64_t>(i), normal(engine), problem.dtype);
-    const size_t block_bytes = block.size() * sizeof(uint16_t);
-
-    std::vector<Buffers::Set> sets(set_count);
-    for (Buffers::Set& set : sets) {
-      for (auto [buffer, bytes] : {std::pair{&set.q, b.q_bytes}, std::pair{&set.k, b.kv_bytes},
-                                   std::pair{&set.v, b.kv_bytes}, std::pair{&set.o, b.o_bytes},
-                                   std::pair{&set.lse, b.lse_bytes}}) {
-        Result<DeviceBuffer> allocated = backend_.allocate(bytes);
-        if (!allocated.ok()) return allocated.error();  // b.sets stays empty: no stale sizes
-        *buffer = std::move(allocated.value());
-      }
-      for (DeviceBuffer* input : {&set.q, &set.k, &set.v}) {
-        char* base = input->as<char>();
-        for (size_t offset = 0; offset < input->bytes(); offset += block_bytes) {
-          const size_t bytes = std::min(block_bytes, input->bytes() - offset);
-          FLASHJIT_TRY(backend_.copy_to_device(base + offset, block.data(), bytes));
-        }
-      }
-    }
-    b.sets = std::move(sets);
+  // Grow to the larger of what is held and what is needed (same dtype and pass), else replace.
+  std::vector<TensorSpec> grown = specs;
+  if (same_kind) {
+    for (size_t i = 0; i < grown.size(); ++i)
+      grown[i].bytes = std::max(grown[i].bytes, b.specs[i].bytes);
   }
+  size_t big_set = 0;
+  for (const TensorSpec& spec : grown) big_set += spec.bytes;
+  const size_t set_count =
+      std::clamp<size_t>((2 * l2 + big_set - 1) / big_set, needed_sets, kMaxInputSets);
+  b.sets.clear();  // free before allocating anew; stays empty on failure: no stale sizes
+  std::vector<DeviceTensors> sets;
+  for (size_t i = 0; i < set_count; ++i) {
+    Result<DeviceTensors> set = allocate_tensors(backend_, grown);
+    if (!set.ok()) return set.error();
+    FLASHJIT_TRY(fill_for_timing(backend_, problem, *set, kTimingSeed));
+    sets.push_back(std::move(set.value()));
+  }
+  b.sets = std::move(sets);
+  b.specs = std::move(grown);
+  b.dtype = problem.dtype;
+  b.pass = problem.pass;
   return ok_status();
 }
 
@@ -647,9 +600,7 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
 
   FLASHJIT_TRY(ensure_buffers(problem));
   std::vector<AttentionArgs> sets;
-  for (const Buffers::Set& set : buffers_->sets) {
-    sets.push_back({set.q.get(), set.k.get(), set.v.get(), set.o.get(), set.lse.as<float>()});
-  }
+  for (const DeviceTensors& set : buffers_->sets) sets.push_back(set.args);
 
   const double batch_ms = options_.min_time_ms / options_.min_samples;
   std::vector<std::vector<double>> samples(configs.size());

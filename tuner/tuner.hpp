@@ -14,8 +14,12 @@
 // and launched on the calling thread only.
 //
 // Verification, once per kernel and GQA ratio: batch 1, heads_kv 2 (heads_q = 2 * ratio),
-// seqlen_q 257, seqlen_k 300 (odd sizes, partial tiles), the problem's causal flag; o and lse are
-// poisoned before the launch and compared with the fp64 reference (tuner/reference.hpp).
+// seqlen_q 257, seqlen_k 300 (odd sizes, partial tiles), the problem's causal flag and pass; the
+// outputs (forward: o, lse; backward: dq, dk, dv) are poisoned before the launch and compared with
+// the fp64 reference (tuner/workload.hpp, tuner/reference.hpp).
+//
+// Every pass goes through the same steps: the tuner knows an operation only through the
+// backend's legal_configs/default_config/render and tuner/workload.hpp's tensors of a call.
 //
 // Timing (device time by the backend's events): a warm-up of warmup_ms, then samples, each the
 // mean of a batch of back-to-back launches (~min_time_ms / min_samples of device time), until at
@@ -57,6 +61,7 @@
 #include "runtime/binary_cache.hpp"
 #include "runtime/runtime.hpp"
 #include "runtime/tuning_store.hpp"
+#include "tuner/workload.hpp"
 
 namespace flashjit {
 
@@ -94,6 +99,8 @@ struct TuneOptions {
   double min_gain = 0.01;           // fraction a winner must beat the default by, at least
   double max_rel_error = 1e-2;      // verification: relative L2 error of o
   double max_lse_abs_error = 1e-3;  // verification: absolute error of the log-sum-exp
+  double max_grad_rel_error = 0;    // backward verification: each gradient's relative L2 error
+                                    // (0: gradient_tolerance(dtype), tuner/reference.hpp)
   bool resume = true;               // skip what the store already has for this device
   bool verbose = false;  // results' messages also carry registers, spills and verification errors
   std::function<void(const TuneProgress&)> on_progress;
@@ -145,7 +152,6 @@ class Tuner {
  private:
   struct Slot;
   struct Buffers;
-  struct Verification;
 
   Result<TuneReport> tune_one(const AttentionProblem& problem, size_t index, size_t count);
   std::shared_ptr<Slot> slot(const AttentionProblem& problem, const AttentionConfig& config);
@@ -182,7 +188,7 @@ class Tuner {
 
   // Calling-thread state.
   std::unique_ptr<Buffers> buffers_;
-  std::map<std::string, std::shared_ptr<Verification>> verifications_;
+  std::map<std::string, std::unique_ptr<Verification>> verifications_;
 };
 
 // Installs the tune-on-miss hook on `runtime` (Runtime::set_tune_hook; it runs only when

@@ -131,6 +131,28 @@ class FakeBackend final : public CudaTemplateBackend {
     return base * (1.0 + sign * jitter);
   }
 
+  // A backward config space of the test's choosing (the first is the default), instead of the
+  // CUDA template's, when not empty.
+  std::vector<AttentionConfig> backward_configs;
+  std::vector<AttentionConfig> legal_configs(const AttentionProblem& problem) const override {
+    if (problem.is_backward() && !backward_configs.empty()) return backward_configs;
+    return CudaTemplateBackend::legal_configs(problem);
+  }
+  Result<AttentionConfig> default_config(const AttentionProblem& problem) const override {
+    if (problem.is_backward() && !backward_configs.empty()) return backward_configs.front();
+    return CudaTemplateBackend::default_config(problem);
+  }
+  Status check_config(const AttentionConfig& config,
+                      const AttentionProblem& problem) const override {
+    if (problem.is_backward() && !backward_configs.empty()) {
+      if (std::find(backward_configs.begin(), backward_configs.end(), config) !=
+          backward_configs.end())
+        return ok_status();
+      return make_error(ErrorCode::InvalidArgument, config.to_string() + ": not in the fake's set");
+    }
+    return CudaTemplateBackend::check_config(config, problem);
+  }
+
   Behavior behavior(const AttentionConfig& config) const {
     auto found = behaviors.find(config.to_string());
     return found == behaviors.end() ? Behavior::Good : found->second;
@@ -178,7 +200,34 @@ Status FakeKernel::launch(const AttentionProblem& problem, const AttentionArgs& 
   inputs.q = read(args.q, problem.q_span());
   inputs.k = read(args.k, problem.kv_span());
   inputs.v = read(args.v, problem.kv_span());
+  if (problem.is_backward()) {
+    inputs.o = read(args.o, problem.o_span());
+    inputs.d_o = read(args.d_o, problem.do_span());
+    inputs.lse.assign(args.lse, args.lse + problem.lse_elements());
+  }
   const Reference reference = reference_attention(problem, inputs);
+  // Writes a dense [batch, seqlen, heads, d] reference through `strides` (the fake's results).
+  auto write = [&](void* out, const std::vector<double>& dense, const Strides& strides,
+                   int64_t seqlen, int64_t heads) {
+    size_t index = 0;
+    for (int64_t b = 0; b < problem.batch; ++b)
+      for (int64_t s = 0; s < seqlen; ++s)
+        for (int64_t h = 0; h < heads; ++h)
+          for (int c = 0; c < problem.head_dim; ++c, ++index) {
+            double value = dense[index];
+            if (behavior == Behavior::WrongResult) value += 0.25;
+            if (behavior == Behavior::NaN && index == 7) value = std::nan("");
+            static_cast<uint16_t*>(
+                out)[b * strides.batch + s * strides.seq + h * strides.head + c] =
+                float_to_half(static_cast<float>(value), problem.dtype);
+          }
+  };
+  if (problem.is_backward()) {
+    write(args.dq, reference.dq, problem.dq_strides, problem.seqlen_q, problem.heads_q);
+    write(args.dk, reference.dk, problem.dk_strides, problem.seqlen_k, problem.heads_kv);
+    write(args.dv, reference.dv, problem.dv_strides, problem.seqlen_k, problem.heads_kv);
+    return ok_status();
+  }
   uint16_t* o = static_cast<uint16_t*>(args.o);
   size_t index = 0;  // reference.o is dense [b, s, h, d]
   for (int64_t b = 0; b < problem.batch; ++b) {
@@ -568,6 +617,53 @@ TEST_F(TunerTest, TuneOnMissServesAndRecordsTheChoice) {
   const int launches = backend.launches;
   ASSERT_TRUE(runtime.attention(problem_).ok());
   EXPECT_EQ(backend.launches, launches);
+}
+
+// The backward pass goes through the same tuner, verified on its gradients: five backward
+// configs (the first is the default), one with wrong gradients, one NaN; the fastest correct one
+// wins and everything is stored under the backward key, beside the forward's.
+TEST_F(TunerTest, BackwardConfigsAreVerifiedOnGradientsTimedAndStored) {
+  const AttentionConfig a{64, 128, 8, 2}, b{64, 64, 4, 2};
+  const AttentionConfig c{128, 128, 8, 2, KernelFamily::Mma, DqMode::Separate};
+  const AttentionConfig wrong{32, 64, 4, 1}, nan{32, 128, 4, 1};
+  backend_.backward_configs = {a, b, c, wrong, nan};
+  backend_.behaviors[wrong.to_string()] = Behavior::WrongResult;
+  backend_.behaviors[nan.to_string()] = Behavior::NaN;
+  backend_.times[a.to_string()] = 2.0;
+  backend_.times[b.to_string()] = 1.5;
+  backend_.times[c.to_string()] = 1.0;
+  backend_.times[wrong.to_string()] = 0.1;
+  backend_.times[nan.to_string()] = 0.1;
+  const AttentionProblem backward = problem_.with_pass(Pass::Backward);
+
+  std::unique_ptr<TuningStore> store = open_store();
+  Tuner tuner(backend_, nullptr, store.get(), fast_options());
+  Result<std::vector<TuneReport>> reports = tuner.tune_all({problem_, backward});
+  ASSERT_TRUE(reports.ok()) << reports.error().describe();
+  const TuneReport& report = (*reports)[1];
+  EXPECT_EQ(report.key.pass, Pass::Backward);
+  ASSERT_TRUE(report.choice.has_value()) << report.note;
+  EXPECT_EQ(report.choice->config, c);
+  EXPECT_EQ(report.default_config, a);
+  EXPECT_EQ(report.result_of(wrong)->status, TuneStatus::WrongResult);
+  EXPECT_NE(report.result_of(wrong)->message.find("dq_rel_error"), std::string::npos)
+      << report.result_of(wrong)->message;
+  EXPECT_EQ(report.result_of(nan)->status, TuneStatus::WrongResult);
+  EXPECT_EQ(report.result_of(b)->status, TuneStatus::Timed);
+  // The backward's FLOPs are 2.5 times the forward's.
+  EXPECT_NEAR(report.result_of(c)->tflops,
+              backward.flops() / (report.result_of(c)->median_ms * 1e-3) / 1e12, 1e-9);
+  EXPECT_DOUBLE_EQ(backward.flops(), 2.5 * problem_.flops());
+
+  // Stored under its own key: the forward's choice is untouched.
+  Result<std::optional<TuneChoice>> choice =
+      store->choice(backend_.fingerprint(), ProblemKey::of(backward));
+  ASSERT_TRUE(choice.ok() && choice->has_value());
+  EXPECT_EQ((*choice)->config, c);
+  Result<std::optional<TuneChoice>> forward =
+      store->choice(backend_.fingerprint(), ProblemKey::of(problem_));
+  ASSERT_TRUE(forward.ok() && forward->has_value());
+  EXPECT_EQ((*forward)->config, (*reports)[0].choice->config);
 }
 
 // --- On a GPU

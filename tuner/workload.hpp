@@ -1,0 +1,86 @@
+// The tensors of one attention call as the tuner sees them, per pass: which ones a kernel reads
+// and writes, how large they are, how they are filled for timing, and how a kernel's outputs are
+// checked against the fp64 reference. This is the one place that knows what an operation's call
+// looks like; the tuner itself only compiles, verifies, times and chooses.
+//
+//   forward   reads q, k, v            writes o, lse
+//   backward  reads q, k, v, o, lse, dO   writes dq, dk, dv   (+ the kernel's own workspace)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "generator/error.hpp"
+#include "generator/problem.hpp"
+#include "runtime/backend.hpp"
+#include "tuner/reference.hpp"
+
+namespace flashjit {
+
+enum class TensorRole { Q, K, V, O, Lse, DO, DQ, DK, DV };
+const char* to_string(TensorRole role);  // "q", "k", ..., "do", "dq", "dk", "dv"
+
+struct TensorSpec {
+  TensorRole role;
+  size_t bytes = 0;
+  bool output = false;  // written by the kernel (poisoned before a verification launch)
+};
+
+// The tensors `problem`'s pass reads and writes, in a fixed order, with their sizes.
+std::vector<TensorSpec> tensor_specs(const AttentionProblem& problem);
+
+// Device buffers for every tensor of one call and the AttentionArgs that point at them.
+struct DeviceTensors {
+  std::vector<std::pair<TensorRole, DeviceBuffer>> buffers;
+  AttentionArgs args;
+  const DeviceBuffer* find(TensorRole role) const;
+};
+
+// Allocates one buffer per spec (bytes as given: sets sized for a larger problem serve smaller
+// ones) and binds them into args.
+Result<DeviceTensors> allocate_tensors(const Backend& backend,
+                                       const std::vector<TensorSpec>& specs);
+
+// Fills the inputs of `tensors` for timing `problem` with Normal(0, 1) data in the dtype (the
+// backward's lse with log(seqlen_k) + 0.5, the log-sum-exp of seqlen_k standard normal scores,
+// so that P = exp(s - lse) has realistic magnitudes). `seed` varies the data between sets.
+Status fill_for_timing(const Backend& backend, const AttentionProblem& problem,
+                       DeviceTensors& tensors, uint64_t seed);
+
+// A small problem with known answers that kernels of one signature and GQA ratio are checked on:
+// its inputs and fp64 reference on the host, its tensors on the device.
+class Verification {
+ public:
+  // Inputs drawn with `seed`, the reference computed, the inputs uploaded.
+  static Result<std::unique_ptr<Verification>> create(const Backend& backend,
+                                                      const AttentionProblem& problem,
+                                                      uint64_t seed);
+  const AttentionProblem& problem() const { return problem_; }
+
+  struct Verdict {
+    bool passed = false;
+    bool launched = false;  // false: the launch (or its synchronize) failed; see `detail`
+    std::string detail;     // the comparison ("o_rel_error=..."), or the launch error
+  };
+  // Poisons the outputs, launches `kernel`, copies the outputs back and compares them with the
+  // reference: o within `max_rel` and lse within `max_lse_abs` (forward), every gradient within
+  // `max_grad_rel` (backward; 0: gradient_tolerance(dtype)). An Error only when a device call
+  // other than the launch fails.
+  Result<Verdict> run(const Kernel& kernel, double max_rel, double max_lse_abs,
+                      double max_grad_rel) const;
+
+ private:
+  Verification(const Backend& backend, AttentionProblem problem)
+      : backend_(backend), problem_(std::move(problem)) {}
+  const Backend& backend_;
+  AttentionProblem problem_;
+  HostInputs inputs_;
+  Reference reference_;
+  std::vector<TensorSpec> specs_;
+  DeviceTensors tensors_;
+};
+
+}  // namespace flashjit
