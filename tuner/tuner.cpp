@@ -8,6 +8,7 @@
 #include <random>
 #include <utility>
 
+#include "tuner/measure.hpp"
 #include "tuner/reference.hpp"
 #include "tuner/workload.hpp"
 
@@ -22,31 +23,8 @@ constexpr int64_t kVerifySeqlenK = 300;
 constexpr uint64_t kVerifySeed = 0x5EED0001;
 constexpr uint64_t kTimingSeed = 0x5EED0002;
 constexpr size_t kMaxInputSets = 64;
-constexpr int kMaxBatchReps = 100000;
 constexpr int kAbandonAfterSamples = 3;
 constexpr size_t kFallbackL2Bytes = size_t{50} << 20;
-
-double median_of(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t mid = values.size() / 2;
-  return values.size() % 2 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
-}
-
-// Linear interpolation between order statistics (values need not be sorted).
-double quantile(std::vector<double> values, double q) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const double position = q * static_cast<double>(values.size() - 1);
-  const size_t below = static_cast<size_t>(std::floor(position));
-  const size_t above = std::min(values.size() - 1, below + 1);
-  const double fraction = position - static_cast<double>(below);
-  return values[below] + fraction * (values[above] - values[below]);
-}
-
-double interquartile_range(const std::vector<double>& values) {
-  return quantile(values, 0.75) - quantile(values, 0.25);
-}
 
 double tflops_of(const AttentionProblem& problem, double ms) {
   return ms > 0 ? problem.flops() / (ms * 1e-3) / 1e12 : 0;
@@ -403,56 +381,6 @@ Result<TuneResult> Tuner::verify(Slot& slot, const AttentionProblem& problem) {
 
 // ---------------------------------------------------------------------------------------------
 // Timing.
-
-namespace {
-
-// Launches `kernel` on the timing sets in turn.
-class Rotation {
- public:
-  Rotation(const Kernel& kernel, const AttentionProblem& problem,
-           const std::vector<AttentionArgs>& sets)
-      : kernel_(kernel), problem_(problem), sets_(sets) {}
-  Status operator()() {
-    const AttentionArgs& args = sets_[next_++ % sets_.size()];
-    return kernel_.launch(problem_, args);
-  }
-
- private:
-  const Kernel& kernel_;
-  const AttentionProblem& problem_;
-  const std::vector<AttentionArgs>& sets_;
-  size_t next_ = 0;
-};
-
-struct Measurement {
-  std::vector<double> samples;  // ms per launch, one per batch
-  int reps = 1;                 // launches per batch
-  bool abandoned = false;
-};
-
-// Warms up for `warmup_ms` and returns the launches per batch that make a batch last `batch_ms`.
-Result<int> warm_up(const Backend& backend, const std::function<Status()>& work, double warmup_ms,
-                    double batch_ms) {
-  // The first launch may be slow (module upload, clocks): estimate again from each batch until
-  // warmup_ms of device time has passed.
-  Result<double> first = backend.time_ms(work, 1);
-  if (!first.ok()) return first.error();
-  double per_launch = std::max(first.value(), 1e-4);
-  double warmed_ms = first.value();
-  for (int round = 0; round < 8 && (round == 0 || warmed_ms < warmup_ms); ++round) {
-    const int reps = static_cast<int>(
-        std::clamp(std::ceil(std::max(warmup_ms - warmed_ms, per_launch) / per_launch), 1.0,
-                   double{kMaxBatchReps}));
-    Result<double> warm = backend.time_ms(work, reps);
-    if (!warm.ok()) return warm.error();
-    per_launch = std::max(warm.value(), 1e-4);
-    warmed_ms += warm.value() * reps;
-  }
-  return static_cast<int>(
-      std::clamp(std::round(batch_ms / per_launch), 1.0, double{kMaxBatchReps}));
-}
-
-}  // namespace
 
 // Timing inputs for `problem`: enough sets that a round over them is at least twice the L2.
 Status Tuner::ensure_buffers(const AttentionProblem& problem) {
