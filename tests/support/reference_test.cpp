@@ -445,3 +445,128 @@ TEST(Compare, AllRowsEmptyUsesAbsoluteError) {
 
 }  // namespace
 }  // namespace flashjit::testing
+
+// ---- The reference gradients (every backward verdict rests on them) --------------------------
+
+namespace flashjit::testing {
+namespace {
+
+// L = sum(dO * O) as a function of the inputs, in fp64 from the forward reference.
+double loss(const AttentionProblem& problem, const HostInputs& inputs) {
+  const Reference forward = reference_attention(problem.with_pass(Pass::Forward), inputs);
+  double total = 0;
+  size_t index = 0;  // forward.o is dense [b, s, h, d]
+  for (int64_t b = 0; b < problem.batch; ++b)
+    for (int64_t s = 0; s < problem.seqlen_q; ++s)
+      for (int64_t h = 0; h < problem.heads_q; ++h)
+        for (int c = 0; c < problem.head_dim; ++c, ++index) {
+          const int64_t at = b * problem.do_strides.batch + s * problem.do_strides.seq +
+                             h * problem.do_strides.head + c;
+          total += element_value(inputs.d_o.data(), at, problem.dtype) * forward.o[index];
+        }
+  return total;
+}
+
+// The dense index [b, s, h, c] of storage offset `offset` under `strides` (-1 for padding).
+int64_t dense_index(const AttentionProblem& p, const Strides& strides, int64_t seqlen,
+                    int64_t heads, int64_t offset) {
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t s = 0; s < seqlen; ++s)
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t base = b * strides.batch + s * strides.seq + h * strides.head;
+        if (offset >= base && offset < base + p.head_dim)
+          return ((b * seqlen + s) * heads + h) * p.head_dim + (offset - base);
+      }
+  return -1;
+}
+
+// Central differences of L against reference_attention's dq, dk, dv, for every element of a small
+// fp32 problem (GQA 2:1, odd lengths, causal with seqlen_q > seqlen_k so that some rows see no
+// key, and not causal).
+TEST(ReferenceGradients, MatchFiniteDifferences) {
+  for (bool causal : {false, true}) {
+    AttentionProblem p = AttentionProblem::make(1, 4, 2, 7, 5, 8, DType::F32, causal);
+    p.pass = Pass::Backward;
+    HostInputs inputs = random_inputs(p, 42 + causal);
+    const Reference reference = reference_attention(p, inputs);
+    struct Tensor {
+      const char* name;
+      std::vector<uint16_t>* storage;
+      const std::vector<double>* gradient;
+      Strides strides;
+      int64_t seqlen, heads;
+    };
+    const Tensor tensors[] = {{"q", &inputs.q, &reference.dq, p.q_strides, p.seqlen_q, p.heads_q},
+                              {"k", &inputs.k, &reference.dk, p.k_strides, p.seqlen_k, p.heads_kv},
+                              {"v", &inputs.v, &reference.dv, p.v_strides, p.seqlen_k, p.heads_kv}};
+    for (const Tensor& t : tensors) {
+      const int64_t elements = static_cast<int64_t>(t.storage->size()) / 2;
+      double max_error = 0, max_gradient = 0;
+      for (int64_t i = 0; i < elements; ++i) {
+        const int64_t dense = dense_index(p, t.strides, t.seqlen, t.heads, i);
+        ASSERT_GE(dense, 0);
+        const float x = element_value(t.storage->data(), i, p.dtype);
+        const float h = 1e-3f;
+        set_element(t.storage->data(), i, x + h, p.dtype);
+        const float up = element_value(t.storage->data(), i, p.dtype);
+        const double l_up = loss(p, inputs);
+        set_element(t.storage->data(), i, x - h, p.dtype);
+        const float down = element_value(t.storage->data(), i, p.dtype);
+        const double l_down = loss(p, inputs);
+        set_element(t.storage->data(), i, x, p.dtype);
+        const double numeric = (l_up - l_down) / (static_cast<double>(up) - down);
+        const double analytic = (*t.gradient)[static_cast<size_t>(dense)];
+        max_error = std::max(max_error, std::abs(numeric - analytic));
+        max_gradient = std::max(max_gradient, std::abs(analytic));
+      }
+      // Central differences are exact to O(h^2) ~ 1e-6 of the curvature; the gradients are O(1).
+      EXPECT_LT(max_error, 1e-5 * std::max(1.0, max_gradient))
+          << t.name << (causal ? " causal" : "") << ": max |numeric - analytic| = " << max_error
+          << " (max |gradient| " << max_gradient << ")";
+      EXPECT_GT(max_gradient, 1e-2) << t.name << ": a gradient of zeros would pass trivially";
+    }
+  }
+}
+
+// The gradients compare() machinery: the rounded reference passes, defects fail.
+TEST(ReferenceGradients, CompareGradientsCatchesDefects) {
+  AttentionProblem p = AttentionProblem::make(2, 4, 2, 33, 17, 16, DType::BF16, true, Layout::BHSD);
+  p.pass = Pass::Backward;
+  const HostInputs inputs = random_inputs(p, 7);
+  const Reference reference = reference_attention(p, inputs);
+  auto rounded = [&](const std::vector<double>& dense, const Strides& strides, int64_t span,
+                     int64_t seqlen, int64_t heads) {
+    std::vector<uint16_t> bits = poisoned_storage(span, p.dtype);
+    size_t index = 0;
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t s = 0; s < seqlen; ++s)
+        for (int64_t h = 0; h < heads; ++h)
+          for (int c = 0; c < p.head_dim; ++c, ++index)
+            set_element(bits.data(), b * strides.batch + s * strides.seq + h * strides.head + c,
+                        static_cast<float>(dense[index]), p.dtype);
+    return bits;
+  };
+  std::vector<uint16_t> dq =
+      rounded(reference.dq, p.dq_strides, p.dq_span(), p.seqlen_q, p.heads_q);
+  std::vector<uint16_t> dk =
+      rounded(reference.dk, p.dk_strides, p.dkv_span(), p.seqlen_k, p.heads_kv);
+  std::vector<uint16_t> dv =
+      rounded(reference.dv, p.dv_strides, p.dkv_span(), p.seqlen_k, p.heads_kv);
+  GradientComparison good = compare_gradients(p, dq, dk, dv, reference);
+  EXPECT_TRUE(within_tolerance(good, gradient_tolerance(p.dtype))) << good.to_string();
+  EXPECT_LT(good.max_rel_error(), 5e-3);
+
+  std::vector<uint16_t> unwritten = dk;
+  unwritten[5] = kPoisonBits;
+  GradientComparison poisoned = compare_gradients(p, dq, unwritten, dv, reference);
+  EXPECT_FALSE(within_tolerance(poisoned, gradient_tolerance(p.dtype)));
+  EXPECT_EQ(poisoned.dk.poisoned_left, 1);
+
+  // dK in place of dV: far off.
+  GradientComparison wrong = compare_gradients(p, dq, dk, dk, reference);
+  EXPECT_FALSE(within_tolerance(wrong, gradient_tolerance(p.dtype))) << wrong.to_string();
+  EXPECT_GT(wrong.dv.rel_error, 0.5);
+}
+
+}  // namespace
+}  // namespace flashjit::testing
