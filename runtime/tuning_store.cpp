@@ -1,89 +1,35 @@
 // The tuning database on SQLite (C API). The schema is documented in docs/TUNING_DB.md; keep the
-// two in step (and bump kSchemaVersion on any incompatible change).
+// two in step (and bump kSchemaVersion on any incompatible change). The statement, connection and
+// transaction helpers are in runtime/tuning_store_sqlite.{hpp,cpp}.
 //
 // Durability and concurrency:
 // - journal_mode=WAL + synchronous=NORMAL: a transaction is in the WAL file (in the OS page cache)
 //   once COMMIT returns, so it survives the writing process being killed (kill -9, a crash);
 //   only a power loss or OS crash may lose the last few transactions (never corrupts the file).
-// - Every write is one BEGIN IMMEDIATE ... COMMIT transaction: the write lock is taken up front,
-//   so a transaction never has to upgrade a read lock (which SQLite cannot wait for).
-// - busy_timeout makes SQLite wait for another writer's lock; on top of that BEGIN IMMEDIATE,
-//   COMMIT and the setup are retried on SQLITE_BUSY / SQLITE_LOCKED for up to kBusyRetryLimit,
-//   because a few lock paths (WAL recovery, journal-mode change) return BUSY without waiting.
+// - Every write is one BEGIN IMMEDIATE ... COMMIT transaction, retried while busy (Transaction).
 // - One sqlite3 connection per TuningStore, guarded by a mutex: a store is thread-safe.
 #include "runtime/tuning_store.hpp"
 
 #include <sqlite3.h>
 
-#include <algorithm>
 #include <bit>
-#include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string_view>
 #include <system_error>
-#include <thread>
 #include <tuple>
 #include <utility>
 
 #include "generator/render.hpp"
+#include "runtime/tuning_store_sqlite.hpp"
 
 namespace flashjit {
 namespace fs = std::filesystem;
+using tuning_db::Database;
+using tuning_db::Statement;
+using tuning_db::Transaction;
 
 // --- Plain helpers of the header ---------------------------------------------------------------
-
-std::string DeviceFingerprint::to_string() const {
-  std::string out = backend;
-  if (backend == "cpu") {
-    // "cpu|AMD EPYC|2cores|L2 1048576B|L3 33554432B|clang 14.0.6 ... avx512f avx2 fma f16c ..."
-    out += "|";
-    out += name;
-    out += "|";
-    out += std::to_string(sm_count);
-    out += "cores|L2 ";
-    out += std::to_string(smem_per_block_optin);
-    out += "B|L3 ";
-    out += std::to_string(l2_bytes);
-    out += "B|";
-    out += compiler;
-    return out;
-  }
-  out += "|";
-  out += name;
-  if (backend == "hip") {
-    // "hip|AMD Instinct MI250X|gfx90a|110cu|65536B|8388608B|drv50221153|hiprtc 5.2.21153 ...":
-    // arch holds the gfx processor's hex digits (gcn_arch_number); the feature flags of the
-    // target ID are in the compiler field.
-    char processor[16];
-    std::snprintf(processor, sizeof processor, "|gfx%x|", static_cast<unsigned>(arch));
-    out += processor;
-    out += std::to_string(sm_count);
-    out += "cu|";
-    out += std::to_string(smem_per_block_optin);
-    out += "B|";
-    out += std::to_string(l2_bytes);
-    out += "B|drv";
-    out += std::to_string(driver_version);
-    out += "|";
-    out += compiler;
-    return out;
-  }
-  out += "|sm";
-  out += std::to_string(arch);
-  out += "|";
-  out += std::to_string(sm_count);
-  out += "sm|";
-  out += std::to_string(smem_per_block_optin);
-  out += "B|";
-  out += std::to_string(l2_bytes);
-  out += "B|drv";
-  out += std::to_string(driver_version);
-  out += "|";
-  out += compiler;
-  return out;
-}
 
 int64_t size_bucket(int64_t value) {
   if (value <= 1) return 1;
@@ -137,8 +83,6 @@ const char* to_string(TuneStatus status) {
 namespace {
 
 constexpr int kSchemaVersion = 1;
-constexpr int kBusyTimeoutMs = 30000;
-constexpr auto kBusyRetryLimit = std::chrono::seconds(120);
 
 // "now" in UTC with milliseconds; text of this one format sorts chronologically.
 constexpr const char* kNowSql = "strftime('%Y-%m-%d %H:%M:%f','now')";
@@ -280,16 +224,6 @@ std::string key_match(const char* left, const char* right, bool with_config) {
   return out;
 }
 
-bool is_busy(int rc) {
-  const int primary = rc & 0xff;
-  return primary == SQLITE_BUSY || primary == SQLITE_LOCKED;
-}
-
-// Backoff between retries of a busy lock: 1 ms doubling to 50 ms.
-void backoff(int attempt) {
-  std::this_thread::sleep_for(std::chrono::milliseconds(std::min(50, 1 << std::min(attempt, 6))));
-}
-
 TuneStatus parse_status(std::string_view text) {
   if (text == "compile-failed") return TuneStatus::CompileFailed;
   if (text == "launch-failed") return TuneStatus::LaunchFailed;
@@ -297,199 +231,27 @@ TuneStatus parse_status(std::string_view text) {
   return TuneStatus::Timed;
 }
 
-// "file:<percent-encoded absolute path>?mode=ro" for ATTACH (the connection accepts URIs).
-std::string read_only_uri(const fs::path& path) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
-  std::string out = "file:";
-  for (unsigned char c : fs::absolute(path).string()) {
-    const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                       c == '/' || c == '-' || c == '_' || c == '.' || c == '~';
-    if (plain) {
-      out += static_cast<char>(c);
-    } else {
-      out += '%';
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
+Status check_schema_version(const Database& db, const char* schema) {
+  std::string sql = "SELECT value FROM ";
+  sql += schema;
+  sql += ".meta WHERE key = 'schema_version'";
+  Result<std::optional<std::string>> version = db.query_text(sql, "reading the schema version");
+  if (!version.ok()) {
+    return make_error(ErrorCode::IoError,
+                      version.error().message + " (not a flashjit tuning database?)");
   }
-  out += "?mode=ro";
-  return out;
-}
-
-// A prepared statement, finalized on destruction.
-class Statement {
- public:
-  Statement() = default;
-  explicit Statement(sqlite3_stmt* stmt) : stmt_(stmt) {}
-  Statement(Statement&& other) noexcept : stmt_(std::exchange(other.stmt_, nullptr)) {}
-  Statement& operator=(Statement&& other) noexcept {
-    std::swap(stmt_, other.stmt_);
-    return *this;
-  }
-  Statement(const Statement&) = delete;
-  Statement& operator=(const Statement&) = delete;
-  ~Statement() { sqlite3_finalize(stmt_); }
-
-  sqlite3_stmt* get() const { return stmt_; }
-
-  int bind(int index, int64_t value) { return sqlite3_bind_int64(stmt_, index, value); }
-  int bind(int index, double value) { return sqlite3_bind_double(stmt_, index, value); }
-  int bind(int index, std::string_view value) {
-    return sqlite3_bind_text(stmt_, index, value.data(), static_cast<int>(value.size()),
-                             SQLITE_TRANSIENT);
-  }
-
-  int64_t int_at(int column) const { return sqlite3_column_int64(stmt_, column); }
-  double double_at(int column) const { return sqlite3_column_double(stmt_, column); }
-  std::string text_at(int column) const {
-    const unsigned char* text = sqlite3_column_text(stmt_, column);
-    if (text == nullptr) return {};
-    return std::string(reinterpret_cast<const char*>(text),
-                       static_cast<size_t>(sqlite3_column_bytes(stmt_, column)));
-  }
-
- private:
-  sqlite3_stmt* stmt_ = nullptr;
-};
-
-// The connection and the checked-call helpers every method uses.
-struct Database {
-  fs::path path;
-  sqlite3* db = nullptr;
-  bool read_only = false;
-  std::mutex mutex;  // one connection, one statement at a time
-
-  ~Database() {
-    if (db != nullptr) sqlite3_close_v2(db);
-  }
-
-  // IoError "tuning DB <path>: <what>: <sqlite3_errmsg>".
-  Error error(std::string_view what) const {
+  const std::string expected = std::to_string(kSchemaVersion);
+  if (!version->has_value() || **version != expected) {
     std::string message = "tuning DB ";
-    message += path.string();
-    message += ": ";
-    message += what;
-    message += ": ";
-    message += db != nullptr ? sqlite3_errmsg(db) : "out of memory";
-    return make_error(ErrorCode::IoError, std::move(message));
+    message += db.path.string();
+    message += ": schema_version = '";
+    message += version->value_or("(none)");
+    message += "': this build reads schema version ";
+    message += expected;
+    return make_error(ErrorCode::Unsupported, std::move(message));
   }
-
-  Result<Statement> prepare(std::string_view sql) const {
-    sqlite3_stmt* stmt = nullptr;
-    const int rc = sqlite3_prepare_v2(db, sql.data(), static_cast<int>(sql.size()), &stmt, nullptr);
-    if (rc != SQLITE_OK) {
-      sqlite3_finalize(stmt);
-      std::string what = "preparing '";
-      what += sql.substr(0, 60);
-      what += "'";
-      return error(what);
-    }
-    return Statement(stmt);
-  }
-
-  // Checks a bind's return code.
-  Status bound(int rc) const {
-    if (rc != SQLITE_OK) return error("binding a parameter");
-    return ok_status();
-  }
-
-  // Steps once: SQLITE_ROW or SQLITE_DONE, retrying a busy lock (before any row was returned).
-  Result<int> step(Statement& stmt, std::string_view what) const {
-    const auto start = std::chrono::steady_clock::now();
-    for (int attempt = 0;; ++attempt) {
-      const int rc = sqlite3_step(stmt.get());
-      if (rc == SQLITE_ROW || rc == SQLITE_DONE) return rc;
-      if (is_busy(rc) && std::chrono::steady_clock::now() - start < kBusyRetryLimit) {
-        sqlite3_reset(stmt.get());
-        backoff(attempt);
-        continue;
-      }
-      return error(what);
-    }
-  }
-
-  // Runs a statement that returns no rows we need (DDL, INSERT, DELETE, BEGIN, COMMIT).
-  Status run(Statement& stmt, std::string_view what) const {
-    for (;;) {
-      Result<int> rc = step(stmt, what);
-      if (!rc.ok()) return rc.error();
-      if (rc.value() == SQLITE_DONE) return ok_status();
-    }
-  }
-
-  // Runs one or more statements of fixed text, retrying a busy lock.
-  Status exec(std::string_view sql, std::string_view what) const {
-    const std::string text(sql);
-    const auto start = std::chrono::steady_clock::now();
-    for (int attempt = 0;; ++attempt) {
-      const int rc = sqlite3_exec(db, text.c_str(), nullptr, nullptr, nullptr);
-      if (rc == SQLITE_OK) return ok_status();
-      if (is_busy(rc) && std::chrono::steady_clock::now() - start < kBusyRetryLimit) {
-        backoff(attempt);
-        continue;
-      }
-      return error(what);
-    }
-  }
-
-  // The first column of the first row of `sql` as text; nullopt when there is no row.
-  Result<std::optional<std::string>> query_text(std::string_view sql, std::string_view what) {
-    Result<Statement> stmt = prepare(sql);
-    if (!stmt.ok()) return stmt.error();
-    Result<int> rc = step(*stmt, what);
-    if (!rc.ok()) return rc.error();
-    if (rc.value() != SQLITE_ROW) return std::optional<std::string>();
-    return std::optional<std::string>(stmt->text_at(0));
-  }
-
-  Status check_schema_version(const char* schema) {
-    std::string sql = "SELECT value FROM ";
-    sql += schema;
-    sql += ".meta WHERE key = 'schema_version'";
-    Result<std::optional<std::string>> version = query_text(sql, "reading the schema version");
-    if (!version.ok()) {
-      return make_error(ErrorCode::IoError,
-                        version.error().message + " (not a flashjit tuning database?)");
-    }
-    const std::string expected = std::to_string(kSchemaVersion);
-    if (!version->has_value() || **version != expected) {
-      std::string message = "tuning DB ";
-      message += path.string();
-      message += ": schema_version = '";
-      message += version->value_or("(none)");
-      message += "': this build reads schema version ";
-      message += expected;
-      return make_error(ErrorCode::Unsupported, std::move(message));
-    }
-    return ok_status();
-  }
-};
-
-// One write transaction: BEGIN IMMEDIATE (retried while busy); rolled back unless committed.
-class Transaction {
- public:
-  explicit Transaction(const Database& impl) : impl_(impl) {}
-  Transaction(const Transaction&) = delete;
-  Transaction& operator=(const Transaction&) = delete;
-  ~Transaction() {
-    if (open_) sqlite3_exec(impl_.db, "ROLLBACK", nullptr, nullptr, nullptr);
-  }
-
-  Status begin() {
-    FLASHJIT_TRY(impl_.exec("BEGIN IMMEDIATE", "BEGIN IMMEDIATE"));
-    open_ = true;
-    return ok_status();
-  }
-  Status commit() {
-    FLASHJIT_TRY(impl_.exec("COMMIT", "COMMIT"));
-    open_ = false;
-    return ok_status();
-  }
-
- private:
-  const Database& impl_;
-  bool open_ = false;
-};
+  return ok_status();
+}
 
 // Binds the nine key columns starting at `index`; returns the next free index.
 Result<int> bind_key(const Database& impl, Statement& stmt, int index, const std::string& device,
@@ -561,17 +323,7 @@ const fs::path& TuningStore::path() const { return impl_->path; }
 Result<std::unique_ptr<TuningStore>> TuningStore::open(const fs::path& path) {
   auto impl = std::make_unique<Impl>();
   impl->path = path;
-  // Absolute, so that a relative name starting with "file:" is not taken as a URI.
-  std::error_code ec;
-  const fs::path absolute = fs::absolute(path, ec);
-  const std::string name = ec ? path.string() : absolute.string();
-  const int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_URI;
-  if (sqlite3_open_v2(name.c_str(), &impl->db, flags, nullptr) != SQLITE_OK) {
-    return impl->error("open");
-  }
-  if (sqlite3_busy_timeout(impl->db, kBusyTimeoutMs) != SQLITE_OK) {
-    return impl->error("setting the busy timeout");
-  }
+  FLASHJIT_TRY(impl->open(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE));
   // WAL + NORMAL: durable against a killed process (see the top of this file).
   FLASHJIT_TRY(impl->exec("PRAGMA journal_mode=WAL", "setting journal_mode=WAL"));
   FLASHJIT_TRY(impl->exec("PRAGMA synchronous=NORMAL", "setting synchronous=NORMAL"));
@@ -585,7 +337,7 @@ Result<std::unique_ptr<TuningStore>> TuningStore::open(const fs::path& path) {
     FLASHJIT_TRY(impl->exec(meta, "writing the schema version"));
     FLASHJIT_TRY(transaction.commit());
   }
-  FLASHJIT_TRY(impl->check_schema_version("main"));
+  FLASHJIT_TRY(check_schema_version(*impl, "main"));
   return std::unique_ptr<TuningStore>(new TuningStore(std::move(impl)));
 }
 
@@ -600,16 +352,8 @@ Result<std::unique_ptr<TuningStore>> TuningStore::open_read_only(const fs::path&
   auto impl = std::make_unique<Impl>();
   impl->path = path;
   impl->read_only = true;
-  const fs::path absolute = fs::absolute(path, ec);
-  const std::string name = ec ? path.string() : absolute.string();
-  if (sqlite3_open_v2(name.c_str(), &impl->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, nullptr) !=
-      SQLITE_OK) {
-    return impl->error("open (read-only)");
-  }
-  if (sqlite3_busy_timeout(impl->db, kBusyTimeoutMs) != SQLITE_OK) {
-    return impl->error("setting the busy timeout");
-  }
-  FLASHJIT_TRY(impl->check_schema_version("main"));
+  FLASHJIT_TRY(impl->open(path, SQLITE_OPEN_READONLY));
+  FLASHJIT_TRY(check_schema_version(*impl, "main"));
   return std::unique_ptr<TuningStore>(new TuningStore(std::move(impl)));
 }
 
@@ -892,7 +636,7 @@ Status TuningStore::merge_from(const fs::path& other) {
   {
     Result<Statement> attach = impl.prepare("ATTACH DATABASE ? AS other");
     if (!attach.ok()) return attach.error();
-    FLASHJIT_TRY(impl.bound(attach->bind(1, read_only_uri(other))));
+    FLASHJIT_TRY(impl.bound(attach->bind(1, tuning_db::read_only_uri(other))));
     std::string what = "attaching ";
     what += other.string();
     FLASHJIT_TRY(impl.run(*attach, what));
@@ -903,7 +647,7 @@ Status TuningStore::merge_from(const fs::path& other) {
     ~Detach() { sqlite3_exec(impl.db, "DETACH DATABASE other", nullptr, nullptr, nullptr); }
   } detach{impl};
 
-  Status schema = impl.check_schema_version("other");
+  Status schema = check_schema_version(impl, "other");
   if (!schema.ok()) {
     std::string message = schema.error().message;
     message += " (merging ";
