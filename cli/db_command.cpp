@@ -65,18 +65,19 @@ const std::vector<Subcommand>& subcommands() {
     return std::vector<Subcommand>{
         {{"ls",
           "list the chosen config per key",
-          "Lists the chosen config of every key: this machine's rows of the current generator\n"
-          "version when there is a GPU, else every device's current rows. --all lists every\n"
-          "row, with stale rows (another generator version) marked.",
+          "Lists the chosen config of every key (named with its pass: fwd, bwd or bwd-det):\n"
+          "this machine's rows of the current generator version when there is a GPU, else\n"
+          "every device's current rows. --all lists every row, with stale rows (another\n"
+          "generator version) marked.",
           {kDbFlag, kAllFlag, kHelpFlag}},
          "",
          0,
          0},
         {{"show", "print every measured config of one problem's key",
-          "Prints every results row of the problem's key (exact head dim, dtype, causal, GQA\n"
-          "ratio; seqlens and batch*heads in power-of-two buckets), fastest first; '*' marks\n"
-          "the chosen config. Without --all: this machine's rows (all devices' without a GPU)\n"
-          "of the current generator version.",
+          "Prints every results row of the problem's key (its pass; exact head dim, dtype,\n"
+          "causal, GQA ratio; seqlens and batch*heads in power-of-two buckets), fastest first;\n"
+          "'*' marks the chosen config. Without --all: this machine's rows (all devices'\n"
+          "without a GPU) of the current generator version.",
           std::move(show_flags)},
          "",
          0,
@@ -93,7 +94,7 @@ const std::vector<Subcommand>& subcommands() {
         {{"import",
           "merge a DB file into the user DB",
           "Copies every row of FILE into the DB (--db, default the user DB); on a conflict the\n"
-          "newer row wins.",
+          "newer row wins. A DB of schema version 1 (older releases) comes in as forward rows.",
           {kDbFlag, kHelpFlag}},
          "FILE",
          1,
@@ -101,7 +102,7 @@ const std::vector<Subcommand>& subcommands() {
         {{"merge",
           "merge DB files into OUT",
           "Copies every row of each IN into OUT (created if missing); on a conflict the newer\n"
-          "row wins.",
+          "row wins. A DB of schema version 1 (older releases) comes in as forward rows.",
           {kHelpFlag}},
          "OUT IN [IN...]",
          2,
@@ -256,6 +257,43 @@ std::string speedup(const TuneChoice& choice) {
   return number(choice.default_ms / choice.median_ms, "%.2fx");
 }
 
+// The key with its pass always named: "fwd d128 bf16 ...", "bwd d128 ...", "bwd-det d128 ...".
+std::string key_label(const ProblemKey& key) {
+  if (key.pass != Pass::Forward) return key.to_string();  // already starts with the pass
+  std::string label = key.pass_name();
+  label += " ";
+  label += key.to_string();
+  return label;
+}
+
+// "3 fwd, 1 bwd, 1 bwd-det": how many of `entries` are of each pass (those present).
+std::string pass_counts(const std::vector<TuningStore::Entry>& entries) {
+  std::map<std::string, size_t> counts;
+  for (const TuningStore::Entry& entry : entries) ++counts[entry.key.pass_name()];
+  std::string out;
+  for (const char* pass : {"fwd", "bwd", "bwd-det"}) {
+    auto found = counts.find(pass);
+    if (found == counts.end()) continue;
+    if (!out.empty()) out += ", ";
+    out += std::to_string(found->second);
+    out += " ";
+    out += pass;
+  }
+  return out;
+}
+
+// "5 choices (3 fwd, 2 bwd)".
+std::string choice_summary(const std::vector<TuningStore::Entry>& entries) {
+  std::string out = std::to_string(entries.size());
+  out += " choices";
+  if (!entries.empty()) {
+    out += " (";
+    out += pass_counts(entries);
+    out += ")";
+  }
+  return out;
+}
+
 int report(std::ostream& err, std::string_view sub, const Error& error) {
   err << "flashjit db";
   if (!sub.empty()) err << " " << sub;
@@ -283,6 +321,7 @@ int run_ls(const Invocation& in, std::ostream& out, std::ostream& err) {
                    [](const auto& a, const auto& b) { return a.device < b.device; });
   out << "tuning DB " << path->string() << ": " << shown.size() << " of " << entries->size()
       << " choices";
+  if (!shown.empty()) out << " (" << pass_counts(shown) << ")";
   if (device) out << " (this machine's)";
   if (!all) out << " (current generator " << generator_version() << ")";
   out << "\n";
@@ -290,11 +329,11 @@ int run_ls(const Invocation& in, std::ostream& out, std::ostream& err) {
   for (const TuningStore::Entry& entry : shown) {
     if (entry.device != last_device || &entry == &shown.front()) {
       out << "device " << entry.device << "\n";
-      out << "  " << padded("key", 44) << padded("config", 14) << padded("median_ms", 12)
+      out << "  " << padded("key", 48) << padded("config", 18) << padded("median_ms", 12)
           << padded("default_ms", 12) << padded("speedup", 9) << "generator\n";
       last_device = entry.device;
     }
-    out << "  " << padded(entry.key.to_string(), 44) << padded(entry.choice.config.to_string(), 14)
+    out << "  " << padded(key_label(entry.key), 48) << padded(entry.choice.config.to_string(), 18)
         << padded(number(entry.choice.median_ms), 12) << padded(number(entry.choice.default_ms), 12)
         << padded(speedup(entry.choice), 9) << entry.generator << (entry.current ? "" : " (stale)")
         << "\n";
@@ -323,7 +362,7 @@ int run_show(const Invocation& in, std::ostream& out, std::ostream& err) {
   const bool all = in.flags.has("all");
   const std::optional<std::string> device = all ? std::nullopt : this_device();
 
-  out << "key " << key.to_string() << " (" << problem->to_string() << ") in " << path->string()
+  out << "key " << key_label(key) << " (" << problem->to_string() << ") in " << path->string()
       << "\n";
   size_t shown = 0;
   std::string last_group;
@@ -366,7 +405,10 @@ int run_export(const Invocation& in, std::ostream& out, std::ostream& err) {
   const fs::path file = in.positionals[0];
   Status exported = (*store)->export_to(file);
   if (!exported.ok()) return report(err, "export", exported.error());
-  out << "exported " << path->string() << " to " << file.string() << "\n";
+  Result<std::vector<TuningStore::Entry>> entries = (*store)->entries();
+  if (!entries.ok()) return report(err, "export", entries.error());
+  out << "exported " << path->string() << " to " << file.string() << ": "
+      << choice_summary(*entries) << "\n";
   return kExitOk;
 }
 
@@ -384,7 +426,7 @@ int merge_into(std::string_view sub, const fs::path& target, const std::vector<f
   Result<std::vector<TuningStore::Entry>> entries = (*store)->entries();
   if (!entries.ok()) return report(err, sub, entries.error());
   out << "merged " << inputs.size() << (inputs.size() == 1 ? " DB" : " DBs") << " into "
-      << target.string() << ": " << entries->size() << " choices\n";
+      << target.string() << ": " << choice_summary(*entries) << "\n";
   return kExitOk;
 }
 

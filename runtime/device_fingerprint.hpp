@@ -22,7 +22,7 @@ struct DeviceFingerprint {
   // "cpu|AMD EPYC|2cores|L2 1048576B|L3 33554432B|clang 14.0.6 ...". The HIP backend (arch =
   // the gfx processor's hex digits, sm_count = CUs, compiler = hipRTC version + target ID) prints
   // "hip|AMD Instinct MI250X|gfx90a|110cu|65536B|8388608B|drv50221153|hiprtc 5.2.21153 gfx90a:...".
-  // Defined in runtime/tuning_store.cpp.
+  // Defined in runtime/device_fingerprint.cpp.
   std::string to_string() const;
   bool operator==(const DeviceFingerprint&) const = default;
 };

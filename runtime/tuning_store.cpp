@@ -1,89 +1,36 @@
-// The tuning database on SQLite (C API). The schema is documented in docs/TUNING_DB.md; keep the
-// two in step (and bump kSchemaVersion on any incompatible change).
+// The tuning database on SQLite (C API). The schema (version 2, and how version-1 files are
+// migrated or read) is in runtime/tuning_store_schema.{hpp,cpp} and docs/TUNING_DB.md; the
+// statement, connection and transaction helpers in runtime/tuning_store_sqlite.{hpp,cpp}.
 //
 // Durability and concurrency:
 // - journal_mode=WAL + synchronous=NORMAL: a transaction is in the WAL file (in the OS page cache)
 //   once COMMIT returns, so it survives the writing process being killed (kill -9, a crash);
 //   only a power loss or OS crash may lose the last few transactions (never corrupts the file).
-// - Every write is one BEGIN IMMEDIATE ... COMMIT transaction: the write lock is taken up front,
-//   so a transaction never has to upgrade a read lock (which SQLite cannot wait for).
-// - busy_timeout makes SQLite wait for another writer's lock; on top of that BEGIN IMMEDIATE,
-//   COMMIT and the setup are retried on SQLITE_BUSY / SQLITE_LOCKED for up to kBusyRetryLimit,
-//   because a few lock paths (WAL recovery, journal-mode change) return BUSY without waiting.
+// - Every write is one BEGIN IMMEDIATE ... COMMIT transaction, retried while busy (Transaction).
 // - One sqlite3 connection per TuningStore, guarded by a mutex: a store is thread-safe.
 #include "runtime/tuning_store.hpp"
 
 #include <sqlite3.h>
 
-#include <algorithm>
 #include <bit>
-#include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string_view>
 #include <system_error>
-#include <thread>
 #include <tuple>
 #include <utility>
 
 #include "generator/render.hpp"
+#include "runtime/tuning_store_schema.hpp"
+#include "runtime/tuning_store_sqlite.hpp"
 
 namespace flashjit {
 namespace fs = std::filesystem;
+using tuning_db::Database;
+using tuning_db::Statement;
+using tuning_db::Transaction;
 
 // --- Plain helpers of the header ---------------------------------------------------------------
-
-std::string DeviceFingerprint::to_string() const {
-  std::string out = backend;
-  if (backend == "cpu") {
-    // "cpu|AMD EPYC|2cores|L2 1048576B|L3 33554432B|clang 14.0.6 ... avx512f avx2 fma f16c ..."
-    out += "|";
-    out += name;
-    out += "|";
-    out += std::to_string(sm_count);
-    out += "cores|L2 ";
-    out += std::to_string(smem_per_block_optin);
-    out += "B|L3 ";
-    out += std::to_string(l2_bytes);
-    out += "B|";
-    out += compiler;
-    return out;
-  }
-  out += "|";
-  out += name;
-  if (backend == "hip") {
-    // "hip|AMD Instinct MI250X|gfx90a|110cu|65536B|8388608B|drv50221153|hiprtc 5.2.21153 ...":
-    // arch holds the gfx processor's hex digits (gcn_arch_number); the feature flags of the
-    // target ID are in the compiler field.
-    char processor[16];
-    std::snprintf(processor, sizeof processor, "|gfx%x|", static_cast<unsigned>(arch));
-    out += processor;
-    out += std::to_string(sm_count);
-    out += "cu|";
-    out += std::to_string(smem_per_block_optin);
-    out += "B|";
-    out += std::to_string(l2_bytes);
-    out += "B|drv";
-    out += std::to_string(driver_version);
-    out += "|";
-    out += compiler;
-    return out;
-  }
-  out += "|sm";
-  out += std::to_string(arch);
-  out += "|";
-  out += std::to_string(sm_count);
-  out += "sm|";
-  out += std::to_string(smem_per_block_optin);
-  out += "B|";
-  out += std::to_string(l2_bytes);
-  out += "B|drv";
-  out += std::to_string(driver_version);
-  out += "|";
-  out += compiler;
-  return out;
-}
 
 int64_t size_bucket(int64_t value) {
   if (value <= 1) return 1;
@@ -104,8 +51,18 @@ ProblemKey ProblemKey::of(const AttentionProblem& problem) {
   return key;
 }
 
+const char* ProblemKey::pass_name() const {
+  if (pass == Pass::Forward) return "fwd";
+  return deterministic ? "bwd-det" : "bwd";
+}
+
 std::string ProblemKey::to_string() const {
-  std::string out = pass == Pass::Backward ? (deterministic ? "bwd-det d" : "bwd d") : "d";
+  std::string out;
+  if (pass == Pass::Backward) {
+    out += pass_name();
+    out += " ";
+  }
+  out += "d";
   out += std::to_string(head_dim);
   out += " ";
   out += flashjit::to_string(dtype);
@@ -136,159 +93,8 @@ const char* to_string(TuneStatus status) {
 
 namespace {
 
-constexpr int kSchemaVersion = 1;
-constexpr int kBusyTimeoutMs = 30000;
-constexpr auto kBusyRetryLimit = std::chrono::seconds(120);
-
 // "now" in UTC with milliseconds; text of this one format sorts chronologically.
 constexpr const char* kNowSql = "strftime('%Y-%m-%d %H:%M:%f','now')";
-
-// Idempotent: every statement is IF NOT EXISTS. docs/TUNING_DB.md describes each column.
-constexpr const char* kSchemaSql = R"sql(
-CREATE TABLE IF NOT EXISTS meta (
-  key   TEXT PRIMARY KEY,
-  value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS devices (
-  device               TEXT PRIMARY KEY,
-  backend              TEXT NOT NULL,
-  name                 TEXT NOT NULL,
-  arch                 INTEGER NOT NULL,
-  sm_count             INTEGER NOT NULL,
-  smem_per_block_optin INTEGER NOT NULL,
-  l2_bytes             INTEGER NOT NULL,
-  driver_version       INTEGER NOT NULL,
-  compiler             TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS results (
-  device             TEXT NOT NULL,
-  generator          TEXT NOT NULL,
-  head_dim           INTEGER NOT NULL,
-  dtype              TEXT NOT NULL,
-  causal             INTEGER NOT NULL,
-  group_size         INTEGER NOT NULL,
-  seqlen_q_bucket    INTEGER NOT NULL,
-  seqlen_k_bucket    INTEGER NOT NULL,
-  batch_heads_bucket INTEGER NOT NULL,
-  config             TEXT NOT NULL,
-  block_m            INTEGER NOT NULL,
-  block_n            INTEGER NOT NULL,
-  warps              INTEGER NOT NULL,
-  stages             INTEGER NOT NULL,
-  status             TEXT NOT NULL,
-  median_ms          REAL NOT NULL DEFAULT 0,
-  min_ms             REAL NOT NULL DEFAULT 0,
-  max_ms             REAL NOT NULL DEFAULT 0,
-  repetitions        INTEGER NOT NULL DEFAULT 0,
-  tflops             REAL NOT NULL DEFAULT 0,
-  is_default         INTEGER NOT NULL DEFAULT 0,
-  message            TEXT NOT NULL DEFAULT '',
-  recorded_at        TEXT NOT NULL,
-  PRIMARY KEY (device, generator, head_dim, dtype, causal, group_size, seqlen_q_bucket,
-               seqlen_k_bucket, batch_heads_bucket, config)
-);
-CREATE TABLE IF NOT EXISTS choices (
-  device             TEXT NOT NULL,
-  generator          TEXT NOT NULL,
-  head_dim           INTEGER NOT NULL,
-  dtype              TEXT NOT NULL,
-  causal             INTEGER NOT NULL,
-  group_size         INTEGER NOT NULL,
-  seqlen_q_bucket    INTEGER NOT NULL,
-  seqlen_k_bucket    INTEGER NOT NULL,
-  batch_heads_bucket INTEGER NOT NULL,
-  config             TEXT NOT NULL,
-  median_ms          REAL NOT NULL DEFAULT 0,
-  default_ms         REAL NOT NULL DEFAULT 0,
-  chosen_at          TEXT NOT NULL,
-  PRIMARY KEY (device, generator, head_dim, dtype, causal, group_size, seqlen_q_bucket,
-               seqlen_k_bucket, batch_heads_bucket)
-);
-CREATE TABLE IF NOT EXISTS recorded_problems (
-  device     TEXT NOT NULL,
-  head_dim   INTEGER NOT NULL,
-  dtype      TEXT NOT NULL,
-  causal     INTEGER NOT NULL,
-  batch      INTEGER NOT NULL,
-  heads_q    INTEGER NOT NULL,
-  heads_kv   INTEGER NOT NULL,
-  seqlen_q   INTEGER NOT NULL,
-  seqlen_k   INTEGER NOT NULL,
-  uses       INTEGER NOT NULL DEFAULT 1,
-  first_seen TEXT NOT NULL,
-  last_seen  TEXT NOT NULL,
-  PRIMARY KEY (device, head_dim, dtype, causal, batch, heads_q, heads_kv, seqlen_q, seqlen_k)
-);
-CREATE INDEX IF NOT EXISTS results_by_generator ON results (generator);
-CREATE INDEX IF NOT EXISTS choices_by_generator ON choices (generator);
-CREATE VIEW IF NOT EXISTS best_configs AS
-SELECT c.device, c.generator, c.head_dim, c.dtype, c.causal, c.group_size, c.seqlen_q_bucket,
-       c.seqlen_k_bucket, c.batch_heads_bucket, c.config, c.median_ms, c.default_ms,
-       CASE WHEN c.median_ms > 0 AND c.default_ms > 0 THEN c.default_ms / c.median_ms END
-         AS speedup,
-       r.min_ms, r.max_ms, r.repetitions, r.tflops, r.status, c.chosen_at
-FROM choices AS c
-LEFT JOIN results AS r
-  ON r.device = c.device AND r.generator = c.generator AND r.head_dim = c.head_dim
- AND r.dtype = c.dtype AND r.causal = c.causal AND r.group_size = c.group_size
- AND r.seqlen_q_bucket = c.seqlen_q_bucket AND r.seqlen_k_bucket = c.seqlen_k_bucket
- AND r.batch_heads_bucket = c.batch_heads_bucket AND r.config = c.config;
-)sql";
-
-// Column lists shared by statements (merge copies rows column by column).
-constexpr const char* kKeyColumns =
-    "device, generator, head_dim, dtype, causal, group_size, seqlen_q_bucket, seqlen_k_bucket, "
-    "batch_heads_bucket";
-constexpr const char* kResultColumns =
-    "device, generator, head_dim, dtype, causal, group_size, seqlen_q_bucket, seqlen_k_bucket, "
-    "batch_heads_bucket, config, block_m, block_n, warps, stages, status, median_ms, min_ms, "
-    "max_ms, repetitions, tflops, is_default, message, recorded_at";
-constexpr const char* kChoiceColumns =
-    "device, generator, head_dim, dtype, causal, group_size, seqlen_q_bucket, seqlen_k_bucket, "
-    "batch_heads_bucket, config, median_ms, default_ms, chosen_at";
-constexpr const char* kRecordedColumns =
-    "device, head_dim, dtype, causal, batch, heads_q, heads_kv, seqlen_q, seqlen_k, uses, "
-    "first_seen, last_seen";
-constexpr const char* kRecordedKey =
-    "device, head_dim, dtype, causal, batch, heads_q, heads_kv, seqlen_q, seqlen_k";
-constexpr const char* kDeviceColumns =
-    "device, backend, name, arch, sm_count, smem_per_block_optin, l2_bytes, driver_version, "
-    "compiler";
-// "m.device = o.device AND ..." over the key columns (+ extra).
-std::string key_match(const char* left, const char* right, bool with_config) {
-  static constexpr const char* kNames[] = {
-      "device",          "generator",       "head_dim",          "dtype", "causal", "group_size",
-      "seqlen_q_bucket", "seqlen_k_bucket", "batch_heads_bucket"};
-  std::string out;
-  for (const char* name : kNames) {
-    if (!out.empty()) out += " AND ";
-    out += left;
-    out += ".";
-    out += name;
-    out += " = ";
-    out += right;
-    out += ".";
-    out += name;
-  }
-  if (with_config) {
-    out += " AND ";
-    out += left;
-    out += ".config = ";
-    out += right;
-    out += ".config";
-  }
-  return out;
-}
-
-bool is_busy(int rc) {
-  const int primary = rc & 0xff;
-  return primary == SQLITE_BUSY || primary == SQLITE_LOCKED;
-}
-
-// Backoff between retries of a busy lock: 1 ms doubling to 50 ms.
-void backoff(int attempt) {
-  std::this_thread::sleep_for(std::chrono::milliseconds(std::min(50, 1 << std::min(attempt, 6))));
-}
 
 TuneStatus parse_status(std::string_view text) {
   if (text == "compile-failed") return TuneStatus::CompileFailed;
@@ -297,205 +103,18 @@ TuneStatus parse_status(std::string_view text) {
   return TuneStatus::Timed;
 }
 
-// "file:<percent-encoded absolute path>?mode=ro" for ATTACH (the connection accepts URIs).
-std::string read_only_uri(const fs::path& path) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
-  std::string out = "file:";
-  for (unsigned char c : fs::absolute(path).string()) {
-    const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                       c == '/' || c == '-' || c == '_' || c == '.' || c == '~';
-    if (plain) {
-      out += static_cast<char>(c);
-    } else {
-      out += '%';
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  out += "?mode=ro";
-  return out;
+// The deterministic column: the flag of a backward key (a forward key has none).
+int64_t deterministic_column(Pass pass, bool deterministic) {
+  return pass == Pass::Backward && deterministic ? 1 : 0;
 }
 
-// A prepared statement, finalized on destruction.
-class Statement {
- public:
-  Statement() = default;
-  explicit Statement(sqlite3_stmt* stmt) : stmt_(stmt) {}
-  Statement(Statement&& other) noexcept : stmt_(std::exchange(other.stmt_, nullptr)) {}
-  Statement& operator=(Statement&& other) noexcept {
-    std::swap(stmt_, other.stmt_);
-    return *this;
-  }
-  Statement(const Statement&) = delete;
-  Statement& operator=(const Statement&) = delete;
-  ~Statement() { sqlite3_finalize(stmt_); }
-
-  sqlite3_stmt* get() const { return stmt_; }
-
-  int bind(int index, int64_t value) { return sqlite3_bind_int64(stmt_, index, value); }
-  int bind(int index, double value) { return sqlite3_bind_double(stmt_, index, value); }
-  int bind(int index, std::string_view value) {
-    return sqlite3_bind_text(stmt_, index, value.data(), static_cast<int>(value.size()),
-                             SQLITE_TRANSIENT);
-  }
-
-  int64_t int_at(int column) const { return sqlite3_column_int64(stmt_, column); }
-  double double_at(int column) const { return sqlite3_column_double(stmt_, column); }
-  std::string text_at(int column) const {
-    const unsigned char* text = sqlite3_column_text(stmt_, column);
-    if (text == nullptr) return {};
-    return std::string(reinterpret_cast<const char*>(text),
-                       static_cast<size_t>(sqlite3_column_bytes(stmt_, column)));
-  }
-
- private:
-  sqlite3_stmt* stmt_ = nullptr;
-};
-
-// The connection and the checked-call helpers every method uses.
-struct Database {
-  fs::path path;
-  sqlite3* db = nullptr;
-  bool read_only = false;
-  std::mutex mutex;  // one connection, one statement at a time
-
-  ~Database() {
-    if (db != nullptr) sqlite3_close_v2(db);
-  }
-
-  // IoError "tuning DB <path>: <what>: <sqlite3_errmsg>".
-  Error error(std::string_view what) const {
-    std::string message = "tuning DB ";
-    message += path.string();
-    message += ": ";
-    message += what;
-    message += ": ";
-    message += db != nullptr ? sqlite3_errmsg(db) : "out of memory";
-    return make_error(ErrorCode::IoError, std::move(message));
-  }
-
-  Result<Statement> prepare(std::string_view sql) const {
-    sqlite3_stmt* stmt = nullptr;
-    const int rc = sqlite3_prepare_v2(db, sql.data(), static_cast<int>(sql.size()), &stmt, nullptr);
-    if (rc != SQLITE_OK) {
-      sqlite3_finalize(stmt);
-      std::string what = "preparing '";
-      what += sql.substr(0, 60);
-      what += "'";
-      return error(what);
-    }
-    return Statement(stmt);
-  }
-
-  // Checks a bind's return code.
-  Status bound(int rc) const {
-    if (rc != SQLITE_OK) return error("binding a parameter");
-    return ok_status();
-  }
-
-  // Steps once: SQLITE_ROW or SQLITE_DONE, retrying a busy lock (before any row was returned).
-  Result<int> step(Statement& stmt, std::string_view what) const {
-    const auto start = std::chrono::steady_clock::now();
-    for (int attempt = 0;; ++attempt) {
-      const int rc = sqlite3_step(stmt.get());
-      if (rc == SQLITE_ROW || rc == SQLITE_DONE) return rc;
-      if (is_busy(rc) && std::chrono::steady_clock::now() - start < kBusyRetryLimit) {
-        sqlite3_reset(stmt.get());
-        backoff(attempt);
-        continue;
-      }
-      return error(what);
-    }
-  }
-
-  // Runs a statement that returns no rows we need (DDL, INSERT, DELETE, BEGIN, COMMIT).
-  Status run(Statement& stmt, std::string_view what) const {
-    for (;;) {
-      Result<int> rc = step(stmt, what);
-      if (!rc.ok()) return rc.error();
-      if (rc.value() == SQLITE_DONE) return ok_status();
-    }
-  }
-
-  // Runs one or more statements of fixed text, retrying a busy lock.
-  Status exec(std::string_view sql, std::string_view what) const {
-    const std::string text(sql);
-    const auto start = std::chrono::steady_clock::now();
-    for (int attempt = 0;; ++attempt) {
-      const int rc = sqlite3_exec(db, text.c_str(), nullptr, nullptr, nullptr);
-      if (rc == SQLITE_OK) return ok_status();
-      if (is_busy(rc) && std::chrono::steady_clock::now() - start < kBusyRetryLimit) {
-        backoff(attempt);
-        continue;
-      }
-      return error(what);
-    }
-  }
-
-  // The first column of the first row of `sql` as text; nullopt when there is no row.
-  Result<std::optional<std::string>> query_text(std::string_view sql, std::string_view what) {
-    Result<Statement> stmt = prepare(sql);
-    if (!stmt.ok()) return stmt.error();
-    Result<int> rc = step(*stmt, what);
-    if (!rc.ok()) return rc.error();
-    if (rc.value() != SQLITE_ROW) return std::optional<std::string>();
-    return std::optional<std::string>(stmt->text_at(0));
-  }
-
-  Status check_schema_version(const char* schema) {
-    std::string sql = "SELECT value FROM ";
-    sql += schema;
-    sql += ".meta WHERE key = 'schema_version'";
-    Result<std::optional<std::string>> version = query_text(sql, "reading the schema version");
-    if (!version.ok()) {
-      return make_error(ErrorCode::IoError,
-                        version.error().message + " (not a flashjit tuning database?)");
-    }
-    const std::string expected = std::to_string(kSchemaVersion);
-    if (!version->has_value() || **version != expected) {
-      std::string message = "tuning DB ";
-      message += path.string();
-      message += ": schema_version = '";
-      message += version->value_or("(none)");
-      message += "': this build reads schema version ";
-      message += expected;
-      return make_error(ErrorCode::Unsupported, std::move(message));
-    }
-    return ok_status();
-  }
-};
-
-// One write transaction: BEGIN IMMEDIATE (retried while busy); rolled back unless committed.
-class Transaction {
- public:
-  explicit Transaction(const Database& impl) : impl_(impl) {}
-  Transaction(const Transaction&) = delete;
-  Transaction& operator=(const Transaction&) = delete;
-  ~Transaction() {
-    if (open_) sqlite3_exec(impl_.db, "ROLLBACK", nullptr, nullptr, nullptr);
-  }
-
-  Status begin() {
-    FLASHJIT_TRY(impl_.exec("BEGIN IMMEDIATE", "BEGIN IMMEDIATE"));
-    open_ = true;
-    return ok_status();
-  }
-  Status commit() {
-    FLASHJIT_TRY(impl_.exec("COMMIT", "COMMIT"));
-    open_ = false;
-    return ok_status();
-  }
-
- private:
-  const Database& impl_;
-  bool open_ = false;
-};
-
-// Binds the nine key columns starting at `index`; returns the next free index.
+// Binds the eleven key columns of kKeyWhere starting at `index`; returns the next free index.
 Result<int> bind_key(const Database& impl, Statement& stmt, int index, const std::string& device,
                      const ProblemKey& key) {
   FLASHJIT_TRY(impl.bound(stmt.bind(index++, device)));
   FLASHJIT_TRY(impl.bound(stmt.bind(index++, std::string_view(generator_version()))));
+  FLASHJIT_TRY(impl.bound(stmt.bind(index++, std::string_view(to_string(key.pass)))));
+  FLASHJIT_TRY(impl.bound(stmt.bind(index++, deterministic_column(key.pass, key.deterministic))));
   FLASHJIT_TRY(impl.bound(stmt.bind(index++, int64_t{key.head_dim})));
   FLASHJIT_TRY(impl.bound(stmt.bind(index++, std::string_view(to_string(key.dtype)))));
   FLASHJIT_TRY(impl.bound(stmt.bind(index++, int64_t{key.causal ? 1 : 0})));
@@ -506,27 +125,28 @@ Result<int> bind_key(const Database& impl, Statement& stmt, int index, const std
   return index;
 }
 
-constexpr const char* kKeyWhere =
-    "device = ? AND generator = ? AND head_dim = ? AND dtype = ? AND causal = ? AND "
-    "group_size = ? AND seqlen_q_bucket = ? AND seqlen_k_bucket = ? AND batch_heads_bucket = ?";
-
-// Reads a ProblemKey from columns head_dim .. batch_heads_bucket starting at `column`.
-ProblemKey key_at(const Statement& stmt, int column) {
+// Reads a ProblemKey from columns pass, deterministic, head_dim .. batch_heads_bucket starting at
+// `column`; nullopt for a pass this build does not know (a hand-edited row).
+std::optional<ProblemKey> key_at(const Statement& stmt, int column) {
+  Result<Pass> pass = parse_pass(stmt.text_at(column));
+  if (!pass.ok()) return std::nullopt;
   ProblemKey key;
-  key.head_dim = static_cast<int>(stmt.int_at(column));
-  Result<DType> dtype = parse_dtype(stmt.text_at(column + 1));
+  key.pass = pass.value();
+  key.deterministic = deterministic_column(key.pass, stmt.int_at(column + 1) != 0) != 0;
+  key.head_dim = static_cast<int>(stmt.int_at(column + 2));
+  Result<DType> dtype = parse_dtype(stmt.text_at(column + 3));
   key.dtype = dtype.ok() ? dtype.value() : DType::BF16;
-  key.causal = stmt.int_at(column + 2) != 0;
-  key.group_size = stmt.int_at(column + 3);
-  key.seqlen_q_bucket = stmt.int_at(column + 4);
-  key.seqlen_k_bucket = stmt.int_at(column + 5);
-  key.batch_heads_bucket = stmt.int_at(column + 6);
+  key.causal = stmt.int_at(column + 4) != 0;
+  key.group_size = stmt.int_at(column + 5);
+  key.seqlen_q_bucket = stmt.int_at(column + 6);
+  key.seqlen_k_bucket = stmt.int_at(column + 7);
+  key.batch_heads_bucket = stmt.int_at(column + 8);
   return key;
 }
 
 Status record_device(const Database& impl, const DeviceFingerprint& device) {
   std::string sql = "INSERT OR IGNORE INTO devices (";
-  sql += kDeviceColumns;
+  sql += tuning_db::kDeviceColumns;
   sql += ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)";
   Result<Statement> stmt = impl.prepare(sql);
   if (!stmt.ok()) return stmt.error();
@@ -561,31 +181,12 @@ const fs::path& TuningStore::path() const { return impl_->path; }
 Result<std::unique_ptr<TuningStore>> TuningStore::open(const fs::path& path) {
   auto impl = std::make_unique<Impl>();
   impl->path = path;
-  // Absolute, so that a relative name starting with "file:" is not taken as a URI.
-  std::error_code ec;
-  const fs::path absolute = fs::absolute(path, ec);
-  const std::string name = ec ? path.string() : absolute.string();
-  const int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_URI;
-  if (sqlite3_open_v2(name.c_str(), &impl->db, flags, nullptr) != SQLITE_OK) {
-    return impl->error("open");
-  }
-  if (sqlite3_busy_timeout(impl->db, kBusyTimeoutMs) != SQLITE_OK) {
-    return impl->error("setting the busy timeout");
-  }
+  FLASHJIT_TRY(impl->open(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE));
   // WAL + NORMAL: durable against a killed process (see the top of this file).
   FLASHJIT_TRY(impl->exec("PRAGMA journal_mode=WAL", "setting journal_mode=WAL"));
   FLASHJIT_TRY(impl->exec("PRAGMA synchronous=NORMAL", "setting synchronous=NORMAL"));
-  {
-    Transaction transaction(*impl);
-    FLASHJIT_TRY(transaction.begin());
-    FLASHJIT_TRY(impl->exec(kSchemaSql, "creating the schema"));
-    std::string meta = "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '";
-    meta += std::to_string(kSchemaVersion);
-    meta += "')";
-    FLASHJIT_TRY(impl->exec(meta, "writing the schema version"));
-    FLASHJIT_TRY(transaction.commit());
-  }
-  FLASHJIT_TRY(impl->check_schema_version("main"));
+  // Creates the schema, or migrates a version-1 file in place (one transaction).
+  FLASHJIT_TRY(tuning_db::prepare_for_writing(*impl));
   return std::unique_ptr<TuningStore>(new TuningStore(std::move(impl)));
 }
 
@@ -600,16 +201,12 @@ Result<std::unique_ptr<TuningStore>> TuningStore::open_read_only(const fs::path&
   auto impl = std::make_unique<Impl>();
   impl->path = path;
   impl->read_only = true;
-  const fs::path absolute = fs::absolute(path, ec);
-  const std::string name = ec ? path.string() : absolute.string();
-  if (sqlite3_open_v2(name.c_str(), &impl->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, nullptr) !=
-      SQLITE_OK) {
-    return impl->error("open (read-only)");
-  }
-  if (sqlite3_busy_timeout(impl->db, kBusyTimeoutMs) != SQLITE_OK) {
-    return impl->error("setting the busy timeout");
-  }
-  FLASHJIT_TRY(impl->check_schema_version("main"));
+  FLASHJIT_TRY(impl->open(path, SQLITE_OPEN_READONLY));
+  Result<int> version = tuning_db::schema_version(*impl, "main");
+  if (!version.ok()) return version.error();
+  // A version-1 file (a system DB shipped by an older release) is served as it is: its rows are
+  // forward rows. It is never migrated here (that would need a write).
+  if (version.value() == 1) FLASHJIT_TRY(tuning_db::serve_version_1(*impl));
   return std::unique_ptr<TuningStore>(new TuningStore(std::move(impl)));
 }
 
@@ -618,8 +215,8 @@ Status TuningStore::record(const DeviceFingerprint& device, const ProblemKey& ke
   std::lock_guard<std::mutex> lock(impl_->mutex);
   const Impl& impl = *impl_;
   std::string sql = "INSERT OR REPLACE INTO results (";
-  sql += kResultColumns;
-  sql += ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ";
+  sql += tuning_db::kResultColumns;
+  sql += ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ";
   sql += kNowSql;
   sql += ")";
   Result<Statement> stmt = impl.prepare(sql);
@@ -653,8 +250,8 @@ Status TuningStore::choose(const DeviceFingerprint& device, const ProblemKey& ke
   std::lock_guard<std::mutex> lock(impl_->mutex);
   const Impl& impl = *impl_;
   std::string sql = "INSERT OR REPLACE INTO choices (";
-  sql += kChoiceColumns;
-  sql += ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ";
+  sql += tuning_db::kChoiceColumns;
+  sql += ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ";
   sql += kNowSql;
   sql += ")";
   Result<Statement> stmt = impl.prepare(sql);
@@ -680,7 +277,7 @@ Result<std::vector<TuneResult>> TuningStore::results(const DeviceFingerprint& de
   std::string sql =
       "SELECT config, status, median_ms, min_ms, max_ms, repetitions, tflops, is_default, "
       "message FROM results WHERE ";
-  sql += kKeyWhere;
+  sql += tuning_db::kKeyWhere;
   sql += " ORDER BY status != 'timed', median_ms, config";
   Result<Statement> stmt = impl.prepare(sql);
   if (!stmt.ok()) return stmt.error();
@@ -713,7 +310,7 @@ Result<std::optional<TuneChoice>> TuningStore::choice(const DeviceFingerprint& d
   std::lock_guard<std::mutex> lock(impl_->mutex);
   const Impl& impl = *impl_;
   std::string sql = "SELECT config, median_ms, default_ms FROM choices WHERE ";
-  sql += kKeyWhere;
+  sql += tuning_db::kKeyWhere;
   Result<Statement> stmt = impl.prepare(sql);
   if (!stmt.ok()) return stmt.error();
   Result<int> bound = bind_key(impl, *stmt, 1, device.to_string(), key);
@@ -747,15 +344,17 @@ Result<std::optional<std::pair<ProblemKey, TuneChoice>>> TuningStore::nearest_ch
   const Impl& impl = *impl_;
   Result<Statement> stmt = impl.prepare(
       "SELECT seqlen_q_bucket, seqlen_k_bucket, batch_heads_bucket, config, median_ms, "
-      "default_ms FROM choices WHERE device = ? AND generator = ? AND head_dim = ? AND "
-      "dtype = ? AND causal = ? AND group_size = ?");
+      "default_ms FROM choices WHERE device = ? AND generator = ? AND pass = ? AND "
+      "deterministic = ? AND head_dim = ? AND dtype = ? AND causal = ? AND group_size = ?");
   if (!stmt.ok()) return stmt.error();
   FLASHJIT_TRY(impl.bound(stmt->bind(1, device.to_string())));
   FLASHJIT_TRY(impl.bound(stmt->bind(2, std::string_view(generator_version()))));
-  FLASHJIT_TRY(impl.bound(stmt->bind(3, int64_t{key.head_dim})));
-  FLASHJIT_TRY(impl.bound(stmt->bind(4, std::string_view(to_string(key.dtype)))));
-  FLASHJIT_TRY(impl.bound(stmt->bind(5, int64_t{key.causal ? 1 : 0})));
-  FLASHJIT_TRY(impl.bound(stmt->bind(6, key.group_size)));
+  FLASHJIT_TRY(impl.bound(stmt->bind(3, std::string_view(to_string(key.pass)))));
+  FLASHJIT_TRY(impl.bound(stmt->bind(4, deterministic_column(key.pass, key.deterministic))));
+  FLASHJIT_TRY(impl.bound(stmt->bind(5, int64_t{key.head_dim})));
+  FLASHJIT_TRY(impl.bound(stmt->bind(6, std::string_view(to_string(key.dtype)))));
+  FLASHJIT_TRY(impl.bound(stmt->bind(7, int64_t{key.causal ? 1 : 0})));
+  FLASHJIT_TRY(impl.bound(stmt->bind(8, key.group_size)));
 
   const int q = log2_of(key.seqlen_q_bucket);
   const int k = log2_of(key.seqlen_k_bucket);
@@ -770,7 +369,8 @@ Result<std::optional<std::pair<ProblemKey, TuneChoice>>> TuningStore::nearest_ch
     if (rc.value() == SQLITE_DONE) break;
     Result<AttentionConfig> config = AttentionConfig::parse(stmt->text_at(3));
     if (!config.ok()) continue;
-    ProblemKey candidate = key;
+    ProblemKey candidate = key;  // same pass, flag, head_dim, dtype, causal, group
+    candidate.deterministic = deterministic_column(key.pass, key.deterministic) != 0;
     candidate.seqlen_q_bucket = stmt->int_at(0);
     candidate.seqlen_k_bucket = stmt->int_at(1);
     candidate.batch_heads_bucket = stmt->int_at(2);
@@ -794,25 +394,26 @@ Result<std::vector<TuningStore::Entry>> TuningStore::entries() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   const Impl& impl = *impl_;
   Result<Statement> stmt = impl.prepare(
-      "SELECT device, generator, head_dim, dtype, causal, group_size, seqlen_q_bucket, "
-      "seqlen_k_bucket, batch_heads_bucket, config, median_ms, default_ms FROM choices "
-      "ORDER BY chosen_at DESC, device, head_dim, dtype, causal, group_size, seqlen_q_bucket, "
-      "seqlen_k_bucket, batch_heads_bucket");
+      "SELECT device, generator, pass, deterministic, head_dim, dtype, causal, group_size, "
+      "seqlen_q_bucket, seqlen_k_bucket, batch_heads_bucket, config, median_ms, default_ms "
+      "FROM choices ORDER BY chosen_at DESC, device, pass, deterministic, head_dim, dtype, "
+      "causal, group_size, seqlen_q_bucket, seqlen_k_bucket, batch_heads_bucket");
   if (!stmt.ok()) return stmt.error();
   std::vector<Entry> entries;
   for (;;) {
     Result<int> rc = impl.step(*stmt, "reading choices");
     if (!rc.ok()) return rc.error();
     if (rc.value() == SQLITE_DONE) break;
-    Result<AttentionConfig> config = AttentionConfig::parse(stmt->text_at(9));
-    if (!config.ok()) continue;
+    Result<AttentionConfig> config = AttentionConfig::parse(stmt->text_at(11));
+    std::optional<ProblemKey> key = key_at(*stmt, 2);
+    if (!config.ok() || !key) continue;
     Entry entry;
     entry.device = stmt->text_at(0);
     entry.generator = stmt->text_at(1);
-    entry.key = key_at(*stmt, 2);
+    entry.key = *key;
     entry.choice.config = config.value();
-    entry.choice.median_ms = stmt->double_at(10);
-    entry.choice.default_ms = stmt->double_at(11);
+    entry.choice.median_ms = stmt->double_at(12);
+    entry.choice.default_ms = stmt->double_at(13);
     entry.current = entry.generator == generator_version();
     entries.push_back(std::move(entry));
   }
@@ -824,49 +425,54 @@ Result<std::vector<TuningStore::ResultEntry>> TuningStore::result_entries(
   std::lock_guard<std::mutex> lock(impl_->mutex);
   const Impl& impl = *impl_;
   std::string sql =
-      "SELECT device, generator, head_dim, dtype, causal, group_size, seqlen_q_bucket, "
-      "seqlen_k_bucket, batch_heads_bucket, config, status, median_ms, min_ms, max_ms, "
-      "repetitions, tflops, is_default, message, recorded_at FROM results";
+      "SELECT device, generator, pass, deterministic, head_dim, dtype, causal, group_size, "
+      "seqlen_q_bucket, seqlen_k_bucket, batch_heads_bucket, config, status, median_ms, min_ms, "
+      "max_ms, repetitions, tflops, is_default, message, recorded_at FROM results";
   if (key) {
     sql +=
-        " WHERE head_dim = ? AND dtype = ? AND causal = ? AND group_size = ? AND "
-        "seqlen_q_bucket = ? AND seqlen_k_bucket = ? AND batch_heads_bucket = ?";
+        " WHERE pass = ? AND deterministic = ? AND head_dim = ? AND dtype = ? AND causal = ? "
+        "AND group_size = ? AND seqlen_q_bucket = ? AND seqlen_k_bucket = ? AND "
+        "batch_heads_bucket = ?";
   }
   sql +=
-      " ORDER BY device, generator, head_dim, dtype, causal, group_size, seqlen_q_bucket, "
-      "seqlen_k_bucket, batch_heads_bucket, status != 'timed', median_ms, config";
+      " ORDER BY device, generator, pass, deterministic, head_dim, dtype, causal, group_size, "
+      "seqlen_q_bucket, seqlen_k_bucket, batch_heads_bucket, status != 'timed', median_ms, "
+      "config";
   Result<Statement> stmt = impl.prepare(sql);
   if (!stmt.ok()) return stmt.error();
   if (key) {
-    FLASHJIT_TRY(impl.bound(stmt->bind(1, int64_t{key->head_dim})));
-    FLASHJIT_TRY(impl.bound(stmt->bind(2, std::string_view(to_string(key->dtype)))));
-    FLASHJIT_TRY(impl.bound(stmt->bind(3, int64_t{key->causal ? 1 : 0})));
-    FLASHJIT_TRY(impl.bound(stmt->bind(4, key->group_size)));
-    FLASHJIT_TRY(impl.bound(stmt->bind(5, key->seqlen_q_bucket)));
-    FLASHJIT_TRY(impl.bound(stmt->bind(6, key->seqlen_k_bucket)));
-    FLASHJIT_TRY(impl.bound(stmt->bind(7, key->batch_heads_bucket)));
+    FLASHJIT_TRY(impl.bound(stmt->bind(1, std::string_view(to_string(key->pass)))));
+    FLASHJIT_TRY(impl.bound(stmt->bind(2, deterministic_column(key->pass, key->deterministic))));
+    FLASHJIT_TRY(impl.bound(stmt->bind(3, int64_t{key->head_dim})));
+    FLASHJIT_TRY(impl.bound(stmt->bind(4, std::string_view(to_string(key->dtype)))));
+    FLASHJIT_TRY(impl.bound(stmt->bind(5, int64_t{key->causal ? 1 : 0})));
+    FLASHJIT_TRY(impl.bound(stmt->bind(6, key->group_size)));
+    FLASHJIT_TRY(impl.bound(stmt->bind(7, key->seqlen_q_bucket)));
+    FLASHJIT_TRY(impl.bound(stmt->bind(8, key->seqlen_k_bucket)));
+    FLASHJIT_TRY(impl.bound(stmt->bind(9, key->batch_heads_bucket)));
   }
   std::vector<ResultEntry> rows;
   for (;;) {
     Result<int> rc = impl.step(*stmt, "reading results");
     if (!rc.ok()) return rc.error();
     if (rc.value() == SQLITE_DONE) break;
-    Result<AttentionConfig> config = AttentionConfig::parse(stmt->text_at(9));
-    if (!config.ok()) continue;
+    Result<AttentionConfig> config = AttentionConfig::parse(stmt->text_at(11));
+    std::optional<ProblemKey> row_key = key_at(*stmt, 2);
+    if (!config.ok() || !row_key) continue;
     ResultEntry row;
     row.device = stmt->text_at(0);
     row.generator = stmt->text_at(1);
-    row.key = key_at(*stmt, 2);
+    row.key = *row_key;
     row.result.config = config.value();
-    row.result.status = parse_status(stmt->text_at(10));
-    row.result.median_ms = stmt->double_at(11);
-    row.result.min_ms = stmt->double_at(12);
-    row.result.max_ms = stmt->double_at(13);
-    row.result.repetitions = static_cast<int>(stmt->int_at(14));
-    row.result.tflops = stmt->double_at(15);
-    row.result.is_default = stmt->int_at(16) != 0;
-    row.result.message = stmt->text_at(17);
-    row.recorded_at = stmt->text_at(18);
+    row.result.status = parse_status(stmt->text_at(12));
+    row.result.median_ms = stmt->double_at(13);
+    row.result.min_ms = stmt->double_at(14);
+    row.result.max_ms = stmt->double_at(15);
+    row.result.repetitions = static_cast<int>(stmt->int_at(16));
+    row.result.tflops = stmt->double_at(17);
+    row.result.is_default = stmt->int_at(18) != 0;
+    row.result.message = stmt->text_at(19);
+    row.recorded_at = stmt->text_at(20);
     row.current = row.generator == generator_version();
     rows.push_back(std::move(row));
   }
@@ -892,7 +498,7 @@ Status TuningStore::merge_from(const fs::path& other) {
   {
     Result<Statement> attach = impl.prepare("ATTACH DATABASE ? AS other");
     if (!attach.ok()) return attach.error();
-    FLASHJIT_TRY(impl.bound(attach->bind(1, read_only_uri(other))));
+    FLASHJIT_TRY(impl.bound(attach->bind(1, tuning_db::read_only_uri(other))));
     std::string what = "attaching ";
     what += other.string();
     FLASHJIT_TRY(impl.run(*attach, what));
@@ -903,45 +509,55 @@ Status TuningStore::merge_from(const fs::path& other) {
     ~Detach() { sqlite3_exec(impl.db, "DETACH DATABASE other", nullptr, nullptr, nullptr); }
   } detach{impl};
 
-  Status schema = impl.check_schema_version("other");
-  if (!schema.ok()) {
-    std::string message = schema.error().message;
+  // A version-1 file (an older release's) merges too: its rows come in as forward rows.
+  Result<int> version = tuning_db::schema_version(impl, "other");
+  if (!version.ok()) {
+    std::string message = version.error().message;
     message += " (merging ";
     message += other.string();
     message += ")";
-    return make_error(schema.error().code, std::move(message));
+    return make_error(version.error().code, std::move(message));
   }
+  auto rows_of = [&](const char* table) {
+    return tuning_db::rows_as_version_2("other", table, version.value());
+  };
 
   // Rows of `other` that are newer than (or absent from) ours replace ours.
   std::string results = "INSERT OR REPLACE INTO main.results (";
-  results += kResultColumns;
+  results += tuning_db::kResultColumns;
   results += ") SELECT ";
-  results += kResultColumns;
-  results += " FROM other.results AS o WHERE NOT EXISTS (SELECT 1 FROM main.results AS m WHERE ";
-  results += key_match("m", "o", /*with_config=*/true);
+  results += tuning_db::kResultColumns;
+  results += " FROM ";
+  results += rows_of("results");
+  results += " AS o WHERE NOT EXISTS (SELECT 1 FROM main.results AS m WHERE ";
+  results += tuning_db::key_match("m", "o", /*with_config=*/true);
   results += " AND m.recorded_at >= o.recorded_at)";
 
   std::string choices = "INSERT OR REPLACE INTO main.choices (";
-  choices += kChoiceColumns;
+  choices += tuning_db::kChoiceColumns;
   choices += ") SELECT ";
-  choices += kChoiceColumns;
-  choices += " FROM other.choices AS o WHERE NOT EXISTS (SELECT 1 FROM main.choices AS m WHERE ";
-  choices += key_match("m", "o", /*with_config=*/false);
+  choices += tuning_db::kChoiceColumns;
+  choices += " FROM ";
+  choices += rows_of("choices");
+  choices += " AS o WHERE NOT EXISTS (SELECT 1 FROM main.choices AS m WHERE ";
+  choices += tuning_db::key_match("m", "o", /*with_config=*/false);
   choices += " AND m.chosen_at >= o.chosen_at)";
 
   std::string devices = "INSERT OR IGNORE INTO main.devices (";
-  devices += kDeviceColumns;
+  devices += tuning_db::kDeviceColumns;
   devices += ") SELECT ";
-  devices += kDeviceColumns;
+  devices += tuning_db::kDeviceColumns;
   devices += " FROM other.devices";
 
   // "WHERE true" keeps the upsert's ON CONFLICT from parsing as a join constraint.
   std::string recorded = "INSERT INTO main.recorded_problems (";
-  recorded += kRecordedColumns;
+  recorded += tuning_db::kRecordedColumns;
   recorded += ") SELECT ";
-  recorded += kRecordedColumns;
-  recorded += " FROM other.recorded_problems WHERE true ON CONFLICT (";
-  recorded += kRecordedKey;
+  recorded += tuning_db::kRecordedColumns;
+  recorded += " FROM ";
+  recorded += rows_of("recorded_problems");
+  recorded += " WHERE true ON CONFLICT (";
+  recorded += tuning_db::kRecordedKey;
   recorded +=
       ") DO UPDATE SET uses = max(uses, excluded.uses), first_seen = min(first_seen, "
       "excluded.first_seen), last_seen = max(last_seen, excluded.last_seen)";
@@ -983,25 +599,28 @@ Status TuningStore::record_miss(const DeviceFingerprint& device, const Attention
   std::lock_guard<std::mutex> lock(impl_->mutex);
   const Impl& impl = *impl_;
   std::string sql = "INSERT INTO recorded_problems (";
-  sql += kRecordedColumns;
-  sql += ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ";
+  sql += tuning_db::kRecordedColumns;
+  sql += ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ";
   sql += kNowSql;
   sql += ", ";
   sql += kNowSql;
   sql += ") ON CONFLICT (";
-  sql += kRecordedKey;
+  sql += tuning_db::kRecordedKey;
   sql += ") DO UPDATE SET uses = uses + 1, last_seen = excluded.last_seen";
   Result<Statement> stmt = impl.prepare(sql);
   if (!stmt.ok()) return stmt.error();
   FLASHJIT_TRY(impl.bound(stmt->bind(1, device.to_string())));
-  FLASHJIT_TRY(impl.bound(stmt->bind(2, int64_t{problem.head_dim})));
-  FLASHJIT_TRY(impl.bound(stmt->bind(3, std::string_view(to_string(problem.dtype)))));
-  FLASHJIT_TRY(impl.bound(stmt->bind(4, int64_t{problem.causal ? 1 : 0})));
-  FLASHJIT_TRY(impl.bound(stmt->bind(5, problem.batch)));
-  FLASHJIT_TRY(impl.bound(stmt->bind(6, problem.heads_q)));
-  FLASHJIT_TRY(impl.bound(stmt->bind(7, problem.heads_kv)));
-  FLASHJIT_TRY(impl.bound(stmt->bind(8, problem.seqlen_q)));
-  FLASHJIT_TRY(impl.bound(stmt->bind(9, problem.seqlen_k)));
+  FLASHJIT_TRY(impl.bound(stmt->bind(2, std::string_view(to_string(problem.pass)))));
+  FLASHJIT_TRY(
+      impl.bound(stmt->bind(3, deterministic_column(problem.pass, problem.deterministic))));
+  FLASHJIT_TRY(impl.bound(stmt->bind(4, int64_t{problem.head_dim})));
+  FLASHJIT_TRY(impl.bound(stmt->bind(5, std::string_view(to_string(problem.dtype)))));
+  FLASHJIT_TRY(impl.bound(stmt->bind(6, int64_t{problem.causal ? 1 : 0})));
+  FLASHJIT_TRY(impl.bound(stmt->bind(7, problem.batch)));
+  FLASHJIT_TRY(impl.bound(stmt->bind(8, problem.heads_q)));
+  FLASHJIT_TRY(impl.bound(stmt->bind(9, problem.heads_kv)));
+  FLASHJIT_TRY(impl.bound(stmt->bind(10, problem.seqlen_q)));
+  FLASHJIT_TRY(impl.bound(stmt->bind(11, problem.seqlen_k)));
 
   Transaction transaction(impl);
   FLASHJIT_TRY(transaction.begin());
@@ -1015,8 +634,8 @@ Result<std::vector<AttentionProblem>> TuningStore::recorded_problems(
   std::lock_guard<std::mutex> lock(impl_->mutex);
   const Impl& impl = *impl_;
   Result<Statement> stmt = impl.prepare(
-      "SELECT batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype, causal "
-      "FROM recorded_problems WHERE device = ? ORDER BY uses DESC, last_seen DESC");
+      "SELECT batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype, causal, pass, "
+      "deterministic FROM recorded_problems WHERE device = ? ORDER BY uses DESC, last_seen DESC");
   if (!stmt.ok()) return stmt.error();
   FLASHJIT_TRY(impl.bound(stmt->bind(1, device.to_string())));
   std::vector<AttentionProblem> problems;
@@ -1025,10 +644,14 @@ Result<std::vector<AttentionProblem>> TuningStore::recorded_problems(
     if (!rc.ok()) return rc.error();
     if (rc.value() == SQLITE_DONE) break;
     Result<DType> dtype = parse_dtype(stmt->text_at(6));
-    if (!dtype.ok()) continue;
-    AttentionProblem problem = AttentionProblem::make(
-        stmt->int_at(0), stmt->int_at(1), stmt->int_at(2), stmt->int_at(3), stmt->int_at(4),
-        static_cast<int>(stmt->int_at(5)), dtype.value(), stmt->int_at(7) != 0);
+    Result<Pass> pass = parse_pass(stmt->text_at(8));
+    if (!dtype.ok() || !pass.ok()) continue;
+    AttentionProblem problem =
+        AttentionProblem::make(stmt->int_at(0), stmt->int_at(1), stmt->int_at(2), stmt->int_at(3),
+                               stmt->int_at(4), static_cast<int>(stmt->int_at(5)), dtype.value(),
+                               stmt->int_at(7) != 0)
+            .with_pass(pass.value());
+    problem.deterministic = deterministic_column(problem.pass, stmt->int_at(9) != 0) != 0;
     if (!validate(problem).ok()) continue;  // a hand-edited row
     problems.push_back(problem);
   }

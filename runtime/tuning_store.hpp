@@ -1,13 +1,15 @@
 // The tuning database (SQLite): measured configs per device and problem, and the chosen one.
 //
 // Users run `flashjit tune` per machine and ship the file to identical machines. Rows are keyed by
-// a device fingerprint, the generator version and a problem key (exact head dim, dtype, causal,
-// GQA ratio; seqlens and batch*heads in power-of-two buckets). Rows whose fingerprint or generator
-// version differs from the caller's are kept but never used for selection.
+// a device fingerprint, the generator version and a problem key (the pass: forward, backward or
+// deterministic backward; exact head dim, dtype, causal, GQA ratio; seqlens and batch*heads in
+// power-of-two buckets). Rows whose fingerprint or generator version differs from the caller's are
+// kept but never used for selection.
 //
 // Durability: WAL mode, one transaction per recorded result, busy timeout: a killed tuner loses no
 // finished result, and several tuner processes may write one file at once.
-// The schema is documented in docs/TUNING_DB.md.
+// The schema (version 2; version-1 files of older releases are migrated when opened read-write
+// and read as forward rows when opened read-only) is documented in docs/TUNING_DB.md.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +45,8 @@ struct ProblemKey {
   int64_t batch_heads_bucket = 0;  // size_bucket(batch * heads_q)
 
   static ProblemKey of(const AttentionProblem& problem);
+  // "fwd", "bwd" or "bwd-det": which operation the key's rows are for.
+  const char* pass_name() const;
   // "d128 bf16 causal g1 q4096 k4096 bh64" (forward), "bwd d128 ..." / "bwd-det d128 ..."
   std::string to_string() const;
   bool operator==(const ProblemKey&) const = default;
@@ -76,9 +80,12 @@ enum class ChoiceSource { Exact, NearestBucket, Default };
 
 class TuningStore {
  public:
-  // Opens (creating if needed) a read-write database. IoError names the path and SQLite's message.
+  // Opens (creating if needed) a read-write database. A version-1 file (an older release's) is
+  // migrated to version 2 in place, in one transaction, its rows becoming forward rows; a newer
+  // version is Unsupported. IoError names the path and SQLite's message.
   static Result<std::unique_ptr<TuningStore>> open(const std::filesystem::path& path);
-  // Opens a read-only database (a shipped system DB); NotFound if the file does not exist.
+  // Opens a read-only database (a shipped system DB); NotFound if the file does not exist. A
+  // version-1 file is read as it is (its rows are forward rows), not migrated.
   static Result<std::unique_ptr<TuningStore>> open_read_only(const std::filesystem::path& path);
   ~TuningStore();
 
@@ -96,8 +103,9 @@ class TuningStore {
   // The choice for exactly this key, if any.
   Result<std::optional<TuneChoice>> choice(const DeviceFingerprint& device,
                                            const ProblemKey& key) const;
-  // The choice of the nearest key with the same head_dim, dtype, causal and group_size: distance
-  // is the sum of |log2| differences of the three buckets; ties go to the larger buckets.
+  // The choice of the nearest key with the same pass, deterministic flag, head_dim, dtype, causal
+  // and group_size: distance is the sum of |log2| differences of the three buckets; ties go to
+  // the larger buckets.
   Result<std::optional<std::pair<ProblemKey, TuneChoice>>> nearest_choice(
       const DeviceFingerprint& device, const ProblemKey& key) const;
 
@@ -131,10 +139,11 @@ class TuningStore {
       const std::optional<ProblemKey>& key = std::nullopt) const;
 
   // Notes that `problem` was served untuned (nearest bucket or default) on `device`, so that
-  // `flashjit tune --recorded` can tune it later: one row per exact problem shape (contiguous
-  // BSHD is assumed for the replay), with a use count.
+  // `flashjit tune --recorded` can tune it later: one row per pass, deterministic flag and exact
+  // problem shape (contiguous BSHD is assumed for the replay), with a use count.
   Status record_miss(const DeviceFingerprint& device, const AttentionProblem& problem);
-  // The recorded problems of `device`, most used first (contiguous BSHD, default scale).
+  // The recorded problems of `device`, most used first, with their pass and deterministic flag
+  // (contiguous BSHD, default scale).
   Result<std::vector<AttentionProblem>> recorded_problems(const DeviceFingerprint& device) const;
 
   // A consistent single-file copy (VACUUM INTO, then journal_mode=DELETE so that the copy can

@@ -1,5 +1,6 @@
-// `flashjit db`: argument errors (exit 2, one line), failures (exit 1), and an
-// ls / show / export / import / merge / clear round trip on temporary DBs. No GPU needed.
+// `flashjit db`: argument errors (exit 2, one line), failures (exit 1), an
+// ls / show / export / import / merge / clear round trip on temporary DBs, the pass in the
+// listings, and a DB of the previous release (schema version 1). No GPU needed.
 #include "cli/db_command.hpp"
 
 #include <gtest/gtest.h>
@@ -13,6 +14,7 @@
 
 #include "generator/problem.hpp"
 #include "runtime/tuning_store.hpp"
+#include "support/tuning_db.hpp"
 
 namespace flashjit::cli {
 namespace {
@@ -205,6 +207,88 @@ TEST_F(DbCommandTest, LsShowExportImportMergeClearRoundTrip) {
   Outcome empty = run({"ls", "--db", user.string(), "--all"});
   ASSERT_EQ(empty.status, 0);
   EXPECT_NE(empty.out.find("0 of 0 choices"), std::string::npos) << empty.out;
+}
+
+TEST_F(DbCommandTest, ListingsNameThePass) {
+  const fs::path path = dir_ / "passes.db";
+  make_db(path, 1024, AttentionConfig{64, 64, 4, 2});  // forward
+  {
+    Result<std::unique_ptr<TuningStore>> store = TuningStore::open(path);
+    ASSERT_TRUE(store.ok()) << store.error().describe();
+    ProblemKey backward = key_of_seqlen(1024);
+    backward.pass = Pass::Backward;
+    ProblemKey deterministic = backward;
+    deterministic.deterministic = true;
+    TuneResult result;
+    result.config = AttentionConfig{32, 128, 8, 2};
+    result.median_ms = 3.0;
+    ASSERT_TRUE((*store)->record(device(), backward, result).ok());
+    TuneChoice choice;
+    choice.config = result.config;
+    choice.median_ms = 3.0;
+    ASSERT_TRUE((*store)->choose(device(), backward, choice).ok());
+    choice.config.dq = DqMode::Separate;
+    ASSERT_TRUE((*store)->choose(device(), deterministic, choice).ok());
+  }
+  Outcome ls = run({"ls", "--db", path.string(), "--all"});
+  ASSERT_EQ(ls.status, 0) << ls.err;
+  EXPECT_NE(ls.out.find("3 of 3 choices (1 fwd, 1 bwd, 1 bwd-det)"), std::string::npos) << ls.out;
+  EXPECT_NE(ls.out.find("fwd d128 bf16 noncausal g1 q1024 k1024 bh32"), std::string::npos)
+      << ls.out;
+  EXPECT_NE(ls.out.find("  bwd d128 bf16 noncausal g1 q1024 k1024 bh32"), std::string::npos)
+      << ls.out;
+  EXPECT_NE(ls.out.find("bwd-det d128 bf16 noncausal g1 q1024 k1024 bh32"), std::string::npos)
+      << ls.out;
+  EXPECT_NE(ls.out.find("m32n128w8s2-det"), std::string::npos) << ls.out;
+
+  // show: the forward key (the problem flags' pass) and only its rows.
+  Outcome show = run({"show", "--db", path.string(), "--seqlen", "1000", "--all"});
+  ASSERT_EQ(show.status, 0) << show.err;
+  EXPECT_NE(show.out.find("key fwd d128 bf16 noncausal g1 q1024 k1024 bh32"), std::string::npos)
+      << show.out;
+  EXPECT_NE(show.out.find("* m64n64w4s2"), std::string::npos) << show.out;
+  EXPECT_EQ(show.out.find("m32n128w8s2"), std::string::npos) << show.out;  // a backward row
+
+  Outcome exported = run({"export", "--db", path.string(), (dir_ / "out.db").string()});
+  ASSERT_EQ(exported.status, 0) << exported.err;
+  EXPECT_NE(exported.out.find(": 3 choices (1 fwd, 1 bwd, 1 bwd-det)"), std::string::npos)
+      << exported.out;
+}
+
+TEST_F(DbCommandTest, ADbOfThePreviousReleaseIsListedMergedAndImported) {
+  const fs::path v1 = dir_ / "v1.db";
+  fs::copy_file(testing::tuning_db_v1_fixture(), v1);
+  const size_t choices = std::stoul(testing::query(v1, "SELECT count(*) FROM choices").at(0));
+  ASSERT_GT(choices, 0u);
+  const std::string summary =
+      std::to_string(choices) + " choices (" + std::to_string(choices) + " fwd)";
+
+  // ls opens it read-only: listed as forward keys, left at version 1.
+  Outcome ls = run({"ls", "--db", v1.string(), "--all"});
+  ASSERT_EQ(ls.status, 0) << ls.err;
+  EXPECT_NE(ls.out.find(std::to_string(choices) + " of " + summary), std::string::npos) << ls.out;
+  EXPECT_NE(ls.out.find("  fwd d64 bf16 causal g2 q256 k256 bh4"), std::string::npos) << ls.out;
+  EXPECT_EQ(testing::query(v1, "SELECT value FROM meta WHERE key = 'schema_version'"),
+            std::vector<std::string>{"1"});
+
+  const fs::path merged = dir_ / "merged.db";
+  make_db(merged, 1024, AttentionConfig{64, 64, 4, 2});
+  Outcome merge = run({"merge", merged.string(), v1.string()});
+  ASSERT_EQ(merge.status, 0) << merge.err;
+  const std::string merged_summary =
+      std::to_string(choices + 1) + " choices (" + std::to_string(choices + 1) + " fwd)";
+  EXPECT_NE(merge.out.find(merged_summary), std::string::npos) << merge.out;
+  EXPECT_EQ(testing::query(merged, "SELECT DISTINCT pass || ' ' || deterministic FROM choices"),
+            std::vector<std::string>{"fwd 0"});
+  EXPECT_EQ(testing::query(merged, "SELECT value FROM meta WHERE key = 'schema_version'"),
+            std::vector<std::string>{"2"});
+
+  const fs::path user = dir_ / "user.db";
+  Outcome import = run({"import", "--db", user.string(), v1.string()});
+  ASSERT_EQ(import.status, 0) << import.err;
+  EXPECT_NE(import.out.find(summary), std::string::npos) << import.out;
+  EXPECT_EQ(testing::query(v1, "SELECT value FROM meta WHERE key = 'schema_version'"),
+            std::vector<std::string>{"1"});  // only read
 }
 
 TEST_F(DbCommandTest, DefaultDbComesFromTheEnvironment) {

@@ -1,10 +1,10 @@
-// The tuning store (SQLite): schema, round trips, buckets, nearest selection, staleness, merge,
-// read-only and corrupt files, durability across kill -9 and concurrent writer processes.
+// The tuning store (SQLite): schema, round trips, buckets, the pass in the key, nearest selection,
+// staleness, merge, read-only and corrupt files, durability across kill -9 and concurrent writer
+// processes. Version-1 files (migration, read-only, merge): tuning_store_migration_test.cpp.
 #include "runtime/tuning_store.hpp"
 
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sqlite3.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +18,7 @@
 
 #include "generator/device.hpp"
 #include "generator/render.hpp"
+#include "support/tuning_db.hpp"
 
 namespace flashjit {
 namespace {
@@ -50,8 +51,21 @@ ProblemKey key(int64_t q = 4096, int64_t k = 4096, int64_t bh = 32, int head_dim
   return key;
 }
 
+// The same shape as a backward (deterministic: with a separate dQ kernel) key.
+ProblemKey backward(ProblemKey key, bool deterministic = false) {
+  key.pass = Pass::Backward;
+  key.deterministic = deterministic;
+  return key;
+}
+
 AttentionConfig config(int block_m, int block_n = 64, int warps = 4, int stages = 2) {
   return AttentionConfig{block_m, block_n, warps, stages};
+}
+
+// A backward config with DqMode::Separate ("...-det").
+AttentionConfig separate_dq(AttentionConfig config) {
+  config.dq = DqMode::Separate;
+  return config;
 }
 
 TuneResult timed(const AttentionConfig& config, double ms) {
@@ -74,26 +88,7 @@ TuneChoice chose(const AttentionConfig& config, double ms = 1.0, double default_
   return choice;
 }
 
-// Runs SQL on the file with the plain SQLite API; returns the first column of every row.
-std::vector<std::string> query(const fs::path& path, const std::string& sql) {
-  sqlite3* db = nullptr;
-  std::vector<std::string> rows;
-  EXPECT_EQ(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr),
-            SQLITE_OK);
-  sqlite3_busy_timeout(db, 10000);
-  sqlite3_stmt* stmt = nullptr;
-  EXPECT_EQ(sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr), SQLITE_OK)
-      << sql << ": " << sqlite3_errmsg(db);
-  int rc = 0;
-  while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
-    const unsigned char* text = sqlite3_column_text(stmt, 0);
-    rows.emplace_back(text ? reinterpret_cast<const char*>(text) : "NULL");
-  }
-  EXPECT_EQ(rc, SQLITE_DONE) << sql << ": " << sqlite3_errmsg(db);
-  sqlite3_finalize(stmt);
-  sqlite3_close(db);
-  return rows;
-}
+using flashjit::testing::query;
 
 std::unique_ptr<TuningStore> open_store(const fs::path& path) {
   Result<std::unique_ptr<TuningStore>> store = TuningStore::open(path);
@@ -144,6 +139,27 @@ TEST(TuningStoreKeys, ProblemKeyOfAProblem) {
   EXPECT_EQ(key().to_string(), "d128 bf16 noncausal g1 q4096 k4096 bh32");
 }
 
+TEST(TuningStoreKeys, ProblemKeyOfABackwardProblem) {
+  AttentionProblem problem =
+      AttentionProblem::make(3, 16, 4, 1000, 3000, 96, DType::F16, true).with_pass(Pass::Backward);
+  ProblemKey k = ProblemKey::of(problem);
+  EXPECT_EQ(k.pass, Pass::Backward);
+  EXPECT_FALSE(k.deterministic);
+  EXPECT_STREQ(k.pass_name(), "bwd");
+  EXPECT_EQ(k.to_string(), "bwd d96 f16 causal g4 q1024 k4096 bh64");
+  problem.deterministic = true;
+  k = ProblemKey::of(problem);
+  EXPECT_TRUE(k.deterministic);
+  EXPECT_STREQ(k.pass_name(), "bwd-det");
+  EXPECT_EQ(k.to_string(), "bwd-det d96 f16 causal g4 q1024 k4096 bh64");
+  // The flag means nothing for the forward pass: not part of a forward key.
+  k = ProblemKey::of(problem.with_pass(Pass::Forward));
+  EXPECT_EQ(k.pass, Pass::Forward);
+  EXPECT_FALSE(k.deterministic);
+  EXPECT_STREQ(k.pass_name(), "fwd");
+  EXPECT_EQ(k.to_string(), "d96 f16 causal g4 q1024 k4096 bh64");
+}
+
 TEST(TuningStoreKeys, FingerprintAndStatusStrings) {
   EXPECT_EQ(fingerprint().to_string(),
             "cuda|Test GPU|sm90|132sm|232448B|52428800B|drv13000|nvrtc 13.0");
@@ -187,7 +203,7 @@ TEST_F(TuningStoreTest, SchemaIsReadableWithPlainSqlite) {
   EXPECT_EQ(query(path, "SELECT name FROM sqlite_master WHERE type = 'view'"),
             std::vector<std::string>{"best_configs"});
   EXPECT_EQ(query(path, "SELECT value FROM meta WHERE key = 'schema_version'"),
-            std::vector<std::string>{"1"});
+            std::vector<std::string>{"2"});
   EXPECT_EQ(query(path, "PRAGMA journal_mode"), std::vector<std::string>{"wal"});
 
   EXPECT_EQ(query(path, "SELECT count(*) FROM results"), std::vector<std::string>{"2"});
@@ -495,6 +511,184 @@ TEST_F(TuningStoreTest, ExportIsASelfContainedReadOnlyCopy) {
   Status again = store->export_to(copy);
   ASSERT_FALSE(again.ok());
   EXPECT_EQ(again.error().code, ErrorCode::InvalidArgument);
+}
+
+TEST_F(TuningStoreTest, ThePassAndTheDeterministicFlagArePartOfTheKey) {
+  const fs::path path = dir_ / "tuning.db";
+  auto store = open_store(path);
+  ASSERT_TRUE(store);
+  const DeviceFingerprint device = fingerprint();
+  const ProblemKey fwd = key();
+  const ProblemKey bwd = backward(key());
+  const ProblemKey bwd_det = backward(key(), /*deterministic=*/true);
+  // The same shape and config in every pass: three rows, not one replaced twice.
+  ASSERT_TRUE(store->record(device, fwd, timed(config(64), 1.0)).ok());
+  ASSERT_TRUE(store->record(device, bwd, timed(config(64), 3.0)).ok());
+  ASSERT_TRUE(store->record(device, bwd, timed(config(128), 2.5)).ok());
+  ASSERT_TRUE(store->record(device, bwd_det, timed(separate_dq(config(64)), 4.0)).ok());
+  ASSERT_TRUE(store->choose(device, fwd, chose(config(64), 1.0, 1.0)).ok());
+  ASSERT_TRUE(store->choose(device, bwd, chose(config(128), 2.5, 3.0)).ok());
+  ASSERT_TRUE(store->choose(device, bwd_det, chose(separate_dq(config(64)), 4.0, 4.0)).ok());
+
+  ASSERT_EQ(store->results(device, fwd)->size(), 1u);
+  EXPECT_DOUBLE_EQ(store->results(device, fwd)->front().median_ms, 1.0);
+  ASSERT_EQ(store->results(device, bwd)->size(), 2u);
+  EXPECT_EQ(store->results(device, bwd)->front().config, config(128));  // fastest first
+  ASSERT_EQ(store->results(device, bwd_det)->size(), 1u);
+  EXPECT_EQ(store->results(device, bwd_det)->front().config, separate_dq(config(64)));
+  EXPECT_EQ(store->choice(device, fwd)->value().config, config(64));
+  EXPECT_EQ(store->choice(device, bwd)->value().config, config(128));
+  EXPECT_DOUBLE_EQ(store->choice(device, bwd)->value().default_ms, 3.0);
+  EXPECT_EQ(store->choice(device, bwd_det)->value().config, separate_dq(config(64)));
+
+  // A forward key with the flag set is the forward key (the flag is backward only).
+  ProblemKey flagged = fwd;
+  flagged.deterministic = true;
+  EXPECT_EQ(store->choice(device, flagged)->value().config, config(64));
+  ASSERT_TRUE(store->record(device, flagged, timed(config(64), 0.5)).ok());
+  EXPECT_EQ(store->results(device, fwd)->size(), 1u);
+  EXPECT_DOUBLE_EQ(store->results(device, fwd)->front().median_ms, 0.5);
+
+  Result<std::vector<TuningStore::Entry>> entries = store->entries();
+  ASSERT_TRUE(entries.ok()) << entries.error().describe();
+  ASSERT_EQ(entries->size(), 3u);
+  std::set<std::string> listed;
+  for (const TuningStore::Entry& entry : *entries) {
+    listed.insert(entry.key.to_string() + " " + entry.choice.config.to_string());
+  }
+  EXPECT_EQ(listed, (std::set<std::string>{fwd.to_string() + " m64n64w4s2",
+                                           bwd.to_string() + " m128n64w4s2",
+                                           bwd_det.to_string() + " m64n64w4s2-det"}));
+  Result<std::vector<TuningStore::ResultEntry>> rows = store->result_entries();
+  ASSERT_TRUE(rows.ok());
+  EXPECT_EQ(rows->size(), 4u);
+  EXPECT_EQ(store->result_entries(fwd)->size(), 1u);
+  EXPECT_EQ(store->result_entries(bwd)->size(), 2u);
+  ASSERT_EQ(store->result_entries(bwd_det)->size(), 1u);
+  EXPECT_EQ(store->result_entries(bwd_det)->front().key, bwd_det);
+
+  // In the file: the pass and the flag as columns, and the view joins on them (a join without
+  // them would pair the forward choice with the backward m64n64w4s2 row too).
+  EXPECT_EQ(
+      query(path,
+            "SELECT pass || ' ' || deterministic || ' ' || config FROM choices "
+            "ORDER BY pass, deterministic"),
+      (std::vector<std::string>{"bwd 0 m128n64w4s2", "bwd 1 m64n64w4s2-det", "fwd 0 m64n64w4s2"}));
+  EXPECT_EQ(query(path,
+                  "SELECT pass || ' ' || deterministic || ' ' || config || ' ' || median_ms || "
+                  "' ' || min_ms FROM best_configs ORDER BY pass, deterministic"),
+            (std::vector<std::string>{"bwd 0 m128n64w4s2 2.5 2.25", "bwd 1 m64n64w4s2-det 4.0 3.6",
+                                      "fwd 0 m64n64w4s2 1.0 0.45"}));
+}
+
+TEST_F(TuningStoreTest, NearestChoiceStaysWithinThePassAndTheFlag) {
+  auto store = open_store(dir_ / "tuning.db");
+  ASSERT_TRUE(store);
+  const DeviceFingerprint device = fingerprint();
+  auto nearest = [&](const ProblemKey& k) {
+    Result<std::optional<std::pair<ProblemKey, TuneChoice>>> found =
+        store->nearest_choice(device, k);
+    EXPECT_TRUE(found.ok()) << found.error().describe();
+    return found.ok() ? found.value() : std::nullopt;
+  };
+  ASSERT_TRUE(store->choose(device, key(1024, 1024, 32), chose(config(64))).ok());
+  EXPECT_FALSE(nearest(backward(key())));  // forward choices never serve a backward key
+  ASSERT_TRUE(store->choose(device, backward(key(1024, 1024, 32)), chose(config(128))).ok());
+  ASSERT_TRUE(nearest(backward(key())));
+  EXPECT_EQ(nearest(backward(key()))->first, backward(key(1024, 1024, 32)));
+  EXPECT_EQ(nearest(backward(key()))->second.config, config(128));
+  EXPECT_FALSE(nearest(backward(key(), /*deterministic=*/true)));
+  ASSERT_TRUE(
+      store->choose(device, backward(key(16384, 16384, 32), true), chose(separate_dq(config(32))))
+          .ok());
+  ASSERT_TRUE(nearest(backward(key(), true)));
+  EXPECT_EQ(nearest(backward(key(), true))->first, backward(key(16384, 16384, 32), true));
+  EXPECT_EQ(nearest(backward(key(), true))->second.config, separate_dq(config(32)));
+  // The forward key still finds the forward choice only.
+  EXPECT_EQ(nearest(key())->first, key(1024, 1024, 32));
+  EXPECT_EQ(nearest(key())->second.config, config(64));
+}
+
+TEST_F(TuningStoreTest, RecordedProblemsKeepTheirPassAndFlag) {
+  const fs::path path = dir_ / "tuning.db";
+  auto store = open_store(path);
+  ASSERT_TRUE(store);
+  const AttentionProblem forward =
+      AttentionProblem::make(2, 16, 4, 1000, 17, 128, DType::BF16, /*causal=*/true);
+  const AttentionProblem bwd = forward.with_pass(Pass::Backward);
+  AttentionProblem bwd_det = bwd;
+  bwd_det.deterministic = true;
+  AttentionProblem flagged_forward = forward;  // the flag is not part of a forward problem
+  flagged_forward.deterministic = true;
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(store->record_miss(fingerprint(), bwd_det).ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(store->record_miss(fingerprint(), bwd).ok());
+  ASSERT_TRUE(store->record_miss(fingerprint(), forward).ok());
+  ASSERT_TRUE(store->record_miss(fingerprint(), flagged_forward).ok());
+
+  EXPECT_EQ(query(path,
+                  "SELECT pass || ' ' || deterministic || ' ' || uses FROM recorded_problems "
+                  "ORDER BY uses DESC"),
+            (std::vector<std::string>{"bwd 1 4", "bwd 0 3", "fwd 0 2"}));
+  Result<std::vector<AttentionProblem>> problems = store->recorded_problems(fingerprint());
+  ASSERT_TRUE(problems.ok()) << problems.error().describe();
+  ASSERT_EQ(problems->size(), 3u);
+  EXPECT_EQ((*problems)[0].pass, Pass::Backward);
+  EXPECT_TRUE((*problems)[0].deterministic);
+  EXPECT_EQ((*problems)[0].to_string(), bwd_det.to_string());
+  EXPECT_EQ((*problems)[1].pass, Pass::Backward);
+  EXPECT_FALSE((*problems)[1].deterministic);
+  EXPECT_EQ((*problems)[1].to_string(), bwd.to_string());
+  EXPECT_EQ((*problems)[2].pass, Pass::Forward);
+  EXPECT_FALSE((*problems)[2].deterministic);
+  EXPECT_EQ((*problems)[2].to_string(), forward.to_string());
+  // The replayed problems key like the originals.
+  EXPECT_EQ(ProblemKey::of((*problems)[0]), ProblemKey::of(bwd_det));
+  EXPECT_EQ(ProblemKey::of((*problems)[1]), ProblemKey::of(bwd));
+}
+
+TEST_F(TuningStoreTest, MergeKeepsThePass) {
+  const fs::path a_path = dir_ / "a.db";
+  const fs::path b_path = dir_ / "b.db";
+  const DeviceFingerprint device = fingerprint();
+  const AttentionProblem problem = AttentionProblem::make(1, 8, 8, 300, 300, 64, DType::BF16, true);
+  {
+    auto b = open_store(b_path);
+    ASSERT_TRUE(b);
+    ASSERT_TRUE(b->choose(device, backward(key()), chose(config(128))).ok());
+    ASSERT_TRUE(b->choose(device, backward(key(), true), chose(separate_dq(config(32)))).ok());
+    ASSERT_TRUE(b->record(device, backward(key()), timed(config(128), 2.0)).ok());
+    ASSERT_TRUE(b->record_miss(device, problem.with_pass(Pass::Backward)).ok());
+  }
+  {
+    // Written after b's rows: a's forward rows of the same shape (and config) are newer, which
+    // must not block b's backward rows (another key).
+    auto a = open_store(a_path);
+    ASSERT_TRUE(a);
+    ASSERT_TRUE(a->choose(device, key(), chose(config(64))).ok());
+    ASSERT_TRUE(a->record(device, key(), timed(config(128), 1.0)).ok());
+    ASSERT_TRUE(a->record_miss(device, problem).ok());
+  }
+  auto a = open_store(a_path);
+  ASSERT_TRUE(a);
+  for (int round = 0; round < 2; ++round) {  // merging twice changes nothing
+    Status merged = a->merge_from(b_path);
+    ASSERT_TRUE(merged.ok()) << merged.error().describe();
+    EXPECT_EQ(a->entries()->size(), 3u);
+    EXPECT_EQ(a->choice(device, key())->value().config, config(64));
+    EXPECT_EQ(a->choice(device, backward(key()))->value().config, config(128));
+    EXPECT_EQ(a->choice(device, backward(key(), true))->value().config, separate_dq(config(32)));
+    ASSERT_EQ(a->results(device, key())->size(), 1u);
+    EXPECT_DOUBLE_EQ(a->results(device, key())->front().median_ms, 1.0);
+    ASSERT_EQ(a->results(device, backward(key()))->size(), 1u);
+    EXPECT_DOUBLE_EQ(a->results(device, backward(key()))->front().median_ms, 2.0);
+    Result<std::vector<AttentionProblem>> problems = a->recorded_problems(device);
+    ASSERT_TRUE(problems.ok());
+    ASSERT_EQ(problems->size(), 2u);
+    std::set<std::string> replayed;
+    for (const AttentionProblem& p : *problems) replayed.insert(p.to_string());
+    EXPECT_EQ(replayed, (std::set<std::string>{problem.to_string(),
+                                               problem.with_pass(Pass::Backward).to_string()}));
+  }
 }
 
 // A key per row index, so that every row of a writer is distinct.

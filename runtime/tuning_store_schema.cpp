@@ -1,0 +1,279 @@
+// The tuning store's schema and its migration: see runtime/tuning_store_schema.hpp. Keep
+// docs/TUNING_DB.md in step (and bump kSchemaVersion, with a migration, on any incompatible
+// change).
+#include "runtime/tuning_store_schema.hpp"
+
+#include <optional>
+#include <string_view>
+
+namespace flashjit::tuning_db {
+namespace {
+
+// Version 2. Idempotent: every statement is IF NOT EXISTS. docs/TUNING_DB.md describes each
+// column. The pass and the deterministic flag lead the problem part of every key, so that the
+// exact lookups and the nearest-bucket scan (same pass, flag, head_dim, dtype, causal and
+// group_size) use a prefix of the primary key.
+constexpr const char* kSchemaSql = R"sql(
+CREATE TABLE IF NOT EXISTS meta (
+  key   TEXT PRIMARY KEY,
+  value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS devices (
+  device               TEXT PRIMARY KEY,
+  backend              TEXT NOT NULL,
+  name                 TEXT NOT NULL,
+  arch                 INTEGER NOT NULL,
+  sm_count             INTEGER NOT NULL,
+  smem_per_block_optin INTEGER NOT NULL,
+  l2_bytes             INTEGER NOT NULL,
+  driver_version       INTEGER NOT NULL,
+  compiler             TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS results (
+  device             TEXT NOT NULL,
+  generator          TEXT NOT NULL,
+  pass               TEXT NOT NULL CHECK (pass IN ('fwd', 'bwd')),
+  deterministic      INTEGER NOT NULL CHECK (deterministic = 0 OR (deterministic = 1 AND
+                                                                    pass = 'bwd')),
+  head_dim           INTEGER NOT NULL,
+  dtype              TEXT NOT NULL,
+  causal             INTEGER NOT NULL,
+  group_size         INTEGER NOT NULL,
+  seqlen_q_bucket    INTEGER NOT NULL,
+  seqlen_k_bucket    INTEGER NOT NULL,
+  batch_heads_bucket INTEGER NOT NULL,
+  config             TEXT NOT NULL,
+  block_m            INTEGER NOT NULL,
+  block_n            INTEGER NOT NULL,
+  warps              INTEGER NOT NULL,
+  stages             INTEGER NOT NULL,
+  status             TEXT NOT NULL,
+  median_ms          REAL NOT NULL DEFAULT 0,
+  min_ms             REAL NOT NULL DEFAULT 0,
+  max_ms             REAL NOT NULL DEFAULT 0,
+  repetitions        INTEGER NOT NULL DEFAULT 0,
+  tflops             REAL NOT NULL DEFAULT 0,
+  is_default         INTEGER NOT NULL DEFAULT 0,
+  message            TEXT NOT NULL DEFAULT '',
+  recorded_at        TEXT NOT NULL,
+  PRIMARY KEY (device, generator, pass, deterministic, head_dim, dtype, causal, group_size,
+               seqlen_q_bucket, seqlen_k_bucket, batch_heads_bucket, config)
+);
+CREATE TABLE IF NOT EXISTS choices (
+  device             TEXT NOT NULL,
+  generator          TEXT NOT NULL,
+  pass               TEXT NOT NULL CHECK (pass IN ('fwd', 'bwd')),
+  deterministic      INTEGER NOT NULL CHECK (deterministic = 0 OR (deterministic = 1 AND
+                                                                    pass = 'bwd')),
+  head_dim           INTEGER NOT NULL,
+  dtype              TEXT NOT NULL,
+  causal             INTEGER NOT NULL,
+  group_size         INTEGER NOT NULL,
+  seqlen_q_bucket    INTEGER NOT NULL,
+  seqlen_k_bucket    INTEGER NOT NULL,
+  batch_heads_bucket INTEGER NOT NULL,
+  config             TEXT NOT NULL,
+  median_ms          REAL NOT NULL DEFAULT 0,
+  default_ms         REAL NOT NULL DEFAULT 0,
+  chosen_at          TEXT NOT NULL,
+  PRIMARY KEY (device, generator, pass, deterministic, head_dim, dtype, causal, group_size,
+               seqlen_q_bucket, seqlen_k_bucket, batch_heads_bucket)
+);
+CREATE TABLE IF NOT EXISTS recorded_problems (
+  device        TEXT NOT NULL,
+  pass          TEXT NOT NULL CHECK (pass IN ('fwd', 'bwd')),
+  deterministic INTEGER NOT NULL CHECK (deterministic = 0 OR (deterministic = 1 AND
+                                                               pass = 'bwd')),
+  head_dim      INTEGER NOT NULL,
+  dtype         TEXT NOT NULL,
+  causal        INTEGER NOT NULL,
+  batch         INTEGER NOT NULL,
+  heads_q       INTEGER NOT NULL,
+  heads_kv      INTEGER NOT NULL,
+  seqlen_q      INTEGER NOT NULL,
+  seqlen_k      INTEGER NOT NULL,
+  uses          INTEGER NOT NULL DEFAULT 1,
+  first_seen    TEXT NOT NULL,
+  last_seen     TEXT NOT NULL,
+  PRIMARY KEY (device, pass, deterministic, head_dim, dtype, causal, batch, heads_q, heads_kv,
+               seqlen_q, seqlen_k)
+);
+CREATE INDEX IF NOT EXISTS results_by_generator ON results (generator);
+CREATE INDEX IF NOT EXISTS choices_by_generator ON choices (generator);
+CREATE VIEW IF NOT EXISTS best_configs AS
+SELECT c.device, c.generator, c.pass, c.deterministic, c.head_dim, c.dtype, c.causal,
+       c.group_size, c.seqlen_q_bucket, c.seqlen_k_bucket, c.batch_heads_bucket, c.config,
+       c.median_ms, c.default_ms,
+       CASE WHEN c.median_ms > 0 AND c.default_ms > 0 THEN c.default_ms / c.median_ms END
+         AS speedup,
+       r.min_ms, r.max_ms, r.repetitions, r.tflops, r.status, c.chosen_at
+FROM choices AS c
+LEFT JOIN results AS r
+  ON r.device = c.device AND r.generator = c.generator AND r.pass = c.pass
+ AND r.deterministic = c.deterministic AND r.head_dim = c.head_dim AND r.dtype = c.dtype
+ AND r.causal = c.causal AND r.group_size = c.group_size
+ AND r.seqlen_q_bucket = c.seqlen_q_bucket AND r.seqlen_k_bucket = c.seqlen_k_bucket
+ AND r.batch_heads_bucket = c.batch_heads_bucket AND r.config = c.config;
+)sql";
+
+// The tables whose key gained the pass in version 2 (meta and devices did not change).
+constexpr const char* kKeyedTables[] = {"results", "choices", "recorded_problems"};
+
+// Version 1 -> 2, inside the open's transaction. The old tables are renamed aside first so that
+// kSchemaSql (the one definition of the version-2 tables) creates the new ones; the view and the
+// indexes that refer to the old tables are dropped before, so nothing is left pointing at them
+// (and kSchemaSql recreates both). Then every old row is copied as a forward row and the old
+// tables are dropped.
+std::string migration_from_version_1() {
+  std::string sql =
+      "DROP VIEW IF EXISTS best_configs;\n"
+      "DROP INDEX IF EXISTS results_by_generator;\n"
+      "DROP INDEX IF EXISTS choices_by_generator;\n";
+  for (const char* table : kKeyedTables) {
+    sql += "ALTER TABLE ";
+    sql += table;
+    sql += " RENAME TO ";
+    sql += table;
+    sql += "_v1;\n";
+  }
+  sql += kSchemaSql;
+  const std::pair<const char*, const char*> copies[] = {{"results", kResultColumns},
+                                                        {"choices", kChoiceColumns},
+                                                        {"recorded_problems", kRecordedColumns}};
+  for (const auto& [table, columns] : copies) {
+    const std::string old_table = std::string(table) + "_v1";
+    sql += "INSERT INTO ";
+    sql += table;
+    sql += " (";
+    sql += columns;
+    sql += ") SELECT ";
+    sql += columns;
+    sql += " FROM ";
+    sql += rows_as_version_2("main", old_table.c_str(), 1);
+    sql += ";\nDROP TABLE ";
+    sql += old_table;
+    sql += ";\n";
+  }
+  sql += "UPDATE meta SET value = '2' WHERE key = 'schema_version';\n";
+  return sql;
+}
+
+// The text of schema_version in `schema`.meta; nullopt when the table or the row is missing.
+Result<std::optional<std::string>> version_text(const Database& db, const char* schema) {
+  std::string has_meta = "SELECT name FROM ";
+  has_meta += schema;
+  has_meta += ".sqlite_master WHERE type = 'table' AND name = 'meta'";
+  Result<std::optional<std::string>> meta = db.query_text(has_meta, "reading the schema");
+  if (!meta.ok() || !meta->has_value()) return meta;
+  std::string sql = "SELECT value FROM ";
+  sql += schema;
+  sql += ".meta WHERE key = 'schema_version'";
+  return db.query_text(sql, "reading the schema version");
+}
+
+Error unsupported_version(const Database& db, std::string_view found) {
+  std::string message = "tuning DB ";
+  message += db.path.string();
+  message += ": schema_version = '";
+  message += found;
+  message += "': this build reads schema versions 1 and ";
+  message += std::to_string(kSchemaVersion);
+  message += " (was it written by a newer flashjit?)";
+  return make_error(ErrorCode::Unsupported, std::move(message));
+}
+
+}  // namespace
+
+std::string key_match(const char* left, const char* right, bool with_config) {
+  static constexpr const char* kNames[] = {
+      "device",          "generator",         "pass",
+      "deterministic",   "head_dim",          "dtype",
+      "causal",          "group_size",        "seqlen_q_bucket",
+      "seqlen_k_bucket", "batch_heads_bucket"};
+  std::string out;
+  for (const char* name : kNames) {
+    if (!out.empty()) out += " AND ";
+    out += left;
+    out += ".";
+    out += name;
+    out += " = ";
+    out += right;
+    out += ".";
+    out += name;
+  }
+  if (with_config) {
+    out += " AND ";
+    out += left;
+    out += ".config = ";
+    out += right;
+    out += ".config";
+  }
+  return out;
+}
+
+std::string rows_as_version_2(const char* schema, const char* table, int version) {
+  std::string out;
+  // `*` first: should the file become version 2 under a long-lived view (another process
+  // migrates it), its own pass/deterministic columns keep those names and the literals become
+  // "pass:1"/"deterministic:1" (SQLite makes result names unique), so reads stay right.
+  if (version == 1) out += "(SELECT *, 'fwd' AS pass, 0 AS deterministic FROM ";
+  out += schema;
+  out += ".";
+  out += table;
+  if (version == 1) out += ")";
+  return out;
+}
+
+Result<int> schema_version(const Database& db, const char* schema) {
+  Result<std::optional<std::string>> version = version_text(db, schema);
+  if (!version.ok()) {
+    return make_error(ErrorCode::IoError,
+                      version.error().message + " (not a flashjit tuning database?)");
+  }
+  if (!version->has_value()) {
+    std::string message = "tuning DB ";
+    message += db.path.string();
+    message += ": no schema_version in its meta table (not a flashjit tuning database?)";
+    return make_error(ErrorCode::IoError, std::move(message));
+  }
+  if (**version == "1") return 1;
+  if (**version == std::to_string(kSchemaVersion)) return kSchemaVersion;
+  return unsupported_version(db, **version);
+}
+
+Status prepare_for_writing(const Database& db) {
+  Transaction transaction(db);
+  FLASHJIT_TRY(transaction.begin());
+  // Read under the write lock: a concurrent opener's migration is either complete or not begun.
+  Result<std::optional<std::string>> version = version_text(db, "main");
+  if (!version.ok()) return version.error();
+  if (!version->has_value()) {
+    FLASHJIT_TRY(db.exec(kSchemaSql, "creating the schema"));
+    std::string meta = "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '";
+    meta += std::to_string(kSchemaVersion);
+    meta += "')";
+    FLASHJIT_TRY(db.exec(meta, "writing the schema version"));
+  } else if (**version == "1") {
+    FLASHJIT_TRY(db.exec(migration_from_version_1(), "migrating schema version 1 to 2"));
+  } else if (**version == std::to_string(kSchemaVersion)) {
+    FLASHJIT_TRY(db.exec(kSchemaSql, "checking the schema"));  // a no-op: all IF NOT EXISTS
+  } else {
+    return unsupported_version(db, **version);  // rolled back: the file is unchanged
+  }
+  return transaction.commit();
+}
+
+Status serve_version_1(const Database& db) {
+  for (const char* table : kKeyedTables) {
+    std::string sql = "CREATE TEMP VIEW ";
+    sql += table;
+    sql += " AS SELECT * FROM ";
+    sql += rows_as_version_2("main", table, 1);
+    std::string what = "reading version-1 ";
+    what += table;
+    FLASHJIT_TRY(db.exec(sql, what));
+  }
+  return ok_status();
+}
+
+}  // namespace flashjit::tuning_db

@@ -1,0 +1,27 @@
+// Tuning-DB helpers for tests: plain-SQL access to a DB file (to check what the store wrote, or
+// to set up a file as another program would have), the devices a file holds, and the fixture
+// written by the previous release (tests/fixtures/tuning_db_v1.db, see tests/fixtures/README.md).
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "runtime/device_fingerprint.hpp"
+
+namespace flashjit::testing {
+
+// Runs `sql` on the file with the plain SQLite API (creating the file if needed) and returns the
+// first column of every row as text ("NULL" for a null); a failing statement is a test failure
+// naming the SQL and SQLite's message.
+std::vector<std::string> query(const std::filesystem::path& path, const std::string& sql);
+
+// The devices table of a tuning DB as fingerprints (its columns are the fingerprint's parts).
+std::vector<DeviceFingerprint> devices_of(const std::filesystem::path& path);
+
+// tests/fixtures/tuning_db_v1.db in the source tree: a schema-version-1 DB written by
+// `flashjit tune` and `flashjit run` of commit 9131e12 on the CPU backend. Copy it before
+// opening it read-write (that migrates it).
+std::filesystem::path tuning_db_v1_fixture();
+
+}  // namespace flashjit::testing
