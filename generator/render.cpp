@@ -115,7 +115,8 @@ Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
       wgmma ? assemble({"attention_common.h", "cuda/common.cuh", "cuda/attention_fwd_sm90.cuh"},
                        {kAttentionForwardEntry}, "attention_fwd_sm90", problem, config,
                        instantiation.str())
-            : assemble({"attention_common.h", "cuda/common.cuh", "cuda/attention_fwd.cuh"},
+            : assemble({"attention_common.h", "cuda/common.cuh", "cuda/tiles.cuh",
+                        "cuda/attention_fwd.cuh"},
                        {kAttentionForwardEntry}, "attention_fwd", problem, config,
                        instantiation.str());
   if (source.ok()) source->arch_specific = wgmma;
@@ -216,7 +217,8 @@ Result<KernelSource> render_cuda_attention_backward(const AttentionProblem& prob
                   << "_dq<Config>(params);\n}\n";
   }
   Result<KernelSource> source = assemble(
-      {"attention_common.h", "cuda/common.cuh", "cuda/attention_bwd_common.cuh", file},
+      {"attention_common.h", "cuda/common.cuh", "cuda/tiles.cuh", "cuda/attention_bwd_common.cuh",
+       file},
       {kBackwardPreprocessEntry, kBackwardDkDvEntry, kBackwardDqEntry},
       wgmma ? "attention_bwd_sm90" : "attention_bwd", problem, config, instantiation.str());
   if (source.ok()) source->arch_specific = wgmma;
