@@ -1,0 +1,393 @@
+// The CUDA mma.sync templates' kernel bodies (templates/cuda/attention_fwd.cuh and
+// attention_bwd.cuh, with cuda/tiles.cuh and cuda/attention_bwd_common.cuh) run on the host
+// through an emulation of their device primitives (tests/support/cuda_emulator.hpp), against the
+// fp64 reference. No GPU is needed, so this runs in CI.
+//
+// The forward cases check the emulator itself: that template runs on H100s and matches the
+// reference there, so it matching here too says the emulated ldmatrix/mma layouts agree with the
+// hardware's for the patterns it uses. The backward cases then check the backward kernels'
+// algorithm, indexing, tile layouts and swizzles, masking, GQA, strides, workspace use, the
+// preprocess and convert kernels, and the pipelines' waits and barriers (the emulator's race
+// rules) on configs chosen to cover every code path. None of it shows that the hardware and the
+// compiler agree: tests/runtime/cuda_backward_test.cpp does, on a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "generator/backward_config.hpp"
+#include "generator/config.hpp"
+#include "generator/device.hpp"
+#include "generator/problem.hpp"
+#include "runtime/launch_params.hpp"
+#include "support/reference.hpp"
+#include "templates/attention_params.h"
+// The kernels need their primitives declared before them: params, emulated primitives, rules.
+#include "support/cuda_emulator.hpp"
+#include "templates/attention_common.h"
+#include "templates/cuda/tiles.cuh"
+// clang-format off: the order of the templates matters (as the renderer assembles them)
+#include "templates/cuda/attention_bwd.cuh"
+#include "templates/cuda/attention_bwd_common.cuh"
+#include "templates/cuda/attention_fwd.cuh"
+// clang-format on
+
+namespace flashjit {
+namespace {
+
+namespace ft = ::flashjit::testing;
+
+// Elements after each output that must stay untouched (a write past the tensor's span).
+constexpr size_t kGuardElements = 64;
+
+struct Shape {
+  int64_t batch, heads_q, heads_kv, seqlen_q, seqlen_k;
+  Layout layout = Layout::BSHD;
+  bool padded = false;  // BSHD with per-tensor padding after heads, rows and batches
+};
+
+// BSHD strides with padding (multiples of 8 elements, as validate() requires).
+Strides padded_bshd(int64_t seqlen, int64_t heads, int head_dim, int head_pad, int seq_pad,
+                    int batch_pad) {
+  Strides strides;
+  strides.head = head_dim + head_pad;
+  strides.seq = heads * strides.head + seq_pad;
+  strides.batch = seqlen * strides.seq + batch_pad;
+  return strides;
+}
+
+AttentionProblem make_problem(const Shape& s, int head_dim, DType dtype, bool causal, Pass pass) {
+  AttentionProblem problem = AttentionProblem::make(s.batch, s.heads_q, s.heads_kv, s.seqlen_q,
+                                                    s.seqlen_k, head_dim, dtype, causal, s.layout);
+  problem.pass = pass;
+  if (s.padded) {
+    // Different padding per tensor, so that a kernel using one tensor's strides for another's
+    // fails.
+    problem.q_strides = padded_bshd(s.seqlen_q, s.heads_q, head_dim, 8, 24, 16);
+    problem.k_strides = padded_bshd(s.seqlen_k, s.heads_kv, head_dim, 16, 24, 8);
+    problem.v_strides = padded_bshd(s.seqlen_k, s.heads_kv, head_dim, 24, 8, 32);
+    problem.o_strides = padded_bshd(s.seqlen_q, s.heads_q, head_dim, 8, 40, 8);
+    problem.do_strides = padded_bshd(s.seqlen_q, s.heads_q, head_dim, 16, 8, 24);
+    problem.dq_strides = padded_bshd(s.seqlen_q, s.heads_q, head_dim, 24, 16, 8);
+    problem.dk_strides = padded_bshd(s.seqlen_k, s.heads_kv, head_dim, 8, 8, 16);
+    problem.dv_strides = padded_bshd(s.seqlen_k, s.heads_kv, head_dim, 32, 16, 8);
+  }
+  return problem;
+}
+
+std::string shape_name(const Shape& s) {
+  return "(b" + std::to_string(s.batch) + " hq" + std::to_string(s.heads_q) + " hkv" +
+         std::to_string(s.heads_kv) + " sq" + std::to_string(s.seqlen_q) + " sk" +
+         std::to_string(s.seqlen_k) + (s.layout == Layout::BHSD ? " bhsd" : "") +
+         (s.padded ? " padded" : "") + ")";
+}
+
+// The inputs every emulated kernel may read, registered with the emulator.
+void register_inputs(const ft::HostInputs& inputs) {
+  ft::clear_globals();
+  for (const std::vector<uint16_t>* tensor :
+       {&inputs.q, &inputs.k, &inputs.v, &inputs.o, &inputs.d_o})
+    if (!tensor->empty()) ft::register_global(tensor->data(), tensor->size() * sizeof(uint16_t));
+}
+
+// ---- the forward: the emulator against a template verified on GPUs --------------------------
+
+template <class K>
+std::string run_forward(const AttentionProblem& problem, const ft::HostInputs& inputs,
+                        std::vector<uint16_t>* o, std::vector<float>* lse) {
+  std::vector<uint16_t> o_buffer(problem.o_span() + kGuardElements, ft::kPoisonBits);
+  std::vector<float> lse_buffer(problem.lse_elements() + kGuardElements, -1.f);
+  std::fill(lse_buffer.begin(), lse_buffer.begin() + problem.lse_elements(),
+            std::numeric_limits<float>::quiet_NaN());
+  AttentionArgs args{inputs.q.data(), inputs.k.data(), inputs.v.data(), o_buffer.data(),
+                     lse_buffer.data()};
+  const FlashjitAttentionParams params = make_launch_params(problem, args);
+  register_inputs(inputs);
+  ft::CudaGrid grid;
+  grid.x = static_cast<int>((problem.seqlen_q + K::kBlockM - 1) / K::kBlockM);
+  grid.y = static_cast<int>(problem.heads_q);
+  grid.z = static_cast<int>(problem.batch);
+  const std::string error = ft::emulate_cuda(grid, K::kThreads, K::kSmemElements * 2, [&] {
+    flashjit_kernel::attention_forward<K>(params);
+  });
+  if (!error.empty()) return error;
+  for (size_t i = problem.o_span(); i < o_buffer.size(); ++i)
+    if (o_buffer[i] != ft::kPoisonBits) return "o written past its span";
+  for (size_t i = problem.lse_elements(); i < lse_buffer.size(); ++i)
+    if (lse_buffer[i] != -1.f) return "lse written past its end";
+  o->assign(o_buffer.begin(), o_buffer.begin() + problem.o_span());
+  lse->assign(lse_buffer.begin(), lse_buffer.begin() + problem.lse_elements());
+  return "";
+}
+
+using ForwardFn = std::string (*)(const AttentionProblem&, const ft::HostInputs&,
+                                  std::vector<uint16_t>*, std::vector<float>*);
+
+struct ForwardCase {
+  int head_dim;
+  AttentionConfig config;
+  DType dtype;
+  bool causal;
+  ForwardFn run;
+
+  std::string name() const {
+    // Built by appending: gcc 12 warns falsely (-Wrestrict) on "literal" + std::string&&.
+    std::string text = "d";
+    text += std::to_string(head_dim);
+    text += "_";
+    text += config.to_string();
+    text += "_";
+    text += to_string(dtype);
+    text += causal ? "_causal" : "_noncausal";
+    return text;
+  }
+};
+
+void PrintTo(const ForwardCase& c, std::ostream* out) { *out << c.name(); }
+
+template <int D, int BM, int BN, int W, int S, bool BF16, bool CAUSAL>
+ForwardCase forward_case() {
+  typedef flashjit_kernel::Traits<D, BM, BN, W, S, BF16, CAUSAL> K;
+  return {D, {BM, BN, W, S}, BF16 ? DType::BF16 : DType::F16, CAUSAL, &run_forward<K>};
+}
+
+const std::vector<Shape>& forward_shapes() {
+  static const std::vector<Shape> all = {
+      {1, 1, 1, 1, 1},                        // a single row and key
+      {1, 2, 1, 70, 150},                     // GQA, more keys, ragged blocks
+      {1, 2, 2, 100, 40},                     // more queries: causal leaves 60 rows empty
+      {1, 2, 2, 45, 77, Layout::BSHD, true},  // padded strides
+  };
+  return all;
+}
+
+class CudaForwardEmulation : public ::testing::TestWithParam<ForwardCase> {};
+
+TEST_P(CudaForwardEmulation, MatchesTheFp64Reference) {
+  const ForwardCase& c = GetParam();
+  uint64_t seed = 100;
+  for (const Shape& shape : forward_shapes()) {
+    const AttentionProblem problem =
+        make_problem(shape, c.head_dim, c.dtype, c.causal, Pass::Forward);
+    ASSERT_TRUE(validate(problem).ok()) << validate(problem).error().describe();
+    const ft::HostInputs inputs = ft::random_inputs(problem, seed++);
+    std::vector<uint16_t> o;
+    std::vector<float> lse;
+    const std::string error = c.run(problem, inputs, &o, &lse);
+    ASSERT_EQ(error, "") << c.name() << " " << shape_name(shape);
+    EXPECT_TRUE(ft::matches_reference(
+        ft::compare(problem, o, lse, ft::reference_attention(problem, inputs))))
+        << c.name() << " " << shape_name(shape);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, CudaForwardEmulation,
+                         ::testing::Values(forward_case<64, 64, 64, 4, 2, true, true>(),
+                                           forward_case<128, 128, 32, 4, 3, false, false>(),
+                                           forward_case<96, 64, 64, 2, 2, true, false>()),
+                         [](const ::testing::TestParamInfo<ForwardCase>& info) {
+                           return info.param.name();
+                         });
+
+// ---- the backward ------------------------------------------------------------------------------
+
+struct Gradients {
+  std::vector<uint16_t> dq, dk, dv;  // whole spans
+};
+
+// The backward's launch sequence (render.hpp's contract, as runtime/cuda/cuda_backend.cpp
+// launches it): preprocess, dK/dV, then the convert or the dQ kernel, over one workspace.
+template <class K>
+std::string run_backward(const AttentionProblem& problem, const AttentionConfig& config,
+                         const ft::HostInputs& inputs, Gradients* out) {
+  const BackwardWorkspace layout = backward_workspace(problem, config);
+  std::vector<float> workspace(layout.bytes / sizeof(float) + 64,
+                               std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> lse = inputs.lse;
+  std::vector<uint16_t> dq(problem.dq_span() + kGuardElements, ft::kPoisonBits);
+  std::vector<uint16_t> dk(problem.dkv_span() + kGuardElements, ft::kPoisonBits);
+  std::vector<uint16_t> dv(problem.dkv_span() + kGuardElements, ft::kPoisonBits);
+  AttentionArgs args;
+  args.q = inputs.q.data();
+  args.k = inputs.k.data();
+  args.v = inputs.v.data();
+  args.o = const_cast<uint16_t*>(inputs.o.data());
+  args.lse = lse.data();
+  args.d_o = inputs.d_o.data();
+  args.dq = dq.data();
+  args.dk = dk.data();
+  args.dv = dv.data();
+  FlashjitAttentionParams params = make_launch_params(problem, args);
+  // A 256-byte aligned start within the vector, as the runtime's allocations are.
+  auto* base = reinterpret_cast<unsigned char*>(workspace.data());
+  base += (256 - reinterpret_cast<uintptr_t>(base) % 256) % 256;
+  bind_workspace(params, layout, base);
+  register_inputs(inputs);
+  ft::register_global(base, layout.bytes);
+
+  const int batch = static_cast<int>(problem.batch), heads_q = static_cast<int>(problem.heads_q);
+  const ft::CudaGrid rows{static_cast<int>(layout.seqlen_q_rounded / kBackwardPreprocessRows),
+                          heads_q, batch};
+  const bool bf16 = K::kIsBf16;
+  constexpr int kD = K::kHeadDim;
+  std::string error = ft::emulate_cuda(rows, kBackwardPreprocessThreads, 16, [&] {
+    if (bf16)
+      flashjit_kernel::backward_preprocess<kD, true>(params);
+    else
+      flashjit_kernel::backward_preprocess<kD, false>(params);
+  });
+  if (!error.empty()) return "preprocess: " + error;
+  const ft::CudaGrid dkdv{static_cast<int>((problem.seqlen_k + K::kBlockN - 1) / K::kBlockN),
+                          static_cast<int>(problem.heads_kv), batch};
+  error = ft::emulate_cuda(dkdv, K::kThreads, K::kSmemBytes,
+                           [&] { flashjit_kernel::attention_backward_dkdv<K>(params); });
+  if (!error.empty()) return "dK/dV kernel: " + error;
+  if (K::kDqAtomic) {
+    error = ft::emulate_cuda(rows, kBackwardPreprocessThreads, 16, [&] {
+      if (bf16)
+        flashjit_kernel::backward_dq_convert<kD, true>(params);
+      else
+        flashjit_kernel::backward_dq_convert<kD, false>(params);
+    });
+  } else {
+    const ft::CudaGrid queries{static_cast<int>((problem.seqlen_q + K::kBlockM - 1) / K::kBlockM),
+                               heads_q, batch};
+    error = ft::emulate_cuda(queries, K::kDqThreads, K::kDqSmemBytes,
+                             [&] { flashjit_kernel::attention_backward_dq<K>(params); });
+  }
+  if (!error.empty()) return "dQ kernel: " + error;
+  for (const auto* tensor : {&dq, &dk, &dv}) {
+    for (size_t i = tensor->size() - kGuardElements; i < tensor->size(); ++i)
+      if ((*tensor)[i] != ft::kPoisonBits) return "a gradient written past its span";
+  }
+  out->dq.assign(dq.begin(), dq.end() - kGuardElements);
+  out->dk.assign(dk.begin(), dk.end() - kGuardElements);
+  out->dv.assign(dv.begin(), dv.end() - kGuardElements);
+  return "";
+}
+
+using BackwardFn = std::string (*)(const AttentionProblem&, const AttentionConfig&,
+                                   const ft::HostInputs&, Gradients*);
+
+struct BackwardCase {
+  int head_dim;
+  AttentionConfig config;
+  DType dtype;
+  bool causal;
+  BackwardFn run;
+  int smem_bytes, dq_smem_bytes, threads;  // the template's, compared with the generator's
+
+  std::string name() const {
+    std::string text = "d";
+    text += std::to_string(head_dim);
+    text += "_";
+    std::string knobs = config.to_string();  // gtest names allow no '-'
+    std::replace(knobs.begin(), knobs.end(), '-', '_');
+    text += knobs;
+    text += "_";
+    text += to_string(dtype);
+    text += causal ? "_causal" : "_noncausal";
+    return text;
+  }
+};
+
+void PrintTo(const BackwardCase& c, std::ostream* out) { *out << c.name(); }
+
+template <int D, int BM, int BN, int W, int S, bool BF16, bool CAUSAL, bool ATOMIC>
+BackwardCase backward_case() {
+  typedef flashjit_kernel::BwdTraits<D, BM, BN, W, S, BF16, CAUSAL, ATOMIC> K;
+  const AttentionConfig config{
+      BM, BN, W, S, KernelFamily::Mma, ATOMIC ? DqMode::Atomic : DqMode::Separate};
+  return {D,
+          config,
+          BF16 ? DType::BF16 : DType::F16,
+          CAUSAL,
+          &run_backward<K>,
+          K::kSmemBytes,
+          K::kDqSmemBytes,
+          K::kThreads};
+}
+
+std::vector<BackwardCase> backward_cases() {
+  return {
+      // d <= 64 (padded to 64): the default shape, 32-row warp blocks in every product
+      backward_case<64, 128, 128, 8, 2, true, true, true>(),
+      backward_case<64, 64, 128, 8, 2, false, false, true>(),
+      // 4 warps, 16-row blocks of S (32 x 32 over 4 warps), one buffer, block_n = 32 (the
+      // 64-byte swizzle of P and dS)
+      backward_case<64, 32, 32, 4, 1, true, true, false>(),
+      backward_case<64, 64, 64, 4, 1, false, true, true>(),
+      // padded head dims (72 -> 128, 200 -> 256), separate dQ kernel
+      backward_case<72, 64, 128, 8, 2, true, false, false>(),
+      backward_case<128, 64, 128, 8, 2, false, true, true>(),
+      backward_case<200, 64, 64, 8, 1, true, true, true>(),
+      backward_case<256, 64, 64, 8, 2, false, false, false>(),
+  };
+}
+
+const std::vector<Shape>& backward_shapes() {
+  static const std::vector<Shape> all = {
+      {1, 1, 1, 1, 1},                        // a single row and key
+      {1, 1, 1, 17, 17},                      // ragged tails
+      {1, 2, 1, 70, 150},                     // GQA 2:1, more keys than queries
+      {1, 2, 2, 150, 40},                     // more queries: causal leaves 110 rows empty
+      {2, 3, 1, 33, 65, Layout::BHSD},        // MQA 3:1, batches, BHSD
+      {1, 2, 2, 45, 77, Layout::BSHD, true},  // padded strides, different per tensor
+  };
+  return all;
+}
+
+class CudaBackwardEmulation : public ::testing::TestWithParam<BackwardCase> {};
+
+TEST_P(CudaBackwardEmulation, MatchesTheFp64Reference) {
+  const BackwardCase& c = GetParam();
+  {
+    // The template's launch shape is the generator's, and the config is one it can render.
+    const AttentionProblem problem =
+        make_problem(backward_shapes()[1], c.head_dim, c.dtype, c.causal, Pass::Backward);
+    Status legal = check_backward_template(c.config, problem);
+    EXPECT_TRUE(legal.ok()) << legal.error().describe();
+    EXPECT_EQ(backward_dkdv_smem_bytes(c.config, problem), c.smem_bytes);
+    EXPECT_EQ(backward_dq_smem_bytes(c.config, problem), c.dq_smem_bytes);
+    EXPECT_EQ(backward_dkdv_threads(c.config), c.threads);
+    EXPECT_EQ(backward_dq_threads(c.config), c.threads);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  double worst = 0;
+  uint64_t seed = 1;
+  for (const Shape& shape : backward_shapes()) {
+    const AttentionProblem problem =
+        make_problem(shape, c.head_dim, c.dtype, c.causal, Pass::Backward);
+    ASSERT_TRUE(validate(problem).ok()) << validate(problem).error().describe();
+    const ft::HostInputs inputs = ft::random_inputs(problem, seed++);
+    const ft::Reference reference = ft::reference_attention(problem, inputs);
+    Gradients gradients;
+    const std::string error = c.run(problem, c.config, inputs, &gradients);
+    if (!error.empty()) {
+      ADD_FAILURE() << c.name() << " " << shape_name(shape) << ": " << error;
+      continue;
+    }
+    const GradientComparison comparison =
+        compare_gradients(problem, gradients.dq, gradients.dk, gradients.dv, reference);
+    worst = std::max(worst, comparison.max_rel_error());
+    EXPECT_TRUE(within_tolerance(comparison, gradient_tolerance(c.dtype)))
+        << c.name() << " " << shape_name(shape) << ": " << comparison.to_string();
+  }
+  std::printf("  %s: %zu shapes emulated in %.1f s, worst gradient rel error %.2e\n",
+              c.name().c_str(), backward_shapes().size(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+              worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, CudaBackwardEmulation, ::testing::ValuesIn(backward_cases()),
+                         [](const ::testing::TestParamInfo<BackwardCase>& info) {
+                           return info.param.name();
+                         });
+
+}  // namespace
+}  // namespace flashjit
