@@ -25,6 +25,7 @@
 #include "generator/device.hpp"
 #include "generator/problem.hpp"
 #include "runtime/launch_params.hpp"
+#include "support/attention_cases.hpp"
 #include "support/reference.hpp"
 #include "templates/attention_params.h"
 // The kernels need their primitives declared before them: params, emulated primitives, rules.
@@ -45,47 +46,9 @@ namespace ft = ::flashjit::testing;
 // Elements after each output that must stay untouched (a write past the tensor's span).
 constexpr size_t kGuardElements = 64;
 
-struct Shape {
-  int64_t batch, heads_q, heads_kv, seqlen_q, seqlen_k;
-  Layout layout = Layout::BSHD;
-  bool padded = false;  // BSHD with per-tensor padding after heads, rows and batches
-};
-
-// BSHD strides with padding (multiples of 8 elements, as validate() requires).
-Strides padded_bshd(int64_t seqlen, int64_t heads, int head_dim, int head_pad, int seq_pad,
-                    int batch_pad) {
-  Strides strides;
-  strides.head = head_dim + head_pad;
-  strides.seq = heads * strides.head + seq_pad;
-  strides.batch = seqlen * strides.seq + batch_pad;
-  return strides;
-}
-
-AttentionProblem make_problem(const Shape& s, int head_dim, DType dtype, bool causal, Pass pass) {
-  AttentionProblem problem = AttentionProblem::make(s.batch, s.heads_q, s.heads_kv, s.seqlen_q,
-                                                    s.seqlen_k, head_dim, dtype, causal, s.layout);
-  problem.pass = pass;
-  if (s.padded) {
-    // Different padding per tensor, so that a kernel using one tensor's strides for another's
-    // fails.
-    problem.q_strides = padded_bshd(s.seqlen_q, s.heads_q, head_dim, 8, 24, 16);
-    problem.k_strides = padded_bshd(s.seqlen_k, s.heads_kv, head_dim, 16, 24, 8);
-    problem.v_strides = padded_bshd(s.seqlen_k, s.heads_kv, head_dim, 24, 8, 32);
-    problem.o_strides = padded_bshd(s.seqlen_q, s.heads_q, head_dim, 8, 40, 8);
-    problem.do_strides = padded_bshd(s.seqlen_q, s.heads_q, head_dim, 16, 8, 24);
-    problem.dq_strides = padded_bshd(s.seqlen_q, s.heads_q, head_dim, 24, 16, 8);
-    problem.dk_strides = padded_bshd(s.seqlen_k, s.heads_kv, head_dim, 8, 8, 16);
-    problem.dv_strides = padded_bshd(s.seqlen_k, s.heads_kv, head_dim, 32, 16, 8);
-  }
-  return problem;
-}
-
-std::string shape_name(const Shape& s) {
-  return "(b" + std::to_string(s.batch) + " hq" + std::to_string(s.heads_q) + " hkv" +
-         std::to_string(s.heads_kv) + " sq" + std::to_string(s.seqlen_q) + " sk" +
-         std::to_string(s.seqlen_k) + (s.layout == Layout::BHSD ? " bhsd" : "") +
-         (s.padded ? " padded" : "") + ")";
-}
+using ft::make_problem;
+using ft::Shape;
+using ft::Storage;
 
 // The inputs every emulated kernel may read, registered with the emulator.
 void register_inputs(const ft::HostInputs& inputs) {
@@ -158,10 +121,10 @@ ForwardCase forward_case() {
 
 const std::vector<Shape>& forward_shapes() {
   static const std::vector<Shape> all = {
-      {1, 1, 1, 1, 1},                        // a single row and key
-      {1, 2, 1, 70, 150},                     // GQA, more keys, ragged blocks
-      {1, 2, 2, 100, 40},                     // more queries: causal leaves 60 rows empty
-      {1, 2, 2, 45, 77, Layout::BSHD, true},  // padded strides
+      {1, 1, 1, 1, 1},                          // a single row and key
+      {1, 2, 1, 70, 150},                       // GQA, more keys, ragged blocks
+      {1, 2, 2, 100, 40},                       // more queries: causal leaves 60 rows empty
+      {1, 2, 2, 45, 77, Storage::kBshdPadded},  // padded strides
   };
   return all;
 }
@@ -179,10 +142,10 @@ TEST_P(CudaForwardEmulation, MatchesTheFp64Reference) {
     std::vector<uint16_t> o;
     std::vector<float> lse;
     const std::string error = c.run(problem, inputs, &o, &lse);
-    ASSERT_EQ(error, "") << c.name() << " " << shape_name(shape);
+    ASSERT_EQ(error, "") << c.name() << " " << shape.to_string();
     EXPECT_TRUE(ft::matches_reference(
         ft::compare(problem, o, lse, ft::reference_attention(problem, inputs))))
-        << c.name() << " " << shape_name(shape);
+        << c.name() << " " << shape.to_string();
   }
 }
 
@@ -332,12 +295,12 @@ std::vector<BackwardCase> backward_cases() {
 
 const std::vector<Shape>& backward_shapes() {
   static const std::vector<Shape> all = {
-      {1, 1, 1, 1, 1},                        // a single row and key
-      {1, 1, 1, 17, 17},                      // ragged tails
-      {1, 2, 1, 70, 150},                     // GQA 2:1, more keys than queries
-      {1, 2, 2, 150, 40},                     // more queries: causal leaves 110 rows empty
-      {2, 3, 1, 33, 65, Layout::BHSD},        // MQA 3:1, batches, BHSD
-      {1, 2, 2, 45, 77, Layout::BSHD, true},  // padded strides, different per tensor
+      {1, 1, 1, 1, 1},                          // a single row and key
+      {1, 1, 1, 17, 17},                        // ragged tails
+      {1, 2, 1, 70, 150},                       // GQA 2:1, more keys than queries
+      {1, 2, 2, 150, 40},                       // more queries: causal leaves 110 rows empty
+      {2, 3, 1, 33, 65, Storage::kBhsd},        // MQA 3:1, batches, BHSD
+      {1, 2, 2, 45, 77, Storage::kBshdPadded},  // padded strides, different per tensor
   };
   return all;
 }
@@ -369,14 +332,14 @@ TEST_P(CudaBackwardEmulation, MatchesTheFp64Reference) {
     Gradients gradients;
     const std::string error = c.run(problem, c.config, inputs, &gradients);
     if (!error.empty()) {
-      ADD_FAILURE() << c.name() << " " << shape_name(shape) << ": " << error;
+      ADD_FAILURE() << c.name() << " " << shape.to_string() << ": " << error;
       continue;
     }
     const GradientComparison comparison =
         compare_gradients(problem, gradients.dq, gradients.dk, gradients.dv, reference);
     worst = std::max(worst, comparison.max_rel_error());
     EXPECT_TRUE(within_tolerance(comparison, gradient_tolerance(c.dtype)))
-        << c.name() << " " << shape_name(shape) << ": " << comparison.to_string();
+        << c.name() << " " << shape.to_string() << ": " << comparison.to_string();
   }
   std::printf("  %s: %zu shapes emulated in %.1f s, worst gradient rel error %.2e\n",
               c.name().c_str(), backward_shapes().size(),
