@@ -354,3 +354,99 @@ INSTANTIATE_TEST_SUITE_P(Configs, CudaBackwardEmulation, ::testing::ValuesIn(bac
 
 }  // namespace
 }  // namespace flashjit
+
+namespace flashjit {
+namespace {
+
+// ---- the emulator must be able to fail -------------------------------------------------------
+
+TEST(CudaEmulator, ReportsDivergenceAtAWarpOperation) {
+  const std::string error = ft::emulate_cuda({1, 1, 1}, 32, 16, [] {
+    if (threadIdx.x < 16) __shfl_xor_sync(0xffffffffu, 1.f, 1);
+  });
+  EXPECT_NE(error.find("divergent"), std::string::npos) << error;
+}
+
+TEST(CudaEmulator, ReportsABarrierNotEveryThreadReaches) {
+  const std::string error = ft::emulate_cuda({1, 1, 1}, 64, 16, [] {
+    if (threadIdx.x < 32) __syncthreads();
+  });
+  EXPECT_NE(error.find("__syncthreads"), std::string::npos) << error;
+}
+
+TEST(CudaEmulator, ReportsSharedMemoryRaces) {
+  using namespace flashjit_kernel;
+  // Warp 1 reads what warp 0 wrote in the same barrier interval.
+  std::string error = ft::emulate_cuda({1, 1, 1}, 64, 128, [] {
+    const u32 base = shared_address(dynamic_shared_memory());
+    if (threadIdx.x < 32) store_shared_u32(base + 4 * threadIdx.x, 1);
+    __syncwarp();
+    if (threadIdx.x >= 32) load_shared_f32(base + 4 * (threadIdx.x - 32));
+  });
+  EXPECT_NE(error.find("with no __syncthreads in between"), std::string::npos) << error;
+  // The same with a barrier is fine.
+  error = ft::emulate_cuda({1, 1, 1}, 64, 128, [] {
+    const u32 base = shared_address(dynamic_shared_memory());
+    if (threadIdx.x < 32) store_shared_u32(base + 4 * threadIdx.x, 1);
+    __syncthreads();
+    if (threadIdx.x >= 32) load_shared_f32(base + 4 * (threadIdx.x - 32));
+  });
+  EXPECT_EQ(error, "");
+  // A cp.async read before its wait; then a read of bytes nothing wrote.
+  static const float source[4] = {1, 2, 3, 4};
+  ft::clear_globals();
+  ft::register_global(source, sizeof source);
+  error = ft::emulate_cuda({1, 1, 1}, 32, 16, [] {
+    const u32 base = shared_address(dynamic_shared_memory());
+    if (threadIdx.x == 0) cp_async_16(base, source, 16);
+    cp_async_commit();
+    load_shared_f32(base);
+    cp_async_wait<0>();
+  });
+  EXPECT_NE(error.find("before the cp.async that fills it was waited for"), std::string::npos)
+      << error;
+  error = ft::emulate_cuda({1, 1, 1}, 32, 16,
+                           [] { load_shared_f32(shared_address(dynamic_shared_memory())); });
+  EXPECT_NE(error.find("which nothing wrote"), std::string::npos) << error;
+}
+
+TEST(CudaEmulator, MmaOfLdmatrixFragmentsIsTheMatrixProduct) {
+  using namespace flashjit_kernel;
+  // A [16 x 16] row-major and B^T [8 x 16] row-major in shared memory (B[k][n] = Bt[n][k]); A
+  // through ldmatrix.x4 (lanes address rows lane % 16, columns lane / 16 * 8), B through
+  // ldmatrix.x4 of two 8-row groups; D = A B + 0.5 compared with the host product.
+  float a[16][16], bt[8][16];
+  for (int i = 0; i < 16; ++i)
+    for (int k = 0; k < 16; ++k) a[i][k] = static_cast<float>((i * 3 + k * 5) % 7) - 3.f;
+  for (int n = 0; n < 8; ++n)
+    for (int k = 0; k < 16; ++k) bt[n][k] = static_cast<float>((n * 2 + k) % 5) - 2.f;
+  std::vector<float> d(32 * 4, 0.f);
+  const std::string error = ft::emulate_cuda({1, 1, 1}, 32, 768, [&] {
+    const int lane = threadIdx.x;
+    const u32 base = shared_address(dynamic_shared_memory());
+    for (int i = lane; i < 16 * 8; i += 32)  // 16 rows of 8 pairs
+      store_shared_u32(base + 4 * i, pack2<true>(a[i / 8][2 * (i % 8)], a[i / 8][2 * (i % 8) + 1]));
+    for (int i = lane; i < 8 * 8; i += 32)
+      store_shared_u32(base + 512 + 4 * i,
+                       pack2<true>(bt[i / 8][2 * (i % 8)], bt[i / 8][2 * (i % 8) + 1]));
+    __syncthreads();
+    u32 af[4], bf[4];
+    ldmatrix_x4(af, base + 32 * (lane % 16) + 16 * (lane / 16));
+    // Bt rows 0-7 at k 0 and k 8 (lanes 0-15); lanes 16-31 repeat them (an .x4 needs 4 groups).
+    ldmatrix_x4(bf, base + 512 + 32 * (lane % 8) + 16 * ((lane / 8) % 2));
+    float acc[4] = {0.5f, 0.5f, 0.5f, 0.5f};
+    mma_16x8x16<true>(acc, af, bf[0], bf[1]);
+    for (int e = 0; e < 4; ++e) d[lane * 4 + e] = acc[e];
+  });
+  ASSERT_EQ(error, "");
+  for (int lane = 0; lane < 32; ++lane)
+    for (int e = 0; e < 4; ++e) {
+      const int row = lane / 4 + 8 * (e / 2), col = 2 * (lane % 4) + e % 2;
+      float expected = 0.5f;
+      for (int k = 0; k < 16; ++k) expected += a[row][k] * bt[col][k];
+      EXPECT_EQ(d[lane * 4 + e], expected) << "lane " << lane << " e " << e;
+    }
+}
+
+}  // namespace
+}  // namespace flashjit
