@@ -26,8 +26,10 @@
 //           = 4 * block_m * d_pad + 4 * stages * block_n * d_pad + 2 * block_m * block_n bytes
 //   regs    each product's output block is split over the warps (32 rows per warp where the
 //           columns split evenly, else 16); per thread: dK + dV (fp32) + max(S + dP, the
-//           Atomic mode's dQ chunk) + an allowance, and for the dQ kernel dQ + S + dP + the
-//           allowance; at most 255, and threads * registers within the SM's register file
+//           Atomic mode's dQ chunk) + one k-step of B fragments (dK/dV columns / 4) + 40, and
+//           for the dQ kernel dQ + S + dP + dQ columns / 4 + 40; at most 255, and threads *
+//           registers within the SM's register file. Calibrated with ptxas: every legal config
+//           of sm80/sm90 spills at most 48 bytes (tests/templates/cuda_compile_test.cpp)
 #pragma once
 
 #include <string>
