@@ -5,6 +5,7 @@
 #include <initializer_list>
 #include <sstream>
 
+#include "generator/backward_config.hpp"
 #include "generator/cpu_config.hpp"
 #include "generator/hip_config.hpp"
 #include "templates/embedded.hpp"
@@ -115,7 +116,8 @@ Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
       wgmma ? assemble({"attention_common.h", "cuda/common.cuh", "cuda/attention_fwd_sm90.cuh"},
                        {kAttentionForwardEntry}, "attention_fwd_sm90", problem, config,
                        instantiation.str())
-            : assemble({"attention_common.h", "cuda/common.cuh", "cuda/attention_fwd.cuh"},
+            : assemble({"attention_common.h", "cuda/common.cuh", "cuda/tiles.cuh",
+                        "cuda/attention_fwd.cuh"},
                        {kAttentionForwardEntry}, "attention_fwd", problem, config,
                        instantiation.str());
   if (source.ok()) source->arch_specific = wgmma;
@@ -180,7 +182,7 @@ Result<KernelSource> render_cpu_attention(const AttentionProblem& problem,
 Result<KernelSource> render_cuda_attention_backward(const AttentionProblem& problem,
                                                     const AttentionConfig& config) {
   FLASHJIT_TRY(validate(problem));
-  FLASHJIT_TRY(check_template_constraints(problem, config));
+  FLASHJIT_TRY(check_backward_template(config, problem));
   // Each family's template defines a traits template with these parameters and two device
   // functions over it: <prefix>_dkdv and <prefix>_dq (the DqMode::Separate dQ kernel). The row
   // kernels (preprocess, the Atomic mode's convert) are cuda/attention_bwd_common.cuh's.
@@ -188,8 +190,10 @@ Result<KernelSource> render_cuda_attention_backward(const AttentionProblem& prob
   const char* traits = wgmma ? "Sm90BwdTraits" : "BwdTraits";
   const char* prefix = wgmma ? "attention_backward_sm90" : "attention_backward";
   const char* file = wgmma ? "cuda/attention_bwd_sm90.cuh" : "cuda/attention_bwd.cuh";
-  const std::string row_args = "<" + std::to_string(problem.head_dim) + ", " +
-                               (problem.dtype == DType::BF16 ? "true" : "false") + ">";
+  // Appended piecewise: gcc 12 warns (-Wrestrict, a false positive) on "literal" + string&&.
+  std::string row_args = "<";
+  row_args += std::to_string(problem.head_dim);
+  row_args += problem.dtype == DType::BF16 ? ", true>" : ", false>";
   const char* params = "(const __grid_constant__ FlashjitAttentionParams params) {\n";
   std::ostringstream instantiation;
   instantiation
@@ -216,7 +220,8 @@ Result<KernelSource> render_cuda_attention_backward(const AttentionProblem& prob
                   << "_dq<Config>(params);\n}\n";
   }
   Result<KernelSource> source = assemble(
-      {"attention_common.h", "cuda/common.cuh", "cuda/attention_bwd_common.cuh", file},
+      {"attention_common.h", "cuda/common.cuh", "cuda/tiles.cuh", "cuda/attention_bwd_common.cuh",
+       file},
       {kBackwardPreprocessEntry, kBackwardDkDvEntry, kBackwardDqEntry},
       wgmma ? "attention_bwd_sm90" : "attention_bwd", problem, config, instantiation.str());
   if (source.ok()) source->arch_specific = wgmma;

@@ -1,6 +1,7 @@
-// What every GPU attention forward template computes the same way, whatever its vendor: which
-// keys a block of query rows sees (seqlen_k edge, causal mask aligned bottom-right), which key
-// blocks need masking, and the conventions of the softmax state and the log-sum-exp output.
+// What every GPU attention template computes the same way, whatever its vendor: which keys a
+// block of query rows sees (seqlen_k edge, causal mask aligned bottom-right), which query rows a
+// block of keys is seen by (the backward pass), which blocks need masking, and the conventions
+// of the softmax state and the log-sum-exp output.
 // Scalar code only, so that it means the same thing under NVRTC, hipRTC and a host compiler
 // (the HIP template's host emulation test). The renderer prepends attention_params.h.
 #ifndef FLASHJIT_ATTENTION_COMMON_H
@@ -51,6 +52,20 @@ template <bool CAUSAL>
 FLASHJIT_DEVICE int last_key(const FlashjitAttentionParams& p, int diagonal, int row) {
   const int causal_last = row + diagonal;
   return CAUSAL && causal_last < p.seqlen_k - 1 ? causal_last : p.seqlen_k - 1;
+}
+
+// The backward pass walks the other way: a block of keys [n0, n0 + block_n) meets the query rows
+// that see any of its keys, in blocks of block_m rows. Blocks [first_query_block, query_blocks)
+// do; the earlier ones see none of these keys (causal), so they contribute nothing. The count
+// may be 0 (then the key block's gradients are zero).
+FLASHJIT_DEVICE int query_blocks(const FlashjitAttentionParams& p, int block_m) {
+  return (p.seqlen_q + block_m - 1) / block_m;
+}
+template <bool CAUSAL>
+FLASHJIT_DEVICE int first_query_block(int diagonal, int n0, int block_m) {
+  // Row i sees key n0 iff n0 <= i + diagonal: the first such row is n0 - diagonal.
+  const int first_row = n0 - diagonal;
+  return CAUSAL && first_row > 0 ? first_row / block_m : 0;
 }
 
 // The online softmax works in base 2 on raw scores s with the scale folded in:

@@ -156,4 +156,12 @@ PtxasReport parse_ptxas_report(const std::string& compile_log) {
   return report;
 }
 
+PtxasReport parse_ptxas_report(const std::string& compile_log, const std::string& entry) {
+  static const std::string kMarker = "Compiling entry function '";
+  const size_t begin = compile_log.find(kMarker + entry + "'");
+  if (begin == std::string::npos) return PtxasReport{};
+  const size_t end = compile_log.find(kMarker, begin + kMarker.size());
+  return parse_ptxas_report(compile_log.substr(begin, end == std::string::npos ? end : end - begin));
+}
+
 }  // namespace flashjit::cuda

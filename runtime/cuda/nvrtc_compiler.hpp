@@ -29,5 +29,9 @@ struct PtxasReport {
   int stack_frame_bytes = -1;
 };
 PtxasReport parse_ptxas_report(const std::string& compile_log);
+// The report of one entry function of a log with several (a backward source's kernels): the
+// part of the log from "Compiling entry function '<entry>'" to the next entry function. All
+// fields -1 when the log does not name it.
+PtxasReport parse_ptxas_report(const std::string& compile_log, const std::string& entry);
 
 }  // namespace flashjit::cuda

@@ -21,21 +21,10 @@ constexpr int kBackwardThreads = 128;
 // Eight 16-bit elements (one 16-byte vector) to floats.
 template <bool IS_BF16>
 __device__ __forceinline__ void unpack8(const Vec16& v, float (&out)[8]) {
-  const u32 words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (IS_BF16) {
-      out[2 * i] = __uint_as_float(words[i] << 16);
-      out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
-    } else {
-      float low, high;
-      asm("{ .reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h; }\n"
-          : "=f"(low), "=f"(high)
-          : "r"(words[i]));
-      out[2 * i] = low;
-      out[2 * i + 1] = high;
-    }
-  }
+  unpack2<IS_BF16>(v.x, out[0], out[1]);
+  unpack2<IS_BF16>(v.y, out[2], out[3]);
+  unpack2<IS_BF16>(v.z, out[4], out[5]);
+  unpack2<IS_BF16>(v.w, out[6], out[7]);
 }
 
 __device__ __forceinline__ float warp_sum(float value) {

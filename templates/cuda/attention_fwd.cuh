@@ -1,7 +1,8 @@
 // FlashAttention-2 forward for NVIDIA sm80+ (A100, RTX 30/40, H100/H200), tensor cores via
 // mma.sync m16n8k16. The renderer prepends templates/attention_params.h,
-// templates/attention_common.h (the key range, masking and LSE rules every GPU template shares)
-// and cuda/common.cuh (element types, PTX wrappers), and appends one instantiation.
+// templates/attention_common.h (the key range, masking and LSE rules every GPU template shares),
+// cuda/common.cuh (element types, PTX wrappers) and cuda/tiles.cuh (swizzled shared-memory tiles),
+// and appends one instantiation.
 //
 // One CTA computes O for kBlockM query rows of one (batch, head):
 //
@@ -21,8 +22,8 @@
 // clang-format on
 //
 // Each warp owns kRowsPerWarp = 16 * kMTiles query rows end to end, so warps synchronize only
-// around the shared K/V buffers. Shared tiles are stored row-major with the 16-byte chunks of
-// each row XOR-swizzled by (row % 8): ldmatrix reads of 8 rows then touch 8 distinct bank groups.
+// around the shared K/V buffers. Shared tiles are cuda/tiles.cuh's: row-major, the 16-byte chunks
+// of each row XOR-swizzled by (row % 8).
 
 namespace flashjit_kernel {
 
@@ -58,63 +59,6 @@ struct Traits {
   static_assert((kRowsPerWarp * kChunksPerRow) % 32 == 0, "O row copies split over a warp");
 };
 
-// ---- shared-memory tiles ----------------------------------------------------------------------
-
-// Element offset of (row, col) in a swizzled [rows, kHeadDimPadded] tile.
-template <class K>
-__device__ __forceinline__ int tile_offset(int row, int col) {
-  const int chunk = (col >> 3) ^ (row & 7);
-  return row * K::kHeadDimPadded + (chunk << 3) + (col & 7);
-}
-
-// Byte offset of (lane_row + row_add, lane_chunk + chunk_add) given `lane_offset`, the byte offset
-// of (lane_row, lane_chunk). Needs row_add % 8 == 0 (same swizzle phase) and lane_chunk's bits
-// disjoint from chunk_add's, so the swizzle splits into an add and an XOR of constants: the
-// per-lane part stays in one register instead of one register per fragment.
-// The adds are compile-time constants once the fragment loops are unrolled.
-template <class K>
-__device__ __forceinline__ u32 swizzled(u32 lane_offset, int row_add, int chunk_add) {
-  return (lane_offset + row_add * K::kRowBytes + (chunk_add & ~7) * 16) ^ ((chunk_add & 7) << 4);
-}
-
-// Starts the copy of ROWS global rows (row r at source + r * row_stride) into a shared tile.
-// Rows at or past `valid_rows` and columns past the head dim are zero-filled. When the threads
-// cover whole rows, each thread keeps one column and steps down the rows: one base pointer and
-// one stride in registers instead of one 64-bit address per copy.
-template <class K, int ROWS>
-__device__ __forceinline__ void load_tile_async(u32 tile, const u16* source, long long row_stride,
-                                                int valid_rows) {
-  constexpr int kCopies = ROWS * K::kChunksPerRow / K::kThreads;
-  if constexpr (K::kThreads % K::kChunksPerRow == 0) {
-    constexpr int kRowStep = K::kThreads / K::kChunksPerRow;
-    const int row0 = threadIdx.x / K::kChunksPerRow;
-    const int col = threadIdx.x % K::kChunksPerRow * 8;
-    const u16* from = source + row0 * row_stride + col;
-    const long long step = kRowStep * row_stride;
-    const int rows_left = col < K::kHeadDim ? valid_rows - row0 : 0;
-    const u32 to = tile + 2 * tile_offset<K>(row0, col);
-#pragma unroll
-    for (int i = 0; i < kCopies; ++i) {
-      // kRowStep is a multiple of 8 when the tile has >= 8 rows per step, so the swizzle phase
-      // of the row repeats; otherwise recompute the offset.
-      const u32 to_i = kRowStep % 8 == 0 ? to + i * kRowStep * K::kRowBytes
-                                         : tile + 2 * tile_offset<K>(row0 + i * kRowStep, col);
-      const bool valid = i * kRowStep < rows_left;
-      cp_async_16(to_i, valid ? from + i * step : source, valid ? 16 : 0);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kCopies; ++i) {
-      const int copy = threadIdx.x + i * K::kThreads;
-      const int row = copy / K::kChunksPerRow;
-      const int col = copy % K::kChunksPerRow * 8;
-      const bool valid = row < valid_rows && col < K::kHeadDim;
-      cp_async_16(tile + 2 * tile_offset<K>(row, col),
-                  valid ? source + row * row_stride + col : source, valid ? 16 : 0);
-    }
-  }
-}
-
 // ---- the kernel -------------------------------------------------------------------------------
 
 template <class K>
@@ -122,10 +66,11 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
   namespace fa = flashjit_attention;
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   constexpr int kMTiles = K::kMTiles, kNTiles = K::kNTiles, kDTiles = K::kDTiles;
+  constexpr int kDp = K::kHeadDimPadded;  // elements per row of every shared tile
 
   constexpr int kTileBytes = kBlockN * K::kRowBytes;
 
-  extern __shared__ __align__(128) unsigned char shared_bytes[];
+  unsigned char* shared_bytes = dynamic_shared_memory();
   u16* q_tile = reinterpret_cast<u16*>(shared_bytes);  // [kBlockM, d_padded]
   const u32 q_tile_address = shared_address(shared_bytes);
   const u32 kv_tiles =
@@ -161,9 +106,9 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
   const int frag_col = 2 * (lane % 4);
   // Byte offsets of the row/chunk each lane addresses in its ldmatrix calls (before the
   // per-fragment constants): Q as the A operand, K as B, V as B through .trans.
-  const u32 q_lane = 2 * tile_offset<K>(warp_row0 + lane % 16, lane / 16 * 8);
-  const u32 k_lane = 2 * tile_offset<K>(lane / 16 * 8 + lane % 8, (lane / 8) % 2 * 8);
-  const u32 v_lane = 2 * tile_offset<K>((lane / 8) % 2 * 8 + lane % 8, lane / 16 * 8);
+  const u32 q_lane = 2 * swizzled_offset<kDp>(warp_row0 + lane % 16, lane / 16 * 8);
+  const u32 k_lane = 2 * swizzled_offset<kDp>(lane / 16 * 8 + lane % 8, (lane / 8) % 2 * 8);
+  const u32 v_lane = 2 * swizzled_offset<kDp>((lane / 8) % 2 * 8 + lane % 8, lane / 16 * 8);
 
   float acc[kMTiles][kDTiles][4];  // O accumulator, fp32
   float row_max[kMTiles][2];       // m, in units of raw scores
@@ -180,15 +125,17 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
 
   if (n_blocks > 0) {
     // Prologue: Q and the first kStages - 1 K/V blocks in flight, one commit group per block.
-    load_tile_async<K, kBlockM>(q_tile_address, q, p.q_seq_stride, p.seqlen_q - m0);
+    load_tile_async<K::kThreads, kBlockM, kDp, K::kHeadDim>(q_tile_address, q, p.q_seq_stride,
+                                                            p.seqlen_q - m0);
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < n_blocks) {
         const u32 k_tile = kv_tiles + (2 * s) * kTileBytes;
-        load_tile_async<K, kBlockN>(k_tile, k + s * kBlockN * p.k_seq_stride, p.k_seq_stride,
-                                    p.seqlen_k - s * kBlockN);
-        load_tile_async<K, kBlockN>(k_tile + kTileBytes, v + s * kBlockN * p.v_seq_stride,
-                                    p.v_seq_stride, p.seqlen_k - s * kBlockN);
+        load_tile_async<K::kThreads, kBlockN, kDp, K::kHeadDim>(
+            k_tile, k + s * kBlockN * p.k_seq_stride, p.k_seq_stride, p.seqlen_k - s * kBlockN);
+        load_tile_async<K::kThreads, kBlockN, kDp, K::kHeadDim>(
+            k_tile + kTileBytes, v + s * kBlockN * p.v_seq_stride, p.v_seq_stride,
+            p.seqlen_k - s * kBlockN);
       }
       cp_async_commit();
     }
@@ -201,10 +148,12 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
       const int next = j + kStages - 1;  // refill the buffer block j - 1 used
       if (next < n_blocks) {
         const u32 k_tile = kv_tiles + 2 * (next % kStages) * kTileBytes;
-        load_tile_async<K, kBlockN>(k_tile, k + next * kBlockN * p.k_seq_stride, p.k_seq_stride,
-                                    p.seqlen_k - next * kBlockN);
-        load_tile_async<K, kBlockN>(k_tile + kTileBytes, v + next * kBlockN * p.v_seq_stride,
-                                    p.v_seq_stride, p.seqlen_k - next * kBlockN);
+        load_tile_async<K::kThreads, kBlockN, kDp, K::kHeadDim>(
+            k_tile, k + next * kBlockN * p.k_seq_stride, p.k_seq_stride,
+            p.seqlen_k - next * kBlockN);
+        load_tile_async<K::kThreads, kBlockN, kDp, K::kHeadDim>(
+            k_tile + kTileBytes, v + next * kBlockN * p.v_seq_stride, p.v_seq_stride,
+            p.seqlen_k - next * kBlockN);
       }
       cp_async_commit();
     }
@@ -224,11 +173,11 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
       u32 q_frag[kMTiles][4];
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
-        ldmatrix_x4(q_frag[mt], q_tile_address + swizzled<K>(q_lane, mt * 16, 2 * kk));
+        ldmatrix_x4(q_frag[mt], q_tile_address + swizzled_step<kDp>(q_lane, mt * 16, 2 * kk));
 #pragma unroll
       for (int np = 0; np < kNTiles / 2; ++np) {  // two 8-key tiles per ldmatrix.x4
         u32 k_frag[4];
-        ldmatrix_x4(k_frag, k_tile + swizzled<K>(k_lane, np * 16, 2 * kk));
+        ldmatrix_x4(k_frag, k_tile + swizzled_step<kDp>(k_lane, np * 16, 2 * kk));
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
           mma_16x8x16<K::kIsBf16>(s[mt][2 * np], q_frag[mt], k_frag[0], k_frag[1]);
@@ -302,7 +251,7 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
 #pragma unroll
       for (int dp = 0; dp < kDTiles / 2; ++dp) {  // two 8-column tiles of V per ldmatrix.x4
         u32 v_frag[4];
-        ldmatrix_x4_trans(v_frag, v_tile + swizzled<K>(v_lane, t * 16, 2 * dp));
+        ldmatrix_x4_trans(v_frag, v_tile + swizzled_step<kDp>(v_lane, t * 16, 2 * dp));
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
           mma_16x8x16<K::kIsBf16>(acc[mt][2 * dp], p_frag[mt], v_frag[0], v_frag[1]);
@@ -328,7 +277,7 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
       for (int dt = 0; dt < kDTiles; ++dt) {
         const u32 packed =
             pack2<K::kIsBf16>(acc[mt][dt][2 * half] * inverse, acc[mt][dt][2 * half + 1] * inverse);
-        *reinterpret_cast<u32*>(q_tile + tile_offset<K>(row, dt * 8 + frag_col)) = packed;
+        *reinterpret_cast<u32*>(q_tile + swizzled_offset<kDp>(row, dt * 8 + frag_col)) = packed;
       }
       if (lse && lane % 4 == 0 && m0 + row < p.seqlen_q) {
         lse[m0 + row] =
@@ -344,7 +293,7 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
     const int col = copy % K::kChunksPerRow * 8;
     if (m0 + row < p.seqlen_q && col < K::kHeadDim) {
       *reinterpret_cast<Vec16*>(o + row * p.o_seq_stride + col) =
-          *reinterpret_cast<const Vec16*>(q_tile + tile_offset<K>(row, col));
+          *reinterpret_cast<const Vec16*>(q_tile + swizzled_offset<kDp>(row, col));
     }
   }
 }

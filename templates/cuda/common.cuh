@@ -1,7 +1,12 @@
 // Pieces every CUDA attention template shares: 16-bit elements as raw bits, and thin PTX
-// wrappers (cp.async, ldmatrix, mma.sync, conversions, exp2/log2). No CUDA headers, so NVRTC
-// parses it in milliseconds. The renderer places it after templates/attention_params.h and
-// before the kernel template.
+// wrappers (cp.async, ldmatrix, mma.sync, shared-memory loads and stores, reductions,
+// conversions, exp2/log2). No CUDA headers, so NVRTC parses it in milliseconds. The renderer
+// places it after templates/attention_params.h and before the kernel template.
+//
+// Everything a template does to the device beyond plain C++ goes through the functions here (and
+// the CUDA built-ins threadIdx, blockIdx, gridDim, __syncthreads, __syncwarp, __shfl_xor_sync),
+// so that tests/support/cuda_emulator.hpp can define the same names on the host and run a
+// template's kernel body on the CPU.
 
 namespace flashjit_kernel {
 
@@ -14,6 +19,12 @@ struct alignas(16) Vec16 {  // one 16-byte vector: 8 elements
 };
 
 // ---- PTX wrappers -----------------------------------------------------------------------------
+
+// The kernel's dynamic shared memory (the launch's dynamic smem bytes).
+__device__ __forceinline__ unsigned char* dynamic_shared_memory() {
+  extern __shared__ __align__(128) unsigned char flashjit_dynamic_smem[];
+  return flashjit_dynamic_smem;
+}
 
 __device__ __forceinline__ u32 shared_address(const void* pointer) {
   u32 address;
@@ -45,6 +56,36 @@ __device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], u32 address) {
                : "r"(address));
 }
 
+// Loads and stores at a shared-memory address (shared_address()).
+__device__ __forceinline__ float load_shared_f32(u32 address) {
+  float value;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(value) : "r"(address) : "memory");
+  return value;
+}
+__device__ __forceinline__ void store_shared_u32(u32 address, u32 value) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(value) : "memory");
+}
+__device__ __forceinline__ Vec16 load_shared_vec16(u32 address) {
+  Vec16 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(address)
+               : "memory");
+  return v;
+}
+
+// address[0] += a, address[1] += b in global memory (8-byte aligned), no value returned: one
+// vector reduction on sm90, two scalar ones before. The order of concurrent additions is not
+// defined (results may differ in the last bits run to run).
+__device__ __forceinline__ void reduce_add_f32x2(float* address, float a, float b) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(address), "f"(a), "f"(b));
+#else
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(address), "f"(a));
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(address + 1), "f"(b));
+#endif
+}
+
 // d[16x8] += a[16x16] * b[16x8], fp32 accumulate.
 template <bool IS_BF16>
 __device__ __forceinline__ void mma_16x8x16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
@@ -73,6 +114,19 @@ __device__ __forceinline__ u32 pack2(float low, float high) {
     asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(high), "f"(low));
   }
   return packed;
+}
+
+// One register of two 16-bit elements -> two floats, the low half first.
+template <bool IS_BF16>
+__device__ __forceinline__ void unpack2(u32 packed, float& low, float& high) {
+  if constexpr (IS_BF16) {
+    low = __uint_as_float(packed << 16);
+    high = __uint_as_float(packed & 0xffff0000u);
+  } else {
+    asm("{ .reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h; }\n"
+        : "=f"(low), "=f"(high)
+        : "r"(packed));
+  }
 }
 
 __device__ __forceinline__ float fast_exp2(float x) {  // exp2(-inf) = 0

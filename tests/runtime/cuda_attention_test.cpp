@@ -24,6 +24,7 @@
 #include "generator/problem.hpp"
 #include "runtime/binary_cache.hpp"
 #include "runtime/runtime.hpp"
+#include "support/attention_cases.hpp"
 #include "support/gpu.hpp"
 #include "support/parallel.hpp"
 #include "support/reference.hpp"
@@ -43,23 +44,8 @@ constexpr int kMaxFailuresPerGroup = 30;
 // ---------------------------------------------------------------------------------------------
 // Shapes
 
-enum class Storage {
-  kBshd,        // contiguous [batch, seq, heads, d]
-  kBshdPadded,  // BSHD with padding after each head and each sequence row, different per tensor
-  kBhsd,        // contiguous [batch, heads, seq, d]
-};
-
-struct Shape {
-  int64_t batch, heads_q, heads_kv, seqlen_q, seqlen_k;
-  Storage storage = Storage::kBshd;
-
-  std::string to_string() const {
-    static const char* const kStorageNames[] = {"bshd", "bshd-padded", "bhsd"};
-    return "(b" + std::to_string(batch) + " hq" + std::to_string(heads_q) + " hkv" +
-           std::to_string(heads_kv) + " sq" + std::to_string(seqlen_q) + " sk" +
-           std::to_string(seqlen_k) + " " + kStorageNames[static_cast<int>(storage)] + ")";
-  }
-};
+using ft::Shape;
+using ft::Storage;
 
 const std::vector<Shape>& test_shapes() {
   static const std::vector<Shape> shapes = {
@@ -82,31 +68,7 @@ const std::vector<Shape>& test_shapes() {
   return shapes;
 }
 
-// BSHD strides with `head_pad` elements after each head's row and `seq_pad` after each sequence
-// row (all multiples of 8, as validate() requires).
-Strides padded_bshd(int64_t seqlen, int64_t heads, int head_dim, int head_pad, int seq_pad,
-                    int batch_pad) {
-  Strides strides;
-  strides.head = head_dim + head_pad;
-  strides.seq = heads * strides.head + seq_pad;
-  strides.batch = seqlen * strides.seq + batch_pad;
-  return strides;
-}
-
-AttentionProblem make_problem(const Shape& shape, int head_dim, DType dtype, bool causal) {
-  const Layout layout = shape.storage == Storage::kBhsd ? Layout::BHSD : Layout::BSHD;
-  AttentionProblem problem =
-      AttentionProblem::make(shape.batch, shape.heads_q, shape.heads_kv, shape.seqlen_q,
-                             shape.seqlen_k, head_dim, dtype, causal, layout);
-  if (shape.storage == Storage::kBshdPadded) {
-    // Different padding per tensor, so a kernel that uses one tensor's strides for another fails.
-    problem.q_strides = padded_bshd(shape.seqlen_q, shape.heads_q, head_dim, 8, 24, 16);
-    problem.k_strides = padded_bshd(shape.seqlen_k, shape.heads_kv, head_dim, 16, 24, 8);
-    problem.v_strides = padded_bshd(shape.seqlen_k, shape.heads_kv, head_dim, 24, 8, 32);
-    problem.o_strides = padded_bshd(shape.seqlen_q, shape.heads_q, head_dim, 8, 40, 8);
-  }
-  return problem;
-}
+using ft::make_problem;  // forward problems (tests/support/attention_cases.hpp)
 
 // ---------------------------------------------------------------------------------------------
 // Device helpers
@@ -183,60 +145,9 @@ RunOutput run_poisoned(const Backend& backend, const Kernel& kernel,
   return out;
 }
 
-// A binary cache for the test's compiles: $FLASHJIT_CACHE_DIR when set (reruns on the GPU
-// machine skip compiling), else a fresh temporary directory removed afterwards.
-class TestCache {
- public:
-  TestCache() : dir_(choose_dir()), cache_(dir_) {}
-  ~TestCache() {
-    if (!shared_) {
-      std::error_code ignored;
-      std::filesystem::remove_all(dir_, ignored);
-    }
-  }
-  const BinaryCache* get() const { return &cache_; }
-  const std::filesystem::path& dir() const { return dir_; }
-
- private:
-  std::filesystem::path choose_dir() {
-    const char* env = std::getenv("FLASHJIT_CACHE_DIR");
-    shared_ = env != nullptr && *env != '\0';
-    if (shared_) return BinaryCache::default_dir();
-    std::random_device entropy;
-    return std::filesystem::temp_directory_path() /
-           ("flashjit-test-cache-" + std::to_string(entropy()) + std::to_string(entropy()));
-  }
-
-  bool shared_ = false;
-  std::filesystem::path dir_;
-  BinaryCache cache_;
-};
-
-struct BuiltKernel {
-  AttentionConfig config;
-  std::shared_ptr<Kernel> kernel;
-  std::string error;
-  double seconds = 0;
-};
-
-// All configs built concurrently (NVRTC compiles are independent and thread-safe).
-std::vector<BuiltKernel> build_all(const Backend& backend, const BinaryCache* cache,
-                                   const AttentionProblem& problem,
-                                   const std::vector<AttentionConfig>& configs) {
-  return ft::parallel_map<BuiltKernel>(configs.size(), [&](size_t i) {
-    BuiltKernel built;
-    built.config = configs[i];
-    const auto start = std::chrono::steady_clock::now();
-    Result<std::shared_ptr<Kernel>> kernel = build_kernel(backend, cache, problem, configs[i]);
-    built.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (kernel.ok()) {
-      built.kernel = kernel.value();
-    } else {
-      built.error = kernel.error().describe();
-    }
-    return built;
-  });
-}
+using ft::build_all;
+using ft::BuiltKernel;
+using ft::TestCache;
 
 // ---------------------------------------------------------------------------------------------
 // Every legal config of a group on every shape

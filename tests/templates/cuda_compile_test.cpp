@@ -1,9 +1,10 @@
-// Every legal config of the CUDA attention template compiles with NVRTC, for sm80 and sm90,
-// spilling at most a few values (kMaxSpillBytes). Needs no GPU (NVRTC only), so it runs in CI: a
-// template or generator change that breaks any corner of the config space fails here, not on a GPU
-// machine later.
+// Every legal config of the CUDA attention templates compiles with NVRTC, for sm80 and sm90,
+// spilling at most a few values (kMaxSpillBytes): the forward's, and the backward's (every
+// kernel of its source: preprocess, dK/dV, and the convert or the separate dQ kernel). Needs no
+// GPU (NVRTC only), so it runs in CI: a template or generator change that breaks any corner of
+// the config space fails here, not on a GPU machine later.
 //
-// One gtest per (arch, head_dim, dtype, causal) group; each prints a table of its configs.
+// One gtest per (pass, arch, head_dim, dtype, causal) group; each prints a table of its configs.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "generator/backward_config.hpp"
 #include "generator/config.hpp"
 #include "generator/device.hpp"
 #include "generator/render.hpp"
@@ -52,7 +54,9 @@ struct CompileOutcome {
   std::string error;  // render or compile error, with the log
   std::string log;    // the compile log (ptxas' report and notes)
   size_t cubin_bytes = 0;
-  cuda::PtxasReport report;
+  cuda::PtxasReport report;  // the worst of the source's kernels
+  // The backward's kernels: dK/dV and (DqMode::Separate) the dQ kernel.
+  cuda::PtxasReport dkdv_report, dq_report;
   double seconds = 0;
 };
 
@@ -75,6 +79,8 @@ CompileOutcome compile_one(const AttentionProblem& problem, const AttentionConfi
   outcome.ok = true;
   outcome.cubin_bytes = binary->bytes.size();
   outcome.report = cuda::parse_ptxas_report(binary->compile_log);
+  outcome.dkdv_report = cuda::parse_ptxas_report(binary->compile_log, kBackwardDkDvEntry);
+  outcome.dq_report = cuda::parse_ptxas_report(binary->compile_log, kBackwardDqEntry);
   outcome.log = binary->compile_log;
   return outcome;
 }
@@ -183,6 +189,59 @@ INSTANTIATE_TEST_SUITE_P(AllGroups, CudaCompileAllConfigs, ::testing::ValuesIn(a
                            return info.param.name();
                          });
 
+// ---- the backward pass ------------------------------------------------------------------------
+
+void print_backward_table(const std::vector<CompileOutcome>& outcomes,
+                          const AttentionProblem& problem, const DeviceSpec& device) {
+  std::printf("  %-18s %9s %9s %9s %9s %8s %6s\n", "config", "dkdv regs", "est", "dq regs", "est",
+              "spill", "sec");
+  for (const CompileOutcome& o : outcomes) {
+    if (!o.ok) {
+      std::printf("  %-18s FAILED\n", o.config.to_string().c_str());
+      continue;
+    }
+    const BackwardResources use = backward_resources(o.config, problem, device);
+    const bool separate = o.config.dq == DqMode::Separate;
+    std::printf("  %-18s %9d %9d %9s %9s %8d %6.2f\n", o.config.to_string().c_str(),
+                o.dkdv_report.registers, use.dkdv_registers,
+                separate ? std::to_string(o.dq_report.registers).c_str() : "-",
+                separate ? std::to_string(use.dq_registers).c_str() : "-",
+                o.report.spill_store_bytes, o.seconds);
+  }
+  std::fflush(stdout);
+}
+
+class CudaCompileBackward : public ::testing::TestWithParam<CompileGroup> {};
+
+TEST_P(CudaCompileBackward, EveryLegalConfigCompilesWithoutSpills) {
+  const CompileGroup& group = GetParam();
+  Result<DeviceSpec> device = known_device("sm" + std::to_string(group.arch));
+  ASSERT_TRUE(device.ok()) << device.error().describe();
+  // Not deterministic: both dQ modes are legal. The sizes are representative.
+  const AttentionProblem problem =
+      AttentionProblem::make(2, 16, 16, 4096, 4096, group.head_dim, group.dtype, group.causal)
+          .with_pass(Pass::Backward);
+  const std::vector<AttentionConfig> configs = legal_configs(problem, device.value());
+  ASSERT_FALSE(configs.empty()) << "no legal backward config for " << group.name();
+  const std::vector<CompileOutcome> outcomes = compile_all(problem, configs, group.arch);
+  print_backward_table(outcomes, problem, device.value());
+  for (const CompileOutcome& outcome : outcomes) {
+    expect_clean(outcome, "bwd " + group.name());
+    if (!outcome.ok) continue;
+    // Each kernel the config launches was reported on (a missing entry would read as 0 spills).
+    EXPECT_GT(outcome.dkdv_report.registers, 0) << outcome.config.to_string() << ":\n"
+                                                << outcome.log;
+    if (outcome.config.dq == DqMode::Separate) {
+      EXPECT_GT(outcome.dq_report.registers, 0) << outcome.config.to_string();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllGroups, CudaCompileBackward, ::testing::ValuesIn(all_groups()),
+                         [](const ::testing::TestParamInfo<CompileGroup>& info) {
+                           return info.param.name();
+                         });
+
 // A head dim that is not a power of two: the template pads it to padded_head_dim() (128).
 class CudaCompilePaddedHeadDim : public ::testing::TestWithParam<int> {};
 
@@ -196,6 +255,22 @@ TEST_P(CudaCompilePaddedHeadDim, DefaultConfigOfHeadDim96Compiles) {
   const std::vector<CompileOutcome> outcomes = compile_all(problem, {config.value()}, arch);
   print_table(outcomes, problem);
   expect_clean(outcomes.front(), "sm" + std::to_string(arch) + "_d96_bf16_causal");
+}
+
+TEST_P(CudaCompilePaddedHeadDim, DefaultBackwardConfigOfHeadDim96Compiles) {
+  const int arch = GetParam();
+  Result<DeviceSpec> device = known_device("sm" + std::to_string(arch));
+  ASSERT_TRUE(device.ok()) << device.error().describe();
+  for (bool deterministic : {false, true}) {
+    AttentionProblem problem = AttentionProblem::make(1, 8, 2, 1000, 1000, 96, DType::BF16, true)
+                                   .with_pass(Pass::Backward);
+    problem.deterministic = deterministic;
+    Result<AttentionConfig> config = default_config(problem, device.value());
+    ASSERT_TRUE(config.ok()) << config.error().describe();
+    const std::vector<CompileOutcome> outcomes = compile_all(problem, {config.value()}, arch);
+    print_backward_table(outcomes, problem, device.value());
+    expect_clean(outcomes.front(), "bwd sm" + std::to_string(arch) + "_d96_bf16_causal");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, CudaCompilePaddedHeadDim, ::testing::Values(80, 90),
