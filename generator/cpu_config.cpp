@@ -2,15 +2,15 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <span>
 #include <sstream>
 
 namespace flashjit {
 namespace {
 
-template <size_t N>
-std::string list(const int (&values)[N]) {
+std::string list(std::span<const int> values) {
   std::string out = "{";
-  for (size_t i = 0; i < N; ++i) {
+  for (size_t i = 0; i < values.size(); ++i) {
     if (i > 0) out += ", ";
     out += std::to_string(values[i]);
   }
@@ -19,10 +19,19 @@ std::string list(const int (&values)[N]) {
 
 std::string kib(int64_t bytes) { return std::to_string(bytes / 1024) + " KiB"; }
 
-template <size_t N>
-bool contains(const int (&values)[N], int value) {
-  return std::find(std::begin(values), std::end(values), value) != std::end(values);
+bool contains(std::span<const int> values, int value) {
+  return std::find(values.begin(), values.end(), value) != values.end();
 }
+
+std::span<const int> cpu_block_m_choices(const AttentionProblem& p) {
+  if (p.is_backward()) return kCpuBackwardBlockMChoices;
+  return kCpuBlockMChoices;
+}
+std::span<const int> cpu_block_n_choices(const AttentionProblem& p) {
+  if (p.is_backward()) return kCpuBackwardBlockNChoices;
+  return kCpuBlockNChoices;
+}
+const char* pass_note(const AttentionProblem& p) { return p.is_backward() ? " (backward)" : ""; }
 
 // The CPU config of (block_m, block_n) for the problem's pass: warps = stages = 1, and for the
 // backward DqMode::Separate.
@@ -129,15 +138,16 @@ int64_t cpu_scratch_bytes(const AttentionConfig& c, const AttentionProblem& p) {
 
 Status check_cpu_config(const AttentionConfig& c, const AttentionProblem& p, const CpuSpec& cpu) {
   const std::string prefix = "config " + c.to_string() + ": ";
-  if (!contains(kCpuBlockMChoices, c.block_m)) {
+  const std::span<const int> m_choices = cpu_block_m_choices(p), n_choices = cpu_block_n_choices(p);
+  if (!contains(m_choices, c.block_m)) {
     return make_error(ErrorCode::InvalidArgument,
                       prefix + "block_m = " + std::to_string(c.block_m) +
-                          ": the CPU template takes one of " + list(kCpuBlockMChoices));
+                          ": the CPU template takes one of " + list(m_choices) + pass_note(p));
   }
-  if (!contains(kCpuBlockNChoices, c.block_n)) {
+  if (!contains(n_choices, c.block_n)) {
     return make_error(ErrorCode::InvalidArgument,
                       prefix + "block_n = " + std::to_string(c.block_n) +
-                          ": the CPU template takes one of " + list(kCpuBlockNChoices));
+                          ": the CPU template takes one of " + list(n_choices) + pass_note(p));
   }
   if (c.warps != 1 || c.stages != 1) {
     return make_error(ErrorCode::InvalidArgument,
@@ -175,8 +185,8 @@ Status check_cpu_config(const AttentionConfig& c, const AttentionProblem& p, con
 
 std::vector<AttentionConfig> legal_cpu_configs(const AttentionProblem& p, const CpuSpec& cpu) {
   std::vector<AttentionConfig> out;
-  for (int m : kCpuBlockMChoices)
-    for (int n : kCpuBlockNChoices) {
+  for (int m : cpu_block_m_choices(p))
+    for (int n : cpu_block_n_choices(p)) {
       const AttentionConfig c = cpu_config(m, n, p);
       if (check_cpu_config(c, p, cpu).ok()) out.push_back(c);
     }
@@ -196,8 +206,7 @@ int64_t backward_target_block_m(int block_n, const CpuSpec& cpu) {
 }
 
 // The largest choice <= target among `legal` (the smallest if none is below).
-template <size_t N>
-int round_down(const int (&choices)[N], int64_t target, const std::vector<int>& legal) {
+int round_down(std::span<const int> choices, int64_t target, const std::vector<int>& legal) {
   int best = -1;
   for (int value : choices) {
     if (std::find(legal.begin(), legal.end(), value) == legal.end()) continue;
@@ -219,12 +228,12 @@ Result<AttentionConfig> default_cpu_config(const AttentionProblem& p, const CpuS
   if (p.is_backward()) {
     std::vector<int> legal_n;
     for (const AttentionConfig& c : legal) legal_n.push_back(c.block_n);
-    const int block_n = round_down(kCpuBlockNChoices, kCpuTileQueries, legal_n);
+    const int block_n = round_down(kCpuBackwardBlockNChoices, kCpuTileQueries, legal_n);
     std::vector<int> legal_m;
     for (const AttentionConfig& c : legal)
       if (c.block_n == block_n) legal_m.push_back(c.block_m);
     const int block_m =
-        round_down(kCpuBlockMChoices, backward_target_block_m(block_n, cpu), legal_m);
+        round_down(kCpuBackwardBlockMChoices, backward_target_block_m(block_n, cpu), legal_m);
     return cpu_config(block_m, block_n, p);
   }
   std::vector<int> legal_m;
@@ -286,11 +295,11 @@ std::string explain_cpu_backward_plan(const AttentionProblem& p, const CpuSpec& 
   out << "  L2:    max(dK/dV, dQ) <= " << cpu.l2_bytes << " B\n";
   out << "  L1d:   8 * Br * Bc [S, dP blocks] <= " << cpu.l1d_bytes
       << " B (preferred, not required)\n";
-  out << "  Br in " << list(kCpuBlockMChoices) << ", Bc in " << list(kCpuBlockNChoices)
-      << "; warps = stages = 1 (unused on the CPU)\n\n";
+  out << "  Br in " << list(kCpuBackwardBlockMChoices) << ", Bc in "
+      << list(kCpuBackwardBlockNChoices) << "; warps = stages = 1 (unused on the CPU)\n\n";
   out << "config            dK/dV(B)     dQ(B)  scores(B)  in L1d  status\n";
-  for (int m : kCpuBlockMChoices)
-    for (int n : kCpuBlockNChoices) {
+  for (int m : kCpuBackwardBlockMChoices)
+    for (int n : kCpuBackwardBlockNChoices) {
       const AttentionConfig c = cpu_config(m, n, p);
       const int64_t scores = cpu_backward_score_bytes(c);
       char line[320];

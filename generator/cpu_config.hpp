@@ -77,6 +77,13 @@ inline constexpr int kCpuTileQueries = 64;
 // needed; the order of every sum is fixed, so the result is bitwise reproducible for free. (The
 // cost is recomputing S and dP in the dQ pass: 7 matrix products instead of 5.)
 
+// The backward template's block sizes: block_m divides the workspace rows' padding of 128 (whole
+// blocks of delta and lse_log2); 16 is left out (the dQ work item's lanes are its block_m
+// queries: 16 fill one vector, a quarter of an AVX-512 register tile), and so is block_n = 256
+// (the dK/dV item's two score blocks, 8 * block_m * 256 bytes, fit no L1d).
+inline constexpr int kCpuBackwardBlockMChoices[] = {32, 64, 128};
+inline constexpr int kCpuBackwardBlockNChoices[] = {32, 64, 128};
+
 // fp32 scratch of one dK/dV work item, in bytes:
 //   4 * (4*block_n*d [K^T, V^T, dK^T, dV^T] + 2*block_m*d [Q, dO] + 2*block_m*block_n [S/P, dP/dS])
 int64_t cpu_backward_dkdv_bytes(const AttentionConfig& config, const AttentionProblem& problem);

@@ -82,8 +82,8 @@ struct BwdTraits {
 // out[r0 + a][g + 16 v] = sum_{c < D} a[r0 + a][c] * bt[c][g + 16 v]     (a < RT, v < LV)
 // a: [rows][D], bt: [D][L], out: [rows][L].
 template <int D, int L, int RT, int LV>
-inline void scores_tile(const float* __restrict a, const float* __restrict bt,
-                        float* __restrict out, int r0, int g) {
+__attribute__((noinline)) void scores_tile(const float* __restrict a, const float* __restrict bt,
+                                           float* __restrict out, int r0, int g) {
   f32x16 acc[RT][LV];
   for (int r = 0; r < RT; ++r)
     for (int v = 0; v < LV; ++v) acc[r][v] = 0.0f;
@@ -102,8 +102,8 @@ inline void scores_tile(const float* __restrict a, const float* __restrict bt,
 // acc[c0 + a][g + 16 v] += sum_{r < rows} a[r][c0 + a] * y[r][g + 16 v]     (a < CT, v < LV)
 // a: [rows][D], y: [rows][L], acc: [D][L].
 template <int D, int L, int CT, int LV>
-inline void accumulate_tile(const float* __restrict a, const float* __restrict y,
-                            float* __restrict acc_t, int rows, int c0, int g) {
+__attribute__((noinline)) void accumulate_tile(const float* __restrict a, const float* __restrict y,
+                                               float* __restrict acc_t, int rows, int c0, int g) {
   f32x16 acc[CT][LV];
   for (int c = 0; c < CT; ++c)
     for (int v = 0; v < LV; ++v) acc[c][v] = load(acc_t + (c0 + c) * L + g + v * kLanes);
@@ -122,8 +122,8 @@ inline void accumulate_tile(const float* __restrict a, const float* __restrict y
 // As scores_tile over the bf16 pairs (c, c + 1): a's rows read in place (a_rows[r], bf16), bt
 // packed as pairs btp[c / 2][x].
 template <int D, int L, int RT, int LV>
-inline void scores_tile_dot(const u16* const* a_rows, const u32* __restrict btp,
-                            float* __restrict out, int r0, int g) {
+__attribute__((noinline)) void scores_tile_dot(const u16* const* a_rows, const u32* __restrict btp,
+                                               float* __restrict out, int r0, int g) {
   f32x16 acc[RT][LV];
   for (int r = 0; r < RT; ++r)
     for (int v = 0; v < LV; ++v) acc[r][v] = 0.0f;
@@ -141,8 +141,10 @@ inline void scores_tile_dot(const u16* const* a_rows, const u32* __restrict btp,
 
 // As accumulate_tile over the bf16 pairs of rows (r, r + 1): ap[r / 2][c], yp[r / 2][x].
 template <int D, int L, int CT, int LV>
-inline void accumulate_tile_dot(const u32* __restrict ap, const u32* __restrict yp,
-                                float* __restrict acc_t, int row_pairs, int c0, int g) {
+__attribute__((noinline)) void accumulate_tile_dot(const u32* __restrict ap,
+                                                   const u32* __restrict yp,
+                                                   float* __restrict acc_t, int row_pairs, int c0,
+                                                   int g) {
   f32x16 acc[CT][LV];
   for (int c = 0; c < CT; ++c)
     for (int v = 0; v < LV; ++v) acc[c][v] = load(acc_t + (c0 + c) * L + g + v * kLanes);
@@ -166,15 +168,37 @@ struct Backward {
   static constexpr bool kDot = T::kDotBf16;
   typedef typename StorageElement<T::kStorage>::type Element;
 
-  // Register tiles of each work item: LV lane vectors (up to 64 rows of the owned block) times RT
-  // streamed rows (scores) or CT head dims (accumulators): 16 accumulators, as in the forward.
-  static constexpr int KV = BN / kLanes >= 4 ? 4 : BN / kLanes;  // dK/dV: key vectors
-  static constexpr int QV = BM / kLanes >= 4 ? 4 : BM / kLanes;  // dQ: query vectors
-  static constexpr int kKeyRows = 16 / KV, kKeyDims = KV == 4 ? 4 : 8;
-  static constexpr int kQueryRows = 16 / QV, kQueryDims = QV == 4 ? 4 : 8;
+  // Register tiles of each work item (common.hpp sizes them for the host's registers): up to
+  // kTileLaneVectors lane vectors of the owned block (64 rows with AVX-512, 16 with AVX2) times
+  // kTileVectors / lane vectors streamed rows (scores) or head dims (accumulators, at most 8):
+  // 16 accumulators with AVX-512 as in the forward, 6 with AVX2. Tiles whose rows or dims do
+  // not divide the block's are followed by tiles of 2 (for_each_tile).
+  static constexpr int lane_vectors(int rows) {
+    return rows / kLanes >= kTileLaneVectors ? kTileLaneVectors : rows / kLanes;
+  }
+  static constexpr int tile_dims(int vectors) {
+    return kTileVectors / vectors >= 8 ? 8 : kTileVectors / vectors;
+  }
+  static constexpr int KV = lane_vectors(BN);  // dK/dV: key vectors
+  static constexpr int QV = lane_vectors(BM);  // dQ: query vectors
+  static constexpr int kKeyRows = kTileVectors / KV, kKeyDims = tile_dims(KV);
+  static constexpr int kQueryRows = kTileVectors / QV, kQueryDims = tile_dims(QV);
   static_assert(BN % (KV * kLanes) == 0 && BM % (QV * kLanes) == 0, "lane tiles must tile");
-  static_assert(BM % kKeyRows == 0 && BN % kQueryRows == 0, "row tiles must tile");
-  static_assert(D % kKeyDims == 0 && D % kQueryDims == 0, "dim tiles must tile head_dim");
+  static_assert(kKeyRows % 2 == 0 && kKeyDims % 2 == 0 && kQueryRows % 2 == 0 &&
+                    kQueryDims % 2 == 0,
+                "tiles must be even: the rest of a block is done in tiles of 2");
+
+  // f(start, Int<size>()) over [0, count) (count even): tiles of Big, then at most one of 4 (when
+  // Big > 4), then tiles of 2.
+  template <int Big, class F>
+  static void for_each_tile(int count, F f) {
+    int start = 0;
+    for (; start + Big <= count; start += Big) f(start, Int<Big>());
+    if constexpr (Big > 4) {
+      if (start + 4 <= count) f(start, Int<4>()), start += 4;
+    }
+    for (; start < count; start += 2) f(start, Int<2>());
+  }
 
   static constexpr float kLog2e = 1.4426950408889634f;
 
@@ -274,11 +298,12 @@ struct Backward {
       for (int m_block = m_first; m_block < m_blocks; ++m_block) {
         const int q0 = m_block * BM;
         const int rows = min_int(BM, p.seqlen_q - q0);
+        const int padded_rows = (rows + 1) & ~1;  // the tiles' rows: an even count
 
-        // S = Q K^T and dP = dO V^T (rows past seqlen_q: zero in fp32, the last row repeated in
-        // place for the dot products; their lse_log2 is +inf, so P = dS = 0 there).
+        // S = Q K^T and dP = dO V^T (a row past seqlen_q: zero in fp32, the last row repeated in
+        // place for the dot products; its lse_log2 is +inf, so P = dS = 0 there).
         if constexpr (kDot) {
-          for (int ii = 0; ii < BM / 2; ++ii) {
+          for (int ii = 0; ii < padded_rows / 2; ++ii) {
             const int i = 2 * ii;
             const u16* q_lo = q + (i64)(q0 + min_int(i, rows - 1)) * p.q_seq_stride;
             const u16* q_hi = q + (i64)(q0 + min_int(i + 1, rows - 1)) * p.q_seq_stride;
@@ -290,21 +315,22 @@ struct Backward {
               dop[ii * D + c] = (d_lo[c] & keep_lo) | (u32)(d_hi[c] & keep_hi) << 16;
             }
           }
-          for (int r0 = 0; r0 < BM; r0 += kKeyRows) {
-            const u16* q_rows[kKeyRows];
-            const u16* d_rows[kKeyRows];
-            for (int r = 0; r < kKeyRows; ++r) {
+          for_each_tile<kKeyRows>(padded_rows, [&](int r0, auto tile) {
+            constexpr int RT = decltype(tile)::value;
+            const u16* q_rows[RT];
+            const u16* d_rows[RT];
+            for (int r = 0; r < RT; ++r) {
               const int i = q0 + min_int(r0 + r, rows - 1);
               q_rows[r] = q + (i64)i * p.q_seq_stride;
               d_rows[r] = d_o + (i64)i * p.do_seq_stride;
             }
             for (int g = 0; g < BN; g += KV * kLanes) {
-              scores_tile_dot<D, BN, kKeyRows, KV>(q_rows, kp, s, r0, g);
-              scores_tile_dot<D, BN, kKeyRows, KV>(d_rows, vp, dp, r0, g);
+              scores_tile_dot<D, BN, RT, KV>(q_rows, kp, s, r0, g);
+              scores_tile_dot<D, BN, RT, KV>(d_rows, vp, dp, r0, g);
             }
-          }
+          });
         } else {
-          for (int i = 0; i < BM; ++i) {
+          for (int i = 0; i < padded_rows; ++i) {
             const bool in = i < rows;
             const Element* q_row = q + (i64)(q0 + (in ? i : 0)) * p.q_seq_stride;
             const Element* do_row = d_o + (i64)(q0 + (in ? i : 0)) * p.do_seq_stride;
@@ -312,11 +338,15 @@ struct Backward {
             for (int c = 0; c < D; ++c) qa[i * D + c] = to_float<T::kStorage>(q_row[c]) * keep;
             for (int c = 0; c < D; ++c) da[i * D + c] = to_float<T::kStorage>(do_row[c]) * keep;
           }
-          for (int r0 = 0; r0 < BM; r0 += kKeyRows)
-            for (int g = 0; g < BN; g += KV * kLanes) {
-              scores_tile<D, BN, kKeyRows, KV>(qa, kt, s, r0, g);
-              scores_tile<D, BN, kKeyRows, KV>(da, vt, dp, r0, g);
-            }
+          // A column slice of K^T (V^T) stays in L1 while the rows of Q (dO) pass.
+          for (int g = 0; g < BN; g += KV * kLanes)
+            for_each_tile<kKeyRows>(padded_rows, [&](int r0, auto tile) {
+              scores_tile<D, BN, decltype(tile)::value, KV>(qa, kt, s, r0, g);
+            });
+          for (int g = 0; g < BN; g += KV * kLanes)
+            for_each_tile<kKeyRows>(padded_rows, [&](int r0, auto tile) {
+              scores_tile<D, BN, decltype(tile)::value, KV>(da, vt, dp, r0, g);
+            });
         }
 
         // P = exp2(S - lse_log2), dS = P (dP - D), a row at a time over the key lanes. Masked:
@@ -335,7 +365,7 @@ struct Backward {
         };
         if constexpr (kDot) {
           // Rows (i, i + 1) as bf16 pairs, written over S and dP rows this loop has read.
-          for (int i = 0; i < BM; i += 2)
+          for (int i = 0; i < padded_rows; i += 2)
             for (int x = 0; x < BN; x += kLanes) {
               f32x16 p0, p1, ds0, ds1;
               probabilities(i, x, &p0, &ds0);
@@ -355,15 +385,16 @@ struct Backward {
 
         // dV^T += dO^T P and dK^T += Q^T dS, over the rows of this query block.
         for (int g = 0; g < BN; g += KV * kLanes)
-          for (int c0 = 0; c0 < D; c0 += kKeyDims) {
+          for_each_tile<kKeyDims>(D, [&](int c0, auto tile) {
+            constexpr int CT = decltype(tile)::value;
             if constexpr (kDot) {
-              accumulate_tile_dot<D, BN, kKeyDims, KV>(dop, pp, dvt, (rows + 1) / 2, c0, g);
-              accumulate_tile_dot<D, BN, kKeyDims, KV>(qp, dsp, dkt, (rows + 1) / 2, c0, g);
+              accumulate_tile_dot<D, BN, CT, KV>(dop, pp, dvt, padded_rows / 2, c0, g);
+              accumulate_tile_dot<D, BN, CT, KV>(qp, dsp, dkt, padded_rows / 2, c0, g);
             } else {
-              accumulate_tile<D, BN, kKeyDims, KV>(da, s, dvt, rows, c0, g);
-              accumulate_tile<D, BN, kKeyDims, KV>(qa, dp, dkt, rows, c0, g);
+              accumulate_tile<D, BN, CT, KV>(da, s, dvt, rows, c0, g);
+              accumulate_tile<D, BN, CT, KV>(qa, dp, dkt, rows, c0, g);
             }
-          }
+          });
       }
     }
 
@@ -435,11 +466,10 @@ struct Backward {
 
     for (int n0 = 0; n0 < kv_end; n0 += BN) {
       const int cols = min_int(BN, p.seqlen_k - n0);
-      const int key_tiles = (cols + kQueryRows - 1) / kQueryRows;
-      const int key_pairs = (cols + 1) / 2;
+      const int key_pairs = (cols + 1) / 2;  // the tiles' rows: 2 * key_pairs
 
-      // S^T = K Q^T and dP^T = V dO^T (keys past seqlen_k: zero in fp32, the last key repeated
-      // in place for the dot products; their dS is never used).
+      // S^T = K Q^T and dP^T = V dO^T over an even count of keys (a key past seqlen_k: zero in
+      // fp32, the last key repeated in place for the dot products; its dS is never used).
       if constexpr (kDot) {
         for (int jj = 0; jj < key_pairs; ++jj) {
           const u16* k0 = k + (i64)(n0 + 2 * jj) * p.k_seq_stride;
@@ -447,21 +477,22 @@ struct Backward {
           const u16* k1 = second ? k0 + p.k_seq_stride : k0;
           for (int c = 0; c < D; ++c) kp[jj * D + c] = k0[c] | (second ? (u32)k1[c] << 16 : 0u);
         }
-        for (int t = 0; t < key_tiles; ++t) {
-          const u16* k_rows[kQueryRows];
-          const u16* v_rows[kQueryRows];
-          for (int r = 0; r < kQueryRows; ++r) {
-            const int j = n0 + min_int(t * kQueryRows + r, cols - 1);
+        for_each_tile<kQueryRows>(2 * key_pairs, [&](int r0, auto tile) {
+          constexpr int RT = decltype(tile)::value;
+          const u16* k_rows[RT];
+          const u16* v_rows[RT];
+          for (int r = 0; r < RT; ++r) {
+            const int j = n0 + min_int(r0 + r, cols - 1);
             k_rows[r] = k + (i64)j * p.k_seq_stride;
             v_rows[r] = v + (i64)j * p.v_seq_stride;
           }
           for (int g = 0; g < BM; g += QV * kLanes) {
-            scores_tile_dot<D, BM, kQueryRows, QV>(k_rows, qp, st, t * kQueryRows, g);
-            scores_tile_dot<D, BM, kQueryRows, QV>(v_rows, dop, dpt, t * kQueryRows, g);
+            scores_tile_dot<D, BM, RT, QV>(k_rows, qp, st, r0, g);
+            scores_tile_dot<D, BM, RT, QV>(v_rows, dop, dpt, r0, g);
           }
-        }
+        });
       } else {
-        for (int j = 0; j < key_tiles * kQueryRows; ++j) {
+        for (int j = 0; j < 2 * key_pairs; ++j) {
           const bool in = j < cols;
           const Element* k_row = k + (i64)(n0 + (in ? j : 0)) * p.k_seq_stride;
           const Element* v_row = v + (i64)(n0 + (in ? j : 0)) * p.v_seq_stride;
@@ -469,11 +500,14 @@ struct Backward {
           for (int c = 0; c < D; ++c) ka[j * D + c] = to_float<T::kStorage>(k_row[c]) * keep;
           for (int c = 0; c < D; ++c) va[j * D + c] = to_float<T::kStorage>(v_row[c]) * keep;
         }
-        for (int t = 0; t < key_tiles; ++t)
-          for (int g = 0; g < BM; g += QV * kLanes) {
-            scores_tile<D, BM, kQueryRows, QV>(ka, qt, st, t * kQueryRows, g);
-            scores_tile<D, BM, kQueryRows, QV>(va, dt, dpt, t * kQueryRows, g);
-          }
+        for (int g = 0; g < BM; g += QV * kLanes)
+          for_each_tile<kQueryRows>(2 * key_pairs, [&](int r0, auto tile) {
+            scores_tile<D, BM, decltype(tile)::value, QV>(ka, qt, st, r0, g);
+          });
+        for (int g = 0; g < BM; g += QV * kLanes)
+          for_each_tile<kQueryRows>(2 * key_pairs, [&](int r0, auto tile) {
+            scores_tile<D, BM, decltype(tile)::value, QV>(va, dt, dpt, r0, g);
+          });
       }
 
       // dS^T = P^T (dP^T - D), a key at a time over the query lanes; (causal) masked where the
@@ -504,12 +538,13 @@ struct Backward {
 
       // dQ^T += K^T dS^T over the keys of this block.
       for (int g = 0; g < BM; g += QV * kLanes)
-        for (int c0 = 0; c0 < D; c0 += kQueryDims) {
+        for_each_tile<kQueryDims>(D, [&](int c0, auto tile) {
+          constexpr int CT = decltype(tile)::value;
           if constexpr (kDot)
-            accumulate_tile_dot<D, BM, kQueryDims, QV>(kp, dsp, dqt, key_pairs, c0, g);
+            accumulate_tile_dot<D, BM, CT, QV>(kp, dsp, dqt, key_pairs, c0, g);
           else
-            accumulate_tile<D, BM, kQueryDims, QV>(ka, dpt, dqt, cols, c0, g);
-        }
+            accumulate_tile<D, BM, CT, QV>(ka, dpt, dqt, cols, c0, g);
+        });
     }
 
     // dQ = scale * dQ^T^T in the storage type (rows with no visible key: 0).

@@ -27,14 +27,41 @@ struct StorageElement<kF32> {
   typedef float type;
 };
 
-constexpr int kLanes = 16;  // floats per vector (one AVX-512 register, two AVX2 registers)
+constexpr int kLanes = 16;  // floats per f32x16 (one AVX-512 register, two AVX2 registers)
 
 // The host has vdpbf16ps (Clang defines the macro from the target features it compiles for).
-#if defined(__AVX512BF16__)
+// FLASHJIT_CPU_EMULATE_DOT_BF16, defined before this file, takes the bf16 dot-product paths on
+// any host with the two instructions emulated in plain vector code (the tests' way to check
+// those paths' indexing on a host without AVX512_BF16; slow, never rendered by the generator).
+#if defined(__AVX512BF16__) || defined(FLASHJIT_CPU_EMULATE_DOT_BF16)
 #define FLASHJIT_CPU_DOT_BF16 1
 #else
 #define FLASHJIT_CPU_DOT_BF16 0
 #endif
+
+// Register tiles for the host's vector registers (the backward's; the forward keeps its own 4 x 4
+// for AVX-512): kTileVectors f32x16 accumulators in rows of kTileLaneVectors, with the operands
+// of one step (a row of lane vectors and a broadcast) beside them:
+//   AVX-512  32 zmm: 16 accumulators, rows of 4 vectors (64 lanes): 16 + 4 + 1 registers;
+//   AVX2     16 ymm: 6 accumulators of 1 vector (12 ymm, 1.5x the 8 FMAs in flight that a
+//            4-cycle latency on 2 pipes needs), + 2 + 1;
+//   SSE      16 xmm: 2 accumulators of 1 vector (8 xmm), + 4 + 1.
+#if defined(__AVX512F__)
+constexpr int kTileVectors = 16;
+constexpr int kTileLaneVectors = 4;
+#elif defined(__AVX__)
+constexpr int kTileVectors = 6;
+constexpr int kTileLaneVectors = 1;
+#else
+constexpr int kTileVectors = 2;
+constexpr int kTileLaneVectors = 1;
+#endif
+
+// A compile-time int as a value (tile sizes through generic lambdas).
+template <int N>
+struct Int {
+  static constexpr int value = N;
+};
 
 typedef float f32x16 __attribute__((ext_vector_type(16)));
 typedef int i32x16 __attribute__((ext_vector_type(16)));
@@ -137,8 +164,14 @@ inline int min_int(int a, int b) { return a < b ? a : b; }
 // products of two bf16 are exact in fp32, so this is as precise as two fp32 FMAs, at twice their
 // rate). Only called when the host has AVX512_BF16 (Traits::kDotBf16).
 inline f32x16 dot_bf16_pairs(f32x16 acc, i32x16 a, i32x16 b) {
-#if FLASHJIT_CPU_DOT_BF16
+#if defined(__AVX512BF16__)
   return __builtin_ia32_dpbf16ps_512(acc, a, b);
+#elif FLASHJIT_CPU_DOT_BF16  // emulated: both products are exact in fp32
+  const f32x16 a_lo = __builtin_bit_cast(f32x16, a << 16);
+  const f32x16 a_hi = __builtin_bit_cast(f32x16, a & (int)0xffff0000u);
+  const f32x16 b_lo = __builtin_bit_cast(f32x16, b << 16);
+  const f32x16 b_hi = __builtin_bit_cast(f32x16, b & (int)0xffff0000u);
+  return acc + a_lo * b_lo + a_hi * b_hi;
 #else
   (void)a, (void)b;
   return acc;
@@ -161,7 +194,13 @@ inline u32 pair_at(const u16* p) {
 // ties): vcvtne2ps2bf16 gives [lo[0..15], hi[0..15]] as 32 bf16, one shuffle interleaves them.
 // Only called when the host has AVX512_BF16 (Traits::kDotBf16).
 inline i32x16 pack_bf16_pairs(f32x16 lo, f32x16 hi) {
-#if FLASHJIT_CPU_DOT_BF16
+#if FLASHJIT_CPU_DOT_BF16 && !defined(__AVX512BF16__)  // emulated: round to nearest even
+  typedef unsigned u32x16 __attribute__((ext_vector_type(16)));
+  const u32x16 l = __builtin_bit_cast(u32x16, lo), h = __builtin_bit_cast(u32x16, hi);
+  const u32x16 l16 = (l + 0x7fffu + ((l >> 16) & 1u)) >> 16;
+  const u32x16 h16 = (h + 0x7fffu + ((h >> 16) & 1u)) >> 16;
+  return __builtin_bit_cast(i32x16, l16 | (h16 << 16));
+#elif FLASHJIT_CPU_DOT_BF16
   typedef short i16x32 __attribute__((ext_vector_type(32)));
   const i16x32 halves = __builtin_ia32_cvtne2ps2bf16_512(hi, lo);
   return __builtin_bit_cast(
