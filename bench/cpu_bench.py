@@ -5,7 +5,8 @@ backward pass or both.
 
     python3 bench/cpu_bench.py [--pass fwd|bwd|both] [--dtypes bf16,fp32] [--d 64,128]
                                [--n 512,1024,2048,4096] [--causal off|on|both] [--reps 7]
-                               [--tune | --no-tune] [--json PATH] [--markdown PATH]
+                               [--tokens 4096] [--tune | --no-tune] [--json PATH]
+                               [--markdown PATH]
 
 What it does, in order:
   1. Makes sure PyTorch is importable: if the running python has no torch, it creates the
@@ -33,10 +34,10 @@ What it does, in order:
      (its forward run once, outside the timed region, the graph retained); flashjit's backward
      kernels with o and lse from its forward kernel (also outside the timing).
 
-Shapes: batch = 4096 / N, heads = 512 / d (the GPU benchmark's 16k tokens x 2048 hidden scaled to
-a CPU), N = seqlen_q = seqlen_k; flashjit BSHD, torch BHSD (each's native layout), both
-contiguous. FLOPs: 4 B H N^2 d, halved when causal (the FlashAttention convention); the backward
-2.5 times that (5 matrix products instead of 2).
+Shapes: batch = tokens / N (tokens = 4096 unless --tokens), heads = 512 / d (the GPU
+benchmark's 16k tokens x 2048 hidden scaled to a CPU), N = seqlen_q = seqlen_k; flashjit BSHD,
+torch BHSD (each's native layout), both contiguous. FLOPs: 4 B H N^2 d, halved when causal (the
+FlashAttention convention); the backward 2.5 times that (5 matrix products instead of 2).
 The numbers are noisy on a shared machine: every sample is kept in the JSON.
 """
 
@@ -182,6 +183,7 @@ def flops(pass_, d, n, causal):
 
 
 def main():
+    global TOKENS
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pass", dest="pass_", default="fwd", choices=["fwd", "bwd", "both"])
     parser.add_argument("--dtypes", default="bf16,fp32")
@@ -189,12 +191,16 @@ def main():
     parser.add_argument("--n", default="512,1024,2048,4096")
     parser.add_argument("--causal", default="both", choices=["off", "on", "both"])
     parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--tokens", type=int, default=TOKENS,
+                        help="batch = tokens / N (default 4096; the backward at N = 2048 in bf16 "
+                             "takes torch ~15 s a call on 2 cores: 1024 keeps a run short)")
     parser.add_argument("--tune", dest="tune", action="store_true", default=True)
     parser.add_argument("--no-tune", dest="tune", action="store_false")
     parser.add_argument("--db", default=str(BUILD / "bench-cpu-tuning.db"))
     parser.add_argument("--json", default=str(BUILD / "cpu-bench.json"))
     parser.add_argument("--markdown", default=None, help="also write the markdown table here")
     args = parser.parse_args()
+    TOKENS = args.tokens
     args.dtypes = args.dtypes.split(",")
     args.d = [int(x) for x in args.d.split(",")]
     args.n = [int(x) for x in args.n.split(",")]
@@ -264,7 +270,8 @@ def main():
              "| torch | tuned / torch | tuned, % of fp32 peak |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['pass']} | {r['dtype']} | {r['d']} | {'yes' if r['causal'] else 'no'} | {r['N']} "
+        lines.append(f"| {r['pass']} | {r['dtype']} | {r['d']} | {'yes' if r['causal'] else 'no'} "
+                     f"| {r['N']} "
                      f"| {r['default_gflops']:.0f} | {r['tuned_gflops']:.0f} "
                      f"({r['tuned_config']}) | {r['torch_gflops']:.0f} "
                      f"| {r['ratio_tuned_vs_torch']:.2f}x "
