@@ -383,10 +383,11 @@ struct Backward {
             }
         }
 
-        // dV^T += dO^T P and dK^T += Q^T dS, over the rows of this query block.
-        for (int g = 0; g < BN; g += KV * kLanes)
-          for_each_tile<kKeyDims>(D, [&](int c0, auto tile) {
-            constexpr int CT = decltype(tile)::value;
+        // dV^T += dO^T P and dK^T += Q^T dS, over the rows of this query block. The head dims
+        // outermost: a column slice of dO (Q) stays in L1 while the lanes of P (dS) pass.
+        for_each_tile<kKeyDims>(D, [&](int c0, auto tile) {
+          constexpr int CT = decltype(tile)::value;
+          for (int g = 0; g < BN; g += KV * kLanes) {
             if constexpr (kDot) {
               accumulate_tile_dot<D, BN, CT, KV>(dop, pp, dvt, padded_rows / 2, c0, g);
               accumulate_tile_dot<D, BN, CT, KV>(qp, dsp, dkt, padded_rows / 2, c0, g);
@@ -394,7 +395,8 @@ struct Backward {
               accumulate_tile<D, BN, CT, KV>(da, s, dvt, rows, c0, g);
               accumulate_tile<D, BN, CT, KV>(qa, dp, dkt, rows, c0, g);
             }
-          });
+          }
+        });
       }
     }
 
@@ -536,15 +538,16 @@ struct Backward {
           for (int x = 0; x < BM; x += kLanes) store(dpt + j * BM + x, gradient(j, x));
       }
 
-      // dQ^T += K^T dS^T over the keys of this block.
-      for (int g = 0; g < BM; g += QV * kLanes)
-        for_each_tile<kQueryDims>(D, [&](int c0, auto tile) {
-          constexpr int CT = decltype(tile)::value;
+      // dQ^T += K^T dS^T over the keys of this block (the head dims outermost, as for dK).
+      for_each_tile<kQueryDims>(D, [&](int c0, auto tile) {
+        constexpr int CT = decltype(tile)::value;
+        for (int g = 0; g < BM; g += QV * kLanes) {
           if constexpr (kDot)
             accumulate_tile_dot<D, BM, CT, QV>(kp, dsp, dqt, key_pairs, c0, g);
           else
             accumulate_tile<D, BM, CT, QV>(ka, dpt, dqt, cols, c0, g);
-        });
+        }
+      });
     }
 
     // dQ = scale * dQ^T^T in the storage type (rows with no visible key: 0).
