@@ -3,11 +3,13 @@
 //
 //   cpu_bench peak
 //       {"cores": 2, "clock_ghz": 3.6, "lanes": 16, "fma_gflops_per_core": ..., ...}  (one line)
-//   cpu_bench time --dtype bf16 --d 128 --n 2048 [--causal] [--tokens 4096] [--hidden 512]
-//                  [--reps 7] [--warmup 2] [--db PATH] [--config m64n64w1s1]
+//   cpu_bench time --dtype bf16 --d 128 --n 2048 [--causal] [--pass fwd|bwd] [--tokens 4096]
+//                  [--hidden 512] [--reps 7] [--warmup 2] [--db PATH] [--config m64n64w1s1]
 //       one JSON line per implementation timed: "default" (the cache-budget default config) and
 //       "tuned" (what Runtime::attention serves from the tuning DB, when it is another config),
-//       or the forced --config.
+//       or the forced --config. --pass bwd times the backward pass (dq, dk, dv from q, k, v, o,
+//       lse and dO; o and lse made by the forward kernel beforehand, outside the timing), FLOPs
+//       2.5x the forward's.
 //
 // Shapes follow the GPU benchmark's convention scaled down for a CPU: batch = tokens / N,
 // heads = hidden / d, BSHD contiguous. FLOPs by the FlashAttention convention (4 B H N^2 d,
@@ -166,6 +168,7 @@ struct TimeOptions {
   int d = 128;
   int64_t n = 2048;
   bool causal = false;
+  Pass pass = Pass::Forward;
   int64_t tokens = 4096;
   int64_t hidden = 512;
   int reps = 7;
@@ -205,6 +208,13 @@ bool parse_time_options(int argc, char** argv, TimeOptions* o) {
         return false;
       }
       o->dtype = *dtype;
+    } else if (flag == "--pass") {
+      Result<Pass> pass = parse_pass(value);
+      if (!pass.ok()) {
+        std::fprintf(stderr, "cpu_bench: %s\n", pass.error().describe().c_str());
+        return false;
+      }
+      o->pass = *pass;
     } else if (flag == "--config") {
       Result<AttentionConfig> config = AttentionConfig::parse(value);
       if (!config.ok()) {
@@ -249,13 +259,17 @@ int run_time(const TimeOptions& o) {
 
   const int64_t batch = std::max<int64_t>(1, o.tokens / o.n);
   const int64_t heads = std::max<int64_t>(1, o.hidden / o.d);
-  const AttentionProblem problem =
+  const AttentionProblem forward =
       AttentionProblem::make(batch, heads, heads, o.n, o.n, o.d, o.dtype, o.causal);
+  const AttentionProblem problem = forward.with_pass(o.pass);
   if (Status valid = backend.check_problem(problem); !valid.ok()) return fail(valid.error());
 
-  // Inputs once (the same for every implementation), Normal(0, 1) in the dtype.
+  // Inputs once (the same for every implementation), Normal(0, 1) in the dtype: q, k, v (and
+  // for the backward dO).
   std::vector<DeviceBuffer> tensors;
-  for (int64_t span : {problem.q_span(), problem.kv_span(), problem.kv_span()}) {
+  std::vector<int64_t> spans = {problem.q_span(), problem.kv_span(), problem.kv_span()};
+  if (problem.is_backward()) spans.push_back(problem.do_span());
+  for (int64_t span : spans) {
     std::vector<uint16_t> host(static_cast<size_t>(span * storage_words(o.dtype)));
     std::mt19937_64 engine(20261122 + tensors.size());
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -270,8 +284,24 @@ int run_time(const TimeOptions& o) {
   if (!out.ok()) return fail(out.error());
   Result<DeviceBuffer> lse = backend.allocate(problem.lse_elements() * sizeof(float));
   if (!lse.ok()) return fail(lse.error());
-  const AttentionArgs args{tensors[0].get(), tensors[1].get(), tensors[2].get(), out->get(),
-                           lse->as<float>()};
+  AttentionArgs args{tensors[0].get(), tensors[1].get(), tensors[2].get(), out->get(),
+                     lse->as<float>()};
+  std::vector<DeviceBuffer> gradients;
+  if (problem.is_backward()) {
+    // o and lse from the forward kernel, as a training step would have them.
+    Result<std::shared_ptr<Kernel>> fwd = runtime.attention(forward);
+    if (!fwd.ok()) return fail(fwd.error());
+    if (Status done = (*fwd)->launch(forward, args); !done.ok()) return fail(done.error());
+    for (int64_t span : {problem.dq_span(), problem.dkv_span(), problem.dkv_span()}) {
+      Result<DeviceBuffer> buffer = backend.allocate(span * dtype_bytes(o.dtype));
+      if (!buffer.ok()) return fail(buffer.error());
+      gradients.push_back(std::move(buffer.value()));
+    }
+    args.d_o = tensors[3].get();
+    args.dq = gradients[0].get();
+    args.dk = gradients[1].get();
+    args.dv = gradients[2].get();
+  }
 
   std::vector<std::pair<std::string, Result<std::shared_ptr<Kernel>>>> variants;
   if (o.config) {
@@ -306,13 +336,13 @@ int run_time(const TimeOptions& o) {
       list += text;
     }
     std::printf(
-        "{\"impl\": \"flashjit-%s\", \"config\": \"%s\", \"dtype\": \"%s\", \"d\": %d, \"N\": "
-        "%lld, "
+        "{\"impl\": \"flashjit-%s\", \"pass\": \"%s\", \"config\": \"%s\", \"dtype\": \"%s\", "
+        "\"d\": %d, \"N\": %lld, "
         "\"causal\": %s, \"B\": %lld, \"H\": %lld, \"threads\": %d, \"ms\": %.4f, \"gflops\": "
         "%.2f, \"samples_ms\": [%s]}\n",
-        impl.c_str(), ready.config().to_string().c_str(), to_string(o.dtype), o.d,
-        static_cast<long long>(o.n), o.causal ? "true" : "false", static_cast<long long>(batch),
-        static_cast<long long>(heads), backend.device().sm_count, ms,
+        impl.c_str(), to_string(o.pass), ready.config().to_string().c_str(), to_string(o.dtype),
+        o.d, static_cast<long long>(o.n), o.causal ? "true" : "false",
+        static_cast<long long>(batch), static_cast<long long>(heads), backend.device().sm_count, ms,
         problem.flops() / (ms * 1e-3) / 1e9, list.c_str());
     std::fflush(stdout);
   }
@@ -329,10 +359,12 @@ int main(int argc, char** argv) {
     if (!parse_time_options(argc, argv, &options)) return 2;
     return run_time(options);
   }
-  std::fprintf(stderr,
-               "usage: cpu_bench peak\n"
-               "       cpu_bench time --dtype bf16|fp16|fp32 --d D --n N [--causal] [--tokens T]\n"
-               "                      [--hidden H] [--reps R] [--warmup W] [--db PATH]\n"
-               "                      [--config CFG]\n");
+  std::fprintf(
+      stderr,
+      "usage: cpu_bench peak\n"
+      "       cpu_bench time --dtype bf16|fp16|fp32 --d D --n N [--causal] [--pass fwd|bwd]\n"
+      "                      [--tokens T]\n"
+      "                      [--hidden H] [--reps R] [--warmup W] [--db PATH]\n"
+      "                      [--config CFG]\n");
   return 2;
 }

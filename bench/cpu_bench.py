@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """flashjit's CPU backend against PyTorch's CPU scaled_dot_product_attention, same run, same
-machine, same thread count; GFLOP/s and the fraction of the CPU's peak.
+machine, same thread count; GFLOP/s and the fraction of the CPU's peak; the forward pass, the
+backward pass or both.
 
-    python3 bench/cpu_bench.py [--dtypes bf16,fp32] [--d 64,128] [--n 512,1024,2048,4096]
-                               [--causal off|on|both] [--reps 7] [--tune | --no-tune]
-                               [--json PATH] [--markdown PATH]
+    python3 bench/cpu_bench.py [--pass fwd|bwd|both] [--dtypes bf16,fp32] [--d 64,128]
+                               [--n 512,1024,2048,4096] [--causal off|on|both] [--reps 7]
+                               [--tokens 4096] [--tune | --no-tune] [--json PATH]
+                               [--markdown PATH]
 
 What it does, in order:
   1. Makes sure PyTorch is importable: if the running python has no torch, it creates the
@@ -22,14 +24,20 @@ What it does, in order:
      clock. The 2 FMA units are an assumption (Zen 4/5, Intel server cores) that the measured
      FMA throughput checks: it prints both.
   4. Unless --no-tune: `flashjit tune --backend cpu` over the grid into build/bench-cpu-tuning.db
-     (resumes: problems already tuned there are not measured again).
-  5. For every (dtype, d, causal, N): torch SDPA (reps/2 timed calls), flashjit's default and
+     (resumes: problems already tuned there are not measured again). The tuner tunes the
+     forward pass only: the backward's "tuned" column is what the DB serves, i.e. the default
+     until backward rows exist.
+  5. For every (pass, dtype, d, causal, N): torch (reps/2 timed calls), flashjit's default and
      tuned configs (`cpu_bench time`, reps timed launches each), torch again (reps/2): medians.
      torch gets torch.set_num_threads(cores), the number of threads flashjit's pool runs.
+     The backward: torch.autograd.grad of F.scaled_dot_product_attention w.r.t. q, k and v
+     (its forward run once, outside the timed region, the graph retained); flashjit's backward
+     kernels with o and lse from its forward kernel (also outside the timing).
 
-Shapes: batch = 4096 / N, heads = 512 / d (the GPU benchmark's 16k tokens x 2048 hidden scaled to
-a CPU), N = seqlen_q = seqlen_k; flashjit BSHD, torch BHSD (each's native layout), both
-contiguous. FLOPs: 4 B H N^2 d, halved when causal (the FlashAttention convention).
+Shapes: batch = tokens / N (tokens = 4096 unless --tokens), heads = 512 / d (the GPU
+benchmark's 16k tokens x 2048 hidden scaled to a CPU), N = seqlen_q = seqlen_k; flashjit BSHD,
+torch BHSD (each's native layout), both contiguous. FLOPs: 4 B H N^2 d, halved when causal (the
+FlashAttention convention); the backward 2.5 times that (5 matrix products instead of 2).
 The numbers are noisy on a shared machine: every sample is kept in the JSON.
 """
 
@@ -118,8 +126,9 @@ def tune(args, db):
         subprocess.run(command, check=True)
 
 
-def flashjit_times(dtype, d, n, causal, reps, db):
-    command = [str(BUILD / "bench" / "cpu_bench"), "time", "--dtype", dtype, "--d", str(d),
+def flashjit_times(pass_, dtype, d, n, causal, reps, db):
+    command = [str(BUILD / "bench" / "cpu_bench"), "time", "--pass", pass_, "--dtype", dtype,
+               "--d", str(d),
                "--n", str(n), "--tokens", str(TOKENS), "--hidden", str(HIDDEN), "--reps",
                str(reps), "--db", str(db)]
     if causal:
@@ -137,13 +146,25 @@ def flashjit_times(dtype, d, n, causal, reps, db):
 
 # ---- 5. torch side --------------------------------------------------------------------------
 
-def torch_samples(torch, dtype, d, n, causal, reps):
+def torch_samples(torch, pass_, dtype, d, n, causal, reps):
     import torch.nn.functional as F
     batch, heads = max(1, TOKENS // n), max(1, HIDDEN // d)
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     generator = torch.Generator().manual_seed(20261122)
     q, k, v = (torch.randn(batch, heads, n, d, generator=generator).to(torch_dtype)
                for _ in range(3))
+    if pass_ == "bwd":
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        d_o = torch.randn(batch, heads, n, d, generator=generator).to(torch_dtype)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # not timed
+        for _ in range(2):
+            torch.autograd.grad(out, (q, k, v), d_o, retain_graph=True)
+        samples = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            torch.autograd.grad(out, (q, k, v), d_o, retain_graph=True)
+            samples.append((time.perf_counter() - start) * 1e3)
+        return samples
     with torch.inference_mode():
         for _ in range(2):
             F.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -155,25 +176,31 @@ def torch_samples(torch, dtype, d, n, causal, reps):
     return samples
 
 
-def flops(d, n, causal):
+def flops(pass_, d, n, causal):
     batch, heads = max(1, TOKENS // n), max(1, HIDDEN // d)
-    f = 4.0 * batch * heads * n * n * d
+    f = 4.0 * batch * heads * n * n * d * (2.5 if pass_ == "bwd" else 1.0)
     return f / 2 if causal else f
 
 
 def main():
+    global TOKENS
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pass", dest="pass_", default="fwd", choices=["fwd", "bwd", "both"])
     parser.add_argument("--dtypes", default="bf16,fp32")
     parser.add_argument("--d", default="64,128")
     parser.add_argument("--n", default="512,1024,2048,4096")
     parser.add_argument("--causal", default="both", choices=["off", "on", "both"])
     parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--tokens", type=int, default=TOKENS,
+                        help="batch = tokens / N (default 4096; the backward at N = 2048 in bf16 "
+                             "takes torch ~15 s a call on 2 cores: 1024 keeps a run short)")
     parser.add_argument("--tune", dest="tune", action="store_true", default=True)
     parser.add_argument("--no-tune", dest="tune", action="store_false")
     parser.add_argument("--db", default=str(BUILD / "bench-cpu-tuning.db"))
     parser.add_argument("--json", default=str(BUILD / "cpu-bench.json"))
     parser.add_argument("--markdown", default=None, help="also write the markdown table here")
     args = parser.parse_args()
+    TOKENS = args.tokens
     args.dtypes = args.dtypes.split(",")
     args.d = [int(x) for x in args.d.split(",")]
     args.n = [int(x) for x in args.n.split(",")]
@@ -189,40 +216,40 @@ def main():
         f"({machine['fma_flop_per_cycle']:.1f} FLOP/cycle)")
     log(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"CPU capability {torch.backends.cpu.get_cpu_capability()}")
-    if args.tune:
+    passes = {"fwd": ["fwd"], "bwd": ["bwd"], "both": ["fwd", "bwd"]}[args.pass_]
+    if args.tune and "fwd" in passes:  # the tuner tunes the forward only
         tune(args, args.db)
 
     causal_values = {"off": [False], "on": [True], "both": [False, True]}[args.causal]
     half = max(1, args.reps // 2)
     rows = []
-    print(f"{'dtype':5} {'d':>4} {'causal':>6} {'N':>5}  {'default':>8} {'tuned':>8} "
+    print(f"{'pass':4} {'dtype':5} {'d':>4} {'causal':>6} {'N':>5}  {'default':>8} {'tuned':>8} "
           f"{'torch':>8}  {'ratio':>6}  config   (GFLOP/s, medians)")
-    for dtype in args.dtypes:
-        for d in args.d:
-            for causal in causal_values:
-                for n in args.n:
-                    torch_ms = torch_samples(torch, dtype, d, n, causal, half)
-                    fj = flashjit_times(dtype, d, n, causal, args.reps, args.db)
-                    torch_ms += torch_samples(torch, dtype, d, n, causal, half)
-                    f = flops(d, n, causal)
-                    torch_gflops = f / (statistics.median(torch_ms) * 1e-3) / 1e9
-                    tuned = fj["flashjit-tuned"]
-                    row = {
-                        "dtype": dtype, "d": d, "causal": causal, "N": n,
-                        "B": max(1, TOKENS // n), "H": max(1, HIDDEN // d),
-                        "default_gflops": fj["flashjit-default"]["gflops"],
-                        "default_config": fj["flashjit-default"]["config"],
-                        "tuned_gflops": tuned["gflops"], "tuned_config": tuned["config"],
-                        "torch_gflops": torch_gflops,
-                        "ratio_tuned_vs_torch": tuned["gflops"] / torch_gflops,
-                        "samples_ms": {"default": fj["flashjit-default"]["samples_ms"],
-                                       "tuned": tuned["samples_ms"], "torch": torch_ms},
-                    }
-                    rows.append(row)
-                    print(f"{dtype:5} {d:4} {'yes' if causal else 'no':>6} {n:5}  "
-                          f"{row['default_gflops']:8.1f} {row['tuned_gflops']:8.1f} "
-                          f"{torch_gflops:8.1f}  {row['ratio_tuned_vs_torch']:5.2f}x  "
-                          f"{row['tuned_config']}", flush=True)
+    grid = [(p, dtype, d, causal, n) for p in passes for dtype in args.dtypes for d in args.d
+            for causal in causal_values for n in args.n]
+    for pass_, dtype, d, causal, n in grid:
+        torch_ms = torch_samples(torch, pass_, dtype, d, n, causal, half)
+        fj = flashjit_times(pass_, dtype, d, n, causal, args.reps, args.db)
+        torch_ms += torch_samples(torch, pass_, dtype, d, n, causal, half)
+        f = flops(pass_, d, n, causal)
+        torch_gflops = f / (statistics.median(torch_ms) * 1e-3) / 1e9
+        tuned = fj["flashjit-tuned"]
+        row = {
+            "pass": pass_, "dtype": dtype, "d": d, "causal": causal, "N": n,
+            "B": max(1, TOKENS // n), "H": max(1, HIDDEN // d),
+            "default_gflops": fj["flashjit-default"]["gflops"],
+            "default_config": fj["flashjit-default"]["config"],
+            "tuned_gflops": tuned["gflops"], "tuned_config": tuned["config"],
+            "torch_gflops": torch_gflops,
+            "ratio_tuned_vs_torch": tuned["gflops"] / torch_gflops,
+            "samples_ms": {"default": fj["flashjit-default"]["samples_ms"],
+                           "tuned": tuned["samples_ms"], "torch": torch_ms},
+        }
+        rows.append(row)
+        print(f"{pass_:4} {dtype:5} {d:4} {'yes' if causal else 'no':>6} {n:5}  "
+              f"{row['default_gflops']:8.1f} {row['tuned_gflops']:8.1f} "
+              f"{torch_gflops:8.1f}  {row['ratio_tuned_vs_torch']:5.2f}x  "
+              f"{row['tuned_config']}", flush=True)
 
     # The peak at the higher of the clocks measured before and after (the other load on a shared
     # machine only ever makes the measured clock lower).
@@ -239,11 +266,12 @@ def main():
               "tokens": TOKENS, "hidden": HIDDEN, "reps": args.reps, "rows": rows}
     Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     log(f"wrote {args.json}")
-    lines = ["| dtype | d | causal | N | flashjit default | flashjit tuned (config) | torch SDPA "
-             "| tuned / torch | tuned, % of fp32 peak |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| pass | dtype | d | causal | N | flashjit default | flashjit tuned (config) "
+             "| torch | tuned / torch | tuned, % of fp32 peak |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['dtype']} | {r['d']} | {'yes' if r['causal'] else 'no'} | {r['N']} "
+        lines.append(f"| {r['pass']} | {r['dtype']} | {r['d']} | {'yes' if r['causal'] else 'no'} "
+                     f"| {r['N']} "
                      f"| {r['default_gflops']:.0f} | {r['tuned_gflops']:.0f} "
                      f"({r['tuned_config']}) | {r['torch_gflops']:.0f} "
                      f"| {r['ratio_tuned_vs_torch']:.2f}x "

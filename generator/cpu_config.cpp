@@ -2,15 +2,15 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <span>
 #include <sstream>
 
 namespace flashjit {
 namespace {
 
-template <size_t N>
-std::string list(const int (&values)[N]) {
+std::string list(std::span<const int> values) {
   std::string out = "{";
-  for (size_t i = 0; i < N; ++i) {
+  for (size_t i = 0; i < values.size(); ++i) {
     if (i > 0) out += ", ";
     out += std::to_string(values[i]);
   }
@@ -19,9 +19,26 @@ std::string list(const int (&values)[N]) {
 
 std::string kib(int64_t bytes) { return std::to_string(bytes / 1024) + " KiB"; }
 
-template <size_t N>
-bool contains(const int (&values)[N], int value) {
-  return std::find(std::begin(values), std::end(values), value) != std::end(values);
+bool contains(std::span<const int> values, int value) {
+  return std::find(values.begin(), values.end(), value) != values.end();
+}
+
+std::span<const int> cpu_block_m_choices(const AttentionProblem& p) {
+  if (p.is_backward()) return kCpuBackwardBlockMChoices;
+  return kCpuBlockMChoices;
+}
+std::span<const int> cpu_block_n_choices(const AttentionProblem& p) {
+  if (p.is_backward()) return kCpuBackwardBlockNChoices;
+  return kCpuBlockNChoices;
+}
+const char* pass_note(const AttentionProblem& p) { return p.is_backward() ? " (backward)" : ""; }
+
+// The CPU config of (block_m, block_n) for the problem's pass: warps = stages = 1, and for the
+// backward DqMode::Separate.
+AttentionConfig cpu_config(int block_m, int block_n, const AttentionProblem& p) {
+  AttentionConfig c{block_m, block_n, 1, 1};
+  if (p.is_backward()) c.dq = DqMode::Separate;
+  return c;
 }
 
 }  // namespace
@@ -97,17 +114,40 @@ int64_t cpu_score_block_bytes(const AttentionConfig& c) {
   return 4 * static_cast<int64_t>(c.block_m) * c.block_n;
 }
 
+int64_t cpu_backward_dkdv_bytes(const AttentionConfig& c, const AttentionProblem& p) {
+  const int64_t d = p.head_dim, m = c.block_m, n = c.block_n;
+  return 4 * (4 * n * d + 2 * m * d + 2 * m * n);
+}
+
+int64_t cpu_backward_dq_bytes(const AttentionConfig& c, const AttentionProblem& p) {
+  const int64_t d = p.head_dim, m = c.block_m, n = c.block_n;
+  return 4 * (3 * m * d + 2 * n * d + 2 * n * m);
+}
+
+int64_t cpu_backward_working_set_bytes(const AttentionConfig& c, const AttentionProblem& p) {
+  return std::max(cpu_backward_dkdv_bytes(c, p), cpu_backward_dq_bytes(c, p));
+}
+
+int64_t cpu_backward_score_bytes(const AttentionConfig& c) {
+  return 8 * static_cast<int64_t>(c.block_m) * c.block_n;
+}
+
+int64_t cpu_scratch_bytes(const AttentionConfig& c, const AttentionProblem& p) {
+  return p.is_backward() ? cpu_backward_working_set_bytes(c, p) : cpu_working_set_bytes(c, p);
+}
+
 Status check_cpu_config(const AttentionConfig& c, const AttentionProblem& p, const CpuSpec& cpu) {
   const std::string prefix = "config " + c.to_string() + ": ";
-  if (!contains(kCpuBlockMChoices, c.block_m)) {
+  const std::span<const int> m_choices = cpu_block_m_choices(p), n_choices = cpu_block_n_choices(p);
+  if (!contains(m_choices, c.block_m)) {
     return make_error(ErrorCode::InvalidArgument,
                       prefix + "block_m = " + std::to_string(c.block_m) +
-                          ": the CPU template takes one of " + list(kCpuBlockMChoices));
+                          ": the CPU template takes one of " + list(m_choices) + pass_note(p));
   }
-  if (!contains(kCpuBlockNChoices, c.block_n)) {
+  if (!contains(n_choices, c.block_n)) {
     return make_error(ErrorCode::InvalidArgument,
                       prefix + "block_n = " + std::to_string(c.block_n) +
-                          ": the CPU template takes one of " + list(kCpuBlockNChoices));
+                          ": the CPU template takes one of " + list(n_choices) + pass_note(p));
   }
   if (c.warps != 1 || c.stages != 1) {
     return make_error(ErrorCode::InvalidArgument,
@@ -120,7 +160,21 @@ Status check_cpu_config(const AttentionConfig& c, const AttentionProblem& p, con
                                                       "head_dim = " + std::to_string(p.head_dim) +
                                                       ": must be a multiple of 8 in [8, 256]");
   }
-  const int64_t bytes = cpu_working_set_bytes(c, p);
+  if (c.family != KernelFamily::Mma) {
+    return make_error(ErrorCode::InvalidArgument,
+                      prefix + "-wgmma is a CUDA (sm90) family: the CPU has one template");
+  }
+  if (p.is_backward() && c.dq != DqMode::Separate) {
+    return make_error(ErrorCode::InvalidArgument,
+                      prefix +
+                          "the CPU backward computes dQ in work items of its own: its "
+                          "configs end in -det (DqMode::Separate), e.g. m64n64w1s1-det");
+  }
+  if (!p.is_backward() && c.dq != DqMode::Atomic) {
+    return make_error(ErrorCode::InvalidArgument,
+                      prefix + "-det (a separate dQ pass) exists in the backward pass only");
+  }
+  const int64_t bytes = cpu_scratch_bytes(c, p);
   if (bytes > cpu.l2_bytes) {
     return make_error(ErrorCode::InvalidArgument,
                       prefix + "working set " + std::to_string(bytes) + " B exceeds the L2 (" +
@@ -131,9 +185,9 @@ Status check_cpu_config(const AttentionConfig& c, const AttentionProblem& p, con
 
 std::vector<AttentionConfig> legal_cpu_configs(const AttentionProblem& p, const CpuSpec& cpu) {
   std::vector<AttentionConfig> out;
-  for (int m : kCpuBlockMChoices)
-    for (int n : kCpuBlockNChoices) {
-      const AttentionConfig c{m, n, 1, 1};
+  for (int m : cpu_block_m_choices(p))
+    for (int n : cpu_block_n_choices(p)) {
+      const AttentionConfig c = cpu_config(m, n, p);
       if (check_cpu_config(c, p, cpu).ok()) out.push_back(c);
     }
   return out;
@@ -146,9 +200,13 @@ int64_t target_block_n(int block_m, const CpuSpec& cpu) {
   return cpu.l1d_bytes / 2 / (4 * static_cast<int64_t>(block_m));
 }
 
+// Backward: block_m with both score blocks (8 * block_m * block_n bytes) within the L1d.
+int64_t backward_target_block_m(int block_n, const CpuSpec& cpu) {
+  return cpu.l1d_bytes / (8 * static_cast<int64_t>(block_n));
+}
+
 // The largest choice <= target among `legal` (the smallest if none is below).
-template <size_t N>
-int round_down(const int (&choices)[N], int64_t target, const std::vector<int>& legal) {
+int round_down(std::span<const int> choices, int64_t target, const std::vector<int>& legal) {
   int best = -1;
   for (int value : choices) {
     if (std::find(legal.begin(), legal.end(), value) == legal.end()) continue;
@@ -167,6 +225,17 @@ Result<AttentionConfig> default_cpu_config(const AttentionProblem& p, const CpuS
                       "no CPU config fits head_dim = " + std::to_string(p.head_dim) +
                           " in an L2 of " + std::to_string(cpu.l2_bytes) + " B");
   }
+  if (p.is_backward()) {
+    std::vector<int> legal_n;
+    for (const AttentionConfig& c : legal) legal_n.push_back(c.block_n);
+    const int block_n = round_down(kCpuBackwardBlockNChoices, kCpuTileQueries, legal_n);
+    std::vector<int> legal_m;
+    for (const AttentionConfig& c : legal)
+      if (c.block_n == block_n) legal_m.push_back(c.block_m);
+    const int block_m =
+        round_down(kCpuBackwardBlockMChoices, backward_target_block_m(block_n, cpu), legal_m);
+    return cpu_config(block_m, block_n, p);
+  }
   std::vector<int> legal_m;
   for (const AttentionConfig& c : legal) legal_m.push_back(c.block_m);
   const int block_m = round_down(kCpuBlockMChoices, kCpuTileQueries, legal_m);
@@ -174,10 +243,81 @@ Result<AttentionConfig> default_cpu_config(const AttentionProblem& p, const CpuS
   for (const AttentionConfig& c : legal)
     if (c.block_m == block_m) legal_n.push_back(c.block_n);
   const int block_n = round_down(kCpuBlockNChoices, target_block_n(block_m, cpu), legal_n);
-  return AttentionConfig{block_m, block_n, 1, 1};
+  return cpu_config(block_m, block_n, p);
 }
 
+namespace {
+
+// "illegal: <why>" without the "config <name>: " prefix, or "legal".
+std::string verdict(const AttentionConfig& c, const AttentionProblem& p, const CpuSpec& cpu) {
+  const Status status = check_cpu_config(c, p, cpu);
+  if (status.ok()) return "legal";
+  std::string why = status.error().message;
+  const std::string prefix = "config " + c.to_string() + ": ";
+  if (why.rfind(prefix, 0) == 0) why = why.substr(prefix.size());
+  return "illegal: " + why;
+}
+
+std::string legal_summary(const AttentionProblem& p, const CpuSpec& cpu) {
+  std::ostringstream out;
+  out << "\n" << legal_cpu_configs(p, cpu).size() << " legal configs.";
+  if (auto def = default_cpu_config(p, cpu); def.ok())
+    out << " Default (untuned): " << def->to_string() << "\n";
+  else
+    out << " " << def.error().message << "\n";
+  return out.str();
+}
+
+std::string explain_cpu_backward_plan(const AttentionProblem& p, const CpuSpec& cpu) {
+  std::ostringstream out;
+  out << "cpu:     " << cpu.to_string() << "\n";
+  out << "problem: " << p.to_string() << "\n\n";
+  out << "Caches as SRAM, backward: a dK/dV work item (batch, kv head, Bc keys) keeps K^T, V^T\n"
+         "and the dK^T, dV^T accumulators while Q and dO stream past in blocks of Br rows; a dQ\n"
+         "work item (batch, head, Br queries) keeps Q^T, dO^T and dQ^T while K and V stream past\n"
+         "in blocks of Bc. The larger scratch must fit the core's L2 ("
+      << cpu.l2_bytes
+      << " B); the two score\n"
+         "blocks of a dK/dV item, swept once per tile of head dims, should fit the L1d ("
+      << cpu.l1d_bytes
+      << " B).\n"
+         "dQ has work items of its own (-det): no two cores write one gradient row, no "
+         "atomics.\n\n";
+  const AttentionConfig tile = cpu_config(kCpuTileQueries, kCpuTileQueries, p);
+  out << "Default (untuned):\n";
+  out << "  Bc = " << kCpuTileQueries << " (the keys of one register tile: 4 vectors x 16 lanes)\n";
+  out << "  Br = L1d / (8 Bc) = " << cpu.l1d_bytes << " / (8 * " << tile.block_n
+      << ") = " << backward_target_block_m(tile.block_n, cpu) << "\n";
+  out << "  each rounded down to a legal choice (Bc first)\n\n";
+  out << "Budget of this template (fp32 scratch per work item):\n";
+  out << "  dK/dV: 4 * (4*Bc*d [K^T, V^T, dK^T, dV^T] + 2*Br*d [Q, dO] + 2*Br*Bc [S, dP])\n";
+  out << "  dQ:    4 * (3*Br*d [Q^T, dO^T, dQ^T] + 2*Bc*d [K, V] + 2*Bc*Br [S^T, dP^T])\n";
+  out << "  L2:    max(dK/dV, dQ) <= " << cpu.l2_bytes << " B\n";
+  out << "  L1d:   8 * Br * Bc [S, dP blocks] <= " << cpu.l1d_bytes
+      << " B (preferred, not required)\n";
+  out << "  Br in " << list(kCpuBackwardBlockMChoices) << ", Bc in "
+      << list(kCpuBackwardBlockNChoices) << "; warps = stages = 1 (unused on the CPU)\n\n";
+  out << "config            dK/dV(B)     dQ(B)  scores(B)  in L1d  status\n";
+  for (int m : kCpuBackwardBlockMChoices)
+    for (int n : kCpuBackwardBlockNChoices) {
+      const AttentionConfig c = cpu_config(m, n, p);
+      const int64_t scores = cpu_backward_score_bytes(c);
+      char line[320];
+      std::snprintf(line, sizeof line, "%-16s %9lld %9lld  %9lld  %6s  %s\n", c.to_string().c_str(),
+                    static_cast<long long>(cpu_backward_dkdv_bytes(c, p)),
+                    static_cast<long long>(cpu_backward_dq_bytes(c, p)),
+                    static_cast<long long>(scores), scores <= cpu.l1d_bytes ? "yes" : "no",
+                    verdict(c, p, cpu).c_str());
+      out << line;
+    }
+  out << legal_summary(p, cpu);
+  return out.str();
+}
+
+}  // namespace
+
 std::string explain_cpu_plan(const AttentionProblem& p, const CpuSpec& cpu) {
+  if (p.is_backward()) return explain_cpu_backward_plan(p, cpu);
   std::ostringstream out;
   out << "cpu:     " << cpu.to_string() << "\n";
   out << "problem: " << p.to_string() << "\n\n";
@@ -206,10 +346,7 @@ std::string explain_cpu_plan(const AttentionProblem& p, const CpuSpec& cpu) {
   for (int m : kCpuBlockMChoices)
     for (int n : kCpuBlockNChoices) {
       const AttentionConfig c{m, n, 1, 1};
-      const Status status = check_cpu_config(c, p, cpu);
-      std::string why = status.ok() ? "legal" : status.error().message;
-      const std::string prefix = "config " + c.to_string() + ": ";
-      if (why.rfind(prefix, 0) == 0) why = "illegal: " + why.substr(prefix.size());
+      const std::string why = verdict(c, p, cpu);
       const int64_t scores = cpu_score_block_bytes(c);
       char line[256];
       std::snprintf(line, sizeof line, "%-12s %10lld  %10lld  %10lld  %8s  %s\n",
@@ -219,12 +356,7 @@ std::string explain_cpu_plan(const AttentionProblem& p, const CpuSpec& cpu) {
                     why.c_str());
       out << line;
     }
-  const auto legal = legal_cpu_configs(p, cpu);
-  out << "\n" << legal.size() << " legal configs.";
-  if (auto def = default_cpu_config(p, cpu); def.ok())
-    out << " Default (untuned): " << def->to_string() << "\n";
-  else
-    out << " " << def.error().message << "\n";
+  out << legal_summary(p, cpu);
   return out.str();
 }
 

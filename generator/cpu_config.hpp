@@ -64,7 +64,46 @@ int64_t cpu_score_block_bytes(const AttentionConfig& config);
 // block_m.
 inline constexpr int kCpuTileQueries = 64;
 
-// Why `config` is illegal for the CPU template (knob values, then the L2 budget), or ok.
+// ---- the backward pass (problem.pass == Backward; templates/cpu/attention_bwd.hpp) ----------
+//
+// Three phases over the thread pool: a preprocess (D = rowsum(dO * O), lse in log2 units), then
+// the dK/dV work items (batch, kv head, block_n keys: K^T, V^T and the dK^T, dV^T accumulators
+// stay in the core's caches while Q and dO stream past in blocks of block_m rows, over every
+// query head of the GQA group), then the dQ work items (batch, head, block_m queries: Q^T, dO^T
+// and the dQ^T accumulator stay, K and V stream past in blocks of block_n rows).
+//
+// DqMode::Separate only (printed "-det"): the dK/dV work item owns a key block and the dQ work
+// item a query block, so no two cores ever write the same gradient row and no atomics are
+// needed; the order of every sum is fixed, so the result is bitwise reproducible for free. (The
+// cost is recomputing S and dP in the dQ pass: 7 matrix products instead of 5.)
+
+// The backward template's block sizes: block_m divides the workspace rows' padding of 128 (whole
+// blocks of delta and lse_log2); 16 is left out (the dQ work item's lanes are its block_m
+// queries: 16 fill one vector, a quarter of an AVX-512 register tile), and so is block_n = 256
+// (the dK/dV item's two score blocks, 8 * block_m * 256 bytes, fit no L1d).
+inline constexpr int kCpuBackwardBlockMChoices[] = {32, 64, 128};
+inline constexpr int kCpuBackwardBlockNChoices[] = {32, 64, 128};
+
+// fp32 scratch of one dK/dV work item, in bytes:
+//   4 * (4*block_n*d [K^T, V^T, dK^T, dV^T] + 2*block_m*d [Q, dO] + 2*block_m*block_n [S/P, dP/dS])
+int64_t cpu_backward_dkdv_bytes(const AttentionConfig& config, const AttentionProblem& problem);
+// fp32 scratch of one dQ work item, in bytes:
+//   4 * (3*block_m*d [Q^T, dO^T, dQ^T] + 2*block_n*d [K, V] + 2*block_n*block_m [S^T, dP^T/dS^T])
+int64_t cpu_backward_dq_bytes(const AttentionConfig& config, const AttentionProblem& problem);
+// The larger of the two: what one core's L2 must hold (each phase allocates its own).
+int64_t cpu_backward_working_set_bytes(const AttentionConfig& config,
+                                       const AttentionProblem& problem);
+// The two score blocks of a dK/dV work item (S then P, dP then dS), 8 * block_m * block_n bytes:
+// the dV and dK products sweep them once per tile of head dims, so the default keeps them within
+// the L1d.
+int64_t cpu_backward_score_bytes(const AttentionConfig& config);
+
+// The scratch a work item of `config` allocates per thread (the forward's, or the larger of the
+// backward's two phases), by the problem's pass.
+int64_t cpu_scratch_bytes(const AttentionConfig& config, const AttentionProblem& problem);
+
+// Why `config` is illegal for the CPU template (knob values, then the L2 budget), or ok. Either
+// pass (problem.pass); the backward's configs are DqMode::Separate, the forward's not.
 Status check_cpu_config(const AttentionConfig& config, const AttentionProblem& problem,
                         const CpuSpec& cpu);
 // Every legal config, block_m then block_n ascending.
@@ -74,8 +113,13 @@ std::vector<AttentionConfig> legal_cpu_configs(const AttentionProblem& problem, 
 // (L1d / 2) / (4 block_m). Each rounded down to the largest legal choice (block_m first; the
 // smallest if none is below). Error only if no config fits. (FlashAttention's GPU formula with
 // the L2 as SRAM gave m128n256 at d = 128, 2x slower than this on a Zen 5 core.)
+//
+// Backward: block_n = kCpuTileQueries (the dK/dV work item's lanes are its keys: one register
+// tile of 4 vectors x 16 keys); block_m = the largest with both score blocks within the L1d:
+// L1d / (8 block_n). Each rounded down as for the forward (block_n first).
 Result<AttentionConfig> default_cpu_config(const AttentionProblem& problem, const CpuSpec& cpu);
-// The budget arithmetic and the legal set, as `flashjit plan --backend cpu` prints it.
+// The budget arithmetic and the legal set, as `flashjit plan --backend cpu` prints it (either
+// pass).
 std::string explain_cpu_plan(const AttentionProblem& problem, const CpuSpec& cpu);
 
 }  // namespace flashjit

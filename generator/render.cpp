@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <initializer_list>
 #include <sstream>
+#include <string>
 
 #include "generator/backward_config.hpp"
 #include "generator/cpu_config.hpp"
@@ -153,6 +154,36 @@ Result<KernelSource> render_hip_attention(const AttentionProblem& problem,
                   instantiation.str());
 }
 
+namespace {
+
+// "</*head_dim=*/128, /*block_m=*/64, /*block_n=*/64, /*storage=*/flashjit_cpu::kBF16,
+// /*causal=*/false>": the parameters of both CPU templates' traits.
+std::string cpu_traits_arguments(const AttentionProblem& problem, const AttentionConfig& config) {
+  std::ostringstream out;
+  out << "</*head_dim=*/" << problem.head_dim << ", /*block_m=*/" << config.block_m
+      << ", /*block_n=*/" << config.block_n << ", /*storage=*/"
+      << (problem.dtype == DType::BF16  ? "flashjit_cpu::kBF16"
+          : problem.dtype == DType::F32 ? "flashjit_cpu::kF32"
+                                        : "flashjit_cpu::kF16")
+      << ", /*causal=*/" << (problem.causal ? "true" : "false") << ">";
+  return out.str();
+}
+
+// One CPU entry point: extern "C" int entry(params, work_begin, work_end) calling
+// flashjit_cpu::<function>.
+std::string cpu_entry(const char* entry, const char* function) {
+  // Built by appending: gcc 12 warns falsely (-Wrestrict) on "literal" + std::string&&.
+  std::string text = "extern \"C\" int ";
+  text += entry;
+  text += "(const FlashjitAttentionParams* params, int work_begin, int work_end) {\n";
+  text += "  return flashjit_cpu::";
+  text += function;
+  text += "(*params, work_begin, work_end);\n}\n";
+  return text;
+}
+
+}  // namespace
+
 Result<KernelSource> render_cpu_attention(const AttentionProblem& problem,
                                           const AttentionConfig& config) {
   if (problem.is_backward()) return render_cpu_attention_backward(problem, config);
@@ -162,19 +193,11 @@ Result<KernelSource> render_cpu_attention(const AttentionProblem& problem,
   unlimited.l1d_bytes = unlimited.l2_bytes = int64_t{1} << 40;
   FLASHJIT_TRY(check_cpu_config(config, problem, unlimited));
   std::ostringstream instantiation;
-  instantiation << "typedef flashjit_cpu::Traits</*head_dim=*/" << problem.head_dim
-                << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n
-                << ", /*storage=*/"
-                << (problem.dtype == DType::BF16  ? "flashjit_cpu::kBF16"
-                    : problem.dtype == DType::F32 ? "flashjit_cpu::kF32"
-                                                  : "flashjit_cpu::kF16")
-                << ", /*causal=*/" << (problem.causal ? "true" : "false") << "> Config;\n"
-                << "extern \"C\" int " << kCpuAttentionForwardEntry
-                << "(const FlashjitAttentionParams* params, int work_begin, int work_end) {\n"
-                << "  return flashjit_cpu::Kernel<Config>::run(*params, work_begin, work_end);\n"
-                << "}\n";
-  return assemble({"cpu/attention_fwd.hpp"}, {kCpuAttentionForwardEntry}, "attention_fwd_cpu",
-                  problem, config, instantiation.str());
+  instantiation << "typedef flashjit_cpu::Traits" << cpu_traits_arguments(problem, config)
+                << " Config;\n"
+                << cpu_entry(kCpuAttentionForwardEntry, "Kernel<Config>::run");
+  return assemble({"cpu/common.hpp", "cpu/attention_fwd.hpp"}, {kCpuAttentionForwardEntry},
+                  "attention_fwd_cpu", problem, config, instantiation.str());
 }
 
 // ---- the backward pass ----------------------------------------------------------------------
@@ -238,8 +261,19 @@ Result<KernelSource> render_hip_attention_backward(const AttentionProblem& probl
 Result<KernelSource> render_cpu_attention_backward(const AttentionProblem& problem,
                                                    const AttentionConfig& config) {
   FLASHJIT_TRY(validate(problem));
-  (void)config;
-  return make_error(ErrorCode::Unsupported, "the backward pass has no CPU template yet");
+  // A CPU with no cache limit to speak of: only the template's own constraints can fail.
+  CpuSpec unlimited;
+  unlimited.l1d_bytes = unlimited.l2_bytes = int64_t{1} << 40;
+  FLASHJIT_TRY(check_cpu_config(config, problem, unlimited));
+  std::ostringstream instantiation;
+  instantiation << "typedef flashjit_cpu::BwdTraits" << cpu_traits_arguments(problem, config)
+                << " Config;\n"
+                << cpu_entry(kCpuBackwardPreprocessEntry, "Backward<Config>::preprocess")
+                << cpu_entry(kCpuBackwardDkDvEntry, "Backward<Config>::dkdv")
+                << cpu_entry(kCpuBackwardDqEntry, "Backward<Config>::dq");
+  return assemble({"cpu/common.hpp", "cpu/attention_bwd.hpp"},
+                  {kCpuBackwardPreprocessEntry, kCpuBackwardDkDvEntry, kCpuBackwardDqEntry},
+                  "attention_bwd_cpu", problem, config, instantiation.str());
 }
 
 }  // namespace flashjit

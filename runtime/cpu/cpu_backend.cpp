@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -15,6 +17,7 @@
 #include "runtime/cpu/clang_jit.hpp"
 #include "runtime/cpu/cpu_info.hpp"
 #include "runtime/launch_params.hpp"
+#include "runtime/workspace.hpp"
 #include "templates/attention_params.h"
 
 namespace flashjit::cpu {
@@ -104,6 +107,37 @@ std::string signature_text(const ProblemSignature& signature) {
   return text;
 }
 
+// Host memory for allocate() and the backward's own workspace: kWorkspaceAlign (256-byte)
+// aligned, so that any buffer from allocate() can serve as a backward workspace too.
+Result<DeviceBuffer> host_allocation(size_t bytes) {
+  const size_t rounded =
+      (std::max<size_t>(bytes, 1) + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+  void* pointer = std::aligned_alloc(kWorkspaceAlign, rounded);
+  if (pointer == nullptr) {
+    return make_error(ErrorCode::DriverError,
+                      "host allocation of " + std::to_string(bytes) + " B failed");
+  }
+  return DeviceBuffer(pointer, bytes, [](void* p) { std::free(p); });
+}
+
+// Runs entry(params, begin, end) over work items [0, items) on the pool, in chunks of consecutive
+// items, 4 per thread so that causal imbalance evens out; each chunk is one call (one scratch
+// allocation). False when an entry returned non-zero (its scratch could not be allocated).
+bool run_work_items(ThreadPool& pool, EntryFunction entry, const FlashjitAttentionParams& params,
+                    int64_t items) {
+  if (items <= 0) return true;
+  const int64_t chunks_wanted = static_cast<int64_t>(pool.threads()) * 4;
+  const int64_t chunk = std::max<int64_t>(1, (items + chunks_wanted - 1) / chunks_wanted);
+  const int chunks = static_cast<int>((items + chunk - 1) / chunk);
+  std::atomic<int> failures{0};
+  pool.parallel_for(chunks, [&](int c) {
+    const int64_t begin = c * chunk;
+    const int64_t end = std::min(items, begin + chunk);
+    if (entry(&params, static_cast<int>(begin), static_cast<int>(end)) != 0) ++failures;
+  });
+  return failures == 0;
+}
+
 class CpuKernel final : public Kernel {
  public:
   CpuKernel(std::unique_ptr<JitModule> module, EntryFunction entry,
@@ -157,19 +191,7 @@ class CpuKernel final : public Kernel {
     if (items <= 0) return ok_status();
 
     FlashjitAttentionParams params = make_launch_params(problem, args);
-
-    // Chunks of consecutive work items, 4 per thread so that causal imbalance evens out; each
-    // chunk is one call (one scratch allocation).
-    const int64_t chunks_wanted = static_cast<int64_t>(pool_->threads()) * 4;
-    const int64_t chunk = std::max<int64_t>(1, (items + chunks_wanted - 1) / chunks_wanted);
-    const int chunks = static_cast<int>((items + chunk - 1) / chunk);
-    std::atomic<int> failures{0};
-    pool_->parallel_for(chunks, [&](int c) {
-      const int64_t begin = c * chunk;
-      const int64_t end = std::min(items, begin + chunk);
-      if (entry_(&params, static_cast<int>(begin), static_cast<int>(end)) != 0) ++failures;
-    });
-    if (failures > 0) {
+    if (!run_work_items(*pool_, entry_, params, items)) {
       return make_error(ErrorCode::LaunchFailed, "the CPU kernel could not allocate its scratch (" +
                                                      std::to_string(info_.dynamic_smem_bytes) +
                                                      " B per thread)");
@@ -184,6 +206,89 @@ class CpuKernel final : public Kernel {
   ProblemSignature signature_;
   AttentionConfig config_;
   KernelInfo info_;
+};
+
+// The backward pass: the three entry points of one source (render.hpp's kCpuBackward*Entry, in
+// launch order) run one after the other over the pool, sharing one fp32 workspace (delta,
+// lse_log2: runtime/launch_params.hpp's layout, the GPU's).
+class CpuBackwardKernel final : public Kernel {
+ public:
+  CpuBackwardKernel(std::unique_ptr<JitModule> module, std::vector<EntryFunction> entries,
+                    std::shared_ptr<ThreadPool> pool, ProblemSignature signature,
+                    AttentionConfig config, KernelInfo info)
+      : module_(std::move(module)),
+        entries_(std::move(entries)),
+        pool_(std::move(pool)),
+        signature_(signature),
+        config_(config),
+        info_(info),
+        workspace_(host_allocation,
+                   // Launches are synchronous: nothing is in flight when a buffer is replaced.
+                   [](void*) { return ok_status(); }) {}
+
+  const ProblemSignature& signature() const override { return signature_; }
+  const AttentionConfig& config() const override { return config_; }
+  const KernelInfo& info() const override { return info_; }
+
+  size_t workspace_bytes(const AttentionProblem& problem) const override {
+    return backward_workspace(problem, config_).bytes;
+  }
+
+  // Synchronous: returns when dq, dk and dv are written. `stream` only keys the kernel's own
+  // workspace. Launches that use the kernel's own workspace run one at a time (the pool runs one
+  // phase at a time anyway); with a caller's workspace they only queue for the pool.
+  Status launch(const AttentionProblem& problem, const AttentionArgs& args,
+                void* stream) const override {
+    const BackwardWorkspace layout = backward_workspace(problem, config_);
+    FLASHJIT_TRY(check_attention_launch(
+        problem, args, signature_, static_cast<size_t>(dtype_bytes(problem.dtype)), layout.bytes));
+    const int64_t m_blocks = (problem.seqlen_q + config_.block_m - 1) / config_.block_m;
+    const int64_t n_blocks = (problem.seqlen_k + config_.block_n - 1) / config_.block_n;
+    const int64_t query_items = problem.batch * problem.heads_q * m_blocks;
+    const int64_t key_items = problem.batch * problem.heads_kv * n_blocks;
+    const int64_t rows = problem.batch * problem.heads_q * layout.seqlen_q_rounded;
+    if (query_items > INT32_MAX || key_items > INT32_MAX || rows > INT64_MAX / 4) {
+      return make_error(ErrorCode::InvalidArgument,
+                        problem.to_string() + ": " + std::to_string(query_items) + " dQ and " +
+                            std::to_string(key_items) +
+                            " dK/dV work items; the CPU kernels take at most 2^31 - 1");
+    }
+    FlashjitAttentionParams params = make_launch_params(problem, args);
+    if (args.workspace != nullptr) {
+      bind_workspace(params, layout, args.workspace);
+      return run_phases(params, query_items, key_items);
+    }
+    std::lock_guard<std::mutex> lock(own_workspace_mutex_);
+    Result<void*> workspace = workspace_.get(layout.bytes, stream);
+    if (!workspace.ok()) return workspace.error();
+    bind_workspace(params, layout, workspace.value());
+    return run_phases(params, query_items, key_items);
+  }
+
+ private:
+  Status run_phases(const FlashjitAttentionParams& params, int64_t query_items,
+                    int64_t key_items) const {
+    const char* names[] = {"preprocess", "dK/dV", "dQ"};
+    const int64_t items[] = {query_items, key_items, query_items};
+    for (int phase = 0; phase < 3; ++phase) {
+      if (!run_work_items(*pool_, entries_[phase], params, items[phase])) {
+        return make_error(ErrorCode::LaunchFailed,
+                          std::string("the CPU backward's ") + names[phase] +
+                              " phase could not allocate its scratch (up to " +
+                              std::to_string(info_.dynamic_smem_bytes) + " B per thread)");
+      }
+    }
+    return ok_status();
+  }
+
+  std::unique_ptr<JitModule> module_;
+  std::vector<EntryFunction> entries_;  // preprocess, dK/dV, dQ
+  std::shared_ptr<ThreadPool> pool_;
+  ProblemSignature signature_;
+  AttentionConfig config_;
+  KernelInfo info_;
+  mutable std::mutex own_workspace_mutex_;
+  mutable WorkspaceCache workspace_;
 };
 
 }  // namespace
@@ -249,7 +354,9 @@ Result<KernelSource> CpuBackend::render(const AttentionProblem& problem,
 }
 
 Result<Binary> CpuBackend::compile(const KernelSource& source) const {
-  Result<ClangOutput> output = compile_cpp(source.text, "attention_fwd_cpu.cpp", EmitKind::Object);
+  // "attention_bwd_cpu d128 bf16 ..." -> attention_bwd_cpu.cpp in clang's diagnostics.
+  const std::string file_name = source.label.substr(0, source.label.find(' ')) + ".cpp";
+  Result<ClangOutput> output = compile_cpp(source.text, file_name, EmitKind::Object);
   if (!output.ok()) {
     return make_error(output.error().code, source.label + ": " + output.error().message);
   }
@@ -265,30 +372,37 @@ Result<std::shared_ptr<Kernel>> CpuBackend::load(const Binary& binary, const Ker
                                                  const AttentionConfig& config) const {
   Result<std::unique_ptr<JitModule>> module = JitModule::load(binary.bytes, source.label);
   if (!module.ok()) return module.error();
-  Result<void*> entry = (*module)->lookup(source.entry());
-  if (!entry.ok()) {
-    return make_error(ErrorCode::CompileFailed, source.label + ": " + entry.error().message);
+  std::vector<EntryFunction> entries;
+  for (const std::string& name : source.entries) {
+    Result<void*> entry = (*module)->lookup(name);
+    if (!entry.ok()) {
+      return make_error(ErrorCode::CompileFailed, source.label + ": " + entry.error().message);
+    }
+    entries.push_back(reinterpret_cast<EntryFunction>(entry.value()));
+  }
+  const bool backward = signature.pass == Pass::Backward;
+  if (entries.size() != (backward ? 3u : 1u)) {
+    return make_error(ErrorCode::InvalidArgument,
+                      source.label + ": " + std::to_string(entries.size()) +
+                          " entry points for a " + signature.to_string() + " kernel; expected " +
+                          (backward ? "3 (preprocess, dK/dV, dQ)" : "1"));
   }
   AttentionProblem representative;
   representative.head_dim = signature.head_dim;
+  representative.pass = signature.pass;
   KernelInfo info;
   info.dynamic_smem_bytes =
-      static_cast<int>(cpu_working_set_bytes(config, representative));  // scratch per thread
+      static_cast<int>(cpu_scratch_bytes(config, representative));  // scratch per thread
   info.threads_per_block = 1;
+  if (backward) {
+    return std::shared_ptr<Kernel>(std::make_shared<CpuBackwardKernel>(
+        std::move(module.value()), std::move(entries), pool_, signature, config, info));
+  }
   return std::shared_ptr<Kernel>(std::make_shared<CpuKernel>(
-      std::move(module.value()), reinterpret_cast<EntryFunction>(entry.value()), pool_, signature,
-      config, info));
+      std::move(module.value()), entries.front(), pool_, signature, config, info));
 }
 
-Result<DeviceBuffer> CpuBackend::allocate(size_t bytes) const {
-  const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
-  void* pointer = std::aligned_alloc(64, rounded);
-  if (pointer == nullptr) {
-    return make_error(ErrorCode::DriverError,
-                      "host allocation of " + std::to_string(bytes) + " B failed");
-  }
-  return DeviceBuffer(pointer, bytes, [](void* p) { std::free(p); });
-}
+Result<DeviceBuffer> CpuBackend::allocate(size_t bytes) const { return host_allocation(bytes); }
 
 Status CpuBackend::copy_to_device(void* dst, const void* src, size_t bytes) const {
   if (bytes > 0) std::memcpy(dst, src, bytes);

@@ -1,11 +1,14 @@
 // The CPU backend: the C++ template (templates/cpu/attention_fwd.hpp) compiled in-process by
 // Clang/LLVM 14 for the host CPU, loaded by ORC LLJIT, run on a thread pool over the work items
-// (batch x heads x query blocks). Built only where LLVM/Clang 14 are found
-// (FLASHJIT_HAVE_CPU_BACKEND).
+// (batch x heads x query blocks). The backward pass (templates/cpu/attention_bwd.hpp) is three
+// entry points of one source, run in order over the pool with an fp32 workspace (the caller's
+// AttentionArgs::workspace, else one the kernel keeps: runtime/workspace.hpp). Built only where
+// LLVM/Clang 14 are found (FLASHJIT_HAVE_CPU_BACKEND).
 //
-// "Device" memory is host memory: allocate() is a 64-byte aligned host allocation, copies are
-// memcpy, launches are synchronous (the stream argument is ignored), time_ms is wall-clock
-// (std::chrono::steady_clock). device() maps the CPU onto a DeviceSpec as cpu_device_spec() says.
+// "Device" memory is host memory: allocate() is a 256-byte aligned host allocation, copies are
+// memcpy, launches are synchronous (the stream argument only keys a backward kernel's workspace),
+// time_ms is wall-clock (std::chrono::steady_clock). device() maps the CPU onto a DeviceSpec as
+// cpu_device_spec() says.
 #pragma once
 
 #include <memory>

@@ -1,0 +1,596 @@
+// flashjit CPU attention backward: FlashAttention-2's backward pass on the host, compiled by Clang
+// at run time for the host CPU like the forward (templates/cpu/attention_fwd.hpp).
+//
+// Three entry points, run one after the other over the thread pool, each over its own work items
+// (generator/render.hpp):
+//   preprocess  (batch, head, block of kBlockM queries): D = rowsum(dO * O) and lse * log2(e)
+//               into the workspace rows (attention_params.h); rows past seqlen_q up to
+//               seqlen_q_rounded get D = 0 and lse_log2 = +inf.
+//   dK/dV       (batch, kv head, block of kBlockN keys):
+//                 K^T, V^T <- the key block, transposed (d x kBlockN);  dK^T, dV^T <- 0
+//                 for each query head h of the group, each block i of kBlockM queries that sees
+//                 the key block (causal: from the diagonal on):
+//                   S  = Q_i K^T                  (kBlockM x kBlockN, in log2 units)
+//                   dP = dO_i V^T
+//                   P  = exp2(S - lse_log2_i);  dS = P * (dP - D_i)    (masked: P = dS = 0)
+//                   dV^T += dO_i^T P;  dK^T += Q_i^T dS
+//                 dK = scale * dK^T^T, dV = dV^T^T in the storage type.
+//   dQ          (batch, head, block of kBlockM queries):
+//                 Q^T, dO^T <- the query block, transposed (d x kBlockM);  dQ^T <- 0
+//                 for each block j of kBlockN keys that the queries see:
+//                   S^T = K_j Q^T;  dP^T = V_j dO^T;  dS^T = P^T * (dP^T - D)
+//                   dQ^T += K_j^T dS^T
+//                 dQ = scale * dQ^T^T in the storage type.
+// dQ has a work item of its own (DqMode::Separate) rather than atomics from the dK/dV items: no
+// two cores ever write the same gradient row, and the result is bitwise reproducible.
+//
+// The vector lanes always run along the rows of the block a work item owns (keys in dK/dV,
+// queries in dQ), as the forward's run along its queries: the per-row softmax statistics of the
+// other block are broadcast scalars or whole vectors, and all five products are register-tiled
+// outer products with one operand broadcast from memory, of two shapes:
+//   scores_tile      out[r][x]  = sum_c a[r][c] * b^T[c][x]      (S, dP: reduce over head dims)
+//   accumulate_tile  acc[c][x] += sum_r a[r][c] * y[r][x]        (dV, dK, dQ: reduce over rows)
+// where x runs over the owned block's lanes and r over the rows of the streamed block.
+//
+// Two kinds of arithmetic, both accumulating in fp32 (as the forward):
+//   fp32 FMAs (fp16 and fp32 storage; bf16 on a host without AVX512_BF16): every operand
+//     converted to fp32 when packed; the S operand owned by the work item (K^T, Q^T) pre-scaled
+//     by scale * log2(e).
+//   bf16 dot products (bf16 storage with AVX512_BF16, kDotBf16): vdpbf16ps over bf16 pairs along
+//     the reduced axis. The streamed rows are read in place for S and dP; the owned block is
+//     packed as pairs along the head dim; P and dS are rounded to bf16 before the products that
+//     make dV, dK and dQ (as FlashAttention does on the GPU), with their partners (dO, Q, K)
+//     packed as pairs along the rows.
+//
+// Scratch per work item: kDkDvScratchFloats / kDqScratchFloats words, within the L2 budget of
+// generator/cpu_config.hpp. The rendered source prepends attention_params.h and cpu/common.hpp
+// and appends one BwdTraits instantiation with the three extern "C" entry points.
+
+namespace flashjit_cpu {
+
+template <int HeadDim, int BlockM, int BlockN, int StorageType, bool Causal>
+struct BwdTraits {
+  static constexpr int kHeadDim = HeadDim;
+  static constexpr int kBlockM = BlockM;  // queries per dQ work item / streamed block of dK/dV
+  static constexpr int kBlockN = BlockN;  // keys per dK/dV work item / streamed block of dQ
+  static constexpr int kStorage = StorageType;
+  static constexpr bool kCausal = Causal;
+  static_assert(HeadDim >= 8 && HeadDim <= 256 && HeadDim % 8 == 0,
+                "head_dim must be a multiple of 8 in [8, 256]");
+  static_assert(BlockM >= kLanes && 128 % BlockM == 0,
+                "block_m must be 16, 32, 64 or 128: whole blocks of the workspace rows, which "
+                "are padded to a multiple of 128");
+  static_assert(BlockN >= kLanes && BlockN <= 256 && BlockN % kLanes == 0,
+                "block_n must be a multiple of 16 (the key lanes of a vector) in [16, 256]");
+  static_assert(StorageType == kF16 || StorageType == kBF16 || StorageType == kF32,
+                "storage must be fp16, bf16 or fp32");
+
+  static constexpr bool kDotBf16 = StorageType == kBF16 && FLASHJIT_CPU_DOT_BF16;
+
+  // Scratch in 4-byte words. dK/dV: K^T, V^T, dK^T, dV^T (d x BN); Q, dO (BM x d); S/P, dP/dS
+  // (BM x BN). dQ: Q^T, dO^T, dQ^T (d x BM); K, V (BN x d); S^T, dP^T/dS^T (BN x BM). (The bf16
+  // dot products use less: the packed operands as pairs.)
+  static constexpr i64 kDkDvScratchFloats =
+      4 * (i64)HeadDim * BlockN + 2 * (i64)BlockM * HeadDim + 2 * (i64)BlockM * BlockN;
+  static constexpr i64 kDqScratchFloats =
+      3 * (i64)HeadDim * BlockM + 2 * (i64)BlockN * HeadDim + 2 * (i64)BlockN * BlockM;
+};
+
+// ---- the two tile shapes (fp32 FMAs, then bf16 pairs) ------------------------------------------
+// L lanes in the owned block (LV vectors of them per tile), rows of length D in the streamed one.
+
+// out[r0 + a][g + 16 v] = sum_{c < D} a[r0 + a][c] * bt[c][g + 16 v]     (a < RT, v < LV)
+// a: [rows][D], bt: [D][L], out: [rows][L].
+template <int D, int L, int RT, int LV>
+__attribute__((noinline)) void scores_tile(const float* __restrict a, const float* __restrict bt,
+                                           float* __restrict out, int r0, int g) {
+  f32x16 acc[RT][LV];
+  for (int r = 0; r < RT; ++r)
+    for (int v = 0; v < LV; ++v) acc[r][v] = 0.0f;
+  for (int c = 0; c < D; ++c) {
+    f32x16 b[LV];
+    for (int v = 0; v < LV; ++v) b[v] = load(bt + c * L + g + v * kLanes);
+    for (int r = 0; r < RT; ++r) {
+      const float x = a[(r0 + r) * D + c];
+      for (int v = 0; v < LV; ++v) acc[r][v] += x * b[v];
+    }
+  }
+  for (int r = 0; r < RT; ++r)
+    for (int v = 0; v < LV; ++v) store(out + (r0 + r) * L + g + v * kLanes, acc[r][v]);
+}
+
+// acc[c0 + a][g + 16 v] += sum_{r < rows} a[r][c0 + a] * y[r][g + 16 v]     (a < CT, v < LV)
+// a: [rows][D], y: [rows][L], acc: [D][L].
+template <int D, int L, int CT, int LV>
+__attribute__((noinline)) void accumulate_tile(const float* __restrict a, const float* __restrict y,
+                                               float* __restrict acc_t, int rows, int c0, int g) {
+  f32x16 acc[CT][LV];
+  for (int c = 0; c < CT; ++c)
+    for (int v = 0; v < LV; ++v) acc[c][v] = load(acc_t + (c0 + c) * L + g + v * kLanes);
+  for (int r = 0; r < rows; ++r) {
+    f32x16 b[LV];
+    for (int v = 0; v < LV; ++v) b[v] = load(y + r * L + g + v * kLanes);
+    for (int c = 0; c < CT; ++c) {
+      const float x = a[r * D + c0 + c];
+      for (int v = 0; v < LV; ++v) acc[c][v] += x * b[v];
+    }
+  }
+  for (int c = 0; c < CT; ++c)
+    for (int v = 0; v < LV; ++v) store(acc_t + (c0 + c) * L + g + v * kLanes, acc[c][v]);
+}
+
+// As scores_tile over the bf16 pairs (c, c + 1): a's rows read in place (a_rows[r], bf16), bt
+// packed as pairs btp[c / 2][x].
+template <int D, int L, int RT, int LV>
+__attribute__((noinline)) void scores_tile_dot(const u16* const* a_rows, const u32* __restrict btp,
+                                               float* __restrict out, int r0, int g) {
+  f32x16 acc[RT][LV];
+  for (int r = 0; r < RT; ++r)
+    for (int v = 0; v < LV; ++v) acc[r][v] = 0.0f;
+  for (int c = 0; c < D; c += 2) {
+    i32x16 b[LV];
+    for (int v = 0; v < LV; ++v) b[v] = load_pairs(btp + (c / 2) * L + g + v * kLanes);
+    for (int r = 0; r < RT; ++r) {
+      const i32x16 x = (int)pair_at(a_rows[r] + c);
+      for (int v = 0; v < LV; ++v) acc[r][v] = dot_bf16_pairs(acc[r][v], b[v], x);
+    }
+  }
+  for (int r = 0; r < RT; ++r)
+    for (int v = 0; v < LV; ++v) store(out + (r0 + r) * L + g + v * kLanes, acc[r][v]);
+}
+
+// As accumulate_tile over the bf16 pairs of rows (r, r + 1): ap[r / 2][c], yp[r / 2][x].
+template <int D, int L, int CT, int LV>
+__attribute__((noinline)) void accumulate_tile_dot(const u32* __restrict ap,
+                                                   const u32* __restrict yp,
+                                                   float* __restrict acc_t, int row_pairs, int c0,
+                                                   int g) {
+  f32x16 acc[CT][LV];
+  for (int c = 0; c < CT; ++c)
+    for (int v = 0; v < LV; ++v) acc[c][v] = load(acc_t + (c0 + c) * L + g + v * kLanes);
+  for (int rr = 0; rr < row_pairs; ++rr) {
+    i32x16 b[LV];
+    for (int v = 0; v < LV; ++v) b[v] = load_pairs(yp + rr * L + g + v * kLanes);
+    for (int c = 0; c < CT; ++c) {
+      const i32x16 x = (int)ap[rr * D + c0 + c];
+      for (int v = 0; v < LV; ++v) acc[c][v] = dot_bf16_pairs(acc[c][v], b[v], x);
+    }
+  }
+  for (int c = 0; c < CT; ++c)
+    for (int v = 0; v < LV; ++v) store(acc_t + (c0 + c) * L + g + v * kLanes, acc[c][v]);
+}
+
+template <class T>
+struct Backward {
+  static constexpr int D = T::kHeadDim;
+  static constexpr int BM = T::kBlockM;
+  static constexpr int BN = T::kBlockN;
+  static constexpr bool kDot = T::kDotBf16;
+  typedef typename StorageElement<T::kStorage>::type Element;
+
+  // Register tiles of each work item (common.hpp sizes them for the host's registers): up to
+  // kTileLaneVectors lane vectors of the owned block (64 rows with AVX-512, 16 with AVX2) times
+  // kTileVectors / lane vectors streamed rows (scores) or head dims (accumulators, at most 8):
+  // 16 accumulators with AVX-512 as in the forward, 6 with AVX2. Tiles whose rows or dims do
+  // not divide the block's are followed by tiles of 2 (for_each_tile).
+  static constexpr int lane_vectors(int rows) {
+    return rows / kLanes >= kTileLaneVectors ? kTileLaneVectors : rows / kLanes;
+  }
+  static constexpr int tile_dims(int vectors) {
+    return kTileVectors / vectors >= 8 ? 8 : kTileVectors / vectors;
+  }
+  static constexpr int KV = lane_vectors(BN);  // dK/dV: key vectors
+  static constexpr int QV = lane_vectors(BM);  // dQ: query vectors
+  static constexpr int kKeyRows = kTileVectors / KV, kKeyDims = tile_dims(KV);
+  static constexpr int kQueryRows = kTileVectors / QV, kQueryDims = tile_dims(QV);
+  static_assert(BN % (KV * kLanes) == 0 && BM % (QV * kLanes) == 0, "lane tiles must tile");
+  static_assert(kKeyRows % 2 == 0 && kKeyDims % 2 == 0 && kQueryRows % 2 == 0 &&
+                    kQueryDims % 2 == 0,
+                "tiles must be even: the rest of a block is done in tiles of 2");
+
+  // f(start, Int<size>()) over [0, count) (count even): tiles of Big, then at most one of 4 (when
+  // Big > 4), then tiles of 2.
+  template <int Big, class F>
+  static void for_each_tile(int count, F f) {
+    int start = 0;
+    for (; start + Big <= count; start += Big) f(start, Int<Big>());
+    if constexpr (Big > 4) {
+      if (start + 4 <= count) f(start, Int<4>()), start += 4;
+    }
+    for (; start < count; start += 2) f(start, Int<2>());
+  }
+
+  static constexpr float kLog2e = 1.4426950408889634f;
+
+  // Workspace row of (batch b, query head h).
+  static i64 workspace_row(const FlashjitAttentionParams& p, int b, int h) {
+    return ((i64)b * p.heads_q + h) * p.seqlen_q_rounded;
+  }
+
+  // ---- preprocess: D = rowsum(dO * O), lse_log2 = lse * log2(e) ------------------------------
+
+  static void preprocess_block(const FlashjitAttentionParams& p, int b, int h, int m_block) {
+    const int q0 = m_block * BM;
+    const int rows = min_int(BM, p.seqlen_q - q0);
+    const Element* o = (const Element*)p.o + b * p.o_batch_stride + h * p.o_head_stride;
+    const Element* d_o = (const Element*)p.d_o + b * p.do_batch_stride + h * p.do_head_stride;
+    const float* lse = p.lse + ((i64)b * p.heads_q + h) * p.seqlen_q;
+    const i64 row = workspace_row(p, b, h);
+    for (int i = q0; i < q0 + rows; ++i) {
+      const Element* o_row = o + (i64)i * p.o_seq_stride;
+      const Element* do_row = d_o + (i64)i * p.do_seq_stride;
+      float sum = 0.0f;
+      for (int c = 0; c < D; ++c)
+        sum += to_float<T::kStorage>(do_row[c]) * to_float<T::kStorage>(o_row[c]);
+      p.delta[row + i] = sum;
+      p.lse_log2[row + i] = lse[i] * kLog2e;  // +inf (a row with no key) stays +inf
+    }
+    // The last block pads the rows to seqlen_q_rounded: no probability, no gradient.
+    if (q0 + rows == p.seqlen_q) {
+      for (int i = p.seqlen_q; i < p.seqlen_q_rounded; ++i) {
+        p.delta[row + i] = 0.0f;
+        p.lse_log2[row + i] = __builtin_inff();
+      }
+    }
+  }
+
+  // ---- dK/dV: one block of BN keys of (batch b, kv head hk) ----------------------------------
+
+  static void dkdv_block(const FlashjitAttentionParams& p, int b, int hk, int n_block,
+                         float* scratch) {
+    // fp32: K^T (scaled into log2 units), V^T [D][BN]; Q, dO [BM][D].
+    // bf16 dot products: K^T, V^T as pairs along d [D/2][BN]; Q, dO as pairs along the query
+    // rows [BM/2][D] (for dK and dV; S and dP read Q and dO in place).
+    float* const kt = scratch;
+    float* const vt = kt + D * BN;
+    float* const dkt = vt + D * BN;  // [D][BN] accumulators
+    float* const dvt = dkt + D * BN;
+    float* const qa = dvt + D * BN;  // [BM][D]
+    float* const da = qa + BM * D;
+    float* const s = da + BM * D;   // [BM][BN]: S, then P (fp32 or bf16 pairs of rows)
+    float* const dp = s + BM * BN;  // [BM][BN]: dP, then dS
+    u32* const kp = (u32*)kt;
+    u32* const vp = (u32*)vt;
+    u32* const qp = (u32*)qa;
+    u32* const dop = (u32*)da;
+    u32* const pp = (u32*)s;
+    u32* const dsp = (u32*)dp;
+    const float kNegInf = -__builtin_inff();
+
+    const int n0 = n_block * BN;
+    const int cols = min_int(BN, p.seqlen_k - n0);
+    const Element* k = (const Element*)p.k + b * p.k_batch_stride + hk * p.k_head_stride;
+    const Element* v = (const Element*)p.v + b * p.v_batch_stride + hk * p.v_head_stride;
+
+    // K^T and V^T; keys past seqlen_k are zero (and masked below).
+    for (int j = 0; j < BN; ++j) {
+      const bool in = j < cols;
+      const Element* k_row = k + (i64)(n0 + (in ? j : 0)) * p.k_seq_stride;
+      const Element* v_row = v + (i64)(n0 + (in ? j : 0)) * p.v_seq_stride;
+      if constexpr (kDot) {
+        for (int c = 0; c < D; c += 2) {
+          kp[(c / 2) * BN + j] = in ? pair_at(k_row + c) : 0u;
+          vp[(c / 2) * BN + j] = in ? pair_at(v_row + c) : 0u;
+        }
+      } else {
+        const float keep = in ? 1.0f : 0.0f;
+        for (int c = 0; c < D; ++c) {
+          kt[c * BN + j] = to_float<T::kStorage>(k_row[c]) * (keep * p.scale_log2);
+          vt[c * BN + j] = to_float<T::kStorage>(v_row[c]) * keep;
+        }
+      }
+    }
+    for (int x = 0; x < D * BN; ++x) dkt[x] = 0.0f, dvt[x] = 0.0f;
+
+    // Causal (bottom-right aligned): query i sees key j iff j <= i + diag; the first query that
+    // sees this block is n0 - diag.
+    const int diag = p.seqlen_k - p.seqlen_q;
+    const int m_first = T::kCausal ? (n0 - diag > 0 ? (n0 - diag) / BM : 0) : 0;
+    const int m_blocks = (p.seqlen_q + BM - 1) / BM;
+    const i32x16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+    for (int h = hk * p.group_size; h < (hk + 1) * p.group_size; ++h) {
+      const Element* q = (const Element*)p.q + b * p.q_batch_stride + h * p.q_head_stride;
+      const Element* d_o = (const Element*)p.d_o + b * p.do_batch_stride + h * p.do_head_stride;
+      const float* lse_log2 = p.lse_log2 + workspace_row(p, b, h);
+      const float* delta = p.delta + workspace_row(p, b, h);
+
+      for (int m_block = m_first; m_block < m_blocks; ++m_block) {
+        const int q0 = m_block * BM;
+        const int rows = min_int(BM, p.seqlen_q - q0);
+        const int padded_rows = (rows + 1) & ~1;  // the tiles' rows: an even count
+
+        // S = Q K^T and dP = dO V^T (a row past seqlen_q: zero in fp32, the last row repeated in
+        // place for the dot products; its lse_log2 is +inf, so P = dS = 0 there).
+        if constexpr (kDot) {
+          for (int ii = 0; ii < padded_rows / 2; ++ii) {
+            const int i = 2 * ii;
+            const u16* q_lo = q + (i64)(q0 + min_int(i, rows - 1)) * p.q_seq_stride;
+            const u16* q_hi = q + (i64)(q0 + min_int(i + 1, rows - 1)) * p.q_seq_stride;
+            const u16* d_lo = d_o + (i64)(q0 + min_int(i, rows - 1)) * p.do_seq_stride;
+            const u16* d_hi = d_o + (i64)(q0 + min_int(i + 1, rows - 1)) * p.do_seq_stride;
+            const u32 keep_lo = i < rows ? 0xffffu : 0u, keep_hi = i + 1 < rows ? 0xffffu : 0u;
+            for (int c = 0; c < D; ++c) {
+              qp[ii * D + c] = (q_lo[c] & keep_lo) | (u32)(q_hi[c] & keep_hi) << 16;
+              dop[ii * D + c] = (d_lo[c] & keep_lo) | (u32)(d_hi[c] & keep_hi) << 16;
+            }
+          }
+          for_each_tile<kKeyRows>(padded_rows, [&](int r0, auto tile) {
+            constexpr int RT = decltype(tile)::value;
+            const u16* q_rows[RT];
+            const u16* d_rows[RT];
+            for (int r = 0; r < RT; ++r) {
+              const int i = q0 + min_int(r0 + r, rows - 1);
+              q_rows[r] = q + (i64)i * p.q_seq_stride;
+              d_rows[r] = d_o + (i64)i * p.do_seq_stride;
+            }
+            for (int g = 0; g < BN; g += KV * kLanes) {
+              scores_tile_dot<D, BN, RT, KV>(q_rows, kp, s, r0, g);
+              scores_tile_dot<D, BN, RT, KV>(d_rows, vp, dp, r0, g);
+            }
+          });
+        } else {
+          for (int i = 0; i < padded_rows; ++i) {
+            const bool in = i < rows;
+            const Element* q_row = q + (i64)(q0 + (in ? i : 0)) * p.q_seq_stride;
+            const Element* do_row = d_o + (i64)(q0 + (in ? i : 0)) * p.do_seq_stride;
+            const float keep = in ? 1.0f : 0.0f;
+            for (int c = 0; c < D; ++c) qa[i * D + c] = to_float<T::kStorage>(q_row[c]) * keep;
+            for (int c = 0; c < D; ++c) da[i * D + c] = to_float<T::kStorage>(do_row[c]) * keep;
+          }
+          // A column slice of K^T (V^T) stays in L1 while the rows of Q (dO) pass.
+          for (int g = 0; g < BN; g += KV * kLanes)
+            for_each_tile<kKeyRows>(padded_rows, [&](int r0, auto tile) {
+              scores_tile<D, BN, decltype(tile)::value, KV>(qa, kt, s, r0, g);
+            });
+          for (int g = 0; g < BN; g += KV * kLanes)
+            for_each_tile<kKeyRows>(padded_rows, [&](int r0, auto tile) {
+              scores_tile<D, BN, decltype(tile)::value, KV>(da, vt, dp, r0, g);
+            });
+        }
+
+        // P = exp2(S - lse_log2), dS = P (dP - D), a row at a time over the key lanes. Masked:
+        // keys past seqlen_k, and (causal) keys past the row's diagonal, where this block
+        // crosses it.
+        const bool mask = cols < BN || (T::kCausal && n0 + BN - 1 > q0 + diag);
+        const float scale = kDot ? p.scale_log2 : 1.0f;
+        auto probabilities = [&](int i, int x, f32x16* pv, f32x16* dsv) {
+          f32x16 sv = load(s + i * BN + x) * scale;
+          if (mask) {
+            const int last = T::kCausal ? min_int(q0 + i + diag, p.seqlen_k - 1) : p.seqlen_k - 1;
+            sv = n0 + x + lane <= last ? sv : kNegInf;
+          }
+          *pv = exp2_nonpositive(sv - lse_log2[q0 + i]);
+          *dsv = *pv * (load(dp + i * BN + x) - delta[q0 + i]);
+        };
+        if constexpr (kDot) {
+          // Rows (i, i + 1) as bf16 pairs, written over S and dP rows this loop has read.
+          for (int i = 0; i < padded_rows; i += 2)
+            for (int x = 0; x < BN; x += kLanes) {
+              f32x16 p0, p1, ds0, ds1;
+              probabilities(i, x, &p0, &ds0);
+              probabilities(i + 1, x, &p1, &ds1);
+              store_pairs(pp + (i / 2) * BN + x, pack_bf16_pairs(p0, p1));
+              store_pairs(dsp + (i / 2) * BN + x, pack_bf16_pairs(ds0, ds1));
+            }
+        } else {
+          for (int i = 0; i < rows; ++i)
+            for (int x = 0; x < BN; x += kLanes) {
+              f32x16 pv, dsv;
+              probabilities(i, x, &pv, &dsv);
+              store(s + i * BN + x, pv);
+              store(dp + i * BN + x, dsv);
+            }
+        }
+
+        // dV^T += dO^T P and dK^T += Q^T dS, over the rows of this query block. The head dims
+        // outermost: a column slice of dO (Q) stays in L1 while the lanes of P (dS) pass.
+        for_each_tile<kKeyDims>(D, [&](int c0, auto tile) {
+          constexpr int CT = decltype(tile)::value;
+          for (int g = 0; g < BN; g += KV * kLanes) {
+            if constexpr (kDot) {
+              accumulate_tile_dot<D, BN, CT, KV>(dop, pp, dvt, padded_rows / 2, c0, g);
+              accumulate_tile_dot<D, BN, CT, KV>(qp, dsp, dkt, padded_rows / 2, c0, g);
+            } else {
+              accumulate_tile<D, BN, CT, KV>(da, s, dvt, rows, c0, g);
+              accumulate_tile<D, BN, CT, KV>(qa, dp, dkt, rows, c0, g);
+            }
+          }
+        });
+      }
+    }
+
+    // dK = scale * dK^T^T, dV = dV^T^T in the storage type.
+    Element* dk = (Element*)p.dk + b * p.dk_batch_stride + hk * p.dk_head_stride;
+    Element* dv = (Element*)p.dv + b * p.dv_batch_stride + hk * p.dv_head_stride;
+    for (int j = 0; j < cols; ++j) {
+      Element* dk_row = dk + (i64)(n0 + j) * p.dk_seq_stride;
+      Element* dv_row = dv + (i64)(n0 + j) * p.dv_seq_stride;
+      for (int c = 0; c < D; ++c) dk_row[c] = from_float<T::kStorage>(dkt[c * BN + j] * p.scale);
+      for (int c = 0; c < D; ++c) dv_row[c] = from_float<T::kStorage>(dvt[c * BN + j]);
+    }
+  }
+
+  // ---- dQ: one block of BM queries of (batch b, head h) ---------------------------------------
+
+  static void dq_block(const FlashjitAttentionParams& p, int b, int h, int m_block,
+                       float* scratch) {
+    // fp32: Q^T (scaled into log2 units), dO^T [D][BM]; K, V [BN][D].
+    // bf16 dot products: Q^T, dO^T as pairs along d [D/2][BM]; K as pairs along the keys
+    // [BN/2][D] (for dQ; S and dP read K and V in place).
+    float* const qt = scratch;
+    float* const dt = qt + D * BM;
+    float* const dqt = dt + D * BM;  // [D][BM] accumulator
+    float* const ka = dqt + D * BM;  // [BN][D]
+    float* const va = ka + BN * D;
+    float* const st = va + BN * D;    // [BN][BM]: S^T
+    float* const dpt = st + BN * BM;  // [BN][BM]: dP^T, then dS^T (fp32 or bf16 pairs of keys)
+    u32* const qp = (u32*)qt;
+    u32* const dop = (u32*)dt;
+    u32* const kp = (u32*)ka;
+    u32* const dsp = (u32*)dpt;
+    const float kNegInf = -__builtin_inff();
+
+    const int q0 = m_block * BM;
+    const int rows = min_int(BM, p.seqlen_q - q0);
+    const int hk = h / p.group_size;
+    const Element* q = (const Element*)p.q + b * p.q_batch_stride + h * p.q_head_stride;
+    const Element* d_o = (const Element*)p.d_o + b * p.do_batch_stride + h * p.do_head_stride;
+    const Element* k = (const Element*)p.k + b * p.k_batch_stride + hk * p.k_head_stride;
+    const Element* v = (const Element*)p.v + b * p.v_batch_stride + hk * p.v_head_stride;
+    const float* lse_log2 = p.lse_log2 + workspace_row(p, b, h) + q0;
+    const float* delta = p.delta + workspace_row(p, b, h) + q0;
+
+    // Q^T and dO^T; padding rows (past seqlen_q) are zero, their lse_log2 +inf: P = dS = 0.
+    for (int i = 0; i < BM; ++i) {
+      const bool in = i < rows;
+      const Element* q_row = q + (i64)(q0 + (in ? i : 0)) * p.q_seq_stride;
+      const Element* do_row = d_o + (i64)(q0 + (in ? i : 0)) * p.do_seq_stride;
+      if constexpr (kDot) {
+        for (int c = 0; c < D; c += 2) {
+          qp[(c / 2) * BM + i] = in ? pair_at(q_row + c) : 0u;
+          dop[(c / 2) * BM + i] = in ? pair_at(do_row + c) : 0u;
+        }
+      } else {
+        const float keep = in ? 1.0f : 0.0f;
+        for (int c = 0; c < D; ++c) {
+          qt[c * BM + i] = to_float<T::kStorage>(q_row[c]) * (keep * p.scale_log2);
+          dt[c * BM + i] = to_float<T::kStorage>(do_row[c]) * keep;
+        }
+      }
+    }
+    for (int x = 0; x < D * BM; ++x) dqt[x] = 0.0f;
+
+    const int diag = p.seqlen_k - p.seqlen_q;
+    int kv_end = p.seqlen_k;
+    if (T::kCausal) kv_end = min_int(kv_end, q0 + rows - 1 + diag + 1);
+    const i32x16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+    for (int n0 = 0; n0 < kv_end; n0 += BN) {
+      const int cols = min_int(BN, p.seqlen_k - n0);
+      const int key_pairs = (cols + 1) / 2;  // the tiles' rows: 2 * key_pairs
+
+      // S^T = K Q^T and dP^T = V dO^T over an even count of keys (a key past seqlen_k: zero in
+      // fp32, the last key repeated in place for the dot products; its dS is never used).
+      if constexpr (kDot) {
+        for (int jj = 0; jj < key_pairs; ++jj) {
+          const u16* k0 = k + (i64)(n0 + 2 * jj) * p.k_seq_stride;
+          const bool second = 2 * jj + 1 < cols;
+          const u16* k1 = second ? k0 + p.k_seq_stride : k0;
+          for (int c = 0; c < D; ++c) kp[jj * D + c] = k0[c] | (second ? (u32)k1[c] << 16 : 0u);
+        }
+        for_each_tile<kQueryRows>(2 * key_pairs, [&](int r0, auto tile) {
+          constexpr int RT = decltype(tile)::value;
+          const u16* k_rows[RT];
+          const u16* v_rows[RT];
+          for (int r = 0; r < RT; ++r) {
+            const int j = n0 + min_int(r0 + r, cols - 1);
+            k_rows[r] = k + (i64)j * p.k_seq_stride;
+            v_rows[r] = v + (i64)j * p.v_seq_stride;
+          }
+          for (int g = 0; g < BM; g += QV * kLanes) {
+            scores_tile_dot<D, BM, RT, QV>(k_rows, qp, st, r0, g);
+            scores_tile_dot<D, BM, RT, QV>(v_rows, dop, dpt, r0, g);
+          }
+        });
+      } else {
+        for (int j = 0; j < 2 * key_pairs; ++j) {
+          const bool in = j < cols;
+          const Element* k_row = k + (i64)(n0 + (in ? j : 0)) * p.k_seq_stride;
+          const Element* v_row = v + (i64)(n0 + (in ? j : 0)) * p.v_seq_stride;
+          const float keep = in ? 1.0f : 0.0f;
+          for (int c = 0; c < D; ++c) ka[j * D + c] = to_float<T::kStorage>(k_row[c]) * keep;
+          for (int c = 0; c < D; ++c) va[j * D + c] = to_float<T::kStorage>(v_row[c]) * keep;
+        }
+        for (int g = 0; g < BM; g += QV * kLanes)
+          for_each_tile<kQueryRows>(2 * key_pairs, [&](int r0, auto tile) {
+            scores_tile<D, BM, decltype(tile)::value, QV>(ka, qt, st, r0, g);
+          });
+        for (int g = 0; g < BM; g += QV * kLanes)
+          for_each_tile<kQueryRows>(2 * key_pairs, [&](int r0, auto tile) {
+            scores_tile<D, BM, decltype(tile)::value, QV>(va, dt, dpt, r0, g);
+          });
+      }
+
+      // dS^T = P^T (dP^T - D), a key at a time over the query lanes; (causal) masked where the
+      // block crosses the diagonal. The loops stop at cols: keys past seqlen_k get no dS.
+      const bool crosses_diagonal = T::kCausal && n0 + cols - 1 > q0 + diag;
+      const float scale = kDot ? p.scale_log2 : 1.0f;
+      auto gradient = [&](int j, int x) {
+        f32x16 sv = load(st + j * BM + x) * scale;
+        if (crosses_diagonal) {
+          // Query q0 + x + lane sees key n0 + j iff n0 + j <= q0 + x + lane + diag.
+          sv = n0 + j - q0 - x - diag <= lane ? sv : kNegInf;
+        }
+        const f32x16 pv = exp2_nonpositive(sv - load(lse_log2 + x));
+        return pv * (load(dpt + j * BM + x) - load(delta + x));
+      };
+      if constexpr (kDot) {
+        // Keys (j, j + 1) as bf16 pairs, written over dP^T rows this loop has read.
+        for (int j = 0; j < cols; j += 2)
+          for (int x = 0; x < BM; x += kLanes) {
+            const f32x16 ds0 = gradient(j, x);
+            const f32x16 ds1 = j + 1 < cols ? gradient(j + 1, x) : 0.0f;
+            store_pairs(dsp + (j / 2) * BM + x, pack_bf16_pairs(ds0, ds1));
+          }
+      } else {
+        for (int j = 0; j < cols; ++j)
+          for (int x = 0; x < BM; x += kLanes) store(dpt + j * BM + x, gradient(j, x));
+      }
+
+      // dQ^T += K^T dS^T over the keys of this block (the head dims outermost, as for dK).
+      for_each_tile<kQueryDims>(D, [&](int c0, auto tile) {
+        constexpr int CT = decltype(tile)::value;
+        for (int g = 0; g < BM; g += QV * kLanes) {
+          if constexpr (kDot)
+            accumulate_tile_dot<D, BM, CT, QV>(kp, dsp, dqt, key_pairs, c0, g);
+          else
+            accumulate_tile<D, BM, CT, QV>(ka, dpt, dqt, cols, c0, g);
+        }
+      });
+    }
+
+    // dQ = scale * dQ^T^T in the storage type (rows with no visible key: 0).
+    Element* dq = (Element*)p.dq + b * p.dq_batch_stride + h * p.dq_head_stride;
+    for (int i = 0; i < rows; ++i) {
+      Element* dq_row = dq + (i64)(q0 + i) * p.dq_seq_stride;
+      for (int c = 0; c < D; ++c) dq_row[c] = from_float<T::kStorage>(dqt[c * BM + i] * p.scale);
+    }
+  }
+
+  // ---- entry points: work items [begin, end), the block index fastest ----------------------
+
+  // batch x heads_q x ceil(seqlen_q / BM).
+  static int preprocess(const FlashjitAttentionParams& p, int begin, int end) {
+    const int m_blocks = (p.seqlen_q + BM - 1) / BM;
+    for (int w = begin; w < end; ++w)
+      preprocess_block(p, w / m_blocks / p.heads_q, (w / m_blocks) % p.heads_q, w % m_blocks);
+    return 0;
+  }
+
+  // batch x heads_kv x ceil(seqlen_k / BN). Returns 1 when the scratch could not be allocated.
+  static int dkdv(const FlashjitAttentionParams& p, int begin, int end) {
+    float* scratch =
+        (float*)aligned_alloc(64, (unsigned long)((T::kDkDvScratchFloats * 4 + 63) & ~63LL));
+    if (!scratch) return 1;
+    const int n_blocks = (p.seqlen_k + BN - 1) / BN;
+    for (int w = begin; w < end; ++w)
+      dkdv_block(p, w / n_blocks / p.heads_kv, (w / n_blocks) % p.heads_kv, w % n_blocks, scratch);
+    free(scratch);
+    return 0;
+  }
+
+  // batch x heads_q x ceil(seqlen_q / BM). Returns 1 when the scratch could not be allocated.
+  static int dq(const FlashjitAttentionParams& p, int begin, int end) {
+    float* scratch =
+        (float*)aligned_alloc(64, (unsigned long)((T::kDqScratchFloats * 4 + 63) & ~63LL));
+    if (!scratch) return 1;
+    const int m_blocks = (p.seqlen_q + BM - 1) / BM;
+    for (int w = begin; w < end; ++w)
+      dq_block(p, w / m_blocks / p.heads_q, (w / m_blocks) % p.heads_q, w % m_blocks, scratch);
+    free(scratch);
+    return 0;
+  }
+};
+
+}  // namespace flashjit_cpu

@@ -1,0 +1,216 @@
+// Shared pieces of the CPU templates (templates/cpu/attention_fwd.hpp, attention_bwd.hpp): the
+// storage types and their bit-exact conversions, the 16-lane vector type, a vector exp2 for the
+// softmax, and the bf16 pair helpers around vdpbf16ps. The rendered source prepends
+// attention_params.h and this file to the pass's template.
+//
+// Nothing is included: the host's aligned_alloc/free and log2f are resolved by the JIT from the
+// process.
+
+namespace flashjit_cpu {
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+
+extern "C" void* aligned_alloc(unsigned long alignment, unsigned long size);
+extern "C" void free(void* pointer);
+
+enum Storage { kF16 = 0, kBF16 = 1, kF32 = 2 };
+
+// The element type of q, k, v and o in memory.
+template <int S>
+struct StorageElement {
+  typedef u16 type;  // fp16 and bf16 bit patterns
+};
+template <>
+struct StorageElement<kF32> {
+  typedef float type;
+};
+
+constexpr int kLanes = 16;  // floats per f32x16 (one AVX-512 register, two AVX2 registers)
+
+// The host has vdpbf16ps (Clang defines the macro from the target features it compiles for).
+// FLASHJIT_CPU_EMULATE_DOT_BF16, defined before this file, takes the bf16 dot-product paths on
+// any host with the two instructions emulated in plain vector code (the tests' way to check
+// those paths' indexing on a host without AVX512_BF16; slow, never rendered by the generator).
+#if defined(__AVX512BF16__) || defined(FLASHJIT_CPU_EMULATE_DOT_BF16)
+#define FLASHJIT_CPU_DOT_BF16 1
+#else
+#define FLASHJIT_CPU_DOT_BF16 0
+#endif
+
+// Register tiles for the host's vector registers (the backward's; the forward keeps its own 4 x 4
+// for AVX-512): kTileVectors f32x16 accumulators in rows of kTileLaneVectors, with the operands
+// of one step (a row of lane vectors and a broadcast) beside them:
+//   AVX-512  32 zmm: 16 accumulators, rows of 4 vectors (64 lanes): 16 + 4 + 1 registers;
+//   AVX2     16 ymm: 6 accumulators of 1 vector (12 ymm, 1.5x the 8 FMAs in flight that a
+//            4-cycle latency on 2 pipes needs), + 2 + 1;
+//   SSE      16 xmm: 2 accumulators of 1 vector (8 xmm), + 4 + 1.
+#if defined(__AVX512F__)
+constexpr int kTileVectors = 16;
+constexpr int kTileLaneVectors = 4;
+#elif defined(__AVX__)
+constexpr int kTileVectors = 6;
+constexpr int kTileLaneVectors = 1;
+#else
+constexpr int kTileVectors = 2;
+constexpr int kTileLaneVectors = 1;
+#endif
+
+// A compile-time int as a value (tile sizes through generic lambdas).
+template <int N>
+struct Int {
+  static constexpr int value = N;
+};
+
+typedef float f32x16 __attribute__((ext_vector_type(16)));
+typedef int i32x16 __attribute__((ext_vector_type(16)));
+
+inline f32x16 load(const float* p) {
+  f32x16 v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void store(float* p, f32x16 v) { __builtin_memcpy(p, &v, sizeof(v)); }
+inline f32x16 vmax(f32x16 a, f32x16 b) { return a > b ? a : b; }
+
+inline float bits_to_float(u32 bits) { return __builtin_bit_cast(float, bits); }
+inline u32 float_to_bits(float value) { return __builtin_bit_cast(u32, value); }
+
+// ---- storage conversions (bit-exact, branch-free so that loops over them vectorize) ----------
+
+// bf16 -> fp32 is a shift.
+inline float bf16_to_float(u16 h) { return bits_to_float((u32)h << 16); }
+
+// fp16 -> fp32, exact for every input (normals, subnormals, inf, NaN).
+inline float fp16_to_float(u16 h) {
+  const u32 sign = (u32)(h & 0x8000u) << 16;
+  const u32 exponent_mantissa = (u32)(h & 0x7fffu) << 13;
+  const u32 exponent = exponent_mantissa & (0x7c00u << 13);
+  const float normal = bits_to_float(exponent_mantissa + ((127 - 15) << 23));
+  const float inf_nan = bits_to_float(exponent_mantissa + ((255 - 31) << 23));
+  // A subnormal (or zero) is mantissa * 2^-24: scale the 10 mantissa bits as an integer.
+  const float subnormal = (float)(h & 0x03ffu) * 5.9604644775390625e-8f;
+  const float magnitude = exponent == 0                 ? subnormal
+                          : exponent == (0x7c00u << 13) ? inf_nan
+                                                        : normal;
+  return bits_to_float(float_to_bits(magnitude) | sign);
+}
+
+// fp32 -> bf16, round to nearest even; NaN stays NaN.
+inline u16 float_to_bf16(float value) {
+  const u32 bits = float_to_bits(value);
+  const u32 rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  return (bits & 0x7fffffffu) > 0x7f800000u ? (u16)((bits >> 16) | 0x40u) : (u16)rounded;
+}
+
+// fp32 -> fp16, round to nearest even (overflow to inf, subnormals, NaN).
+inline u16 float_to_fp16(float value) {
+  const u32 bits = float_to_bits(value);
+  const u32 sign = (bits >> 16) & 0x8000u;
+  const u32 magnitude = bits & 0x7fffffffu;
+  // Subnormal results: adding 0.5 makes the FPU round the mantissa into the low bits.
+  const u32 subnormal = float_to_bits(bits_to_float(magnitude) + 0.5f) - 0x3f000000u;
+  const u32 normal =
+      (magnitude + ((u32)(15 - 127) << 23) + 0xfffu + ((magnitude >> 13) & 1u)) >> 13;
+  u32 out = magnitude < 0x38800000u ? subnormal : normal;
+  out = magnitude >= 0x477ff000u ? 0x7c00u : out;  // rounds to >= 65520: infinity
+  out = magnitude > 0x7f800000u ? 0x7e00u : out;   // NaN
+  return (u16)(out | sign);
+}
+
+template <int S>
+inline float to_float(typename StorageElement<S>::type x) {
+  if constexpr (S == kF32)
+    return x;
+  else if constexpr (S == kBF16)
+    return bf16_to_float(x);
+  else
+    return fp16_to_float(x);
+}
+template <int S>
+inline typename StorageElement<S>::type from_float(float value) {
+  if constexpr (S == kF32)
+    return value;
+  else if constexpr (S == kBF16)
+    return float_to_bf16(value);
+  else
+    return float_to_fp16(value);
+}
+
+// 2^x for x <= 0 (the softmax's only range), 16 lanes; exactly 0 from -126.5 down and for -inf,
+// NaN stays NaN. x = n + f with n = round(x), f in [-1/2, 1/2]; 2^f by its Taylor series to
+// degree 6 (relative error < 2e-7), 2^n by building the exponent bits: n = -127 (x clamped there)
+// gives exponent bits 0, so 2^n = 0 exactly, with no select (clamp and all: 13 instructions).
+inline f32x16 exp2_nonpositive(f32x16 x) {
+  const f32x16 clamped = x < -127.0f ? -127.0f : x;  // vmaxps, which keeps a NaN x
+  const f32x16 n = __builtin_elementwise_floor(clamped + 0.5f);
+  const f32x16 f = clamped - n;
+  f32x16 p = 1.5403530393381608e-04f;
+  p = p * f + 1.3333558146428443e-03f;
+  p = p * f + 9.618129107628477e-03f;
+  p = p * f + 5.550410866482158e-02f;
+  p = p * f + 2.402265069591007e-01f;
+  p = p * f + 6.931471805599453e-01f;
+  p = p * f + 1.0f;
+  const i32x16 exponent = (__builtin_convertvector(n, i32x16) + 127) << 23;
+  const f32x16 scale = __builtin_bit_cast(f32x16, exponent);
+  return p * scale;
+}
+
+inline int min_int(int a, int b) { return a < b ? a : b; }
+
+// acc[i] += a[2i] b[2i] + a[2i+1] b[2i+1] over bf16 pairs, fp32 accumulation (vdpbf16ps: the
+// products of two bf16 are exact in fp32, so this is as precise as two fp32 FMAs, at twice their
+// rate). Only called when the host has AVX512_BF16 (Traits::kDotBf16).
+inline f32x16 dot_bf16_pairs(f32x16 acc, i32x16 a, i32x16 b) {
+#if defined(__AVX512BF16__)
+  return __builtin_ia32_dpbf16ps_512(acc, a, b);
+#elif FLASHJIT_CPU_DOT_BF16  // emulated: both products are exact in fp32
+  const f32x16 a_lo = __builtin_bit_cast(f32x16, a << 16);
+  const f32x16 a_hi = __builtin_bit_cast(f32x16, a & (int)0xffff0000u);
+  const f32x16 b_lo = __builtin_bit_cast(f32x16, b << 16);
+  const f32x16 b_hi = __builtin_bit_cast(f32x16, b & (int)0xffff0000u);
+  return acc + a_lo * b_lo + a_hi * b_hi;
+#else
+  (void)a, (void)b;
+  return acc;
+#endif
+}
+
+inline i32x16 load_pairs(const u32* p) {
+  i32x16 v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void store_pairs(u32* p, i32x16 v) { __builtin_memcpy(p, &v, sizeof(v)); }
+// Two adjacent bf16 elements as one 32-bit word (the low one first).
+inline u32 pair_at(const u16* p) {
+  u32 word;
+  __builtin_memcpy(&word, p, sizeof(word));
+  return word;
+}
+// bf16 pairs (lo[i], hi[i]) from two fp32 vectors, each rounded to the nearest bf16 (even on
+// ties): vcvtne2ps2bf16 gives [lo[0..15], hi[0..15]] as 32 bf16, one shuffle interleaves them.
+// Only called when the host has AVX512_BF16 (Traits::kDotBf16).
+inline i32x16 pack_bf16_pairs(f32x16 lo, f32x16 hi) {
+#if FLASHJIT_CPU_DOT_BF16 && !defined(__AVX512BF16__)  // emulated: round to nearest even
+  typedef unsigned u32x16 __attribute__((ext_vector_type(16)));
+  const u32x16 l = __builtin_bit_cast(u32x16, lo), h = __builtin_bit_cast(u32x16, hi);
+  const u32x16 l16 = (l + 0x7fffu + ((l >> 16) & 1u)) >> 16;
+  const u32x16 h16 = (h + 0x7fffu + ((h >> 16) & 1u)) >> 16;
+  return __builtin_bit_cast(i32x16, l16 | (h16 << 16));
+#elif FLASHJIT_CPU_DOT_BF16
+  typedef short i16x32 __attribute__((ext_vector_type(32)));
+  const i16x32 halves = __builtin_ia32_cvtne2ps2bf16_512(hi, lo);
+  return __builtin_bit_cast(
+      i32x16,
+      __builtin_shufflevector(halves, halves, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7,
+                              23, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31));
+#else
+  (void)lo, (void)hi;
+  return 0;
+#endif
+}
+
+}  // namespace flashjit_cpu
