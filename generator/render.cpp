@@ -112,7 +112,8 @@ Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
                 << "<Config>(params);\n"
                 << "}\n";
   Result<KernelSource> source =
-      wgmma ? assemble({"attention_common.h", "cuda/common.cuh", "cuda/attention_fwd_sm90.cuh"},
+      wgmma ? assemble({"attention_common.h", "cuda/common.cuh", "cuda/wgmma.cuh",
+                        "cuda/attention_fwd_sm90.cuh"},
                        {kAttentionForwardEntry}, "attention_fwd_sm90", problem, config,
                        instantiation.str())
             : assemble({"attention_common.h", "cuda/common.cuh", "cuda/attention_fwd.cuh"},
