@@ -113,7 +113,7 @@ Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
                 << "}\n";
   Result<KernelSource> source =
       wgmma ? assemble({"attention_common.h", "cuda/common.cuh", "cuda/wgmma.cuh",
-                        "cuda/attention_fwd_sm90.cuh"},
+                        "cuda/sm90_tiles.cuh", "cuda/attention_fwd_sm90.cuh"},
                        {kAttentionForwardEntry}, "attention_fwd_sm90", problem, config,
                        instantiation.str())
             : assemble({"attention_common.h", "cuda/common.cuh", "cuda/attention_fwd.cuh"},
@@ -220,7 +220,7 @@ Result<KernelSource> render_cuda_attention_backward(const AttentionProblem& prob
                                             kBackwardDqEntry};
   Result<KernelSource> source =
       wgmma ? assemble({"attention_common.h", "cuda/common.cuh", "cuda/wgmma.cuh",
-                        "cuda/attention_bwd_common.cuh", file},
+                        "cuda/sm90_tiles.cuh", "cuda/attention_bwd_common.cuh", file},
                        entries, "attention_bwd_sm90", problem, config, instantiation.str())
             : assemble(
                   {"attention_common.h", "cuda/common.cuh", "cuda/attention_bwd_common.cuh", file},

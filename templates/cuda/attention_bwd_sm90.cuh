@@ -2,9 +2,10 @@
 // tensor cores through warpgroup MMA, operands straight from swizzled shared memory (or P^T and
 // dS^T from registers). The renderer prepends templates/attention_params.h,
 // templates/attention_common.h (key range and masking rules), cuda/common.cuh, cuda/wgmma.cuh
-// (wgmma wrappers, swizzled tiles) and cuda/attention_bwd_common.cuh (the preprocess and the
-// Atomic mode's convert kernels), and appends one instantiation of Sm90BwdTraits with the entry
-// points of render.hpp; NVRTC compiles it for sm_90a.
+// (wgmma and other sm90 PTX wrappers), cuda/sm90_tiles.cuh (descriptors, swizzled tiles) and
+// cuda/attention_bwd_common.cuh (the preprocess and the Atomic mode's convert kernels), and appends
+// one instantiation of Sm90BwdTraits with the entry points of render.hpp; NVRTC compiles it for
+// sm_90a.
 //
 // The math (generator/problem.hpp), per key block j of one (batch, kv head), base 2 throughout:
 //   P^T  = exp2(scale_log2 * K_j Q_i^T - lse_log2_i)       S^T and dP^T have keys as rows (M)
@@ -109,19 +110,6 @@ struct Sm90BwdTraits {
   static_assert(!kDqAtomic || kDqTiles % kWarpgroups == 0, "dQ tiles split evenly");
 };
 
-// fp32 d[0..1] += {a, b} at an 8-byte aligned global address; no return value (a reduction).
-__device__ __forceinline__ void red_add_v2(float* address, float a, float b) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(address), "f"(a), "f"(b) : "memory");
-}
-
-// Bytes of dynamic shared memory this launch has: each kernel traps when it is less than its
-// tiles need (generator/backward_config_sm90.cpp computes the same sums for the launch).
-__device__ __forceinline__ u32 dynamic_smem_bytes() {
-  u32 bytes;
-  asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(bytes));
-  return bytes;
-}
-
 // One accumulator tile of 64 rows x N columns (wgmma layout, wgmma.cuh) rounded to 16 bits into
 // a swizzled shared tile of ROWS rows at (row0 + this thread's rows, col0 + its columns).
 template <int N, int ROWS, bool IS_BF16>
@@ -186,6 +174,8 @@ __device__ __forceinline__ void attention_backward_sm90_dkdv(const FlashjitAtten
   constexpr int kKvChunk = K::kKvChunk, kKvChunks = K::kKvChunks, kDqN = K::kDqN;
   constexpr bool kBf16 = K::kIsBf16;
 
+  // The launch's dynamic shared memory must hold the tiles (generator/backward_config_sm90.cpp
+  // computes the same sum): trap rather than corrupt memory.
   if (dynamic_smem_bytes() < K::kSmemBytes) __trap();
   extern __shared__ __align__(1024) unsigned char shared_bytes[];
   const u32 base = (shared_address(shared_bytes) + 1023) & ~1023u;
@@ -425,10 +415,14 @@ __device__ __forceinline__ void attention_backward_sm90_dkdv(const FlashjitAtten
     wgmma_fence();  // pt, dst (written above) are ready for the tensor cores
     issue_kv(dv, pt, pt_rows, do_cols, buffer);  // dV += P^T dO_i
     if constexpr (K::kDqAtomic) {
-      // The first dQ tile before dK, so that its atomics overlap dK's wgmmas; more tiles after.
-      issue_dq(warpgroup * K::kDqTilesPerWarpgroup);
+      // dK, then the first dQ tile, all in flight together; the atomics go after the wait (they
+      // are fire-and-forget). Waiting for dK as well frees P^T and dS^T before the adds: with
+      // the adds overlapping dK instead, ptxas spills at block_m = 128.
       issue_kv(dk, dst, dst_rows, q_cols, buffer);  // dK += dS^T Q_i
-      wgmma_wait<1>();                              // dV, dQ tile done; dK may run
+      issue_dq(warpgroup * K::kDqTilesPerWarpgroup);
+      wgmma_wait<0>();
+      pin(pt);
+      pin(dst);
       pin(dq);
       add_dq(warpgroup * K::kDqTilesPerWarpgroup, head, m0);
 #pragma unroll
@@ -486,7 +480,6 @@ __device__ __forceinline__ void attention_backward_sm90_dq(const FlashjitAttenti
   if (dynamic_smem_bytes() < K::kDqSmemBytes) __trap();
   extern __shared__ __align__(1024) unsigned char shared_bytes[];
   const u32 base = (shared_address(shared_bytes) + 1023) & ~1023u;
-  unsigned char* const smem = shared_bytes + (base - shared_address(shared_bytes));
   constexpr u32 kQTile = 0;                                     // Q_i  [kBlockM, kDp]
   constexpr u32 kDoTile = kQTile + K::kQTileBytes;              // dO_i [kBlockM, kDp]
   constexpr u32 kKTiles = kDoTile + K::kQTileBytes;             // K_j  kStages x [kBlockN, kDp]
@@ -631,6 +624,7 @@ __device__ __forceinline__ void attention_backward_sm90_dq(const FlashjitAttenti
 
   // Epilogue: dQ * scale into this warp's own rows of the Q tile (only its warpgroup's wgmmas
   // read those rows, all finished), then 16-byte row stores.
+  unsigned char* const smem = shared_bytes + (base - shared_address(shared_bytes));
 #pragma unroll
   for (int c = 0; c < kDqChunks; ++c)
     store_accumulator<kDqChunk, kBlockM, kBf16>(smem + kQTile, dq[c], warpgroup * 64, c * kDqChunk,

@@ -1,8 +1,8 @@
 // FlashAttention forward for Hopper (sm_90a: H100, H200): warpgroup MMA (wgmma) reading Q, K
 // and V straight from shared memory, P from registers. The renderer prepends
 // templates/attention_params.h, templates/attention_common.h (key range, masking and LSE rules),
-// cuda/common.cuh and cuda/wgmma.cuh (the wgmma wrappers and swizzled tiles), and appends one
-// instantiation; NVRTC compiles it for sm_90a (wgmma exists on sm_90a only).
+// cuda/common.cuh, cuda/wgmma.cuh (wgmma wrappers) and cuda/sm90_tiles.cuh (swizzled tiles),
+// and appends one instantiation; NVRTC compiles it for sm_90a (wgmma exists on sm_90a only).
 //
 // One CTA computes O for kBlockM = 64 * kWarpgroups query rows of one (batch, head). Each
 // warpgroup (4 warps, 128 threads) owns 64 rows end to end; each warp 16 of them.
@@ -23,7 +23,7 @@
 // together, then does S_j's softmax while P_{j-1} V_{j-1} runs. K_j and V_{j-1} are read in the
 // same iteration, so each load group carries {K_j, V_{j-1}} and K and V keep kStages buffers each.
 //
-// Shared tiles use wgmma's 128-byte swizzled layout (cuda/wgmma.cuh, with the wgmma wrappers):
+// Shared tiles use wgmma's 128-byte swizzled layout (cuda/sm90_tiles.cuh):
 // Q and K are K-major operands as stored; V, stored the same way, is the N-major ("transposed")
 // B operand of P V.
 

@@ -1,35 +1,12 @@
-// Warpgroup MMA (wgmma, sm_90a) and the 128-byte swizzled shared-memory tiles it reads: the
-// pieces every Hopper template shares (attention_fwd_sm90.cuh, attention_bwd_sm90.cuh). The
-// renderer places this after cuda/common.cuh and before the template.
-//
-// Shared tiles: a [ROWS, cols] tile of 16-bit elements (cols a multiple of 64) is cut into
-// 64-column blocks; a block holds all ROWS rows, 128 bytes per row, and 16-byte chunk c of row r
-// sits at chunk c ^ (r % 8): rows 8i..8i+7 form one 1024-byte swizzle atom. The tile must start
-// on a 1024-byte boundary (the descriptors below assume base offset 0).
-//
-// One such tile serves as either operand of a wgmma, in either role:
-//   K-major   the contraction runs along the row (Q, K as stored for Q K^T; V, dO for V dO^T):
-//             descriptor (tile + first_row * 128, leading 16 (unused), stride 1024); step k16 =
-//             16 columns: (k / 64) * ROWS * 128 + (k % 64) / 16 * 32 bytes further on.
-//   MN-major  the contraction runs down the rows (V for P V, dO for P^T dO, K for dS K; as A:
-//             dS^T stored [keys, queries] for dS K): transpose flag 1, descriptor (tile +
-//             first_col / 64 * ROWS * 128, leading ROWS * 128 = bytes between 64-column blocks,
-//             stride 1024 = bytes between 8-row groups); step k16 = 16 rows = 2048 bytes.
+// PTX wrappers for Hopper (sm_90a) that the wgmma-family templates share
+// (attention_fwd_sm90.cuh, attention_bwd_sm90.cuh): warpgroup MMA (wgmma) and its fences and
+// waits, the async-proxy fence, vector reductions, the launch's dynamic shared memory size. The
+// layout arithmetic they work with (descriptors, swizzled tiles, their loader) is plain C++ in
+// cuda/sm90_tiles.cuh. The renderer places this after cuda/common.cuh.
 
 namespace flashjit_kernel {
 
-// ---- descriptors, fences, waits ----------------------------------------------------------------
-
-// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading-dimension byte
-// offset, stride-dimension byte offset (all >> 4).
-__device__ __forceinline__ u64 smem_descriptor(u32 address, u32 leading_bytes, u32 stride_bytes) {
-  return static_cast<u64>((address & 0x3FFFF) >> 4) | static_cast<u64>(leading_bytes >> 4) << 16 |
-         static_cast<u64>(stride_bytes >> 4) << 32 | 1ull << 62;
-}
-// The descriptor of the same matrix `bytes` further on (bytes % 16 == 0, stays below 256 KB).
-__device__ __forceinline__ u64 advance(u64 descriptor, u32 bytes) {
-  return descriptor + (bytes >> 4);
-}
+// ---- fences and waits ---------------------------------------------------------------------------
 
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -68,8 +45,8 @@ __device__ __forceinline__ void fence_proxy_async() {
 // warpgroup. d per thread: N / 2 floats, laid out per warp (rows 16 * warp .. + 15 of the 64) as
 // N / 8 mma.sync m16n8 accumulator tiles: lane holds rows lane / 4 and lane / 4 + 8, columns
 // 8 * t + 2 * (lane % 4) + {0, 1} of tile t, as d[4t + {0, 1}] and d[4t + {2, 3}].
-//   ss        a and b from shared memory (descriptors); TRANS_A / TRANS_B = 1 for an MN-major
-//             operand (see the top of this file), 0 for K-major.
+//   ss        a and b from shared memory (descriptors, cuda/sm90_tiles.cuh); TRANS_A / TRANS_B =
+//             1 for an MN-major operand, 0 for K-major.
 //   rs        a from registers: the mma.sync A-fragment layout per warp (rows as d's, columns
 //             2 * (lane % 4) + {0, 1} in a[0] (row lane / 4) and a[1] (row + 8), + 8 in a[2],
 //             a[3]); an accumulator tile pair (t = 2s, 2s + 1) packed to 16 bits is A's k-step s.
@@ -170,50 +147,18 @@ FLASHJIT_WGMMA_SHAPE(128, 64, FLASHJIT_WGMMA_D_64, FLASHJIT_WGMMA_R_64, 64, 65, 
 #undef FLASHJIT_WGMMA_D16
 #undef FLASHJIT_WGMMA_D4
 
-// ---- swizzled shared-memory tiles --------------------------------------------------------------
+// ---- sm90-only memory operations ---------------------------------------------------------------
 
-// Byte offset of (row, col) in a swizzled tile of ROWS rows (layout at the top of this file).
-template <int ROWS>
-__device__ __forceinline__ u32 wg_tile_offset(int row, int col) {
-  return (col >> 6) * (ROWS * 128) + row * 128 + ((((col >> 3) & 7) ^ (row & 7)) << 4) +
-         (col & 7) * 2;
+// fp32 address[0..1] += {a, b} in global memory (8-byte aligned); no value back (a reduction).
+__device__ __forceinline__ void red_add_v2(float* address, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(address), "f"(a), "f"(b) : "memory");
 }
 
-// Starts the copy (cp.async, 16 bytes per copy) of ROWS global rows of HEAD_DIM elements (row r
-// at source + r * row_stride) into a swizzled tile of COLS = HEAD_DIM rounded up to 64 columns,
-// by the THREADS threads of the CTA. Rows at or past `valid_rows` and columns past the
-// head dim are zero-filled.
-template <int THREADS, int HEAD_DIM, int ROWS>
-__device__ __forceinline__ void wg_load_tile_async(u32 tile, const u16* source,
-                                                   long long row_stride, int valid_rows) {
-  constexpr int kChunksPerRow = (HEAD_DIM + 63) / 64 * 8;
-  constexpr int kCopies = ROWS * kChunksPerRow / THREADS;
-  static_assert((ROWS * kChunksPerRow) % THREADS == 0, "tile copies split evenly over threads");
-  if constexpr (THREADS % kChunksPerRow == 0 && (THREADS / kChunksPerRow) % 8 == 0) {
-    // Each thread keeps one column and steps down the rows; the step keeps the swizzle phase.
-    constexpr int kRowStep = THREADS / kChunksPerRow;
-    const int row0 = threadIdx.x / kChunksPerRow;
-    const int col = threadIdx.x % kChunksPerRow * 8;
-    const u16* from = source + row0 * row_stride + col;
-    const long long step = kRowStep * row_stride;
-    const int rows_left = col < HEAD_DIM ? valid_rows - row0 : 0;
-    const u32 to = tile + wg_tile_offset<ROWS>(row0, col);
-#pragma unroll
-    for (int i = 0; i < kCopies; ++i) {
-      const bool valid = i * kRowStep < rows_left;
-      cp_async_16(to + i * kRowStep * 128, valid ? from + i * step : source, valid ? 16 : 0);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kCopies; ++i) {
-      const int copy = threadIdx.x + i * THREADS;
-      const int row = copy / kChunksPerRow;
-      const int col = copy % kChunksPerRow * 8;
-      const bool valid = row < valid_rows && col < HEAD_DIM;
-      cp_async_16(tile + wg_tile_offset<ROWS>(row, col),
-                  valid ? source + row * row_stride + col : source, valid ? 16 : 0);
-    }
-  }
+// Bytes of dynamic shared memory this launch has.
+__device__ __forceinline__ u32 dynamic_smem_bytes() {
+  u32 bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(bytes));
+  return bytes;
 }
 
 }  // namespace flashjit_kernel
