@@ -183,6 +183,13 @@ Status check_wgmma_backward_config(const AttentionConfig& c, const AttentionProb
     return ok_status();
   };
   FLASHJIT_TRY(check_registers("dK/dV", wgmma_backward_dkdv_registers(c, p), dkdv_threads));
+  // Measured, beyond the estimate: two warpgroups of 64 keys with 128 query columns each and an
+  // Atomic dQ tile (m128n128w8 at d <= 64) leave ptxas 8-40 bytes of loop state short at 255
+  // registers, whatever the stats' loads; one warpgroup (m128n64w4) or -det fits.
+  if (c.dq == DqMode::Atomic && shape_of(c, p).query_split == 1 && c.warps == 8 && c.block_m == 128)
+    return illegal(c,
+                   "dK/dV kernel: two warpgroups with 64 x 128 S^T each and an Atomic dQ "
+                   "tile spill at 255 registers (measured with ptxas 13.0)");
   if (c.dq == DqMode::Separate)
     FLASHJIT_TRY(check_registers("dQ", wgmma_backward_dq_registers(c, p), dq_threads));
   return ok_status();
@@ -192,7 +199,7 @@ Result<AttentionConfig> default_wgmma_backward_config(const AttentionProblem& p,
                                                       const DeviceSpec& device) {
   const int dp = padded_head_dim(p.head_dim);
   const DqMode dq = p.deterministic ? DqMode::Separate : DqMode::Atomic;
-  AttentionConfig preferred{128, 128, 8, 2, KernelFamily::Wgmma, dq};
+  AttentionConfig preferred{128, 64, 4, 2, KernelFamily::Wgmma, dq};
   if (dp > 64) preferred = {64, 128, 8, 2, KernelFamily::Wgmma, dq};
   if (dp > 128) preferred = {64, 64, 8, 2, KernelFamily::Wgmma, dq};
   if (check_wgmma_backward_config(preferred, p, device).ok()) return preferred;

@@ -53,8 +53,9 @@ int wgmma_backward_dkdv_registers(const AttentionConfig& config, const Attention
 int wgmma_backward_dq_registers(const AttentionConfig& config, const AttentionProblem& problem);
 
 // The proposed untuned default on sm90 (FlashAttention-3's tiles where the template has them):
-//   d <= 64   m128n128w8s2   two warpgroups of 64 keys, 128 queries per step: the fewest
-//                            barriers and steps per FLOP at 255 registers
+//   d <= 64   m128n64w4s2    one warpgroup of 64 keys, 128 queries per step (two CTAs per
+//                            SM): FlashAttention-3's m128n128 with two warpgroups spills in
+//                            Atomic mode here (no producer warp, so no setmaxnreg headroom)
 //   d <= 128  m64n128w8s2    two warpgroups of 64 keys; 64 queries per step keeps dK, dV, S^T,
 //                            dP^T and a 64 x 64 dQ tile in 255 registers
 //   d = 256   m64n64w8s2     two warpgroups sharing 64 keys (dK, dV split by columns): the only
