@@ -245,33 +245,33 @@ std::string run_cta(int threads) {
   }
   const int warpgroups = threads / kWarpgroupSize;
   for (int round = 0;; ++round) {
-    // Warpgroups in turn, the order alternating per round, each until it blocks.
+    // Warpgroups in turn, the order alternating per round, each until it blocks at a barrier or
+    // is done. A warpgroup's wgmma wait runs as soon as its 128 threads are there, before the
+    // next warpgroup runs: a missing barrier between one warpgroup's shared stores and another's
+    // wgmma reads shows in one of the two orders. (Registers and copies still land late: at the
+    // wait, after everything the threads did since the issue.)
     for (int n = 0; n < warpgroups; ++n) {
       const int w = round % 2 == 0 ? n : warpgroups - 1 - n;
-      for (int t = w * kWarpgroupSize; t < (w + 1) * kWarpgroupSize; ++t) {
-        if (e.lanes[t].state != State::kRunnable) continue;
-        e.current = &e.lanes[t];
-        swapcontext(&e.scheduler, &e.lanes[t].context);
-        e.current = nullptr;
-        if (!e.error.empty()) return e.error;
-      }
-    }
-    bool progressed = false;
-    for (int w = 0; w < warpgroups; ++w) {
       Lane* wg = &e.lanes[w * kWarpgroupSize];
-      int waiting = 0;
-      for (int t = 0; t < kWarpgroupSize; ++t) waiting += wg[t].state == State::kAtWait;
-      if (waiting == kWarpgroupSize) {
+      for (;;) {
+        for (int t = 0; t < kWarpgroupSize; ++t) {
+          if (wg[t].state != State::kRunnable) continue;
+          e.current = &wg[t];
+          swapcontext(&e.scheduler, &wg[t].context);
+          e.current = nullptr;
+          if (!e.error.empty()) return e.error;
+        }
+        int waiting = 0;
+        for (int t = 0; t < kWarpgroupSize; ++t) waiting += wg[t].state == State::kAtWait;
+        if (waiting == 0) break;
+        if (waiting != kWarpgroupSize)
+          return "warpgroup " + std::to_string(w) + ": " + std::to_string(waiting) +
+                 " of 128 threads wait at a wgmma wait, the others elsewhere (" + state_summary() +
+                 ")";
         run_wait(wg);
         if (!e.error.empty()) return e.error;
-        progressed = true;
-      } else if (waiting != 0) {
-        return "warpgroup " + std::to_string(w) + ": " + std::to_string(waiting) +
-               " of 128 threads wait at a wgmma wait, the others elsewhere (" + state_summary() +
-               ")";
       }
     }
-    if (progressed) continue;
     int done = 0, at_barrier = 0;
     for (int t = 0; t < threads; ++t) {
       done += e.lanes[t].state == State::kDone;

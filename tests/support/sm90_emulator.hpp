@@ -3,9 +3,10 @@
 // names of cuda/common.cuh and cuda/wgmma.cuh, so that the kernel body runs on the CPU and its
 // gradients are compared with the fp64 reference where no H100 exists.
 //
-// Every thread of a CTA is a coroutine (ucontext) on the calling thread. A thread runs until it
-// reaches a CTA barrier or a wgmma wait; a warpgroup's 128 threads meet at the wait, which then
-// executes their pending wgmma groups (all but the newest N, as wgmma.wait_group N does) from
+// Every thread of a CTA is a coroutine (ucontext) on the calling thread. Warpgroups run in turn
+// (alternating order at each CTA barrier), each thread until it reaches a CTA barrier or a wgmma
+// wait; a warpgroup's 128 threads meet at the wait, which then at once executes their pending
+// wgmma groups (all but the newest N, as wgmma.wait_group N does) from
 // the operands the threads issued: shared memory through the descriptors as the tile layout in
 // cuda/sm90_tiles.cuh documents it (128-byte swizzle on address bits, K-major and MN-major),
 // A fragments and accumulators through the registers each thread named, read and written at the
