@@ -186,7 +186,8 @@ Status check_wgmma_backward_config(const AttentionConfig& c, const AttentionProb
   // Measured, beyond the estimate: two warpgroups of 64 keys with 128 query columns each and an
   // Atomic dQ tile (m128n128w8 at d <= 64) leave ptxas 8-40 bytes of loop state short at 255
   // registers, whatever the stats' loads; one warpgroup (m128n64w4) or -det fits.
-  if (c.dq == DqMode::Atomic && shape_of(c, p).query_split == 1 && c.warps == 8 && c.block_m == 128)
+  if (c.dq == DqMode::Atomic && shape_of(c, p).query_split == 1 && c.warps == 8 &&
+      c.block_m == 128 && device.max_regs_per_thread <= 255)
     return illegal(c,
                    "dK/dV kernel: two warpgroups with 64 x 128 S^T each and an Atomic dQ "
                    "tile spill at 255 registers (measured with ptxas 13.0)");
