@@ -32,11 +32,11 @@
 //     S^T = K_w Q_i^T; dP^T = V_w dO_i^T            two commit groups, in flight together
 //     wait S^T: P^T = exp2(S^T * scale_log2 - lse)  (-inf where masked: edge blocks only)
 //     wait dP^T: dS^T = P^T * (dP^T - delta)        P^T, dS^T rounded to 16 bits
-//     dV += P^T dO_i (RS or SS)
-//     Atomic: dS^T -> shared; barrier; dQ tile = dS K_j (SS); dK += dS^T Q_i; wait dQ tile:
-//             red.global.add.v2.f32 into dq_accum while dK runs
-//     else:   dK += dS^T Q_i
-//     wait all
+//     dS^T (P^T too when shared) -> shared; barrier  Atomic, or keys shared by two warpgroups
+//     dV += P^T dO_i; dK += dS^T Q_i                 RS, or SS when shared
+//     Atomic: dQ tile = dS K_j (SS)                  in flight with dV and dK
+//     wait all; Atomic: dq_accum += dQ tile          red.global.add.v2.f32 (more tiles: issue,
+//                                                    wait, add)
 //   dK *= scale; dK, dV -> shared (over K, V) -> global, 16-byte stores through their strides
 // clang-format on
 //
