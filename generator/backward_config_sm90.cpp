@@ -243,7 +243,10 @@ std::string explain_wgmma_backward_plan(const AttentionProblem& p, const DeviceS
     if (why.rfind(prefix, 0) == 0) why = "illegal: " + why.substr(prefix.size());
     const int dkdv_smem = wgmma_backward_dkdv_smem_bytes(c, p);
     const int dq_smem = c.dq == DqMode::Separate ? wgmma_backward_dq_smem_bytes(c, p) : 0;
-    const int ctas = device.smem_per_sm / (dkdv_smem + kSmemReservedPerCta);
+    // dK/dV CTAs per SM, by shared memory and by (estimated, rounded to 8) registers.
+    const int regs_rounded = (wgmma_backward_dkdv_registers(c, p) + 7) / 8 * 8;
+    const int ctas = std::min(device.smem_per_sm / (dkdv_smem + kSmemReservedPerCta),
+                              device.regs_per_sm / (regs_rounded * wgmma_backward_dkdv_threads(c)));
     char regs[32];
     if (c.dq == DqMode::Separate)
       std::snprintf(regs, sizeof regs, "%d/%d", wgmma_backward_dkdv_registers(c, p),
