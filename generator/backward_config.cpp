@@ -1,5 +1,7 @@
 #include "generator/backward_config.hpp"
 
+#include "generator/backward_config_sm90.hpp"
+
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
@@ -213,11 +215,27 @@ struct BackwardFamily {
   std::string (*explain)(const AttentionProblem& problem, const DeviceSpec& device);
 };
 
-// The families with a backward template in this build. The wgmma family (sm90a,
-// generator/backward_config_sm90.hpp) registers here once its template is merged.
+// The wgmma family's template constraints alone: its budget on a device with no limits but the
+// architecture its instructions need.
+Status check_wgmma_template(const AttentionConfig& c, const AttentionProblem& p) {
+  DeviceSpec unlimited;
+  unlimited.name = "(template constraints only)";
+  unlimited.arch = 90;
+  unlimited.smem_per_block_optin = unlimited.smem_per_sm = 1 << 30;
+  unlimited.regs_per_sm = 1 << 30;
+  unlimited.max_regs_per_thread = 1 << 30;
+  unlimited.max_threads_per_sm = unlimited.max_threads_per_block = 1 << 30;
+  return check_wgmma_backward_config(c, p, unlimited);
+}
+
+// The families with a backward template: mma (sm80+) and wgmma (sm90a,
+// generator/backward_config_sm90.hpp).
 constexpr BackwardFamily kFamilies[] = {
     {KernelFamily::Mma, "mma", mma_candidates, check_mma_shape, check_mma, mma_threads, mma_threads,
      mma_dkdv_smem, mma_dq_smem, explain_mma},
+    {KernelFamily::Wgmma, "wgmma", wgmma_backward_candidates, check_wgmma_template,
+     check_wgmma_backward_config, wgmma_backward_dkdv_threads, wgmma_backward_dq_threads,
+     wgmma_backward_dkdv_smem_bytes, wgmma_backward_dq_smem_bytes, explain_wgmma_backward_plan},
 };
 
 const BackwardFamily* family_of(const AttentionConfig& config) {
@@ -327,13 +345,7 @@ Result<const BackwardFamily*> check_common(const AttentionConfig& c, const Atten
   if (Status dtype = check_cuda_dtype(p.dtype); !dtype.ok())
     return illegal(c, dtype.error().message, ErrorCode::Unsupported).error();
   const BackwardFamily* family = family_of(c);
-  if (family == nullptr) {
-    return illegal(c,
-                   "the wgmma family has no backward template in this build; the backward "
-                   "pass runs the mma family (configs without -wgmma)",
-                   ErrorCode::Unsupported)
-        .error();
-  }
+  if (family == nullptr) return illegal(c, "unknown kernel family", ErrorCode::Unsupported).error();
   if (p.deterministic && c.dq != DqMode::Separate) {
     return illegal(c,
                    "the problem is deterministic: dQ atomics add in a different order every "
@@ -372,6 +384,12 @@ std::vector<AttentionConfig> legal_backward_configs(const AttentionProblem& p,
 Result<AttentionConfig> default_backward_config(const AttentionProblem& p,
                                                 const DeviceSpec& device) {
   FLASHJIT_TRY(check_cuda_dtype(p.dtype));
+  // The device's best family first, as for the forward: wgmma on sm90 where it has a tile for
+  // the head dim, the mma family's formula below otherwise.
+  if (device.arch == 90) {
+    Result<AttentionConfig> wgmma = default_wgmma_backward_config(p, device);
+    if (wgmma.ok() && check_backward_config(*wgmma, p, device).ok()) return wgmma;
+  }
   const DqMode dq = p.deterministic ? DqMode::Separate : DqMode::Atomic;
   const int d_pad = backward_padded_head_dim(p.head_dim);
   constexpr int kShapes[][2] = {{128, 2}, {64, 2}, {64, 1}, {32, 2}, {32, 1}};  // block_m, stages
@@ -395,15 +413,19 @@ std::string explain_backward_plan(const AttentionProblem& p, const DeviceSpec& d
   out << "Kernels: preprocess (D = rowsum(dO * O), lse_log2), dK/dV (one CTA per Bc keys of a kv "
          "head, over every query head of its group), then the dQ convert (atomic dQ) or a dQ "
          "kernel (-det: one CTA per Br query rows, no atomics, bitwise reproducible).\n\n";
+  if (device.arch == 90)
+    out << "Default on sm90: the wgmma family's tile for the head dim (below) where it is legal, "
+           "else the mma family's starting formula.\n";
   out << "Starting formula: 8 warps; Bc = min(128, 16384 / d_pad) = min(128, 16384 / " << d_pad
       << ") = " << std::min(128, 16384 / d_pad)
       << " keys (dK, dV: 2 * Bc * d_pad / 256 <= 128 fp32 registers per thread);\n"
       << "  then (Br, stages) = the first legal of (128, 2), (64, 2), (64, 1), (32, 2), (32, 1); "
          "Bc halves while none is; "
       << (p.deterministic ? "-det (deterministic problem)" : "atomic dQ") << ".\n\n";
-  for (const BackwardFamily& family : kFamilies) out << family.explain(p, device) << "\n";
-  if (device.arch == 90)
-    out << "wgmma family: no backward template in this build (sm90a runs the mma family).\n\n";
+  for (const BackwardFamily& family : kFamilies) {
+    if (family.family == KernelFamily::Wgmma && device.arch != 90) continue;  // sm90a only
+    out << family.explain(p, device) << "\n";
+  }
   const std::vector<AttentionConfig> legal = legal_backward_configs(p, device);
   out << legal.size() << " legal configs.";
   if (Result<AttentionConfig> def = default_backward_config(p, device); def.ok())

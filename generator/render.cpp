@@ -114,7 +114,8 @@ Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
                 << "<Config>(params);\n"
                 << "}\n";
   Result<KernelSource> source =
-      wgmma ? assemble({"attention_common.h", "cuda/common.cuh", "cuda/attention_fwd_sm90.cuh"},
+      wgmma ? assemble({"attention_common.h", "cuda/common.cuh", "cuda/wgmma.cuh",
+                        "cuda/sm90_tiles.cuh", "cuda/attention_fwd_sm90.cuh"},
                        {kAttentionForwardEntry}, "attention_fwd_sm90", problem, config,
                        instantiation.str())
             : assemble({"attention_common.h", "cuda/common.cuh", "cuda/tiles.cuh",
@@ -242,11 +243,15 @@ Result<KernelSource> render_cuda_attention_backward(const AttentionProblem& prob
                   << kBackwardDqEntry << params << "  flashjit_kernel::" << prefix
                   << "_dq<Config>(params);\n}\n";
   }
-  Result<KernelSource> source = assemble(
-      {"attention_common.h", "cuda/common.cuh", "cuda/tiles.cuh", "cuda/attention_bwd_common.cuh",
-       file},
-      {kBackwardPreprocessEntry, kBackwardDkDvEntry, kBackwardDqEntry},
-      wgmma ? "attention_bwd_sm90" : "attention_bwd", problem, config, instantiation.str());
+  const std::vector<std::string> entries = {kBackwardPreprocessEntry, kBackwardDkDvEntry,
+                                            kBackwardDqEntry};
+  Result<KernelSource> source =
+      wgmma ? assemble({"attention_common.h", "cuda/common.cuh", "cuda/wgmma.cuh",
+                        "cuda/sm90_tiles.cuh", "cuda/attention_bwd_common.cuh", file},
+                       entries, "attention_bwd_sm90", problem, config, instantiation.str())
+            : assemble({"attention_common.h", "cuda/common.cuh", "cuda/tiles.cuh",
+                        "cuda/attention_bwd_common.cuh", file},
+                       entries, "attention_bwd", problem, config, instantiation.str());
   if (source.ok()) source->arch_specific = wgmma;
   return source;
 }

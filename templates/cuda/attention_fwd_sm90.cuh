@@ -1,8 +1,8 @@
 // FlashAttention forward for Hopper (sm_90a: H100, H200): warpgroup MMA (wgmma) reading Q, K
 // and V straight from shared memory, P from registers. The renderer prepends
-// templates/attention_params.h, templates/attention_common.h (key range, masking and LSE rules)
-// and cuda/common.cuh, and appends one instantiation; NVRTC compiles it for sm_90a (wgmma exists
-// on sm_90a only).
+// templates/attention_params.h, templates/attention_common.h (key range, masking and LSE rules),
+// cuda/common.cuh, cuda/wgmma.cuh (wgmma wrappers) and cuda/sm90_tiles.cuh (swizzled tiles),
+// and appends one instantiation; NVRTC compiles it for sm_90a (wgmma exists on sm_90a only).
 //
 // One CTA computes O for kBlockM = 64 * kWarpgroups query rows of one (batch, head). Each
 // warpgroup (4 warps, 128 threads) owns 64 rows end to end; each warp 16 of them.
@@ -23,10 +23,9 @@
 // together, then does S_j's softmax while P_{j-1} V_{j-1} runs. K_j and V_{j-1} are read in the
 // same iteration, so each load group carries {K_j, V_{j-1}} and K and V keep kStages buffers each.
 //
-// Shared tiles use wgmma's 128-byte swizzled K-major layout: the head dim is cut into 64-column
-// blocks; a block holds all rows, 128 bytes per row, and 16-byte chunk c of row r sits at chunk
-// c ^ (r % 8) (rows 8i..8i+7 form one 1024-byte swizzle atom). Q and K are K-major operands as
-// stored; V, stored the same way, is the N-major ("transposed") B operand of P V.
+// Shared tiles use wgmma's 128-byte swizzled layout (cuda/sm90_tiles.cuh):
+// Q and K are K-major operands as stored; V, stored the same way, is the N-major ("transposed")
+// B operand of P V.
 
 namespace flashjit_kernel {
 
@@ -62,333 +61,6 @@ struct Sm90Traits {
   static_assert((kBlockM * kChunksPerRow) % kThreads == 0, "Q tile copies split evenly");
   static_assert((16 * kChunksPerRow) % 32 == 0, "O row copies split over a warp");
 };
-
-// ---- wgmma wrappers ----------------------------------------------------------------------------
-
-// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading-dimension byte
-// offset, stride-dimension byte offset (all >> 4). K-major operands: stride = 1024 bytes between
-// 8-row groups, leading offset unused (1). N-major V: leading = bytes between 64-column blocks.
-__device__ __forceinline__ u64 smem_descriptor(u32 address, u32 leading_bytes, u32 stride_bytes) {
-  return static_cast<u64>((address & 0x3FFFF) >> 4) | static_cast<u64>(leading_bytes >> 4) << 16 |
-         static_cast<u64>(stride_bytes >> 4) << 32 | 1ull << 62;
-}
-// The descriptor of the same matrix `bytes` further on (bytes % 16 == 0, stays below 256 KB).
-__device__ __forceinline__ u64 advance(u64 descriptor, u32 bytes) {
-  return descriptor + (bytes >> 4);
-}
-
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
-}
-// Registers a wgmma reads or writes asynchronously: the compiler must not move their uses across
-// the wait. Passing each through an empty volatile asm after the wait pins them there.
-template <int N>
-__device__ __forceinline__ void pin(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-template <int M, int N>
-__device__ __forceinline__ void pin(u32 (&r)[M][N]) {
-#pragma unroll
-  for (int i = 0; i < M; ++i)
-#pragma unroll
-    for (int j = 0; j < N; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
-}
-// Generic-proxy writes (cp.async) to shared memory become visible to wgmma (async proxy).
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// d[64 x N] (+)= a[64 x 16] * b[16 x N], fp32 accumulate, one warpgroup. ss: a and b from shared
-// memory (K-major); rs: a from registers (the mma.sync A-fragment layout per warp), b N-major.
-// d per thread: N / 2 floats, laid out per warp as N / 8 mma.sync m16n8 accumulator tiles.
-template <int N, bool IS_BF16>
-struct Wgmma {
-  static __device__ __forceinline__ void ss(float (&d)[N / 2], u64 a, u64 b, int accumulate);
-  // d = a * b: d is only written, so it carries no value across loop iterations (a loop-carried
-  // accumulator would need moves between wgmmas, and ptxas would serialize every wgmma).
-  static __device__ __forceinline__ void ss_first(float (&d)[N / 2], u64 a, u64 b);
-  static __device__ __forceinline__ void rs(float (&d)[N / 2], const u32 (&a)[4], u64 b,
-                                            int accumulate);
-};
-
-template <>
-__device__ __forceinline__ void Wgmma<64, true>::ss(float (&d)[32], u64 a, u64 b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(a), "l"(b), "r"(accumulate));
-}
-
-template <>
-__device__ __forceinline__ void Wgmma<64, true>::ss_first(float (&d)[32], u64 a, u64 b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
-        "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
-        "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]),
-        "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]),
-        "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
-      : "l"(a), "l"(b), "n"(0));
-}
-
-template <>
-__device__ __forceinline__ void Wgmma<64, true>::rs(float (&d)[32], const u32 (&a)[4], u64 b,
-                                                    int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, "
-      "1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
-}
-
-template <>
-__device__ __forceinline__ void Wgmma<64, false>::ss(float (&d)[32], u64 a, u64 b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(a), "l"(b), "r"(accumulate));
-}
-
-template <>
-__device__ __forceinline__ void Wgmma<64, false>::ss_first(float (&d)[32], u64 a, u64 b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
-        "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
-        "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]),
-        "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]),
-        "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
-      : "l"(a), "l"(b), "n"(0));
-}
-
-template <>
-__device__ __forceinline__ void Wgmma<64, false>::rs(float (&d)[32], const u32 (&a)[4], u64 b,
-                                                     int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, "
-      "1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
-}
-
-template <>
-__device__ __forceinline__ void Wgmma<128, true>::ss(float (&d)[64], u64 a, u64 b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
-      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
-      "%56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
-      : "l"(a), "l"(b), "r"(accumulate));
-}
-
-template <>
-__device__ __forceinline__ void Wgmma<128, true>::ss_first(float (&d)[64], u64 a, u64 b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
-      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
-      "%56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
-        "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
-        "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]),
-        "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]),
-        "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]),
-        "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]),
-        "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]),
-        "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]),
-        "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]),
-        "=f"(d[63])
-      : "l"(a), "l"(b), "n"(0));
-}
-
-template <>
-__device__ __forceinline__ void Wgmma<128, true>::rs(float (&d)[64], const u32 (&a)[4], u64 b,
-                                                     int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
-      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
-      "%56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
-}
-
-template <>
-__device__ __forceinline__ void Wgmma<128, false>::ss(float (&d)[64], u64 a, u64 b,
-                                                      int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
-      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
-      "%56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
-      : "l"(a), "l"(b), "r"(accumulate));
-}
-
-template <>
-__device__ __forceinline__ void Wgmma<128, false>::ss_first(float (&d)[64], u64 a, u64 b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
-      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
-      "%56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
-        "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
-        "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]),
-        "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]),
-        "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]),
-        "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]),
-        "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]),
-        "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]),
-        "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]),
-        "=f"(d[63])
-      : "l"(a), "l"(b), "n"(0));
-}
-
-template <>
-__device__ __forceinline__ void Wgmma<128, false>::rs(float (&d)[64], const u32 (&a)[4], u64 b,
-                                                      int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
-      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
-      "%56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
-}
-
-// ---- shared-memory tiles -----------------------------------------------------------------------
-
-// Byte offset of (row, col) in a swizzled [rows, kHeadDimPadded] tile of ROWS rows.
-template <class K, int ROWS>
-__device__ __forceinline__ u32 wg_tile_offset(int row, int col) {
-  return (col >> 6) * (ROWS * 128) + row * 128 + ((((col >> 3) & 7) ^ (row & 7)) << 4) +
-         (col & 7) * 2;
-}
-
-// Starts the copy of ROWS global rows (row r at source + r * row_stride) into a shared tile.
-// Rows at or past `valid_rows` and columns past the head dim are zero-filled.
-template <class K, int ROWS>
-__device__ __forceinline__ void wg_load_tile_async(u32 tile, const u16* source,
-                                                   long long row_stride, int valid_rows) {
-  constexpr int kCopies = ROWS * K::kChunksPerRow / K::kThreads;
-  if constexpr (K::kThreads % K::kChunksPerRow == 0 && (K::kThreads / K::kChunksPerRow) % 8 == 0) {
-    // Each thread keeps one column and steps down the rows; the step keeps the swizzle phase.
-    constexpr int kRowStep = K::kThreads / K::kChunksPerRow;
-    const int row0 = threadIdx.x / K::kChunksPerRow;
-    const int col = threadIdx.x % K::kChunksPerRow * 8;
-    const u16* from = source + row0 * row_stride + col;
-    const long long step = kRowStep * row_stride;
-    const int rows_left = col < K::kHeadDim ? valid_rows - row0 : 0;
-    const u32 to = tile + wg_tile_offset<K, ROWS>(row0, col);
-#pragma unroll
-    for (int i = 0; i < kCopies; ++i) {
-      const bool valid = i * kRowStep < rows_left;
-      cp_async_16(to + i * kRowStep * 128, valid ? from + i * step : source, valid ? 16 : 0);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kCopies; ++i) {
-      const int copy = threadIdx.x + i * K::kThreads;
-      const int row = copy / K::kChunksPerRow;
-      const int col = copy % K::kChunksPerRow * 8;
-      const bool valid = row < valid_rows && col < K::kHeadDim;
-      cp_async_16(tile + wg_tile_offset<K, ROWS>(row, col),
-                  valid ? source + row * row_stride + col : source, valid ? 16 : 0);
-    }
-  }
-}
 
 // ---- the kernel --------------------------------------------------------------------------------
 
@@ -459,17 +131,18 @@ __device__ __forceinline__ void attention_forward_sm90(const FlashjitAttentionPa
   // Load group g carries K_g and V_{g-1} (what iteration g reads); group 0 also carries Q.
   auto load_group = [&](int g) {
     if (g < n_blocks)
-      wg_load_tile_async<K, kBlockN>(k_tiles + (g % kStages) * K::kKvTileBytes,
-                                     k + g * kBlockN * p.k_seq_stride, p.k_seq_stride,
-                                     p.seqlen_k - g * kBlockN);
+      wg_load_tile_async<K::kThreads, K::kHeadDim, kBlockN>(
+          k_tiles + (g % kStages) * K::kKvTileBytes, k + g * kBlockN * p.k_seq_stride,
+          p.k_seq_stride, p.seqlen_k - g * kBlockN);
     if (g >= 1 && g - 1 < n_blocks)
-      wg_load_tile_async<K, kBlockN>(v_tiles + ((g - 1) % kStages) * K::kKvTileBytes,
-                                     v + (g - 1) * kBlockN * p.v_seq_stride, p.v_seq_stride,
-                                     p.seqlen_k - (g - 1) * kBlockN);
+      wg_load_tile_async<K::kThreads, K::kHeadDim, kBlockN>(
+          v_tiles + ((g - 1) % kStages) * K::kKvTileBytes, v + (g - 1) * kBlockN * p.v_seq_stride,
+          p.v_seq_stride, p.seqlen_k - (g - 1) * kBlockN);
     cp_async_commit();
   };
   if (n_blocks > 0) {
-    wg_load_tile_async<K, kBlockM>(q_tile, q, p.q_seq_stride, p.seqlen_q - m0);
+    wg_load_tile_async<K::kThreads, K::kHeadDim, kBlockM>(q_tile, q, p.q_seq_stride,
+                                                          p.seqlen_q - m0);
 #pragma unroll
     for (int g = 0; g < kStages - 1; ++g) load_group(g);
   }
@@ -611,7 +284,7 @@ __device__ __forceinline__ void attention_forward_sm90(const FlashjitAttentionPa
         const u32 packed = pack2<K::kIsBf16>(acc[c][dt * 4 + 2 * half] * inverse,
                                              acc[c][dt * 4 + 2 * half + 1] * inverse);
         const int col = c * kPvChunk + dt * 8 + frag_col;
-        *reinterpret_cast<u32*>(q_tile_pointer + wg_tile_offset<K, kBlockM>(row, col)) = packed;
+        *reinterpret_cast<u32*>(q_tile_pointer + wg_tile_offset<kBlockM>(row, col)) = packed;
       }
     if (lse && lane % 4 == 0 && m0 + row < p.seqlen_q) {
       lse[m0 + row] =
@@ -627,7 +300,7 @@ __device__ __forceinline__ void attention_forward_sm90(const FlashjitAttentionPa
     const int col = copy % K::kChunksPerRow * 8;
     if (m0 + row < p.seqlen_q && col < K::kHeadDim) {
       *reinterpret_cast<Vec16*>(o + row * p.o_seq_stride + col) =
-          *reinterpret_cast<const Vec16*>(q_tile_pointer + wg_tile_offset<K, kBlockM>(row, col));
+          *reinterpret_cast<const Vec16*>(q_tile_pointer + wg_tile_offset<kBlockM>(row, col));
     }
   }
 }

@@ -1,0 +1,268 @@
+#include "generator/backward_config_sm90.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+namespace flashjit {
+
+namespace {
+
+constexpr int kSwizzleAtomAlign = 1024;    // dynamic shared memory rounded up to a swizzle atom
+constexpr int kSmemReservedPerCta = 1024;  // the driver reserves 1 KB per CTA on sm80+
+// Registers beyond the fp32 accumulators: tile addresses, descriptors, loop state, lse/delta.
+// Calibrated against ptxas (CUDA 13.0): the legal set compiles at <= 255 registers with no
+// spills, and the shapes this rejects spill hundreds of bytes or serialize their wgmmas
+// (docs/perf/backward-sm90-notes.md has the table).
+constexpr int kRegisterAllowance = 16;
+
+template <class Range>
+bool contains(const Range& range, int value) {
+  return std::find(std::begin(range), std::end(range), value) != std::end(range);
+}
+
+template <class Range>
+std::string list(const Range& range) {
+  std::string out;
+  for (int v : range) out += (out.empty() ? "" : ", ") + std::to_string(v);
+  return "{" + out + "}";
+}
+
+Status illegal(const AttentionConfig& config, const std::string& why) {
+  return make_error(ErrorCode::InvalidArgument, "config " + config.to_string() + ": " + why);
+}
+
+// The template's derived shape (Sm90BwdTraits in templates/cuda/attention_bwd_sm90.cuh).
+struct Shape {
+  int dp = 0;                   // head dim padded to 64
+  int warpgroups = 0;           // of the dK/dV kernel
+  int key_tiles = 0;            // 64-key row tiles of S^T: block_n / 64
+  int query_split = 0;          // warpgroups sharing one key tile
+  int sdp_n = 0;                // S^T columns per warpgroup: block_m / query_split
+  int kv_cols = 0;              // dK/dV columns per warpgroup: dp / query_split
+  int dq_n = 0;                 // columns of one Atomic dQ tile
+  int dq_tiles = 0;             // Atomic dQ tiles per step: block_m / 64 x dp / dq_n
+  bool scores_in_smem = false;  // P^T (and dS^T) through shared memory: query_split == 2
+};
+
+Shape shape_of(const AttentionConfig& c, const AttentionProblem& p) {
+  Shape s;
+  s.dp = padded_head_dim(p.head_dim);
+  s.warpgroups = std::max(1, c.warps / 4);
+  s.key_tiles = std::max(1, c.block_n / 64);
+  s.query_split = std::max(1, s.warpgroups / s.key_tiles);
+  s.sdp_n = c.block_m / s.query_split;
+  s.kv_cols = s.dp / s.query_split;
+  s.dq_n = s.dp % 128 == 0 && s.dp >= 256 ? 128 : 64;
+  s.dq_tiles = c.block_m / 64 * (s.dp / s.dq_n);
+  s.scores_in_smem = s.query_split != 1;
+  return s;
+}
+
+// The template's static_asserts, in its words.
+Status check_template(const AttentionConfig& c, const AttentionProblem& p) {
+  if (!contains(kWgmmaBwdBlockMChoices, c.block_m))
+    return illegal(c, "block_m = " + std::to_string(c.block_m) + " not in " +
+                          list(kWgmmaBwdBlockMChoices) + " (query rows per step)");
+  if (!contains(kWgmmaBwdBlockNChoices, c.block_n))
+    return illegal(c, "block_n = " + std::to_string(c.block_n) + " not in " +
+                          list(kWgmmaBwdBlockNChoices) + " (keys per CTA)");
+  if (!contains(kWgmmaBwdWarpChoices, c.warps))
+    return illegal(c, "warps = " + std::to_string(c.warps) + " not in " +
+                          list(kWgmmaBwdWarpChoices) + " (one or two warpgroups)");
+  if (!contains(kWgmmaBwdStageChoices, c.stages))
+    return illegal(
+        c, "stages = " + std::to_string(c.stages) + " not in " + list(kWgmmaBwdStageChoices));
+  const Shape s = shape_of(c, p);
+  if (s.warpgroups % s.key_tiles != 0 || s.query_split > 2)
+    return illegal(c, "block_n = " + std::to_string(c.block_n) + " with " +
+                          std::to_string(s.warpgroups) +
+                          " warpgroup(s): the template has 64 keys per warpgroup (block_n = 64 "
+                          "* warps / 4) or 64 keys shared by two warpgroups");
+  if (s.kv_cols % 64 != 0)
+    return illegal(c, "two warpgroups sharing 64 keys split dK/dV's " + std::to_string(s.dp) +
+                          " head-dim columns into whole 64-column blocks: padded head dim must "
+                          "be a multiple of 128");
+  if (c.dq == DqMode::Atomic && s.dq_tiles % s.warpgroups != 0)
+    return illegal(c, std::to_string(s.dq_tiles) + " dQ tile(s) of 64 x " + std::to_string(s.dq_n) +
+                          " per step do not split over " + std::to_string(s.warpgroups) +
+                          " warpgroups");
+  return ok_status();
+}
+
+}  // namespace
+
+int wgmma_backward_dkdv_threads(const AttentionConfig& config) { return config.warps * 32; }
+
+int wgmma_backward_dq_threads(const AttentionConfig& config) {
+  return 128 * std::max(1, config.block_m / 64);
+}
+
+int wgmma_backward_dkdv_smem_bytes(const AttentionConfig& c, const AttentionProblem& p) {
+  const Shape s = shape_of(c, p);
+  const int kv_tile = c.block_n * s.dp * 2, q_tile = c.block_m * s.dp * 2;
+  const int score_tile = c.block_n * c.block_m * 2;
+  const bool ds_in_smem = c.dq == DqMode::Atomic || s.scores_in_smem;
+  return kSwizzleAtomAlign + 2 * kv_tile + 2 * c.stages * q_tile + (ds_in_smem ? score_tile : 0) +
+         (s.scores_in_smem ? score_tile : 0) + 2 * c.stages * c.block_m * 4;
+}
+
+int wgmma_backward_dq_smem_bytes(const AttentionConfig& c, const AttentionProblem& p) {
+  const int dp = padded_head_dim(p.head_dim);
+  return kSwizzleAtomAlign + 2 * c.block_m * dp * 2 + 2 * c.stages * c.block_n * dp * 2;
+}
+
+int wgmma_backward_dkdv_registers(const AttentionConfig& c, const AttentionProblem& p) {
+  const Shape s = shape_of(c, p);
+  // dK and dV (64 keys x kv_cols each over 128 threads), S^T and dP^T (64 x sdp_n each), one
+  // Atomic dQ tile (64 x dq_n).
+  return s.kv_cols + s.sdp_n + (c.dq == DqMode::Atomic ? s.dq_n / 2 : 0) + kRegisterAllowance;
+}
+
+int wgmma_backward_dq_registers(const AttentionConfig& c, const AttentionProblem& p) {
+  // dQ (64 rows x dp over 128 threads), S and dP (64 x block_n each).
+  return padded_head_dim(p.head_dim) / 2 + c.block_n + kRegisterAllowance;
+}
+
+std::vector<AttentionConfig> wgmma_backward_candidates(const AttentionProblem& problem) {
+  std::vector<AttentionConfig> configs;
+  for (int block_m : kWgmmaBwdBlockMChoices)
+    for (int block_n : kWgmmaBwdBlockNChoices)
+      for (int warps : kWgmmaBwdWarpChoices)
+        for (int stages : kWgmmaBwdStageChoices)
+          for (DqMode dq : {DqMode::Atomic, DqMode::Separate}) {
+            if (problem.deterministic && dq == DqMode::Atomic) continue;
+            configs.push_back({block_m, block_n, warps, stages, KernelFamily::Wgmma, dq});
+          }
+  std::sort(configs.begin(), configs.end());
+  return configs;
+}
+
+Status check_wgmma_backward_config(const AttentionConfig& c, const AttentionProblem& p,
+                                   const DeviceSpec& device) {
+  if (c.family != KernelFamily::Wgmma)
+    return illegal(c, "not a wgmma config (the wgmma family's budget was asked)");
+  if (device.arch != 90)
+    return illegal(c, "wgmma kernels need sm90 (H100/H200); this device is " + device.arch_name());
+  if (Status dtype = check_cuda_dtype(p.dtype); !dtype.ok())
+    return illegal(c, dtype.error().message);
+  if (p.deterministic && c.dq != DqMode::Separate)
+    return illegal(c,
+                   "the problem is deterministic: only a separate dQ kernel (-det) gives "
+                   "reproducible gradients (fp32 atomics add in a varying order)");
+  FLASHJIT_TRY(check_template(c, p));
+  const int dkdv_threads = wgmma_backward_dkdv_threads(c);
+  const int dq_threads = wgmma_backward_dq_threads(c);
+  if (std::max(dkdv_threads, dq_threads) > device.max_threads_per_block)
+    return illegal(c, std::to_string(std::max(dkdv_threads, dq_threads)) +
+                          " threads exceed the device's " +
+                          std::to_string(device.max_threads_per_block) + " per block");
+  // SRAM budget of each kernel.
+  const int dkdv_smem = wgmma_backward_dkdv_smem_bytes(c, p);
+  if (dkdv_smem > device.smem_per_block_optin)
+    return illegal(c, "dK/dV kernel shared memory " + std::to_string(dkdv_smem) +
+                          " B exceeds the device's " + std::to_string(device.smem_per_block_optin) +
+                          " B per block");
+  if (c.dq == DqMode::Separate) {
+    const int dq_smem = wgmma_backward_dq_smem_bytes(c, p);
+    if (dq_smem > device.smem_per_block_optin)
+      return illegal(c, "dQ kernel shared memory " + std::to_string(dq_smem) +
+                            " B exceeds the device's " +
+                            std::to_string(device.smem_per_block_optin) + " B per block");
+  }
+  // Register budget: past the per-thread cap ptxas spills or serializes the wgmmas.
+  auto check_registers = [&](const char* kernel, int regs, int threads) -> Status {
+    if (regs > device.max_regs_per_thread)
+      return illegal(c, std::string(kernel) + " kernel: estimated " + std::to_string(regs) +
+                            " registers per thread exceed " +
+                            std::to_string(device.max_regs_per_thread));
+    if (regs * threads > device.regs_per_sm)
+      return illegal(c, std::string(kernel) + " kernel: estimated " +
+                            std::to_string(regs * threads) + " registers per CTA exceed the SM's " +
+                            std::to_string(device.regs_per_sm));
+    return ok_status();
+  };
+  FLASHJIT_TRY(check_registers("dK/dV", wgmma_backward_dkdv_registers(c, p), dkdv_threads));
+  // Measured, beyond the estimate: two warpgroups of 64 keys with 128 query columns each and an
+  // Atomic dQ tile (m128n128w8 at d <= 64) leave ptxas 8-40 bytes of loop state short at 255
+  // registers, whatever the stats' loads; one warpgroup (m128n64w4) or -det fits.
+  if (c.dq == DqMode::Atomic && shape_of(c, p).query_split == 1 && c.warps == 8 &&
+      c.block_m == 128 && device.max_regs_per_thread <= 255)
+    return illegal(c,
+                   "dK/dV kernel: two warpgroups with 64 x 128 S^T each and an Atomic dQ "
+                   "tile spill at 255 registers (measured with ptxas 13.0)");
+  if (c.dq == DqMode::Separate)
+    FLASHJIT_TRY(check_registers("dQ", wgmma_backward_dq_registers(c, p), dq_threads));
+  return ok_status();
+}
+
+Result<AttentionConfig> default_wgmma_backward_config(const AttentionProblem& p,
+                                                      const DeviceSpec& device) {
+  const int dp = padded_head_dim(p.head_dim);
+  const DqMode dq = p.deterministic ? DqMode::Separate : DqMode::Atomic;
+  AttentionConfig preferred{128, 64, 4, 2, KernelFamily::Wgmma, dq};
+  if (dp > 64) preferred = {64, 128, 8, 2, KernelFamily::Wgmma, dq};
+  if (dp > 128) preferred = {64, 64, 8, 2, KernelFamily::Wgmma, dq};
+  if (check_wgmma_backward_config(preferred, p, device).ok()) return preferred;
+  for (const AttentionConfig& c : wgmma_backward_candidates(p))
+    if (check_wgmma_backward_config(c, p, device).ok()) return c;
+  return make_error(ErrorCode::Unsupported,
+                    "no legal wgmma backward config for head_dim = " + std::to_string(p.head_dim) +
+                        " on " + device.name +
+                        " (sm90 only; padded head dims 64, 128 and 256 have shapes)");
+}
+
+std::string explain_wgmma_backward_plan(const AttentionProblem& p, const DeviceSpec& device) {
+  std::ostringstream out;
+  const int dp = padded_head_dim(p.head_dim);
+  out << "wgmma family (sm_90a; FlashAttention-2's backward with warpgroup MMA, "
+         "templates/cuda/attention_bwd_sm90.cuh):\n"
+      << "  dK/dV kernel: one CTA per Bc keys; warpgroup w holds 64 keys of S^T = K Q^T and\n"
+      << "  dP^T = V dO^T (Br query columns, or Br / 2 when two warpgroups share 64 keys) and\n"
+      << "  accumulates dK, dV (" << dp
+      << " columns, or half when shared) over the Q/dO blocks of every\n"
+      << "  query head of the group; dQ by fp32 atomics (Atomic) or a dQ kernel (-det).\n"
+      << "  smem dK/dV = 1024 + 2 * Bc * " << dp << " * 2 (K, V) + 2 * stages * Br * " << dp
+      << " * 2 (Q, dO)\n"
+      << "               + Bc * Br * 2 (dS^T: Atomic or shared keys) + Bc * Br * 2 (P^T: "
+         "shared keys)\n"
+      << "               + 2 * stages * Br * 4 (lse, delta)          <= "
+      << device.smem_per_block_optin << " B\n"
+      << "  smem dQ    = 1024 + 2 * Br * " << dp << " * 2 (Q, dO) + 2 * stages * Bc * " << dp
+      << " * 2 (K, V)   <= " << device.smem_per_block_optin << " B\n"
+      << "  regs dK/dV ~= dK+dV columns (" << dp << " or " << dp / 2
+      << ") + S^T columns (Br or Br / 2) + dQ tile / 2 (Atomic) + " << kRegisterAllowance
+      << "   <= " << device.max_regs_per_thread << "\n"
+      << "  regs dQ    ~= " << dp / 2 << " (dQ) + Bc (S, dP) + " << kRegisterAllowance
+      << "   <= " << device.max_regs_per_thread << "  (no setmaxnreg: no producer warps)\n\n";
+  out << "config                 threads  smem dK/dV  smem dQ  regs~  CTAs/SM  status\n";
+  for (const AttentionConfig& c : wgmma_backward_candidates(p)) {
+    const Status status = check_wgmma_backward_config(c, p, device);
+    std::string why = status.ok() ? "legal" : status.error().message;
+    const std::string prefix = "config " + c.to_string() + ": ";
+    if (why.rfind(prefix, 0) == 0) why = "illegal: " + why.substr(prefix.size());
+    const int dkdv_smem = wgmma_backward_dkdv_smem_bytes(c, p);
+    const int dq_smem = c.dq == DqMode::Separate ? wgmma_backward_dq_smem_bytes(c, p) : 0;
+    // dK/dV CTAs per SM, by shared memory and by (estimated, rounded to 8) registers.
+    const int regs_rounded = (wgmma_backward_dkdv_registers(c, p) + 7) / 8 * 8;
+    const int ctas = std::min(device.smem_per_sm / (dkdv_smem + kSmemReservedPerCta),
+                              device.regs_per_sm / (regs_rounded * wgmma_backward_dkdv_threads(c)));
+    char regs[32];
+    if (c.dq == DqMode::Separate)
+      std::snprintf(regs, sizeof regs, "%d/%d", wgmma_backward_dkdv_registers(c, p),
+                    wgmma_backward_dq_registers(c, p));
+    else
+      std::snprintf(regs, sizeof regs, "%d", wgmma_backward_dkdv_registers(c, p));
+    char line[512];
+    std::snprintf(line, sizeof line, "%-22s %7d %11d %8d %6s %8d  %s\n", c.to_string().c_str(),
+                  wgmma_backward_dkdv_threads(c), dkdv_smem, dq_smem, regs, ctas, why.c_str());
+    out << line;
+  }
+  if (Result<AttentionConfig> def = default_wgmma_backward_config(p, device); def.ok())
+    out << "Proposed wgmma default: " << def->to_string() << "\n";
+  else
+    out << def.error().message << "\n";
+  return out.str();
+}
+
+}  // namespace flashjit

@@ -1,0 +1,639 @@
+// FlashAttention-2 backward for Hopper (sm_90a: H100, H200), wgmma family: every product on the
+// tensor cores through warpgroup MMA, operands straight from swizzled shared memory (or P^T and
+// dS^T from registers). The renderer prepends templates/attention_params.h,
+// templates/attention_common.h (key range and masking rules), cuda/common.cuh, cuda/wgmma.cuh
+// (wgmma and other sm90 PTX wrappers), cuda/sm90_tiles.cuh (descriptors, swizzled tiles) and
+// cuda/attention_bwd_common.cuh (the preprocess and the Atomic mode's convert kernels), and appends
+// one instantiation of Sm90BwdTraits with the entry points of render.hpp; NVRTC compiles it for
+// sm_90a.
+//
+// The math (generator/problem.hpp), per key block j of one (batch, kv head), base 2 throughout:
+//   P^T  = exp2(scale_log2 * K_j Q_i^T - lse_log2_i)       S^T and dP^T have keys as rows (M)
+//   dP^T = V_j dO_i^T,   dS^T = P^T * (dP^T - delta_i)      delta_i = rowsum(dO_i * O_i)
+//   dV_j += P^T dO_i,    dK_j += dS^T Q_i                   over every query block i and every
+//                                                           query head of the GQA group
+//   dQ_i += dS_i K_j                                        Atomic: fp32 adds into dq_accum
+//   dK_j *= scale (epilogue); dQ's scale is applied by the convert (or the dQ kernel)
+//
+// dK/dV kernel: one CTA per block of kBlockN keys, kWarpgroups warpgroups of 128 threads. K_j and
+// V_j stay in shared memory; Q_i, dO_i, lse_log2_i and delta_i stream through a kStages-deep
+// cp.async pipeline. Warpgroup w owns key rows [64 * key_tile, + 64) of S^T and dP^T (M = 64)
+// and query columns [query_part * kSdpN, + kSdpN):
+//   kQuerySplit == 1 (kBlockN = 64 * kWarpgroups; d <= 128): w owns its 64 keys end to end:
+//     all query columns of S^T, and all head-dim columns of dK_j, dV_j, accumulated in registers
+//     from P^T and dS^T in registers (RS wgmmas).
+//   kQuerySplit == 2 (kBlockN = 64, two warpgroups; d = 256, where one warpgroup cannot hold
+//     64 x 256 of both dK and dV): the two share the 64 keys, each computing half the query
+//     columns of S^T, dP^T; P^T and dS^T go to shared memory and each warpgroup accumulates
+//     half the head-dim columns of dK_j and dV_j from there (SS wgmmas).
+// clang-format off
+//   load K_j, V_j; dK = dV = 0                       K, V: [kBlockN, d] -> shared, resident
+//   for each query head h of the group, each query block i that sees key block j:
+//     S^T = K_w Q_i^T; dP^T = V_w dO_i^T            two commit groups, in flight together
+//     wait S^T: P^T = exp2(S^T * scale_log2 - lse)  (-inf where masked: edge blocks only)
+//     wait dP^T: dS^T = P^T * (dP^T - delta)        P^T, dS^T rounded to 16 bits
+//     dS^T (P^T too when shared) -> shared; barrier  Atomic, or keys shared by two warpgroups
+//     dV += P^T dO_i; dK += dS^T Q_i                 RS, or SS when shared
+//     Atomic: dQ tile = dS K_j (SS)                  in flight with dV and dK
+//     wait all; Atomic: dq_accum += dQ tile          red.global.add.v2.f32 (more tiles: issue,
+//                                                    wait, add)
+//   dK *= scale; dK, dV -> shared (over K, V) -> global, 16-byte stores through their strides
+// clang-format on
+//
+// dQ kernel (DqMode::Separate, deterministic): one CTA per block of kBlockM query rows (one
+// warpgroup per 64 rows), Q_i and dO_i resident, K_j and V_j streamed: S = Q_i K_j^T and
+// dP = dO_i V_j^T (rows = queries), P, dS as above, dQ_i += dS K_j (RS) in registers; epilogue
+// dQ *= scale, 16-byte stores.
+//
+// Every wgmma in a loop is unconditional, the first of each fresh accumulator is a *_first
+// (nothing loop-carried into it), and every register a wgmma reads or writes asynchronously is
+// pinned after the wait that covers it: ptxas would serialize the wgmmas otherwise (C7514/C7515).
+
+namespace flashjit_kernel {
+
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WARPS, int STAGES, bool IS_BF16, bool CAUSAL,
+          bool DQ_ATOMIC>
+struct Sm90BwdTraits {
+  static constexpr int kHeadDim = HEAD_DIM;
+  static constexpr int kHeadDimPadded = (HEAD_DIM + 63) / 64 * 64;  // whole 64-column blocks
+  static constexpr int kBlockM = BLOCK_M;  // query rows per step (dK/dV), per CTA (dQ kernel)
+  static constexpr int kBlockN = BLOCK_N;  // keys per CTA (dK/dV), per step (dQ kernel)
+  static constexpr int kWarps = WARPS;
+  static constexpr int kStages = STAGES;
+  static constexpr bool kIsBf16 = IS_BF16;
+  static constexpr bool kCausal = CAUSAL;
+  static constexpr bool kDqAtomic = DQ_ATOMIC;
+
+  // ---- dK/dV kernel ----
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kWarpgroups = kWarps / 4;
+  static constexpr int kKeyTiles = kBlockN / 64;                  // 64-key row tiles of S^T
+  static constexpr int kQuerySplit = kWarpgroups / kKeyTiles;     // warpgroups per key tile
+  static constexpr int kSdpN = kBlockM / kQuerySplit;             // S^T columns per warpgroup
+  static constexpr int kKvCols = kHeadDimPadded / kQuerySplit;    // dK/dV columns per warpgroup
+  static constexpr bool kKvFromRegisters = kQuerySplit == 1;      // RS dV/dK, else SS via smem
+  static constexpr int kKvChunk = kKvCols % 128 == 0 ? 128 : 64;  // N of one dV/dK wgmma
+  static constexpr int kKvChunks = kKvCols / kKvChunk;
+  // Atomic dQ: tiles of 64 query rows x kDqN columns, kDqTilesPerWarpgroup per warpgroup.
+  static constexpr int kDqN = kHeadDimPadded % 128 == 0 && kHeadDimPadded >= 256 ? 128 : 64;
+  static constexpr int kDqColTiles = kHeadDimPadded / kDqN;
+  static constexpr int kDqTiles = kBlockM / 64 * kDqColTiles;
+  static constexpr int kDqTilesPerWarpgroup = kDqTiles / kWarpgroups;
+  // Shared memory, every tile on a 1024-byte boundary (sizes are multiples of 1024).
+  static constexpr int kKvTileBytes = kBlockN * kHeadDimPadded * 2;  // K_j or V_j
+  static constexpr int kQTileBytes = kBlockM * kHeadDimPadded * 2;   // Q_i or dO_i, per stage
+  static constexpr int kScoreTileBytes = kBlockN * kBlockM * 2;      // P^T or dS^T [keys, queries]
+  static constexpr bool kDsInSmem = kDqAtomic || !kKvFromRegisters;
+  static constexpr bool kPInSmem = !kKvFromRegisters;
+  static constexpr int kStatBytes = kBlockM * 4;  // lse_log2 or delta of one step
+  static constexpr int kSmemBytes = 1024 + 2 * kKvTileBytes + 2 * kStages * kQTileBytes +
+                                    (kDsInSmem ? kScoreTileBytes : 0) +
+                                    (kPInSmem ? kScoreTileBytes : 0) + 2 * kStages * kStatBytes;
+
+  // ---- dQ kernel (DqMode::Separate) ----
+  static constexpr int kDqWarpgroups = kBlockM / 64;
+  static constexpr int kDqThreads = 128 * kDqWarpgroups;
+  static constexpr int kDqChunk = kHeadDimPadded % 128 == 0 ? 128 : 64;  // N of one dQ wgmma
+  static constexpr int kDqChunks = kHeadDimPadded / kDqChunk;
+  static constexpr int kDqSmemBytes = 1024 + 2 * kQTileBytes + 2 * kStages * kKvTileBytes;
+
+  static_assert(kHeadDim % 8 == 0 && kHeadDim >= 8 && kHeadDim <= 256,
+                "head dim: a multiple of 8 in [8, 256]");
+  static_assert(kBlockM == 64 || kBlockM == 128, "block_m: 64 or 128 query rows");
+  static_assert(kBlockN == 64 || kBlockN == 128, "block_n: 64 or 128 keys");
+  static_assert(kWarps == 4 || kWarps == 8, "one or two warpgroups");
+  static_assert(kStages >= 2 && kStages <= 3, "2 or 3 Q/dO buffers");
+  static_assert(kWarpgroups % kKeyTiles == 0 && (kQuerySplit == 1 || kQuerySplit == 2),
+                "block_n = 64 per warpgroup, or 64 keys shared by two warpgroups");
+  static_assert(kKvCols % 64 == 0, "split dK/dV columns: whole 64-column blocks (d = 256)");
+  static_assert(kSdpN % 16 == 0, "S^T columns: whole 16-query k-steps");
+  static_assert(!kDqAtomic || kDqTiles % kWarpgroups == 0, "dQ tiles split evenly");
+};
+
+// One accumulator tile of 64 rows x N columns (wgmma layout, wgmma.cuh) rounded to 16 bits into
+// a swizzled shared tile of ROWS rows at (row0 + this thread's rows, col0 + its columns).
+template <int N, int ROWS, bool IS_BF16>
+__device__ __forceinline__ void store_accumulator(unsigned char* tile, const float (&d)[N / 2],
+                                                  int row0, int col0, float scale) {
+  const int lane = threadIdx.x % 32;
+  const int row = row0 + (threadIdx.x / 32 % 4) * 16 + lane / 4;
+  const int col = col0 + 2 * (lane % 4);
+#pragma unroll
+  for (int t = 0; t < N / 8; ++t)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      *reinterpret_cast<u32*>(tile + wg_tile_offset<ROWS>(row + 8 * half, col + 8 * t)) =
+          pack2<IS_BF16>(d[4 * t + 2 * half] * scale, d[4 * t + 2 * half + 1] * scale);
+}
+
+// 16-bit A fragments (wgmma.cuh, rs) of a 64 x N accumulator: k-step s holds tiles 2s, 2s + 1.
+template <int N, bool IS_BF16>
+__device__ __forceinline__ void pack_fragments(u32 (&a)[N / 16][4], const float (&d)[N / 2]) {
+#pragma unroll
+  for (int t = 0; t < N / 8; ++t)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      a[t / 2][(t % 2) * 2 + half] = pack2<IS_BF16>(d[4 * t + 2 * half], d[4 * t + 2 * half + 1]);
+}
+
+// The same fragments into a swizzled [ROWS, *] shared tile at (row0 + rows, col0 + columns).
+template <int N, int ROWS>
+__device__ __forceinline__ void store_fragments(unsigned char* tile, const u32 (&a)[N / 16][4],
+                                                int row0, int col0) {
+  const int lane = threadIdx.x % 32;
+  const int row = row0 + (threadIdx.x / 32 % 4) * 16 + lane / 4;
+  const int col = col0 + 2 * (lane % 4);
+#pragma unroll
+  for (int t = 0; t < N / 8; ++t)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      *reinterpret_cast<u32*>(tile + wg_tile_offset<ROWS>(row + 8 * half, col + 8 * t)) =
+          a[t / 2][(t % 2) * 2 + half];
+}
+
+// ROWS rows of a swizzled shared tile to global memory (row r at out + r * row_stride), 16-byte
+// stores by THREADS threads; rows at or past valid_rows and padding columns are not written.
+template <int THREADS, int HEAD_DIM, int ROWS>
+__device__ __forceinline__ void store_tile(u16* out, long long row_stride, int valid_rows,
+                                           const unsigned char* tile) {
+  constexpr int kChunksPerRow = (HEAD_DIM + 63) / 64 * 8;
+  for (int copy = threadIdx.x; copy < ROWS * kChunksPerRow; copy += THREADS) {
+    const int row = copy / kChunksPerRow, col = copy % kChunksPerRow * 8;
+    if (row < valid_rows && col < HEAD_DIM)
+      *reinterpret_cast<Vec16*>(out + row * row_stride + col) =
+          *reinterpret_cast<const Vec16*>(tile + wg_tile_offset<ROWS>(row, col));
+  }
+}
+
+// ---- the dK/dV kernel --------------------------------------------------------------------------
+
+template <class K>
+__device__ __forceinline__ void attention_backward_sm90_dkdv(const FlashjitAttentionParams& p) {
+  constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
+  constexpr int kDp = K::kHeadDimPadded, kSdpN = K::kSdpN, kKvCols = K::kKvCols;
+  constexpr int kKvChunk = K::kKvChunk, kKvChunks = K::kKvChunks, kDqN = K::kDqN;
+  constexpr bool kBf16 = K::kIsBf16;
+
+  // The launch's dynamic shared memory must hold the tiles (generator/backward_config_sm90.cpp
+  // computes the same sum): trap rather than corrupt memory.
+  if (dynamic_smem_bytes() < K::kSmemBytes) __trap();
+  extern __shared__ __align__(1024) unsigned char shared_bytes[];
+  const u32 base = (shared_address(shared_bytes) + 1023) & ~1023u;
+  unsigned char* const smem = shared_bytes + (base - shared_address(shared_bytes));
+  // Byte offsets from `base`:
+  constexpr u32 kKTile = 0;                                     // K_j  [kBlockN, kDp]
+  constexpr u32 kVTile = kKTile + K::kKvTileBytes;              // V_j  [kBlockN, kDp]
+  constexpr u32 kQTiles = kVTile + K::kKvTileBytes;             // Q_i  kStages x [kBlockM, kDp]
+  constexpr u32 kDoTiles = kQTiles + kStages * K::kQTileBytes;  // dO_i kStages x [kBlockM, kDp]
+  constexpr u32 kDsTile = kDoTiles + kStages * K::kQTileBytes;  // dS^T [kBlockN, kBlockM]
+  constexpr u32 kPTile = kDsTile + (K::kDsInSmem ? K::kScoreTileBytes : 0);  // P^T, same shape
+  constexpr u32 kStats = kPTile + (K::kPInSmem ? K::kScoreTileBytes : 0);
+  // kStats: kStages x {lse_log2[kBlockM], delta[kBlockM]} fp32
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int warpgroup = warp / 4;
+  const int key_tile = warpgroup / K::kQuerySplit;    // this warpgroup's 64 keys of the block
+  const int query_part = warpgroup % K::kQuerySplit;  // its S^T columns and dK/dV columns
+  const int frag_row = (warp % 4) * 16 + lane / 4;    // accumulator row within the 64 (+ 8)
+  const int frag_col = 2 * (lane % 4);                // accumulator column within 8 (+ 1)
+  const int kv_head = blockIdx.y, batch = blockIdx.z;
+  const int n0 = blockIdx.x * kBlockN;
+
+  const u16* k = static_cast<const u16*>(p.k) + batch * p.k_batch_stride +
+                 kv_head * p.k_head_stride + n0 * p.k_seq_stride;
+  const u16* v = static_cast<const u16*>(p.v) + batch * p.v_batch_stride +
+                 kv_head * p.v_head_stride + n0 * p.v_seq_stride;
+
+  // The query blocks that see key block j: causal (bottom-right) row i sees key n0 iff
+  // i >= n0 - diagonal, so they start at the block holding that row; every later one does too.
+  namespace fa = flashjit_attention;
+  const int diagonal = fa::diagonal(p);
+  const int m_blocks_total = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  int m_block_first = 0;
+  if constexpr (K::kCausal) {
+    const int first_row = n0 - diagonal;
+    m_block_first = first_row <= 0 ? 0 : first_row / kBlockM;
+    if (m_block_first > m_blocks_total) m_block_first = m_blocks_total;
+  }
+  const int m_blocks = m_blocks_total - m_block_first;
+  const int steps = m_blocks * p.group_size;  // (query head, query block) pairs, block fastest
+  auto step_head = [&](int t) { return kv_head * p.group_size + t / m_blocks; };
+  auto step_m0 = [&](int t) { return (m_block_first + t % m_blocks) * kBlockM; };
+
+  // Load group g carries step g's Q_i, dO_i, lse_log2_i, delta_i; group 0 also K_j and V_j.
+  auto load_group = [&](int g) {
+    if (g < steps) {
+      const int head = step_head(g), m0 = step_m0(g), buffer = g % kStages;
+      const u16* q = static_cast<const u16*>(p.q) + batch * p.q_batch_stride +
+                     head * p.q_head_stride + m0 * p.q_seq_stride;
+      const u16* d_o = static_cast<const u16*>(p.d_o) + batch * p.do_batch_stride +
+                       head * p.do_head_stride + m0 * p.do_seq_stride;
+      wg_load_tile_async<K::kThreads, K::kHeadDim, kBlockM>(
+          base + kQTiles + buffer * K::kQTileBytes, q, p.q_seq_stride, p.seqlen_q - m0);
+      wg_load_tile_async<K::kThreads, K::kHeadDim, kBlockM>(
+          base + kDoTiles + buffer * K::kQTileBytes, d_o, p.do_seq_stride, p.seqlen_q - m0);
+      // lse_log2 and delta rows are padded to seqlen_q_rounded: whole blocks, no bounds.
+      constexpr int kStatCopies = kBlockM / 4;  // 16-byte copies per vector
+      if (threadIdx.x < 2 * kStatCopies) {
+        const bool is_delta = threadIdx.x >= kStatCopies;
+        const int c = threadIdx.x % kStatCopies;
+        const long long row =
+            (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q_rounded + m0 + 4 * c;
+        cp_async_16(base + kStats + (2 * buffer + is_delta) * K::kStatBytes + 16 * c,
+                    (is_delta ? p.delta : p.lse_log2) + row, 16);
+      }
+    }
+    cp_async_commit();
+  };
+  if (steps > 0) {
+    wg_load_tile_async<K::kThreads, K::kHeadDim, kBlockN>(base + kKTile, k, p.k_seq_stride,
+                                                          p.seqlen_k - n0);
+    wg_load_tile_async<K::kThreads, K::kHeadDim, kBlockN>(base + kVTile, v, p.v_seq_stride,
+                                                          p.seqlen_k - n0);
+#pragma unroll
+    for (int g = 0; g < kStages - 1; ++g) load_group(g);
+  }
+
+  // Descriptors (wgmma.cuh). S^T = K_w Q^T, dP^T = V_w dO^T: A = this warpgroup's 64 key rows,
+  // B = its kSdpN query rows, both K-major over the head dim.
+  const u64 k_rows = smem_descriptor(base + kKTile + key_tile * 64 * 128, 16, 1024);
+  const u64 v_rows = smem_descriptor(base + kVTile + key_tile * 64 * 128, 16, 1024);
+  const u64 q_rows = smem_descriptor(base + kQTiles + query_part * kSdpN * 128, 16, 1024);
+  const u64 do_rows = smem_descriptor(base + kDoTiles + query_part * kSdpN * 128, 16, 1024);
+  // dV += P^T dO, dK += dS^T Q: B = dO, Q MN-major over the queries, this warpgroup's columns.
+  const u32 kv_col_block = query_part * (kKvCols / 64) * kBlockM * 128;
+  const u64 do_cols = smem_descriptor(base + kDoTiles + kv_col_block, kBlockM * 128, 1024);
+  const u64 q_cols = smem_descriptor(base + kQTiles + kv_col_block, kBlockM * 128, 1024);
+  // (kQuerySplit == 2) A = P^T, dS^T from shared memory, K-major over the queries.
+  const u64 pt_rows = smem_descriptor(base + kPTile + key_tile * 64 * 128, 16, 1024);
+  const u64 dst_rows = smem_descriptor(base + kDsTile + key_tile * 64 * 128, 16, 1024);
+  // dQ = dS K_j: A = dS, the MN-major view of dS^T; B = K_j MN-major over the keys.
+  const u64 ds_cols = smem_descriptor(base + kDsTile, kBlockN * 128, 1024);
+  const u64 k_cols = smem_descriptor(base + kKTile, kBlockN * 128, 1024);
+
+  float dv[kKvChunks][kKvChunk / 2], dk[kKvChunks][kKvChunk / 2];  // fp32, 64 keys x kKvCols
+#pragma unroll
+  for (int c = 0; c < kKvChunks; ++c)
+#pragma unroll
+    for (int i = 0; i < kKvChunk / 2; ++i) dv[c][i] = dk[c][i] = 0.f;
+  float st[kSdpN / 2], dpt[kSdpN / 2];        // S^T then P^T; dP^T then dS^T (fp32)
+  u32 pt[kSdpN / 16][4], dst[kSdpN / 16][4];  // P^T, dS^T in 16 bits: A fragments
+  float dq[kDqN / 2];                         // one dQ tile (Atomic)
+
+  auto issue_sdp = [&](int buffer) {  // S^T = K_w Q_i^T, then dP^T = V_w dO_i^T
+    const u32 rows = buffer * K::kQTileBytes;
+#pragma unroll
+    for (int kk = 0; kk < kDp / 16; ++kk) {  // 16 head-dim columns per step
+      const u32 a_step = (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
+      const u32 b_step = rows + (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
+      if (kk == 0)
+        Wgmma<kSdpN, kBf16>::ss_first(st, advance(k_rows, a_step), advance(q_rows, b_step));
+      else
+        Wgmma<kSdpN, kBf16>::ss(st, advance(k_rows, a_step), advance(q_rows, b_step), 1);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < kDp / 16; ++kk) {
+      const u32 a_step = (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
+      const u32 b_step = rows + (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
+      if (kk == 0)
+        Wgmma<kSdpN, kBf16>::ss_first(dpt, advance(v_rows, a_step), advance(do_rows, b_step));
+      else
+        Wgmma<kSdpN, kBf16>::ss(dpt, advance(v_rows, a_step), advance(do_rows, b_step), 1);
+    }
+    wgmma_commit();
+  };
+  // d[:, this warpgroup's columns] += A^T-rows x B over the kBlockM queries of the step: A from
+  // registers (fragments) or from shared memory (descriptor a_rows), B = dO_i or Q_i MN-major.
+  auto issue_kv = [&](float(&d)[kKvChunks][kKvChunk / 2], const u32(&a)[kSdpN / 16][4], u64 a_rows,
+                      u64 b_cols, int buffer) {
+#pragma unroll
+    for (int s = 0; s < kBlockM / 16; ++s)  // 16 queries per step
+#pragma unroll
+      for (int c = 0; c < kKvChunks; ++c) {
+        const u64 b = advance(
+            b_cols, buffer * K::kQTileBytes + s * 16 * 128 + c * (kKvChunk / 64) * kBlockM * 128);
+        if constexpr (K::kKvFromRegisters)
+          Wgmma<kKvChunk, kBf16>::rs(d[c], a[s], b, 1);
+        else
+          Wgmma<kKvChunk, kBf16>::template ss<0, 1>(
+              d[c], advance(a_rows, (s / 4) * (kBlockN * 128) + (s % 4) * 32), b, 1);
+      }
+    wgmma_commit();
+  };
+  auto issue_dq = [&](int tile) {  // dQ tile = dS[64 rows of tile] K_j[:, its columns]
+    const int mt = tile / K::kDqColTiles, nc = tile % K::kDqColTiles;
+#pragma unroll
+    for (int s = 0; s < kBlockN / 16; ++s) {  // 16 keys per step
+      const u64 a = advance(ds_cols, mt * kBlockN * 128 + s * 16 * 128);
+      const u64 b = advance(k_cols, nc * (kDqN / 64) * kBlockN * 128 + s * 16 * 128);
+      if (s == 0)
+        Wgmma<kDqN, kBf16>::template ss_first<1, 1>(dq, a, b);
+      else
+        Wgmma<kDqN, kBf16>::template ss<1, 1>(dq, a, b, 1);
+    }
+    wgmma_commit();
+  };
+  // dq_accum[rows, columns of tile] += dq. Rows past seqlen_q (the last block's) add zeros into
+  // the accumulator's padding rows: cheaper than the bounds check's registers.
+  auto add_dq = [&](int tile, int head, int m0) {
+    const int mt = tile / K::kDqColTiles, nc = tile % K::kDqColTiles;
+    const int row = m0 + mt * 64 + frag_row;
+    float* accum =
+        p.dq_accum +
+        ((static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q_rounded + row) * kDp +
+        nc * kDqN + frag_col;
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int t = 0; t < kDqN / 8; ++t)
+        red_add_v2(accum + half * 8 * kDp + t * 8, dq[4 * t + 2 * half], dq[4 * t + 2 * half + 1]);
+  };
+
+  for (int t = 0; t < steps; ++t) {
+    const int head = step_head(t), m0 = step_m0(t), buffer = t % kStages;
+    cp_async_wait<kStages - 2>();  // this thread's copies of group t have landed
+    fence_proxy_async();           // ... and are visible to wgmma
+    __syncthreads();               // everyone's have; every wgmma of step t - 1 is done
+    load_group(t + kStages - 1);   // refill the buffer step t - 1 read
+
+    wgmma_fence();
+    issue_sdp(buffer);
+    wgmma_wait<1>();  // S^T
+    pin(st);
+    // Keys past seqlen_k and, when causal, above the diagonal: only blocks crossing an edge.
+    // (Query rows past seqlen_q need no mask: their lse_log2 is +inf, so P = 0.)
+    if (fa::block_needs_mask<K::kCausal>(p, diagonal, m0, n0, kBlockN)) {
+      const int key = n0 + key_tile * 64 + frag_row;
+      const int query = m0 + query_part * kSdpN + frag_col;
+#pragma unroll
+      for (int nt = 0; nt < kSdpN / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int last = fa::last_key<K::kCausal>(p, diagonal, query + 8 * nt + e);
+#pragma unroll
+          for (int half = 0; half < 2; ++half)
+            if (key + 8 * half > last) st[4 * nt + 2 * half + e] = minus_infinity();
+        }
+    }
+    const float* stats = reinterpret_cast<const float*>(smem + kStats + 2 * buffer * K::kStatBytes);
+    const int stat_col = query_part * kSdpN + frag_col;
+#pragma unroll
+    for (int nt = 0; nt < kSdpN / 8; ++nt) {
+      const float2 lse = *reinterpret_cast<const float2*>(stats + stat_col + 8 * nt);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        st[4 * nt + 2 * half] = fast_exp2(fmaf(st[4 * nt + 2 * half], p.scale_log2, -lse.x));
+        st[4 * nt + 2 * half + 1] =
+            fast_exp2(fmaf(st[4 * nt + 2 * half + 1], p.scale_log2, -lse.y));
+      }
+    }
+    wgmma_wait<0>();  // dP^T
+    pin(dpt);
+    // dS^T = P^T * (dP^T - delta); both rounded to 16 bits as A fragments, tile by tile (the
+    // fp32 values die as they are packed).
+#pragma unroll
+    for (int nt = 0; nt < kSdpN / 8; ++nt) {
+      const float2 delta = *reinterpret_cast<const float2*>(stats + kBlockM + stat_col + 8 * nt);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = 4 * nt + 2 * half;
+        const float ds0 = st[i] * (dpt[i] - delta.x), ds1 = st[i + 1] * (dpt[i + 1] - delta.y);
+        pt[nt / 2][(nt % 2) * 2 + half] = pack2<kBf16>(st[i], st[i + 1]);
+        dst[nt / 2][(nt % 2) * 2 + half] = pack2<kBf16>(ds0, ds1);
+      }
+    }
+    const int score_row = key_tile * 64, score_col = query_part * kSdpN;
+    if constexpr (K::kDsInSmem)
+      store_fragments<kSdpN, kBlockN>(smem + kDsTile, dst, score_row, score_col);
+    if constexpr (K::kPInSmem)
+      store_fragments<kSdpN, kBlockN>(smem + kPTile, pt, score_row, score_col);
+    if constexpr (K::kPInSmem || K::kDqAtomic) {
+      fence_proxy_async();  // this thread's P^T / dS^T stores, visible to wgmma ...
+      __syncthreads();      // ... once every thread's are there
+    }
+    wgmma_fence();  // pt, dst (written above) are ready for the tensor cores
+    issue_kv(dv, pt, pt_rows, do_cols, buffer);  // dV += P^T dO_i
+    if constexpr (K::kDqAtomic) {
+      // dK, then the first dQ tile, all in flight together; the atomics go after the wait (they
+      // are fire-and-forget). Waiting for dK as well frees P^T and dS^T before the adds: with
+      // the adds overlapping dK instead, ptxas spills at block_m = 128.
+      issue_kv(dk, dst, dst_rows, q_cols, buffer);  // dK += dS^T Q_i
+      issue_dq(warpgroup * K::kDqTilesPerWarpgroup);
+      wgmma_wait<0>();
+      pin(pt);
+      pin(dst);
+      pin(dq);
+      add_dq(warpgroup * K::kDqTilesPerWarpgroup, head, m0);
+#pragma unroll
+      for (int i = 1; i < K::kDqTilesPerWarpgroup; ++i) {
+        wgmma_fence();  // dq was read above
+        issue_dq(warpgroup * K::kDqTilesPerWarpgroup + i);
+        wgmma_wait<0>();
+        pin(dq);
+        add_dq(warpgroup * K::kDqTilesPerWarpgroup + i, head, m0);
+      }
+    } else {
+      issue_kv(dk, dst, dst_rows, q_cols, buffer);
+    }
+    wgmma_wait<0>();
+    pin(pt);
+    pin(dst);
+#pragma unroll
+    for (int c = 0; c < kKvChunks; ++c) {
+      pin(dv[c]);
+      pin(dk[c]);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every wgmma read of K_j, V_j is done: their tiles take dK, dV
+
+  // Epilogue: dK *= scale; both rounded into the K and V tiles, then 16-byte row stores.
+  const int kv_row = key_tile * 64, kv_col = query_part * kKvCols;
+#pragma unroll
+  for (int c = 0; c < kKvChunks; ++c) {
+    store_accumulator<kKvChunk, kBlockN, kBf16>(smem + kKTile, dk[c], kv_row, kv_col + c * kKvChunk,
+                                                p.scale);
+    store_accumulator<kKvChunk, kBlockN, kBf16>(smem + kVTile, dv[c], kv_row, kv_col + c * kKvChunk,
+                                                1.f);
+  }
+  __syncthreads();
+  u16* dk_out = static_cast<u16*>(p.dk) + batch * p.dk_batch_stride + kv_head * p.dk_head_stride +
+                n0 * p.dk_seq_stride;
+  u16* dv_out = static_cast<u16*>(p.dv) + batch * p.dv_batch_stride + kv_head * p.dv_head_stride +
+                n0 * p.dv_seq_stride;
+  store_tile<K::kThreads, K::kHeadDim, kBlockN>(dk_out, p.dk_seq_stride, p.seqlen_k - n0,
+                                                smem + kKTile);
+  store_tile<K::kThreads, K::kHeadDim, kBlockN>(dv_out, p.dv_seq_stride, p.seqlen_k - n0,
+                                                smem + kVTile);
+}
+
+// ---- the dQ kernel (DqMode::Separate) ----------------------------------------------------------
+
+template <class K>
+__device__ __forceinline__ void attention_backward_sm90_dq(const FlashjitAttentionParams& p) {
+  constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
+  constexpr int kDp = K::kHeadDimPadded, kDqChunk = K::kDqChunk, kDqChunks = K::kDqChunks;
+  constexpr int kThreads = K::kDqThreads;
+  constexpr bool kBf16 = K::kIsBf16;
+
+  if (dynamic_smem_bytes() < K::kDqSmemBytes) __trap();
+  extern __shared__ __align__(1024) unsigned char shared_bytes[];
+  const u32 base = (shared_address(shared_bytes) + 1023) & ~1023u;
+  constexpr u32 kQTile = 0;                                     // Q_i  [kBlockM, kDp]
+  constexpr u32 kDoTile = kQTile + K::kQTileBytes;              // dO_i [kBlockM, kDp]
+  constexpr u32 kKTiles = kDoTile + K::kQTileBytes;             // K_j  kStages x [kBlockN, kDp]
+  constexpr u32 kVTiles = kKTiles + kStages * K::kKvTileBytes;  // V_j  kStages x [kBlockN, kDp]
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int warpgroup = warp / 4;
+  const int frag_col = 2 * (lane % 4);
+  // Causal rows near the end see the most keys: launch them first so the tail is short.
+  const int m_block = K::kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const int kv_head = head / p.group_size;
+  const int m0 = m_block * kBlockM;
+  const int row = m0 + warp * 16 + lane / 4;  // this thread's rows: row, row + 8
+
+  const u16* q = static_cast<const u16*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride +
+                 m0 * p.q_seq_stride;
+  const u16* d_o = static_cast<const u16*>(p.d_o) + batch * p.do_batch_stride +
+                   head * p.do_head_stride + m0 * p.do_seq_stride;
+  const u16* k =
+      static_cast<const u16*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
+  const u16* v =
+      static_cast<const u16*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
+
+  namespace fa = flashjit_attention;
+  const int diagonal = fa::diagonal(p);
+  const int n_blocks = fa::key_blocks<K::kCausal>(p, diagonal, m0, kBlockM, kBlockN);
+
+  // Rows are padded to seqlen_q_rounded (>= m0 + kBlockM): no bounds checks.
+  const long long stat_row =
+      (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q_rounded + row;
+  const float lse[2] = {p.lse_log2[stat_row], p.lse_log2[stat_row + 8]};
+  const float delta[2] = {p.delta[stat_row], p.delta[stat_row + 8]};
+
+  auto load_group = [&](int g) {  // K_g and V_g; group 0 also Q_i and dO_i
+    if (g < n_blocks) {
+      const int buffer = g % kStages;
+      wg_load_tile_async<kThreads, K::kHeadDim, kBlockN>(base + kKTiles + buffer * K::kKvTileBytes,
+                                                         k + g * kBlockN * p.k_seq_stride,
+                                                         p.k_seq_stride, p.seqlen_k - g * kBlockN);
+      wg_load_tile_async<kThreads, K::kHeadDim, kBlockN>(base + kVTiles + buffer * K::kKvTileBytes,
+                                                         v + g * kBlockN * p.v_seq_stride,
+                                                         p.v_seq_stride, p.seqlen_k - g * kBlockN);
+    }
+    cp_async_commit();
+  };
+  if (n_blocks > 0) {
+    wg_load_tile_async<kThreads, K::kHeadDim, kBlockM>(base + kQTile, q, p.q_seq_stride,
+                                                       p.seqlen_q - m0);
+    wg_load_tile_async<kThreads, K::kHeadDim, kBlockM>(base + kDoTile, d_o, p.do_seq_stride,
+                                                       p.seqlen_q - m0);
+#pragma unroll
+    for (int g = 0; g < kStages - 1; ++g) load_group(g);
+  }
+
+  // S = Q_i K_j^T, dP = dO_i V_j^T: A = this warpgroup's 64 rows, B = the key rows, K-major.
+  // dQ += dS K_j: A = dS from registers, B = K_j MN-major over the keys.
+  const u64 q_rows = smem_descriptor(base + kQTile + warpgroup * 64 * 128, 16, 1024);
+  const u64 do_rows = smem_descriptor(base + kDoTile + warpgroup * 64 * 128, 16, 1024);
+  const u64 k_rows = smem_descriptor(base + kKTiles, 16, 1024);
+  const u64 v_rows = smem_descriptor(base + kVTiles, 16, 1024);
+  const u64 k_cols = smem_descriptor(base + kKTiles, kBlockN * 128, 1024);
+
+  float dq[kDqChunks][kDqChunk / 2];  // fp32, 64 rows x kDp
+#pragma unroll
+  for (int c = 0; c < kDqChunks; ++c)
+#pragma unroll
+    for (int i = 0; i < kDqChunk / 2; ++i) dq[c][i] = 0.f;
+  float s[kBlockN / 2], dp[kBlockN / 2];  // S then P; dP then dS (fp32)
+  u32 ds[kBlockN / 16][4];                // dS in 16 bits: A fragments
+
+  for (int j = 0; j < n_blocks; ++j) {
+    const int buffer = j % kStages;
+    cp_async_wait<kStages - 2>();
+    fence_proxy_async();
+    __syncthreads();  // K_j, V_j landed everywhere; every wgmma of step j - 1 is done
+    load_group(j + kStages - 1);
+
+    wgmma_fence();
+    const u32 kv = buffer * K::kKvTileBytes;
+#pragma unroll
+    for (int kk = 0; kk < kDp / 16; ++kk) {
+      const u32 a_step = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
+      const u32 b_step = kv + (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
+      if (kk == 0)
+        Wgmma<kBlockN, kBf16>::ss_first(s, advance(q_rows, a_step), advance(k_rows, b_step));
+      else
+        Wgmma<kBlockN, kBf16>::ss(s, advance(q_rows, a_step), advance(k_rows, b_step), 1);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < kDp / 16; ++kk) {
+      const u32 a_step = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
+      const u32 b_step = kv + (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
+      if (kk == 0)
+        Wgmma<kBlockN, kBf16>::ss_first(dp, advance(do_rows, a_step), advance(v_rows, b_step));
+      else
+        Wgmma<kBlockN, kBf16>::ss(dp, advance(do_rows, a_step), advance(v_rows, b_step), 1);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();  // S
+    pin(s);
+    const int n0 = j * kBlockN;
+    if (fa::block_needs_mask<K::kCausal>(p, diagonal, m0, n0, kBlockN)) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int limit = fa::last_key<K::kCausal>(p, diagonal, row + 8 * half) - (n0 + frag_col);
+#pragma unroll
+        for (int nt = 0; nt < kBlockN / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if (nt * 8 + e > limit) s[nt * 4 + 2 * half + e] = minus_infinity();
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < kBlockN / 8; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        s[4 * nt + i] = fast_exp2(fmaf(s[4 * nt + i], p.scale_log2, -lse[i / 2]));
+    wgmma_wait<0>();  // dP
+    pin(dp);
+#pragma unroll
+    for (int nt = 0; nt < kBlockN / 8; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dp[4 * nt + i] = s[4 * nt + i] * (dp[4 * nt + i] - delta[i / 2]);
+    pack_fragments<kBlockN, kBf16>(ds, dp);
+    wgmma_fence();  // ds (written above) and dq are ready for the tensor cores
+#pragma unroll
+    for (int t = 0; t < kBlockN / 16; ++t)  // 16 keys per step
+#pragma unroll
+      for (int c = 0; c < kDqChunks; ++c)
+        Wgmma<kDqChunk, kBf16>::rs(
+            dq[c], ds[t], advance(k_cols, kv + t * 16 * 128 + c * (kDqChunk / 64) * kBlockN * 128),
+            1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin(ds);
+#pragma unroll
+    for (int c = 0; c < kDqChunks; ++c) pin(dq[c]);
+  }
+  cp_async_wait<0>();
+
+  // Epilogue: dQ * scale into this warp's own rows of the Q tile (only its warpgroup's wgmmas
+  // read those rows, all finished), then 16-byte row stores.
+  unsigned char* const smem = shared_bytes + (base - shared_address(shared_bytes));
+#pragma unroll
+  for (int c = 0; c < kDqChunks; ++c)
+    store_accumulator<kDqChunk, kBlockM, kBf16>(smem + kQTile, dq[c], warpgroup * 64, c * kDqChunk,
+                                                p.scale);
+  __syncthreads();
+  u16* dq_out = static_cast<u16*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride +
+                m0 * p.dq_seq_stride;
+  store_tile<kThreads, K::kHeadDim, kBlockM>(dq_out, p.dq_seq_stride, p.seqlen_q - m0,
+                                             smem + kQTile);
+}
+
+}  // namespace flashjit_kernel

@@ -1,0 +1,267 @@
+// The wgmma family's backward template (templates/cuda/attention_bwd_sm90.cuh) compiled for the
+// host against an emulation of its sm_90a primitives (tests/support/sm90_emulator.hpp: wgmma
+// with the documented operand layouts and late execution, cp.async with late copies, barriers,
+// fp32 reductions), run on shapes that hit the edges and compared with the fp64 reference
+// gradients. The preprocess (delta, lse_log2, zeroed dq_accum) and the Atomic mode's convert are
+// done on the host exactly as cuda/attention_bwd_common.cuh defines them; the dK/dV kernel and
+// the Separate mode's dQ kernel are the template's own code.
+//
+// This checks the algorithm, indexing, tile layouts, descriptors, pipeline and masking as the
+// emulator documents the hardware; that the hardware agrees is the GPU tests' part.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "generator/backward_config_sm90.hpp"
+#include "generator/device.hpp"
+#include "runtime/launch_params.hpp"
+#include "tuner/reference.hpp"
+// The order matters: the template sees the emulated primitives.
+// clang-format off
+#include "templates/attention_params.h"
+#include "templates/attention_common.h"
+#include "support/sm90_emulator.hpp"
+#include "templates/cuda/sm90_tiles.cuh"
+#include "templates/cuda/attention_bwd_sm90.cuh"
+// clang-format on
+
+namespace flashjit {
+namespace {
+
+namespace ft = ::flashjit::testing;
+
+enum class Storage { kBshd, kBshdPadded, kBhsd };
+
+struct Shape {
+  int64_t batch, heads_q, heads_kv, seqlen_q, seqlen_k;
+  Storage storage = Storage::kBshd;
+
+  std::string to_string() const {
+    static const char* const kNames[] = {"bshd", "bshd-padded", "bhsd"};
+    return "(b" + std::to_string(batch) + " hq" + std::to_string(heads_q) + " hkv" +
+           std::to_string(heads_kv) + " sq" + std::to_string(seqlen_q) + " sk" +
+           std::to_string(seqlen_k) + " " + kNames[static_cast<int>(storage)] + ")";
+  }
+};
+
+// Small enough to emulate, covering: one row, ragged tails, seqlen_q != seqlen_k both ways
+// (causal rows that see no key), GQA and MQA over several query blocks, batches, BHSD, padded
+// strides that differ per tensor.
+const std::vector<Shape>& shapes() {
+  static const std::vector<Shape> list = {
+      {1, 1, 1, 1, 1},
+      {1, 2, 2, 17, 17},
+      {1, 1, 1, 100, 300},
+      {1, 1, 1, 300, 100},
+      {1, 4, 1, 129, 200},
+      {2, 4, 2, 70, 170, Storage::kBhsd},
+      {1, 4, 2, 150, 190, Storage::kBshdPadded},
+      {1, 1, 1, 257, 257},
+  };
+  return list;
+}
+
+Strides padded_bshd(int64_t seqlen, int64_t heads, int head_dim, int head_pad, int seq_pad,
+                    int batch_pad) {
+  Strides strides;
+  strides.head = head_dim + head_pad;
+  strides.seq = heads * strides.head + seq_pad;
+  strides.batch = seqlen * strides.seq + batch_pad;
+  return strides;
+}
+
+AttentionProblem make_problem(const Shape& shape, int head_dim, DType dtype, bool causal) {
+  const Layout layout = shape.storage == Storage::kBhsd ? Layout::BHSD : Layout::BSHD;
+  AttentionProblem p =
+      AttentionProblem::make(shape.batch, shape.heads_q, shape.heads_kv, shape.seqlen_q,
+                             shape.seqlen_k, head_dim, dtype, causal, layout)
+          .with_pass(Pass::Backward);
+  if (shape.storage == Storage::kBshdPadded) {
+    // Different padding per tensor: a kernel that uses one tensor's strides for another fails.
+    p.q_strides = padded_bshd(shape.seqlen_q, shape.heads_q, head_dim, 8, 24, 16);
+    p.k_strides = padded_bshd(shape.seqlen_k, shape.heads_kv, head_dim, 16, 24, 8);
+    p.v_strides = padded_bshd(shape.seqlen_k, shape.heads_kv, head_dim, 24, 8, 32);
+    p.o_strides = padded_bshd(shape.seqlen_q, shape.heads_q, head_dim, 8, 40, 8);
+    p.do_strides = padded_bshd(shape.seqlen_q, shape.heads_q, head_dim, 32, 8, 16);
+    p.dq_strides = padded_bshd(shape.seqlen_q, shape.heads_q, head_dim, 16, 16, 8);
+    p.dk_strides = padded_bshd(shape.seqlen_k, shape.heads_kv, head_dim, 8, 8, 24);
+    p.dv_strides = padded_bshd(shape.seqlen_k, shape.heads_kv, head_dim, 40, 16, 8);
+  }
+  return p;
+}
+
+int64_t offset(const Strides& s, int64_t b, int64_t row, int64_t h) {
+  return b * s.batch + row * s.seq + h * s.head;
+}
+
+struct Outcome {
+  std::string error;  // emulation error
+  GradientComparison comparison;
+};
+
+// One backward call of config K on `problem`: host preprocess, emulated kernels, host convert.
+template <class K>
+Outcome run_backward(const AttentionProblem& p, const AttentionConfig& config, const HostInputs& in,
+                     const Reference& ref) {
+  Outcome out;
+  std::vector<uint16_t> dq = poisoned_storage(p.dq_span(), p.dtype);
+  std::vector<uint16_t> dk = poisoned_storage(p.dkv_span(), p.dtype);
+  std::vector<uint16_t> dv = poisoned_storage(p.dkv_span(), p.dtype);
+  std::vector<float> lse = in.lse;
+  AttentionArgs args;
+  args.q = in.q.data();
+  args.k = in.k.data();
+  args.v = in.v.data();
+  args.o = const_cast<uint16_t*>(in.o.data());
+  args.lse = lse.data();
+  args.d_o = in.d_o.data();
+  args.dq = dq.data();
+  args.dk = dk.data();
+  args.dv = dv.data();
+  FlashjitAttentionParams params = make_launch_params(p, args);
+  const BackwardWorkspace layout = backward_workspace(p, config);
+  std::vector<unsigned char> workspace(layout.bytes + kWorkspaceAlign, 0xFF);
+  void* aligned =
+      workspace.data() +
+      (kWorkspaceAlign - reinterpret_cast<uintptr_t>(workspace.data()) % kWorkspaceAlign);
+  bind_workspace(params, layout, aligned);
+
+  // The preprocess, as cuda/attention_bwd_common.cuh defines it.
+  const int dp = padded_head_dim(p.head_dim);
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads_q; ++h)
+      for (int64_t row = 0; row < layout.seqlen_q_rounded; ++row) {
+        const int64_t at = (b * p.heads_q + h) * layout.seqlen_q_rounded + row;
+        float dot = 0;
+        if (row < p.seqlen_q)
+          for (int c = 0; c < p.head_dim; ++c)
+            dot = std::fma(
+                element_value(in.o.data(), offset(p.o_strides, b, row, h) + c, p.dtype),
+                element_value(in.d_o.data(), offset(p.do_strides, b, row, h) + c, p.dtype), dot);
+        params.delta[at] = row < p.seqlen_q ? dot : 0.f;
+        params.lse_log2[at] =
+            row < p.seqlen_q ? lse[(b * p.heads_q + h) * p.seqlen_q + row] * 1.4426950408889634f
+                             : HUGE_VALF;
+        if (params.dq_accum)
+          for (int c = 0; c < dp; ++c) params.dq_accum[at * dp + c] = 0.f;
+      }
+
+  const ft::Sm90Grid dkdv_grid{static_cast<int>((p.seqlen_k + config.block_n - 1) / config.block_n),
+                               static_cast<int>(p.heads_kv), static_cast<int>(p.batch)};
+  out.error = ft::emulate_sm90(dkdv_grid, wgmma_backward_dkdv_threads(config),
+                               wgmma_backward_dkdv_smem_bytes(config, p),
+                               [&] { flashjit_kernel::attention_backward_sm90_dkdv<K>(params); });
+  if (!out.error.empty()) {
+    out.error = "dK/dV kernel: " + out.error;
+    return out;
+  }
+  if (config.dq == DqMode::Atomic) {
+    // The convert, as cuda/attention_bwd_common.cuh defines it: dq = scale * dq_accum.
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t h = 0; h < p.heads_q; ++h)
+        for (int64_t row = 0; row < p.seqlen_q; ++row)
+          for (int c = 0; c < p.head_dim; ++c) {
+            const int64_t at = ((b * p.heads_q + h) * layout.seqlen_q_rounded + row) * dp + c;
+            set_element(dq.data(), offset(p.dq_strides, b, row, h) + c,
+                        params.dq_accum[at] * params.scale, p.dtype);
+          }
+  } else {
+    const ft::Sm90Grid dq_grid{static_cast<int>((p.seqlen_q + config.block_m - 1) / config.block_m),
+                               static_cast<int>(p.heads_q), static_cast<int>(p.batch)};
+    out.error = ft::emulate_sm90(dq_grid, wgmma_backward_dq_threads(config),
+                                 wgmma_backward_dq_smem_bytes(config, p),
+                                 [&] { flashjit_kernel::attention_backward_sm90_dq<K>(params); });
+    if (!out.error.empty()) {
+      out.error = "dQ kernel: " + out.error;
+      return out;
+    }
+  }
+  out.comparison = compare_gradients(p, dq, dk, dv, ref);
+  return out;
+}
+
+// One emulated config: the traits the renderer would instantiate, and the same knobs as a config.
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WARPS, int STAGES, bool BF16, bool CAUSAL,
+          bool ATOMIC>
+void check_config() {
+  using K = flashjit_kernel::Sm90BwdTraits<HEAD_DIM, BLOCK_M, BLOCK_N, WARPS, STAGES, BF16, CAUSAL,
+                                           ATOMIC>;
+  const AttentionConfig config{BLOCK_M,
+                               BLOCK_N,
+                               WARPS,
+                               STAGES,
+                               KernelFamily::Wgmma,
+                               ATOMIC ? DqMode::Atomic : DqMode::Separate};
+  const DType dtype = BF16 ? DType::BF16 : DType::F16;
+  // Appended piecewise: gcc 12 warns (-Wrestrict, a false positive) on "literal" + string&&.
+  std::string name = "d";
+  name += std::to_string(HEAD_DIM);
+  name += " ";
+  name += to_string(dtype);
+  name += CAUSAL ? " causal " : " non-causal ";
+  name += config.to_string();
+  // The template and the budget agree on the launch: the kernels trap on too little shared
+  // memory, and the config is one the budget allows.
+  const AttentionProblem sample = make_problem(shapes()[1], HEAD_DIM, dtype, CAUSAL);
+  ASSERT_TRUE(check_wgmma_backward_config(config, sample, *known_device("sm90")).ok())
+      << name << ": "
+      << check_wgmma_backward_config(config, sample, *known_device("sm90")).error().message;
+  EXPECT_EQ(wgmma_backward_dkdv_smem_bytes(config, sample), K::kSmemBytes) << name;
+  EXPECT_EQ(wgmma_backward_dkdv_threads(config), K::kThreads) << name;
+  if (!ATOMIC) {
+    EXPECT_EQ(wgmma_backward_dq_smem_bytes(config, sample), K::kDqSmemBytes) << name;
+    EXPECT_EQ(wgmma_backward_dq_threads(config), K::kDqThreads) << name;
+  }
+  const double tolerance = gradient_tolerance(dtype);
+  double worst = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < shapes().size(); ++i) {
+    const Shape& shape = shapes()[i];
+    const AttentionProblem p = make_problem(shape, HEAD_DIM, dtype, CAUSAL);
+    ASSERT_TRUE(validate(p).ok()) << validate(p).error().describe();
+    const uint64_t seed = 7919ull * (i + 1) + HEAD_DIM + (CAUSAL ? 1 : 0);
+    const HostInputs inputs = random_inputs(p, seed);
+    const Reference reference = reference_attention(p, inputs);
+    const Outcome outcome = run_backward<K>(p, config, inputs, reference);
+    std::string where = name;
+    where += " shape=";
+    where += shape.to_string();
+    where += " seed=";
+    where += std::to_string(seed);
+    ASSERT_TRUE(outcome.error.empty()) << where << ": " << outcome.error;
+    EXPECT_TRUE(within_tolerance(outcome.comparison, tolerance))
+        << where << ": " << outcome.comparison.to_string() << " (tolerance " << tolerance << ")";
+    worst = std::max(worst, outcome.comparison.max_rel_error());
+  }
+  std::printf("  %-36s max relative L2 error %.2e (tolerance %.1e), %.1f s\n", name.c_str(), worst,
+              tolerance,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+}
+
+// Every code path of the template: one or two warpgroups of 64 keys (RS dK/dV), two sharing 64
+// keys (SS dK/dV through shared memory, N = 32 and 64 S^T tiles), block_m 64 and 128, one and
+// two dQ tiles per warpgroup, 2 and 3 stages, both dQ modes (and the dQ kernel with one and two
+// warpgroups), both dtypes, causal and not, a padded head dim.
+TEST(CudaBwdSm90Emulation, D64) {
+  check_config<64, 64, 64, 4, 2, true, true, true>();
+  check_config<64, 128, 64, 4, 3, false, false, true>();
+  check_config<64, 128, 128, 8, 2, true, true, false>();
+}
+TEST(CudaBwdSm90Emulation, D128) {
+  check_config<128, 64, 128, 8, 2, true, true, true>();
+  check_config<128, 64, 128, 8, 2, true, false, true>();
+  check_config<128, 64, 128, 8, 3, false, true, false>();
+  check_config<128, 128, 64, 8, 2, true, true, true>();
+  check_config<128, 64, 64, 8, 2, false, false, false>();
+}
+TEST(CudaBwdSm90Emulation, D256) {
+  check_config<256, 64, 64, 8, 2, true, false, true>();
+  check_config<256, 64, 64, 8, 2, false, true, false>();
+}
+TEST(CudaBwdSm90Emulation, PaddedHeadDim96) { check_config<96, 64, 64, 4, 2, true, true, true>(); }
+
+}  // namespace
+}  // namespace flashjit
