@@ -13,9 +13,13 @@
 #   py-tests   the Python module: pip install --no-build-isolation --target build-device/pysite .
 #              (the machine's python3 with torch, nanobind, scikit-build-core; no C++ build), then
 #              the Python tests on the GPU (tests/python, FLASHJIT_EXPECT_GPU=1): ~3 minutes
-#   py-bench   the same install, then flashjit.tune() over the standard grid for bf16 and fp16
-#              (what the DB lacks; `flashjit tune` in-process) and bench/side_by_side.py (flashjit
-#              tuned + default vs torch SDPA flash + cuDNN): ~6-7 minutes on an H100
+#   py-bench   the same install, then flashjit.tune() over the standard grid for bf16 and fp16,
+#              forward and backward (what the DB lacks; `flashjit tune --pass fwd,bwd`
+#              in-process; PASSES="fwd" tunes the forward alone) and bench/side_by_side.py
+#              (flashjit tuned + default vs torch SDPA flash + cuDNN; forward, backward and
+#              fwd+bwd: BENCH_ARGS="--pass fwd" for the forward alone): the forward alone took
+#              ~6-7 minutes on an H100; with the backward expect more than the device tool's
+#              10-minute limit for the full grid: split it with BENCH_ARGS (e.g. "--dtypes bf16")
 #   py         py-tests then py-bench (may exceed the device tool's 10-minute limit: prefer two
 #              calls on the same warm machine)
 #
@@ -25,7 +29,8 @@
 # docs/perf). Extra flags for the benchmarks: BENCH_ARGS (e.g. "--quick"; py-bench passes them to
 # side_by_side.py), PEERS_ARGS (e.g. "--quick"), PYTEST_ARGS (e.g. "-k stream"). DTYPES: the
 # element types the tune mode tunes and benchmarks, "bf16" (default) or "bf16,fp16";
-# TUNE_ARGS: extra `flashjit tune` flags.
+# TUNE_ARGS: extra `flashjit tune` flags (e.g. "--pass fwd,bwd"); PASSES: the passes py-bench
+# tunes, "fwd,bwd" (default) or "fwd".
 # Exits non-zero if the build, a test or a benchmark failed; the benchmarks still run after
 # failing tests, so that one call gives both answers. 'all' takes about 7-9 minutes on an H100
 # (build ~1.5, tests ~4, benchmarks ~2): near the device tool's 10-minute limit per command, so
@@ -128,12 +133,12 @@ if [[ "$what" == py || "$what" == py-tests ]]; then
 fi
 
 if [[ "$what" == py || "$what" == py-bench ]]; then
-  echo "== flashjit.tune(): the standard grid, bf16 and fp16 (what the DB lacks)"
+  echo "== flashjit.tune(): the standard grid, bf16 and fp16, passes ${PASSES:-fwd,bwd} (what the DB lacks)"
   tune_start=$SECONDS
-  if ! "$py" - "$OUT/tune.json" <<'PYTUNE' 2>&1 | tee "$OUT/tune.log"; then
-import json, sys
+  if ! PASSES="${PASSES:-fwd,bwd}" "$py" - "$OUT/tune.json" <<'PYTUNE' 2>&1 | tee "$OUT/tune.log"; then
+import json, os, sys
 import flashjit
-report = flashjit.tune(dtypes=["bf16", "fp16"])
+report = flashjit.tune(dtypes=["bf16", "fp16"], passes=os.environ["PASSES"].split(","))
 with open(sys.argv[1], "w") as f:
     json.dump(report, f, indent=1)
 PYTUNE

@@ -1,68 +1,73 @@
 #!/usr/bin/env python3
-"""flashjit vs PyTorch SDPA, side by side, in one process on one GPU.
+"""flashjit vs PyTorch SDPA, side by side, in one process on one GPU: the forward, the backward
+and forward + backward.
 
-    python3 bench/side_by_side.py [--quick] [--tune] [--dtypes bf16,fp16] [--out-dir docs/perf]
+    python3 bench/side_by_side.py [--quick] [--tune] [--pass fwd,bwd] [--dtypes bf16,fp16]
+                                  [--out-dir docs/perf]
 
-Implementations, timed alike on the same inputs:
-  flashjit-tuned    flashjit.attention(q, k, v, causal=...): the config the tuning DB serves
-                    ($FLASHJIT_DB or ~/.local/share/flashjit/tuning.db; run `flashjit tune` first,
+Implementations, timed alike on the same inputs, per pass:
+  flashjit-tuned    the config the tuning DB serves for the pass ($FLASHJIT_DB or
+                    ~/.local/share/flashjit/tuning.db; run `flashjit tune --pass fwd,bwd` first,
                     or pass --tune to tune the grid's missing problems here)
-  flashjit-default  flashjit.attention(..., config="default"): the SRAM-formula default
+  flashjit-default  config="default": the SRAM-formula default of the pass
   torch-flash       F.scaled_dot_product_attention under SDPBackend.FLASH_ATTENTION (FA2)
   cudnn             F.scaled_dot_product_attention under SDPBackend.CUDNN_ATTENTION
+Passes (--pass fwd,bwd, the default; bwd brings forward + backward with it):
+  fwd      flashjit.attention(q, k, v); SDPA's output.
+  bwd      the backward alone. flashjit.attention_backward(q, k, v, o, lse, do) with o and lse
+           from flashjit's forward, made before timing; torch: torch.autograd.grad(out, (q, k, v),
+           do, retain_graph=True) on an SDPA output computed before timing under the same
+           backend (so its saved tensors are that backend's), with a fixed dO.
+  fwd+bwd  a training step's attention: flashjit.attention(..., return_lse=True) then
+           attention_backward; torch: SDPA's forward then torch.autograd.grad.
 
 Grid (the standard one): d in {64, 128, 256}, causal off/on, N = 512 ... 16384, 16k tokens
 (batch = 16384 / N), hidden 2048 (heads = 2048 / d), bf16 and fp16. flashjit gets BSHD
 contiguous tensors; SDPA gets the same values as BHSD contiguous tensors (its native layout; the
 copies are made before timing; --sdpa-input views passes transposed views of the BSHD tensors).
 
-Each flashjit output (tuned and default) is checked against SDPA's output once per shape before
-timing (relative L2 error < 1e-2; NaN fails).
+Checked once per shape before timing: each flashjit output (tuned and default) against SDPA's
+(relative L2 error < 1e-2; NaN fails); each flashjit gradient against SDPA's backward's (relative
+L2 error < twice flashjit's gradient tolerance, 4e-2 bf16 / 1e-2 fp16: both sides are 16-bit
+approximations of the exact gradient).
 
 Timing (the same for every implementation): inputs rotate over enough copies that one pass
 touches at least twice the L2 cache; a sample is one batch of back-to-back calls between two CUDA
 events (about --batch-ms of device time), divided by the batch's calls; the implementations'
 batches are interleaved round-robin so that clock and thermal drift hit all alike; the result is
 the median sample after at least --min-samples samples and --min-time-ms of device time per
-implementation. TFLOP/s by the FlashAttention convention: 4 * B * H * N^2 * d, halved when
-causal. host us/call is the CPU time spent issuing one call (a call costing more host time than
-device time would be host-bound).
+implementation. TFLOP/s by the FlashAttention convention: forward 4 * B * H * N^2 * d, halved
+when causal; backward 2.5x and forward + backward 3.5x that. host us/call is the CPU time spent
+issuing one call (a call costing more host time than device time would be host-bound).
 
-Writes into --out-dir (default docs/perf): <device>-<date>.md (a section for
-docs/PERFORMANCE.md: device, date, commit, the table, geo-means, the plot), <device>-<date>.json
-(every number), <device>-<date>-<dtype>.svg (TFLOP/s vs seqlen: one panel per head dim and causal
-setting, one line per implementation; drawn here, no matplotlib needed) and, with --png and
-matplotlib installed, the same as PNG. Exit status 1 when a flashjit output was wrong or an
-implementation failed everywhere; 2 on bad arguments.
+Writes into --out-dir (default docs/perf), through bench/side_by_side_report.py:
+<device>-<date>.md (a section for docs/PERFORMANCE.md: device, date, commit, per pass the table,
+geo-means and worst shapes, the plots), <device>-<date>.json (every number), per pass and dtype an
+SVG plot (<device>-<date>-<dtype>.svg for the forward, -bwd-<dtype>.svg, -fwdbwd-<dtype>.svg:
+TFLOP/s vs seqlen, one panel per head dim and causal setting, one line per implementation; drawn
+here, no matplotlib needed) and, with --png and matplotlib installed, the same as PNG. Exit status
+1 when a flashjit output or gradient was wrong or an implementation failed everywhere; 2 on bad
+arguments.
 
 The pure parts (grid, summary, table, SVG, the timing loop with a pluggable timer) import no torch:
 tests/python/test_side_by_side.py runs them on the CPU with fake timings.
 """
 import argparse
 import datetime
-import json
 import math
 import os
 import statistics
 import subprocess
 import sys
 import time
-from collections import OrderedDict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from side_by_side_report import (  # noqa: E402,F401  (markdown ... svg_plot: for the tests)
+    IMPLS, PASSES, by_pass, fmt, markdown, slug, summarize, summarize_by_pass, svg_plot,
+    tflops_of, write_outputs)
 
 TOTAL_TOKENS = 16384
 HIDDEN = 2048
-IMPLS = OrderedDict([
-    ("flashjit-tuned", "flashjit tuned"),
-    ("flashjit-default", "flashjit default"),
-    ("torch-flash", "torch SDPA flash"),
-    ("cudnn", "torch SDPA cuDNN"),
-])
-COLORS = {
-    "flashjit-tuned": "#d62728",
-    "flashjit-default": "#ff9896",
-    "torch-flash": "#1f77b4",
-    "cudnn": "#2ca02c",
-}
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 MAX_REL_ERROR = 1e-2
 
@@ -70,7 +75,8 @@ MAX_REL_ERROR = 1e-2
 # --- grid -----------------------------------------------------------------------------------------
 
 def make_grid(dtypes, head_dims, causals, seqlens, tokens=TOTAL_TOKENS, hidden=HIDDEN):
-    """Shapes in (dtype, d, causal, N) order: dicts with dtype, d, causal, N, B, H, flops."""
+    """Shapes in (dtype, d, causal, N) order: dicts with dtype, d, causal, N, B, H, flops (the
+    forward's)."""
     shapes = []
     for dtype in dtypes:
         for d in head_dims:
@@ -88,9 +94,23 @@ def flops(batch, heads, seqlen_q, seqlen_k, head_dim, causal):
     return f / 2 if causal else f
 
 
-def shape_label(row):
-    return "%s d%d %s N%d" % (row["dtype"], row["d"], "causal" if row["causal"] else "full",
-                              row["N"])
+def expand_passes(passes):
+    """The passes measured for --pass: the backward brings forward + backward with it; in report
+    order."""
+    wanted = set(passes)
+    if "bwd" in wanted:
+        wanted.add("fwd+bwd")
+    return [p for p in PASSES if p in wanted]
+
+
+def row_for(shape, pass_):
+    """The row of one shape and pass: the shape, "pass", and its FLOPs (2.5x / 3.5x the
+    forward's for bwd / fwd+bwd)."""
+    row = dict(shape)
+    row["pass"] = pass_
+    row["flops"] = shape["flops"] * PASSES[pass_][2]
+    row["results"] = {}
+    return row
 
 
 # --- timing ---------------------------------------------------------------------------------------
@@ -209,338 +229,16 @@ class CudaEventTimer:
         self.torch.cuda.synchronize()
 
 
-# --- summary, table, plot -------------------------------------------------------------------------
-
-def tflops_of(row, impl):
-    result = row.get("results", {}).get(impl) or {}
-    ms = result.get("ms")
-    if not ms or ms <= 0 or result.get("error") or result.get("wrong"):
-        return None
-    return row["flops"] / (ms * 1e-3) / 1e12
-
-
-def geomean(values):
-    values = [v for v in values if v is not None and v > 0]
-    if not values:
-        return None
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
-RATIOS = [
-    ("flashjit-tuned", "torch-flash", "flashjit tuned / torch flash"),
-    ("flashjit-tuned", "cudnn", "flashjit tuned / cuDNN"),
-    ("flashjit-tuned", "flashjit-default", "flashjit tuned / default"),
-    ("flashjit-default", "torch-flash", "flashjit default / torch flash"),
-]
-
-
-def summarize(rows):
-    """Geo-means of the RATIOS per dtype and overall, the worst and best shape of each, and the
-    geo-mean TFLOP/s of each implementation."""
-    summary = {"ratios": [], "tflops": {}}
-    dtypes = sorted({row["dtype"] for row in rows})
-    for mine, theirs, title in RATIOS:
-        entry = {"title": title, "mine": mine, "theirs": theirs, "by_dtype": {}}
-        pairs = []
-        for row in rows:
-            a, b = tflops_of(row, mine), tflops_of(row, theirs)
-            if a and b:
-                pairs.append((row, a / b))
-        for dtype in dtypes:
-            values = [r for row, r in pairs if row["dtype"] == dtype]
-            entry["by_dtype"][dtype] = {"geomean": geomean(values), "shapes": len(values)}
-        entry["overall"] = {"geomean": geomean([r for _, r in pairs]), "shapes": len(pairs)}
-        if pairs:
-            worst = min(pairs, key=lambda p: p[1])
-            best = max(pairs, key=lambda p: p[1])
-            entry["worst"] = {"shape": shape_label(worst[0]), "ratio": worst[1]}
-            entry["best"] = {"shape": shape_label(best[0]), "ratio": best[1]}
-        summary["ratios"].append(entry)
-    for impl in IMPLS:
-        values = [tflops_of(row, impl) for row in rows]
-        summary["tflops"][impl] = {"geomean": geomean(values),
-                                   "shapes": sum(1 for v in values if v)}
-    return summary
-
-
-def fmt(value, digits=1):
-    return "-" if value is None else "%.*f" % (digits, value)
-
-
-def cell(row, impl):
-    result = row.get("results", {}).get(impl) or {}
-    if result.get("error"):
-        return "error"
-    if result.get("wrong"):
-        return "WRONG"
-    return fmt(tflops_of(row, impl))
-
-
-def ratio_cell(row, mine, theirs):
-    a, b = tflops_of(row, mine), tflops_of(row, theirs)
-    return fmt(a / b, 2) if a and b else "-"
-
-
-def markdown(meta, rows, summary, plots=()):
-    """The section for docs/PERFORMANCE.md: heading, device/date/commit, table, geo-means, plots."""
-    lines = []
-    lines.append("## %s — side by side (bench/side_by_side.py), %s, commit %s"
-                 % (meta.get("date", "?"), meta.get("device", "?"), meta.get("commit", "?")))
-    lines.append("")
-    facts = ["Device: %s (%s SMs)" % (meta.get("device", "?"), meta.get("sm_count", "?"))]
-    for key, label in (("torch", "torch"), ("cudnn", "cuDNN"), ("flashjit", "flashjit"),
-                       ("generator", "generator"), ("cuda_driver", "CUDA driver")):
-        if meta.get(key):
-            facts.append("%s %s" % (label, meta[key]))
-    lines.append(", ".join(facts) + ".")
-    if meta.get("ceilings"):
-        lines.append("Ceilings in the same run: " + meta["ceilings"] + ".")
-    lines.append("Timing: %s." % meta.get("timing", "see bench/side_by_side.py"))
-    lines.append("flashjit tuned configs from %s; `source` says whether the tuning DB had the "
-                 "problem (exact), a nearby one (nearest) or nothing (default)."
-                 % meta.get("tuning_db", "the tuning DB"))
-    lines.append("")
-    header = ["dtype", "d", "causal", "N", "B×H", "flashjit tuned", "config (source)",
-              "flashjit default", "default config", "torch flash", "cuDNN", "tuned / flash",
-              "tuned / cuDNN", "tuned / default"]
-    lines.append("| " + " | ".join(header) + " |")
-    lines.append("|" + "|".join("---" for _ in header) + "|")
-    for row in rows:
-        tuned = row.get("results", {}).get("flashjit-tuned") or {}
-        default = row.get("results", {}).get("flashjit-default") or {}
-        config = tuned.get("config", "-")
-        if tuned.get("source"):
-            config += " (%s)" % tuned["source"]
-        cells = [row["dtype"], str(row["d"]), "yes" if row["causal"] else "no", str(row["N"]),
-                 "%d×%d" % (row["B"], row["H"]),
-                 cell(row, "flashjit-tuned"), config,
-                 cell(row, "flashjit-default"), default.get("config", "-"),
-                 cell(row, "torch-flash"), cell(row, "cudnn"),
-                 ratio_cell(row, "flashjit-tuned", "torch-flash"),
-                 ratio_cell(row, "flashjit-tuned", "cudnn"),
-                 ratio_cell(row, "flashjit-tuned", "flashjit-default")]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
-    lines.append("TFLOP/s, forward; ratios > 1: flashjit faster.")
-    lines.append("")
-    for entry in summary["ratios"]:
-        parts = ["%s %s (%d shapes)" % (dtype, fmt(v["geomean"], 3), v["shapes"])
-                 for dtype, v in entry["by_dtype"].items()]
-        text = "- geo-mean %s: **%s** over %d shapes" % (
-            entry["title"], fmt(entry["overall"]["geomean"], 3), entry["overall"]["shapes"])
-        if len(entry["by_dtype"]) > 1:
-            text += " (" + "; ".join(parts) + ")"
-        if entry.get("worst"):
-            text += "; worst %s at %s, best %s at %s" % (
-                fmt(entry["worst"]["ratio"], 2), entry["worst"]["shape"],
-                fmt(entry["best"]["ratio"], 2), entry["best"]["shape"])
-        lines.append(text)
-    lines.append("- geo-mean TFLOP/s: " + ", ".join(
-        "%s %s" % (IMPLS[impl], fmt(v["geomean"])) for impl, v in summary["tflops"].items()))
-    problems = []
-    for row in rows:
-        for impl, result in row.get("results", {}).items():
-            if result.get("error"):
-                problems.append("%s %s: %s" % (IMPLS.get(impl, impl), shape_label(row),
-                                               result["error"]))
-            elif result.get("wrong"):
-                problems.append("%s %s: WRONG (relative error %s)"
-                                % (IMPLS.get(impl, impl), shape_label(row),
-                                   fmt(result.get("rel_error"), 4)))
-    if problems:
-        lines.append("- problems (%d):" % len(problems))
-        lines.extend("  - " + p for p in problems[:30])
-    lines.append("")
-    for title, path in plots:
-        lines.append("![%s](%s)" % (title, path))
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _nice_ceiling(value):
-    if value <= 0:
-        return 1.0
-    magnitude = 10 ** math.floor(math.log10(value))
-    for step in (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10):
-        if step * magnitude >= value:
-            return step * magnitude
-    return 10 * magnitude
-
-
-def _escape(text):
-    return (str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-            .replace('"', "&quot;"))
-
-
-def svg_plot(rows, title, impls=tuple(IMPLS)):
-    """TFLOP/s vs seqlen (log2 axis): one panel per (head dim, causal), one polyline per
-    implementation. Plain SVG 1.1 text."""
-    head_dims = sorted({row["d"] for row in rows})
-    causals = sorted({row["causal"] for row in rows})
-    seqlens = sorted({row["N"] for row in rows})
-    values = [tflops_of(row, impl) for row in rows for impl in impls]
-    y_max = _nice_ceiling(max([v for v in values if v] or [1.0]) * 1.05)
-    panel_w, panel_h = 300, 220
-    margin_l, margin_t, gap_x, gap_y = 60, 60, 50, 70
-    legend_h = 30
-    width = margin_l + len(head_dims) * (panel_w + gap_x)
-    height = margin_t + len(causals) * (panel_h + gap_y) + legend_h
-    x_lo, x_hi = math.log2(seqlens[0]), math.log2(seqlens[-1])
-    if x_hi == x_lo:
-        x_lo, x_hi = x_lo - 1, x_hi + 1
-
-    out = ['<?xml version="1.0" encoding="UTF-8"?>',
-           '<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" '
-           'viewBox="0 0 %d %d" font-family="sans-serif" font-size="11">'
-           % (width, height, width, height),
-           '<rect width="100%" height="100%" fill="white"/>',
-           '<text x="%d" y="22" font-size="15" font-weight="bold">%s</text>'
-           % (margin_l, _escape(title))]
-    # Legend.
-    x = margin_l
-    for impl in impls:
-        out.append('<line x1="%d" y1="38" x2="%d" y2="38" stroke="%s" stroke-width="2.5"/>'
-                   % (x, x + 24, COLORS.get(impl, "black")))
-        out.append('<text x="%d" y="42">%s</text>' % (x + 30, _escape(IMPLS.get(impl, impl))))
-        x += 40 + 7 * len(IMPLS.get(impl, impl))
-    for ci, causal in enumerate(causals):
-        for di, d in enumerate(head_dims):
-            x0 = margin_l + di * (panel_w + gap_x)
-            y0 = margin_t + legend_h + ci * (panel_h + gap_y)
-
-            def px(n, x0=x0):
-                return x0 + (math.log2(n) - x_lo) / (x_hi - x_lo) * panel_w
-
-            def py(v, y0=y0):
-                return y0 + panel_h - v / y_max * panel_h
-
-            out.append('<g class="panel" data-d="%d" data-causal="%s">' % (d, str(causal).lower()))
-            out.append('<text x="%.1f" y="%d" font-size="13" text-anchor="middle">d = %d, %s</text>'
-                       % (x0 + panel_w / 2, y0 - 8, d, "causal" if causal else "non-causal"))
-            out.append('<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#444"/>'
-                       % (x0, y0, panel_w, panel_h))
-            for k in range(6):
-                v = y_max * k / 5
-                y = py(v)
-                out.append('<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#ddd"/>'
-                           % (x0, y, x0 + panel_w, y))
-                out.append('<text x="%d" y="%.1f" text-anchor="end">%s</text>'
-                           % (x0 - 4, y + 4, fmt(v, 0)))
-            for n in seqlens:
-                x = px(n)
-                out.append('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#eee"/>'
-                           % (x, y0, x, y0 + panel_h))
-                label = "%dk" % (n // 1024) if n >= 1024 and n % 1024 == 0 else str(n)
-                out.append('<text x="%.1f" y="%d" text-anchor="middle">%s</text>'
-                           % (x, y0 + panel_h + 14, label))
-            out.append('<text x="%.1f" y="%d" text-anchor="middle">seqlen</text>'
-                       % (x0 + panel_w / 2, y0 + panel_h + 30))
-            if di == 0:
-                out.append('<text x="%d" y="%.1f" text-anchor="middle" '
-                           'transform="rotate(-90 %d %.1f)">TFLOP/s</text>'
-                           % (x0 - 40, y0 + panel_h / 2, x0 - 40, y0 + panel_h / 2))
-            for impl in impls:
-                points = []
-                for row in sorted((r for r in rows if r["d"] == d and r["causal"] == causal),
-                                  key=lambda r: r["N"]):
-                    v = tflops_of(row, impl)
-                    if v:
-                        points.append((px(row["N"]), py(v)))
-                if not points:
-                    continue
-                color = COLORS.get(impl, "black")
-                out.append('<polyline class="series" data-impl="%s" fill="none" stroke="%s" '
-                           'stroke-width="2" points="%s"/>'
-                           % (impl, color, " ".join("%.1f,%.1f" % p for p in points)))
-                for x, y in points:
-                    out.append('<circle cx="%.1f" cy="%.1f" r="2.5" fill="%s"/>' % (x, y, color))
-            out.append("</g>")
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
-
-
-def png_plot(rows, title, path, impls=tuple(IMPLS)):
-    """The same figure with matplotlib; returns False when matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    head_dims = sorted({row["d"] for row in rows})
-    causals = sorted({row["causal"] for row in rows})
-    fig, axes = plt.subplots(len(causals), len(head_dims), squeeze=False,
-                             figsize=(4 * len(head_dims), 3.2 * len(causals)), sharey=True)
-    for ci, causal in enumerate(causals):
-        for di, d in enumerate(head_dims):
-            ax = axes[ci][di]
-            for impl in impls:
-                pts = [(row["N"], tflops_of(row, impl)) for row in rows
-                       if row["d"] == d and row["causal"] == causal]
-                pts = sorted(p for p in pts if p[1])
-                if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
-                            color=COLORS.get(impl), label=IMPLS.get(impl, impl))
-            ax.set_xscale("log", base=2)
-            ax.set_title("d = %d, %s" % (d, "causal" if causal else "non-causal"))
-            ax.set_xlabel("seqlen")
-            ax.grid(True, alpha=0.3)
-            if di == 0:
-                ax.set_ylabel("TFLOP/s")
-    axes[0][0].legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
-
-
-def write_outputs(out_dir, name, meta, rows, png=False):
-    """Writes <name>.json, <name>-<dtype>.svg (and .png), <name>.md; returns the paths."""
-    os.makedirs(out_dir, exist_ok=True)
-    summary = summarize(rows)
-    paths = {}
-    plots = []
-    for dtype in sorted({row["dtype"] for row in rows}):
-        subset = [row for row in rows if row["dtype"] == dtype]
-        title = "%s forward, %s — %s, commit %s" % (dtype, meta.get("device", "?"),
-                                                    meta.get("date", "?"), meta.get("commit", "?"))
-        svg_path = os.path.join(out_dir, "%s-%s.svg" % (name, dtype))
-        with open(svg_path, "w") as f:
-            f.write(svg_plot(subset, title))
-        paths["svg-" + dtype] = svg_path
-        # Links relative to docs/ (where PERFORMANCE.md is), assuming out_dir is docs/perf.
-        plots.append(("%s TFLOP/s vs seqlen" % dtype, "perf/" + os.path.basename(svg_path)))
-        if png:
-            png_path = os.path.join(out_dir, "%s-%s.png" % (name, dtype))
-            if png_plot(subset, title, png_path):
-                paths["png-" + dtype] = png_path
-    json_path = os.path.join(out_dir, name + ".json")
-    with open(json_path, "w") as f:
-        json.dump({"meta": meta, "rows": rows, "summary": summary}, f, indent=1)
-    paths["json"] = json_path
-    md_path = os.path.join(out_dir, name + ".md")
-    with open(md_path, "w") as f:
-        f.write(markdown(meta, rows, summary, plots))
-    paths["md"] = md_path
-    return paths, summary
-
-
-def slug(text):
-    out = "".join(c.lower() if c.isalnum() else "-" for c in text)
-    while "--" in out:
-        out = out.replace("--", "-")
-    return out.strip("-") or "device"
-
-
 # --- the GPU run ----------------------------------------------------------------------------------
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
-        description="flashjit (tuned, default) vs torch SDPA flash and cuDNN on one GPU.")
+        description="flashjit (tuned, default) vs torch SDPA flash and cuDNN on one GPU: forward, "
+                    "backward, forward + backward.")
     parser.add_argument("--quick", action="store_true",
                         help="d 64,128 x N 1024,4096,16384, bf16, few samples: a smoke test")
+    parser.add_argument("--pass", dest="passes", default="fwd,bwd",
+                        help="fwd, bwd or fwd,bwd (default); bwd also measures fwd+bwd")
     parser.add_argument("--dtypes", default=None, help="bf16,fp16 (default both)")
     parser.add_argument("--head-dims", default=None, help="default 64,128,256")
     parser.add_argument("--seqlens", default=None,
@@ -553,7 +251,8 @@ def parse_args(argv):
     parser.add_argument("--impls", default=",".join(IMPLS),
                         help="subset of " + ",".join(IMPLS))
     parser.add_argument("--tune", action="store_true",
-                        help="first tune the grid's problems the DB lacks (flashjit.tune)")
+                        help="first tune the grid's problems the DB lacks (flashjit.tune, the "
+                             "passes measured)")
     parser.add_argument("--out-dir", default=None, help="default <repo>/docs/perf")
     parser.add_argument("--name", default=None, help="file stem (default <device>-<date>)")
     parser.add_argument("--commit", default=None, help="default $COMMIT, else git rev-parse")
@@ -580,6 +279,10 @@ def parse_args(argv):
             parser.error("%s: expected positive integers, got %r" % (flag, text))
         return values
 
+    passes = [x for x in args.passes.split(",") if x]
+    if not passes or any(p not in ("fwd", "bwd") for p in passes):
+        parser.error("--pass: expected fwd, bwd or fwd,bwd, got %r" % args.passes)
+    args.passes = expand_passes(passes)
     args.dtypes = (args.dtypes or ("bf16" if args.quick else "bf16,fp16")).split(",")
     for dtype in args.dtypes:
         if dtype not in DTYPES:
@@ -633,6 +336,168 @@ def ceilings(torch, timer):
     return text  # a, b, x, y are freed with this frame
 
 
+class ShapeRun:
+    """One shape on the GPU: its input sets, the implementations of each pass, their checks.
+    env: torch, F (torch.nn.functional), flashjit, sdpa_kernel, backends ({"torch-flash": ...,
+    "cudnn": ...} SDPBackend values) and optionally device ("cuda" unless given: the tests run it
+    on the CPU with stand-ins).
+
+    Input set i: flashjit's BSHD q, k, v (and do with the backward), ours[i]; the same values for
+    SDPA as BHSD copies (or views), theirs[i] (q, k, v requiring grad with the backward) and
+    theirs_fwd[i] (q, k, v without autograd, for the forward: no graph, as an inference call).
+    """
+
+    def __init__(self, env, args, shape, sets):
+        self.env, self.args, self.shape, self.sets = env, args, shape, sets
+        torch = env["torch"]
+        dtype = getattr(torch, DTYPES[shape["dtype"]])
+        b, h, n, d = shape["B"], shape["H"], shape["N"], shape["d"]
+        self.causal = shape["causal"]
+        self.backward = any(p != "fwd" for p in args.passes)
+        count = 4 if self.backward else 3
+        device = env.get("device", "cuda")
+        self.ours = [[torch.randn(b, n, h, d, device=device, dtype=dtype) for _ in range(count)]
+                     for _ in range(sets)]
+        if args.sdpa_input == "views":
+            self.theirs = [[x.transpose(1, 2) for x in s] for s in self.ours]
+        else:
+            self.theirs = [[x.transpose(1, 2).contiguous() for x in s] for s in self.ours]
+        self.theirs_fwd = [[x.detach() for x in s[:3]] for s in self.theirs]
+        if self.backward:
+            for s in self.theirs:
+                for x in s[:3]:
+                    x.requires_grad_()
+        self.forward_outputs = None  # flashjit's (o, lse) per set, made on first need
+        self.graphs = {}  # SDPA outputs per backend and set, for timing the backward alone
+
+    # -- the implementations -------------------------------------------------------------------
+
+    def sdpa(self, i):
+        F = self.env["F"]
+        return F.scaled_dot_product_attention(*self.theirs_fwd[i], is_causal=self.causal)
+
+    def sdpa_step(self, i):
+        torch, F = self.env["torch"], self.env["F"]
+        q, k, v, do = self.theirs[i]
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return torch.autograd.grad(out, (q, k, v), do)
+
+    def sdpa_backward(self, impl):
+        """torch.autograd.grad of an SDPA output made under `impl`'s backend before timing."""
+        torch, F = self.env["torch"], self.env["F"]
+        if impl not in self.graphs:
+            with self.env["sdpa_kernel"]([self.env["backends"][impl]]):
+                self.graphs[impl] = [
+                    F.scaled_dot_product_attention(*s[:3], is_causal=self.causal)
+                    for s in self.theirs]
+
+        def call(i):
+            q, k, v, do = self.theirs[i]
+            return torch.autograd.grad(self.graphs[impl][i], (q, k, v), do, retain_graph=True)
+        return call
+
+    def flashjit_forward(self, config, i):
+        flashjit = self.env["flashjit"]
+        return flashjit.attention(*self.ours[i][:3], causal=self.causal, config=config)
+
+    def flashjit_backward(self, config, i):
+        flashjit = self.env["flashjit"]
+        if self.forward_outputs is None:
+            self.forward_outputs = [
+                flashjit.attention(*s[:3], causal=self.causal, return_lse=True)
+                for s in self.ours]
+        q, k, v, do = self.ours[i]
+        o, lse = self.forward_outputs[i]
+        return flashjit.attention_backward(q, k, v, o, lse, do, causal=self.causal,
+                                           config=config)
+
+    def flashjit_step(self, config, i):
+        flashjit = self.env["flashjit"]
+        q, k, v, do = self.ours[i]
+        o, lse = flashjit.attention(q, k, v, causal=self.causal, config=config, return_lse=True)
+        return flashjit.attention_backward(q, k, v, o, lse, do, causal=self.causal,
+                                           config=config)
+
+    def impls(self, pass_):
+        """The Impls of `pass_`, and an error per implementation that could not be set up."""
+        made, errors = [], {}
+        for impl in self.args.impls:
+            if impl in ("flashjit-tuned", "flashjit-default"):
+                config = None if impl == "flashjit-tuned" else "default"
+                method = {"fwd": self.flashjit_forward, "bwd": self.flashjit_backward,
+                          "fwd+bwd": self.flashjit_step}[pass_]
+                made.append(Impl(impl, lambda i, m=method, c=config: m(c, i)))
+                continue
+            context = (lambda choice=self.env["backends"][impl]:
+                       self.env["sdpa_kernel"]([choice]))
+            try:
+                if pass_ == "fwd":
+                    call = self.sdpa
+                elif pass_ == "bwd":
+                    call = self.sdpa_backward(impl)  # runs SDPA's forward now
+                else:
+                    call = self.sdpa_step
+            except Exception as error:  # the backend refuses the shape
+                errors[impl] = {"error": "%s: %s" % (type(error).__name__, str(error)[:200])}
+                continue
+            made.append(Impl(impl, call, context=context))
+        return made, errors
+
+    # -- checks --------------------------------------------------------------------------------
+
+    def reference(self, pass_):
+        """SDPA's result on set 0 in flashjit's layout (flash, else cuDNN): o for the forward,
+        (dq, dk, dv) otherwise; None when neither backend runs the shape."""
+        for impl in ("torch-flash", "cudnn"):
+            try:
+                with self.env["sdpa_kernel"]([self.env["backends"][impl]]):
+                    if pass_ == "fwd":
+                        return self.sdpa(0).transpose(1, 2)
+                    return tuple(g.transpose(1, 2) for g in self.sdpa_step(0))
+            except Exception:  # this backend cannot run the shape: try the next
+                self.sync()
+        return None
+
+    def sync(self):
+        if self.env.get("device", "cuda") == "cuda":
+            self.env["torch"].cuda.synchronize()
+
+    def checks(self, pass_):
+        """{impl: relative error (the worst tensor) or an error string} for flashjit's
+        implementations of `pass_` on set 0, against SDPA's."""
+        torch = self.env["torch"]
+        reference = self.reference(pass_)
+        found = {}
+        if reference is None:
+            return found
+        for impl, config in (("flashjit-tuned", None), ("flashjit-default", "default")):
+            if impl not in self.args.impls:
+                continue
+            try:
+                if pass_ == "fwd":
+                    found[impl] = relative_error(torch, self.flashjit_forward(config, 0),
+                                                 reference)
+                else:
+                    method = self.flashjit_backward if pass_ == "bwd" else self.flashjit_step
+                    grads = method(config, 0)
+                    found[impl] = max(relative_error(torch, g, r)
+                                      for g, r in zip(grads, reference))
+            except Exception as error:
+                found[impl] = "%s: %s" % (type(error).__name__, str(error)[:200])
+        return found
+
+    def configs(self, pass_, result, impl):
+        """The config flashjit used for `pass_` and where it came from, into `result`."""
+        flashjit = self.env["flashjit"]
+        config = None if impl == "flashjit-tuned" else "default"
+        q, k, v = self.ours[0][:3]
+        names = ["fwd", "bwd"] if pass_ == "fwd+bwd" else [pass_]
+        chosen = [flashjit.config_for(q, k, v, causal=self.causal, config=config, pass_=name)
+                  for name in names]
+        result["config"] = " + ".join(c["config"] for c in chosen)
+        result["source"] = "/".join(c["source"] for c in chosen)
+
+
 def run(args):
     import torch
     import torch.nn.functional as F
@@ -660,17 +525,20 @@ def run(args):
         "fingerprint": gpus[0].get("fingerprint") if gpus else None,
         "tuning_db": os.environ.get("FLASHJIT_DB") or "~/.local/share/flashjit/tuning.db",
         "sdpa_input": args.sdpa_input,
+        "passes": args.passes,
         "timing": ("CUDA events around batches of back-to-back calls (~%g ms each), "
                    "implementations interleaved round-robin, inputs rotated over >= 2x L2, "
-                   "median of >= %d samples and >= %g ms per implementation and shape"
-                   % (args.batch_ms, args.min_samples, args.min_time_ms)),
+                   "median of >= %d samples and >= %g ms per implementation and shape; the "
+                   "backward alone: flashjit.attention_backward on the forward's o and lse, "
+                   "torch.autograd.grad of an SDPA output made before timing (same backend), "
+                   "fixed dO" % (args.batch_ms, args.min_samples, args.min_time_ms)),
         "argv": sys.argv[1:],
     }
     name = args.name or "%s-%s" % (slug(props.name), meta["date"])
     out_dir = args.out_dir or os.path.join(repo, "docs", "perf")
-    print("# %s (%d SMs), torch %s, cuDNN %s, flashjit %s, commit %s"
+    print("# %s (%d SMs), torch %s, cuDNN %s, flashjit %s, commit %s, passes %s"
           % (props.name, props.multi_processor_count, meta["torch"], meta["cudnn"],
-             meta["flashjit"], meta["commit"]), flush=True)
+             meta["flashjit"], meta["commit"], ",".join(args.passes)), flush=True)
 
     timer = CudaEventTimer(torch)
     if not args.no_ceilings:
@@ -683,138 +551,120 @@ def run(args):
     shapes = make_grid(args.dtypes, args.head_dims, args.causals, args.seqlens, args.tokens,
                        args.hidden)
     if args.tune and "flashjit-tuned" in args.impls:
-        print("# tuning the grid's problems the DB lacks (flashjit.tune)", flush=True)
+        # fwd+bwd uses the tuned forward too.
+        tune_passes = ["fwd", "bwd"] if "bwd" in args.passes else ["fwd"]
+        print("# tuning the grid's problems the DB lacks (flashjit.tune, passes %s)"
+              % ",".join(tune_passes), flush=True)
         start = time.time()
-        flashjit.tune(head_dims=args.head_dims, dtypes=args.dtypes, seqlens=args.seqlens,
+        flashjit.tune(passes=tune_passes, head_dims=args.head_dims, dtypes=args.dtypes,
+                      seqlens=args.seqlens,
                       causal={"both": "both", "on": True, "off": False}[args.causal],
                       tokens=args.tokens, hidden=args.hidden)
         print("# tuned in %.0f s" % (time.time() - start), flush=True)
 
     l2 = getattr(props, "L2_cache_size", 50 * 2 ** 20) or 50 * 2 ** 20
-    backends = {"torch-flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+    env = {"torch": torch, "F": F, "flashjit": flashjit, "sdpa_kernel": sdpa_kernel,
+           "backends": {"torch-flash": SDPBackend.FLASH_ATTENTION,
+                        "cudnn": SDPBackend.CUDNN_ATTENTION}}
     rows = []
     status = 0
-    header = "%-6s %4s %6s %6s  " % ("dtype", "d", "causal", "N") + "  ".join(
-        "%16s" % impl for impl in args.impls)
-    print(header, flush=True)
+    print("%-7s %-6s %4s %6s %6s  " % ("pass", "dtype", "d", "causal", "N") + "  ".join(
+        "%16s" % impl for impl in args.impls), flush=True)
     for shape in shapes:
-        row = dict(shape)
-        row["results"] = {}
-        dtype = getattr(torch, DTYPES[shape["dtype"]])
-        b, h, n, d, causal = shape["B"], shape["H"], shape["N"], shape["d"], shape["causal"]
-        set_bytes = 3 * b * n * h * d * 2
+        set_bytes = 3 * shape["B"] * shape["N"] * shape["H"] * shape["d"] * 2
         sets = max(2, math.ceil(2 * l2 / set_bytes))
         try:
-            ours = [[torch.randn(b, n, h, d, device="cuda", dtype=dtype) for _ in range(3)]
-                    for _ in range(sets)]
-            if args.sdpa_input == "views":
-                theirs = [[x.transpose(1, 2) for x in s] for s in ours]
-            else:
-                theirs = [[x.transpose(1, 2).contiguous() for x in s] for s in ours]
+            shape_run = ShapeRun(env, args, shape, sets)
         except torch.cuda.OutOfMemoryError as error:
-            row["results"] = {impl: {"error": "out of memory: %s" % str(error)[:100]}
-                              for impl in args.impls}
-            rows.append(row)
+            for pass_ in args.passes:
+                row = row_for(shape, pass_)
+                row["results"] = {impl: {"error": "out of memory: %s" % str(error)[:100]}
+                                  for impl in args.impls}
+                rows.append(row)
             status = 1
             continue
-
-        def flashjit_call(config):
-            return lambda i: flashjit.attention(*ours[i], causal=causal, config=config)
-
-        def sdpa_call(i):
-            return F.scaled_dot_product_attention(*theirs[i], is_causal=causal)
-
-        impls = []
-        for impl in args.impls:
-            if impl == "flashjit-tuned":
-                impls.append(Impl(impl, flashjit_call(None)))
-            elif impl == "flashjit-default":
-                impls.append(Impl(impl, flashjit_call("default")))
-            else:
-                backend = backends[impl]
-                impls.append(Impl(impl, sdpa_call,
-                                  context=lambda choice=backend: sdpa_kernel([choice])))
-
-        # Verification: each flashjit output against SDPA's (flash, else cuDNN) on set 0.
-        checks = {}
-        if not args.no_verify:
-            reference = None
-            for impl in ("torch-flash", "cudnn"):
-                try:
-                    with sdpa_kernel([backends[impl]]):
-                        reference = F.scaled_dot_product_attention(
-                            *theirs[0], is_causal=causal).transpose(1, 2)
-                    break
-                except Exception:  # this backend cannot run the shape: try the next
-                    reference = None
-            for impl, config in (("flashjit-tuned", None), ("flashjit-default", "default")):
-                if impl not in args.impls or reference is None:
-                    continue
-                try:
-                    out = flashjit.attention(*ours[0], causal=causal, config=config)
-                    checks[impl] = relative_error(torch, out, reference)
-                    out = None
-                except Exception as error:
-                    checks[impl] = "%s: %s" % (type(error).__name__, str(error)[:200])
-            reference = None
-
-        try:
-            row["results"] = measure(impls, timer, sets, min_samples=args.min_samples,
-                                     min_time_ms=args.min_time_ms, batch_ms=args.batch_ms)
-        except Exception as error:  # e.g. out of memory in the middle of a shape
-            message = "%s: %s" % (type(error).__name__, str(error)[:200])
-            row["results"] = {impl: {"error": message} for impl in args.impls}
-            status = 1
-            torch.cuda.synchronize()
-        for impl, config in (("flashjit-tuned", None), ("flashjit-default", "default")):
-            result = row["results"].get(impl)
-            if result is None:
-                continue
-            try:
-                chosen = flashjit.config_for(*ours[0], causal=causal, config=config)
-                result["config"], result["source"] = chosen["config"], chosen["source"]
-            except Exception as error:
-                result.setdefault("error", str(error)[:200])
-            check = checks.get(impl)
-            if isinstance(check, float):
-                result["rel_error"] = check
-                if not check < MAX_REL_ERROR:
-                    result["wrong"] = True
-                    status = 1
-            elif isinstance(check, str):
-                result["error"] = check
-                status = 1
-        for impl in ("flashjit-tuned", "flashjit-default"):
-            if row["results"].get(impl, {}).get("error"):
-                status = 1
-        rows.append(row)
-        cells = []
-        for impl in args.impls:
-            result = row["results"].get(impl, {})
-            if result.get("error"):
-                cells.append("%16s" % "error")
-            elif result.get("wrong"):
-                cells.append("%16s" % "WRONG")
-            else:
-                cells.append("%9s TFLOP/s" % fmt(tflops_of(row, impl)))
-        print("%-6s %4d %6s %6d  " % (shape["dtype"], d, "yes" if causal else "no", n)
-              + "  ".join(cells), flush=True)
-        ours = theirs = impls = None  # free this shape's tensors before the next one's
+        for pass_ in args.passes:
+            row = row_for(shape, pass_)
+            status = max(status, measure_row(shape_run, pass_, row, timer, args))
+            rows.append(row)
+            print_row(row, args.impls)
+        shape_run = None  # free this shape's tensors and graphs before the next one's
         torch.cuda.empty_cache()
 
-    paths, summary = write_outputs(out_dir, name, meta, rows, png=args.png)
+    paths, summaries = write_outputs(out_dir, name, meta, rows, png=args.png)
     print()
-    for entry in summary["ratios"]:
-        print("geo-mean %s: %s over %d shapes" % (entry["title"],
-                                                   fmt(entry["overall"]["geomean"], 3),
-                                                   entry["overall"]["shapes"]))
+    for pass_, summary in summaries.items():
+        for entry in summary["ratios"]:
+            text = "%s geo-mean %s: %s over %d shapes" % (
+                pass_, entry["title"], fmt(entry["overall"]["geomean"], 3),
+                entry["overall"]["shapes"])
+            if entry.get("worst"):
+                text += ", worst %s at %s" % (fmt(entry["worst"]["ratio"], 2),
+                                               entry["worst"]["shape"])
+            print(text)
     for key, path in paths.items():
         print("wrote %s" % path)
-    for impl in args.impls:
-        if not any(tflops_of(row, impl) for row in rows):
-            print("side_by_side.py: %s produced no timing at all" % impl, file=sys.stderr)
+    for pass_, pass_rows in by_pass(rows).items():
+        for impl in args.impls:
+            if not any(tflops_of(row, impl) for row in pass_rows):
+                print("side_by_side.py: %s produced no %s timing at all" % (impl, pass_),
+                      file=sys.stderr)
+                status = 1
+    return status
+
+
+def measure_row(shape_run, pass_, row, timer, args):
+    """Checks flashjit's results of `pass_` against SDPA's, then times every implementation
+    into row["results"]. Returns 1 when a flashjit result was wrong or failed, else 0."""
+    status = 0
+    checks = {} if args.no_verify else shape_run.checks(pass_)
+    impls, errors = shape_run.impls(pass_)
+    try:
+        row["results"] = measure(impls, timer, shape_run.sets, min_samples=args.min_samples,
+                                 min_time_ms=args.min_time_ms, batch_ms=args.batch_ms)
+    except Exception as error:  # e.g. out of memory in the middle of a shape
+        message = "%s: %s" % (type(error).__name__, str(error)[:200])
+        row["results"] = {impl: {"error": message} for impl in args.impls}
+        status = 1
+        shape_run.sync()
+    row["results"].update(errors)
+    limit = (MAX_REL_ERROR if pass_ == "fwd"
+             else 2 * shape_run.env["flashjit"]._C.gradient_tolerance(row["dtype"]))
+    for impl in ("flashjit-tuned", "flashjit-default"):
+        result = row["results"].get(impl)
+        if result is None:
+            continue
+        try:
+            shape_run.configs(pass_, result, impl)
+        except Exception as error:
+            result.setdefault("error", str(error)[:200])
+        check = checks.get(impl)
+        if isinstance(check, float):
+            result["rel_error"] = check
+            if not check < limit:
+                result["wrong"] = True
+                status = 1
+        elif isinstance(check, str):
+            result["error"] = check
+            status = 1
+        if result.get("error"):
             status = 1
     return status
+
+
+def print_row(row, impls):
+    cells = []
+    for impl in impls:
+        result = row["results"].get(impl, {})
+        if result.get("error"):
+            cells.append("%16s" % "error")
+        elif result.get("wrong"):
+            cells.append("%16s" % "WRONG")
+        else:
+            cells.append("%9s TFLOP/s" % fmt(tflops_of(row, impl)))
+    print("%-7s %-6s %4d %6s %6d  " % (row["pass"], row["dtype"], row["d"],
+                                       "yes" if row["causal"] else "no", row["N"])
+          + "  ".join(cells), flush=True)
 
 
 def main(argv=None):

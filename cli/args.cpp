@@ -49,6 +49,11 @@ std::vector<Flag> problem_flags() {
       {"causal", "", "causal mask, aligned bottom-right as in FlashAttention-2"},
       {"scale", "X", "softmax scale, a finite number > 0 (default 1/sqrt(head-dim))"},
       {"layout", "L", "bshd or bhsd, contiguous (default bshd)"},
+      {"pass", "P",
+       "fwd (forward, the default) or bwd (backward: dq, dk, dv from q, k, v, o, "
+       "lse and do)"},
+      {"deterministic", "",
+       "with --pass bwd: bitwise reproducible gradients (separate dQ kernel configs only)"},
   };
 }
 
@@ -80,18 +85,21 @@ const std::vector<Command>& commands() {
   static const std::vector<Command> kCommands = {
       {"plan", "print the SRAM budget arithmetic and the legal tile configs",
        "Prints how the shared-memory and register budget of the device decides which tile\n"
-       "configs are legal for the problem, the legal set, and the default config.\n"
-       "Without --arch or --device it uses CUDA device 0, if there is one.",
+       "configs are legal for the problem, the legal set, and the default config; with --pass\n"
+       "bwd those of the backward pass. Without --arch or --device it uses CUDA device 0, if\n"
+       "there is one.",
        with(problem_flags(), {kArchFlag, kDeviceFlag, kBackendFlag})},
       {"show", "print the rendered source of a kernel (CUDA, HIP or C++)",
        "Prints the kernel source rendered for the problem and config to stdout (a header line\n"
-       "naming problem, config and device goes to stderr).",
+       "naming problem, config, device and entry points goes to stderr). --pass bwd: the\n"
+       "backward pass's source (its preprocess, dK/dV and dQ entry points).",
        with(problem_flags(), {kConfigFlag, kArchFlag, kDeviceFlag, kBackendFlag})},
       {"compile", "compile kernels with NVRTC or hipRTC (no GPU needed), report resources",
        "Compiles the default config (or --config, or every legal config with --all) to CUBIN\n"
        "(NVRTC) or to an AMD code object (hipRTC, for --arch gfx90a/gfx942) for the\n"
        "architecture and prints shared memory, estimated and compiler register counts,\n"
-       "spills and compile time. Exit status 1 if any compile fails.",
+       "spills and compile time (--pass bwd: the backward's configs, the worst of its\n"
+       "kernels). Exit status 1 if any compile fails.",
        with(problem_flags(), {kConfigFlag,
                               kArchFlag,
                               kDeviceFlag,
@@ -99,7 +107,11 @@ const std::vector<Command>& commands() {
                               {"jobs", "N", "parallel compiles (default: number of CPU cores)"}})},
       {"run", "build and time a kernel on the GPU (or the CPU)",
        "Builds the kernel through the Runtime (on-disk cache: $FLASHJIT_CACHE_DIR), runs it\n"
-       "on random inputs and prints the median time and TFLOP/s. Correctness is checked by\n"
+       "on random inputs and prints the median time and TFLOP/s. --pass bwd: random q, k, v\n"
+       "and dO, o and lse from a forward launch; times the backward alone, the forward and\n"
+       "forward + backward (TFLOP/s by the FlashAttention convention: the backward counts\n"
+       "2.5x and forward + backward 3.5x the forward's FLOPs). --config is the config of the\n"
+       "pass asked for (the other pass uses the runtime's choice). Correctness is checked by\n"
        "the tests, not here. Exit status 2 if there is no device.",
        with(problem_flags(),
             {kConfigFlag,
@@ -235,6 +247,19 @@ Result<AttentionProblem> problem_from_flags(const ParsedFlags& flags) {
       AttentionProblem::make(*batch, *heads, *kv_heads, *seqlen_q, *seqlen_k,
                              static_cast<int>(*head_dim), dtype, flags.has("causal"), layout);
 
+  if (auto text = flags.get("pass")) {
+    auto pass = parse_pass(*text);
+    if (!pass.ok()) return flag_error("pass", *text, "allowed: fwd, bwd");
+    problem.pass = *pass;
+  }
+  if (flags.has("deterministic")) {
+    if (!problem.is_backward()) {
+      return make_error(ErrorCode::InvalidArgument,
+                        "--deterministic applies to the backward pass only: add --pass bwd");
+    }
+    problem.deterministic = true;
+  }
+
   if (auto text = flags.get("scale")) {
     float scale = 0;
     const char* begin = text->data();
@@ -280,7 +305,8 @@ Result<std::optional<DeviceSpec>> table_device_from_flags(const ParsedFlags& fla
 
 std::string program_usage() {
   std::ostringstream out;
-  out << "flashjit: run-time compiled, autotuned FlashAttention forward for NVIDIA and AMD GPUs\n\n"
+  out << "flashjit: run-time compiled, autotuned FlashAttention (forward and backward) for NVIDIA\n"
+      << "and AMD GPUs and the CPU\n\n"
       << "usage: flashjit <command> [flags]\n"
       << "       flashjit <command> --help\n"
       << "       flashjit --version\n\n"

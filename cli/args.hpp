@@ -60,8 +60,8 @@ inline constexpr int64_t kDefaultSeqlen = 4096;
 inline constexpr int kDefaultHeadDim = 128;
 
 // --batch --heads --kv-heads --seqlen --seqlen-q --seqlen-k --head-dim --dtype --causal --scale
-// --layout -> a validated problem. Flag errors name the flag; validation errors come from
-// flashjit::validate.
+// --layout --pass --deterministic -> a validated problem (every tensor contiguous in the layout,
+// the gradients too). Flag errors name the flag; validation errors come from flashjit::validate.
 Result<AttentionProblem> problem_from_flags(const ParsedFlags& flags);
 
 // --config, or nullopt when absent.

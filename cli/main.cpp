@@ -8,9 +8,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <iostream>
+#include <memory>
 #include <optional>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "cli/args.hpp"
 #include "cli/db_command.hpp"
 #include "cli/tune_command.hpp"
+#include "generator/backward_config.hpp"
 #include "generator/config.hpp"
 #include "generator/cpu_config.hpp"
 #include "generator/device.hpp"
@@ -38,6 +40,7 @@
 #include "runtime/hip/hiprtc_compiler.hpp"
 #endif
 #include "runtime/runtime.hpp"
+#include "tuner/workload.hpp"
 
 // Keep in step with project(VERSION) in CMakeLists.txt; the build may define it instead.
 #ifndef FLASHJIT_VERSION
@@ -109,6 +112,13 @@ std::string device_summary(const DeviceSpec& device) {
          (device.is_cpu()   ? " cores)"
           : device.is_amd() ? " CUs)"
                             : " SMs)");
+}
+
+// "entry flashjit_attention_fwd", or "entries a, b, c" for a source with several (the backward).
+std::string entries_text(const KernelSource& source) {
+  std::string text = source.entries.size() == 1 ? "entry " : "entries ";
+  text += join(source.entries, ", ");
+  return text;
 }
 
 // The generator's functions for the template that runs on `device`: the HIP template's on AMD,
@@ -233,7 +243,7 @@ int run_show(const ParsedFlags& flags) {
     auto source = render_cpu_attention(*problem, *config);
     if (!source.ok()) return report("show", source.error());
     std::cerr << "// flashjit show: " << problem->to_string() << " | config " << config->to_string()
-              << " | cpu " << cpu.to_string() << " | entry " << source->entry() << "\n";
+              << " | cpu " << cpu.to_string() << " | " << entries_text(*source) << "\n";
     std::cout << source->text;
     if (!source->text.empty() && source->text.back() != '\n') std::cout << "\n";
     return kExitOk;
@@ -245,7 +255,7 @@ int run_show(const ParsedFlags& flags) {
   auto source = render_for(*problem, *config, *device);
   if (!source.ok()) return report("show", source.error());
   std::cerr << "// flashjit show: " << problem->to_string() << " | config " << config->to_string()
-            << " | device " << device_summary(*device) << " | entry " << source->entry() << "\n";
+            << " | device " << device_summary(*device) << " | " << entries_text(*source) << "\n";
   std::cout << source->text;
   if (!source->text.empty() && source->text.back() != '\n') std::cout << "\n";
   return kExitOk;
@@ -284,7 +294,11 @@ int compile_hip(const AttentionProblem& problem, const DeviceSpec& device,
               "est regs", "VGPRs", "AGPRs", "spills", "scratch B", "compile s", "status");
   int failures = 0;
   for (size_t i = 0; i < configs.size(); ++i) {
+    // The budget's estimates are the forward's formulas: for the backward only the compiler's
+    // numbers (of the worst of its kernels) are shown.
+    const bool estimates = !problem.is_backward();
     const HipResourceUse use = hip_resource_use(configs[i], problem, device);
+    auto estimate = [&](int value) { return estimates ? std::to_string(value) : std::string("-"); };
     const Result<Binary>& binary = *binaries[i];
     std::string vgprs = "-", agprs = "-", spills = "-", scratch = "-", seconds = "-", status = "ok";
     if (binary.ok()) {
@@ -301,9 +315,10 @@ int compile_hip(const AttentionProblem& problem, const DeviceSpec& device,
       ++failures;
       status = "FAILED";
     }
-    std::printf("%-14s %8d %7d %9d %6s %6s %6s %9s %9s  %s\n", configs[i].to_string().c_str(),
-                use.lds_bytes, use.blocks_per_cu, use.regs_per_lane, vgprs.c_str(), agprs.c_str(),
-                spills.c_str(), scratch.c_str(), seconds.c_str(), status.c_str());
+    std::printf("%-14s %8s %7s %9s %6s %6s %6s %9s %9s  %s\n", configs[i].to_string().c_str(),
+                estimate(use.lds_bytes).c_str(), estimate(use.blocks_per_cu).c_str(),
+                estimate(use.regs_per_lane).c_str(), vgprs.c_str(), agprs.c_str(), spills.c_str(),
+                scratch.c_str(), seconds.c_str(), status.c_str());
   }
   std::fflush(stdout);
   for (const std::optional<Result<Binary>>& binary : binaries) {
@@ -380,8 +395,16 @@ int run_compile(const ParsedFlags& flags) {
   for (size_t t = 0; t < thread_count; ++t) threads.emplace_back(worker);
   for (std::thread& thread : threads) thread.join();
 
-  std::printf("%-18s %9s %8s %9s %10s %13s %9s  %s\n", "config", "smem B", "ctas/SM", "est regs",
-              "ptxas regs", "spill st/ld B", "compile s", "status");
+  // The backward's budget columns: dynamic shared memory of its dK/dV kernel and of its dQ
+  // kernel (DqMode::Separate; the Atomic mode's convert kernel has none) and threads per CTA.
+  const bool backward = problem->is_backward();
+  if (backward) {
+    std::printf("%-18s %11s %9s %8s %10s %13s %9s  %s\n", "config", "dK/dV smem", "dQ smem",
+                "threads", "ptxas regs", "spill st/ld B", "compile s", "status");
+  } else {
+    std::printf("%-18s %9s %8s %9s %10s %13s %9s  %s\n", "config", "smem B", "ctas/SM", "est regs",
+                "ptxas regs", "spill st/ld B", "compile s", "status");
+  }
   int failures = 0;
   for (const CompileOutcome& outcome : outcomes) {
     const Result<Binary>& binary = *outcome.binary;
@@ -400,9 +423,20 @@ int run_compile(const ParsedFlags& flags) {
       ++failures;
       status = "FAILED";
     }
-    std::printf("%-18s %9d %8d %9d %10s %13s %9s  %s\n", outcome.config.to_string().c_str(),
-                outcome.use.smem_bytes, outcome.use.ctas_per_sm, outcome.use.regs_per_thread,
-                ptxas_regs.c_str(), spills.c_str(), seconds.c_str(), status.c_str());
+    const std::string name = outcome.config.to_string();
+    if (backward) {
+      const bool separate = outcome.config.dq == DqMode::Separate;
+      const std::string dq_smem =
+          separate ? std::to_string(backward_dq_smem_bytes(outcome.config, *problem)) : "-";
+      std::printf("%-18s %11d %9s %8d %10s %13s %9s  %s\n", name.c_str(),
+                  backward_dkdv_smem_bytes(outcome.config, *problem), dq_smem.c_str(),
+                  backward_dkdv_threads(outcome.config), ptxas_regs.c_str(), spills.c_str(),
+                  seconds.c_str(), status.c_str());
+    } else {
+      std::printf("%-18s %9d %8d %9d %10s %13s %9s  %s\n", name.c_str(), outcome.use.smem_bytes,
+                  outcome.use.ctas_per_sm, outcome.use.regs_per_thread, ptxas_regs.c_str(),
+                  spills.c_str(), seconds.c_str(), status.c_str());
+    }
   }
   std::fflush(stdout);
   for (const CompileOutcome& outcome : outcomes) {
@@ -416,45 +450,31 @@ int run_compile(const ParsedFlags& flags) {
   return kExitOk;
 }
 
-// Random floats in +-[1/16, 1), built as bit patterns (random sign, one of the four binades
-// below 1, random mantissa) so that no float -> half conversion is needed. Raw storage in 16-bit
-// words: one per f16/bf16 element, two per f32 element (the low half first).
-std::vector<uint16_t> random_inputs(int64_t count, DType dtype, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<uint16_t> words;
-  words.reserve(static_cast<size_t>(count) * (dtype == DType::F32 ? 2 : 1));
-  for (int64_t i = 0; i < count; ++i) {
-    const uint32_t bits = rng();
-    const uint32_t sign = bits >> 31;
-    const uint32_t binade = (bits >> 29) & 3;
-    switch (dtype) {
-      case DType::BF16:
-        words.push_back(
-            static_cast<uint16_t>((sign << 15) | ((126 - binade) << 7) | (bits & 0x7f)));
-        break;
-      case DType::F16:
-        words.push_back(
-            static_cast<uint16_t>((sign << 15) | ((14 - binade) << 10) | (bits & 0x3ff)));
-        break;
-      case DType::F32: {
-        const uint32_t out = (sign << 31) | ((126 - binade) << 23) | (rng() & 0x7fffff);
-        words.push_back(static_cast<uint16_t>(out));
-        words.push_back(static_cast<uint16_t>(out >> 16));
-        break;
-      }
-    }
+// Median, min and max of `reps` timings of `work` (one launch sequence each, device time), after
+// a warm-up: the first launches pay for module setup and clocks ramping up.
+struct Timing {
+  double median = 0, min = 0, max = 0;
+};
+
+Result<Timing> time_work(const Backend& backend, const std::function<Status()>& work,
+                         int64_t reps) {
+  for (int i = 0; i < 3; ++i) FLASHJIT_TRY(work());
+  FLASHJIT_TRY(backend.synchronize());
+  std::vector<double> samples;
+  for (int64_t i = 0; i < reps; ++i) {
+    auto ms = backend.time_ms(work, 1);
+    FLASHJIT_TRY(ms);
+    samples.push_back(*ms);
   }
-  return words;
+  std::sort(samples.begin(), samples.end());
+  const size_t n = samples.size();
+  const double median = n % 2 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
+  return Timing{median, samples.front(), samples.back()};
 }
 
-Result<DeviceBuffer> upload(const Backend& backend, const std::vector<uint16_t>& host) {
-  size_t bytes = host.size() * sizeof(uint16_t);
-  auto buffer = backend.allocate(bytes);
-  FLASHJIT_TRY(buffer);
-  FLASHJIT_TRY(backend.copy_to_device(buffer->get(), host.data(), bytes));
-  return buffer;
-}
-
+// `flashjit run`: the kernel of the problem's pass (--config, else the runtime's choice) on
+// random inputs. The backward needs the forward's o and lse: a forward kernel (the runtime's
+// choice) runs first, and its time and forward + backward's are reported too.
 int run_run(const ParsedFlags& flags) {
   auto problem = problem_from_flags(flags);
   if (!problem.ok()) return report("run", problem.error());
@@ -471,72 +491,95 @@ int run_run(const ParsedFlags& flags) {
   auto runtime = Runtime::create(options);
   if (!runtime.ok()) return report("run", runtime.error());
   const Backend& backend = (*runtime)->backend();
+  const bool backward = problem->is_backward();
+  const AttentionProblem forward_problem = problem->with_pass(Pass::Forward);
 
   auto build_start = std::chrono::steady_clock::now();
   auto kernel =
       *config ? (*runtime)->attention(*problem, **config) : (*runtime)->attention(*problem);
   if (!kernel.ok()) return report("run", kernel.error());
+  std::shared_ptr<Kernel> forward = *kernel;
+  if (backward) {
+    auto built = (*runtime)->attention(forward_problem);
+    if (!built.ok()) return report("run", built.error());
+    forward = *built;
+  }
   double build_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - build_start).count();
 
-  const DType dtype = problem->dtype;
-  auto q = upload(backend, random_inputs(problem->q_span(), dtype, 1));
-  if (!q.ok()) return report("run", q.error());
-  auto k = upload(backend, random_inputs(problem->kv_span(), dtype, 2));
-  if (!k.ok()) return report("run", k.error());
-  auto v = upload(backend, random_inputs(problem->kv_span(), dtype, 3));
-  if (!v.ok()) return report("run", v.error());
-  auto o = backend.allocate(static_cast<size_t>(problem->o_span()) * dtype_bytes(dtype));
-  if (!o.ok()) return report("run", o.error());
-  auto lse = backend.allocate(static_cast<size_t>(problem->lse_elements()) * sizeof(float));
-  if (!lse.ok()) return report("run", lse.error());
-
-  AttentionArgs args{q->get(), k->get(), v->get(), o->get(), lse->as<float>()};
+  // Every tensor of the call (the backward's: q, k, v, o, lse, dO, dq, dk, dv), inputs random.
+  auto tensors = allocate_tensors(backend, tensor_specs(*problem));
+  if (!tensors.ok()) return report("run", tensors.error());
+  Status filled = fill_for_timing(backend, *problem, *tensors, /*seed=*/1);
+  if (!filled.ok()) return report("run", filled.error());
+  const AttentionArgs args = tensors->args;
+  const AttentionArgs forward_args{args.q, args.k, args.v, args.o, args.lse};
   const Kernel& ready = **kernel;
   auto launch = [&]() -> Status { return ready.launch(*problem, args); };
-
-  // Warm-up: first launch pays for module setup and clocks ramping up.
-  for (int i = 0; i < 3; ++i) {
-    Status status = launch();
-    if (!status.ok()) return report("run", status.error());
+  auto launch_forward = [&]() -> Status { return forward->launch(forward_problem, forward_args); };
+  if (backward) {  // o and lse as the forward leaves them
+    Status ran = launch_forward();
+    if (ran.ok()) ran = backend.synchronize();
+    if (!ran.ok()) return report("run", ran.error());
   }
-  Status synced = backend.synchronize();
-  if (!synced.ok()) return report("run", synced.error());
 
-  std::vector<double> samples;
-  for (int64_t i = 0; i < *reps; ++i) {
-    auto ms = backend.time_ms(launch, 1);
-    if (!ms.ok()) return report("run", ms.error());
-    samples.push_back(*ms);
+  auto timing = time_work(backend, launch, *reps);
+  if (!timing.ok()) return report("run", timing.error());
+  std::optional<Timing> forward_timing, both_timing;
+  if (backward) {
+    auto fwd = time_work(backend, launch_forward, *reps);
+    if (!fwd.ok()) return report("run", fwd.error());
+    auto both = time_work(
+        backend,
+        [&]() -> Status {
+          FLASHJIT_TRY(launch_forward());
+          return launch();
+        },
+        *reps);
+    if (!both.ok()) return report("run", both.error());
+    forward_timing = *fwd;
+    both_timing = *both;
   }
-  std::sort(samples.begin(), samples.end());
-  double median = samples.size() % 2
-                      ? samples[samples.size() / 2]
-                      : 0.5 * (samples[samples.size() / 2 - 1] + samples[samples.size() / 2]);
-  const double flops_per_s = problem->flops() / (median * 1e-3);
 
+  const bool on_cpu = backend.name() == "cpu";
+  // "123.4 TFLOP/s" (GPU) or "637.1 GFLOP/s" (CPU) for `flops` in `ms`.
+  auto speed = [&](double flops, double ms) {
+    char text[48];
+    const double per_s = flops / (ms * 1e-3);
+    std::snprintf(text, sizeof(text), on_cpu ? "%.1f GFLOP/s" : "%.1f TFLOP/s",
+                  on_cpu ? per_s / 1e9 : per_s / 1e12);
+    return std::string(text);
+  };
   const KernelInfo& info = ready.info();
-  const std::string where = backend.name() == "cpu"
-                                ? backend.device().name + " (CPU, " +
-                                      std::to_string(backend.device().sm_count) + " threads)"
-                                : device_summary(backend.device());
+  const std::string where = on_cpu ? backend.device().name + " (CPU, " +
+                                         std::to_string(backend.device().sm_count) + " threads)"
+                                   : device_summary(backend.device());
   std::printf("device   %s\n", where.c_str());
   std::printf("problem  %s\n", problem->to_string().c_str());
-  std::printf("config   %s (%d regs, %d B local, %d B smem, %d threads)\n",
+  std::printf("config   %s (%d regs, %d B local, %d B smem, %d threads%s)\n",
               ready.config().to_string().c_str(), info.regs_per_thread, info.local_bytes_per_thread,
-              info.dynamic_smem_bytes, info.threads_per_block);
+              info.dynamic_smem_bytes, info.threads_per_block,
+              backward ? "; its dK/dV kernel" : "");
+  if (backward) {
+    std::printf("workspace %.2f MiB (fp32: delta, lse, dQ accumulator)\n",
+                static_cast<double>(ready.workspace_bytes(*problem)) / (1 << 20));
+  }
   const RuntimeStats stats = (*runtime)->stats();
-  const char* compiler = backend.name() == "cpu"   ? "compiled with Clang"
+  const char* compiler = on_cpu                    ? "compiled with Clang"
                          : backend.name() == "hip" ? "compiled with hipRTC"
                                                    : "compiled with NVRTC";
   std::printf("build    %.4f s (%s)\n", build_seconds,
               stats.compiles > 0 ? compiler : "loaded from the binary cache, no compile");
-  std::printf("time     median %.4f ms, min %.4f ms, max %.4f ms over %lld reps\n", median,
-              samples.front(), samples.back(), static_cast<long long>(*reps));
-  if (backend.name() == "cpu") {
-    std::printf("speed    %.1f GFLOP/s\n", flops_per_s / 1e9);
-  } else {
-    std::printf("speed    %.1f TFLOP/s\n", flops_per_s / 1e12);
+  std::printf("time     median %.4f ms, min %.4f ms, max %.4f ms over %lld reps\n", timing->median,
+              timing->min, timing->max, static_cast<long long>(*reps));
+  std::printf("speed    %s%s\n", speed(problem->flops(), timing->median).c_str(),
+              backward ? " (the backward: 2.5x the forward's FLOPs)" : "");
+  if (backward) {
+    std::printf("forward  median %.4f ms, %s (config %s)\n", forward_timing->median,
+                speed(forward_problem.flops(), forward_timing->median).c_str(),
+                forward->config().to_string().c_str());
+    std::printf("fwd+bwd  median %.4f ms, %s (3.5x the forward's FLOPs)\n", both_timing->median,
+                speed(forward_problem.flops() + problem->flops(), both_timing->median).c_str());
   }
   return kExitOk;
 }

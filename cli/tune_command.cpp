@@ -1,18 +1,13 @@
 #include "cli/tune_command.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <charconv>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <exception>
-#include <fstream>
 #include <iostream>
 #include <limits>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <sstream>
 #include <system_error>
@@ -24,12 +19,12 @@
 #include "runtime/cuda/cuda_backend.hpp"
 #include "runtime/runtime.hpp"
 #include "runtime/tuning_store.hpp"
+#include "tuner/grid.hpp"
+#include "tuner/report.hpp"
 #include "tuner/tuner.hpp"
 
 namespace flashjit::cli {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 constexpr int kExitOk = 0;
 constexpr int kExitFailed = 1;
@@ -97,297 +92,15 @@ Result<double> positive_number_flag(const ParsedFlags& flags, std::string_view n
   return value;
 }
 
-const std::vector<int64_t> kDefaultSeqlens = {512, 1024, 2048, 4096, 8192, 16384};
-const std::vector<int64_t> kDefaultHeadDims = {64, 128, 256};
-
-std::string format_duration(double seconds) {
-  if (!(seconds >= 0) || seconds > 1e7) return "?";
-  const long total = std::lround(seconds);
-  char text[32];
-  if (total >= 3600) {
-    std::snprintf(text, sizeof(text), "%ld:%02ld:%02ld", total / 3600, total / 60 % 60, total % 60);
-  } else {
-    std::snprintf(text, sizeof(text), "%ld:%02ld", total / 60, total % 60);
-  }
-  return text;
-}
-
-// "d128 bf16 causal N=4096 B=4 H=16" (Nq/Nk when they differ, H=q/kv for GQA).
-std::string problem_label(const AttentionProblem& p) {
-  std::string label = "d";
-  label += std::to_string(p.head_dim);
-  label += " ";
-  label += to_string(p.dtype);
-  label += p.causal ? " causal" : " full";
-  label += " N=";
-  label += std::to_string(p.seqlen_q);
-  if (p.seqlen_k != p.seqlen_q) {
-    label += "/";
-    label += std::to_string(p.seqlen_k);
-  }
-  label += " B=";
-  label += std::to_string(p.batch);
-  label += " H=";
-  label += std::to_string(p.heads_q);
-  if (p.heads_kv != p.heads_q) {
-    label += "/";
-    label += std::to_string(p.heads_kv);
-  }
-  return label;
-}
-
-std::string json_escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += ' ';
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
-std::string json_number(double value) {
-  if (!std::isfinite(value)) return "null";
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.6g", value);
-  return text;
-}
-
-// What one worker (one GPU) produced.
-struct WorkerOutcome {
-  std::string device;  // fingerprint
-  std::vector<TuneReport> reports;
-  std::optional<Error> error;
-};
-
-// Throughput unit of the printed tables: TFLOP/s on GPUs, GFLOP/s on the CPU backend (whose
-// rates would print as 0.0 TFLOP/s).
-struct RateUnit {
-  const char* name = "TFLOP/s";
-  double per_tflops = 1;  // printed value = TFLOP/s * per_tflops
-};
-
-RateUnit rate_unit_for(const Backend& backend) {
-  return backend.name() == "cpu" ? RateUnit{"GFLOP/s", 1000} : RateUnit{};
-}
-
-// Shared progress of all workers; printed on stderr.
-class ProgressPrinter {
- public:
-  ProgressPrinter(int workers, int total_steps, size_t total_problems, bool verbose, RateUnit unit)
-      : unit_(unit),
-        done_steps_(workers, 0),
-        current_(workers),
-        total_steps_(std::max(1, total_steps)),
-        total_problems_(total_problems),
-        verbose_(verbose),
-        tty_(isatty(fileno(stderr)) != 0),
-        start_(Clock::now()) {}
-
-  void update(int worker, const TuneProgress& progress) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    Worker& w = current_[worker];
-    if (progress.phase == TuneProgress::Phase::Done) {
-      done_steps_[worker] += progress.steps;
-      w.step = 0;
-      ++problems_done_;
-      clear_line();
-      if (verbose_) print_table(*progress.report);
-      if (!tty_ || !verbose_) print_done_line(*progress.report);
-      w.label.clear();
-    } else {
-      w.step = progress.step;
-      w.label = problem_label(*progress.problem);
-      switch (progress.phase) {
-        case TuneProgress::Phase::Compiling:
-          w.activity = "compiling " + std::to_string(progress.compiles_done) + "/" +
-                       std::to_string(progress.compiles_queued);
-          break;
-        case TuneProgress::Phase::Timing:
-          w.activity = "timed " + progress.result->config.to_string();
-          break;
-        case TuneProgress::Phase::Retiming:
-          w.activity = "re-timing the best";
-          break;
-        case TuneProgress::Phase::Done:
-          break;
-      }
-    }
-    if (tty_) draw_bar();
-  }
-
-  void finish() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    clear_line();
-  }
-
-  double elapsed() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
-
- private:
-  struct Worker {
-    int step = 0;
-    std::string label, activity;
-  };
-
-  int steps_done() const {
-    int done = 0;
-    for (size_t i = 0; i < done_steps_.size(); ++i) done += done_steps_[i] + current_[i].step;
-    return std::min(done, total_steps_);
-  }
-
-  std::string eta() const {
-    const int done = steps_done();
-    if (done == 0) return "?";
-    return format_duration(elapsed() * (total_steps_ - done) / done);
-  }
-
-  void clear_line() {
-    if (tty_ && drawn_) std::fprintf(stderr, "\r\033[K");
-    drawn_ = false;
-  }
-
-  void draw_bar() {
-    const auto now = Clock::now();
-    if (drawn_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
-    last_draw_ = now;
-    constexpr int kWidth = 24;
-    const int done = steps_done();
-    const int filled = kWidth * done / total_steps_;
-    std::string bar(static_cast<size_t>(filled), '#');
-    bar.append(static_cast<size_t>(kWidth - filled), '.');
-    std::string activity;
-    for (const Worker& w : current_) {
-      if (w.label.empty()) continue;
-      if (!activity.empty()) activity += " | ";
-      activity += w.label + ": " + w.activity;
-    }
-    std::fprintf(stderr, "\r\033[K[%s] %3d%% %zu/%zu problems  %s elapsed  ETA %s  %s", bar.c_str(),
-                 100 * done / total_steps_, problems_done_, total_problems_,
-                 format_duration(elapsed()).c_str(), eta().c_str(), activity.c_str());
-    std::fflush(stderr);
-    drawn_ = true;
-  }
-
-  void print_done_line(const TuneReport& report) {
-    std::string line = "[" + std::to_string(problems_done_) + "/" +
-                       std::to_string(total_problems_) + "] " + problem_label(report.problem) +
-                       ": ";
-    char numbers[160];
-    if (report.choice) {
-      std::snprintf(numbers, sizeof(numbers), "%s %.1f %s (default %s %.1f), gain %.3fx",
-                    report.choice->config.to_string().c_str(),
-                    report.chosen_tflops() * unit_.per_tflops, unit_.name,
-                    report.default_config.to_string().c_str(),
-                    report.default_tflops() * unit_.per_tflops, report.gain());
-      line += numbers;
-    } else {
-      line += "no choice: " + report.note;
-    }
-    if (report.resumed) line += " (from the DB)";
-    std::fprintf(stderr, "%s  [%.1f s, ETA %s]\n", line.c_str(), report.seconds, eta().c_str());
-    std::fflush(stderr);
-  }
-
-  void print_table(const TuneReport& report) {
-    std::printf("%s  (key %s, %.1f s)\n", problem_label(report.problem).c_str(),
-                report.key.to_string().c_str(), report.seconds);
-    std::printf("  %-18s %-14s %10s %9s %8s %7s  %s\n", "config", "status", "median ms", unit_.name,
-                "spread", "reps", "notes");
-    for (const TuneResult& r : report.results) {
-      std::string notes;
-      if (r.is_default) notes += "default ";
-      if (report.choice && report.choice->config == r.config) notes += "CHOSEN ";
-      notes += r.message;
-      if (r.status == TuneStatus::Timed) {
-        const double spread = r.median_ms > 0 ? 100.0 * (r.max_ms - r.min_ms) / r.median_ms : 0;
-        std::printf("  %-18s %-14s %10.4f %9.1f %7.1f%% %7d  %s\n", r.config.to_string().c_str(),
-                    to_string(r.status), r.median_ms, r.tflops * unit_.per_tflops, spread,
-                    r.repetitions, notes.c_str());
-      } else {
-        std::printf("  %-18s %-14s %10s %9s %8s %7s  %s\n", r.config.to_string().c_str(),
-                    to_string(r.status), "-", "-", "-", "-", notes.c_str());
-      }
-    }
-    if (report.kept_default) {
-      std::printf("  default kept: the fastest was within the noise (%.4f ms)\n", report.noise_ms);
-    }
-    std::fflush(stdout);
-  }
-
-  const RateUnit unit_;
-  std::mutex mutex_;
-  std::vector<int> done_steps_;
-  std::vector<Worker> current_;
-  int total_steps_;
-  size_t total_problems_;
-  size_t problems_done_ = 0;
-  bool verbose_;
-  bool tty_;
-  bool drawn_ = false;
-  Clock::time_point start_;
-  Clock::time_point last_draw_;
-};
-
-bool write_json(const std::string& path, const std::vector<WorkerOutcome>& outcomes,
-                double geomean_gain, double seconds) {
-  std::ofstream out(path);
-  out << "{\n  \"generator\": \"" << json_escape(generator_version()) << "\",\n"
-      << "  \"geomean_gain\": " << json_number(geomean_gain) << ",\n"
-      << "  \"seconds\": " << json_number(seconds) << ",\n  \"problems\": [";
-  bool first = true;
-  for (const WorkerOutcome& outcome : outcomes) {
-    for (const TuneReport& r : outcome.reports) {
-      const AttentionProblem& p = r.problem;
-      out << (first ? "\n" : ",\n");
-      first = false;
-      out << "    {\"device\": \"" << json_escape(outcome.device) << "\", \"key\": \""
-          << json_escape(r.key.to_string()) << "\", \"d\": " << p.head_dim << ", \"dtype\": \""
-          << to_string(p.dtype) << "\", \"causal\": " << (p.causal ? "true" : "false")
-          << ", \"batch\": " << p.batch << ", \"heads_q\": " << p.heads_q
-          << ", \"heads_kv\": " << p.heads_kv << ", \"seqlen_q\": " << p.seqlen_q
-          << ", \"seqlen_k\": " << p.seqlen_k << ",\n     \"default\": {\"config\": \""
-          << r.default_config.to_string() << "\", \"ms\": " << json_number(r.default_ms)
-          << ", \"tflops\": " << json_number(r.default_tflops()) << "}, \"chosen\": ";
-      if (r.choice) {
-        out << "{\"config\": \"" << r.choice->config.to_string()
-            << "\", \"ms\": " << json_number(r.choice->median_ms)
-            << ", \"tflops\": " << json_number(r.chosen_tflops()) << "}";
-      } else {
-        out << "null";
-      }
-      out << ", \"gain\": " << json_number(r.gain())
-          << ", \"kept_default\": " << (r.kept_default ? "true" : "false")
-          << ", \"noise_ms\": " << json_number(r.noise_ms)
-          << ", \"resumed\": " << (r.resumed ? "true" : "false")
-          << ", \"seconds\": " << json_number(r.seconds) << ", \"note\": \"" << json_escape(r.note)
-          << "\",\n     \"results\": [";
-      for (size_t i = 0; i < r.results.size(); ++i) {
-        const TuneResult& c = r.results[i];
-        out << (i ? ",\n" : "\n") << "       {\"config\": \"" << c.config.to_string()
-            << "\", \"status\": \"" << to_string(c.status)
-            << "\", \"median_ms\": " << json_number(c.median_ms)
-            << ", \"min_ms\": " << json_number(c.min_ms)
-            << ", \"max_ms\": " << json_number(c.max_ms) << ", \"repetitions\": " << c.repetitions
-            << ", \"tflops\": " << json_number(c.tflops)
-            << ", \"is_default\": " << (c.is_default ? "true" : "false") << ", \"message\": \""
-            << json_escape(c.message) << "\"}";
-      }
-      out << "]}";
-    }
-  }
-  out << "\n  ]\n}\n";
-  return static_cast<bool>(out);
-}
-
 int usage_error(const Error& error) {
   std::cerr << "flashjit tune: " << error.describe() << "\n";
   return kExitUsage;
 }
+
+// The flags that shape the problems of the grid (not the passes): --recorded excludes them, and
+// on the CPU without any of them the grid is the small cpu_default_grid().
+constexpr const char* kShapeFlags[] = {"head-dims", "dtypes", "causal", "seqlens", "tokens",
+                                       "batch",     "hidden", "heads",  "kv-heads"};
 
 }  // namespace
 
@@ -401,11 +114,15 @@ const Command& tune_command() {
       "the choice in the tuning DB. A config only replaces the default if it is faster by more\n"
       "than the measured noise. Results already in the DB for this device are not measured\n"
       "again (resume); --retune measures everything anew.\n"
-      "The grid is every combination of --head-dims, --dtypes, --causal and --seqlens, with\n"
-      "batch = --tokens / seqlen (or --batch) and heads = --hidden / head dim (or --heads);\n"
-      "the default is the standard grid (36 bf16 problems); on the CPU (no GPU, or --backend cpu)\n"
-      "it is a small one: d 64,128 x N 256,1024 x causal both, batch 1, 4 heads, bf16.",
+      "The grid is every combination of --pass, --head-dims, --dtypes, --causal and --seqlens,\n"
+      "with batch = --tokens / seqlen (or --batch) and heads = --hidden / head dim (or --heads);\n"
+      "the default is the standard grid (36 bf16 forward problems; --pass fwd,bwd: 72, each\n"
+      "shape's backward tuned after its forward); on the CPU (no GPU, or --backend cpu) it is a\n"
+      "small one: d 64,128 x N 256,1024 x causal both, batch 1, 4 heads, bf16.",
       {
+          {"pass", "LIST", "fwd, bwd or fwd,bwd: the passes to tune (default fwd)"},
+          {"deterministic", "",
+           "backward problems: bitwise reproducible gradients (separate dQ kernel configs only)"},
           {"head-dims", "LIST", "head dims, e.g. 64,128,256 (default 64,128,256)"},
           {"dtypes", "LIST", "bf16,fp16,fp32 (fp32: CPU backend only; default bf16)"},
           {"causal", "WHICH", "on, off or both (default both)"},
@@ -415,7 +132,8 @@ const Command& tune_command() {
           {"hidden", "N", "hidden size: heads = N / head dim, at least 1 (default 2048)"},
           {"heads", "N", "fixed query heads instead of --hidden"},
           {"kv-heads", "N", "key/value heads (GQA), dividing the query heads (default: equal)"},
-          {"recorded", "", "tune the problems the runtime recorded as untuned in the DB"},
+          {"recorded", "",
+           "tune the problems the runtime recorded as untuned in the DB (each with its pass)"},
           {"db", "PATH", "tuning DB (default: $FLASHJIT_DB or ~/.local/share/flashjit/tuning.db)"},
           {"devices", "LIST", "CUDA devices to tune on, one worker each: 0,1 or all (default 0)"},
           {"backend", "B",
@@ -432,57 +150,78 @@ const Command& tune_command() {
   return kCommand;
 }
 
-std::vector<AttentionProblem> cpu_default_problems() {
-  std::vector<AttentionProblem> problems;
-  for (int head_dim : {64, 128})
-    for (int64_t seqlen : {256, 1024})
-      for (bool causal : {false, true})
-        problems.push_back(
-            AttentionProblem::make(1, 4, 4, seqlen, seqlen, head_dim, DType::BF16, causal));
-  return problems;
+bool grid_flags_given(const ParsedFlags& flags) {
+  for (const char* name : kShapeFlags) {
+    if (flags.has(name)) return true;
+  }
+  return false;
 }
 
-Result<std::vector<AttentionProblem>> tune_problems_from_flags(const ParsedFlags& flags) {
-  auto head_dims =
-      integer_list_flag(flags, "head-dims", kDefaultHeadDims, kMinHeadDim, kMaxHeadDim);
+Result<ProblemGrid> grid_from_flags(const ParsedFlags& flags, const ProblemGrid& base) {
+  ProblemGrid grid = base;
+  if (std::optional<std::string> text = flags.get("pass")) {
+    grid.passes.clear();
+    for (const std::string& item : split(*text, ',')) {
+      Result<Pass> pass = parse_pass(item);
+      if (!pass.ok()) return flag_error("pass", *text, "allowed: fwd, bwd (comma-separated)");
+      if (std::find(grid.passes.begin(), grid.passes.end(), *pass) == grid.passes.end())
+        grid.passes.push_back(*pass);
+    }
+    if (grid.passes.empty())
+      return flag_error("pass", *text, "allowed: fwd, bwd (comma-separated)");
+    // Forward first, whatever the order given: a shape's forward is tuned before its backward.
+    std::sort(grid.passes.begin(), grid.passes.end());
+  }
+  if (flags.has("deterministic")) {
+    if (std::find(grid.passes.begin(), grid.passes.end(), Pass::Backward) == grid.passes.end()) {
+      return make_error(ErrorCode::InvalidArgument,
+                        "--deterministic applies to the backward pass only: add --pass bwd (or "
+                        "--pass fwd,bwd)");
+    }
+    grid.deterministic = true;
+  }
+
+  std::vector<int64_t> base_dims(grid.head_dims.begin(), grid.head_dims.end());
+  auto head_dims = integer_list_flag(flags, "head-dims", base_dims, kMinHeadDim, kMaxHeadDim);
   FLASHJIT_TRY(head_dims);
+  grid.head_dims.clear();
   for (int64_t d : *head_dims) {
     if (d % 8 != 0) {
       return flag_error("head-dims", *flags.get("head-dims"),
                         "head dims must be multiples of 8 in [" + std::to_string(kMinHeadDim) +
                             ", " + std::to_string(kMaxHeadDim) + "]");
     }
+    grid.head_dims.push_back(static_cast<int>(d));
   }
 
-  std::vector<DType> dtypes;
   if (std::optional<std::string> text = flags.get("dtypes")) {
+    grid.dtypes.clear();
     for (const std::string& item : split(*text, ',')) {
       Result<DType> dtype = parse_dtype(item);
       if (!dtype.ok())
         return flag_error("dtypes", *text, "allowed: bf16, fp16, fp32 (comma-separated)");
-      if (std::find(dtypes.begin(), dtypes.end(), *dtype) == dtypes.end()) dtypes.push_back(*dtype);
+      if (std::find(grid.dtypes.begin(), grid.dtypes.end(), *dtype) == grid.dtypes.end())
+        grid.dtypes.push_back(*dtype);
     }
-    if (dtypes.empty())
+    if (grid.dtypes.empty())
       return flag_error("dtypes", *text, "allowed: bf16, fp16, fp32 (comma-separated)");
-  } else {
-    dtypes = {DType::BF16};
   }
 
-  std::vector<bool> causal_values = {false, true};
   if (std::optional<std::string> text = flags.get("causal")) {
     if (*text == "both" || *text == "on,off" || *text == "off,on") {
-      causal_values = {false, true};
+      grid.causal = {false, true};
     } else if (*text == "on") {
-      causal_values = {true};
+      grid.causal = {true};
     } else if (*text == "off") {
-      causal_values = {false};
+      grid.causal = {false};
     } else {
       return flag_error("causal", *text, "allowed: on, off, both");
     }
   }
 
-  auto seqlens = integer_list_flag(flags, "seqlens", kDefaultSeqlens, 1, kMaxInt32);
+  auto seqlens = integer_list_flag(flags, "seqlens", grid.seqlens, 1, kMaxInt32);
   FLASHJIT_TRY(seqlens);
+  grid.seqlens = *seqlens;
 
   if (flags.has("tokens") && flags.has("batch")) {
     return flag_error("batch", *flags.get("batch"), "give --tokens or --batch, not both");
@@ -490,40 +229,42 @@ Result<std::vector<AttentionProblem>> tune_problems_from_flags(const ParsedFlags
   if (flags.has("hidden") && flags.has("heads")) {
     return flag_error("heads", *flags.get("heads"), "give --hidden or --heads, not both");
   }
-  auto tokens = integer_flag(flags, "tokens", kTuneDefaultTokens, 1, int64_t{1} << 40);
+  auto tokens = integer_flag(flags, "tokens", grid.tokens, 1, int64_t{1} << 40);
   FLASHJIT_TRY(tokens);
   auto batch = integer_flag(flags, "batch", 0, 1, kMaxInt32);
   FLASHJIT_TRY(batch);
-  auto hidden = integer_flag(flags, "hidden", kTuneDefaultHidden, 1, int64_t{1} << 24);
+  auto hidden = integer_flag(flags, "hidden", grid.hidden, 1, int64_t{1} << 24);
   FLASHJIT_TRY(hidden);
   auto heads = integer_flag(flags, "heads", 0, 1, kMaxInt32);
   FLASHJIT_TRY(heads);
-  auto kv_heads = integer_flag(flags, "kv-heads", 0, 1, kMaxInt32);
+  auto kv_heads = integer_flag(flags, "kv-heads", grid.kv_heads, 1, kMaxInt32);
   FLASHJIT_TRY(kv_heads);
-
-  std::vector<AttentionProblem> problems;
-  for (DType dtype : dtypes) {
-    for (int64_t d : *head_dims) {
-      const int64_t heads_q = *heads > 0 ? *heads : std::max<int64_t>(1, *hidden / d);
-      const int64_t heads_kv = *kv_heads > 0 ? *kv_heads : heads_q;
-      if (heads_kv > heads_q || heads_q % heads_kv != 0) {
-        return flag_error("kv-heads", *flags.get("kv-heads"),
-                          "must divide the query heads (" + std::to_string(heads_q) +
-                              " for head dim " + std::to_string(d) + ")");
-      }
-      for (bool causal : causal_values) {
-        for (int64_t n : *seqlens) {
-          const int64_t b = *batch > 0 ? *batch : std::max<int64_t>(1, *tokens / n);
-          AttentionProblem problem = AttentionProblem::make(b, heads_q, heads_kv, n, n,
-                                                            static_cast<int>(d), dtype, causal);
-          Status valid = validate(problem);
-          if (!valid.ok()) return valid.error();
-          problems.push_back(problem);
-        }
-      }
+  // --tokens replaces a fixed batch of the base grid and --batch a token budget; likewise the
+  // heads.
+  if (flags.has("tokens")) grid.batch = 0;
+  if (flags.has("batch")) grid.batch = *batch;
+  grid.tokens = *tokens;
+  if (flags.has("hidden")) grid.heads = 0;
+  if (flags.has("heads")) grid.heads = *heads;
+  grid.hidden = *hidden;
+  grid.kv_heads = *kv_heads;
+  for (int d : grid.head_dims) {
+    const int64_t heads_q = grid_heads(grid, d);
+    const int64_t heads_kv = grid_kv_heads(grid, d);
+    if (heads_kv > heads_q || heads_q % heads_kv != 0) {
+      return flag_error("kv-heads", flags.get("kv-heads").value_or(std::to_string(heads_kv)),
+                        "must divide the query heads (" + std::to_string(heads_q) +
+                            " for head dim " + std::to_string(d) + ")");
     }
   }
-  return problems;
+  return grid;
+}
+
+Result<std::vector<AttentionProblem>> tune_problems_from_flags(const ParsedFlags& flags,
+                                                               const ProblemGrid& base) {
+  Result<ProblemGrid> grid = grid_from_flags(flags, base);
+  FLASHJIT_TRY(grid);
+  return grid_problems(*grid);
 }
 
 Result<Shard> shard_from_flags(const ParsedFlags& flags) {
@@ -539,15 +280,6 @@ Result<Shard> shard_from_flags(const ParsedFlags& flags) {
     return flag_error("shard", *text, "expected I/N with 0 <= I < N, e.g. 0/4");
   }
   return Shard{static_cast<int>(*index), static_cast<int>(*count)};
-}
-
-std::vector<AttentionProblem> select_shard(const std::vector<AttentionProblem>& problems,
-                                           const Shard& shard) {
-  std::vector<AttentionProblem> selected;
-  for (size_t i = 0; i < problems.size(); ++i) {
-    if (static_cast<int64_t>(i % shard.count) == shard.index) selected.push_back(problems[i]);
-  }
-  return selected;
 }
 
 Result<std::vector<int>> devices_from_flags(const ParsedFlags& flags, int device_count) {
@@ -573,19 +305,6 @@ Result<std::vector<int>> devices_from_flags(const ParsedFlags& flags, int device
   return devices;
 }
 
-std::vector<std::vector<AttentionProblem>> split_for_workers(
-    const std::vector<AttentionProblem>& problems, int workers) {
-  workers = std::max(1, workers);
-  std::vector<std::vector<AttentionProblem>> parts(static_cast<size_t>(workers));
-  const size_t n = problems.size();
-  for (size_t w = 0, begin = 0; w < parts.size(); ++w) {
-    const size_t end = n * (w + 1) / parts.size();
-    parts[w].assign(problems.begin() + begin, problems.begin() + end);
-    begin = end;
-  }
-  return parts;
-}
-
 int run_tune_command(const std::vector<std::string>& args) {
   const Command& command = tune_command();
   if (std::find_if(args.begin(), args.end(), [](const std::string& arg) {
@@ -600,12 +319,17 @@ int run_tune_command(const std::vector<std::string>& args) {
   // Everything that needs no device first, so that a bad flag is reported as one.
   const bool recorded = flags->has("recorded");
   if (recorded) {
-    for (const char* grid_flag : {"head-dims", "dtypes", "causal", "seqlens", "tokens", "batch",
-                                  "hidden", "heads", "kv-heads"}) {
-      if (flags->has(grid_flag)) {
-        return usage_error(flag_error(grid_flag, *flags->get(grid_flag),
-                                      "--recorded tunes the recorded problems; give no grid"));
-      }
+    // Recorded problems carry their own pass and shape.
+    for (const char* grid_flag : {"pass", "deterministic", "head-dims", "dtypes", "causal",
+                                  "seqlens", "tokens", "batch", "hidden", "heads", "kv-heads"}) {
+      if (!flags->has(grid_flag)) continue;
+      const std::string why =
+          "--recorded tunes the recorded problems (each with its pass); give "
+          "no grid";
+      const std::string value = *flags->get(grid_flag);
+      return usage_error(value.empty() ? make_error(ErrorCode::InvalidArgument,
+                                                    "--" + std::string(grid_flag) + ": " + why)
+                                       : flag_error(grid_flag, value, why));
     }
   }
   std::vector<AttentionProblem> problems;
@@ -645,13 +369,13 @@ int run_tune_command(const std::vector<std::string>& args) {
       return usage_error(flag_error("devices", *flags->get("devices"),
                                     "the CPU is one device; --devices is for CUDA"));
     }
-    // The standard grid is far too big for a CPU: without grid flags, a small one.
-    bool grid_given = false;
-    for (const char* grid_flag : {"head-dims", "dtypes", "causal", "seqlens", "tokens", "batch",
-                                  "hidden", "heads", "kv-heads"}) {
-      grid_given = grid_given || flags->has(grid_flag);
+    // The standard grid is far too big for a CPU: without grid flags, a small one (over the
+    // passes asked for).
+    if (!recorded && !grid_flags_given(*flags)) {
+      auto grid = tune_problems_from_flags(*flags, cpu_default_grid());
+      if (!grid.ok()) return usage_error(grid.error());
+      problems = std::move(grid.value());
     }
-    if (!recorded && !grid_given) problems = cpu_default_problems();
   } else if (*backend_name == "hip") {
     const int device_count = gpu_device_count("hip");
     if (device_count == 0) {
@@ -792,34 +516,7 @@ int run_tune_command(const std::vector<std::string>& args) {
   const double seconds = printer.elapsed();
 
   // The summary.
-  int exit_status = kExitOk;
-  std::printf("\n%-36s %-13s %9s  %-18s %9s %7s\n", "problem", "default", unit.name, "chosen",
-              unit.name, "gain");
-  double log_gain_sum = 0;
-  int gains = 0;
-  for (const WorkerOutcome& outcome : outcomes) {
-    for (const TuneReport& r : outcome.reports) {
-      const std::string label = problem_label(r.problem);
-      if (!r.choice) {
-        std::printf("%-36s %-13s %9.1f  %-18s %9s %7s  %s\n", label.c_str(),
-                    r.default_config.to_string().c_str(), r.default_tflops() * unit.per_tflops, "-",
-                    "-", "-", r.note.c_str());
-        exit_status = kExitFailed;
-        continue;
-      }
-      std::printf("%-36s %-13s %9.1f  %-18s %9.1f %6.3fx%s\n", label.c_str(),
-                  r.default_config.to_string().c_str(), r.default_tflops() * unit.per_tflops,
-                  r.choice->config.to_string().c_str(), r.chosen_tflops() * unit.per_tflops,
-                  r.gain(), r.kept_default ? "  (default kept: within noise)" : "");
-      if (r.default_ms > 0) {
-        log_gain_sum += std::log(r.gain());
-        ++gains;
-      }
-    }
-  }
-  const double geomean = gains > 0 ? std::exp(log_gain_sum / gains) : 1.0;
-  std::printf("geo-mean gain %.3fx over %d problem(s); total time %s\n", geomean, gains,
-              format_duration(seconds).c_str());
+  int exit_status = print_summary(outcomes, unit, seconds) ? kExitOk : kExitFailed;
   for (size_t w = 0; w < outcomes.size(); ++w) {
     if (outcomes[w].error) {
       std::cerr << "flashjit tune: device " << (*devices)[w] << ": "
@@ -829,7 +526,7 @@ int run_tune_command(const std::vector<std::string>& args) {
   }
 
   if (std::optional<std::string> json = flags->get("json")) {
-    if (!write_json(*json, outcomes, geomean, seconds)) {
+    if (!write_json_report(*json, outcomes, seconds)) {
       std::cerr << "flashjit tune: cannot write " << *json << "\n";
       exit_status = kExitFailed;
     }

@@ -1,9 +1,11 @@
-"""flashjit: a run-time-compiled, autotuned FlashAttention forward pass.
+"""flashjit: run-time-compiled, autotuned FlashAttention, forward and backward.
 
     import numpy as np, flashjit
     q = np.random.randn(1, 1000, 8, 64).astype(np.float16)   # (batch, seqlen, heads, head_dim)
     k = v = np.random.randn(1, 1000, 2, 64).astype(np.float16)
-    o = flashjit.attention(q, k, v, causal=True)              # numpy in, numpy out (CPU backend)
+    o, lse = flashjit.attention(q, k, v, causal=True, return_lse=True)  # numpy in, numpy out
+    do = np.random.randn(*o.shape).astype(np.float16)                   # dLoss/dO
+    dq, dk, dv = flashjit.attention_backward(q, k, v, o, lse, do, causal=True)
 
 Arrays: torch tensors, cupy, jax or numpy arrays (anything with ``__dlpack__`` or the buffer
 protocol) are read through DLPack, without copies, where they are. CUDA arrays run on the CUDA
@@ -25,9 +27,16 @@ current stream, jax arrays on the default stream with the call returning when th
 done; ``stream=`` overrides (an int handle, a torch.cuda.Stream or a cupy Stream). CPU calls are
 synchronous.
 
+Backward: attention_backward() takes the forward's o and lse (attention(..., return_lse=True))
+and the gradient of the output, do, and returns dq, dk, dv (dk, dv summed over the query heads
+of each key/value head for GQA). ``deterministic=True`` asks for bitwise reproducible gradients
+(a dQ kernel of its own instead of atomics).
+
 Configs: attention() uses the config the tuning DB has for the problem on this device (exact, then
 the nearest bucket), else the SRAM-formula default; ``config="default"`` forces the default,
-``config="m128n64w4s2"`` a given legal config. ``tune()`` fills the DB (as ``flashjit tune``).
+``config="m128n64w4s2"`` a given legal config; attention_backward() likewise with the backward's
+configs (tuned separately: ``tune(passes=("fwd", "bwd"))``). ``tune()`` fills the DB (as
+``flashjit tune``).
 Environment variables as for the C++ library: FLASHJIT_DB, FLASHJIT_CACHE_DIR, FLASHJIT_TUNE,
 FLASHJIT_LOG (README.md, "Environment").
 
@@ -52,6 +61,7 @@ from ._flashjit import (  # noqa: F401  (re-exported)
 
 __all__ = [
     "attention",
+    "attention_backward",
     "config_for",
     "show",
     "tune",
@@ -91,8 +101,9 @@ def _check_array(name, x):
 
 
 def _detached(x):
-    """x without autograd: torch's __dlpack__ refuses tensors that require grad (flashjit has no
-    backward pass). Anything else as it is."""
+    """x without autograd: torch's __dlpack__ refuses tensors that require grad (flashjit's
+    functions are not autograd operations; attention_backward() computes the gradients).
+    Anything else as it is."""
     return x.detach() if getattr(x, "requires_grad", False) else x
 
 
@@ -193,21 +204,90 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", out=None, ret
     return (out, lse) if return_lse else out
 
 
-def config_for(q, k, v, *, causal=False, scale=None, layout="bshd", config=None):
-    """The config attention(q, k, v, ...) would launch, without launching: a dict with
-    config ("m128n64w4s2"), source ("exact" / "nearest" from the tuning DB, "default", or
-    "given"), device ("cuda:0", "cpu") and problem."""
+def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, layout="bshd",
+                       deterministic=False, dq=None, dk=None, dv=None, config=None, stream=None):
+    """Attention backward: the gradients dq, dk, dv of a loss L given do = dL/do, where
+    o = attention(q, k, v, causal=causal, scale=scale) (FlashAttention-2's algorithm: the
+    probabilities are recomputed from q, k and the forward's log-sum-exp, never stored).
+
+    q, k, v: the forward's inputs, as for attention() (same layout, causal and scale).
+    o, lse: the forward's output and log-sum-exp: o, lse = attention(q, k, v, ...,
+       return_lse=True); o has q's shape and dtype, lse is float32 (batch, heads, seqlen_q).
+    do: dL/do, with o's shape and dtype (any strides with a contiguous last axis).
+    deterministic: bitwise reproducible gradients (configs with a separate dQ kernel only, no
+       atomics; somewhat slower).
+    dq, dk, dv: optional arrays to write into (q's, k's and v's shape and dtype, any strides with
+       a contiguous last axis); allocated in q's framework when None (contiguous, q's layout).
+       For GQA/MQA dk and dv are summed over the query heads that share a key/value head.
+    config: None (the tuning DB's backward config, else the default), "default" or a backward
+       config name (e.g. "m64n128w8s2", or "m64n128w8s2-det" with a separate dQ kernel).
+    stream: CUDA stream override, as for attention().
+    Returns (dq, dk, dv).
+    """
+    for name, x in (("q", q), ("k", k), ("v", v), ("o", o), ("do", do)):
+        _check_array(name, x)
+    if lse is not None:
+        _check_array("lse", lse)
+    kind = _framework(q)
+    handle = None if stream is None else _stream_handle(stream)
+    synchronize = False
+    if kind == "torch":
+        torch = _sys.modules["torch"]
+        q, k, v, o, do = (_detached(x) for x in (q, k, v, o, do))
+        lse = None if lse is None else _detached(lse)
+        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if dq is None else dq
+        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device) if dk is None else dk
+        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device) if dv is None else dv
+        if handle is None:
+            handle = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
+    elif kind == "numpy":
+        np = _sys.modules["numpy"]
+        dq = np.empty(q.shape, dtype=q.dtype) if dq is None else dq
+        dk = np.empty(k.shape, dtype=k.dtype) if dk is None else dk
+        dv = np.empty(v.shape, dtype=v.dtype) if dv is None else dv
+    elif kind == "cupy":
+        cupy = _sys.modules["cupy"]
+        with cupy.cuda.Device(q.device.id):
+            dq = cupy.empty(q.shape, dtype=q.dtype) if dq is None else dq
+            dk = cupy.empty(k.shape, dtype=k.dtype) if dk is None else dk
+            dv = cupy.empty(v.shape, dtype=v.dtype) if dv is None else dv
+            if handle is None:
+                handle = cupy.cuda.get_current_stream().ptr
+    elif kind == "jax":
+        if dq is not None or dk is not None or dv is not None:
+            raise ValueError("dq=, dk= and dv= are not supported for jax arrays (immutable); "
+                             "flashjit allocates the gradients")
+        jax = _sys.modules.get("jax")
+        if jax is not None:
+            jax.block_until_ready((q, k, v, o, lse, do))
+        synchronize = True
+    made = _C.attention_backward(
+        q, k, v, o, lse, do, dq, dk, dv, bool(causal), scale, layout, bool(deterministic), config,
+        0 if handle is None else handle, synchronize, "jax" if kind == "jax" else "numpy")
+    return tuple(given if fresh is None else fresh for fresh, given in zip(made, (dq, dk, dv)))
+
+
+def config_for(q, k, v, *, causal=False, scale=None, layout="bshd", config=None, pass_="fwd",
+               deterministic=False):
+    """The config attention(q, k, v, ...) (pass_="fwd") or attention_backward(q, k, v, ...)
+    (pass_="bwd", with its deterministic=) would launch, without launching: a dict with config
+    ("m128n64w4s2"), source ("exact" / "nearest" from the tuning DB, "default", or "given"),
+    device ("cuda:0", "cpu") and problem."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_array(name, x)
     q, k, v = (_detached(x) for x in (q, k, v))
-    return _C.config_for(q, k, v, bool(causal), scale, layout, config)
+    return _C.config_for(q, k, v, bool(causal), scale, layout, config, str(pass_),
+                         bool(deterministic))
 
 
 def show(*, head_dim=128, seqlen=4096, seqlen_q=None, seqlen_k=None, batch=2, heads=16,
          kv_heads=None, dtype="bf16", causal=False, scale=None, layout="bshd", config=None,
-         arch=None, device="auto"):
+         arch=None, device="auto", pass_="fwd", deterministic=False):
     """The generated kernel source for a problem (as ``flashjit show``), with a first comment
-    line naming the problem, the config and where it came from.
+    line naming the problem, the config, where it came from and the entry points.
+
+    pass_: "fwd" (the forward) or "bwd" (the backward: one source with its preprocess, dK/dV
+    and dQ kernels); deterministic: the backward's bitwise reproducible variant.
 
     device: "auto" (cuda:0 if there is a GPU, else the CPU backend), "cpu", "cuda", "cuda:N";
     the config is that runtime's selection (tuning DB, then default) unless config= is given.
@@ -218,7 +298,7 @@ def show(*, head_dim=128, seqlen=4096, seqlen_q=None, seqlen_k=None, batch=2, he
     seqlen_k = seqlen if seqlen_k is None else seqlen_k
     return _C.show(int(batch), int(heads), None if kv_heads is None else int(kv_heads),
                    int(seqlen_q), int(seqlen_k), int(head_dim), str(dtype), bool(causal), scale,
-                   str(layout), config, arch, str(device))
+                   str(layout), config, arch, str(device), str(pass_), bool(deterministic))
 
 
 def devices():
@@ -239,20 +319,29 @@ def _list_flag(value):
     return str(value)
 
 
-def tune(*, head_dims=None, dtypes=None, causal=None, seqlens=None, tokens=None, batch=None,
-         hidden=None, heads=None, kv_heads=None, recorded=False, db=None, devices=None,
-         backend=None, shard=None, retune=False, min_time_ms=None, retime_top=None, jobs=None,
-         verbose=False):
+def tune(*, passes=("fwd",), deterministic=False, head_dims=None, dtypes=None, causal=None,
+         seqlens=None, tokens=None, batch=None, hidden=None, heads=None, kv_heads=None,
+         recorded=False, db=None, devices=None, backend=None, shard=None, retune=False,
+         min_time_ms=None, retime_top=None, jobs=None, verbose=False):
     """Tunes a grid of problems (or the recorded ones) and stores the winners in the tuning DB,
     exactly as ``flashjit tune`` with the same-named flags does (progress on stderr, a table on
-    stdout). Returns its JSON report as a dict ({"problems": [...], "geomean_gain", ...}).
+    stdout). Returns its JSON report as a dict ({"problems": [...], "geomean_gain", ...}; each
+    problem names its "pass").
 
-    Defaults as the command: on a GPU the standard grid (d 64,128,256, causal both,
+    passes: the passes to tune, "fwd" and/or "bwd" (``--pass``): ("fwd", "bwd") tunes each
+    shape's forward and backward. deterministic: the backward problems' bitwise reproducible
+    variant. Defaults as the command: on a GPU the standard grid (d 64,128,256, causal both,
     N 512..16384, 16k tokens, hidden 2048, bf16); on the CPU backend a small grid.
     causal: True ("on"), False ("off") or "both". Lists may be Python lists or "a,b" strings.
-    Later attention() calls serve the new results.
+    recorded=True replays the recorded problems, each with its own pass (give no grid then).
+    Later attention() and attention_backward() calls serve the new results.
     """
     args = []
+    passes = [passes] if isinstance(passes, str) else list(passes)
+    if passes != ["fwd"]:  # the command's default; --recorded takes no --pass
+        args += ["--pass", _list_flag(passes)]
+    if deterministic:
+        args.append("--deterministic")
     for flag, value in (("head-dims", head_dims), ("dtypes", dtypes), ("seqlens", seqlens),
                         ("tokens", tokens), ("batch", batch), ("hidden", hidden),
                         ("heads", heads), ("kv-heads", kv_heads), ("db", db),

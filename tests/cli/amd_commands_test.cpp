@@ -3,29 +3,17 @@
 // (HIP builds), and `compile --arch gfx942` on a ROCm that does not know gfx942 fails with exit
 // status 1 and a one-line reason instead of dying.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <string>
+
+#include "support/command.hpp"
 
 namespace {
 
-struct Outcome {
-  int status = -1;
-  std::string output;  // stdout and stderr together
-};
+using Outcome = flashjit::testing::CommandOutcome;
 
 Outcome flashjit(const std::string& args) {
-  Outcome outcome;
-  const std::string command = std::string(FLASHJIT_CLI_PATH) + " " + args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return outcome;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) outcome.output.append(buffer, n);
-  const int status = pclose(pipe);
-  outcome.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return outcome;
+  return flashjit::testing::run_command(std::string(FLASHJIT_CLI_PATH) + " " + args);
 }
 
 TEST(AmdCommands, PlanForGfx942ShowsTheLdsBudget) {

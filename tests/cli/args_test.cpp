@@ -170,6 +170,51 @@ TEST(ProblemFromFlags, BadValuesNameTheFlagAndTheValue) {
   }
 }
 
+TEST(ProblemFromFlags, PassAndDeterministic) {
+  for (const char* command : {"plan", "show", "compile", "run"}) {
+    auto defaults = parse(command, {});
+    ASSERT_TRUE(defaults.ok()) << command;
+    auto forward = problem_from_flags(*defaults);
+    ASSERT_TRUE(forward.ok()) << forward.error().describe();
+    EXPECT_EQ(forward->pass, Pass::Forward) << command;
+    EXPECT_FALSE(forward->deterministic);
+
+    auto flags = parse(command, {"--pass", "bwd", "--deterministic", "--layout", "bhsd", "--heads",
+                                 "8", "--kv-heads", "2", "--seqlen-q", "17"});
+    ASSERT_TRUE(flags.ok()) << command << ": " << flags.error().describe();
+    auto backward = problem_from_flags(*flags);
+    ASSERT_TRUE(backward.ok()) << backward.error().describe();
+    EXPECT_EQ(backward->pass, Pass::Backward) << command;
+    EXPECT_TRUE(backward->deterministic);
+    // The gradients are contiguous in the layout, like the tensors they belong to.
+    EXPECT_EQ(backward->do_strides, backward->o_strides);
+    EXPECT_EQ(backward->dq_strides, backward->q_strides);
+    EXPECT_EQ(backward->dk_strides, backward->k_strides);
+    EXPECT_EQ(backward->dv_strides, backward->v_strides);
+    EXPECT_EQ(backward->q_strides, contiguous_strides(Layout::BHSD, 17, 8, kDefaultHeadDim));
+  }
+  auto spelled = parse("run", {"--pass", "backward"});
+  ASSERT_TRUE(spelled.ok());
+  EXPECT_EQ(problem_from_flags(*spelled)->pass, Pass::Backward);
+  auto forward = parse("run", {"--pass", "fwd"});
+  ASSERT_TRUE(forward.ok());
+  EXPECT_EQ(problem_from_flags(*forward)->pass, Pass::Forward);
+
+  EXPECT_NE(problem_error({"--pass", "sideways"}).find("--pass = 'sideways': allowed: fwd, bwd"),
+            std::string::npos);
+  EXPECT_NE(problem_error({"--pass", ""}).find("--pass = ''"), std::string::npos);
+  EXPECT_NE(problem_error({"--deterministic"})
+                .find("--deterministic applies to the backward "
+                      "pass only: add --pass bwd"),
+            std::string::npos);
+  EXPECT_NE(problem_error({"--pass", "fwd", "--deterministic"}).find("--deterministic"),
+            std::string::npos);
+  // A switch takes no value.
+  auto valued = parse("plan", {"--deterministic=yes"});
+  ASSERT_FALSE(valued.ok());
+  EXPECT_NE(valued.error().message.find("--deterministic"), std::string::npos);
+}
+
 TEST(ProblemFromFlags, DtypeSpellings) {
   for (const char* spelling : {"bf16", "bfloat16"}) {
     EXPECT_EQ(problem_error({"--dtype", spelling}), "") << spelling;

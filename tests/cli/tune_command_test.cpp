@@ -114,6 +114,87 @@ TEST(TuneGrid, BadValuesNameTheFlag) {
   EXPECT_NE(grid_error({"--verbose=1"}).find("--verbose"), std::string::npos);
 }
 
+TEST(TuneGrid, PassesMultiplyTheGrid) {
+  auto both = grid({"--pass", "bwd,fwd", "--head-dims", "64,128", "--seqlens", "512,4096"});
+  ASSERT_TRUE(both.ok()) << both.error().describe();
+  ASSERT_EQ(both->size(), 16u);  // 2 head dims x 2 causal x 2 passes x 2 seqlens
+  // A shape's forward, then its backward (forward first whatever the flag's order), seqlen
+  // innermost: the problems sharing a kernel stay adjacent.
+  const std::vector<std::pair<Pass, int64_t>> first = {
+      {Pass::Forward, 512}, {Pass::Forward, 4096}, {Pass::Backward, 512}, {Pass::Backward, 4096}};
+  for (size_t i = 0; i < first.size(); ++i) {
+    const AttentionProblem& p = (*both)[i];
+    EXPECT_EQ(p.pass, first[i].first) << i;
+    EXPECT_EQ(p.seqlen_q, first[i].second) << i;
+    EXPECT_EQ(p.head_dim, 64);
+    EXPECT_FALSE(p.causal);
+    EXPECT_FALSE(p.deterministic);
+    EXPECT_EQ(p.dq_strides, p.q_strides);
+    EXPECT_EQ(p.dk_strides, p.k_strides);
+  }
+  size_t backward = 0;
+  for (const AttentionProblem& p : *both) backward += p.is_backward() ? 1 : 0;
+  EXPECT_EQ(backward, 8u);
+
+  auto only = grid({"--pass", "bwd", "--deterministic", "--head-dims", "128", "--causal", "on"});
+  ASSERT_TRUE(only.ok()) << only.error().describe();
+  ASSERT_EQ(only->size(), 6u);
+  for (const AttentionProblem& p : *only) {
+    EXPECT_EQ(p.pass, Pass::Backward);
+    EXPECT_TRUE(p.deterministic);
+  }
+  // --deterministic marks the backward problems only.
+  auto mixed = grid({"--pass", "fwd,bwd", "--deterministic", "--head-dims", "64", "--seqlens",
+                     "1024", "--causal", "off"});
+  ASSERT_TRUE(mixed.ok()) << mixed.error().describe();
+  ASSERT_EQ(mixed->size(), 2u);
+  EXPECT_FALSE((*mixed)[0].deterministic);
+  EXPECT_TRUE((*mixed)[1].deterministic);
+
+  // The default is the forward alone; duplicates are dropped.
+  auto forward = grid({"--pass", "fwd,forward", "--head-dims", "64", "--seqlens", "512"});
+  ASSERT_TRUE(forward.ok());
+  ASSERT_EQ(forward->size(), 2u);
+  for (const AttentionProblem& p : *forward) EXPECT_EQ(p.pass, Pass::Forward);
+}
+
+TEST(TuneGrid, CpuDefaultGridOverThePasses) {
+  auto flags = parse({"--pass", "fwd,bwd"});
+  ASSERT_TRUE(flags.ok());
+  EXPECT_FALSE(grid_flags_given(*flags));  // --pass alone keeps the CPU's small grid
+  auto problems = tune_problems_from_flags(*flags, cpu_default_grid());
+  ASSERT_TRUE(problems.ok()) << problems.error().describe();
+  ASSERT_EQ(problems->size(), 16u);  // d 64,128 x causal both x 2 passes x N 256,1024
+  for (const AttentionProblem& p : *problems) {
+    EXPECT_EQ(p.batch, 1);
+    EXPECT_EQ(p.heads_q, 4);
+    EXPECT_TRUE(p.seqlen_q == 256 || p.seqlen_q == 1024);
+  }
+  auto shaped = parse({"--head-dims", "64"});
+  ASSERT_TRUE(shaped.ok());
+  EXPECT_TRUE(grid_flags_given(*shaped));
+  // A flag replaces its part of the base grid: --tokens a fixed batch, --hidden fixed heads.
+  auto tokens = parse({"--tokens", "2048", "--hidden", "512"});
+  ASSERT_TRUE(tokens.ok());
+  auto retokened = tune_problems_from_flags(*tokens, cpu_default_grid());
+  ASSERT_TRUE(retokened.ok()) << retokened.error().describe();
+  EXPECT_EQ((*retokened)[0].batch, 2048 / 256);
+  EXPECT_EQ((*retokened)[0].heads_q, 512 / 64);
+}
+
+TEST(TuneGrid, BadPassValuesNameTheFlag) {
+  EXPECT_NE(grid_error({"--pass", "sideways"})
+                .find("--pass = 'sideways': allowed: fwd, bwd (comma-separated)"),
+            std::string::npos);
+  EXPECT_NE(grid_error({"--pass", "fwd,"}).find("--pass = 'fwd,'"), std::string::npos);
+  EXPECT_NE(grid_error({"--pass", ""}).find("--pass = ''"), std::string::npos);
+  EXPECT_NE(grid_error({"--deterministic"})
+                .find("--deterministic applies to the backward pass only: add --pass bwd"),
+            std::string::npos);
+  EXPECT_NE(grid_error({"--pass", "fwd", "--deterministic"}).find("--deterministic"),
+            std::string::npos);
+}
+
 TEST(TuneShard, ParsesAndSelects) {
   auto flags = parse({"--shard", "1/3"});
   ASSERT_TRUE(flags.ok());
@@ -213,6 +294,10 @@ TEST(TuneCommand, BadFlagsExitTwoWithOneLine) {
       {"--min-time-ms", "-1"},
       {"--retime-top", "x"},
       {"--recorded", "--head-dims", "64"},
+      {"--recorded", "--pass", "bwd"},
+      {"--recorded", "--deterministic"},
+      {"--pass", "sideways"},
+      {"--deterministic"},
       {"positional"},
   };
   for (const auto& args : cases) {
@@ -223,6 +308,11 @@ TEST(TuneCommand, BadFlagsExitTwoWithOneLine) {
   }
   const auto [status, err] = run({"--head-dims", "100"});
   EXPECT_NE(err.find("--head-dims = '100'"), std::string::npos) << err;
+  const auto [recorded_status, recorded_err] = run({"--recorded", "--pass", "bwd"});
+  EXPECT_NE(recorded_err.find("--pass = 'bwd': --recorded tunes the recorded problems (each "
+                              "with its pass)"),
+            std::string::npos)
+      << recorded_err;
 }
 
 TEST(TuneCommand, HelpExitsZero) {
@@ -231,6 +321,8 @@ TEST(TuneCommand, HelpExitsZero) {
   const std::string out = ::testing::internal::GetCapturedStdout();
   EXPECT_NE(out.find("--shard"), std::string::npos) << out;
   EXPECT_NE(out.find("--devices"), std::string::npos) << out;
+  EXPECT_NE(out.find("--pass LIST"), std::string::npos) << out;
+  EXPECT_NE(out.find("--deterministic"), std::string::npos) << out;
 }
 
 TEST(TuneCommand, NoDeviceExitsTwo) {

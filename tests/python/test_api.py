@@ -123,3 +123,73 @@ def test_import_beside_numpy_and_torch_in_any_order():
             "print(len(flashjit.show(head_dim=128, causal=True, arch='sm90')) > 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-2000:]
+
+
+def test_show_backward_on_a_table_arch():
+    from conftest import backward_unavailable
+
+    try:
+        source = flashjit.show(head_dim=128, causal=True, arch="sm80", pass_="bwd")
+    except flashjit.UnsupportedError as error:
+        if backward_unavailable(error):
+            pytest.skip(f"not merged yet: {error}")
+        raise
+    first = source.splitlines()[0]
+    assert first.startswith("// flashjit show: attention_backward(batch=2, heads_q=16")
+    assert ("| entries flashjit_attention_bwd_preprocess, flashjit_attention_bwd_dkdv, "
+            "flashjit_attention_bwd_dq") in first
+    deterministic = flashjit.show(head_dim=64, arch="sm80", pass_="bwd", deterministic=True)
+    assert "-det (default)" in deterministic.splitlines()[0]
+
+
+def test_show_backward_on_the_cpu_backend():
+    from conftest import require_cpu_backward
+
+    require_cpu_backward()
+    source = flashjit.show(head_dim=64, seqlen=256, heads=4, device="cpu", pass_="bwd")
+    first = source.splitlines()[0]
+    assert "(default) | cpu" in first and "attention_backward(" in first
+    assert "flashjit_attention_bwd_dkdv_cpu" in first
+
+
+def test_tune_passes_are_the_commands_pass_flag():
+    with pytest.raises(flashjit.InvalidArgumentError,
+                       match="--pass = 'fwd,sideways': allowed: fwd, bwd"):
+        flashjit.tune(passes=("fwd", "sideways"))
+    with pytest.raises(flashjit.InvalidArgumentError, match="--deterministic applies to the "
+                       "backward pass only"):
+        flashjit.tune(deterministic=True)
+    with pytest.raises(flashjit.InvalidArgumentError, match="--recorded tunes the recorded "
+                       "problems .each with its pass."):
+        flashjit.tune(recorded=True, passes=["bwd"])
+
+
+def test_tune_cpu_backward_then_attention_backward_serves_it(tmp_path, monkeypatch):
+    """The forward and the backward of one small problem tuned on the CPU into a fresh DB: the
+    report names each problem's pass, and attention_backward() then serves the tuned backward
+    config (exact match) with correct gradients."""
+    from conftest import (gradient_tolerance, reference_gradients, relative_error,
+                          require_cpu_backward)
+
+    require_cpu_backward()
+    db = tmp_path / "tuning.db"
+    monkeypatch.setenv("FLASHJIT_DB", str(db))
+    try:
+        report = flashjit.tune(backend="cpu", passes=("fwd", "bwd"), head_dims=[64],
+                               seqlens=[128], causal=True, batch=1, heads=2, dtypes=["fp16"],
+                               min_time_ms=2, retime_top=1)
+        assert [p["pass"] for p in report["problems"]] == ["fwd", "bwd"]
+        backward = report["problems"][1]
+        assert backward["key"].startswith("bwd d64 f16") and backward["chosen"]["config"]
+        rng = np.random.default_rng(8)
+        q, k, v, do = (rng.standard_normal((1, 128, 2, 64)).astype(np.float16) for _ in range(4))
+        chosen = flashjit.config_for(q, k, v, causal=True, pass_="bwd")
+        assert chosen["source"] == "exact"
+        assert chosen["config"] == backward["chosen"]["config"]
+        o, lse = flashjit.attention(q, k, v, causal=True, return_lse=True)
+        grads = flashjit.attention_backward(q, k, v, o, lse, do, causal=True)
+        for grad, ref in zip(grads, reference_gradients(q, k, v, do, causal=True)):
+            assert relative_error(grad, ref) < gradient_tolerance("float16")
+    finally:
+        monkeypatch.undo()
+        flashjit._C.clear_runtimes()  # later tests: no DB again

@@ -149,3 +149,94 @@ def test_cpu_arrays_without_cpu_backend():
                    "CPU arrays run on flashjit's CPU backend, and this build has none",
                    *arrays())
     assert error.code == "Unsupported"
+
+
+# --- the backward pass: checked before any backend is involved ----------------------------------
+
+def backward_arrays(q_shape=(1, 17, 4, 64), kv_shape=(1, 17, 2, 64)):
+    """q, k, v, o, lse, do for attention_backward (values irrelevant: only the checks run)."""
+    q, k, v = arrays(q_shape, kv_shape)
+    lse = np.zeros((q_shape[0], q_shape[2], q_shape[1]), np.float32)
+    return q, k, v, q.copy(), lse, q.copy()
+
+
+def backward_raises(kind, fragment, *args, **kwargs):
+    with pytest.raises(kind) as info:
+        flashjit.attention_backward(*args, **kwargs)
+    assert fragment in str(info.value), str(info.value)
+    return info.value
+
+
+def test_backward_do_and_o_shape_and_dtype():
+    q, k, v, o, lse, do = backward_arrays()
+    backward_raises(flashjit.InvalidArgumentError,
+                    "do.shape = (1, 16, 4, 64): must equal q.shape = (1, 17, 4, 64)",
+                    q, k, v, o, lse, do[:, :16])
+    backward_raises(flashjit.InvalidArgumentError,
+                    "do.dtype = float32: must match q.dtype = float16",
+                    q, k, v, o, lse, do.astype(np.float32))
+    backward_raises(flashjit.InvalidArgumentError,
+                    "o.shape = (1, 17, 2, 64): must equal q.shape = (1, 17, 4, 64)",
+                    q, k, v, o[:, :, :2], lse, do)
+    backward_raises(flashjit.InvalidArgumentError, "o.dtype = float32: must match q.dtype",
+                    q, k, v, o.astype(np.float32), lse, do)
+    backward_raises(flashjit.InvalidArgumentError, "do is not contiguous in its last (head_dim)",
+                    q, k, v, o, lse, np.repeat(do, 2, axis=3)[..., ::2])
+
+
+def test_backward_lse_missing_shape_dtype():
+    q, k, v, o, lse, do = backward_arrays()
+    error = backward_raises(flashjit.InvalidArgumentError,
+                            "lse is None: the backward pass needs the forward's log-sum-exp, "
+                            "float32 (batch, heads, seqlen_q): o, lse = flashjit.attention(q, k, "
+                            "v, ..., return_lse=True)", q, k, v, o, None, do)
+    assert error.code == "InvalidArgument"
+    backward_raises(flashjit.InvalidArgumentError,
+                    "lse.shape = (1, 17, 4): must be (batch, heads, seqlen_q) = (1, 4, 17)",
+                    q, k, v, o, np.zeros((1, 17, 4), np.float32), do)
+    backward_raises(flashjit.InvalidArgumentError, "lse.dtype = float16: must be float32",
+                    q, k, v, o, lse.astype(np.float16), do)
+    backward_raises(flashjit.InvalidArgumentError, "lse must be contiguous",
+                    q, k, v, o, np.zeros((1, 17, 4), np.float32).transpose(0, 2, 1), do)
+
+
+def test_backward_gradient_outputs():
+    q, k, v, o, lse, do = backward_arrays()
+    backward_raises(flashjit.InvalidArgumentError, "dq.shape = (1, 17, 2, 64): must equal "
+                    "q.shape = (1, 17, 4, 64)", q, k, v, o, lse, do,
+                    dq=np.empty((1, 17, 2, 64), np.float16))
+    backward_raises(flashjit.InvalidArgumentError, "dk.dtype = float32: must match k.dtype = "
+                    "float16", q, k, v, o, lse, do, dk=np.empty(k.shape, np.float32))
+    backward_raises(flashjit.InvalidArgumentError, "dv.shape = (1, 17, 4, 64): must equal "
+                    "k.shape = (1, 17, 2, 64)", q, k, v, o, lse, do, dv=np.empty(q.shape,
+                                                                                 np.float16))
+    overlapping = np.lib.stride_tricks.as_strided(np.empty(17 * 64, np.float16), shape=k.shape,
+                                                  strides=(0, 64 * 2, 0, 2))
+    backward_raises(flashjit.InvalidArgumentError, "make elements overlap", q, k, v, o, lse, do,
+                    dk=overlapping)
+
+
+def test_backward_shapes_of_the_inputs_and_arrays():
+    q, k, v, o, lse, do = backward_arrays()
+    backward_raises(flashjit.InvalidArgumentError, "heads_kv = 3: must divide heads_q = 4",
+                    *backward_arrays(kv_shape=(1, 17, 3, 64)))
+    backward_raises(flashjit.InvalidArgumentError, "layout = 'sbhd'", q, k, v, o, lse, do,
+                    layout="sbhd")
+    with pytest.raises(TypeError, match="do: expected an array"):
+        flashjit.attention_backward(q, k, v, o, lse, [[1.0]])
+    with pytest.raises(TypeError, match="lse: expected an array"):
+        flashjit.attention_backward(q, k, v, o, "lse", do)
+
+
+def test_pass_and_deterministic_arguments():
+    q, k, v = arrays()
+    with pytest.raises(flashjit.InvalidArgumentError,
+                       match="pass = 'sideways': must be fwd .forward. or bwd .backward."):
+        flashjit.config_for(q, k, v, pass_="sideways")
+    with pytest.raises(flashjit.InvalidArgumentError,
+                       match="deterministic = True applies to the backward pass only"):
+        flashjit.config_for(q, k, v, deterministic=True)
+    with pytest.raises(flashjit.InvalidArgumentError, match="pass = 'x'"):
+        flashjit.show(arch="sm90", pass_="x")
+    with pytest.raises(flashjit.InvalidArgumentError, match="deterministic = True applies"):
+        flashjit.show(arch="sm90", deterministic=True)

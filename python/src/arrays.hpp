@@ -1,0 +1,71 @@
+// Arrays in, problems out: DLPack arrays (nb::ndarray: torch, cupy, jax, numpy, anything with
+// __dlpack__ or the buffer protocol) read without copies, checked against each other (dtype,
+// shape, place, a contiguous last axis) and turned into the AttentionProblem of the call, for the
+// forward (q, k, v, out, lse) and the backward (q, k, v, o, lse, do, dq, dk, dv). Errors name the
+// array and what is allowed. Also the outputs the module allocates itself.
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "errors.hpp"
+#include "generator/problem.hpp"
+#include "runtime/runtime.hpp"
+#include "runtimes.hpp"
+
+namespace flashjit::python {
+
+using InArray = nb::ndarray<nb::ro>;
+using OutArray = nb::ndarray<>;
+
+std::string dtype_name(const nb::dlpack::dtype& dtype);  // "float16", "bfloat16", "int8", ...
+Layout parse_layout(const std::string& text);
+
+struct Call {
+  Place place;
+  AttentionProblem problem;
+};
+
+// Validates q, k, v (and out, lse when given) against each other and builds the forward problem
+// (o's strides: out's, else q's; the caller sets them for an output it allocates).
+Call prepare(const InArray& q, const InArray& k, const InArray& v, const OutArray* out,
+             const OutArray* lse, bool causal, std::optional<double> scale,
+             const std::string& layout_name);
+
+// The backward's arrays: o and do with q's shape and dtype, lse float32 (batch, heads_q,
+// seqlen_q) contiguous (required: the error says where it comes from), dq with q's shape and
+// dk, dv with k's when given (contiguous in the layout when not: the caller allocates them so),
+// all on q's device. Builds the backward problem with every array's strides.
+Call prepare_backward(const InArray& q, const InArray& k, const InArray& v, const InArray& o,
+                      const std::optional<InArray>& lse, const InArray& d_o, const OutArray* dq,
+                      const OutArray* dk, const OutArray* dv, bool causal,
+                      std::optional<double> scale, const std::string& layout_name,
+                      bool deterministic);
+
+// Memory the module allocated for an output (arrays of frameworks without an allocator the
+// Python layer knows, e.g. jax), owned by the returned array. `framework`: "jax" returns a jax
+// array, "numpy" a numpy array (CPU only); anything else a DLPack capsule.
+struct Allocated {
+  nb::object array;
+  void* data = nullptr;
+};
+Allocated allocate_array(Runtime& runtime, const Place& place, const std::string& framework,
+                         std::vector<size_t> shape, nb::dlpack::dtype dtype);
+
+// The shape of `array` as a vector, for allocate_array.
+template <class Array>
+std::vector<size_t> shape_of(const Array& array) {
+  std::vector<size_t> shape;
+  for (size_t i = 0; i < array.ndim(); ++i) shape.push_back(array.shape(i));
+  return shape;
+}
+
+}  // namespace flashjit::python

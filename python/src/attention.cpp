@@ -1,0 +1,174 @@
+#include "attention.hpp"
+
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "runtime/backend.hpp"
+#include "runtime/cuda/driver.hpp"
+
+namespace flashjit::python {
+namespace {
+
+// Where a kernel's config came from, for config_for() and show().
+const char* source_name(ChoiceSource source) {
+  switch (source) {
+    case ChoiceSource::Exact:
+      return "exact";
+    case ChoiceSource::NearestBucket:
+      return "nearest";
+    case ChoiceSource::Default:
+      return "default";
+  }
+  return "unknown";
+}
+
+std::shared_ptr<Kernel> kernel_for(Runtime& runtime, const AttentionProblem& problem,
+                                   const std::optional<std::string>& config) {
+  if (!config) return unwrap(runtime.attention(problem));
+  return unwrap(runtime.attention(problem, resolve_config(runtime, problem, config).first));
+}
+
+// Builds (or finds) the kernel for `problem` and enqueues it on `stream`; with `synchronize` waits
+// for it (CUDA). Releases the GIL: compiles (first use) and CPU launches take long.
+void launch(Runtime& runtime, const Call& call, const AttentionArgs& args,
+            const std::optional<std::string>& config, uintptr_t stream, bool synchronize) {
+  nb::gil_scoped_release release;
+  CudaContextGuard guard(call.place.cuda());
+  std::shared_ptr<Kernel> kernel = kernel_for(runtime, call.problem, config);
+  check(kernel->launch(call.problem, args, reinterpret_cast<void*>(stream)));
+  if (synchronize && call.place.cuda()) {
+    const cuda::Driver* cu = unwrap(cuda::driver());
+    check(cuda::check(cu->cuStreamSynchronize(reinterpret_cast<CUstream>(stream)),
+                      "cuStreamSynchronize", ErrorCode::LaunchFailed));
+  }
+}
+
+}  // namespace
+
+// config: nullopt = the runtime's selection (tuning DBs, then the SRAM-formula default);
+// "default" = the SRAM-formula default; else a config name such as "m128n64w4s2".
+std::pair<AttentionConfig, std::string> resolve_config(Runtime& runtime,
+                                                       const AttentionProblem& problem,
+                                                       const std::optional<std::string>& config) {
+  if (!config) {
+    auto [chosen, source] = unwrap(runtime.select_config(problem));
+    return {chosen, source_name(source)};
+  }
+  if (*config == "default") return {unwrap(runtime.backend().default_config(problem)), "default"};
+  AttentionConfig parsed = unwrap(AttentionConfig::parse(*config));
+  Status legal = runtime.backend().check_config(parsed, problem);
+  if (!legal.ok()) {
+    raise(ErrorCode::InvalidArgument, "config = '" + *config +
+                                          "' is not legal for this problem on " +
+                                          runtime.backend().name() + ": " + legal.error().message);
+  }
+  return {parsed, "given"};
+}
+
+nb::tuple attention(InArray q, InArray k, InArray v, std::optional<OutArray> out,
+                    std::optional<OutArray> lse, bool want_lse, bool causal,
+                    std::optional<double> scale, const std::string& layout,
+                    std::optional<std::string> config, uintptr_t stream, bool synchronize,
+                    const std::string& framework) {
+  Call call = prepare(q, k, v, out ? &*out : nullptr, lse ? &*lse : nullptr, causal, scale, layout);
+  std::shared_ptr<Runtime> runtime = runtimes().get(call.place);
+
+  nb::object out_object = nb::none(), lse_object = nb::none();
+  void* out_data = nullptr;
+  float* lse_data = nullptr;
+  if (out) {
+    out_data = out->data();
+  } else {
+    // Contiguous, with q's shape (so in the same layout as q).
+    Allocated allocated = allocate_array(*runtime, call.place, framework, shape_of(q), q.dtype());
+    out_object = allocated.array;
+    out_data = allocated.data;
+    call.problem.o_strides = contiguous_strides(parse_layout(layout), call.problem.seqlen_q,
+                                                call.problem.heads_q, call.problem.head_dim);
+  }
+  if (lse) {
+    lse_data = static_cast<float*>(lse->data());
+  } else if (want_lse) {
+    Allocated allocated = allocate_array(
+        *runtime, call.place, framework,
+        {static_cast<size_t>(call.problem.batch), static_cast<size_t>(call.problem.heads_q),
+         static_cast<size_t>(call.problem.seqlen_q)},
+        nb::dtype<float>());
+    lse_object = allocated.array;
+    lse_data = static_cast<float*>(allocated.data);
+  }
+
+  const AttentionArgs args{q.data(), k.data(), v.data(), out_data, lse_data};
+  launch(*runtime, call, args, config, stream, synchronize);
+  return nb::make_tuple(out_object, lse_object);
+}
+
+nb::tuple attention_backward(InArray q, InArray k, InArray v, InArray o, std::optional<InArray> lse,
+                             InArray d_o, std::optional<OutArray> dq, std::optional<OutArray> dk,
+                             std::optional<OutArray> dv, bool causal, std::optional<double> scale,
+                             const std::string& layout, bool deterministic,
+                             std::optional<std::string> config, uintptr_t stream, bool synchronize,
+                             const std::string& framework) {
+  const Call call = prepare_backward(q, k, v, o, lse, d_o, dq ? &*dq : nullptr, dk ? &*dk : nullptr,
+                                     dv ? &*dv : nullptr, causal, scale, layout, deterministic);
+  std::shared_ptr<Runtime> runtime = runtimes().get(call.place);
+  // A gradient the caller did not pass: contiguous, with its input's shape (prepare_backward
+  // gave the problem those strides).
+  nb::object made[3] = {nb::none(), nb::none(), nb::none()};
+  void* data[3] = {nullptr, nullptr, nullptr};
+  const std::optional<OutArray>* given[3] = {&dq, &dk, &dv};
+  const InArray* like[3] = {&q, &k, &k};
+  for (int i = 0; i < 3; ++i) {
+    if (*given[i]) {
+      data[i] = (*given[i])->data();
+    } else {
+      Allocated allocated =
+          allocate_array(*runtime, call.place, framework, shape_of(*like[i]), q.dtype());
+      made[i] = allocated.array;
+      data[i] = allocated.data;
+    }
+  }
+  AttentionArgs args{q.data(), k.data(), v.data(), const_cast<void*>(o.data()),
+                     static_cast<float*>(const_cast<void*>(lse->data()))};
+  args.d_o = d_o.data();
+  args.dq = data[0];
+  args.dk = data[1];
+  args.dv = data[2];
+  launch(*runtime, call, args, config, stream, synchronize);
+  return nb::make_tuple(made[0], made[1], made[2]);
+}
+
+nb::dict config_for(InArray q, InArray k, InArray v, bool causal, std::optional<double> scale,
+                    const std::string& layout, std::optional<std::string> config,
+                    const std::string& pass, bool deterministic) {
+  Call call = prepare(q, k, v, nullptr, nullptr, causal, scale, layout);
+  AttentionProblem& p = call.problem;
+  p.pass = unwrap(parse_pass(pass));
+  if (deterministic && !p.is_backward()) {
+    raise(ErrorCode::InvalidArgument,
+          "deterministic = True applies to the backward pass only (pass_='bwd')");
+  }
+  p.deterministic = deterministic;
+  // The gradients as attention_backward() allocates them (they do not change the config).
+  p.do_strides = p.dq_strides = p.o_strides;
+  p.dk_strides = p.dv_strides = p.k_strides;
+  std::shared_ptr<Runtime> runtime = runtimes().get(call.place);
+  std::pair<AttentionConfig, std::string> chosen;
+  {
+    nb::gil_scoped_release release;
+    CudaContextGuard guard(call.place.cuda());
+    chosen = resolve_config(*runtime, p, config);
+  }
+  nb::dict result;
+  result["config"] = chosen.first.to_string();
+  result["source"] = chosen.second;
+  result["device"] = call.place.to_string();
+  result["problem"] = p.to_string();
+  return result;
+}
+
+}  // namespace flashjit::python
