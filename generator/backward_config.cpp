@@ -1,10 +1,10 @@
 #include "generator/backward_config.hpp"
 
-#include "generator/backward_config_sm90.hpp"
-
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
+
+#include "generator/backward_config_sm90.hpp"
 
 namespace flashjit {
 
@@ -322,13 +322,21 @@ BackwardWarpTiling backward_warp_tiling(int rows, int cols, int warps) {
 BackwardResources backward_resources(const AttentionConfig& c, const AttentionProblem& p,
                                      const DeviceSpec& device) {
   BackwardResources use;
-  if (c.family != KernelFamily::Mma) return use;
-  const MmaShape s = mma_shape(c, p);
-  use.dkdv_threads = use.dq_threads = c.threads();
-  use.dkdv_smem_bytes = s.dkdv_smem;
-  use.dq_smem_bytes = s.dq_smem;
-  use.dkdv_registers = s.dkdv_registers;
-  use.dq_registers = s.dq_kernel_registers;
+  if (c.family == KernelFamily::Wgmma) {
+    use.dkdv_threads = wgmma_backward_dkdv_threads(c);
+    use.dq_threads = wgmma_backward_dq_threads(c);
+    use.dkdv_smem_bytes = wgmma_backward_dkdv_smem_bytes(c, p);
+    use.dq_smem_bytes = wgmma_backward_dq_smem_bytes(c, p);
+    use.dkdv_registers = wgmma_backward_dkdv_registers(c, p);
+    use.dq_registers = wgmma_backward_dq_registers(c, p);
+  } else {
+    const MmaShape s = mma_shape(c, p);
+    use.dkdv_threads = use.dq_threads = c.threads();
+    use.dkdv_smem_bytes = s.dkdv_smem;
+    use.dq_smem_bytes = s.dq_smem;
+    use.dkdv_registers = s.dkdv_registers;
+    use.dq_registers = s.dq_kernel_registers;
+  }
   // Registers are allocated per warp in units of 256 (8 per thread).
   const int regs_rounded = (use.dkdv_registers + 7) / 8 * 8;
   const int by_smem = device.smem_per_sm / (use.dkdv_smem_bytes + kSmemReservedPerCta);

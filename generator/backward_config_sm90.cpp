@@ -198,10 +198,15 @@ Status check_wgmma_backward_config(const AttentionConfig& c, const AttentionProb
 
 Result<AttentionConfig> default_wgmma_backward_config(const AttentionProblem& p,
                                                       const DeviceSpec& device) {
+  // dQ from its own kernel, also when the problem does not ask for determinism: the atomic
+  // mode adds every key block's dS K_j into the fp32 workspace, (seqlen_k / Bc) x the size of dQ
+  // in red.global traffic (at N = 16k, d = 64: ~1 GB per head), which costs more than the dQ
+  // kernel's recomputed S and dP. Measured on an H100 (docs/PERFORMANCE.md): every tuned shape of
+  // the bf16 grid chose a -det config, 1.04-1.45x the atomic default's speed.
   const int dp = padded_head_dim(p.head_dim);
-  const DqMode dq = p.deterministic ? DqMode::Separate : DqMode::Atomic;
+  const DqMode dq = DqMode::Separate;
   AttentionConfig preferred{128, 64, 4, 2, KernelFamily::Wgmma, dq};
-  if (dp > 64) preferred = {64, 128, 8, 2, KernelFamily::Wgmma, dq};
+  if (dp > 64) preferred = {64, 64, 4, 2, KernelFamily::Wgmma, dq};
   if (dp > 128) preferred = {64, 64, 8, 2, KernelFamily::Wgmma, dq};
   if (check_wgmma_backward_config(preferred, p, device).ok()) return preferred;
   for (const AttentionConfig& c : wgmma_backward_candidates(p))

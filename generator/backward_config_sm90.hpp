@@ -52,16 +52,15 @@ int wgmma_backward_dq_smem_bytes(const AttentionConfig& config, const AttentionP
 int wgmma_backward_dkdv_registers(const AttentionConfig& config, const AttentionProblem& problem);
 int wgmma_backward_dq_registers(const AttentionConfig& config, const AttentionProblem& problem);
 
-// The proposed untuned default on sm90 (FlashAttention-3's tiles where the template has them):
-//   d <= 64   m128n64w4s2    one warpgroup of 64 keys, 128 queries per step (two CTAs per
-//                            SM): FlashAttention-3's m128n128 with two warpgroups spills in
-//                            Atomic mode here (no producer warp, so no setmaxnreg headroom)
-//   d <= 128  m64n128w8s2    two warpgroups of 64 keys; 64 queries per step keeps dK, dV, S^T,
-//                            dP^T and a 64 x 64 dQ tile in 255 registers
-//   d = 256   m64n64w8s2     two warpgroups sharing 64 keys (dK, dV split by columns): the only
-//                            shape whose accumulators fit
-// with "-det" (DqMode::Separate) when the problem is deterministic; else the first legal config.
-// Error when no wgmma config is legal (not sm90, or a head dim in (128, 192] with no shape).
+// The untuned default on sm90, always with dQ from its own kernel (-det: no atomics; measured
+// faster than the atomic mode at every shape of the bf16 grid on an H100, see the .cpp):
+//   d <= 64   m128n64w4s2-det   one warpgroup of 64 keys, 128 queries per step (two CTAs per SM)
+//   d <= 128  m64n64w4s2-det    one warpgroup of 64 keys, 64 queries per step: the tuned winner
+//                               at every d = 128 shape (more CTAs per SM than two warpgroups)
+//   d = 256   m64n64w8s2-det    two warpgroups sharing 64 keys (dK, dV split by columns): the
+//                               only shape whose accumulators fit
+// else the first legal config. Error when no wgmma config is legal (not sm90, or a head dim in
+// (128, 192] with no shape).
 Result<AttentionConfig> default_wgmma_backward_config(const AttentionProblem& problem,
                                                       const DeviceSpec& device);
 
