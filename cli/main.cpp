@@ -561,8 +561,9 @@ int run_run(const ParsedFlags& flags) {
               info.dynamic_smem_bytes, info.threads_per_block,
               backward ? "; its dK/dV kernel" : "");
   if (backward) {
-    std::printf("workspace %.2f MiB (fp32: delta, lse, dQ accumulator)\n",
-                static_cast<double>(ready.workspace_bytes(*problem)) / (1 << 20));
+    std::printf("workspace %.2f MiB (fp32: delta and lse rows%s)\n",
+                static_cast<double>(ready.workspace_bytes(*problem)) / (1 << 20),
+                ready.config().dq == DqMode::Atomic ? ", the dQ accumulator" : "");
   }
   const RuntimeStats stats = (*runtime)->stats();
   const char* compiler = on_cpu                    ? "compiled with Clang"
