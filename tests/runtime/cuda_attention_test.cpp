@@ -27,6 +27,7 @@
 #include "support/gpu.hpp"
 #include "support/parallel.hpp"
 #include "support/reference.hpp"
+#include "support/shapes.hpp"
 
 namespace flashjit {
 namespace {
@@ -41,71 +42,15 @@ constexpr double kMaxLseAbsError = 1e-3;
 constexpr int kMaxFailuresPerGroup = 30;
 
 // ---------------------------------------------------------------------------------------------
-// Shapes
+// Shapes: tests/support/shapes.hpp (shared with the HIP tests)
 
-enum class Storage {
-  kBshd,        // contiguous [batch, seq, heads, d]
-  kBshdPadded,  // BSHD with padding after each head and each sequence row, different per tensor
-  kBhsd,        // contiguous [batch, heads, seq, d]
-};
+using ft::Shape;
+using ft::Storage;
 
-struct Shape {
-  int64_t batch, heads_q, heads_kv, seqlen_q, seqlen_k;
-  Storage storage = Storage::kBshd;
-
-  std::string to_string() const {
-    static const char* const kStorageNames[] = {"bshd", "bshd-padded", "bhsd"};
-    return "(b" + std::to_string(batch) + " hq" + std::to_string(heads_q) + " hkv" +
-           std::to_string(heads_kv) + " sq" + std::to_string(seqlen_q) + " sk" +
-           std::to_string(seqlen_k) + " " + kStorageNames[static_cast<int>(storage)] + ")";
-  }
-};
-
-const std::vector<Shape>& test_shapes() {
-  static const std::vector<Shape> shapes = {
-      {1, 2, 2, 1, 1},
-      {1, 2, 2, 17, 17},
-      {1, 2, 2, 128, 128},
-      {1, 1, 1, 1000, 1000},
-      {1, 1, 1, 4097, 4097},
-      {1, 2, 2, 100, 300},  // more keys than queries
-      {1, 2, 2, 300, 100},  // more queries: causal leaves the first 200 rows empty
-      {2, 2, 2, 1, 77},     // decode-like single query row
-      {2, 8, 2, 257, 257},  // GQA 4:1
-      {1, 4, 1, 129, 200},  // MQA
-      {3, 2, 2, 64, 64},
-      {2, 4, 2, 150, 190, Storage::kBshdPadded},
-      {1, 2, 2, 200, 96, Storage::kBshdPadded},
-      {2, 4, 4, 130, 130, Storage::kBhsd},
-      {2, 4, 2, 70, 170, Storage::kBhsd},
-  };
-  return shapes;
-}
-
-// BSHD strides with `head_pad` elements after each head's row and `seq_pad` after each sequence
-// row (all multiples of 8, as validate() requires).
-Strides padded_bshd(int64_t seqlen, int64_t heads, int head_dim, int head_pad, int seq_pad,
-                    int batch_pad) {
-  Strides strides;
-  strides.head = head_dim + head_pad;
-  strides.seq = heads * strides.head + seq_pad;
-  strides.batch = seqlen * strides.seq + batch_pad;
-  return strides;
-}
+const std::vector<Shape>& test_shapes() { return ft::gpu_test_shapes(); }
 
 AttentionProblem make_problem(const Shape& shape, int head_dim, DType dtype, bool causal) {
-  const Layout layout = shape.storage == Storage::kBhsd ? Layout::BHSD : Layout::BSHD;
-  AttentionProblem problem =
-      AttentionProblem::make(shape.batch, shape.heads_q, shape.heads_kv, shape.seqlen_q,
-                             shape.seqlen_k, head_dim, dtype, causal, layout);
-  if (shape.storage == Storage::kBshdPadded) {
-    // Different padding per tensor, so a kernel that uses one tensor's strides for another fails.
-    problem.q_strides = padded_bshd(shape.seqlen_q, shape.heads_q, head_dim, 8, 24, 16);
-    problem.k_strides = padded_bshd(shape.seqlen_k, shape.heads_kv, head_dim, 16, 24, 8);
-    problem.v_strides = padded_bshd(shape.seqlen_k, shape.heads_kv, head_dim, 24, 8, 32);
-    problem.o_strides = padded_bshd(shape.seqlen_q, shape.heads_q, head_dim, 8, 40, 8);
-  }
-  return problem;
+  return ft::make_test_problem(shape, head_dim, dtype, causal);
 }
 
 // ---------------------------------------------------------------------------------------------

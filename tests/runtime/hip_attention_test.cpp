@@ -28,6 +28,7 @@
 #include "runtime/runtime.hpp"
 #include "support/parallel.hpp"
 #include "support/reference.hpp"
+#include "support/shapes.hpp"
 
 namespace flashjit {
 namespace {
@@ -67,63 +68,15 @@ std::shared_ptr<hip::HipBackend> amd_backend(std::string* why) {
     }                                                                                  \
   } while (0)
 
-// ---- shapes (the CUDA GPU test's) --------------------------------------------------------------
+// ---- shapes: tests/support/shapes.hpp (the CUDA GPU test's) -----------------------------------
 
-enum class Storage { kBshd, kBshdPadded, kBhsd };
+using ft::Shape;
+using ft::Storage;
 
-struct Shape {
-  int64_t batch, heads_q, heads_kv, seqlen_q, seqlen_k;
-  Storage storage = Storage::kBshd;
-  std::string to_string() const {
-    static const char* const kNames[] = {"bshd", "bshd-padded", "bhsd"};
-    return "(b" + std::to_string(batch) + " hq" + std::to_string(heads_q) + " hkv" +
-           std::to_string(heads_kv) + " sq" + std::to_string(seqlen_q) + " sk" +
-           std::to_string(seqlen_k) + " " + kNames[static_cast<int>(storage)] + ")";
-  }
-};
-
-const std::vector<Shape>& test_shapes() {
-  static const std::vector<Shape> shapes = {
-      {1, 2, 2, 1, 1},
-      {1, 2, 2, 17, 17},
-      {1, 2, 2, 128, 128},
-      {1, 1, 1, 1000, 1000},
-      {1, 1, 1, 4097, 4097},
-      {1, 2, 2, 100, 300},
-      {1, 2, 2, 300, 100},
-      {2, 2, 2, 1, 77},
-      {2, 8, 2, 257, 257},
-      {1, 4, 1, 129, 200},
-      {3, 2, 2, 64, 64},
-      {2, 4, 2, 150, 190, Storage::kBshdPadded},
-      {1, 2, 2, 200, 96, Storage::kBshdPadded},
-      {2, 4, 4, 130, 130, Storage::kBhsd},
-      {2, 4, 2, 70, 170, Storage::kBhsd},
-  };
-  return shapes;
-}
-
-Strides padded_bshd(int64_t seqlen, int64_t heads, int head_dim, int head_pad, int seq_pad,
-                    int batch_pad) {
-  Strides strides;
-  strides.head = head_dim + head_pad;
-  strides.seq = heads * strides.head + seq_pad;
-  strides.batch = seqlen * strides.seq + batch_pad;
-  return strides;
-}
+const std::vector<Shape>& test_shapes() { return ft::gpu_test_shapes(); }
 
 AttentionProblem make_problem(const Shape& shape, int head_dim, DType dtype, bool causal) {
-  const Layout layout = shape.storage == Storage::kBhsd ? Layout::BHSD : Layout::BSHD;
-  AttentionProblem problem =
-      AttentionProblem::make(shape.batch, shape.heads_q, shape.heads_kv, shape.seqlen_q,
-                             shape.seqlen_k, head_dim, dtype, causal, layout);
-  if (shape.storage == Storage::kBshdPadded) {
-    problem.q_strides = padded_bshd(shape.seqlen_q, shape.heads_q, head_dim, 8, 24, 16);
-    problem.k_strides = padded_bshd(shape.seqlen_k, shape.heads_kv, head_dim, 16, 24, 8);
-    problem.v_strides = padded_bshd(shape.seqlen_k, shape.heads_kv, head_dim, 24, 8, 32);
-    problem.o_strides = padded_bshd(shape.seqlen_q, shape.heads_q, head_dim, 8, 40, 8);
-  }
-  return problem;
+  return ft::make_test_problem(shape, head_dim, dtype, causal);
 }
 
 // ---- device helpers ----------------------------------------------------------------------------
