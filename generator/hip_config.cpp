@@ -344,6 +344,11 @@ Status check_hip_backward_config(const AttentionConfig& c, const AttentionProble
   if (!has_backward_template_shape(c))
     return illegal(c, "block_n / waves = " + std::to_string(c.block_n) + " / " +
                           std::to_string(c.warps) + " must be 16 or 32 keys per wave");
+  if (c.block_m * padded_head_dim(p.head_dim) < kHipBwdMinBlockElements)
+    return illegal(c, "block_m * padded head dim = " + std::to_string(c.block_m) + " * " +
+                          std::to_string(padded_head_dim(p.head_dim)) + " is under " +
+                          std::to_string(kHipBwdMinBlockElements) +
+                          " (too small a streamed block for its barriers)");
   if (qdo_copies(c, p) > kHipBwdMaxCopies)
     return illegal(c, std::to_string(qdo_copies(c, p)) + " Q/dO tile copies per thread exceed " +
                           std::to_string(kHipBwdMaxCopies) +
@@ -437,8 +442,9 @@ std::string explain_hip_backward_plan(const AttentionProblem& p, const DeviceSpe
   out << "  registers <= " << device.regs_per_sm / (kHipSimdsPerCu * kHipWaveSize)
       << " per lane (VGPRs + AGPRs), halved when 5-8 waves share the " << kHipSimdsPerCu
       << " SIMDs\n";
-  out << "  Bm in " << list(kHipBwdBlockMChoices) << ", Bn in " << list(kHipBwdBlockNChoices)
-      << ", waves in " << list(kHipBwdWaveChoices) << ", stages in " << list(kHipStageChoices)
+  out << "  Bm * " << dp << " >= " << kHipBwdMinBlockElements << "; Bm in "
+      << list(kHipBwdBlockMChoices) << ", Bn in " << list(kHipBwdBlockNChoices) << ", waves in "
+      << list(kHipBwdWaveChoices) << ", stages in " << list(kHipStageChoices)
       << "; dQ atomic, or -det (separate dQ kernel" << (p.deterministic ? ": required" : "")
       << ")\n\n";
   out << "config            LDS dK/dV  LDS dQ  regs~ dK/dV  regs~ dQ  status\n";

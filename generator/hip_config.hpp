@@ -101,6 +101,10 @@ inline constexpr int kHipBwdWaveChoices[] = {2, 4, 8};
 // K/V), K/V in the dQ kernel, whose one wave of 16 rows must copy a 32 x 256 block at d = 256.
 inline constexpr int kHipBwdMaxCopies = 8;
 inline constexpr int kHipBwdDqMaxCopies = 16;
+// Elements of one streamed Q (or dO) block at least: each block costs the dK/dV kernel one or two
+// barriers, which a 16-row block of a 64-dim head (2 KiB) does not pay for. Block_m 16 is for
+// head dims of 128 and more.
+inline constexpr int kHipBwdMinBlockElements = 2048;
 
 // LDS of the dK/dV kernel: per stage Q and dO, each in rows (block_m x dp, swizzled) and
 // transposed (dp x (block_m + 4)); Atomic adds the dS tile (block_m x (block_n + 4)), 2 bytes each:

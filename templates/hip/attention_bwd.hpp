@@ -342,7 +342,8 @@ FLASHJIT_DEVICE void attention_backward_dkdv(const FlashjitAttentionParams& p) {
       const float lse_row[4] = {lse4.x, lse4.y, lse4.z, lse4.w};
       const float delta_row[4] = {delta4.x, delta4.y, delta4.z, delta4.w};
 
-      // S = Q K^T, dP = dO V^T: s[kt][i] = S[query m0 + mt*16 + 4g + i][key wave_key0 + kt*16 + r].
+      // S = Q K^T, dP = dO V^T: s[kt][i] = S[query m0 + mt*16 + 4g + i][key wave_key0 + kt*16 + r]
+      // (one product after the other: hipRTC then keeps fewer operands read ahead).
       f32x4 s[kKTiles], dp[kKTiles];
 #pragma unroll
       for (int kt = 0; kt < kKTiles; ++kt) {
@@ -351,13 +352,20 @@ FLASHJIT_DEVICE void attention_backward_dkdv(const FlashjitAttentionParams& p) {
       }
 #pragma unroll
       for (int kk = 0; kk < kDTiles; ++kk) {
-        const int offset = QSwizzle::advance(q_lane, mt * 16, 2 * kk);
-        const Frag q_a = *reinterpret_cast<const Frag*>(q_tile + offset);
-        const Frag do_a = *reinterpret_cast<const Frag*>(do_tile + offset);
+        const Frag q_a =
+            *reinterpret_cast<const Frag*>(q_tile + QSwizzle::advance(q_lane, mt * 16, 2 * kk));
 #pragma unroll
         for (int kt = 0; kt < kKTiles; ++kt) {
           s[kt] = mfma_16x16x16<K::kIsBf16>(q_a.lo, q_a.hi, k_frag[kt][kk].lo, k_frag[kt][kk].hi,
                                             s[kt]);
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kDTiles; ++kk) {
+        const Frag do_a =
+            *reinterpret_cast<const Frag*>(do_tile + QSwizzle::advance(q_lane, mt * 16, 2 * kk));
+#pragma unroll
+        for (int kt = 0; kt < kKTiles; ++kt) {
           dp[kt] = mfma_16x16x16<K::kIsBf16>(do_a.lo, do_a.hi, v_frag[kt][kk].lo, v_frag[kt][kk].hi,
                                              dp[kt]);
         }

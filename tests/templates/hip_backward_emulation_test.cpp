@@ -177,13 +177,13 @@ void PrintTo(const EmulatedConfig& config, std::ostream* out) { *out << config.n
 //                  d    Bm   Bn  W  S  det    bf16   causal
 std::vector<EmulatedConfig> emulated_configs() {
   return {
-      emulated<64, 16, 64, 4, 2, false, true, true>(),      // uneven Q/dO copies, 2 buffers
+      emulated<64, 32, 64, 4, 2, false, true, true>(),      // 2 buffers, 16 keys per wave
       emulated<64, 64, 128, 8, 1, true, false, false>(),    // 4 query tiles, 8 waves, dQ: 4 waves
       emulated<40, 32, 32, 2, 2, false, true, false>(),     // head dim 40 -> 64
       emulated<96, 32, 64, 2, 1, true, true, true>(),       // 96 -> 128, 32 keys per wave
       emulated<128, 32, 128, 4, 1, false, true, true>(),    // the d = 128 default
       emulated<128, 32, 64, 4, 1, true, false, true>(),     // its deterministic twin's shape
-      emulated<128, 16, 128, 8, 2, false, false, false>(),  // 8 waves, 2 buffers
+      emulated<128, 16, 128, 8, 2, false, false, false>(),  // 8 waves, 2 buffers, uneven copies
       emulated<192, 16, 64, 4, 1, false, true, true>(),     // 12 dim tiles over 4 waves (dQ)
       emulated<256, 16, 64, 4, 1, false, true, false>(),    // the d = 256 default
       emulated<256, 16, 32, 2, 1, true, false, true>(),     // d = 256, deterministic
