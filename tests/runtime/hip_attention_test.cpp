@@ -13,7 +13,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -26,6 +25,8 @@
 #include "runtime/binary_cache.hpp"
 #include "runtime/hip/hip_backend.hpp"
 #include "runtime/runtime.hpp"
+#include "support/amd_gpu.hpp"
+#include "support/device_run.hpp"
 #include "support/parallel.hpp"
 #include "support/reference.hpp"
 #include "support/shapes.hpp"
@@ -39,35 +40,6 @@ constexpr double kMaxOutputRelError = 1e-2;
 constexpr double kMaxLseAbsError = 1e-3;
 constexpr int kMaxFailuresPerGroup = 30;
 
-bool amd_gpu_expected() {
-  const char* value = std::getenv("FLASHJIT_EXPECT_AMD_GPU");
-  return value != nullptr && *value != '\0' && std::string(value) != "0";
-}
-
-// The process-wide backend on HIP device 0, or null (with the reason).
-std::shared_ptr<hip::HipBackend> amd_backend(std::string* why) {
-  static std::string reason;
-  static std::shared_ptr<hip::HipBackend> backend = [] {
-    Result<std::unique_ptr<hip::HipBackend>> created = hip::HipBackend::create(0);
-    if (!created.ok()) {
-      reason = created.error().describe();
-      return std::shared_ptr<hip::HipBackend>();
-    }
-    return std::shared_ptr<hip::HipBackend>(std::move(created.value()));
-  }();
-  if (why != nullptr) *why = reason;
-  return backend;
-}
-
-#define REQUIRE_AMD_GPU()                                                              \
-  do {                                                                                 \
-    std::string why;                                                                   \
-    if (!amd_backend(&why)) {                                                          \
-      if (amd_gpu_expected()) FAIL() << "FLASHJIT_EXPECT_AMD_GPU is set but: " << why; \
-      GTEST_SKIP() << "no usable AMD GPU: " << why;                                    \
-    }                                                                                  \
-  } while (0)
-
 // ---- shapes: tests/support/shapes.hpp (the CUDA GPU test's) -----------------------------------
 
 using ft::Shape;
@@ -77,47 +49,6 @@ const std::vector<Shape>& test_shapes() { return ft::gpu_test_shapes(); }
 
 AttentionProblem make_problem(const Shape& shape, int head_dim, DType dtype, bool causal) {
   return ft::make_test_problem(shape, head_dim, dtype, causal);
-}
-
-// ---- device helpers ----------------------------------------------------------------------------
-
-struct DeviceTensors {
-  DeviceBuffer q, k, v, o, lse;
-};
-
-Result<DeviceTensors> upload(const Backend& backend, const AttentionProblem& problem,
-                             const ft::HostInputs& inputs) {
-  DeviceTensors tensors;
-  auto allocate_copy = [&](const std::vector<uint16_t>& host, DeviceBuffer* buffer) -> Status {
-    Result<DeviceBuffer> allocated = backend.allocate(host.size() * sizeof(uint16_t));
-    if (!allocated.ok()) return allocated.error();
-    *buffer = std::move(allocated.value());
-    return backend.copy_to_device(buffer->get(), host.data(), buffer->bytes());
-  };
-  FLASHJIT_TRY(allocate_copy(inputs.q, &tensors.q));
-  FLASHJIT_TRY(allocate_copy(inputs.k, &tensors.k));
-  FLASHJIT_TRY(allocate_copy(inputs.v, &tensors.v));
-  Result<DeviceBuffer> o = backend.allocate(problem.o_span() * sizeof(uint16_t));
-  if (!o.ok()) return o.error();
-  tensors.o = std::move(o.value());
-  Result<DeviceBuffer> lse = backend.allocate(problem.lse_elements() * sizeof(float));
-  if (!lse.ok()) return lse.error();
-  tensors.lse = std::move(lse.value());
-  return tensors;
-}
-
-// Poison, launch, synchronize, copy back; an error says in which step.
-Status run_poisoned(const Backend& backend, const Kernel& kernel, const AttentionProblem& problem,
-                    const DeviceTensors& t, std::vector<uint16_t>* o, std::vector<float>* lse) {
-  FLASHJIT_TRY(backend.fill_bytes(t.o.get(), 0xFF, t.o.bytes()));
-  FLASHJIT_TRY(backend.fill_bytes(t.lse.get(), 0xFF, t.lse.bytes()));
-  FLASHJIT_TRY(
-      kernel.launch(problem, {t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.as<float>()}));
-  FLASHJIT_TRY(backend.synchronize());
-  o->resize(problem.o_span());
-  lse->resize(problem.lse_elements());
-  FLASHJIT_TRY(backend.copy_to_host(o->data(), t.o.get(), t.o.bytes()));
-  return backend.copy_to_host(lse->data(), t.lse.get(), t.lse.bytes());
 }
 
 // ---- every legal config of a group on every shape ----------------------------------------------
@@ -140,12 +71,12 @@ void PrintTo(const Group& group, std::ostream* out) { *out << group.name(); }
 
 class HipAttentionAllConfigs : public ::testing::TestWithParam<Group> {
  protected:
-  void SetUp() override { REQUIRE_AMD_GPU(); }
+  void SetUp() override { FLASHJIT_REQUIRE_AMD_GPU(); }
 };
 
 TEST_P(HipAttentionAllConfigs, MatchesFp64Reference) {
   const Group& group = GetParam();
-  const hip::HipBackend& backend = *amd_backend(nullptr);
+  const hip::HipBackend& backend = *ft::amd_backend();
   const AttentionProblem group_problem =
       AttentionProblem::make(1, 2, 2, 128, 128, group.head_dim, group.dtype, group.causal);
   const std::vector<AttentionConfig> configs = backend.legal_configs(group_problem);
@@ -184,14 +115,15 @@ TEST_P(HipAttentionAllConfigs, MatchesFp64Reference) {
     ASSERT_TRUE(validate(problem).ok()) << shape_context;
     const ft::HostInputs inputs = ft::random_inputs(problem, 1000 + s);
     const ft::Reference reference = ft::reference_attention(problem, inputs);
-    Result<DeviceTensors> tensors = upload(backend, problem, inputs);
+    Result<ft::DeviceTensors> tensors = ft::upload(backend, problem, inputs);
     ASSERT_TRUE(tensors.ok()) << shape_context << ": " << tensors.error().describe();
     for (const Built& b : built) {
       if (!b.kernel) continue;
       const std::string context = shape_context + " config=" + b.config.to_string();
       std::vector<uint16_t> o;
       std::vector<float> lse;
-      Status status = run_poisoned(backend, *b.kernel, problem, tensors.value(), &o, &lse);
+      Status status =
+          ft::run_forward_poisoned(backend, *b.kernel, problem, tensors.value(), &o, &lse);
       if (!status.ok()) {
         ADD_FAILURE() << context << ": " << status.error().describe();
         if (++failures >= kMaxFailuresPerGroup) FAIL() << "stopping " << group.name();
@@ -231,7 +163,7 @@ INSTANTIATE_TEST_SUITE_P(AllGroups, HipAttentionAllConfigs, ::testing::ValuesIn(
 // The Runtime on the HIP backend: the default config, compiled once, then from the disk cache in
 // a second Runtime; a padded head dim.
 TEST(HipAttentionRuntime, DefaultConfigThroughTheRuntimeAndTheDiskCache) {
-  REQUIRE_AMD_GPU();
+  FLASHJIT_REQUIRE_AMD_GPU();
   std::random_device entropy;
   const std::filesystem::path cache_dir =
       std::filesystem::temp_directory_path() /
@@ -250,11 +182,12 @@ TEST(HipAttentionRuntime, DefaultConfigThroughTheRuntimeAndTheDiskCache) {
       Result<std::shared_ptr<Kernel>> kernel = (*runtime)->attention(problem);
       ASSERT_TRUE(kernel.ok()) << kernel.error().describe();
       const ft::HostInputs inputs = ft::random_inputs(problem, 5);
-      Result<DeviceTensors> tensors = upload(backend, problem, inputs);
+      Result<ft::DeviceTensors> tensors = ft::upload(backend, problem, inputs);
       ASSERT_TRUE(tensors.ok()) << tensors.error().describe();
       std::vector<uint16_t> o;
       std::vector<float> lse;
-      Status status = run_poisoned(backend, **kernel, problem, tensors.value(), &o, &lse);
+      Status status =
+          ft::run_forward_poisoned(backend, **kernel, problem, tensors.value(), &o, &lse);
       ASSERT_TRUE(status.ok()) << status.error().describe();
       EXPECT_TRUE(ft::matches_reference(
           ft::compare(problem, o, lse, ft::reference_attention(problem, inputs))))
