@@ -49,6 +49,21 @@ bool has_template_shape(const AttentionConfig& c) {
          c.block_m / c.warps / 16 <= kMaxMTilesPerWave;
 }
 
+Status check_hip_dtype(const AttentionConfig& c, DType dtype) {
+  if (dtype == DType::F16 || dtype == DType::BF16) return ok_status();
+  return illegal(c, std::string("dtype = ") + to_string(dtype) +
+                        ": the HIP templates support f16 and bf16 storage only (MFMA operands)");
+}
+
+// The backward's functions, defined with the backward's budget below.
+Status check_hip_backward_config(const AttentionConfig& c, const AttentionProblem& p,
+                                 const DeviceSpec& device);
+std::vector<AttentionConfig> legal_hip_backward_configs(const AttentionProblem& p,
+                                                        const DeviceSpec& device);
+Result<AttentionConfig> default_hip_backward_config(const AttentionProblem& p,
+                                                    const DeviceSpec& device);
+std::string explain_hip_backward_plan(const AttentionProblem& p, const DeviceSpec& device);
+
 }  // namespace
 
 int hip_lds_bytes(const AttentionConfig& c, const AttentionProblem& p) {
@@ -67,11 +82,15 @@ int hip_estimated_registers(const AttentionConfig& c, const AttentionProblem& p)
   return o_accumulator + s_accumulator + p_packed + q_operands + kv_in_flight + kRegisterAllowance;
 }
 
-int hip_register_budget(const AttentionConfig& c, const DeviceSpec& device) {
+int hip_wave_register_budget(int waves, const DeviceSpec& device) {
   const int simds = kHipSimdsPerCu;
-  const int waves_per_simd = std::max(1, (c.warps + simds - 1) / simds);
+  const int waves_per_simd = std::max(1, (waves + simds - 1) / simds);
   const int per_simd_lane = device.regs_per_sm / (simds * kHipWaveSize);
   return std::min(device.max_regs_per_thread, per_simd_lane / waves_per_simd);
+}
+
+int hip_register_budget(const AttentionConfig& c, const DeviceSpec& device) {
+  return hip_wave_register_budget(c.warps, device);
 }
 
 HipResourceUse hip_resource_use(const AttentionConfig& c, const AttentionProblem& p,
@@ -93,6 +112,10 @@ HipResourceUse hip_resource_use(const AttentionConfig& c, const AttentionProblem
 
 Status check_hip_config(const AttentionConfig& c, const AttentionProblem& p,
                         const DeviceSpec& device) {
+  if (p.is_backward()) return check_hip_backward_config(c, p, device);
+  FLASHJIT_TRY(check_hip_dtype(c, p.dtype));
+  if (c.dq != DqMode::Atomic)
+    return illegal(c, "-det (a separate dQ kernel) exists in the backward pass only");
   // Template constraints (mirrored by static_asserts in templates/hip/attention_fwd.hpp).
   if (!contains(kHipBlockMChoices, c.block_m))
     return illegal(c,
@@ -145,6 +168,7 @@ Status check_hip_config(const AttentionConfig& c, const AttentionProblem& p,
 
 std::vector<AttentionConfig> legal_hip_configs(const AttentionProblem& p,
                                                const DeviceSpec& device) {
+  if (p.is_backward()) return legal_hip_backward_configs(p, device);
   std::vector<AttentionConfig> configs;
   for (int block_m : kHipBlockMChoices)
     for (int block_n : kHipBlockNChoices)
@@ -157,6 +181,7 @@ std::vector<AttentionConfig> legal_hip_configs(const AttentionProblem& p,
 }
 
 Result<AttentionConfig> default_hip_config(const AttentionProblem& p, const DeviceSpec& device) {
+  if (p.is_backward()) return default_hip_backward_config(p, device);
   const std::vector<AttentionConfig> legal = legal_hip_configs(p, device);
   if (legal.empty())
     return make_error(
@@ -174,6 +199,7 @@ Result<AttentionConfig> default_hip_config(const AttentionProblem& p, const Devi
 }
 
 std::string explain_hip_plan(const AttentionProblem& p, const DeviceSpec& device) {
+  if (p.is_backward()) return explain_hip_backward_plan(p, device);
   std::ostringstream out;
   const int d = p.head_dim, dp = padded_head_dim(d);
   out << "device:  " << device.to_string() << "\n";
@@ -223,5 +249,233 @@ std::string explain_hip_plan(const AttentionProblem& p, const DeviceSpec& device
     out << " " << def.error().message << "\n";
   return out.str();
 }
+
+// ---- the backward pass ------------------------------------------------------------------------
+
+namespace {
+
+constexpr int kMaxKeyTilesPerWave = 2;  // 16-key MFMA tiles a wave of the dK/dV kernel owns
+constexpr int kDsRowPadding = 4;        // elements of padding per dS / transposed row
+
+bool has_backward_template_shape(const AttentionConfig& c) {
+  return c.warps > 0 && c.block_n % (16 * c.warps) == 0 &&
+         c.block_n / c.warps / 16 <= kMaxKeyTilesPerWave;
+}
+
+int key_tiles_per_wave(const AttentionConfig& c) {
+  return std::max(1, c.block_n / std::max(1, c.warps) / 16);
+}
+
+// 16-byte copies per thread of one streamed tile: Q (and dO) in the dK/dV kernel, K (and V) in
+// the dQ kernel.
+int ceil_div(int a, int b) { return (a + b - 1) / std::max(1, b); }
+int qdo_copies(const AttentionConfig& c, const AttentionProblem& p) {
+  return ceil_div(c.block_m * padded_head_dim(p.head_dim) / 8, hip_threads(c));
+}
+int dq_kv_copies(const AttentionConfig& c, const AttentionProblem& p) {
+  return ceil_div(c.block_n * padded_head_dim(p.head_dim) / 8, hip_bwd_dq_waves(c) * kHipWaveSize);
+}
+
+}  // namespace
+
+int hip_bwd_dkdv_lds_bytes(const AttentionConfig& c, const AttentionProblem& p) {
+  const int dp = padded_head_dim(p.head_dim);
+  const int streamed = c.stages * 2 * (c.block_m * dp + dp * (c.block_m + kDsRowPadding)) * 2;
+  const int ds = c.dq == DqMode::Atomic ? c.block_m * (c.block_n + kDsRowPadding) * 2 : 0;
+  return streamed + ds;
+}
+
+int hip_bwd_dq_lds_bytes(const AttentionConfig& c, const AttentionProblem& p) {
+  if (c.dq == DqMode::Atomic) return 0;
+  const int dp = padded_head_dim(p.head_dim);
+  return c.stages * (2 * c.block_n * dp + dp * (c.block_n + kDsRowPadding)) * 2;
+}
+
+int hip_bwd_dq_waves(const AttentionConfig& c) { return std::max(1, c.block_m / 16); }
+
+int hip_bwd_dkdv_estimated_registers(const AttentionConfig& c, const AttentionProblem& p) {
+  const int kt = key_tiles_per_wave(c);
+  const int dt = padded_head_dim(p.head_dim) / 16;
+  const int accumulators = 2 * kt * dt * 4;  // dK^T, dV^T
+  const int kv_operands = 2 * kt * dt * 2;   // K, V rows
+  const int scores = kt * (4 + 4 + 2 + 2);   // S, dP; P, dS packed
+  const int read_ahead = 8 * dt;             // Q, dO, Q^T, dO^T operands of one query tile
+  const int in_flight = 2 * qdo_copies(c, p) * 4;
+  const int dq = c.dq == DqMode::Atomic ? c.block_n / 16 * ceil_div(dt, c.warps) * 2 + 4 : 0;
+  return accumulators + kv_operands + scores + read_ahead + in_flight + dq + kRegisterAllowance;
+}
+
+int hip_bwd_dq_estimated_registers(const AttentionConfig& c, const AttentionProblem& p) {
+  if (c.dq == DqMode::Atomic) return 0;
+  const int dt = padded_head_dim(p.head_dim) / 16;
+  const int nt = c.block_n / 16;
+  const int accumulator = dt * 4;                    // dQ^T
+  const int operands = 2 * dt * 2;                   // Q, dO rows
+  const int scores = nt * (2 * (4 + 4) + 2);         // S^T, dP^T (twice); dS^T packed
+  const int in_flight = 2 * dq_kv_copies(c, p) * 4;  // next K, V
+  return accumulator + operands + scores + in_flight + kRegisterAllowance;
+}
+
+BackwardShapes hip_backward_shapes(const AttentionConfig& c, const AttentionProblem& p) {
+  return backward_shapes(c, {hip_threads(c), hip_bwd_dkdv_lds_bytes(c, p)},
+                         {hip_bwd_dq_waves(c) * kHipWaveSize, hip_bwd_dq_lds_bytes(c, p)});
+}
+
+namespace {
+
+Status check_hip_backward_config(const AttentionConfig& c, const AttentionProblem& p,
+                                 const DeviceSpec& device) {
+  FLASHJIT_TRY(check_hip_dtype(c, p.dtype));
+  if (p.deterministic && c.dq != DqMode::Separate)
+    return illegal(c, "a deterministic backward needs a separate dQ kernel (a -det config)");
+  // Template constraints (mirrored by static_asserts in templates/hip/attention_bwd.hpp).
+  if (!contains(kHipBwdBlockMChoices, c.block_m))
+    return illegal(c, "block_m = " + std::to_string(c.block_m) + " not in " +
+                          list(kHipBwdBlockMChoices) + " (backward)");
+  if (!contains(kHipBwdBlockNChoices, c.block_n))
+    return illegal(c, "block_n = " + std::to_string(c.block_n) + " not in " +
+                          list(kHipBwdBlockNChoices) + " (backward)");
+  if (!contains(kHipBwdWaveChoices, c.warps))
+    return illegal(c, "warps (wavefronts) = " + std::to_string(c.warps) + " not in " +
+                          list(kHipBwdWaveChoices) + " (backward)");
+  if (!contains(kHipStageChoices, c.stages))
+    return illegal(c, "stages (LDS buffers) = " + std::to_string(c.stages) + " not in " +
+                          list(kHipStageChoices));
+  if (!has_backward_template_shape(c))
+    return illegal(c, "block_n / waves = " + std::to_string(c.block_n) + " / " +
+                          std::to_string(c.warps) + " must be 16 or 32 keys per wave");
+  if (c.block_m * padded_head_dim(p.head_dim) < kHipBwdMinBlockElements)
+    return illegal(c, "block_m * padded head dim = " + std::to_string(c.block_m) + " * " +
+                          std::to_string(padded_head_dim(p.head_dim)) + " is under " +
+                          std::to_string(kHipBwdMinBlockElements) +
+                          " (too small a streamed block for its barriers)");
+  if (qdo_copies(c, p) > kHipBwdMaxCopies)
+    return illegal(c, std::to_string(qdo_copies(c, p)) + " Q/dO tile copies per thread exceed " +
+                          std::to_string(kHipBwdMaxCopies) +
+                          " (too few threads for the tile: registers would spill)");
+  if (c.dq == DqMode::Separate && dq_kv_copies(c, p) > kHipBwdDqMaxCopies)
+    return illegal(c, std::to_string(dq_kv_copies(c, p)) +
+                          " K/V tile copies per thread of the dQ kernel (" +
+                          std::to_string(hip_bwd_dq_waves(c)) + " waves) exceed " +
+                          std::to_string(kHipBwdDqMaxCopies));
+  const BackwardShapes shapes = hip_backward_shapes(c, p);
+  for (const auto& [name, shape] :
+       {std::pair<const char*, KernelShape>{"dK/dV", shapes.dkdv}, {"dQ", shapes.dq}}) {
+    if (shape.threads > device.max_threads_per_block)
+      return illegal(c, std::string("the ") + name + " kernel's " + std::to_string(shape.threads) +
+                            " threads exceed the device's " +
+                            std::to_string(device.max_threads_per_block) + " per workgroup");
+    if (shape.smem_bytes > device.smem_per_block_optin)
+      return illegal(c, std::string("the ") + name + " kernel's LDS " +
+                            std::to_string(shape.smem_bytes) + " B exceeds the device's " +
+                            std::to_string(device.smem_per_block_optin) + " B per workgroup");
+  }
+  // Register budget of each kernel: past it the compiler spills to scratch memory.
+  const int dkdv_regs = hip_bwd_dkdv_estimated_registers(c, p);
+  const int dkdv_budget = hip_register_budget(c, device);
+  if (dkdv_regs > dkdv_budget)
+    return illegal(c, "the dK/dV kernel's estimated " + std::to_string(dkdv_regs) +
+                          " registers per lane exceed " + std::to_string(dkdv_budget) + " (" +
+                          std::to_string(c.warps) + " waves on " + std::to_string(kHipSimdsPerCu) +
+                          " SIMDs)");
+  const int dq_regs = hip_bwd_dq_estimated_registers(c, p);
+  const int dq_budget = hip_wave_register_budget(hip_bwd_dq_waves(c), device);
+  if (dq_regs > dq_budget)
+    return illegal(c, "the dQ kernel's estimated " + std::to_string(dq_regs) +
+                          " registers per lane exceed " + std::to_string(dq_budget));
+  return ok_status();
+}
+
+std::vector<AttentionConfig> legal_hip_backward_configs(const AttentionProblem& p,
+                                                        const DeviceSpec& device) {
+  std::vector<AttentionConfig> configs;
+  for (int block_m : kHipBwdBlockMChoices)
+    for (int block_n : kHipBwdBlockNChoices)
+      for (int waves : kHipBwdWaveChoices)
+        for (int stages : kHipStageChoices)
+          for (DqMode dq : {DqMode::Atomic, DqMode::Separate}) {
+            AttentionConfig c{block_m, block_n, waves, stages};
+            c.dq = dq;
+            if (check_hip_backward_config(c, p, device).ok()) configs.push_back(c);
+          }
+  return configs;
+}
+
+Result<AttentionConfig> default_hip_backward_config(const AttentionProblem& p,
+                                                    const DeviceSpec& device) {
+  const std::vector<AttentionConfig> legal = legal_hip_backward_configs(p, device);
+  if (legal.empty())
+    return make_error(ErrorCode::Unsupported,
+                      "no legal HIP backward config for head_dim = " + std::to_string(p.head_dim) +
+                          " on " + device.name);
+  // Atomic where allowed (one pass over the scores), 4 waves (one per SIMD), the most keys per
+  // workgroup (Q and dO loaded once per block_n keys), then the largest streamed block, then
+  // double buffering.
+  auto rank = [&](const AttentionConfig& c) {
+    return std::make_tuple(c.dq == DqMode::Atomic, c.warps == 4, c.block_n, c.block_m, c.stages,
+                           -c.warps);
+  };
+  const AttentionConfig* best = &legal.front();
+  for (const AttentionConfig& c : legal)
+    if (rank(c) > rank(*best)) best = &c;
+  return *best;
+}
+
+std::string explain_hip_backward_plan(const AttentionProblem& p, const DeviceSpec& device) {
+  std::ostringstream out;
+  const int dp = padded_head_dim(p.head_dim);
+  out << "device:  " << device.to_string() << "\n";
+  out << "problem: " << p.to_string() << "\n\n";
+  out << "Budget of the HIP backward (MFMA 16x16x16, wave" << kHipWaveSize
+      << ", 2-byte elements, head dim padded to " << dp << "):\n";
+  out << "  dK/dV kernel: Bn keys per workgroup, 16 or 32 per wave; Q, dO streamed in Bm rows\n";
+  out << "    LDS  = stages * 2 * (Bm * " << dp << " + " << dp << " * (Bm + " << kDsRowPadding
+      << ")) * 2 + [atomic dQ] Bm * (Bn + " << kDsRowPadding
+      << ") * 2 B   <= " << device.smem_per_block_optin << " B\n";
+  out << "    regs ~= keys/16 * (" << dp / 2 << " + " << dp / 4
+      << " + 12) [dK, dV; K, V; scores] + " << dp / 2
+      << " [operands read ahead] + in-flight Q/dO + [atomic] K^T operands + " << kRegisterAllowance
+      << "\n";
+  out << "  dQ kernel (-det): Bm / 16 waves of 16 query rows; K, V streamed in Bn rows\n";
+  out << "    LDS  = stages * (2 * Bn * " << dp << " + " << dp << " * (Bn + " << kDsRowPadding
+      << ")) * 2 B   <= " << device.smem_per_block_optin << " B\n";
+  out << "  registers <= " << device.regs_per_sm / (kHipSimdsPerCu * kHipWaveSize)
+      << " per lane (VGPRs + AGPRs), halved when 5-8 waves share the " << kHipSimdsPerCu
+      << " SIMDs\n";
+  out << "  Bm * " << dp << " >= " << kHipBwdMinBlockElements << "; Bm in "
+      << list(kHipBwdBlockMChoices) << ", Bn in " << list(kHipBwdBlockNChoices) << ", waves in "
+      << list(kHipBwdWaveChoices) << ", stages in " << list(kHipStageChoices)
+      << "; dQ atomic, or -det (separate dQ kernel" << (p.deterministic ? ": required" : "")
+      << ")\n\n";
+  out << "config            LDS dK/dV  LDS dQ  regs~ dK/dV  regs~ dQ  status\n";
+  for (int block_m : kHipBwdBlockMChoices)
+    for (int block_n : kHipBwdBlockNChoices)
+      for (int waves : kHipBwdWaveChoices)
+        for (int stages : kHipStageChoices)
+          for (DqMode dq : {DqMode::Atomic, DqMode::Separate}) {
+            AttentionConfig c{block_m, block_n, waves, stages};
+            c.dq = dq;
+            if (!has_backward_template_shape(c)) continue;  // not a shape the template has
+            Status status = check_hip_backward_config(c, p, device);
+            std::string why = status.ok() ? "legal" : status.error().message;
+            const std::string prefix = "config " + c.to_string() + ": ";
+            if (why.rfind(prefix, 0) == 0) why = "illegal: " + why.substr(prefix.size());
+            char line[320];
+            std::snprintf(line, sizeof line, "%-16s %10d %7d %12d %9d  %s\n", c.to_string().c_str(),
+                          hip_bwd_dkdv_lds_bytes(c, p), hip_bwd_dq_lds_bytes(c, p),
+                          hip_bwd_dkdv_estimated_registers(c, p),
+                          hip_bwd_dq_estimated_registers(c, p), why.c_str());
+            out << line;
+          }
+  auto legal = legal_hip_backward_configs(p, device);
+  out << "\n" << legal.size() << " legal configs.";
+  if (auto def = default_hip_backward_config(p, device); def.ok())
+    out << " Default (untuned): " << def->to_string() << "\n";
+  else
+    out << " " << def.error().message << "\n";
+  return out.str();
+}
+
+}  // namespace
 
 }  // namespace flashjit

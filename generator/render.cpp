@@ -41,6 +41,20 @@ Status check_template_constraints(const AttentionProblem& problem, const Attenti
   return check_config(config, problem, unlimited);
 }
 
+// The same for the HIP templates: an AMD device with no limits to speak of.
+Status check_hip_template_constraints(const AttentionProblem& problem,
+                                      const AttentionConfig& config) {
+  DeviceSpec unlimited;
+  unlimited.name = "(template constraints only)";
+  unlimited.gcn_arch = "gfx90a";
+  unlimited.warp_size = kHipWaveSize;
+  unlimited.smem_per_block_optin = unlimited.smem_per_sm = 1 << 30;
+  unlimited.regs_per_sm = 1 << 30;
+  unlimited.max_regs_per_thread = 1 << 30;
+  unlimited.max_threads_per_sm = unlimited.max_threads_per_block = 1 << 30;
+  return check_hip_config(config, problem, unlimited);
+}
+
 }  // namespace
 
 const std::string& generator_version() {
@@ -130,16 +144,7 @@ Result<KernelSource> render_hip_attention(const AttentionProblem& problem,
                                           const AttentionConfig& config) {
   if (problem.is_backward()) return render_hip_attention_backward(problem, config);
   FLASHJIT_TRY(validate(problem));
-  // An AMD device with no limits to speak of: only the template's own constraints can fail.
-  DeviceSpec unlimited;
-  unlimited.name = "(template constraints only)";
-  unlimited.gcn_arch = "gfx90a";
-  unlimited.warp_size = kHipWaveSize;
-  unlimited.smem_per_block_optin = unlimited.smem_per_sm = 1 << 30;
-  unlimited.regs_per_sm = 1 << 30;
-  unlimited.max_regs_per_thread = 1 << 30;
-  unlimited.max_threads_per_sm = unlimited.max_threads_per_block = 1 << 30;
-  FLASHJIT_TRY(check_hip_config(config, problem, unlimited));
+  FLASHJIT_TRY(check_hip_template_constraints(problem, config));
   std::ostringstream instantiation;
   instantiation << "typedef flashjit_hip::Traits</*head_dim=*/" << problem.head_dim
                 << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n
@@ -150,9 +155,9 @@ Result<KernelSource> render_hip_attention(const AttentionProblem& problem,
                 << kAttentionForwardEntry << "(FlashjitAttentionParams params) {\n"
                 << "  flashjit_hip::attention_forward<Config>(params);\n"
                 << "}\n";
-  return assemble({"attention_common.h", "hip/primitives.hpp", "hip/attention_fwd.hpp"},
-                  {kAttentionForwardEntry}, "attention_fwd_hip", problem, config,
-                  instantiation.str());
+  return assemble(
+      {"attention_common.h", "hip/primitives.hpp", "hip/tiles.hpp", "hip/attention_fwd.hpp"},
+      {kAttentionForwardEntry}, "attention_fwd_hip", problem, config, instantiation.str());
 }
 
 namespace {
@@ -259,8 +264,42 @@ Result<KernelSource> render_cuda_attention_backward(const AttentionProblem& prob
 Result<KernelSource> render_hip_attention_backward(const AttentionProblem& problem,
                                                    const AttentionConfig& config) {
   FLASHJIT_TRY(validate(problem));
-  (void)config;
-  return make_error(ErrorCode::Unsupported, "the backward pass has no HIP template yet");
+  FLASHJIT_TRY(check_hip_template_constraints(problem, config));
+  // templates/hip/attention_bwd.hpp: the row kernels take <head_dim, bf16>, the dK/dV and dQ
+  // kernels a BwdTraits; each entry is bounded to the threads it is launched with
+  // (hip_backward_shapes), so that hipRTC may give each lane the registers those waves leave.
+  const bool bf16 = problem.dtype == DType::BF16;
+  std::string row_args = "<";  // appended: gcc 12 warns falsely (-Wrestrict) on "<" + string
+  row_args += std::to_string(problem.head_dim);
+  row_args += bf16 ? ", true>" : ", false>";
+  const char* params = "(FlashjitAttentionParams params) {\n";
+  std::ostringstream instantiation;
+  instantiation
+      << "typedef flashjit_hip::BwdTraits</*head_dim=*/" << problem.head_dim << ", /*block_m=*/"
+      << config.block_m << ", /*block_n=*/" << config.block_n << ", /*waves=*/" << config.warps
+      << ", /*stages=*/" << config.stages << ", /*bf16=*/" << (bf16 ? "true" : "false")
+      << ", /*causal=*/" << (problem.causal ? "true" : "false") << ", /*dq_atomic=*/"
+      << (config.dq == DqMode::Atomic ? "true" : "false") << "> Config;\n"
+      << "extern \"C\" __global__ void __launch_bounds__(flashjit_hip::kBackwardThreads)\n"
+      << kBackwardPreprocessEntry << params << "  flashjit_hip::backward_preprocess" << row_args
+      << "(params);\n}\n"
+      << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads)\n"
+      << kBackwardDkDvEntry << params
+      << "  flashjit_hip::attention_backward_dkdv<Config>(params);\n}\n";
+  if (config.dq == DqMode::Atomic) {
+    instantiation
+        << "extern \"C\" __global__ void __launch_bounds__(flashjit_hip::kBackwardThreads)\n"
+        << kBackwardDqEntry << params << "  flashjit_hip::backward_dq_convert" << row_args
+        << "(params);\n}\n";
+  } else {
+    instantiation << "extern \"C\" __global__ void __launch_bounds__(Config::kDqThreads)\n"
+                  << kBackwardDqEntry << params
+                  << "  flashjit_hip::attention_backward_dq<Config>(params);\n}\n";
+  }
+  return assemble(
+      {"attention_common.h", "hip/primitives.hpp", "hip/tiles.hpp", "hip/attention_bwd.hpp"},
+      {kBackwardPreprocessEntry, kBackwardDkDvEntry, kBackwardDqEntry}, "attention_bwd_hip",
+      problem, config, instantiation.str());
 }
 
 Result<KernelSource> render_cpu_attention_backward(const AttentionProblem& problem,

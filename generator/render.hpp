@@ -32,16 +32,39 @@ inline constexpr const char* kAttentionForwardEntry = "flashjit_attention_fwd";
 //   preprocess  grid (seqlen_q_rounded / kBackwardPreprocessRows, heads_q, batch),
 //               kBackwardPreprocessThreads threads, no dynamic shared memory: delta and lse_log2
 //               for every row (padding rows too), dq_accum zeroed when it is not null.
-//   dkdv        grid (ceil(seqlen_k / block_n), heads_kv, batch), config.threads() threads,
-//               backward_dkdv_smem_bytes (generator/backward_config.hpp) of dynamic shared memory.
-//   dq          DqMode::Atomic: dq = dq_accum * 1 in the storage type, grid and threads as the
-//               preprocess; DqMode::Separate: grid (ceil(seqlen_q / block_m), heads_q, batch),
-//               config.threads() threads, backward_dq_smem_bytes of dynamic shared memory.
+//   dkdv        grid (ceil(seqlen_k / block_n), heads_kv, batch); threads and dynamic shared
+//               memory per family (BackwardShapes below: CUDA generator/backward_config.hpp,
+//               HIP generator/hip_config.hpp).
+//   dq          DqMode::Atomic: dq = dq_accum * scale in the storage type, grid and threads as
+//               the preprocess; DqMode::Separate: grid (ceil(seqlen_q / block_m), heads_q,
+//               batch), threads and dynamic shared memory per family.
 inline constexpr const char* kBackwardPreprocessEntry = "flashjit_attention_bwd_preprocess";
 inline constexpr const char* kBackwardDkDvEntry = "flashjit_attention_bwd_dkdv";
 inline constexpr const char* kBackwardDqEntry = "flashjit_attention_bwd_dq";
 inline constexpr int kBackwardPreprocessRows = 128;  // query rows per preprocess/convert block
 inline constexpr int kBackwardPreprocessThreads = 128;
+
+// Threads per block (CTA, workgroup) and dynamic shared memory (LDS) in bytes of one entry point.
+struct KernelShape {
+  int threads = 0;
+  int smem_bytes = 0;
+  bool operator==(const KernelShape&) const = default;
+};
+
+// The block shapes of a GPU backward source's entry points, in launch order (the grids are the
+// contract's above: runtime/launch_params.hpp's backward_launch).
+struct BackwardShapes {
+  KernelShape preprocess, dkdv, dq;
+};
+
+// The backward's shapes of a family whose dK/dV kernel and (DqMode::Separate) dQ kernel have the
+// given shapes: the preprocess and, for DqMode::Atomic, the convert are the contract's row
+// kernels.
+inline BackwardShapes backward_shapes(const AttentionConfig& config, KernelShape dkdv,
+                                      KernelShape dq_separate) {
+  const KernelShape rows{kBackwardPreprocessThreads, 0};
+  return {rows, dkdv, config.dq == DqMode::Atomic ? rows : dq_separate};
+}
 
 // CUDA forward kernel: the mma family (sm80+, templates/cuda/attention_fwd.cuh) or the wgmma
 // family (sm90a, attention_fwd_sm90.cuh), both after templates/cuda/common.cuh. Validates the

@@ -11,6 +11,7 @@
 
 #include "generator/config.hpp"
 #include "generator/problem.hpp"
+#include "generator/render.hpp"
 #include "runtime/backend.hpp"
 #include "templates/attention_params.h"
 
@@ -185,6 +186,112 @@ inline void bind_workspace(FlashjitAttentionParams& params, const BackwardWorksp
   params.dq_accum =
       layout.has_dq_accum ? reinterpret_cast<float*>(base + layout.dq_accum_offset) : nullptr;
   params.seqlen_q_rounded = static_cast<int>(layout.seqlen_q_rounded);
+}
+
+// ---- launch shapes ------------------------------------------------------------------------------
+
+// Grid and block of one kernel launch, and what the grid covers (for error messages): grid_x
+// blocks of `rows_per_block` of the `rows` rows named `rows_name`, grid_y the `heads_name` heads,
+// grid_z the batch.
+struct LaunchShape {
+  int64_t grid_x = 0, grid_y = 0, grid_z = 0;
+  int threads = 0;
+  int smem_bytes = 0;
+  const char* rows_name = "seqlen_q";
+  int64_t rows = 0;
+  int64_t rows_per_block = 0;
+  const char* heads_name = "heads_q";
+  int64_t batch = 0;
+};
+
+// Blocks of `rows_per_block` rows over the heads and the batch.
+inline LaunchShape row_blocks_launch(const char* rows_name, int64_t rows, int64_t rows_per_block,
+                                     const char* heads_name, int64_t heads, int64_t batch,
+                                     KernelShape block) {
+  LaunchShape shape;
+  shape.grid_x = (rows + rows_per_block - 1) / rows_per_block;
+  shape.grid_y = heads;
+  shape.grid_z = batch;
+  shape.threads = block.threads;
+  shape.smem_bytes = block.smem_bytes;
+  shape.rows_name = rows_name;
+  shape.rows = rows;
+  shape.rows_per_block = rows_per_block;
+  shape.heads_name = heads_name;
+  shape.batch = batch;
+  return shape;
+}
+
+// The forward's one launch: blocks of block_m query rows x heads_q x batch.
+inline LaunchShape forward_launch(const AttentionProblem& problem, const AttentionConfig& config,
+                                  KernelShape block) {
+  return row_blocks_launch("seqlen_q", problem.seqlen_q, config.block_m, "heads_q", problem.heads_q,
+                           problem.batch, block);
+}
+
+// The launches of a backward call, in order (generator/render.hpp's contract), with the
+// workspace they share: the row kernels over seqlen_q_rounded, the dK/dV kernel over key blocks
+// and kv heads, the dQ kernel (DqMode::Separate) over query blocks. Blocks from the family's
+// BackwardShapes.
+struct BackwardLaunch {
+  BackwardWorkspace workspace;
+  LaunchShape preprocess, dkdv, dq;
+};
+
+inline BackwardLaunch backward_launch(const AttentionProblem& problem,
+                                      const AttentionConfig& config, const BackwardShapes& shapes) {
+  BackwardLaunch launch;
+  launch.workspace = backward_workspace(problem, config);
+  launch.preprocess =
+      row_blocks_launch("seqlen_q", launch.workspace.seqlen_q_rounded, kBackwardPreprocessRows,
+                        "heads_q", problem.heads_q, problem.batch, shapes.preprocess);
+  launch.dkdv = row_blocks_launch("seqlen_k", problem.seqlen_k, config.block_n, "heads_kv",
+                                  problem.heads_kv, problem.batch, shapes.dkdv);
+  launch.dq = config.dq == DqMode::Atomic
+                  ? row_blocks_launch("seqlen_q", launch.workspace.seqlen_q_rounded,
+                                      kBackwardPreprocessRows, "heads_q", problem.heads_q,
+                                      problem.batch, shapes.dq)
+                  : row_blocks_launch("seqlen_q", problem.seqlen_q, config.block_m, "heads_q",
+                                      problem.heads_q, problem.batch, shapes.dq);
+  return launch;
+}
+
+// A backend's grid limits: blocks in x (and, where the hardware counts work-items rather than
+// blocks, x blocks times threads), blocks in y and z.
+struct GridLimits {
+  const char* backend = "";  // "CUDA", "HIP": for messages
+  int64_t max_x = 0;
+  int64_t max_x_threads = 0;  // 0: no such limit
+  int64_t max_yz = 0;
+};
+
+// Error InvalidArgument naming the problem size that makes `shape`'s grid exceed `limits`.
+inline Status check_launch_shape(const LaunchShape& shape, const GridLimits& limits) {
+  if (shape.grid_y > limits.max_yz) {
+    return make_error(ErrorCode::InvalidArgument,
+                      std::string(shape.heads_name) + " = " + std::to_string(shape.grid_y) +
+                          ": must be at most " + std::to_string(limits.max_yz) + " (" +
+                          limits.backend + " grid y)");
+  }
+  if (shape.grid_z > limits.max_yz) {
+    return make_error(ErrorCode::InvalidArgument,
+                      "batch = " + std::to_string(shape.batch) + ": must be at most " +
+                          std::to_string(limits.max_yz) + " (" + limits.backend + " grid z)");
+  }
+  const bool too_many_blocks = shape.grid_x > limits.max_x;
+  const bool too_many_threads =
+      limits.max_x_threads > 0 && shape.grid_x * shape.threads > limits.max_x_threads;
+  if (too_many_blocks || too_many_threads) {
+    return make_error(ErrorCode::InvalidArgument,
+                      std::string(shape.rows_name) + " = " + std::to_string(shape.rows) +
+                          ": needs " + std::to_string(shape.grid_x) + " blocks of " +
+                          std::to_string(shape.rows_per_block) + " rows (" +
+                          std::to_string(shape.threads) + " threads each) in grid x; " +
+                          limits.backend + " allows " +
+                          (too_many_blocks ? std::to_string(limits.max_x) + " blocks"
+                                           : std::to_string(limits.max_x_threads) + " work-items"));
+  }
+  return ok_status();
 }
 
 }  // namespace flashjit

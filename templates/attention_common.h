@@ -1,7 +1,7 @@
 // What every GPU attention template computes the same way, whatever its vendor: which keys a
-// block of query rows sees (seqlen_k edge, causal mask aligned bottom-right), which query rows a
-// block of keys is seen by (the backward pass), which blocks need masking, and the conventions
-// of the softmax state and the log-sum-exp output.
+// block of query rows sees and which query rows a block of keys is seen by (seqlen_k edge, causal
+// mask aligned bottom-right), which blocks need masking, the conventions of the softmax state and
+// the log-sum-exp output, and how the backward pass recomputes P from it.
 // Scalar code only, so that it means the same thing under NVRTC, hipRTC and a host compiler
 // (the HIP template's host emulation test). The renderer prepends attention_params.h.
 #ifndef FLASHJIT_ATTENTION_COMMON_H
@@ -81,6 +81,19 @@ FLASHJIT_DEVICE float scaled_row_max(float row_max, float scale_log2) {
 template <class Log2>
 FLASHJIT_DEVICE float row_lse(float row_max, float scale_log2, float sum, Log2 log2) {
   return sum > 0.f ? (row_max * scale_log2 + log2(sum)) * 0.6931471805599453f : infinity();
+}
+
+// ---- the backward pass ----
+
+// The forward's natural-log LSE of a row in the workspace's base 2 (lse_log2); +inf stays +inf.
+FLASHJIT_DEVICE float lse_to_log2(float lse) { return lse * 1.4426950408889634f; }
+
+// P = exp(scale * s - lse), recomputed in base 2 from a raw score and the row's lse_log2. It is
+// 0 for a masked score (s = -inf) and for rows with lse_log2 = +inf: rows that see no key and
+// the workspace's padding rows past seqlen_q, whose scores are finite (zero-padded operands).
+template <class Exp2>
+FLASHJIT_DEVICE float recomputed_probability(float s, float scale_log2, float lse_log2, Exp2 exp2) {
+  return exp2(s * scale_log2 - lse_log2);
 }
 
 }  // namespace flashjit_attention

@@ -13,6 +13,7 @@
 #include "generator/config.hpp"
 #include "generator/render.hpp"
 #include "runtime/cuda/nvrtc_compiler.hpp"
+#include "runtime/gpu_launch.hpp"
 #include "runtime/launch_params.hpp"
 #include "runtime/workspace.hpp"
 #include "templates/attention_params.h"
@@ -21,8 +22,7 @@ namespace flashjit::cuda {
 namespace {
 
 // Grid y and z are limited to 65535 blocks (x to 2^31 - 1).
-constexpr int64_t kMaxGridYZ = 65535;
-constexpr int64_t kMaxGridX = 2147483647;
+constexpr GridLimits kGridLimits{"CUDA", 2147483647, 0, 65535};
 
 // A problem with `signature`'s compiled-in fields: shared memory depends only on head_dim and the
 // config, so this stands in for any problem the kernel will run.
@@ -31,6 +31,7 @@ AttentionProblem representative_problem(const ProblemSignature& signature) {
   problem.head_dim = signature.head_dim;
   problem.dtype = signature.dtype;
   problem.causal = signature.causal;
+  problem.pass = signature.pass;
   return problem;
 }
 
@@ -93,25 +94,19 @@ Result<DeviceBuffer> allocate_on(const Driver* cu, CUdevice device, size_t bytes
   });
 }
 
-// Grid and block of one launch, checked against the CUDA limits.
-struct LaunchShape {
-  int64_t grid_x = 0, grid_y = 0, grid_z = 0;
-  int threads = 0;
-  int smem_bytes = 0;
-};
-
 // The kernels of one module: one for the forward, three for the backward (render.hpp names and
 // shapes them). Thread-safe to launch: the only mutable state is the backward's workspace cache.
 class CudaKernel final : public Kernel {
  public:
   CudaKernel(const Driver* driver, CUdevice device, CUcontext context, CUmodule module,
-             std::vector<CUfunction> functions, ProblemSignature signature, AttentionConfig config,
-             KernelInfo info)
+             std::vector<CUfunction> functions, std::vector<KernelShape> shapes,
+             ProblemSignature signature, AttentionConfig config, KernelInfo info)
       : driver_(driver),
         device_(device),
         context_(context),
         module_(module),
         functions_(std::move(functions)),
+        shapes_(std::move(shapes)),
         signature_(signature),
         config_(config),
         info_(info),
@@ -138,97 +133,31 @@ class CudaKernel final : public Kernel {
     return backward_workspace(problem, config_).bytes;
   }
 
+  // The entries in order on `stream` (gpu_launch.hpp: checks, grids, the backward's workspace).
   Status launch(const AttentionProblem& problem, const AttentionArgs& args,
                 void* stream) const override {
-    if (signature_.pass == Pass::Backward) return launch_backward(problem, args, stream);
-    // Problem, signature, pointers and 32-bit sizes: the checks every GPU backend makes.
-    FLASHJIT_TRY(check_attention_launch(problem, args, signature_));
-    const LaunchShape shape{(problem.seqlen_q + config_.block_m - 1) / config_.block_m,
-                            problem.heads_q, problem.batch, info_.threads_per_block,
-                            info_.dynamic_smem_bytes};
-    FLASHJIT_TRY(check_shape(problem, shape, "seqlen_q", config_.block_m));
-    FlashjitAttentionParams params = make_launch_params(problem, args);
-    FLASHJIT_TRY(check(driver_->cuCtxSetCurrent(context_), "cuCtxSetCurrent"));
-    return enqueue(functions_[0], shape, params, stream);
+    return launch_gpu_kernel(
+        problem, args, signature_, config_, shapes_, kGridLimits, workspace_, stream,
+        [&](size_t entry, const LaunchShape& shape, FlashjitAttentionParams& params) -> Status {
+          FLASHJIT_TRY(check(driver_->cuCtxSetCurrent(context_), "cuCtxSetCurrent"));
+          void* kernel_args[] = {&params};
+          return check(driver_->cuLaunchKernel(
+                           functions_[entry], static_cast<unsigned>(shape.grid_x),
+                           static_cast<unsigned>(shape.grid_y), static_cast<unsigned>(shape.grid_z),
+                           static_cast<unsigned>(shape.threads), 1, 1,
+                           static_cast<unsigned>(shape.smem_bytes), static_cast<CUstream>(stream),
+                           kernel_args, nullptr),
+                       "cuLaunchKernel", ErrorCode::LaunchFailed);
+        });
   }
 
  private:
-  // The backward's three kernels in order on `stream` (render.hpp: kBackward*Entry).
-  Status launch_backward(const AttentionProblem& problem, const AttentionArgs& args,
-                         void* stream) const {
-    const BackwardWorkspace layout = backward_workspace(problem, config_);
-    FLASHJIT_TRY(check_attention_launch(problem, args, signature_, 16, layout.bytes));
-    const int64_t row_blocks = layout.seqlen_q_rounded / kBackwardPreprocessRows;
-    const LaunchShape rows{row_blocks, problem.heads_q, problem.batch, kBackwardPreprocessThreads,
-                           0};
-    const LaunchShape dkdv{(problem.seqlen_k + config_.block_n - 1) / config_.block_n,
-                           problem.heads_kv, problem.batch, backward_dkdv_threads(config_),
-                           info_.dynamic_smem_bytes};
-    const LaunchShape dq =
-        config_.dq == DqMode::Atomic
-            ? rows
-            : LaunchShape{(problem.seqlen_q + config_.block_m - 1) / config_.block_m,
-                          problem.heads_q, problem.batch, backward_dq_threads(config_),
-                          backward_dq_smem_bytes(config_, problem)};
-    FLASHJIT_TRY(check_shape(problem, rows, "seqlen_q", kBackwardPreprocessRows));
-    FLASHJIT_TRY(check_shape(problem, dkdv, "seqlen_k", config_.block_n));
-    FLASHJIT_TRY(check_shape(problem, dq, "seqlen_q", config_.block_m));
-
-    void* workspace = args.workspace;
-    if (workspace == nullptr) {
-      Result<void*> cached = workspace_.get(layout.bytes, stream);
-      if (!cached.ok()) return cached.error();
-      workspace = cached.value();
-    }
-    FlashjitAttentionParams params = make_launch_params(problem, args);
-    bind_workspace(params, layout, workspace);
-    FLASHJIT_TRY(check(driver_->cuCtxSetCurrent(context_), "cuCtxSetCurrent"));
-    FLASHJIT_TRY(enqueue(functions_[0], rows, params, stream));
-    FLASHJIT_TRY(enqueue(functions_[1], dkdv, params, stream));
-    return enqueue(functions_[2], dq, params, stream);
-  }
-
-  // The grid's limits: x up to 2^31 - 1 blocks, y and z up to 65535.
-  static Status check_shape(const AttentionProblem& problem, const LaunchShape& shape,
-                            const char* rows_name, int rows_per_block) {
-    if (shape.grid_y > kMaxGridYZ) {
-      return make_error(ErrorCode::InvalidArgument,
-                        "heads = " + std::to_string(shape.grid_y) +
-                            ": must be at most 65535 (CUDA grid y limit)");
-    }
-    if (shape.grid_z > kMaxGridYZ) {
-      return make_error(ErrorCode::InvalidArgument,
-                        "batch = " + std::to_string(problem.batch) +
-                            ": must be at most 65535 (CUDA grid z limit)");
-    }
-    if (shape.grid_x > kMaxGridX) {
-      return make_error(ErrorCode::InvalidArgument,
-                        std::string(rows_name) + " of " + problem.to_string() + " needs " +
-                            std::to_string(shape.grid_x) + " blocks of " +
-                            std::to_string(rows_per_block) + " rows, more than 2^31 - 1");
-    }
-    return ok_status();
-  }
-
-  Status enqueue(CUfunction function, const LaunchShape& shape, FlashjitAttentionParams& params,
-                 void* stream) const {
-    // validate() rules out empty problems; nothing to enqueue if one got through anyway.
-    if (shape.grid_x <= 0 || shape.grid_y <= 0 || shape.grid_z <= 0) return ok_status();
-    void* kernel_args[] = {&params};
-    return check(driver_->cuLaunchKernel(function, static_cast<unsigned>(shape.grid_x),
-                                         static_cast<unsigned>(shape.grid_y),
-                                         static_cast<unsigned>(shape.grid_z),
-                                         static_cast<unsigned>(shape.threads), 1, 1,
-                                         static_cast<unsigned>(shape.smem_bytes),
-                                         static_cast<CUstream>(stream), kernel_args, nullptr),
-                 "cuLaunchKernel", ErrorCode::LaunchFailed);
-  }
-
   const Driver* driver_;
   CUdevice device_;
   CUcontext context_;
   CUmodule module_;
   std::vector<CUfunction> functions_;
+  std::vector<KernelShape> shapes_;  // per entry
   ProblemSignature signature_;
   AttentionConfig config_;
   KernelInfo info_;
@@ -359,27 +288,16 @@ Result<std::shared_ptr<Kernel>> CudaBackend::load(const Binary& binary, const Ke
                       "empty binary for '" + source.label + "': nothing to load");
   }
   const bool backward = signature.pass == Pass::Backward;
-  const size_t expected_entries = backward ? 3 : 1;
-  if (source.entries.size() != expected_entries) {
-    return make_error(ErrorCode::InvalidArgument,
-                      "'" + source.label + "' defines " + std::to_string(source.entries.size()) +
-                          " entry points; a " + to_string(signature.pass) + " kernel has " +
-                          std::to_string(expected_entries));
-  }
+  FLASHJIT_TRY(check_entry_count(source, signature.pass));
   FLASHJIT_TRY(make_current());
 
   // Per entry: threads per block and dynamic shared memory (render.hpp gives the backward's).
   const AttentionProblem problem = representative_problem(signature);
-  std::vector<std::pair<int, int>> shapes;  // {threads, smem bytes}
-  if (backward) {
-    shapes = {{kBackwardPreprocessThreads, 0},
-              {backward_dkdv_threads(config), backward_dkdv_smem_bytes(config, problem)},
-              config.dq == DqMode::Atomic ? std::pair{kBackwardPreprocessThreads, 0}
-                                          : std::pair{backward_dq_threads(config),
-                                                      backward_dq_smem_bytes(config, problem)}};
-  } else {
-    shapes = {{config.threads(), smem_bytes(config, problem)}};
-  }
+  const std::vector<KernelShape> shapes = entry_shapes(
+      signature.pass, {config.threads(), backward ? 0 : smem_bytes(config, problem)},
+      backward_shapes(config,
+                      {backward_dkdv_threads(config), backward_dkdv_smem_bytes(config, problem)},
+                      {backward_dq_threads(config), backward_dq_smem_bytes(config, problem)}));
   for (const auto& [threads, smem] : shapes) {
     if (smem > device_.smem_per_block_optin) {
       return make_error(ErrorCode::InvalidArgument,
@@ -459,7 +377,7 @@ Result<std::shared_ptr<Kernel>> CudaBackend::load(const Binary& binary, const Ke
 
   return std::shared_ptr<Kernel>(
       std::make_shared<CudaKernel>(driver_, device_handle_, context.value(), module,
-                                   std::move(functions), signature, config, info));
+                                   std::move(functions), shapes, signature, config, info));
 }
 
 Result<DeviceBuffer> CudaBackend::allocate(size_t bytes) const {

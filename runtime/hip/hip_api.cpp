@@ -93,6 +93,7 @@ Result<const Api*> load_api() {
   // The plain name is the pre-6.0 layout in every ROCm (6.x keeps it for old binaries).
   FLASHJIT_TRY(resolve(h, lib, table.hipGetDeviceProperties, "hipGetDeviceProperties", code));
   FLASHJIT_TRY(resolve(h, lib, table.hipDeviceSynchronize, "hipDeviceSynchronize", code));
+  FLASHJIT_TRY(resolve(h, lib, table.hipStreamSynchronize, "hipStreamSynchronize", code));
   FLASHJIT_TRY(resolve(h, lib, table.hipModuleLoadData, "hipModuleLoadData", code));
   FLASHJIT_TRY(resolve(h, lib, table.hipModuleUnload, "hipModuleUnload", code));
   FLASHJIT_TRY(resolve(h, lib, table.hipModuleGetFunction, "hipModuleGetFunction", code));

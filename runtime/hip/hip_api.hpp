@@ -29,6 +29,7 @@ struct Api {
   // name to hipGetDevicePropertiesR0600); read through device_spec_from_properties.
   hipError_t (*hipGetDeviceProperties)(hipDeviceProp_t*, int);
   hipError_t (*hipDeviceSynchronize)();
+  hipError_t (*hipStreamSynchronize)(hipStream_t);
   hipError_t (*hipModuleLoadData)(hipModule_t*, const void*);
   hipError_t (*hipModuleUnload)(hipModule_t);
   hipError_t (*hipModuleGetFunction)(hipFunction_t*, hipModule_t, const char*);

@@ -11,8 +11,10 @@
 
 #include "generator/hip_config.hpp"
 #include "generator/render.hpp"
+#include "runtime/gpu_launch.hpp"
 #include "runtime/hip/hiprtc_compiler.hpp"
 #include "runtime/launch_params.hpp"
+#include "runtime/workspace.hpp"
 #include "templates/attention_params.h"
 
 namespace flashjit::hip {
@@ -21,16 +23,42 @@ namespace {
 // HIP's grid limits: y and z are kept to CUDA's 65535 blocks (what HIP reports as maxGridSize on
 // CDNA is larger, but nothing here needs more); x times the block size must fit 32 bits, since
 // AMD dispatch packets count work-items, not workgroups.
-constexpr int64_t kMaxGridYZ = 65535;
-constexpr int64_t kMaxWorkItemsX = 4294967295ll;
+constexpr GridLimits kGridLimits{"HIP", 4294967295ll, 4294967295ll, 65535};
 
-// A problem with `signature`'s compiled-in fields: LDS depends only on head_dim and the config.
+// A problem with `signature`'s compiled-in fields: LDS depends only on head_dim, the pass and the
+// config.
 AttentionProblem representative_problem(const ProblemSignature& signature) {
   AttentionProblem problem;
   problem.head_dim = signature.head_dim;
   problem.dtype = signature.dtype;
   problem.causal = signature.causal;
+  problem.pass = signature.pass;
   return problem;
+}
+
+// Threads and LDS of each entry point of a kernel of `signature` with `config`.
+std::vector<KernelShape> hip_entry_shapes(const ProblemSignature& signature,
+                                          const AttentionConfig& config) {
+  const AttentionProblem problem = representative_problem(signature);
+  return entry_shapes(signature.pass,
+                      {config.warps * kHipWaveSize,
+                       signature.pass == Pass::Forward ? hip_lds_bytes(config, problem) : 0},
+                      hip_backward_shapes(config, problem));
+}
+
+// hipMalloc on device `ordinal`, freed by the buffer (after selecting the device again).
+Result<DeviceBuffer> allocate_on(const Api* hip, int ordinal, size_t bytes) {
+  if (bytes == 0) return DeviceBuffer();
+  FLASHJIT_TRY(check(hip->hipSetDevice(ordinal), "hipSetDevice"));
+  void* pointer = nullptr;
+  const Status status = check(hip->hipMalloc(&pointer, bytes), "hipMalloc");
+  if (!status.ok()) {
+    return make_error(status.error().code,
+                      status.error().message + " (" + std::to_string(bytes) + " bytes)");
+  }
+  return DeviceBuffer(pointer, bytes, [hip, ordinal](void* ptr) {
+    if (hip->hipSetDevice(ordinal) == hipSuccess) (void)hip->hipFree(ptr);
+  });
 }
 
 // Destroys two events on every path out of time_ms.
@@ -50,17 +78,27 @@ class EventPair {
   const Api& api_;
 };
 
+// The kernels of one module: one for the forward, three for the backward (render.hpp names and
+// shapes them). Thread-safe to launch: the only mutable state is the backward's workspace cache.
 class HipKernel final : public Kernel {
  public:
-  HipKernel(const Api* api, int ordinal, hipModule_t module, hipFunction_t function,
-            ProblemSignature signature, AttentionConfig config, KernelInfo info)
+  HipKernel(const Api* api, int ordinal, hipModule_t module, std::vector<hipFunction_t> functions,
+            std::vector<KernelShape> shapes, ProblemSignature signature, AttentionConfig config,
+            KernelInfo info)
       : api_(api),
         ordinal_(ordinal),
         module_(module),
-        function_(function),
+        functions_(std::move(functions)),
+        shapes_(std::move(shapes)),
         signature_(signature),
         config_(config),
-        info_(info) {}
+        info_(info),
+        workspace_([api, ordinal](size_t bytes) { return allocate_on(api, ordinal, bytes); },
+                   [api, ordinal](void* stream) -> Status {
+                     FLASHJIT_TRY(check(api->hipSetDevice(ordinal), "hipSetDevice"));
+                     return check(api->hipStreamSynchronize(static_cast<hipStream_t>(stream)),
+                                  "hipStreamSynchronize", ErrorCode::LaunchFailed);
+                   }) {}
   ~HipKernel() override {
     // Errors cannot be reported from a destructor.
     if (api_->hipSetDevice(ordinal_) == hipSuccess) (void)api_->hipModuleUnload(module_);
@@ -72,56 +110,61 @@ class HipKernel final : public Kernel {
   const AttentionConfig& config() const override { return config_; }
   const KernelInfo& info() const override { return info_; }
 
+  size_t workspace_bytes(const AttentionProblem& problem) const override {
+    return backward_workspace(problem, config_).bytes;
+  }
+
+  // The entries in order on `stream` (gpu_launch.hpp: checks, grids, the backward's workspace).
   Status launch(const AttentionProblem& problem, const AttentionArgs& args,
                 void* stream) const override {
-    FLASHJIT_TRY(check_attention_launch(problem, args, signature_));
-    Result<LaunchGrid> grid = launch_grid(problem, config_);
-    if (!grid.ok()) return grid.error();
-    FlashjitAttentionParams params = make_launch_params(problem, args);
-    FLASHJIT_TRY(check(api_->hipSetDevice(ordinal_), "hipSetDevice"));
-    void* kernel_args[] = {&params};
-    return check(
-        api_->hipModuleLaunchKernel(function_, grid->x, grid->y, grid->z, grid->threads, 1, 1,
-                                    static_cast<unsigned>(info_.dynamic_smem_bytes),
-                                    static_cast<hipStream_t>(stream), kernel_args, nullptr),
-        "hipModuleLaunchKernel", ErrorCode::LaunchFailed);
+    return launch_gpu_kernel(
+        problem, args, signature_, config_, shapes_, kGridLimits, workspace_, stream,
+        [&](size_t entry, const LaunchShape& shape, FlashjitAttentionParams& params) -> Status {
+          FLASHJIT_TRY(check(api_->hipSetDevice(ordinal_), "hipSetDevice"));
+          void* kernel_args[] = {&params};
+          return check(api_->hipModuleLaunchKernel(
+                           functions_[entry], static_cast<unsigned>(shape.grid_x),
+                           static_cast<unsigned>(shape.grid_y), static_cast<unsigned>(shape.grid_z),
+                           static_cast<unsigned>(shape.threads), 1, 1,
+                           static_cast<unsigned>(shape.smem_bytes),
+                           static_cast<hipStream_t>(stream), kernel_args, nullptr),
+                       "hipModuleLaunchKernel", ErrorCode::LaunchFailed);
+        });
   }
 
  private:
   const Api* api_;
   int ordinal_;
   hipModule_t module_;
-  hipFunction_t function_;
+  std::vector<hipFunction_t> functions_;
+  std::vector<KernelShape> shapes_;  // per entry
   ProblemSignature signature_;
   AttentionConfig config_;
   KernelInfo info_;
+  mutable WorkspaceCache workspace_;
 };
 
 }  // namespace
 
-Result<LaunchGrid> launch_grid(const AttentionProblem& problem, const AttentionConfig& config) {
-  LaunchGrid grid;
-  const int64_t threads = int64_t{config.warps} * 64;
-  const int64_t x = (problem.seqlen_q + config.block_m - 1) / config.block_m;
-  if (problem.heads_q > kMaxGridYZ) {
-    return make_error(ErrorCode::InvalidArgument, "heads_q = " + std::to_string(problem.heads_q) +
-                                                      ": must be at most 65535 (grid y)");
+Result<std::vector<LaunchGrid>> launch_grids(const AttentionProblem& problem,
+                                             const AttentionConfig& config) {
+  const std::vector<KernelShape> shapes = hip_entry_shapes(ProblemSignature::of(problem), config);
+  std::vector<LaunchShape> launches;
+  if (problem.is_backward()) {
+    const BackwardLaunch launch =
+        backward_launch(problem, config, BackwardShapes{shapes[0], shapes[1], shapes[2]});
+    launches = {launch.preprocess, launch.dkdv, launch.dq};
+  } else {
+    launches = {forward_launch(problem, config, shapes[0])};
   }
-  if (problem.batch > kMaxGridYZ) {
-    return make_error(ErrorCode::InvalidArgument, "batch = " + std::to_string(problem.batch) +
-                                                      ": must be at most 65535 (grid z)");
+  std::vector<LaunchGrid> grids;
+  for (const LaunchShape& launch : launches) {
+    FLASHJIT_TRY(check_launch_shape(launch, kGridLimits));
+    grids.push_back({static_cast<unsigned>(launch.grid_x), static_cast<unsigned>(launch.grid_y),
+                     static_cast<unsigned>(launch.grid_z), static_cast<unsigned>(launch.threads),
+                     static_cast<unsigned>(launch.smem_bytes)});
   }
-  if (x * threads > kMaxWorkItemsX) {
-    return make_error(ErrorCode::InvalidArgument,
-                      "seqlen_q = " + std::to_string(problem.seqlen_q) + ": needs " +
-                          std::to_string(x) + " workgroups of " + std::to_string(threads) +
-                          " threads in x, more than 2^32 - 1 work-items");
-  }
-  grid.x = static_cast<unsigned>(x);
-  grid.y = static_cast<unsigned>(problem.heads_q);
-  grid.z = static_cast<unsigned>(problem.batch);
-  grid.threads = static_cast<unsigned>(threads);
-  return grid;
+  return grids;
 }
 
 Result<DeviceSpec> query_device(int ordinal) {
@@ -216,13 +259,16 @@ Result<std::shared_ptr<Kernel>> HipBackend::load(const Binary& binary, const Ker
     return make_error(ErrorCode::InvalidArgument,
                       "empty binary for '" + source.label + "': nothing to load");
   }
-  const int lds = hip_lds_bytes(config, representative_problem(signature));
-  if (lds > device_.smem_per_block_optin) {
-    return make_error(ErrorCode::InvalidArgument, "config " + config.to_string() + " needs " +
-                                                      std::to_string(lds) + " bytes of LDS for d" +
-                                                      std::to_string(signature.head_dim) + "; " +
-                                                      device_.name + " allows at most " +
-                                                      std::to_string(device_.smem_per_block_optin));
+  FLASHJIT_TRY(check_entry_count(source, signature.pass));
+  const std::vector<KernelShape> shapes = hip_entry_shapes(signature, config);
+  for (const KernelShape& shape : shapes) {
+    if (shape.smem_bytes > device_.smem_per_block_optin) {
+      return make_error(ErrorCode::InvalidArgument,
+                        "config " + config.to_string() + " needs " +
+                            std::to_string(shape.smem_bytes) + " bytes of LDS for " +
+                            signature.to_string() + "; " + device_.name + " allows at most " +
+                            std::to_string(device_.smem_per_block_optin));
+    }
   }
   FLASHJIT_TRY(make_current());
   hipModule_t module = nullptr;
@@ -231,55 +277,51 @@ Result<std::shared_ptr<Kernel>> HipBackend::load(const Binary& binary, const Ker
     (void)api_->hipModuleUnload(module);
     return status.error();
   };
-  hipFunction_t function = nullptr;
-  Status status = check(api_->hipModuleGetFunction(&function, module, source.entry().c_str()),
-                        "hipModuleGetFunction");
-  if (!status.ok()) {
-    return fail(make_error(status.error().code,
-                           status.error().message + " (entry '" + source.entry() + "')"));
+  std::vector<hipFunction_t> functions;
+  KernelInfo info;  // of the main entry: the forward's, the backward's dK/dV kernel
+  for (size_t e = 0; e < source.entries.size(); ++e) {
+    const std::string& entry = source.entries[e];
+    hipFunction_t function = nullptr;
+    Status status =
+        check(api_->hipModuleGetFunction(&function, module, entry.c_str()), "hipModuleGetFunction");
+    if (!status.ok()) {
+      return fail(
+          make_error(status.error().code, status.error().message + " (entry '" + entry + "')"));
+    }
+    KernelInfo entry_info;
+    entry_info.dynamic_smem_bytes = shapes[e].smem_bytes;
+    entry_info.threads_per_block = shapes[e].threads;
+    int max_threads = 0;
+    status = check(api_->hipFuncGetAttribute(&entry_info.regs_per_thread,
+                                             HIP_FUNC_ATTRIBUTE_NUM_REGS, function),
+                   "hipFuncGetAttribute(NUM_REGS)");
+    if (status.ok()) {
+      status = check(api_->hipFuncGetAttribute(&entry_info.local_bytes_per_thread,
+                                               HIP_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, function),
+                     "hipFuncGetAttribute(LOCAL_SIZE_BYTES)");
+    }
+    if (status.ok()) {
+      status = check(api_->hipFuncGetAttribute(&max_threads,
+                                               HIP_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, function),
+                     "hipFuncGetAttribute(MAX_THREADS_PER_BLOCK)");
+    }
+    if (!status.ok()) return fail(status);
+    if (max_threads > 0 && max_threads < entry_info.threads_per_block) {
+      return fail(make_error(ErrorCode::Unsupported,
+                             "'" + source.label + "' (entry '" + entry + "') runs at most " +
+                                 std::to_string(max_threads) + " threads per workgroup; config " +
+                                 config.to_string() + " needs " +
+                                 std::to_string(entry_info.threads_per_block)));
+    }
+    if (e == (signature.pass == Pass::Backward ? 1u : 0u)) info = entry_info;
+    functions.push_back(function);
   }
-  KernelInfo info;
-  info.dynamic_smem_bytes = lds;
-  info.threads_per_block = config.warps * 64;
-  int max_threads = 0;
-  status =
-      check(api_->hipFuncGetAttribute(&info.regs_per_thread, HIP_FUNC_ATTRIBUTE_NUM_REGS, function),
-            "hipFuncGetAttribute(NUM_REGS)");
-  if (status.ok()) {
-    status = check(api_->hipFuncGetAttribute(&info.local_bytes_per_thread,
-                                             HIP_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, function),
-                   "hipFuncGetAttribute(LOCAL_SIZE_BYTES)");
-  }
-  if (status.ok()) {
-    status = check(
-        api_->hipFuncGetAttribute(&max_threads, HIP_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, function),
-        "hipFuncGetAttribute(MAX_THREADS_PER_BLOCK)");
-  }
-  if (!status.ok()) return fail(status);
-  if (max_threads > 0 && max_threads < info.threads_per_block) {
-    return fail(make_error(ErrorCode::Unsupported,
-                           "'" + source.label + "' runs at most " + std::to_string(max_threads) +
-                               " threads per workgroup; config " + config.to_string() + " needs " +
-                               std::to_string(info.threads_per_block)));
-  }
-  return std::shared_ptr<Kernel>(
-      std::make_shared<HipKernel>(api_, ordinal_, module, function, signature, config, info));
+  return std::shared_ptr<Kernel>(std::make_shared<HipKernel>(
+      api_, ordinal_, module, std::move(functions), shapes, signature, config, info));
 }
 
 Result<DeviceBuffer> HipBackend::allocate(size_t bytes) const {
-  if (bytes == 0) return DeviceBuffer();
-  FLASHJIT_TRY(make_current());
-  void* pointer = nullptr;
-  const Status status = check(api_->hipMalloc(&pointer, bytes), "hipMalloc");
-  if (!status.ok()) {
-    return make_error(status.error().code,
-                      status.error().message + " (" + std::to_string(bytes) + " bytes)");
-  }
-  const Api* hip = api_;
-  const int ordinal = ordinal_;
-  return DeviceBuffer(pointer, bytes, [hip, ordinal](void* ptr) {
-    if (hip->hipSetDevice(ordinal) == hipSuccess) (void)hip->hipFree(ptr);
-  });
+  return allocate_on(api_, ordinal_, bytes);
 }
 
 Status HipBackend::copy_to_device(void* dst, const void* src, size_t bytes) const {

@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "runtime/backend.hpp"
 #include "runtime/hip/hip_api.hpp"
@@ -19,13 +20,16 @@ namespace flashjit::hip {
 // runtime or no such device.
 Result<DeviceSpec> query_device(int ordinal);
 
-// Grid of one launch for `config` (x: query blocks, y: heads, z: batch) and whether HIP can run it:
-// error InvalidArgument naming the field that is too large.
+// The grids of one call's launches for `config`, in order (the forward: x query blocks, y heads,
+// z batch; the backward: its three entries, generator/render.hpp), and whether HIP can run them:
+// error InvalidArgument naming the problem size that is too large.
 struct LaunchGrid {
   unsigned x = 0, y = 0, z = 0;
   unsigned threads = 0;  // per workgroup
+  unsigned lds_bytes = 0;
 };
-Result<LaunchGrid> launch_grid(const AttentionProblem& problem, const AttentionConfig& config);
+Result<std::vector<LaunchGrid>> launch_grids(const AttentionProblem& problem,
+                                             const AttentionConfig& config);
 
 class HipBackend final : public Backend {
  public:

@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -108,15 +109,53 @@ long long msgpack_uint(const std::vector<char>& bytes, size_t at) {
   return value;
 }
 
-// The value of msgpack string key `key` (encoded as a fixstr) followed by an unsigned integer.
-int metadata_int(const std::vector<char>& code, std::string_view key) {
+// A msgpack string key (encoded as a fixstr).
+std::string msgpack_key(std::string_view key) {
   std::string pattern(1, static_cast<char>(0xa0 | key.size()));
   pattern += key;
-  const std::string_view haystack(code.data(), code.size());
-  const size_t found = haystack.find(pattern);
+  return pattern;
+}
+
+// The value of msgpack string key `key` followed by an unsigned integer, first found in
+// code[begin, end).
+int metadata_int(const std::vector<char>& code, std::string_view key, size_t begin = 0,
+                 size_t end = std::string_view::npos) {
+  const std::string pattern = msgpack_key(key);
+  const std::string_view haystack(code.data(), std::min(end, code.size()));
+  const size_t found = haystack.find(pattern, begin);
   if (found == std::string_view::npos) return -1;
   const long long value = msgpack_uint(code, found + pattern.size());
   return value < 0 || value > (1ll << 30) ? -1 : static_cast<int>(value);
+}
+
+// The msgpack string (fixstr or str8) at code[at], or "" if there is none.
+std::string msgpack_string(const std::vector<char>& code, size_t at) {
+  if (at >= code.size()) return "";
+  const unsigned char tag = static_cast<unsigned char>(code[at]);
+  size_t length = 0, start = at + 1;
+  if ((tag & 0xe0) == 0xa0) {
+    length = tag & 0x1f;
+  } else if (tag == 0xd9 && at + 1 < code.size()) {
+    length = static_cast<unsigned char>(code[at + 1]);
+    start = at + 2;
+  } else {
+    return "";
+  }
+  if (start + length > code.size()) return "";
+  return std::string(code.data() + start, length);
+}
+
+CodeObjectResources resources_in(const std::vector<char>& code, size_t begin, size_t end) {
+  CodeObjectResources r;
+  r.vgprs = metadata_int(code, ".vgpr_count", begin, end);
+  r.agprs = metadata_int(code, ".agpr_count", begin, end);
+  r.sgprs = metadata_int(code, ".sgpr_count", begin, end);
+  r.vgpr_spills = metadata_int(code, ".vgpr_spill_count", begin, end);
+  r.sgpr_spills = metadata_int(code, ".sgpr_spill_count", begin, end);
+  r.scratch_bytes = metadata_int(code, ".private_segment_fixed_size", begin, end);
+  r.lds_bytes = metadata_int(code, ".group_segment_fixed_size", begin, end);
+  r.wavefront_size = metadata_int(code, ".wavefront_size", begin, end);
+  return r;
 }
 
 }  // namespace
@@ -296,16 +335,33 @@ std::string hiprtc_version() {
 }
 
 CodeObjectResources parse_code_object_resources(const std::vector<char>& code) {
-  CodeObjectResources r;
-  r.vgprs = metadata_int(code, ".vgpr_count");
-  r.agprs = metadata_int(code, ".agpr_count");
-  r.sgprs = metadata_int(code, ".sgpr_count");
-  r.vgpr_spills = metadata_int(code, ".vgpr_spill_count");
-  r.sgpr_spills = metadata_int(code, ".sgpr_spill_count");
-  r.scratch_bytes = metadata_int(code, ".private_segment_fixed_size");
-  r.lds_bytes = metadata_int(code, ".group_segment_fixed_size");
-  r.wavefront_size = metadata_int(code, ".wavefront_size");
-  return r;
+  return resources_in(code, 0, code.size());
+}
+
+std::vector<KernelResources> parse_code_object_kernels(const std::vector<char>& code) {
+  // A kernel's metadata map starts with its alphabetically first key: from one .agpr_count to
+  // the next is one kernel's.
+  const std::string first_key = msgpack_key(".agpr_count");
+  const std::string symbol_key = msgpack_key(".symbol");
+  const std::string_view haystack(code.data(), code.size());
+  std::vector<size_t> starts;
+  for (size_t at = haystack.find(first_key); at != std::string_view::npos;
+       at = haystack.find(first_key, at + 1))
+    starts.push_back(at);
+  std::vector<KernelResources> kernels;
+  for (size_t i = 0; i < starts.size(); ++i) {
+    const size_t end = i + 1 < starts.size() ? starts[i + 1] : code.size();
+    KernelResources kernel;
+    const size_t symbol = haystack.substr(0, end).find(symbol_key, starts[i]);
+    if (symbol != std::string_view::npos) {
+      kernel.name = msgpack_string(code, symbol + symbol_key.size());
+      if (kernel.name.size() > 3 && kernel.name.compare(kernel.name.size() - 3, 3, ".kd") == 0)
+        kernel.name.resize(kernel.name.size() - 3);
+    }
+    kernel.resources = resources_in(code, starts[i], end);
+    kernels.push_back(std::move(kernel));
+  }
+  return kernels;
 }
 
 // ---- the worker's side --------------------------------------------------------------------------

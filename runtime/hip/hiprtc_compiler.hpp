@@ -76,6 +76,14 @@ struct CodeObjectResources {
   int wavefront_size = -1;
 };
 CodeObjectResources parse_code_object_resources(const std::vector<char>& code);
+// The same per kernel of a code object with several (the backward's entry points), in the order
+// the metadata lists them; each named by its symbol without ".kd". Kernels are told apart by
+// their first metadata key (.agpr_count, present for gfx90a and newer); empty when there is none.
+struct KernelResources {
+  std::string name;
+  CodeObjectResources resources;
+};
+std::vector<KernelResources> parse_code_object_kernels(const std::vector<char>& code);
 
 // The worker's side: compiles `request` with hipRTC in this process. Only the worker calls it
 // (hipRTC may abort the process that calls it).

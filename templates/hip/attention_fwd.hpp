@@ -1,8 +1,9 @@
 // FlashAttention-2 forward for AMD CDNA (gfx90a MI200, gfx942 MI300) through the matrix cores
 // (MFMA 16x16x16, bf16/fp16 in, fp32 accumulate). The renderer prepends attention_params.h,
-// attention_common.h and hip/primitives.hpp (every AMD-specific operation: MFMA, lane shuffles,
-// LDS, barriers, exp2) and appends one instantiation. This file is plain C++ over those names, so
-// that tests/templates/hip_emulation_test.cpp can run it on the host against the fp64 reference.
+// attention_common.h, hip/primitives.hpp (every AMD-specific operation: MFMA, lane shuffles,
+// LDS, barriers, exp2) and hip/tiles.hpp (tile copies and LDS layouts), and appends one
+// instantiation. This file is plain C++ over those names, so that
+// tests/templates/hip_emulation_test.cpp can run it on the host against the fp64 reference.
 //
 // One workgroup of kWaves wavefronts (64 lanes) computes O for kBlockM query rows of one
 // (batch, head); each wave owns kRowsPerWave = 16 * kMTiles rows end to end. The same online
@@ -34,13 +35,6 @@
 
 namespace flashjit_hip {
 
-struct alignas(16) Vec16 {  // one 16-byte vector: 8 elements
-  u32 x, y, z, w;
-};
-struct alignas(8) Frag {  // 4 16-bit elements: one lane's A or B operand of one MFMA
-  u32 lo, hi;
-};
-
 template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WAVES, int STAGES, bool IS_BF16, bool CAUSAL>
 struct Traits {
   static constexpr int kHeadDim = HEAD_DIM;
@@ -55,15 +49,17 @@ struct Traits {
   static constexpr int kWaveSize = 64;
   static constexpr int kThreads = kWaves * kWaveSize;
   static constexpr int kRowsPerWave = kBlockM / kWaves;
-  static constexpr int kMTiles = kRowsPerWave / 16;         // 16-query tiles per wave
-  static constexpr int kNTiles = kBlockN / 16;              // 16-key tiles of S^T (P V k-steps)
-  static constexpr int kDTiles = kHeadDimPadded / 16;       // 16-dim tiles of O^T (K Q^T k-steps)
-  static constexpr int kChunksPerRow = kHeadDimPadded / 8;  // 16-byte chunks of a K/V row
-  static constexpr int kCopies = kBlockN * kChunksPerRow / kThreads;  // K (and V) per thread
-  static constexpr int kKRowBytes = kHeadDimPadded * 2;  // K tile: [kBlockN][d], swizzled
-  static constexpr int kVRowBytes = (kBlockN + 4) * 2;   // V^T tile: [d][kBlockN + 4]
-  static constexpr int kKTileBytes = kBlockN * kKRowBytes;
-  static constexpr int kVTileBytes = kHeadDimPadded * kVRowBytes;
+  static constexpr int kMTiles = kRowsPerWave / 16;    // 16-query tiles per wave
+  static constexpr int kNTiles = kBlockN / 16;         // 16-key tiles of S^T (P V k-steps)
+  static constexpr int kDTiles = kHeadDimPadded / 16;  // 16-dim tiles of O^T (K Q^T k-steps)
+  // K and V stream through LDS: K in rows, V transposed (hip/tiles.hpp).
+  typedef TileCopy<kBlockN, kHeadDim, kHeadDimPadded, kThreads> KVCopy;
+  static constexpr int kChunksPerRow = KVCopy::kChunksPerRow;     // 16-byte chunks of a K/V row
+  static constexpr int kCopies = KVCopy::kCopies;                 // K (and V) chunks per thread
+  static constexpr int kKRowBytes = KVCopy::kRowBytes;            // K tile: [kBlockN][d], swizzled
+  static constexpr int kVRowBytes = KVCopy::kTransposedRowBytes;  // V^T tile: [d][kBlockN + 4]
+  static constexpr int kKTileBytes = KVCopy::kTileBytes;
+  static constexpr int kVTileBytes = KVCopy::kTransposedTileBytes;
   static constexpr int kStageBytes = kKTileBytes + kVTileBytes;
   static constexpr int kLdsBytes = kStages * kStageBytes;  // generator: hip_lds_bytes
 
@@ -79,79 +75,27 @@ struct Traits {
   static_assert(kLdsBytes <= 65536, "LDS: 64 KiB per workgroup on CDNA");
 };
 
-// ---- LDS tile addressing ----------------------------------------------------------------------
-
-// Byte offset of byte `byte` of row `row` in a tile of ROW_BYTES-byte rows whose 16-byte chunks
-// are XOR-swizzled by a phase that differs for each of the 8 rows sharing the banks: a 128-byte
-// bank line holds one row (ROW_BYTES >= 128) or 128 / ROW_BYTES rows (64: two per line).
-template <int ROW_BYTES>
-struct Swizzle {
-  static constexpr int kChunks = ROW_BYTES / 16;
-  static constexpr int kRowsPerLine = kChunks >= 8 ? 1 : 8 / kChunks;
-  static constexpr int kPhases = kChunks >= 8 ? 8 : kChunks;
-  static_assert(ROW_BYTES % 64 == 0, "rows of at least 4 chunks");
-
-  static FLASHJIT_DEVICE int offset(int row, int byte) {
-    const int phase = (row / kRowsPerLine) % kPhases;
-    return row * ROW_BYTES + (((byte >> 4) ^ phase) << 4) + (byte & 15);
-  }
-  // offset(row0 + row_add, byte0 + 16 * chunk_add) from lane_offset = offset(row0, byte0), with
-  // row_add a multiple of 16 (the phase repeats) and the chunk bits of byte0 below the phase
-  // range disjoint from chunk_add's: one add and one XOR of compile-time constants once the
-  // operand loops are unrolled, instead of the swizzle per read.
-  static FLASHJIT_DEVICE int advance(int lane_offset, int row_add, int chunk_add) {
-    return (lane_offset + row_add * ROW_BYTES + (chunk_add & ~(kPhases - 1)) * 16) ^
-           ((chunk_add & (kPhases - 1)) << 4);
-  }
-};
-
 // ---- K/V: global -> registers -> LDS ----------------------------------------------------------
 
-// Loads keys [n0, n0 + kBlockN) of K and V into registers: copy i of this thread is chunk
-// (tid + i * kThreads) of the tile in row-major order, so consecutive threads read consecutive
-// 16 bytes. Rows at or past seqlen_k and columns past the head dim read as zero (so padded
-// scores are 0 before masking and P x V never touches garbage).
+// Loads keys [n0, n0 + kBlockN) of K and V into registers (rows at or past seqlen_k and columns
+// past the head dim as zero, so padded scores are 0 before masking and P x V never touches
+// garbage).
 template <class K>
 FLASHJIT_DEVICE void load_kv(Vec16 (&k_regs)[K::kCopies], Vec16 (&v_regs)[K::kCopies], const u16* k,
                              const u16* v, long long k_stride, long long v_stride, int n0,
                              int seqlen_k, int tid) {
-#pragma unroll
-  for (int i = 0; i < K::kCopies; ++i) {
-    const int copy = tid + i * K::kThreads;
-    const int row = copy / K::kChunksPerRow;
-    const int col = copy % K::kChunksPerRow * 8;
-    // Values, not `valid ? *pointer : zero`: selecting between addresses would make the compiler
-    // put `zero` in scratch memory and emit flat loads.
-    k_regs[i] = Vec16{0u, 0u, 0u, 0u};
-    v_regs[i] = Vec16{0u, 0u, 0u, 0u};
-    if (n0 + row < seqlen_k && col < K::kHeadDim) {
-      k_regs[i] = *reinterpret_cast<const Vec16*>(k + (n0 + row) * k_stride + col);
-      v_regs[i] = *reinterpret_cast<const Vec16*>(v + (n0 + row) * v_stride + col);
-    }
-  }
+  K::KVCopy::load(k_regs, k, k_stride, n0, seqlen_k, tid);
+  K::KVCopy::load(v_regs, v, v_stride, n0, seqlen_k, tid);
 }
 
 // Writes the registers of load_kv into one LDS stage: K row-major ([key][dim], 16-byte writes),
-// V transposed ([dim][key], 2-byte writes) so that the P V operand reads are 8-byte reads. Rows
-// of V^T are kVRowBytes apart: element e of a chunk lands kVRowBytes * e past element 0.
+// V transposed ([dim][key], 2-byte writes) so that the P V operand reads are 8-byte reads.
 template <class K>
 FLASHJIT_DEVICE void store_kv(unsigned char* k_tile, unsigned char* v_tile,
                               const Vec16 (&k_regs)[K::kCopies], const Vec16 (&v_regs)[K::kCopies],
                               int tid) {
-#pragma unroll
-  for (int i = 0; i < K::kCopies; ++i) {
-    const int copy = tid + i * K::kThreads;
-    const int row = copy / K::kChunksPerRow;
-    const int chunk = copy % K::kChunksPerRow;
-    *reinterpret_cast<Vec16*>(k_tile + Swizzle<K::kKRowBytes>::offset(row, chunk * 16)) = k_regs[i];
-    const u32 words[4] = {v_regs[i].x, v_regs[i].y, v_regs[i].z, v_regs[i].w};
-    unsigned char* const v_column = v_tile + chunk * 8 * K::kVRowBytes + row * 2;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      *reinterpret_cast<u16*>(v_column + e * K::kVRowBytes) =
-          static_cast<u16>(words[e / 2] >> (16 * (e % 2)));
-    }
-  }
+  K::KVCopy::store_rows(k_tile, k_regs, tid);
+  K::KVCopy::store_transposed(v_tile, v_regs, tid);
 }
 
 // ---- the kernel -------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
-// AMD CDNA (gfx90a, gfx942) device primitives of the HIP attention template: everything in it that
-// is specific to AMD hardware, so that templates/hip/attention_fwd.hpp is plain C++ over these
-// names. A host emulation (tests/support/hip_emulator.hpp) defines the same names to run the
-// kernel body on the CPU. Compiled by hipRTC; no header is included (hipRTC predefines threadIdx,
-// blockIdx, gridDim, __syncthreads and the 16-bit float types).
+// AMD CDNA (gfx90a, gfx942) device primitives of the HIP attention templates: everything in them
+// that is specific to AMD hardware, so that templates/hip/attention_fwd.hpp, attention_bwd.hpp
+// and tiles.hpp are plain C++ over these names. A host emulation (tests/support/hip_emulator.hpp)
+// defines the same names to run the kernel body on the CPU. Compiled by hipRTC; no header is
+// included (hipRTC predefines threadIdx, blockIdx, gridDim, __syncthreads and the 16-bit float
+// types).
 namespace flashjit_hip {
 
 typedef unsigned short u16;
@@ -80,6 +81,24 @@ __device__ __forceinline__ u32 pack2(float low, float high) {
     const u32 hi = __builtin_bit_cast(u16, static_cast<_Float16>(high));
     return lo | (hi << 16);
   }
+}
+
+// One 16-bit element of the storage type as a float (exact).
+template <bool IS_BF16>
+__device__ __forceinline__ float to_float(u16 bits) {
+  if constexpr (IS_BF16) {
+    return __builtin_bit_cast(float, static_cast<u32>(bits) << 16);
+  } else {
+    return static_cast<float>(__builtin_bit_cast(_Float16, bits));
+  }
+}
+
+// *address += value in global memory, atomically, the old value not returned
+// (global_atomic_add_f32, gfx90a and newer). On gfx90a it is correct in coarse-grained memory
+// (hipMalloc's, where the backward's workspace lives), not in fine-grained host-coherent memory.
+// HIP's atomicAdd compiles to a compare-and-swap loop instead.
+__device__ __forceinline__ void atomic_add(float* address, float value) {
+  __builtin_amdgcn_global_atomic_fadd_f32((__attribute__((address_space(1))) float*)address, value);
 }
 
 }  // namespace flashjit_hip

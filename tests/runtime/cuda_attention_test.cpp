@@ -42,31 +42,12 @@ constexpr double kMaxLseAbsError = 1e-3;
 constexpr int kMaxFailuresPerGroup = 30;
 
 // ---------------------------------------------------------------------------------------------
-// Shapes
+// Shapes: tests/support/attention_cases.hpp (shared with the HIP tests)
 
 using ft::Shape;
 using ft::Storage;
 
-const std::vector<Shape>& test_shapes() {
-  static const std::vector<Shape> shapes = {
-      {1, 2, 2, 1, 1},
-      {1, 2, 2, 17, 17},
-      {1, 2, 2, 128, 128},
-      {1, 1, 1, 1000, 1000},
-      {1, 1, 1, 4097, 4097},
-      {1, 2, 2, 100, 300},  // more keys than queries
-      {1, 2, 2, 300, 100},  // more queries: causal leaves the first 200 rows empty
-      {2, 2, 2, 1, 77},     // decode-like single query row
-      {2, 8, 2, 257, 257},  // GQA 4:1
-      {1, 4, 1, 129, 200},  // MQA
-      {3, 2, 2, 64, 64},
-      {2, 4, 2, 150, 190, Storage::kBshdPadded},
-      {1, 2, 2, 200, 96, Storage::kBshdPadded},
-      {2, 4, 4, 130, 130, Storage::kBhsd},
-      {2, 4, 2, 70, 170, Storage::kBhsd},
-  };
-  return shapes;
-}
+const std::vector<Shape>& test_shapes() { return ft::gpu_test_shapes(); }
 
 using ft::make_problem;  // forward problems (tests/support/attention_cases.hpp)
 

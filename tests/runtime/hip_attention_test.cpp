@@ -13,7 +13,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -26,8 +25,11 @@
 #include "runtime/binary_cache.hpp"
 #include "runtime/hip/hip_backend.hpp"
 #include "runtime/runtime.hpp"
+#include "support/amd_gpu.hpp"
+#include "support/device_run.hpp"
 #include "support/parallel.hpp"
 #include "support/reference.hpp"
+#include "support/attention_cases.hpp"
 
 namespace flashjit {
 namespace {
@@ -38,134 +40,14 @@ constexpr double kMaxOutputRelError = 1e-2;
 constexpr double kMaxLseAbsError = 1e-3;
 constexpr int kMaxFailuresPerGroup = 30;
 
-bool amd_gpu_expected() {
-  const char* value = std::getenv("FLASHJIT_EXPECT_AMD_GPU");
-  return value != nullptr && *value != '\0' && std::string(value) != "0";
-}
+// ---- shapes: tests/support/attention_cases.hpp (the CUDA GPU test's) -----------------------------------
 
-// The process-wide backend on HIP device 0, or null (with the reason).
-std::shared_ptr<hip::HipBackend> amd_backend(std::string* why) {
-  static std::string reason;
-  static std::shared_ptr<hip::HipBackend> backend = [] {
-    Result<std::unique_ptr<hip::HipBackend>> created = hip::HipBackend::create(0);
-    if (!created.ok()) {
-      reason = created.error().describe();
-      return std::shared_ptr<hip::HipBackend>();
-    }
-    return std::shared_ptr<hip::HipBackend>(std::move(created.value()));
-  }();
-  if (why != nullptr) *why = reason;
-  return backend;
-}
+using ft::Shape;
+using ft::Storage;
 
-#define REQUIRE_AMD_GPU()                                                              \
-  do {                                                                                 \
-    std::string why;                                                                   \
-    if (!amd_backend(&why)) {                                                          \
-      if (amd_gpu_expected()) FAIL() << "FLASHJIT_EXPECT_AMD_GPU is set but: " << why; \
-      GTEST_SKIP() << "no usable AMD GPU: " << why;                                    \
-    }                                                                                  \
-  } while (0)
+const std::vector<Shape>& test_shapes() { return ft::gpu_test_shapes(); }
 
-// ---- shapes (the CUDA GPU test's) --------------------------------------------------------------
-
-enum class Storage { kBshd, kBshdPadded, kBhsd };
-
-struct Shape {
-  int64_t batch, heads_q, heads_kv, seqlen_q, seqlen_k;
-  Storage storage = Storage::kBshd;
-  std::string to_string() const {
-    static const char* const kNames[] = {"bshd", "bshd-padded", "bhsd"};
-    return "(b" + std::to_string(batch) + " hq" + std::to_string(heads_q) + " hkv" +
-           std::to_string(heads_kv) + " sq" + std::to_string(seqlen_q) + " sk" +
-           std::to_string(seqlen_k) + " " + kNames[static_cast<int>(storage)] + ")";
-  }
-};
-
-const std::vector<Shape>& test_shapes() {
-  static const std::vector<Shape> shapes = {
-      {1, 2, 2, 1, 1},
-      {1, 2, 2, 17, 17},
-      {1, 2, 2, 128, 128},
-      {1, 1, 1, 1000, 1000},
-      {1, 1, 1, 4097, 4097},
-      {1, 2, 2, 100, 300},
-      {1, 2, 2, 300, 100},
-      {2, 2, 2, 1, 77},
-      {2, 8, 2, 257, 257},
-      {1, 4, 1, 129, 200},
-      {3, 2, 2, 64, 64},
-      {2, 4, 2, 150, 190, Storage::kBshdPadded},
-      {1, 2, 2, 200, 96, Storage::kBshdPadded},
-      {2, 4, 4, 130, 130, Storage::kBhsd},
-      {2, 4, 2, 70, 170, Storage::kBhsd},
-  };
-  return shapes;
-}
-
-Strides padded_bshd(int64_t seqlen, int64_t heads, int head_dim, int head_pad, int seq_pad,
-                    int batch_pad) {
-  Strides strides;
-  strides.head = head_dim + head_pad;
-  strides.seq = heads * strides.head + seq_pad;
-  strides.batch = seqlen * strides.seq + batch_pad;
-  return strides;
-}
-
-AttentionProblem make_problem(const Shape& shape, int head_dim, DType dtype, bool causal) {
-  const Layout layout = shape.storage == Storage::kBhsd ? Layout::BHSD : Layout::BSHD;
-  AttentionProblem problem =
-      AttentionProblem::make(shape.batch, shape.heads_q, shape.heads_kv, shape.seqlen_q,
-                             shape.seqlen_k, head_dim, dtype, causal, layout);
-  if (shape.storage == Storage::kBshdPadded) {
-    problem.q_strides = padded_bshd(shape.seqlen_q, shape.heads_q, head_dim, 8, 24, 16);
-    problem.k_strides = padded_bshd(shape.seqlen_k, shape.heads_kv, head_dim, 16, 24, 8);
-    problem.v_strides = padded_bshd(shape.seqlen_k, shape.heads_kv, head_dim, 24, 8, 32);
-    problem.o_strides = padded_bshd(shape.seqlen_q, shape.heads_q, head_dim, 8, 40, 8);
-  }
-  return problem;
-}
-
-// ---- device helpers ----------------------------------------------------------------------------
-
-struct DeviceTensors {
-  DeviceBuffer q, k, v, o, lse;
-};
-
-Result<DeviceTensors> upload(const Backend& backend, const AttentionProblem& problem,
-                             const ft::HostInputs& inputs) {
-  DeviceTensors tensors;
-  auto allocate_copy = [&](const std::vector<uint16_t>& host, DeviceBuffer* buffer) -> Status {
-    Result<DeviceBuffer> allocated = backend.allocate(host.size() * sizeof(uint16_t));
-    if (!allocated.ok()) return allocated.error();
-    *buffer = std::move(allocated.value());
-    return backend.copy_to_device(buffer->get(), host.data(), buffer->bytes());
-  };
-  FLASHJIT_TRY(allocate_copy(inputs.q, &tensors.q));
-  FLASHJIT_TRY(allocate_copy(inputs.k, &tensors.k));
-  FLASHJIT_TRY(allocate_copy(inputs.v, &tensors.v));
-  Result<DeviceBuffer> o = backend.allocate(problem.o_span() * sizeof(uint16_t));
-  if (!o.ok()) return o.error();
-  tensors.o = std::move(o.value());
-  Result<DeviceBuffer> lse = backend.allocate(problem.lse_elements() * sizeof(float));
-  if (!lse.ok()) return lse.error();
-  tensors.lse = std::move(lse.value());
-  return tensors;
-}
-
-// Poison, launch, synchronize, copy back; an error says in which step.
-Status run_poisoned(const Backend& backend, const Kernel& kernel, const AttentionProblem& problem,
-                    const DeviceTensors& t, std::vector<uint16_t>* o, std::vector<float>* lse) {
-  FLASHJIT_TRY(backend.fill_bytes(t.o.get(), 0xFF, t.o.bytes()));
-  FLASHJIT_TRY(backend.fill_bytes(t.lse.get(), 0xFF, t.lse.bytes()));
-  FLASHJIT_TRY(
-      kernel.launch(problem, {t.q.get(), t.k.get(), t.v.get(), t.o.get(), t.lse.as<float>()}));
-  FLASHJIT_TRY(backend.synchronize());
-  o->resize(problem.o_span());
-  lse->resize(problem.lse_elements());
-  FLASHJIT_TRY(backend.copy_to_host(o->data(), t.o.get(), t.o.bytes()));
-  return backend.copy_to_host(lse->data(), t.lse.get(), t.lse.bytes());
-}
+using ft::make_problem;  // forward problems
 
 // ---- every legal config of a group on every shape ----------------------------------------------
 
@@ -187,12 +69,12 @@ void PrintTo(const Group& group, std::ostream* out) { *out << group.name(); }
 
 class HipAttentionAllConfigs : public ::testing::TestWithParam<Group> {
  protected:
-  void SetUp() override { REQUIRE_AMD_GPU(); }
+  void SetUp() override { FLASHJIT_REQUIRE_AMD_GPU(); }
 };
 
 TEST_P(HipAttentionAllConfigs, MatchesFp64Reference) {
   const Group& group = GetParam();
-  const hip::HipBackend& backend = *amd_backend(nullptr);
+  const hip::HipBackend& backend = *ft::amd_backend();
   const AttentionProblem group_problem =
       AttentionProblem::make(1, 2, 2, 128, 128, group.head_dim, group.dtype, group.causal);
   const std::vector<AttentionConfig> configs = backend.legal_configs(group_problem);
@@ -231,14 +113,15 @@ TEST_P(HipAttentionAllConfigs, MatchesFp64Reference) {
     ASSERT_TRUE(validate(problem).ok()) << shape_context;
     const ft::HostInputs inputs = ft::random_inputs(problem, 1000 + s);
     const ft::Reference reference = ft::reference_attention(problem, inputs);
-    Result<DeviceTensors> tensors = upload(backend, problem, inputs);
+    Result<ft::DeviceTensors> tensors = ft::upload(backend, problem, inputs);
     ASSERT_TRUE(tensors.ok()) << shape_context << ": " << tensors.error().describe();
     for (const Built& b : built) {
       if (!b.kernel) continue;
       const std::string context = shape_context + " config=" + b.config.to_string();
       std::vector<uint16_t> o;
       std::vector<float> lse;
-      Status status = run_poisoned(backend, *b.kernel, problem, tensors.value(), &o, &lse);
+      Status status =
+          ft::run_forward_poisoned(backend, *b.kernel, problem, tensors.value(), &o, &lse);
       if (!status.ok()) {
         ADD_FAILURE() << context << ": " << status.error().describe();
         if (++failures >= kMaxFailuresPerGroup) FAIL() << "stopping " << group.name();
@@ -278,7 +161,7 @@ INSTANTIATE_TEST_SUITE_P(AllGroups, HipAttentionAllConfigs, ::testing::ValuesIn(
 // The Runtime on the HIP backend: the default config, compiled once, then from the disk cache in
 // a second Runtime; a padded head dim.
 TEST(HipAttentionRuntime, DefaultConfigThroughTheRuntimeAndTheDiskCache) {
-  REQUIRE_AMD_GPU();
+  FLASHJIT_REQUIRE_AMD_GPU();
   std::random_device entropy;
   const std::filesystem::path cache_dir =
       std::filesystem::temp_directory_path() /
@@ -297,11 +180,12 @@ TEST(HipAttentionRuntime, DefaultConfigThroughTheRuntimeAndTheDiskCache) {
       Result<std::shared_ptr<Kernel>> kernel = (*runtime)->attention(problem);
       ASSERT_TRUE(kernel.ok()) << kernel.error().describe();
       const ft::HostInputs inputs = ft::random_inputs(problem, 5);
-      Result<DeviceTensors> tensors = upload(backend, problem, inputs);
+      Result<ft::DeviceTensors> tensors = ft::upload(backend, problem, inputs);
       ASSERT_TRUE(tensors.ok()) << tensors.error().describe();
       std::vector<uint16_t> o;
       std::vector<float> lse;
-      Status status = run_poisoned(backend, **kernel, problem, tensors.value(), &o, &lse);
+      Status status =
+          ft::run_forward_poisoned(backend, **kernel, problem, tensors.value(), &o, &lse);
       ASSERT_TRUE(status.ok()) << status.error().describe();
       EXPECT_TRUE(ft::matches_reference(
           ft::compare(problem, o, lse, ft::reference_attention(problem, inputs))))

@@ -17,6 +17,42 @@ std::string Shape::to_string() const {
          std::to_string(seqlen_k) + " " + kStorageNames[static_cast<int>(storage)] + ")";
 }
 
+const std::vector<Shape>& gpu_test_shapes() {
+  static const std::vector<Shape> shapes = {
+      {1, 2, 2, 1, 1},
+      {1, 2, 2, 17, 17},
+      {1, 2, 2, 128, 128},
+      {1, 1, 1, 1000, 1000},
+      {1, 1, 1, 4097, 4097},
+      {1, 2, 2, 100, 300},  // more keys than queries
+      {1, 2, 2, 300, 100},  // more queries: causal leaves the first 200 rows empty
+      {2, 2, 2, 1, 77},     // decode-like single query row
+      {2, 8, 2, 257, 257},  // GQA 4:1
+      {1, 4, 1, 129, 200},  // MQA
+      {3, 2, 2, 64, 64},
+      {2, 4, 2, 150, 190, Storage::kBshdPadded},
+      {1, 2, 2, 200, 96, Storage::kBshdPadded},
+      {2, 4, 4, 130, 130, Storage::kBhsd},
+      {2, 4, 2, 70, 170, Storage::kBhsd},
+  };
+  return shapes;
+}
+
+const std::vector<Shape>& emulation_shapes() {
+  static const std::vector<Shape> shapes = {
+      {1, 1, 1, 1, 1},                          // a single row and key
+      {1, 2, 2, 17, 17},                        // ragged tails
+      {1, 1, 1, 130, 130},                      // several blocks, a ragged last one
+      {1, 2, 2, 40, 100},                       // more keys than queries
+      {1, 2, 2, 100, 40},                       // more queries: causal leaves 60 rows empty
+      {2, 4, 2, 33, 65},                        // GQA 2:1, batches
+      {1, 4, 1, 20, 50},                        // MQA
+      {2, 2, 2, 50, 70, Storage::kBhsd},        // BHSD
+      {1, 2, 2, 45, 77, Storage::kBshdPadded},  // padded strides, different per tensor
+  };
+  return shapes;
+}
+
 Strides padded_bshd(int64_t seqlen, int64_t heads, int head_dim, int head_pad, int seq_pad,
                     int batch_pad) {
   Strides strides;

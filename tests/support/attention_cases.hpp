@@ -29,6 +29,13 @@ struct Shape {
   std::string to_string() const;  // "(b1 hq2 hkv2 sq17 sk17 bshd)"
 };
 
+// The GPU tests' shapes (15, up to 4097 rows): a single row, ragged tails, seqlen_q != seqlen_k
+// both ways (causal rows that see no key), GQA, MQA, batches, BHSD and padded strides.
+const std::vector<Shape>& gpu_test_shapes();
+// Small shapes for the host emulation of the kernels (9, up to 130 rows), covering the same
+// cases.
+const std::vector<Shape>& emulation_shapes();
+
 // BSHD strides with `head_pad` elements after each head's row, `seq_pad` after each sequence row
 // and `batch_pad` after each batch (all multiples of 8, as validate() requires).
 Strides padded_bshd(int64_t seqlen, int64_t heads, int head_dim, int head_pad, int seq_pad,

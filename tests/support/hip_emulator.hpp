@@ -1,6 +1,7 @@
-// A host emulation of the AMD device primitives that templates/hip/attention_fwd.hpp is written
-// against (the names of templates/hip/primitives.hpp), so that the HIP kernel body runs on the CPU
-// and its output is compared with the fp64 reference where no AMD GPU exists.
+// A host emulation of the AMD device primitives that the HIP templates (hip/attention_fwd.hpp,
+// hip/attention_bwd.hpp, hip/tiles.hpp) are written against (the names of
+// templates/hip/primitives.hpp), so that the HIP kernel bodies run on the CPU and their outputs
+// are compared with the fp64 reference where no AMD GPU exists.
 //
 // Every thread of a workgroup is a coroutine (ucontext) on the calling thread. A wave's 64 lanes
 // run one after another up to their next wave-wide operation (an MFMA or a lane shuffle); when all
@@ -11,13 +12,15 @@
 //
 // What this checks: the kernel's indexing, LDS layout and swizzles, the MFMA operand and result
 // layouts as primitives.hpp documents them (AMD's matrix instruction calculator), masking, the
-// online softmax, GQA, strides and LSE. What it cannot check: that the hardware matches that
-// documentation, the compiler, timing, and races between waves that this schedule happens to order
-// (waves run in turn, alternating direction at each barrier). LDS starts as NaN bytes so that a
-// read of anything not written first poisons the output.
+// online softmax, GQA, strides and LSE; for the backward also the workspace and the dQ atomics
+// (plain adds here: one lane runs at a time, workgroups one after another). What it cannot
+// check: that the hardware matches that documentation, the compiler, timing, and races between
+// waves (or between workgroups' atomics) that this schedule happens to order (waves run in turn,
+// alternating direction at each barrier). LDS starts as NaN bytes so that a read of anything not
+// written first poisons the output.
 //
-// Include after templates/attention_params.h and templates/attention_common.h, before
-// templates/hip/attention_fwd.hpp.
+// Include after templates/attention_params.h, before templates/attention_common.h,
+// templates/hip/tiles.hpp and the kernel template.
 #pragma once
 
 #include <cmath>
@@ -81,6 +84,14 @@ inline f32x4 mfma_16x16x16(u32 a_lo, u32 a_hi, u32 b_lo, u32 b_hi, f32x4 c) {
   float d[4];
   flashjit::testing::hip_emulator::mfma_16x16x16(IS_BF16, a, b, c_in, d);
   return f32x4{d[0], d[1], d[2], d[3]};
+}
+
+// Lanes run one at a time, so an atomic add is a plain one.
+inline void atomic_add(float* address, float value) { *address += value; }
+
+template <bool IS_BF16>
+inline float to_float(u16 bits) {
+  return IS_BF16 ? flashjit::bf16_to_float(bits) : flashjit::fp16_to_float(bits);
 }
 
 inline float fast_exp2(float x) { return std::exp2(x); }

@@ -1,15 +1,20 @@
-// Every legal config of the HIP attention template compiles with hipRTC for gfx90a (MI200), with
-// no scratch memory (no register spills) and at most the registers its wave count allows. Needs
-// no GPU (hipRTC only, in worker processes), so it runs in CI: a template or generator change
-// that breaks any corner of the HIP config space fails here, not on an AMD machine later.
+// Every legal config of the HIP attention templates compiles with hipRTC for gfx90a (MI200), with
+// no scratch memory (no register spills) and at most the registers its wave count allows, every
+// kernel of it (the backward's three entry points each). Needs no GPU (hipRTC only, in worker
+// processes), so it runs in CI: a template or generator change that breaks any corner of the HIP
+// config space fails here, not on an AMD machine later.
 //
-// One gtest per (head_dim, dtype, causal) group of the standard set; each prints a table of its
-// configs with the compiler's register counts. Skips where hipRTC cannot be loaded; only in builds
-// with the HIP backend.
+// The forward: one gtest per (head_dim, dtype, causal) group of the standard set. The backward:
+// its legal set does not depend on dtype or causal (checked), so each config of d 64, 128, 256 is
+// compiled twice, as bf16 causal and as fp16 non-causal: both MFMA types and both masking paths
+// (their register counts differ by a few, either way, so both are checked). Each group prints a
+// table of its configs with the compiler's register counts. Skips where hipRTC cannot be loaded;
+// only in builds with the HIP backend.
 #include <gtest/gtest.h>
 
 #if FLASHJIT_HAVE_HIP_BACKEND
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <mutex>
@@ -54,7 +59,9 @@ struct CompileOutcome {
   bool ok = false;
   std::string error;
   size_t code_bytes = 0;
-  hip::CodeObjectResources resources;
+  hip::CodeObjectResources resources;         // the first kernel's
+  std::vector<std::string> entries;           // the source's entry points, in order
+  std::vector<hip::KernelResources> kernels;  // each kernel's
   double seconds = 0;
 };
 
@@ -77,6 +84,8 @@ CompileOutcome compile_one(const AttentionProblem& problem, const AttentionConfi
   outcome.ok = true;
   outcome.code_bytes = binary->bytes.size();
   outcome.resources = hip::parse_code_object_resources(binary->bytes);
+  outcome.entries = source->entries;
+  outcome.kernels = hip::parse_code_object_kernels(binary->bytes);
   return outcome;
 }
 
@@ -99,8 +108,21 @@ std::vector<CompileOutcome> compile_all(const AttentionProblem& problem,
   return outcomes;
 }
 
-// Compiled, a non-empty code object for wave64, no scratch (spills), no static LDS (the template
-// uses dynamic LDS only), registers within what the config's waves leave each lane.
+// One kernel for wave64, no scratch (spills), no static LDS (the templates use dynamic LDS only),
+// registers within what `waves` waves leave each lane.
+void expect_clean_kernel(const hip::CodeObjectResources& r, int waves, const DeviceSpec& device,
+                         const std::string& where) {
+  EXPECT_EQ(r.wavefront_size, 64) << where;
+  EXPECT_EQ(r.scratch_bytes, 0) << where << ": scratch memory (spills), " << r.vgprs << " VGPRs, "
+                                << r.vgpr_spills << " spilled";
+  EXPECT_EQ(r.vgpr_spills, 0) << where;
+  EXPECT_EQ(r.lds_bytes, 0) << where;
+  EXPECT_GT(r.vgprs, 0) << where << ": no register count in the code object";
+  EXPECT_LE(r.vgprs, hip_wave_register_budget(waves, device)) << where;
+}
+
+// Compiled, a non-empty code object, every kernel clean (the forward's one; the backward's
+// preprocess, dK/dV and dQ kernels, with their own wave counts).
 void expect_clean(const CompileOutcome& o, const AttentionProblem& problem,
                   const DeviceSpec& device, const std::string& group) {
   const std::string where = group + " config " + o.config.to_string();
@@ -109,15 +131,44 @@ void expect_clean(const CompileOutcome& o, const AttentionProblem& problem,
     return;
   }
   EXPECT_GT(o.code_bytes, 0u) << where;
-  EXPECT_EQ(o.resources.wavefront_size, 64) << where;
-  EXPECT_EQ(o.resources.scratch_bytes, 0)
-      << where << ": scratch memory (spills), " << o.resources.vgprs << " VGPRs, "
-      << o.resources.vgpr_spills << " spilled";
-  EXPECT_EQ(o.resources.vgpr_spills, 0) << where;
-  EXPECT_EQ(o.resources.lds_bytes, 0) << where;
-  EXPECT_GT(o.resources.vgprs, 0) << where << ": no register count in the code object";
-  EXPECT_LE(o.resources.vgprs, hip_register_budget(o.config, device)) << where;
-  (void)problem;
+  if (!problem.is_backward()) {
+    expect_clean_kernel(o.resources, o.config.warps, device, where);
+    return;
+  }
+  const BackwardShapes shapes = hip_backward_shapes(o.config, problem);
+  const int waves[] = {shapes.preprocess.threads / kHipWaveSize, shapes.dkdv.threads / kHipWaveSize,
+                       shapes.dq.threads / kHipWaveSize};
+  ASSERT_EQ(o.kernels.size(), o.entries.size()) << where;
+  for (size_t e = 0; e < o.entries.size() && e < 3; ++e) {
+    EXPECT_EQ(o.kernels[e].name, o.entries[e]) << where;
+    expect_clean_kernel(o.kernels[e].resources, waves[e], device, where + " " + o.entries[e]);
+  }
+}
+
+// The backward's table: per config the dK/dV and dQ kernels' LDS, estimated and compiled
+// registers (VGPRs + AGPRs, of them AGPRs), and the spills of all three kernels.
+void print_backward_table(const std::vector<CompileOutcome>& outcomes,
+                          const AttentionProblem& problem) {
+  std::printf("  %-16s %6s %6s %5s %9s %5s %9s %6s %7s %6s\n", "config", "LDS", "LDS dQ", "est",
+              "dK/dV v/a", "est", "dQ v/a", "spill", "code", "sec");
+  for (const CompileOutcome& o : outcomes) {
+    if (!o.ok || o.kernels.size() != 3) {
+      std::printf("  %-16s FAILED\n", o.config.to_string().c_str());
+      continue;
+    }
+    int spills = 0;
+    for (const hip::KernelResources& k : o.kernels)
+      spills += std::max(0, k.resources.vgpr_spills) + std::max(0, k.resources.sgpr_spills);
+    const hip::CodeObjectResources& dkdv = o.kernels[1].resources;
+    const hip::CodeObjectResources& dq = o.kernels[2].resources;
+    std::printf("  %-16s %6d %6d %5d %5d/%-3d %5d %5d/%-3d %6d %7zu %6.2f\n",
+                o.config.to_string().c_str(), hip_bwd_dkdv_lds_bytes(o.config, problem),
+                hip_bwd_dq_lds_bytes(o.config, problem),
+                hip_bwd_dkdv_estimated_registers(o.config, problem), dkdv.vgprs, dkdv.agprs,
+                hip_bwd_dq_estimated_registers(o.config, problem), dq.vgprs, dq.agprs, spills,
+                o.code_bytes, o.seconds);
+  }
+  std::fflush(stdout);
 }
 
 void print_table(const std::vector<CompileOutcome>& outcomes, const AttentionProblem& problem,
@@ -200,6 +251,71 @@ TEST(HipCompilePaddedHeadDim, DefaultConfigsOfHeadDims96And192Compile) {
                  "gfx90a_d" + std::to_string(head_dim) + "_bf16_causal");
   }
 }
+
+// ---- the backward pass ----------------------------------------------------------------------
+
+struct BackwardCompileGroup {
+  int head_dim;
+  DType dtype;
+  bool causal;
+
+  std::string name() const {
+    std::string text = "gfx90a_bwd_d";
+    text += std::to_string(head_dim);
+    text += "_";
+    text += to_string(dtype);
+    text += causal ? "_causal" : "_noncausal";
+    return text;
+  }
+  AttentionProblem problem() const {
+    return AttentionProblem::make(2, 16, 16, 4096, 4096, head_dim, dtype, causal)
+        .with_pass(Pass::Backward);
+  }
+};
+
+void PrintTo(const BackwardCompileGroup& group, std::ostream* out) { *out << group.name(); }
+
+class HipCompileAllBackwardConfigs : public ::testing::TestWithParam<BackwardCompileGroup> {};
+
+TEST_P(HipCompileAllBackwardConfigs, EveryLegalConfigCompilesWithoutSpills) {
+  if (!have_hiprtc()) GTEST_SKIP() << hip::hiprtc_version();
+  const BackwardCompileGroup& group = GetParam();
+  const DeviceSpec device = known_device("gfx90a").value();
+  const AttentionProblem problem = group.problem();
+  const std::vector<AttentionConfig> configs = legal_hip_configs(problem, device);
+  ASSERT_FALSE(configs.empty()) << "no legal config for " << group.name();
+  // The legal set is the same for every dtype and causal setting of this head dim: compiling it
+  // in two of the four covers every config of the standard set.
+  for (DType dtype : {DType::F16, DType::BF16})
+    for (bool causal : {false, true}) {
+      const BackwardCompileGroup other{group.head_dim, dtype, causal};
+      EXPECT_EQ(legal_hip_configs(other.problem(), device), configs) << other.name();
+    }
+  // Deterministic problems have legal (-det) configs at every head dim.
+  AttentionProblem deterministic = problem;
+  deterministic.deterministic = true;
+  EXPECT_FALSE(legal_hip_configs(deterministic, device).empty()) << group.name();
+
+  const std::vector<CompileOutcome> outcomes = compile_all(problem, configs, "gfx90a");
+  print_backward_table(outcomes, problem);
+  for (const CompileOutcome& outcome : outcomes)
+    expect_clean(outcome, problem, device, group.name());
+}
+
+std::vector<BackwardCompileGroup> backward_groups() {
+  std::vector<BackwardCompileGroup> groups;
+  for (int head_dim : {64, 128, 256}) {
+    groups.push_back({head_dim, DType::BF16, true});
+    groups.push_back({head_dim, DType::F16, false});
+  }
+  return groups;
+}
+
+INSTANTIATE_TEST_SUITE_P(BackwardGroups, HipCompileAllBackwardConfigs,
+                         ::testing::ValuesIn(backward_groups()),
+                         [](const ::testing::TestParamInfo<BackwardCompileGroup>& info) {
+                           return info.param.name();
+                         });
 
 }  // namespace
 }  // namespace flashjit

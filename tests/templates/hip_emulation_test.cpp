@@ -21,11 +21,16 @@
 #include "generator/problem.hpp"
 #include "runtime/launch_params.hpp"
 #include "support/reference.hpp"
+#include "support/attention_cases.hpp"
 #include "templates/attention_params.h"
-// The kernel needs its primitives declared before it: params, common rules, emulated primitives.
+// The kernel needs, in this order: params (above), the emulated primitives, the common rules, the
+// tiles.
+// clang-format off
 #include "support/hip_emulator.hpp"
 #include "templates/attention_common.h"
+#include "templates/hip/tiles.hpp"
 #include "templates/hip/attention_fwd.hpp"
+// clang-format on
 
 namespace flashjit {
 namespace {
@@ -112,56 +117,6 @@ std::vector<EmulatedConfig> emulated_configs() {
   };
 }
 
-struct Shape {
-  int64_t batch, heads_q, heads_kv, seqlen_q, seqlen_k;
-  Layout layout = Layout::BSHD;
-  bool padded = false;  // BSHD with per-tensor padding after heads, rows and batches
-};
-
-// Strides with padding (multiples of 8 elements, as validate() requires).
-Strides padded_bshd(int64_t seqlen, int64_t heads, int head_dim, int head_pad, int seq_pad,
-                    int batch_pad) {
-  Strides strides;
-  strides.head = head_dim + head_pad;
-  strides.seq = heads * strides.head + seq_pad;
-  strides.batch = seqlen * strides.seq + batch_pad;
-  return strides;
-}
-
-AttentionProblem make_problem(const Shape& s, int head_dim, DType dtype, bool causal) {
-  AttentionProblem problem = AttentionProblem::make(s.batch, s.heads_q, s.heads_kv, s.seqlen_q,
-                                                    s.seqlen_k, head_dim, dtype, causal, s.layout);
-  if (s.padded) {
-    problem.q_strides = padded_bshd(s.seqlen_q, s.heads_q, head_dim, 8, 24, 16);
-    problem.k_strides = padded_bshd(s.seqlen_k, s.heads_kv, head_dim, 16, 24, 8);
-    problem.v_strides = padded_bshd(s.seqlen_k, s.heads_kv, head_dim, 24, 8, 32);
-    problem.o_strides = padded_bshd(s.seqlen_q, s.heads_q, head_dim, 8, 40, 8);
-  }
-  return problem;
-}
-
-std::string shape_name(const Shape& s) {
-  return "(b" + std::to_string(s.batch) + " hq" + std::to_string(s.heads_q) + " hkv" +
-         std::to_string(s.heads_kv) + " sq" + std::to_string(s.seqlen_q) + " sk" +
-         std::to_string(s.seqlen_k) + (s.layout == Layout::BHSD ? " bhsd" : "") +
-         (s.padded ? " padded" : "") + ")";
-}
-
-const std::vector<Shape>& shapes() {
-  static const std::vector<Shape> all = {
-      {1, 1, 1, 1, 1},                        // a single row and key
-      {1, 2, 2, 17, 17},                      // ragged tails
-      {1, 1, 1, 130, 130},                    // several key blocks, ragged last block
-      {1, 2, 2, 40, 100},                     // more keys than queries
-      {1, 2, 2, 100, 40},                     // more queries: causal leaves 60 rows empty
-      {2, 4, 2, 33, 65},                      // GQA 2:1, batches
-      {1, 4, 1, 20, 50},                      // MQA
-      {2, 2, 2, 50, 70, Layout::BHSD},        // BHSD
-      {1, 2, 2, 45, 77, Layout::BSHD, true},  // padded strides, different per tensor
-  };
-  return all;
-}
-
 class HipEmulation : public ::testing::TestWithParam<EmulatedConfig> {};
 
 TEST_P(HipEmulation, MatchesTheFp64Reference) {
@@ -169,7 +124,8 @@ TEST_P(HipEmulation, MatchesTheFp64Reference) {
   // The emulated config must be one the generator allows on gfx90a, with the same LDS size.
   const DeviceSpec gfx90a = known_device("gfx90a").value();
   {
-    const AttentionProblem problem = make_problem(shapes()[1], c.head_dim, c.dtype, c.causal);
+    const AttentionProblem problem =
+        ft::make_problem(ft::emulation_shapes()[1], c.head_dim, c.dtype, c.causal);
     Status legal = check_hip_config(c.config, problem, gfx90a);
     EXPECT_TRUE(legal.ok()) << legal.error().describe();
     EXPECT_EQ(hip_lds_bytes(c.config, problem), c.lds_bytes);
@@ -177,8 +133,8 @@ TEST_P(HipEmulation, MatchesTheFp64Reference) {
   const auto start = std::chrono::steady_clock::now();
   double worst_o = 0, worst_lse = 0;
   uint64_t seed = 1;
-  for (const Shape& shape : shapes()) {
-    const AttentionProblem problem = make_problem(shape, c.head_dim, c.dtype, c.causal);
+  for (const ft::Shape& shape : ft::emulation_shapes()) {
+    const AttentionProblem problem = ft::make_problem(shape, c.head_dim, c.dtype, c.causal);
     ASSERT_TRUE(validate(problem).ok()) << validate(problem).error().describe();
     const ft::HostInputs inputs = ft::random_inputs(problem, seed++);
     const ft::Reference reference = ft::reference_attention(problem, inputs);
@@ -186,17 +142,17 @@ TEST_P(HipEmulation, MatchesTheFp64Reference) {
     std::vector<float> lse;
     const std::string error = c.run(problem, inputs, &o, &lse);
     if (!error.empty()) {
-      ADD_FAILURE() << c.name() << " " << shape_name(shape) << ": " << error;
+      ADD_FAILURE() << c.name() << " " << shape.to_string() << ": " << error;
       continue;
     }
     const ft::Comparison comparison = ft::compare(problem, o, lse, reference);
     worst_o = std::max(worst_o, comparison.o_rel_error);
     worst_lse = std::max(worst_lse, comparison.lse_max_abs_error);
     EXPECT_TRUE(ft::matches_reference(comparison, kMaxOutputRelError, kMaxLseAbsError))
-        << c.name() << " " << shape_name(shape);
+        << c.name() << " " << shape.to_string();
   }
   std::printf("  %s: %zu shapes emulated in %.1f s, worst o rel error %.2e, lse abs error %.2e\n",
-              c.name().c_str(), shapes().size(),
+              c.name().c_str(), ft::emulation_shapes().size(),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
               worst_o, worst_lse);
 }

@@ -89,26 +89,72 @@ TEST(HipDeviceSpec, SupportedProcessors) {
 TEST(HipLaunch, GridAndLimits) {
   const AttentionConfig config{128, 64, 4, 1};
   auto problem = AttentionProblem::make(3, 16, 4, 1000, 1000, 128, DType::BF16, true);
-  Result<LaunchGrid> grid = launch_grid(problem, config);
-  ASSERT_TRUE(grid.ok()) << grid.error().describe();
-  EXPECT_EQ(grid->x, 8u);  // ceil(1000 / 128)
-  EXPECT_EQ(grid->y, 16u);
-  EXPECT_EQ(grid->z, 3u);
-  EXPECT_EQ(grid->threads, 256u);
+  Result<std::vector<LaunchGrid>> grids = launch_grids(problem, config);
+  ASSERT_TRUE(grids.ok()) << grids.error().describe();
+  ASSERT_EQ(grids->size(), 1u);
+  const LaunchGrid& grid = grids->front();
+  EXPECT_EQ(grid.x, 8u);  // ceil(1000 / 128)
+  EXPECT_EQ(grid.y, 16u);
+  EXPECT_EQ(grid.z, 3u);
+  EXPECT_EQ(grid.threads, 256u);
+  EXPECT_EQ(static_cast<int>(grid.lds_bytes), hip_lds_bytes(config, problem));
 
   problem.heads_q = 70000;
   problem.heads_kv = 70000;
-  Result<LaunchGrid> too_many_heads = launch_grid(problem, config);
+  Result<std::vector<LaunchGrid>> too_many_heads = launch_grids(problem, config);
   ASSERT_FALSE(too_many_heads.ok());
   EXPECT_NE(too_many_heads.error().message.find("heads_q = 70000"), std::string::npos);
   problem.heads_q = problem.heads_kv = 1;
   problem.batch = 65536;
-  EXPECT_FALSE(launch_grid(problem, config).ok());
+  EXPECT_FALSE(launch_grids(problem, config).ok());
   problem.batch = 1;
   problem.seqlen_q = int64_t{1} << 31;  // 2^24 workgroups of 256 threads: past 2^32 work-items
-  Result<LaunchGrid> too_long = launch_grid(problem, config);
+  Result<std::vector<LaunchGrid>> too_long = launch_grids(problem, config);
   ASSERT_FALSE(too_long.ok());
   EXPECT_NE(too_long.error().message.find("seqlen_q"), std::string::npos);
+  EXPECT_NE(too_long.error().message.find("work-items"), std::string::npos);
+}
+
+// The backward's three launches (render.hpp's contract) with the template's shapes: preprocess
+// and convert over seqlen_q rounded to 128 rows, dK/dV over key blocks and kv heads, the
+// separate dQ kernel over query blocks with block_m / 16 waves.
+TEST(HipLaunch, BackwardGrids) {
+  AttentionConfig config{32, 128, 4, 1};
+  const auto problem =
+      AttentionProblem::make(3, 16, 4, 1000, 700, 128, DType::BF16, true).with_pass(Pass::Backward);
+  Result<std::vector<LaunchGrid>> grids = launch_grids(problem, config);
+  ASSERT_TRUE(grids.ok()) << grids.error().describe();
+  ASSERT_EQ(grids->size(), 3u);
+  const LaunchGrid& preprocess = (*grids)[0];
+  const LaunchGrid& dkdv = (*grids)[1];
+  const LaunchGrid& convert = (*grids)[2];
+  EXPECT_EQ(preprocess.x, 8u);  // 1024 / 128
+  EXPECT_EQ(preprocess.y, 16u);
+  EXPECT_EQ(preprocess.z, 3u);
+  EXPECT_EQ(preprocess.threads, 128u);
+  EXPECT_EQ(preprocess.lds_bytes, 0u);
+  EXPECT_EQ(dkdv.x, 6u);  // ceil(700 / 128)
+  EXPECT_EQ(dkdv.y, 4u);  // kv heads
+  EXPECT_EQ(dkdv.threads, 256u);
+  EXPECT_EQ(static_cast<int>(dkdv.lds_bytes), hip_bwd_dkdv_lds_bytes(config, problem));
+  EXPECT_EQ(convert.x, 8u);
+  EXPECT_EQ(convert.threads, 128u);
+
+  config.dq = DqMode::Separate;
+  grids = launch_grids(problem, config);
+  ASSERT_TRUE(grids.ok()) << grids.error().describe();
+  const LaunchGrid& dq = (*grids)[2];
+  EXPECT_EQ(dq.x, 32u);  // ceil(1000 / 32)
+  EXPECT_EQ(dq.y, 16u);
+  EXPECT_EQ(dq.threads, 128u);  // 32 / 16 waves
+  EXPECT_EQ(static_cast<int>(dq.lds_bytes), hip_bwd_dq_lds_bytes(config, problem));
+  EXPECT_GT(dq.lds_bytes, 0u);
+
+  auto many_kv_heads = problem;
+  many_kv_heads.heads_q = many_kv_heads.heads_kv = 70000;
+  Result<std::vector<LaunchGrid>> too_many = launch_grids(many_kv_heads, config);
+  ASSERT_FALSE(too_many.ok());
+  EXPECT_NE(too_many.error().message.find("heads_q = 70000"), std::string::npos);
 }
 
 TEST(HipLaunch, ArgumentChecks) {
@@ -137,6 +183,60 @@ TEST(HipLaunch, ArgumentChecks) {
   auto causal = problem;
   causal.causal = true;
   status = check_attention_launch(causal, args, signature);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.error().message.find("does not match"), std::string::npos);
+}
+
+// The backward's launch checks (shared with CUDA): every gradient pointer, the forward's LSE, a
+// caller's workspace large enough and 256-byte aligned; the workspace layout per DqMode.
+TEST(HipLaunch, BackwardArgumentChecks) {
+  const auto problem =
+      AttentionProblem::make(2, 4, 2, 100, 60, 64, DType::F16, true).with_pass(Pass::Backward);
+  const ProblemSignature signature = ProblemSignature::of(problem);
+  AttentionConfig config{32, 64, 4, 1};
+  const BackwardWorkspace atomic = backward_workspace(problem, config);
+  EXPECT_EQ(atomic.seqlen_q_rounded, 128);
+  EXPECT_TRUE(atomic.has_dq_accum);
+  // delta and lse_log2 (2 * 4 * 128 floats each), then the accumulator (... x 64 floats).
+  EXPECT_EQ(atomic.lse_offset, 4096u);
+  EXPECT_EQ(atomic.dq_accum_offset, 8192u);
+  EXPECT_EQ(atomic.bytes, 8192u + 2 * 4 * 128 * 64 * 4);
+  config.dq = DqMode::Separate;
+  const BackwardWorkspace separate = backward_workspace(problem, config);
+  EXPECT_FALSE(separate.has_dq_accum);
+  EXPECT_EQ(separate.bytes, 8192u);
+
+  alignas(256) static char memory[1 << 16];
+  AttentionArgs args{memory, memory, memory, memory, reinterpret_cast<float*>(memory)};
+  args.d_o = args.dq = args.dk = args.dv = memory;
+  EXPECT_TRUE(check_attention_launch(problem, args, signature, 16, atomic.bytes).ok());
+  AttentionArgs no_do = args;
+  no_do.d_o = nullptr;
+  Status status = check_attention_launch(problem, no_do, signature, 16, atomic.bytes);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.error().message.find("do is null"), std::string::npos);
+  AttentionArgs no_dk = args;
+  no_dk.dk = nullptr;
+  EXPECT_FALSE(check_attention_launch(problem, no_dk, signature, 16, atomic.bytes).ok());
+  AttentionArgs no_lse = args;
+  no_lse.lse = nullptr;
+  status = check_attention_launch(problem, no_lse, signature, 16, atomic.bytes);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.error().message.find("log-sum-exp"), std::string::npos);
+  AttentionArgs small = args;
+  small.workspace = memory;
+  small.workspace_bytes = atomic.bytes - 1;
+  status = check_attention_launch(problem, small, signature, 16, atomic.bytes);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.error().message.find("workspace_bytes"), std::string::npos);
+  AttentionArgs misaligned = args;
+  misaligned.workspace = memory + 16;
+  misaligned.workspace_bytes = atomic.bytes;
+  status = check_attention_launch(problem, misaligned, signature, 16, atomic.bytes);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.error().message.find("256-byte aligned"), std::string::npos);
+  // A forward problem does not match a backward kernel.
+  status = check_attention_launch(problem.with_pass(Pass::Forward), args, signature);
   ASSERT_FALSE(status.ok());
   EXPECT_NE(status.error().message.find("does not match"), std::string::npos);
 }

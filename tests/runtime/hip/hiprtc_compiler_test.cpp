@@ -139,6 +139,43 @@ TEST(CodeObjectResources, ReadsMsgpackIntegersOfTheKnownKeys) {
   EXPECT_EQ(parse_code_object_resources({}).vgprs, -1);
 }
 
+// Several kernels in one code object (the backward's entry points): each kernel's map starts at its
+// .agpr_count and is named by its .symbol (fixstr or str8) without ".kd".
+TEST(CodeObjectResources, SplitsTheMetadataPerKernel) {
+  auto fixstr = [](const std::string& key) {
+    std::string s(1, static_cast<char>(0xa0 | key.size()));
+    return s + key;
+  };
+  auto str8 = [](const std::string& value) {
+    return std::string("\xd9", 1) + static_cast<char>(value.size()) + value;
+  };
+  const std::string long_name(40, 'k');  // longer than a fixstr holds
+  std::string bytes = "ELF...";
+  bytes += fixstr(".agpr_count") + std::string(1, '\x00');
+  bytes += fixstr(".private_segment_fixed_size") + std::string(1, '\x00');
+  bytes += fixstr(".symbol") + fixstr("first.kd");
+  bytes += fixstr(".vgpr_count") + std::string(1, '\x15');  // 21
+  bytes += fixstr(".vgpr_spill_count") + std::string(1, '\x00');
+  bytes += fixstr(".agpr_count") + std::string("\xcc\xc8", 2);  // 200
+  bytes += fixstr(".private_segment_fixed_size") + std::string(1, '\x10');
+  bytes += fixstr(".symbol") + str8(long_name + ".kd");
+  bytes += fixstr(".vgpr_count") + std::string("\xcd\x01\xc8", 3);  // 456
+  bytes += fixstr(".vgpr_spill_count") + std::string(1, '\x02');
+  const std::vector<char> code(bytes.begin(), bytes.end());
+  const std::vector<KernelResources> kernels = parse_code_object_kernels(code);
+  ASSERT_EQ(kernels.size(), 2u);
+  EXPECT_EQ(kernels[0].name, "first");
+  EXPECT_EQ(kernels[0].resources.vgprs, 21);
+  EXPECT_EQ(kernels[0].resources.agprs, 0);
+  EXPECT_EQ(kernels[0].resources.vgpr_spills, 0);
+  EXPECT_EQ(kernels[1].name, long_name);
+  EXPECT_EQ(kernels[1].resources.vgprs, 456);
+  EXPECT_EQ(kernels[1].resources.agprs, 200);
+  EXPECT_EQ(kernels[1].resources.vgpr_spills, 2);
+  EXPECT_EQ(kernels[1].resources.scratch_bytes, 16);
+  EXPECT_TRUE(parse_code_object_kernels({}).empty());
+}
+
 TEST(Hiprtc, OptionsNameTheTarget) {
   const std::vector<std::string> options = hiprtc_options("gfx90a:sramecc+:xnack-");
   EXPECT_EQ(options.front(), "--offload-arch=gfx90a:sramecc+:xnack-");
@@ -170,6 +207,10 @@ TEST(Hiprtc, CompilesForGfx90aWithoutAGpu) {
   EXPECT_GT(r.vgprs, 0);
   EXPECT_EQ(r.wavefront_size, 64);
   EXPECT_EQ(r.scratch_bytes, 0);
+  const std::vector<KernelResources> kernels = parse_code_object_kernels(binary->bytes);
+  ASSERT_EQ(kernels.size(), 1u);
+  EXPECT_EQ(kernels[0].name, mfma_kernel().entry());
+  EXPECT_EQ(kernels[0].resources.vgprs, r.vgprs);
 }
 
 TEST(Hiprtc, CompileErrorsCarryTheLog) {
