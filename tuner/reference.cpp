@@ -503,13 +503,13 @@ std::string GradientComparison::to_string() const {
 double gradient_tolerance(DType dtype) {
   switch (dtype) {
     case DType::BF16:
-      return 2e-2;
+      return 1e-2;
     case DType::F16:
-      return 5e-3;
+      return 2e-3;
     case DType::F32:
-      return 1e-4;
+      return 2e-5;
   }
-  return 2e-2;
+  return 1e-2;
 }
 
 bool within_tolerance(const GradientComparison& comparison, double max_rel) {
