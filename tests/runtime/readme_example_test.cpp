@@ -1,5 +1,5 @@
 // The C++ example of README.md ("Using the library"), compiled verbatim (tests/CMakeLists.txt
-// extracts it) and run on the GPU.
+// extracts it) and run on the GPU: the forward, then the backward on its o and lse.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,7 +13,7 @@ namespace {
 
 // The README's code, with its free variables as parameters.
 flashjit::Status readme_example(const void* q, const void* k, const void* v, void* o, float* lse,
-                                void* stream) {
+                                const void* d_o, void* dq, void* dk, void* dv, void* stream) {
 #include "readme_example.inc"
   return status;
 }
@@ -28,8 +28,8 @@ TEST(ReadmeExample, CompilesAndRuns) {
   const size_t bytes = static_cast<size_t>(problem.q_span()) * 2;
   std::vector<uint16_t> host(problem.q_span());
   for (size_t i = 0; i < host.size(); ++i) host[i] = 0x3c00 + (i * 2654435761u) % 512;  // ~1..2
-  std::vector<flashjit::DeviceBuffer> buffers;
-  for (int i = 0; i < 4; ++i) {
+  std::vector<flashjit::DeviceBuffer> buffers;  // q, k, v, o, d_o, dq, dk, dv
+  for (int i = 0; i < 8; ++i) {
     auto buffer = (*backend)->allocate(bytes);
     ASSERT_TRUE(buffer.ok()) << buffer.error().describe();
     ASSERT_TRUE((*backend)->copy_to_device(buffer->get(), host.data(), bytes).ok());
@@ -37,15 +37,19 @@ TEST(ReadmeExample, CompilesAndRuns) {
   }
   auto lse = (*backend)->allocate(problem.lse_elements() * sizeof(float));
   ASSERT_TRUE(lse.ok());
-  ASSERT_TRUE((*backend)->fill_bytes(buffers[3].get(), 0xFF, bytes).ok());  // poison o
-  const flashjit::Status status =
-      readme_example(buffers[0].get(), buffers[1].get(), buffers[2].get(), buffers[3].get(),
-                     lse->as<float>(), nullptr);
+  for (int i : {3, 5, 6, 7})  // poison o and the gradients
+    ASSERT_TRUE((*backend)->fill_bytes(buffers[i].get(), 0xFF, bytes).ok());
+  const flashjit::Status status = readme_example(
+      buffers[0].get(), buffers[1].get(), buffers[2].get(), buffers[3].get(), lse->as<float>(),
+      buffers[4].get(), buffers[5].get(), buffers[6].get(), buffers[7].get(), nullptr);
   ASSERT_TRUE(status.ok()) << status.error().describe();
   ASSERT_TRUE((*backend)->synchronize().ok());
   std::vector<uint16_t> out(problem.o_span());
-  ASSERT_TRUE((*backend)->copy_to_host(out.data(), buffers[3].get(), bytes).ok());
-  for (uint16_t bits : out) ASSERT_NE(bits & 0x7F80, 0x7F80) << "NaN/inf or unwritten output";
+  for (int i : {3, 5, 6, 7}) {  // o, dq, dk, dv: written and finite
+    ASSERT_TRUE((*backend)->copy_to_host(out.data(), buffers[i].get(), bytes).ok());
+    for (uint16_t bits : out)
+      ASSERT_NE(bits & 0x7F80, 0x7F80) << "NaN/inf or unwritten output " << i;
+  }
 }
 
 }  // namespace
