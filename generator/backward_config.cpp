@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "generator/backward_config_sm90.hpp"
+#include "generator/knobs.hpp"
 
 namespace flashjit {
 
@@ -17,22 +18,9 @@ namespace {
 constexpr int kBackwardRegisterAllowance = 40;
 constexpr int kSmemReservedPerCta = 1024;  // the driver reserves 1 KB per CTA on sm80+
 
-template <class Range>
-bool contains(const Range& range, int value) {
-  return std::find(std::begin(range), std::end(range), value) != std::end(range);
-}
-
-template <class Range>
-std::string list(const Range& range) {
-  std::string out;
-  for (int v : range) out += (out.empty() ? "" : ", ") + std::to_string(v);
-  return "{" + out + "}";
-}
-
-Status illegal(const AttentionConfig& config, const std::string& why,
-               ErrorCode code = ErrorCode::InvalidArgument) {
-  return make_error(code, "config " + config.to_string() + ": " + why);
-}
+using knobs::contains;
+using knobs::illegal;
+using knobs::list;
 
 // ---- the mma family (templates/cuda/attention_bwd.cuh) -------------------------------------
 

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "generator/knobs.hpp"
+
 namespace flashjit {
 
 namespace {
@@ -16,21 +18,9 @@ constexpr int kSmemReservedPerCta = 1024;  // the driver reserves 1 KB per CTA o
 // (docs/perf/backward-sm90-notes.md has the table).
 constexpr int kRegisterAllowance = 16;
 
-template <class Range>
-bool contains(const Range& range, int value) {
-  return std::find(std::begin(range), std::end(range), value) != std::end(range);
-}
-
-template <class Range>
-std::string list(const Range& range) {
-  std::string out;
-  for (int v : range) out += (out.empty() ? "" : ", ") + std::to_string(v);
-  return "{" + out + "}";
-}
-
-Status illegal(const AttentionConfig& config, const std::string& why) {
-  return make_error(ErrorCode::InvalidArgument, "config " + config.to_string() + ": " + why);
-}
+using knobs::contains;
+using knobs::illegal;
+using knobs::list;
 
 // The template's derived shape (Sm90BwdTraits in templates/cuda/attention_bwd_sm90.cuh).
 struct Shape {

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "generator/backward_config.hpp"
+#include "generator/knobs.hpp"
 
 namespace flashjit {
 
@@ -30,21 +31,9 @@ constexpr int kRegisterAllowance = 32;
 constexpr int kRegistersPerMTile = 8;
 constexpr int kSmemReservedPerCta = 1024;  // the driver reserves 1 KB per CTA on sm80+
 
-template <class Range>
-bool contains(const Range& range, int value) {
-  return std::find(std::begin(range), std::end(range), value) != std::end(range);
-}
-
-template <class Range>
-std::string list(const Range& range) {
-  std::string out;
-  for (int v : range) out += (out.empty() ? "" : ", ") + std::to_string(v);
-  return "{" + out + "}";
-}
-
-Status illegal(const AttentionConfig& config, const std::string& why) {
-  return make_error(ErrorCode::InvalidArgument, "config " + config.to_string() + ": " + why);
-}
+using knobs::contains;
+using knobs::illegal;
+using knobs::list;
 
 }  // namespace
 

@@ -5,6 +5,8 @@
 #include <sstream>
 #include <tuple>
 
+#include "generator/knobs.hpp"
+
 namespace flashjit {
 namespace {
 
@@ -26,21 +28,9 @@ constexpr int kRegisterGranule = 8;  // CDNA2/3 allocate VGPRs in granules of 8 
 constexpr int kMaxAccumulatorPerLane = 96;
 constexpr int kVRowPadding = 4;  // elements of padding per V^T row (bank conflicts)
 
-template <class Range>
-bool contains(const Range& range, int value) {
-  return std::find(std::begin(range), std::end(range), value) != std::end(range);
-}
-
-template <class Range>
-std::string list(const Range& range) {
-  std::string out;
-  for (int v : range) out += (out.empty() ? "" : ", ") + std::to_string(v);
-  return "{" + out + "}";
-}
-
-Status illegal(const AttentionConfig& config, const std::string& why) {
-  return make_error(ErrorCode::InvalidArgument, "config " + config.to_string() + ": " + why);
-}
+using knobs::contains;
+using knobs::illegal;
+using knobs::list;
 
 int hip_threads(const AttentionConfig& c) { return c.warps * kHipWaveSize; }
 
