@@ -25,6 +25,7 @@
 #include "runtime/binary_cache.hpp"
 #include "runtime/runtime.hpp"
 #include "support/attention_cases.hpp"
+#include "support/device_run.hpp"
 #include "support/gpu.hpp"
 #include "support/parallel.hpp"
 #include "support/reference.hpp"
@@ -52,79 +53,12 @@ const std::vector<Shape>& test_shapes() { return ft::gpu_test_shapes(); }
 using ft::make_problem;  // forward problems (tests/support/attention_cases.hpp)
 
 // ---------------------------------------------------------------------------------------------
-// Device helpers
+// Device helpers: tests/support/device_run.hpp
 
-struct DeviceTensors {
-  DeviceBuffer q, k, v, o, lse;
-};
-
-Result<DeviceTensors> upload(const Backend& backend, const AttentionProblem& problem,
-                             const ft::HostInputs& inputs) {
-  DeviceTensors tensors;
-  auto allocate_copy = [&](const std::vector<uint16_t>& host, DeviceBuffer* buffer) -> Status {
-    Result<DeviceBuffer> allocated = backend.allocate(host.size() * sizeof(uint16_t));
-    if (!allocated.ok()) return allocated.error();
-    *buffer = std::move(allocated.value());
-    return backend.copy_to_device(buffer->get(), host.data(), buffer->bytes());
-  };
-  FLASHJIT_TRY(allocate_copy(inputs.q, &tensors.q));
-  FLASHJIT_TRY(allocate_copy(inputs.k, &tensors.k));
-  FLASHJIT_TRY(allocate_copy(inputs.v, &tensors.v));
-  Result<DeviceBuffer> o = backend.allocate(problem.o_span() * sizeof(uint16_t));
-  if (!o.ok()) return o.error();
-  tensors.o = std::move(o.value());
-  Result<DeviceBuffer> lse = backend.allocate(problem.lse_elements() * sizeof(float));
-  if (!lse.ok()) return lse.error();
-  tensors.lse = std::move(lse.value());
-  return tensors;
-}
-
-AttentionArgs args_of(const DeviceTensors& tensors, bool with_lse = true) {
-  return {tensors.q.get(), tensors.k.get(), tensors.v.get(), tensors.o.get(),
-          with_lse ? tensors.lse.as<float>() : nullptr};
-}
-
-struct RunOutput {
-  Status status;
-  bool context_lost = false;  // the error came from synchronize: the context may be unusable
-  std::vector<uint16_t> o;    // whole o span
-  std::vector<float> lse;     // empty when run without lse
-};
-
-// Poison o and lse, launch, synchronize, copy both back.
-RunOutput run_poisoned(const Backend& backend, const Kernel& kernel,
-                       const AttentionProblem& problem, const DeviceTensors& tensors,
-                       bool with_lse = true) {
-  RunOutput out;
-  auto fail = [&](const char* phase, const Status& status, bool lost = false) {
-    out.status =
-        make_error(status.error().code, std::string(phase) + ": " + status.error().message);
-    out.context_lost = lost;
-    return std::move(out);
-  };
-  if (Status s = backend.fill_bytes(tensors.o.get(), 0xFF, tensors.o.bytes()); !s.ok()) {
-    return fail("poison o", s, true);
-  }
-  if (Status s = backend.fill_bytes(tensors.lse.get(), 0xFF, tensors.lse.bytes()); !s.ok()) {
-    return fail("poison lse", s, true);
-  }
-  if (Status s = kernel.launch(problem, args_of(tensors, with_lse)); !s.ok()) {
-    return fail("launch", s);
-  }
-  if (Status s = backend.synchronize(); !s.ok()) return fail("synchronize", s, true);
-  out.o.resize(problem.o_span());
-  if (Status s = backend.copy_to_host(out.o.data(), tensors.o.get(), tensors.o.bytes()); !s.ok()) {
-    return fail("copy o back", s, true);
-  }
-  if (with_lse) {
-    out.lse.resize(problem.lse_elements());
-    if (Status s = backend.copy_to_host(out.lse.data(), tensors.lse.get(), tensors.lse.bytes());
-        !s.ok()) {
-      return fail("copy lse back", s, true);
-    }
-  }
-  return out;
-}
+using ft::DeviceTensors;
+using ft::run_poisoned;
+using ft::RunOutput;
+using ft::upload;
 
 using ft::build_all;
 using ft::BuiltKernel;
@@ -303,13 +237,13 @@ TEST_F(CudaAttentionApi, LaunchRejectsProblemOfAnotherSignature) {
   AttentionProblem other_dtype = AttentionProblem::make(1, 2, 2, 64, 64, 64, DType::F16, false);
   AttentionProblem other_mask = AttentionProblem::make(1, 2, 2, 64, 64, 64, DType::BF16, true);
   for (const AttentionProblem* other : {&other_dim, &other_dtype, &other_mask}) {
-    const Status status = kernel->launch(*other, args_of(tensors.value()));
+    const Status status = kernel->launch(*other, tensors->args);
     ASSERT_FALSE(status.ok()) << other->to_string();
     EXPECT_EQ(status.error().code, ErrorCode::InvalidArgument) << status.error().describe();
   }
   // Same signature, other sizes: accepted.
   const auto smaller = AttentionProblem::make(1, 1, 1, 33, 50, 64, DType::BF16, false);
-  EXPECT_TRUE(kernel->launch(smaller, args_of(tensors.value())).ok());
+  EXPECT_TRUE(kernel->launch(smaller, tensors->args).ok());
   EXPECT_TRUE(backend_->synchronize().ok());
 }
 
@@ -321,7 +255,7 @@ TEST_F(CudaAttentionApi, LaunchRejectsNullTensorPointers) {
   ASSERT_TRUE(tensors.ok()) << tensors.error().describe();
 
   for (int which = 0; which < 4; ++which) {
-    AttentionArgs args = args_of(tensors.value());
+    AttentionArgs args = tensors->args;
     if (which == 0) args.q = nullptr;
     if (which == 1) args.k = nullptr;
     if (which == 2) args.v = nullptr;
@@ -341,7 +275,7 @@ TEST_F(CudaAttentionApi, LaunchRejectsInvalidProblem) {
   ASSERT_TRUE(tensors.ok()) << tensors.error().describe();
   AttentionProblem bad = problem;
   bad.heads_q = 3;  // not a multiple of heads_kv = 2
-  const Status status = kernel->launch(bad, args_of(tensors.value()));
+  const Status status = kernel->launch(bad, tensors->args);
   ASSERT_FALSE(status.ok());
   EXPECT_EQ(status.error().code, ErrorCode::InvalidArgument) << status.error().describe();
 }
@@ -353,14 +287,16 @@ TEST_F(CudaAttentionApi, NullLseWritesOnlyO) {
   const ft::HostInputs inputs = ft::random_inputs(problem, 4);
   Result<DeviceTensors> tensors = upload(*backend_, problem, inputs);
   ASSERT_TRUE(tensors.ok()) << tensors.error().describe();
-  RunOutput out = run_poisoned(*backend_, *kernel, problem, tensors.value(), /*with_lse=*/false);
+  AttentionArgs without_lse = tensors->args;
+  without_lse.lse = nullptr;
+  RunOutput out = run_poisoned(*backend_, *kernel, problem, tensors.value(), without_lse);
   ASSERT_TRUE(out.status.ok()) << out.status.error().describe();
   EXPECT_TRUE(ft::matches_reference(
       ft::compare(problem, out.o, {}, ft::reference_attention(problem, inputs))));
   // The lse buffer was not touched: still all 0xFF bytes.
   std::vector<uint32_t> lse_bits(problem.lse_elements());
-  ASSERT_TRUE(
-      backend_->copy_to_host(lse_bits.data(), tensors->lse.get(), tensors->lse.bytes()).ok());
+  const DeviceBuffer& lse = *tensors->find(ft::TensorRole::Lse);
+  ASSERT_TRUE(backend_->copy_to_host(lse_bits.data(), lse.get(), lse.bytes()).ok());
   for (uint32_t bits : lse_bits) ASSERT_EQ(bits, 0xFFFFFFFFu);
 }
 

@@ -28,6 +28,7 @@
 #include "runtime/binary_cache.hpp"
 #include "runtime/runtime.hpp"
 #include "support/attention_cases.hpp"
+#include "support/device_run.hpp"
 #include "support/gpu.hpp"
 #include "support/reference.hpp"
 
@@ -68,89 +69,12 @@ AttentionProblem backward_problem(const Shape& shape, int head_dim, DType dtype,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Device helpers
+// Device helpers: tests/support/device_run.hpp
 
-struct DeviceTensors {
-  DeviceBuffer q, k, v, o, lse, d_o, dq, dk, dv;
-};
-
-Result<DeviceTensors> upload(const Backend& backend, const AttentionProblem& problem,
-                             const ft::HostInputs& inputs) {
-  DeviceTensors t;
-  auto allocate = [&](size_t bytes, DeviceBuffer* buffer) -> Status {
-    Result<DeviceBuffer> allocated = backend.allocate(bytes);
-    if (!allocated.ok()) return allocated.error();
-    *buffer = std::move(allocated.value());
-    return ok_status();
-  };
-  auto allocate_copy = [&](const void* host, size_t bytes, DeviceBuffer* buffer) -> Status {
-    FLASHJIT_TRY(allocate(bytes, buffer));
-    return backend.copy_to_device(buffer->get(), host, bytes);
-  };
-  const size_t word = sizeof(uint16_t);
-  FLASHJIT_TRY(allocate_copy(inputs.q.data(), inputs.q.size() * word, &t.q));
-  FLASHJIT_TRY(allocate_copy(inputs.k.data(), inputs.k.size() * word, &t.k));
-  FLASHJIT_TRY(allocate_copy(inputs.v.data(), inputs.v.size() * word, &t.v));
-  FLASHJIT_TRY(allocate_copy(inputs.o.data(), inputs.o.size() * word, &t.o));
-  FLASHJIT_TRY(allocate_copy(inputs.lse.data(), inputs.lse.size() * sizeof(float), &t.lse));
-  FLASHJIT_TRY(allocate_copy(inputs.d_o.data(), inputs.d_o.size() * word, &t.d_o));
-  FLASHJIT_TRY(allocate(problem.dq_span() * word, &t.dq));
-  FLASHJIT_TRY(allocate(problem.dkv_span() * word, &t.dk));
-  FLASHJIT_TRY(allocate(problem.dkv_span() * word, &t.dv));
-  return t;
-}
-
-AttentionArgs args_of(const DeviceTensors& t) {
-  AttentionArgs args;
-  args.q = t.q.get();
-  args.k = t.k.get();
-  args.v = t.v.get();
-  args.o = t.o.get();
-  args.lse = t.lse.as<float>();
-  args.d_o = t.d_o.get();
-  args.dq = t.dq.get();
-  args.dk = t.dk.get();
-  args.dv = t.dv.get();
-  return args;
-}
-
-struct RunOutput {
-  Status status;
-  bool context_lost = false;         // the error came from synchronize: the context may be unusable
-  std::vector<uint16_t> dq, dk, dv;  // whole spans
-};
-
-// Poison dq, dk and dv, launch, synchronize, copy the three back.
-RunOutput run_poisoned(const Backend& backend, const Kernel& kernel,
-                       const AttentionProblem& problem, const DeviceTensors& t,
-                       const AttentionArgs& args) {
-  RunOutput out;
-  auto fail = [&](const char* phase, const Status& status, bool lost = false) {
-    out.status =
-        make_error(status.error().code, std::string(phase) + ": " + status.error().message);
-    out.context_lost = lost;
-    return std::move(out);
-  };
-  for (const DeviceBuffer* buffer : {&t.dq, &t.dk, &t.dv}) {
-    if (Status s = backend.fill_bytes(buffer->get(), 0xFF, buffer->bytes()); !s.ok())
-      return fail("poison the gradients", s, true);
-  }
-  if (Status s = kernel.launch(problem, args); !s.ok()) return fail("launch", s);
-  if (Status s = backend.synchronize(); !s.ok()) return fail("synchronize", s, true);
-  const std::pair<const DeviceBuffer*, std::vector<uint16_t>*> copies[] = {
-      {&t.dq, &out.dq}, {&t.dk, &out.dk}, {&t.dv, &out.dv}};
-  for (const auto& [buffer, host] : copies) {
-    host->resize(buffer->bytes() / sizeof(uint16_t));
-    if (Status s = backend.copy_to_host(host->data(), buffer->get(), buffer->bytes()); !s.ok())
-      return fail("copy a gradient back", s, true);
-  }
-  return out;
-}
-
-RunOutput run_poisoned(const Backend& backend, const Kernel& kernel,
-                       const AttentionProblem& problem, const DeviceTensors& t) {
-  return run_poisoned(backend, kernel, problem, t, args_of(t));
-}
+using ft::DeviceTensors;
+using ft::run_poisoned;
+using ft::RunOutput;
+using ft::upload;
 
 GradientComparison compare_output(const AttentionProblem& problem, const RunOutput& out,
                                   const ft::Reference& reference) {
@@ -400,7 +324,7 @@ TEST_F(CudaBackwardApi, CallerWorkspaceWorksAndATooSmallOneIsRejected) {
     // Garbage in the workspace must not matter: the preprocess writes what the others read.
     ASSERT_TRUE(backend_->fill_bytes(workspace->get(), 0xFF, bytes).ok());
 
-    AttentionArgs args = args_of(tensors.value());
+    AttentionArgs args = tensors->args;
     args.workspace = workspace->get();
     args.workspace_bytes = bytes;
     RunOutput out = run_poisoned(*backend_, *kernel, problem, tensors.value(), args);
@@ -436,7 +360,7 @@ TEST_F(CudaBackwardApi, NullLseAndNullGradientsAreTypedErrors) {
       {"do", [](AttentionArgs& a) { a.d_o = nullptr; }},
   };
   for (const Case& c : cases) {
-    AttentionArgs args = args_of(tensors.value());
+    AttentionArgs args = tensors->args;
     c.clear(args);
     const Status status = kernel->launch(problem, args);
     ASSERT_FALSE(status.ok()) << "null " << c.name;

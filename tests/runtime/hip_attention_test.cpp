@@ -26,10 +26,10 @@
 #include "runtime/hip/hip_backend.hpp"
 #include "runtime/runtime.hpp"
 #include "support/amd_gpu.hpp"
+#include "support/attention_cases.hpp"
 #include "support/device_run.hpp"
 #include "support/parallel.hpp"
 #include "support/reference.hpp"
-#include "support/attention_cases.hpp"
 
 namespace flashjit {
 namespace {
@@ -40,7 +40,8 @@ constexpr double kMaxOutputRelError = 1e-2;
 constexpr double kMaxLseAbsError = 1e-3;
 constexpr int kMaxFailuresPerGroup = 30;
 
-// ---- shapes: tests/support/attention_cases.hpp (the CUDA GPU test's) -----------------------------------
+// ---- shapes: tests/support/attention_cases.hpp (the CUDA GPU test's)
+// -----------------------------------
 
 using ft::Shape;
 using ft::Storage;
@@ -118,16 +119,13 @@ TEST_P(HipAttentionAllConfigs, MatchesFp64Reference) {
     for (const Built& b : built) {
       if (!b.kernel) continue;
       const std::string context = shape_context + " config=" + b.config.to_string();
-      std::vector<uint16_t> o;
-      std::vector<float> lse;
-      Status status =
-          ft::run_forward_poisoned(backend, *b.kernel, problem, tensors.value(), &o, &lse);
-      if (!status.ok()) {
-        ADD_FAILURE() << context << ": " << status.error().describe();
+      const ft::RunOutput out = ft::run_poisoned(backend, *b.kernel, problem, tensors.value());
+      if (!out.status.ok()) {
+        ADD_FAILURE() << context << ": " << out.status.error().describe();
         if (++failures >= kMaxFailuresPerGroup) FAIL() << "stopping " << group.name();
         continue;
       }
-      const ft::Comparison comparison = ft::compare(problem, o, lse, reference);
+      const ft::Comparison comparison = ft::compare(problem, out.o, out.lse, reference);
       worst[b.config] = std::max(worst[b.config], comparison.o_rel_error);
       const ::testing::AssertionResult matches =
           ft::matches_reference(comparison, kMaxOutputRelError, kMaxLseAbsError);
@@ -182,13 +180,10 @@ TEST(HipAttentionRuntime, DefaultConfigThroughTheRuntimeAndTheDiskCache) {
       const ft::HostInputs inputs = ft::random_inputs(problem, 5);
       Result<ft::DeviceTensors> tensors = ft::upload(backend, problem, inputs);
       ASSERT_TRUE(tensors.ok()) << tensors.error().describe();
-      std::vector<uint16_t> o;
-      std::vector<float> lse;
-      Status status =
-          ft::run_forward_poisoned(backend, **kernel, problem, tensors.value(), &o, &lse);
-      ASSERT_TRUE(status.ok()) << status.error().describe();
+      const ft::RunOutput out = ft::run_poisoned(backend, **kernel, problem, tensors.value());
+      ASSERT_TRUE(out.status.ok()) << out.status.error().describe();
       EXPECT_TRUE(ft::matches_reference(
-          ft::compare(problem, o, lse, ft::reference_attention(problem, inputs))))
+          ft::compare(problem, out.o, out.lse, ft::reference_attention(problem, inputs))))
           << "d" << head_dim << " " << (*kernel)->config().to_string() << " pass " << pass;
     }
     const RuntimeStats stats = (*runtime)->stats();

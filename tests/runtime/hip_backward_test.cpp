@@ -1,11 +1,11 @@
 // The HIP attention backward on a real AMD GPU (MI200/MI300): every legal backward config
 // (DqMode::Atomic and Separate) of every (head_dim, dtype, causal) group of the standard set
-// against the fp64 reference gradients, over the GPU tests' shapes (tests/support/attention_cases.hpp: a
-// single row, ragged tails, seqlen_q != seqlen_k both ways, empty causal rows, GQA/MQA, batches,
-// padded strides different per tensor, BHSD), dq, dk and dv poisoned before each launch; a
-// -det config bitwise reproducible; a caller's workspace giving the same gradients as the
-// kernel's own; then the Runtime end to end (attention_backward() with its default config, then
-// from the disk cache).
+// against the fp64 reference gradients, over the GPU tests' shapes
+// (tests/support/attention_cases.hpp: a single row, ragged tails, seqlen_q != seqlen_k both ways,
+// empty causal rows, GQA/MQA, batches, padded strides different per tensor, BHSD), dq, dk and dv
+// poisoned before each launch; a -det config bitwise reproducible; a caller's workspace giving the
+// same gradients as the kernel's own; then the Runtime end to end (attention_backward() with its
+// default config, then from the disk cache).
 //
 // Skips where there is no AMD GPU, which is everywhere this project has run so far: it is the
 // test a user with an MI200/MI300X runs (README, "AMD (HIP)"). With FLASHJIT_EXPECT_AMD_GPU=1 a
@@ -28,10 +28,10 @@
 #include "runtime/hip/hip_backend.hpp"
 #include "runtime/runtime.hpp"
 #include "support/amd_gpu.hpp"
+#include "support/attention_cases.hpp"
 #include "support/device_run.hpp"
 #include "support/parallel.hpp"
 #include "support/reference.hpp"
-#include "support/attention_cases.hpp"
 
 namespace flashjit {
 namespace {
@@ -113,16 +113,14 @@ TEST_P(HipBackwardAllConfigs, GradientsMatchFp64Reference) {
     for (const Built& b : built) {
       if (!b.kernel) continue;
       const std::string context = shape_context + " config=" + b.config.to_string();
-      ft::HostGradients gradients;
-      Status status =
-          ft::run_backward_poisoned(backend, *b.kernel, problem, tensors.value(), &gradients);
-      if (!status.ok()) {
-        ADD_FAILURE() << context << ": " << status.error().describe();
+      const ft::RunOutput out = ft::run_poisoned(backend, *b.kernel, problem, tensors.value());
+      if (!out.status.ok()) {
+        ADD_FAILURE() << context << ": " << out.status.error().describe();
         if (++failures >= kMaxFailuresPerGroup) FAIL() << "stopping " << group.name();
         continue;
       }
       const GradientComparison comparison =
-          compare_gradients(problem, gradients.dq, gradients.dk, gradients.dv, reference);
+          compare_gradients(problem, out.dq, out.dk, out.dv, reference);
       worst[b.config] = std::max(worst[b.config], comparison.max_rel_error());
       const bool matches = within_tolerance(comparison, tolerance);
       EXPECT_TRUE(matches) << context << " (limit " << tolerance << "): " << comparison.to_string();
@@ -168,9 +166,10 @@ TEST(HipBackward, DeterministicAndCallerWorkspace) {
   const ft::HostInputs inputs = ft::random_inputs(problem, 3);
   Result<ft::DeviceTensors> tensors = ft::upload(backend, problem, inputs);
   ASSERT_TRUE(tensors.ok()) << tensors.error().describe();
-  ft::HostGradients first, second, given;
-  ASSERT_TRUE(ft::run_backward_poisoned(backend, **kernel, problem, *tensors, &first).ok());
-  ASSERT_TRUE(ft::run_backward_poisoned(backend, **kernel, problem, *tensors, &second).ok());
+  const ft::RunOutput first = ft::run_poisoned(backend, **kernel, problem, *tensors);
+  const ft::RunOutput second = ft::run_poisoned(backend, **kernel, problem, *tensors);
+  ASSERT_TRUE(first.status.ok()) << first.status.error().describe();
+  ASSERT_TRUE(second.status.ok()) << second.status.error().describe();
   EXPECT_EQ(first.dq, second.dq);
   EXPECT_EQ(first.dk, second.dk);
   EXPECT_EQ(first.dv, second.dv);
@@ -183,17 +182,18 @@ TEST(HipBackward, DeterministicAndCallerWorkspace) {
   Result<DeviceBuffer> workspace = backend.allocate(bytes);
   ASSERT_TRUE(workspace.ok()) << workspace.error().describe();
   ASSERT_TRUE(backend.fill_bytes(workspace->get(), 0xFF, bytes).ok());
-  ASSERT_TRUE(ft::run_backward_poisoned(backend, **kernel, problem, *tensors, &given,
-                                        workspace->get(), bytes)
-                  .ok());
+  AttentionArgs args = tensors->args;
+  args.workspace = workspace->get();
+  args.workspace_bytes = bytes;
+  const ft::RunOutput given = ft::run_poisoned(backend, **kernel, problem, *tensors, args);
+  ASSERT_TRUE(given.status.ok()) << given.status.error().describe();
   EXPECT_EQ(given.dq, first.dq);
   EXPECT_EQ(given.dk, first.dk);
   EXPECT_EQ(given.dv, first.dv);
-  ft::HostGradients unused;
-  Status small = ft::run_backward_poisoned(backend, **kernel, problem, *tensors, &unused,
-                                           workspace->get(), bytes - 4);
-  ASSERT_FALSE(small.ok());
-  EXPECT_NE(small.error().message.find("workspace_bytes"), std::string::npos);
+  args.workspace_bytes = bytes - 4;
+  const ft::RunOutput small = ft::run_poisoned(backend, **kernel, problem, *tensors, args);
+  ASSERT_FALSE(small.status.ok());
+  EXPECT_NE(small.status.error().message.find("workspace_bytes"), std::string::npos);
 }
 
 // The Runtime on the HIP backend: attention_backward() with the default config (atomic dQ),
@@ -222,13 +222,10 @@ TEST(HipBackwardRuntime, DefaultConfigThroughTheRuntimeAndTheDiskCache) {
       const ft::HostInputs inputs = ft::random_inputs(problem, 5);
       Result<ft::DeviceTensors> tensors = ft::upload(backend, problem, inputs);
       ASSERT_TRUE(tensors.ok()) << tensors.error().describe();
-      ft::HostGradients gradients;
-      Status status =
-          ft::run_backward_poisoned(backend, **kernel, problem, tensors.value(), &gradients);
-      ASSERT_TRUE(status.ok()) << status.error().describe();
-      const GradientComparison comparison =
-          compare_gradients(problem, gradients.dq, gradients.dk, gradients.dv,
-                            ft::reference_attention(problem, inputs));
+      const ft::RunOutput out = ft::run_poisoned(backend, **kernel, problem, tensors.value());
+      ASSERT_TRUE(out.status.ok()) << out.status.error().describe();
+      const GradientComparison comparison = compare_gradients(
+          problem, out.dq, out.dk, out.dv, ft::reference_attention(problem, inputs));
       EXPECT_TRUE(within_tolerance(comparison, gradient_tolerance(problem.dtype)))
           << "d" << head_dim << " " << (*kernel)->config().to_string() << " pass " << pass << ": "
           << comparison.to_string();
