@@ -8,26 +8,19 @@
 // (0xFF bytes: NaN) before each launch, so an element the kernel forgot to write fails.
 #include <gtest/gtest.h>
 
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
-#include <map>
 #include <memory>
-#include <optional>
-#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "generator/config.hpp"
 #include "generator/problem.hpp"
-#include "runtime/binary_cache.hpp"
 #include "runtime/runtime.hpp"
+#include "support/all_configs.hpp"
 #include "support/attention_cases.hpp"
 #include "support/device_run.hpp"
 #include "support/gpu.hpp"
-#include "support/parallel.hpp"
 #include "support/reference.hpp"
 
 namespace flashjit {
@@ -39,161 +32,39 @@ namespace ft = ::flashjit::testing;
 // fp16 lower; lse is fp32 math on the same rounded inputs as the reference.
 constexpr double kMaxOutputRelError = 1e-2;
 constexpr double kMaxLseAbsError = 1e-3;
-// Past this many failing runs in one group the rest would add noise, not information.
-constexpr int kMaxFailuresPerGroup = 30;
 
 // ---------------------------------------------------------------------------------------------
-// Shapes: tests/support/attention_cases.hpp (shared with the HIP tests)
+// Shapes: tests/support/attention_cases.hpp (shared with the HIP tests); device helpers:
+// tests/support/device_run.hpp
 
+using ft::make_problem;  // forward problems
 using ft::Shape;
 using ft::Storage;
-
-const std::vector<Shape>& test_shapes() { return ft::gpu_test_shapes(); }
-
-using ft::make_problem;  // forward problems (tests/support/attention_cases.hpp)
-
-// ---------------------------------------------------------------------------------------------
-// Device helpers: tests/support/device_run.hpp
 
 using ft::DeviceTensors;
 using ft::run_poisoned;
 using ft::RunOutput;
 using ft::upload;
 
-using ft::build_all;
-using ft::BuiltKernel;
-using ft::TestCache;
-
 // ---------------------------------------------------------------------------------------------
-// Every legal config of a group on every shape
+// Every legal config of a group on every shape (tests/support/all_configs.hpp)
 
-struct Group {
-  int head_dim;
-  DType dtype;
-  bool causal;
-
-  std::string name() const {
-    // Appended piecewise: gcc 12 warns (-Wrestrict, a false positive) on "literal" + string&&.
-    std::string name = "d";
-    name += std::to_string(head_dim);
-    name += "_";
-    name += to_string(dtype);
-    name += causal ? "_causal" : "_noncausal";
-    return name;
-  }
-};
-
-void PrintTo(const Group& group, std::ostream* out) { *out << group.name(); }
-
-class CudaAttentionAllConfigs : public ::testing::TestWithParam<Group> {
+class CudaAttentionAllConfigs : public ::testing::TestWithParam<ft::ConfigGroup> {
  protected:
   void SetUp() override { FLASHJIT_REQUIRE_GPU(); }
 };
 
 TEST_P(CudaAttentionAllConfigs, MatchesFp64Reference) {
-  const Group& group = GetParam();
-  const cuda::CudaBackend& backend = *ft::gpu_backend();
-  const AttentionProblem group_problem =
-      AttentionProblem::make(1, 2, 2, 128, 128, group.head_dim, group.dtype, group.causal);
-  const std::vector<AttentionConfig> configs = legal_configs(group_problem, backend.device());
-  ASSERT_FALSE(configs.empty()) << "no legal config for " << group.name() << " on "
-                                << backend.device().to_string();
-  Result<AttentionConfig> default_cfg = default_config(group_problem, backend.device());
-  ASSERT_TRUE(default_cfg.ok()) << default_cfg.error().describe();
-
-  TestCache cache;
-  const auto build_start = std::chrono::steady_clock::now();
-  const std::vector<BuiltKernel> built = build_all(backend, cache.get(), group_problem, configs);
-  std::printf("%s on %s: %zu legal configs built in %.1f s (default %s, cache %s)\n",
-              group.name().c_str(), backend.device().name.c_str(), configs.size(),
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - build_start).count(),
-              default_cfg->to_string().c_str(), cache.dir().c_str());
-  int failures = 0;
-  for (const BuiltKernel& b : built) {
-    if (!b.kernel) {
-      ADD_FAILURE() << group.name() << " config=" << b.config.to_string()
-                    << ": build failed: " << b.error;
-      ++failures;
-    }
-  }
-
-  // Worst errors per config over all shapes, for the summary table.
-  struct Worst {
-    double o_rel = 0, lse_abs = 0;
-    int runs = 0;
-  };
-  std::map<AttentionConfig, Worst> worst;
-
-  const std::vector<Shape>& shapes = test_shapes();
-  for (size_t shape_index = 0; shape_index < shapes.size(); ++shape_index) {
-    const Shape& shape = shapes[shape_index];
-    const AttentionProblem problem = make_problem(shape, group.head_dim, group.dtype, group.causal);
-    const std::string shape_context = group.name() + " shape=" + shape.to_string();
-    ASSERT_TRUE(validate(problem).ok())
-        << shape_context << ": " << validate(problem).error().describe();
-
-    // One seed per (group, shape): every config sees the same inputs and the same reference.
-    const uint64_t seed = 1'000'003ull * (shape_index + 1) + 16ull * group.head_dim +
-                          2ull * static_cast<uint64_t>(group.dtype) + (group.causal ? 1 : 0);
-    const ft::HostInputs inputs = ft::random_inputs(problem, seed);
-    const ft::Reference reference = ft::reference_attention(problem, inputs);
-    Result<DeviceTensors> tensors = upload(backend, problem, inputs);
-    ASSERT_TRUE(tensors.ok()) << shape_context << ": " << tensors.error().describe();
-
-    for (const BuiltKernel& b : built) {
-      if (!b.kernel) continue;
-      const std::string context = shape_context + " config=" + b.config.to_string() +
-                                  (b.config == default_cfg.value() ? " (default)" : "") +
-                                  " seed=" + std::to_string(seed);
-      RunOutput out = run_poisoned(backend, *b.kernel, problem, tensors.value());
-      if (!out.status.ok()) {
-        ADD_FAILURE() << context << ": " << out.status.error().describe();
-        // A failed synchronize usually means a sticky error (illegal address): every later
-        // call in this process would fail too.
-        if (out.context_lost) {
-          FAIL() << "stopping " << group.name() << ": the CUDA context is lost";
-        }
-        if (++failures >= kMaxFailuresPerGroup) {
-          FAIL() << "stopping " << group.name() << " after " << failures << " failures";
-        }
-        continue;
-      }
-      const ft::Comparison comparison = ft::compare(problem, out.o, out.lse, reference);
-      Worst& w = worst[b.config];
-      w.o_rel = std::max(w.o_rel, comparison.o_rel_error);
-      w.lse_abs = std::max(w.lse_abs, comparison.lse_max_abs_error);
-      ++w.runs;
-      const ::testing::AssertionResult matches =
-          ft::matches_reference(comparison, kMaxOutputRelError, kMaxLseAbsError);
-      EXPECT_TRUE(matches) << context;
-      if (!matches && ++failures >= kMaxFailuresPerGroup) {
-        FAIL() << "stopping " << group.name() << " after " << failures << " failures";
-      }
-    }
-  }
-
-  std::printf("  %-20s %5s %6s %10s %12s %6s\n", "config", "regs", "local", "max o rel",
-              "max lse abs", "runs");
-  for (const BuiltKernel& b : built) {
-    if (!b.kernel) continue;
-    const Worst& w = worst[b.config];
-    std::printf("  %-20s %5d %6d %10.2e %12.2e %6d%s\n", b.config.to_string().c_str(),
-                b.kernel->info().regs_per_thread, b.kernel->info().local_bytes_per_thread, w.o_rel,
-                w.lse_abs, w.runs, b.config == default_cfg.value() ? "  default" : "");
-  }
-  std::fflush(stdout);
+  ft::AllConfigsOptions options;
+  options.shapes = ft::gpu_test_shapes();
+  options.max_rel = kMaxOutputRelError;
+  options.max_lse_abs = kMaxLseAbsError;
+  ft::check_all_configs(*ft::gpu_backend(), GetParam(), options);
 }
 
-std::vector<Group> all_groups() {
-  std::vector<Group> groups;
-  for (int head_dim : {64, 128, 256})
-    for (DType dtype : {DType::F16, DType::BF16})
-      for (bool causal : {false, true}) groups.push_back({head_dim, dtype, causal});
-  return groups;
-}
-
-INSTANTIATE_TEST_SUITE_P(AllGroups, CudaAttentionAllConfigs, ::testing::ValuesIn(all_groups()),
-                         [](const ::testing::TestParamInfo<Group>& info) {
+INSTANTIATE_TEST_SUITE_P(AllGroups, CudaAttentionAllConfigs,
+                         ::testing::ValuesIn(ft::all_groups(Pass::Forward)),
+                         [](const ::testing::TestParamInfo<ft::ConfigGroup>& info) {
                            return info.param.name();
                          });
 
