@@ -151,6 +151,24 @@ __device__ __forceinline__ void store_fragments(unsigned char* tile, const u32 (
           a[t / 2][(t % 2) * 2 + half];
 }
 
+// d = A B^T over the padded head dim, one commit group: A (64 rows) and B (N rows) both K-major
+// in 64-column swizzled blocks of A_ROWS and B_ROWS rows (128 bytes a row), B at b_offset bytes
+// past its descriptor (a pipeline buffer); 16 head-dim columns per k-step. d is a fresh
+// accumulator: the first k-step is a *_first, nothing loop-carried into it.
+template <int N, int HEAD_DIM_PADDED, int A_ROWS, int B_ROWS, bool IS_BF16>
+__device__ __forceinline__ void wgmma_over_head_dim(float (&d)[N / 2], u64 a, u64 b, u32 b_offset) {
+#pragma unroll
+  for (int kk = 0; kk < HEAD_DIM_PADDED / 16; ++kk) {
+    const u32 a_step = (kk / 4) * (A_ROWS * 128) + (kk % 4) * 32;
+    const u32 b_step = b_offset + (kk / 4) * (B_ROWS * 128) + (kk % 4) * 32;
+    if (kk == 0)
+      Wgmma<N, IS_BF16>::ss_first(d, advance(a, a_step), advance(b, b_step));
+    else
+      Wgmma<N, IS_BF16>::ss(d, advance(a, a_step), advance(b, b_step), 1);
+  }
+  wgmma_commit();
+}
+
 // ROWS rows of a swizzled shared tile to global memory (row r at out + r * row_stride), 16-byte
 // stores by THREADS threads; rows at or past valid_rows and padding columns are not written.
 template <int THREADS, int HEAD_DIM, int ROWS>
@@ -282,26 +300,8 @@ __device__ __forceinline__ void attention_backward_sm90_dkdv(const FlashjitAtten
 
   auto issue_sdp = [&](int buffer) {  // S^T = K_w Q_i^T, then dP^T = V_w dO_i^T
     const u32 rows = buffer * K::kQTileBytes;
-#pragma unroll
-    for (int kk = 0; kk < kDp / 16; ++kk) {  // 16 head-dim columns per step
-      const u32 a_step = (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
-      const u32 b_step = rows + (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
-      if (kk == 0)
-        Wgmma<kSdpN, kBf16>::ss_first(st, advance(k_rows, a_step), advance(q_rows, b_step));
-      else
-        Wgmma<kSdpN, kBf16>::ss(st, advance(k_rows, a_step), advance(q_rows, b_step), 1);
-    }
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < kDp / 16; ++kk) {
-      const u32 a_step = (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
-      const u32 b_step = rows + (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
-      if (kk == 0)
-        Wgmma<kSdpN, kBf16>::ss_first(dpt, advance(v_rows, a_step), advance(do_rows, b_step));
-      else
-        Wgmma<kSdpN, kBf16>::ss(dpt, advance(v_rows, a_step), advance(do_rows, b_step), 1);
-    }
-    wgmma_commit();
+    wgmma_over_head_dim<kSdpN, kDp, kBlockN, kBlockM, kBf16>(st, k_rows, q_rows, rows);
+    wgmma_over_head_dim<kSdpN, kDp, kBlockN, kBlockM, kBf16>(dpt, v_rows, do_rows, rows);
   };
   // d[:, this warpgroup's columns] += A^T-rows x B over the kBlockM queries of the step: A from
   // registers (fragments) or from shared memory (descriptor a_rows), B = dO_i or Q_i MN-major.
@@ -560,27 +560,9 @@ __device__ __forceinline__ void attention_backward_sm90_dq(const FlashjitAttenti
 
     wgmma_fence();
     const u32 kv = buffer * K::kKvTileBytes;
-#pragma unroll
-    for (int kk = 0; kk < kDp / 16; ++kk) {
-      const u32 a_step = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
-      const u32 b_step = kv + (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
-      if (kk == 0)
-        Wgmma<kBlockN, kBf16>::ss_first(s, advance(q_rows, a_step), advance(k_rows, b_step));
-      else
-        Wgmma<kBlockN, kBf16>::ss(s, advance(q_rows, a_step), advance(k_rows, b_step), 1);
-    }
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < kDp / 16; ++kk) {
-      const u32 a_step = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
-      const u32 b_step = kv + (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
-      if (kk == 0)
-        Wgmma<kBlockN, kBf16>::ss_first(dp, advance(do_rows, a_step), advance(v_rows, b_step));
-      else
-        Wgmma<kBlockN, kBf16>::ss(dp, advance(do_rows, a_step), advance(v_rows, b_step), 1);
-    }
-    wgmma_commit();
-    wgmma_wait<1>();  // S
+    wgmma_over_head_dim<kBlockN, kDp, kBlockM, kBlockN, kBf16>(s, q_rows, k_rows, kv);    // S
+    wgmma_over_head_dim<kBlockN, kDp, kBlockM, kBlockN, kBf16>(dp, do_rows, v_rows, kv);  // dP
+    wgmma_wait<1>();                                                                      // S
     pin(s);
     const int n0 = j * kBlockN;
     if (fa::block_needs_mask<K::kCausal>(p, diagonal, m0, n0, kBlockN)) {
