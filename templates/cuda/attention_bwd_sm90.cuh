@@ -110,11 +110,12 @@ struct Sm90BwdTraits {
   static_assert(!kDqAtomic || kDqTiles % kWarpgroups == 0, "dQ tiles split evenly");
 };
 
-// One accumulator tile of 64 rows x N columns (wgmma layout, wgmma.cuh) rounded to 16 bits into
-// a swizzled shared tile of ROWS rows at (row0 + this thread's rows, col0 + its columns).
-template <int N, int ROWS, bool IS_BF16>
-__device__ __forceinline__ void store_accumulator(unsigned char* tile, const float (&d)[N / 2],
-                                                  int row0, int col0, float scale) {
+// The 32-bit pairs of this thread's share of a 64 x N accumulator tile (wgmma layout, wgmma.cuh:
+// rows row0 + 16 * (warp % 4) + lane / 4 (+ 8), columns col0 + 2 * (lane % 4) + 8 * t) into a
+// swizzled shared tile of ROWS rows; pair(t, half) gives the value of tile t, row half.
+template <int N, int ROWS, class Pair>
+__device__ __forceinline__ void store_pairs(unsigned char* tile, int row0, int col0,
+                                            const Pair& pair) {
   const int lane = threadIdx.x % 32;
   const int row = row0 + (threadIdx.x / 32 % 4) * 16 + lane / 4;
   const int col = col0 + 2 * (lane % 4);
@@ -123,7 +124,17 @@ __device__ __forceinline__ void store_accumulator(unsigned char* tile, const flo
 #pragma unroll
     for (int half = 0; half < 2; ++half)
       *reinterpret_cast<u32*>(tile + wg_tile_offset<ROWS>(row + 8 * half, col + 8 * t)) =
-          pack2<IS_BF16>(d[4 * t + 2 * half] * scale, d[4 * t + 2 * half + 1] * scale);
+          pair(t, half);
+}
+
+// One accumulator tile of 64 rows x N columns rounded to 16 bits (times `scale`) into a swizzled
+// shared tile of ROWS rows at (row0 + this thread's rows, col0 + its columns).
+template <int N, int ROWS, bool IS_BF16>
+__device__ __forceinline__ void store_accumulator(unsigned char* tile, const float (&d)[N / 2],
+                                                  int row0, int col0, float scale) {
+  store_pairs<N, ROWS>(tile, row0, col0, [&](int t, int half) {
+    return pack2<IS_BF16>(d[4 * t + 2 * half] * scale, d[4 * t + 2 * half + 1] * scale);
+  });
 }
 
 // 16-bit A fragments (wgmma.cuh, rs) of a 64 x N accumulator: k-step s holds tiles 2s, 2s + 1.
@@ -140,15 +151,8 @@ __device__ __forceinline__ void pack_fragments(u32 (&a)[N / 16][4], const float 
 template <int N, int ROWS>
 __device__ __forceinline__ void store_fragments(unsigned char* tile, const u32 (&a)[N / 16][4],
                                                 int row0, int col0) {
-  const int lane = threadIdx.x % 32;
-  const int row = row0 + (threadIdx.x / 32 % 4) * 16 + lane / 4;
-  const int col = col0 + 2 * (lane % 4);
-#pragma unroll
-  for (int t = 0; t < N / 8; ++t)
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-      *reinterpret_cast<u32*>(tile + wg_tile_offset<ROWS>(row + 8 * half, col + 8 * t)) =
-          a[t / 2][(t % 2) * 2 + half];
+  store_pairs<N, ROWS>(tile, row0, col0,
+                       [&](int t, int half) { return a[t / 2][(t % 2) * 2 + half]; });
 }
 
 // d = A B^T over the padded head dim, one commit group: A (64 rows) and B (N rows) both K-major
