@@ -161,7 +161,8 @@ TEST_P(CudaAttentionAllConfigs, MatchesFp64Reference) {
   const cuda::CudaBackend& backend = *ft::gpu_backend();
   const AttentionProblem group_problem =
       AttentionProblem::make(1, 2, 2, 128, 128, group.head_dim, group.dtype, group.causal);
-  const std::vector<AttentionConfig> configs = legal_configs(group_problem, backend.device());
+  const std::vector<AttentionConfig> configs =
+      ft::selected_families(legal_configs(group_problem, backend.device()));
   ASSERT_FALSE(configs.empty()) << "no legal config for " << group.name() << " on "
                                 << backend.device().to_string();
   Result<AttentionConfig> default_cfg = default_config(group_problem, backend.device());
@@ -430,7 +431,8 @@ TEST_F(CudaAttentionApi, PaddedHeadDimsMatchReference) {
   for (int head_dim : {8, 72, 96, 200}) {
     for (bool causal : {false, true}) {
       const auto probe = AttentionProblem::make(1, 1, 1, 64, 64, head_dim, DType::BF16, causal);
-      for (const AttentionConfig& config : legal_configs(probe, backend_->device())) {
+      for (const AttentionConfig& config :
+           ft::selected_families(legal_configs(probe, backend_->device()))) {
         Result<std::shared_ptr<Kernel>> kernel = build_kernel(*backend_, nullptr, probe, config);
         ASSERT_TRUE(kernel.ok()) << kernel.error().describe();
         for (const Shape& shape :
