@@ -11,16 +11,17 @@
 #          process's attention() of a tuned problem, then the bench (tuned and default configs)
 #   all    tests and bench (default)
 #   ws     the -ws family (templates/cuda/ws/) in one call: builds only what it needs, runs the
-#          TMA/mbarrier and wgmma probes (the hardware facts the host emulator assumes), every
-#          legal -ws config of every forward group against the fp64 reference
-#          (FLASHJIT_TEST_FAMILIES=ws) and the padded head dims, then times the -ws default tile
-#          of d 64/128/256 (`flashjit plan`'s "Proposed -ws default") and the default config with
+#          TMA/mbarrier and wgmma probes (the hardware facts the host emulator assumes) and every
+#          legal -ws config of every forward group (d 64/128/256 x bf16/fp16 x causal) against
+#          the fp64 reference (FLASHJIT_TEST_FAMILIES=ws; a second argument replaces the gtest
+#          filter, e.g. '*PaddedHeadDims*'), then times the -ws default tile of d 64/128/256
+#          (`flashjit plan`'s "Proposed -ws default") and the default config with
 #          bench_attention beside torch SDPA flash + cuDNN (peers_bench.py) in the same run:
-#          ws.md (-ws vs peers), compare.md (default vs peers). A second argument replaces the
-#          attention test's gtest filter. Estimated 5-7 minutes on an H100 (not yet run there).
+#          ws.md (-ws vs peers), compare.md (default vs peers). Estimated 6-8 minutes on an H100
+#          (not yet run there); every -ws launch runs under `timeout`, so a hang fails the step.
+#   ws-tests, ws-bench  the two halves of ws alone
 #   ws-sanitize  the same build, then compute-sanitizer racecheck and synccheck on the -ws
-#          default tile of each head dim, causal and not: sanitizer.log (a second call on the
-#          same warm machine: the build is kept)
+#          default tile of each head dim, causal and not: sanitizer.log
 #   py-tests   the Python module: pip install --no-build-isolation --target build-device/pysite .
 #              (the machine's python3 with torch, nanobind, scikit-build-core; no C++ build), then
 #              the Python tests on the GPU (tests/python, FLASHJIT_EXPECT_GPU=1): ~3 minutes
@@ -52,8 +53,8 @@ what="${1:-all}"
 DTYPES="${DTYPES:-bf16}"
 ctest_regex="${2:-}"
 case "$what" in
-  tests|bench|tune|all|ws|ws-sanitize|py|py-tests|py-bench) ;;
-  *) echo "usage: bench/device_run.sh [tests|bench|tune|all|ws|ws-sanitize|py|py-tests|py-bench] [CTEST_REGEX]" >&2
+  tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|py|py-tests|py-bench) ;;
+  *) echo "usage: bench/device_run.sh [tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|py|py-tests|py-bench] [CTEST_REGEX]" >&2
      exit 2 ;;
 esac
 
@@ -183,7 +184,7 @@ if [[ "$what" == tests || "$what" == all ]]; then
   echo "== tests done at $((SECONDS - start)) s"
 fi
 
-if [[ "$what" == ws ]]; then
+if [[ "$what" == ws || "$what" == ws-tests ]]; then
   echo "== -ws tests: probes, then every legal -ws config vs the fp64 reference"
   # Time limits on everything that launches a -ws kernel: a pipeline that never completes a
   # phase hangs its kernel, and the limit turns that into a failure instead of a lost session.
@@ -193,13 +194,16 @@ if [[ "$what" == ws ]]; then
       echo "== $test FAILED"
     fi
   done
-  if ! FLASHJIT_TEST_FAMILIES=ws timeout 300 build-device/tests/runtime_cuda_attention_test \
-      --gtest_filter="${ctest_regex:-CudaAttentionAllConfigs*:*PaddedHeadDims*}" 2>&1 |
+  if ! FLASHJIT_TEST_FAMILIES=ws timeout 360 build-device/tests/runtime_cuda_attention_test \
+      --gtest_filter="${ctest_regex:-*CudaAttentionAllConfigs*}" 2>&1 |
       tee -a "$OUT/ctest.log"; then
     status=1
     echo "== runtime_cuda_attention_test (-ws) FAILED"
   fi
   echo "== tests done at $((SECONDS - start)) s"
+fi
+
+if [[ "$what" == ws || "$what" == ws-bench ]]; then
   echo "== bench: the -ws default tile per head dim, and the default config"
   : >"$OUT/bench.log"
   for d in 64 128 256; do
