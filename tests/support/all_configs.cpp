@@ -178,7 +178,8 @@ void check_all_configs(const Backend& backend, const ConfigGroup& group,
   label += group.name();
   const AttentionProblem group_problem =
       make_problem(Shape{1, 2, 2, 128, 128}, group.head_dim, group.dtype, group.causal, group.pass);
-  const std::vector<AttentionConfig> configs = backend.legal_configs(group_problem);
+  const std::vector<AttentionConfig> configs =
+      selected_families(backend.legal_configs(group_problem));
   ASSERT_FALSE(configs.empty()) << "no legal config for " << label << " on "
                                 << backend.device().to_string();
   const Result<AttentionConfig> default_result = backend.default_config(group_problem);
