@@ -19,6 +19,12 @@
 #          bench_attention beside torch SDPA flash + cuDNN (peers_bench.py) in the same run:
 #          ws.md (-ws vs peers), compare.md (default vs peers). Estimated 6-8 minutes on an H100
 #          (not yet run there); every -ws launch runs under `timeout`, so a hang fails the step.
+#   gpu-tests  configure + build, then every test executable with GPU parts run directly (not
+#          through ctest: the CPU-only and compile-only tests are CI's), each under a time limit,
+#          with its own log (gpu-<test>.log) and a pass/fail line in gpu-tests.log: the forward
+#          and backward all-configs sweeps, padded head dims, the probes, the backend, runtime,
+#          README example, tuner and CLI tests. A second argument is a gtest filter for all of
+#          them (default: everything).
 #   ws-tests, ws-bench  the two halves of ws alone
 #   ws-sanitize  the same build, then compute-sanitizer racecheck and synccheck on the -ws
 #          default tile of each head dim, causal and not: sanitizer.log
@@ -53,8 +59,8 @@ what="${1:-all}"
 DTYPES="${DTYPES:-bf16}"
 ctest_regex="${2:-}"
 case "$what" in
-  tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|py|py-tests|py-bench) ;;
-  *) echo "usage: bench/device_run.sh [tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|py|py-tests|py-bench] [CTEST_REGEX]" >&2
+  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|py|py-tests|py-bench) ;;
+  *) echo "usage: bench/device_run.sh [tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|py|py-tests|py-bench] [CTEST_REGEX]" >&2
      exit 2 ;;
 esac
 
@@ -182,6 +188,28 @@ if [[ "$what" == tests || "$what" == all ]]; then
     echo "== ctest FAILED"
   fi
   echo "== tests done at $((SECONDS - start)) s"
+fi
+
+if [[ "$what" == gpu-tests ]]; then
+  echo "== GPU tests (each test executable directly, FLASHJIT_EXPECT_GPU=1)"
+  : >"$OUT/gpu-tests.log"
+  for test in runtime_cuda_tma_probe_test runtime_cuda_wgmma_probe_test \
+      runtime_cuda_cuda_backend_test runtime_cuda_nvrtc_compiler_test runtime_runtime_test \
+      runtime_readme_example_test tuner_tuner_test cli_tune_command_test \
+      cli_backward_commands_test runtime_cuda_attention_test runtime_cuda_backward_test; do
+    [[ -x "build-device/tests/$test" ]] || { echo "MISSING $test" | tee -a "$OUT/gpu-tests.log"; status=1; continue; }
+    test_start=$SECONDS
+    if timeout 300 "build-device/tests/$test" --gtest_filter="${ctest_regex:-*}" \
+        >"$OUT/gpu-$test.log" 2>&1; then
+      verdict=PASSED
+    else
+      verdict="FAILED (exit $?)"
+      status=1
+    fi
+    echo "$verdict $test in $((SECONDS - test_start)) s: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' \
+        "$OUT/gpu-$test.log" | tr '\n' ' ')" | tee -a "$OUT/gpu-tests.log"
+  done
+  echo "== GPU tests done at $((SECONDS - start)) s"
 fi
 
 if [[ "$what" == ws || "$what" == ws-tests ]]; then
