@@ -1,7 +1,8 @@
 // The wgmma family's backward budget (generator/backward_config_sm90.hpp): knob space, legality
 // (architecture, dtype, determinism, template shapes, shared memory, registers), launch shapes
-// and the proposed defaults. The compile test (tests/templates/cuda_bwd_sm90_compile_test.cpp)
-// checks that the legal set compiles clean; this one pins the set and the arithmetic.
+// and the proposed defaults. The compile test (tests/templates/cuda_compile_test.cpp
+// (CudaCompileBackward)) checks that the legal set compiles clean; this one pins the set and the
+// arithmetic.
 #include "generator/backward_config_sm90.hpp"
 
 #include <gtest/gtest.h>

@@ -1,6 +1,7 @@
 // Every legal config of the CUDA attention templates compiles with NVRTC, for sm80 and sm90,
 // spilling at most a few values (kMaxSpillBytes): the forward's, and the backward's (every
-// kernel of its source: preprocess, dK/dV, and the convert or the separate dQ kernel). Needs no
+// kernel of its source: preprocess, dK/dV, and the convert or the separate dQ kernel; the wgmma
+// family's backward with no spill at all and no serialized wgmma). Needs no
 // GPU (NVRTC only), so it runs in CI: a template or generator change that breaks any corner of
 // the config space fails here, not on a GPU machine later.
 //
@@ -59,7 +60,7 @@ struct CompileOutcome {
   size_t cubin_bytes = 0;
   cuda::PtxasReport report;  // the worst of the source's kernels
   // The backward's kernels: dK/dV and (DqMode::Separate) the dQ kernel.
-  cuda::PtxasReport dkdv_report, dq_report;
+  cuda::PtxasReport preprocess_report, dkdv_report, dq_report;
   double seconds = 0;
 };
 
@@ -82,6 +83,8 @@ CompileOutcome compile_one(const AttentionProblem& problem, const AttentionConfi
   outcome.ok = true;
   outcome.cubin_bytes = binary->bytes.size();
   outcome.report = cuda::parse_ptxas_report(binary->compile_log);
+  outcome.preprocess_report =
+      cuda::parse_ptxas_report(binary->compile_log, kBackwardPreprocessEntry);
   outcome.dkdv_report = cuda::parse_ptxas_report(binary->compile_log, kBackwardDkDvEntry);
   outcome.dq_report = cuda::parse_ptxas_report(binary->compile_log, kBackwardDqEntry);
   outcome.log = binary->compile_log;
@@ -248,10 +251,18 @@ TEST_P(CudaCompileBackward, EveryLegalConfigCompilesWithoutSpills) {
     expect_clean(outcome, "bwd " + group.name());
     if (!outcome.ok) continue;
     // Each kernel the config launches was reported on (a missing entry would read as 0 spills).
-    EXPECT_GT(outcome.dkdv_report.registers, 0) << outcome.config.to_string() << ":\n"
-                                                << outcome.log;
-    if (outcome.config.dq == DqMode::Separate) {
-      EXPECT_GT(outcome.dq_report.registers, 0) << outcome.config.to_string();
+    const std::string where = "bwd " + group.name() + " config " + outcome.config.to_string();
+    EXPECT_GT(outcome.preprocess_report.registers, 0) << where << ":\n" << outcome.log;
+    EXPECT_GT(outcome.dkdv_report.registers, 0) << where << ":\n" << outcome.log;
+    EXPECT_GT(outcome.dq_report.registers, 0) << where << ":\n" << outcome.log;
+    if (outcome.config.family == KernelFamily::Wgmma) {
+      // The wgmma family's budget keeps every accumulator in registers: no spill at all, in
+      // any of its kernels (a spill there means backward_config_sm90's register model is off).
+      for (const cuda::PtxasReport* r :
+           {&outcome.preprocess_report, &outcome.dkdv_report, &outcome.dq_report}) {
+        EXPECT_EQ(r->spill_store_bytes, 0) << where << ": spill stores\n" << outcome.log;
+        EXPECT_EQ(r->spill_load_bytes, 0) << where << ": spill loads\n" << outcome.log;
+      }
     }
   }
 }
