@@ -115,29 +115,31 @@ def _aligned(*tensors):
 
 
 def _forward(q, k, v, causal, scale, layout, config):
-    """(o, lse, plan, (q, k, v) as launched): the forward on torch tensors, fast path."""
+    """(o, lse, plan, (q, k, v, o) as launched): the forward on torch tensors, fast path. o is in
+    q's memory order (as the fake implementation's); the launched tensors are those the plan's
+    kernel read and wrote (copies where q, k or v were unreadable or misaligned): the eager
+    backward, keyed on the plan, reads them."""
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype,
            v.dtype, q.device, k.device, v.device, causal, scale, layout, config)
     plan = _PLANS.get(key)
+    # o in the memory order of q as given (copied or not): what the fake implementation says.
+    o = _new_like(q)
     if plan is None:
         copies = tuple(not _readable(x) for x in (q, k, v))
         q, k, v = (_copy(x) if c else x for x, c in zip((q, k, v), copies))
         lse_shape = _lse_shape(q.shape, layout)
-        o = _new_like(q)
         prepared = _C.prepare_attention(q, k, v, o, None, causal, scale, layout, config)
         plan = _PLANS[key] = _Plan(prepared, copies, lse_shape)
-    else:
-        copies = plan.copies
-        if True in copies:
-            q, k, v = (_copy(x) if c else x for x, c in zip((q, k, v), copies))
-        o = _new_like(q)
-    if not _aligned(q, k, v):
+    elif True in plan.copies:
+        q, k, v = (_copy(x) if c else x for x, c in zip((q, k, v), plan.copies))
+    if not _aligned(q, k, v):  # rare: realigned copies, the output copied into o's order
         q, k, v = (x if x.data_ptr() & 15 == 0 else _copy(x) for x in (q, k, v))
-        return _forward(q, k, v, causal, scale, layout, config)
+        aligned_o, lse, plan, launched = _forward(q, k, v, causal, scale, layout, config)
+        return o.copy_(aligned_o), lse, plan, launched
     lse = _new_lse(q, plan.lse_shape)
     plan.prepared.forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
                           _stream(q))
-    return o, lse, plan, (q, k, v)
+    return o, lse, plan, (q, k, v, o)
 
 
 def _backward(do, q, k, v, o, lse, causal, scale, layout, deterministic, forward_plan=None):
@@ -155,20 +157,20 @@ def _backward(do, q, k, v, o, lse, causal, scale, layout, deterministic, forward
         cache = _PLANS
     plan = cache.get(key)
     inputs = (do, q, k, v, o, lse)
+    # The gradients in the memory order of q, k, v as given, as the fake implementation says.
+    dq, dk, dv = _new_like(q), _new_like(k), _new_like(v)
     if plan is None:
         copies = tuple(not _readable(x) for x in inputs[:5]) + (not lse.is_contiguous(),)
         do, q, k, v, o, lse = (_copy(x) if c else x for x, c in zip(inputs, copies))
-        dq, dk, dv = _new_like(q), _new_like(k), _new_like(v)
         prepared = _C.prepare_attention_backward(q, k, v, o, lse, do, dq, dk, dv, causal, scale,
                                                  layout, deterministic, None)
         plan = cache[key] = _Plan(prepared, copies)
-    else:
-        if True in plan.copies:
-            do, q, k, v, o, lse = (_copy(x) if c else x for x, c in zip(inputs, plan.copies))
-        dq, dk, dv = _new_like(q), _new_like(k), _new_like(v)
+    elif True in plan.copies:
+        do, q, k, v, o, lse = (_copy(x) if c else x for x, c in zip(inputs, plan.copies))
     if not _aligned(do, q, k, v, o):  # (lse, float32, needs 4 bytes: any float32 tensor has it)
         do, q, k, v, o = (x if x.data_ptr() & 15 == 0 else _copy(x) for x in (do, q, k, v, o))
-        return _backward(do, q, k, v, o, lse, causal, scale, layout, deterministic)
+        grads = _backward(do, q, k, v, o, lse, causal, scale, layout, deterministic)
+        return tuple(mine.copy_(grad) for mine, grad in zip((dq, dk, dv), grads))
     plan.prepared.backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
                            do.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), _stream(q))
     return dq, dk, dv
@@ -182,7 +184,7 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, layout, deterministic, config):
         o, lse, plan, launched = _forward(q, k, v, causal, scale, layout, config)
-        ctx.save_for_backward(*launched, o, lse)
+        ctx.save_for_backward(*launched, lse)
         ctx.options = (causal, scale, layout, deterministic)
         ctx.plan = plan
         ctx.mark_non_differentiable(lse)

@@ -176,6 +176,35 @@ def test_custom_operators_opcheck():
                            "bhsd", False))
 
 
+def padded(x, pad, offset=0):
+    """x's values in a view the kernels cannot read in place: the last axis padded by `pad`
+    elements (other strides not multiples of 8 when pad is odd), starting `offset` elements into
+    its storage (misaligned when offset * itemsize is not a multiple of 16)."""
+    shape = x.shape[:-1] + (x.shape[-1] + pad,)
+    storage = torch.zeros(offset + shape.numel(), dtype=x.dtype)
+    view = storage[offset:].view(shape)[..., :x.shape[-1]]
+    with torch.no_grad():
+        view.copy_(x)
+    return view.requires_grad_(x.requires_grad)
+
+
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "misaligned"])
+def test_unreadable_inputs_are_copied_with_outputs_as_the_fake_says(offset):
+    """Inputs with strides the kernels cannot read (copied first), misaligned or not: opcheck
+    (the fake implementation's strides match the real outputs'), and the eager gradients right
+    (the backward reads the tensors the forward launched with)."""
+    q, k, v, do = inputs((1, 19, 23, 4, 2, 64), "bhsd", tag="padded")
+    pq, pk, pv = (padded(x.detach(), 3, offset).requires_grad_() for x in (q, k, v))
+    assert pq.stride(2) % 8 != 0
+    torch.library.opcheck(torch.ops.flashjit.attention.default,
+                          (pq, pk, pv, True, None, "bhsd", False, None))
+    for _ in range(2):  # the first call prepares the plan, the second reuses it
+        o = flashjit.attention(pq, pk, pv, causal=True, layout="bhsd")
+        assert o.stride() == torch.empty_like(q).stride()
+        grads = torch.autograd.grad(o, (pq, pk, pv), padded(do, 5, offset))
+        check_against_reference(o, grads, q, k, v, do, True, layout="bhsd")
+
+
 def test_custom_operator_and_eager_paths_agree_bitwise():
     """The operator (what torch.compile calls) and the eager autograd.Function run the same
     kernels: identical outputs and gradients; lse is not differentiable on either."""
