@@ -204,6 +204,40 @@ def torch_relative_error(out, ref):
     return (torch.linalg.norm(out - ref) / torch.linalg.norm(ref).clamp_min(1e-300)).item()
 
 
+def tiny_attention_module(width=64, heads=4, heads_kv=2):
+    """A GPT attention block's core (torch.nn.Module, float32, on the CPU): one projection to q,
+    k, v (GQA: fewer k/v heads, as views of bshd memory in the bhsd layout), then
+    attend(q, k, v, is_causal=True, enable_gqa=True) (flashjit.sdpa or torch SDPA), then the
+    output projection. forward(x (batch, seqlen, width), attend)."""
+    import torch
+
+    class TinyAttention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head_dim = width // heads
+            self.qkv = torch.nn.Linear(width, (heads + 2 * heads_kv) * self.head_dim)
+            self.proj = torch.nn.Linear(width, width)
+
+        def forward(self, x, attend):
+            batch, seqlen, _ = x.shape
+            sizes = [heads * self.head_dim, heads_kv * self.head_dim, heads_kv * self.head_dim]
+            q, k, v = (t.view(batch, seqlen, -1, self.head_dim).transpose(1, 2)
+                       for t in self.qkv(x).split(sizes, dim=2))
+            y = attend(q, k, v, is_causal=True, enable_gqa=True)
+            return self.proj(y.transpose(1, 2).reshape(batch, seqlen, width))
+
+    return TinyAttention()
+
+
+def module_loss_and_grads(model, module, x, attend):
+    """[loss, then each parameter's gradient] of mean(module(x, attend)^2), float32 copies;
+    module is model or a compiled wrapper of it."""
+    model.zero_grad()
+    loss = module(x, attend).float().square().mean()
+    loss.backward()
+    return [loss.detach()] + [p.grad.float().clone() for p in model.parameters()]
+
+
 def gradient_tolerance(dtype):
     """The relative L2 error a correct backward kernel's gradients stay under, by storage type
     (the library's own, tuner/reference.hpp: bf16 1e-2, fp16 2e-3, fp32 2e-5)."""

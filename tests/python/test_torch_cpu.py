@@ -7,8 +7,9 @@ Skips without torch or without the CPU backend."""
 import pytest
 
 import flashjit
-from conftest import (gradient_tolerance, have_module, require_cpu_backward, seed,
-                      torch_reference, torch_relative_error)
+from conftest import (gradient_tolerance, have_module, module_loss_and_grads,
+                      require_cpu_backward, seed, tiny_attention_module, torch_reference,
+                      torch_relative_error)
 
 if not have_module("torch"):
     pytest.skip("torch is not installed", allow_module_level=True)
@@ -321,28 +322,6 @@ def test_scale_and_deterministic_reach_the_backward():
     assert all(torch.equal(a, b) for a, b in zip(grads, again))
 
 
-class TinyAttention(torch.nn.Module):
-    """A GPT attention block's core: one projection to q, k, v (GQA: fewer k/v heads), flashjit's
-    SDPA, the output projection."""
-
-    def __init__(self, width=64, heads=4, heads_kv=2):
-        super().__init__()
-        self.heads, self.heads_kv, self.head_dim = heads, heads_kv, width // heads
-        self.qkv = torch.nn.Linear(width, (heads + 2 * heads_kv) * self.head_dim)
-        self.proj = torch.nn.Linear(width, width)
-
-    def forward(self, x, attend):
-        batch, seqlen, width = x.shape
-        q, k, v = self.qkv(x).split([self.heads * self.head_dim,
-                                     self.heads_kv * self.head_dim,
-                                     self.heads_kv * self.head_dim], dim=2)
-        q = q.view(batch, seqlen, self.heads, self.head_dim).transpose(1, 2)
-        k, v = (t.view(batch, seqlen, self.heads_kv, self.head_dim).transpose(1, 2)
-                for t in (k, v))
-        y = attend(q, k, v, is_causal=True, enable_gqa=True)
-        return self.proj(y.transpose(1, 2).reshape(batch, seqlen, width))
-
-
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_torch_compile_fullgraph_forward_and_backward(backend):
     """torch.compile(fullgraph=True) traces flashjit.sdpa without a graph break (fullgraph raises
@@ -352,30 +331,20 @@ def test_torch_compile_fullgraph_forward_and_backward(backend):
     import torch._dynamo
 
     torch._dynamo.reset()
-    generator = torch.Generator().manual_seed(seed("compile", backend))
     torch.manual_seed(seed("compile-init", backend))
-    model = TinyAttention()
-    x = torch.randn(2, 37, 64, generator=generator)
-
-    def loss_and_grads(attend, module):
-        model.zero_grad()
-        loss = module(x, attend).square().mean()
-        loss.backward()
-        return loss.detach(), [p.grad.clone() for p in model.parameters()]
-
+    model = tiny_attention_module()
+    x = torch.randn(2, 37, 64, generator=torch.Generator().manual_seed(seed("compile", backend)))
     compiled = torch.compile(model, fullgraph=True, backend=backend)
-    mine_loss, mine_grads = loss_and_grads(flashjit.sdpa, compiled)
-    eager_loss, eager_grads = loss_and_grads(flashjit.sdpa, model)
-    torch_loss, torch_grads = loss_and_grads(F.scaled_dot_product_attention, model)
-    exact = backend == "aot_eager"
-    for mine, eager, theirs in zip([mine_loss] + mine_grads, [eager_loss] + eager_grads,
-                                   [torch_loss] + torch_grads):
-        if exact:
-            assert torch.equal(mine, eager)
+    mine = module_loss_and_grads(model, compiled, x, flashjit.sdpa)
+    eager = module_loss_and_grads(model, model, x, flashjit.sdpa)
+    theirs = module_loss_and_grads(model, model, x, F.scaled_dot_product_attention)
+    for a, b, c in zip(mine, eager, theirs):
+        if backend == "aot_eager":
+            assert torch.equal(a, b)
         else:
-            assert torch_relative_error(mine, eager.double()) < 1e-5
-        assert torch_relative_error(mine, theirs.double()) < gradient_tolerance("float32")
-    assert any(g.abs().sum() > 0 for g in mine_grads)
+            assert torch_relative_error(a, b.double()) < 1e-5
+        assert torch_relative_error(a, c.double()) < gradient_tolerance("float32")
+    assert all(g.abs().sum() > 0 for g in mine[1:])
     torch._dynamo.reset()
 
 
