@@ -13,9 +13,9 @@ if not have_module("torch"):
     pytest.skip("torch is not installed", allow_module_level=True)
 
 
-def load_script():
-    path = os.path.join(REPO_ROOT, "examples", "train_gpt.py")
-    spec = importlib.util.spec_from_file_location("train_gpt", path)
+def load_script(name="train_gpt"):
+    path = os.path.join(REPO_ROOT, "examples", name + ".py")
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -40,6 +40,14 @@ def test_train_gpt_tiny_cpu_flashjit_matches_sdpa(tmp_path, capsys):
     saved = json.loads(report.read_text())
     assert saved["runs"]["flashjit"]["loss"] == runs["flashjit"]["loss"]
     assert saved["meta"]["preset"] == "tiny" and saved["meta"]["dtype"] == "fp32"
+
+    # The report: a panel with both curves and their difference, a table row.
+    svg = tmp_path / "curves.svg"
+    load_script("train_gpt_report").main([str(report), str(report), "--svg", str(svg)])
+    text = svg.read_text()
+    assert text.count('class="panel"') == 2 and text.count('data-impl="flashjit"') == 2
+    assert text.count('class="difference"') == 2
+    assert capsys.readouterr().out.count("| CPU") == 2
 
 
 def test_train_gpt_rejects_float32_flashjit_on_cuda_clearly():
