@@ -36,7 +36,8 @@
 # tune.log, tune.json, side_by_side.log and perf/ (the table .md, .json and .svg plots for
 # docs/perf); py-torch: pytest.log, host_overhead.log/.json, train-gpt-cuda.log/.json,
 # train-gpt-cuda-compile.log/.json, train-gpt-report.md and train-gpt.svg (copy the JSONs and the
-# SVG into docs/perf/). Extra flags for the benchmarks: BENCH_ARGS (e.g. "--quick"; py-bench passes them to
+# SVG into docs/perf/).
+# Extra flags for the benchmarks: BENCH_ARGS (e.g. "--quick"; py-bench passes them to
 # side_by_side.py), PEERS_ARGS (e.g. "--quick"), PYTEST_ARGS (e.g. "-k stream"). DTYPES: the
 # element types the tune mode tunes and benchmarks, "bf16" (default) or "bf16,fp16";
 # TUNE_ARGS: extra `flashjit tune` flags (e.g. "--pass fwd,bwd"); PASSES: the passes py-bench

@@ -206,7 +206,8 @@ def train(torch, attn, args, data, shape):
     train_data, val_data, vocab = data
     device = torch.device(args.device)
     cuda = device.type == "cuda"
-    attend = flashjit.sdpa if attn == "flashjit" else torch.nn.functional.scaled_dot_product_attention
+    F = torch.nn.functional
+    attend = flashjit.sdpa if attn == "flashjit" else F.scaled_dot_product_attention
     torch.manual_seed(args.seed)
     model = build_model(torch, attend, len(vocab), layers, heads, width, context).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99),

@@ -2,7 +2,8 @@
 against torch.autograd through SDPA's math backend in fp64 (fresh random inputs, odd seqlens,
 seqlen_q != seqlen_k both ways, GQA/MQA, causal, both layouts, strided views, expanded
 gradients), torch.autograd.gradcheck on float32, the custom operators (torch.library.opcheck),
-torch.compile(fullgraph=True) of a module forward and backward, poisoned outputs, autocast, SDPA's semantics and errors, and the fast path's plan cache.
+torch.compile(fullgraph=True) of a module forward and backward, poisoned outputs, autocast,
+SDPA's semantics and errors, and the fast path's plan cache.
 Skips without torch or without the CPU backend."""
 import pytest
 

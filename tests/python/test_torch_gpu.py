@@ -137,8 +137,8 @@ def test_gpt_views_and_expanded_gradient():
 
 
 def test_torch_compile_fullgraph_inductor_forward_and_backward():
-    """torch.compile(fullgraph=True) (inductor where triton is, bf16 autocast) of a GQA attention module: no
-    graph break; loss and parameter gradients agree with the eager flashjit module and with torch
+    """torch.compile(fullgraph=True) (inductor where triton is, bf16 autocast) of a GQA attention
+    module: no graph break; loss and parameter gradients agree with the eager flashjit module and with torch
     SDPA's."""
     import torch._dynamo
 
