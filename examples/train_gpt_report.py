@@ -32,7 +32,7 @@ def svg_loss_curves(reports):
     difference |flashjit - sdpa| / sdpa in percent."""
     panel_w, panel_h, diff_h = 320, 220, 70
     margin_l, margin_t, gap_x = 60, 70, 60
-    width = margin_l + len(reports) * (panel_w + gap_x)
+    width = max(margin_l + len(reports) * (panel_w + gap_x), 720)  # the title fits
     height = margin_t + panel_h + 40 + diff_h + 50
     out = ['<?xml version="1.0" encoding="UTF-8"?>',
            '<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" '
@@ -118,7 +118,7 @@ def markdown(reports, svg_link=None):
         m, runs, agreement = report["meta"], report["runs"], report["agreement"]
         mine, theirs = runs["flashjit"], runs["sdpa"]
         lines.append("| %s (%d layers, d_model %d, context %d, batch %d) | %d | %.4f | %.4f | "
-                     "%.3f%% | %.4f | %.4f | %.3f%% | %.0f | %.0f | %.2fx |"
+                     "%.2g%% | %.4f | %.4f | %.2g%% | %.0f | %.0f | %.2fx |"
                      % (title_of(report), m["layers"], m["d_model"], m["context"], m["batch"],
                         m["steps"], theirs["final_loss"], mine["final_loss"],
                         100 * agreement["final_loss"], theirs["val_loss"], mine["val_loss"],
