@@ -10,6 +10,24 @@
 #   tune   configure + build, `flashjit tune` over the standard grid (DTYPES; timed), then a fresh
 #          process's attention() of a tuned problem, then the bench (tuned and default configs)
 #   all    tests and bench (default)
+#   ws     the -ws family (templates/cuda/ws/) in one call: builds only what it needs, runs the
+#          TMA/mbarrier and wgmma probes (the hardware facts the host emulator assumes) and every
+#          legal -ws config of every forward group (d 64/128/256 x bf16/fp16 x causal) against
+#          the fp64 reference (FLASHJIT_TEST_FAMILIES=ws; a second argument replaces the gtest
+#          filter, e.g. '*PaddedHeadDims*'), then times the -ws default tile of d 64/128/256
+#          (`flashjit plan`'s "Proposed -ws default") and the default config with
+#          bench_attention beside torch SDPA flash + cuDNN (peers_bench.py) in the same run:
+#          ws.md (-ws vs peers), compare.md (default vs peers). Estimated 6-8 minutes on an H100
+#          (not yet run there); every -ws launch runs under `timeout`, so a hang fails the step.
+#   gpu-tests  configure + build, then every test executable with GPU parts run directly (not
+#          through ctest: the CPU-only and compile-only tests are CI's), each under a time limit,
+#          with its own log (gpu-<test>.log) and a pass/fail line in gpu-tests.log: the forward
+#          and backward all-configs sweeps, padded head dims, the probes, the backend, runtime,
+#          README example, tuner and CLI tests. A second argument is a gtest filter for all of
+#          them (default: everything).
+#   ws-tests, ws-bench  the two halves of ws alone
+#   ws-sanitize  the same build, then compute-sanitizer racecheck and synccheck on the -ws
+#          default tile of each head dim, causal and not: sanitizer.log
 #   py-tests   the Python module: pip install --no-build-isolation --target build-device/pysite .
 #              (the machine's python3 with torch, nanobind, scikit-build-core; no C++ build), then
 #              the Python tests on the GPU (tests/python, FLASHJIT_EXPECT_GPU=1): ~3 minutes
@@ -52,9 +70,9 @@ what="${1:-all}"
 DTYPES="${DTYPES:-bf16}"
 ctest_regex="${2:-}"
 case "$what" in
-  tests|bench|tune|all|py|py-tests|py-bench|py-torch) ;;
-  *) echo "usage: bench/device_run.sh [tests|bench|tune|all|py|py-tests|py-bench|py-torch]" \
-       "[CTEST_REGEX]" >&2
+  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|py|py-tests|py-bench|py-torch) ;;
+  *) echo "usage: bench/device_run.sh [tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|" \
+       "ws-sanitize|py|py-tests|py-bench|py-torch] [CTEST_REGEX]" >&2
      exit 2 ;;
 esac
 
@@ -88,7 +106,12 @@ start=$SECONDS
 if [[ "$what" != py* ]]; then
   echo "== configure + build (Release, build-device/)"
   cmake -S . -B build-device "${cmake_args[@]}" 2>&1 | tail -n 5
-  if ! cmake --build build-device -j16 >build-device/build.log 2>&1; then
+  targets=()
+  if [[ "$what" == ws* ]]; then
+    targets=(--target runtime_cuda_tma_probe_test runtime_cuda_wgmma_probe_test
+             runtime_cuda_attention_test bench_attention flashjit_cli)
+  fi
+  if ! cmake --build build-device -j16 "${targets[@]}" >build-device/build.log 2>&1; then
     tail -n 80 build-device/build.log
     echo "== build FAILED"
     exit 1
@@ -214,6 +237,103 @@ if [[ "$what" == tests || "$what" == all ]]; then
     echo "== ctest FAILED"
   fi
   echo "== tests done at $((SECONDS - start)) s"
+fi
+
+if [[ "$what" == gpu-tests ]]; then
+  echo "== GPU tests (each test executable directly, FLASHJIT_EXPECT_GPU=1)"
+  : >"$OUT/gpu-tests.log"
+  for test in runtime_cuda_tma_probe_test runtime_cuda_wgmma_probe_test \
+      runtime_cuda_cuda_backend_test runtime_cuda_nvrtc_compiler_test runtime_runtime_test \
+      runtime_readme_example_test tuner_tuner_test cli_tune_command_test \
+      cli_backward_commands_test runtime_cuda_attention_test runtime_cuda_backward_test; do
+    [[ -x "build-device/tests/$test" ]] || { echo "MISSING $test" | tee -a "$OUT/gpu-tests.log"; status=1; continue; }
+    test_start=$SECONDS
+    if timeout 300 "build-device/tests/$test" --gtest_filter="${ctest_regex:-*}" \
+        >"$OUT/gpu-$test.log" 2>&1; then
+      verdict=PASSED
+    else
+      verdict="FAILED (exit $?)"
+      status=1
+    fi
+    echo "$verdict $test in $((SECONDS - test_start)) s: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' \
+        "$OUT/gpu-$test.log" | tr '\n' ' ')" | tee -a "$OUT/gpu-tests.log"
+  done
+  echo "== GPU tests done at $((SECONDS - start)) s"
+fi
+
+if [[ "$what" == ws || "$what" == ws-tests ]]; then
+  echo "== -ws tests: probes, then every legal -ws config vs the fp64 reference"
+  # Time limits on everything that launches a -ws kernel: a pipeline that never completes a
+  # phase hangs its kernel, and the limit turns that into a failure instead of a lost session.
+  for test in runtime_cuda_tma_probe_test runtime_cuda_wgmma_probe_test; do
+    if ! timeout 120 "build-device/tests/$test" 2>&1 | tee -a "$OUT/ctest.log"; then
+      status=1
+      echo "== $test FAILED"
+    fi
+  done
+  if ! FLASHJIT_TEST_FAMILIES=ws timeout 360 build-device/tests/runtime_cuda_attention_test \
+      --gtest_filter="${ctest_regex:-*CudaAttentionAllConfigs*}" 2>&1 |
+      tee -a "$OUT/ctest.log"; then
+    status=1
+    echo "== runtime_cuda_attention_test (-ws) FAILED"
+  fi
+  echo "== tests done at $((SECONDS - start)) s"
+fi
+
+if [[ "$what" == ws || "$what" == ws-bench ]]; then
+  echo "== bench: the -ws default tile per head dim, and the default config"
+  : >"$OUT/bench.log"
+  for d in 64 128 256; do
+    ws_config=$(build-device/flashjit plan --arch sm90 --head-dim "$d" |
+                sed -n 's/^Proposed -ws default: //p')
+    echo "   d$d: $ws_config"
+    # shellcheck disable=SC2086
+    if ! timeout 120 build-device/bench/bench_attention --dtype bf16 --d "$d" --config "$ws_config" \
+        --json "$OUT/ws-d$d.json" ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/bench.log"; then
+      status=1
+      echo "== bench_attention $ws_config FAILED (rows with errors are in the JSON)"
+    fi
+  done
+  # shellcheck disable=SC2086
+  build-device/bench/bench_attention --dtype bf16 --json "$OUT/flashjit.json" ${BENCH_ARGS:-} \
+    2>&1 | tee -a "$OUT/bench.log" || status=1
+  python3 -c 'import json, sys; print(json.dumps([r for p in sys.argv[1:] for r in json.load(open(p))]))' \
+    "$OUT"/ws-d*.json >"$OUT/ws.json" || status=1
+  echo "== peers (torch SDPA flash + cuDNN, forward only, same run)"
+  # shellcheck disable=SC2086
+  if ! python3 bench/peers_bench.py --bf16 --fwd-only --backends flash,cudnn \
+      --json "$OUT/peers.json" ${PEERS_ARGS:-} 2>&1 | tee "$OUT/peers.log"; then
+    status=1
+    echo "== peers_bench.py FAILED"
+  fi
+  if [[ -s "$OUT/peers.json" ]]; then
+    echo "== -ws default tiles vs peers"
+    python3 bench/compare.py "$OUT/ws.json" "$OUT/peers.json" | tee "$OUT/ws.md"
+    echo "== default configs vs peers"
+    python3 bench/compare.py "$OUT/flashjit.json" "$OUT/peers.json" | tee "$OUT/compare.md"
+  fi
+  echo "== ws done at $((SECONDS - start)) s"
+fi
+
+if [[ "$what" == ws-sanitize ]]; then
+  echo "== compute-sanitizer racecheck + synccheck: the -ws default tile of d 64/128/256, causal and not"
+  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  for d in 64 128 256; do
+    ws_config=$(build-device/flashjit plan --arch sm90 --head-dim "$d" |
+                sed -n 's/^Proposed -ws default: //p')
+    for causal in "" --causal; do
+      for tool in racecheck synccheck; do
+        echo "-- $tool d$d $ws_config ${causal:-non-causal}"
+        if ! timeout 120 "$sanitizer" --tool "$tool" --error-exitcode 3 build-device/flashjit run \
+            --config "$ws_config" --head-dim "$d" --seqlen 1000 --batch 1 --heads 2 --reps 1 \
+            $causal 2>&1 | tail -n 4 | tee -a "$OUT/sanitizer.log"; then
+          status=1
+          echo "== $tool FAILED on d$d $ws_config $causal"
+        fi
+      done
+    done
+  done
+  echo "== ws-sanitize done at $((SECONDS - start)) s"
 fi
 
 if [[ "$what" == tune ]]; then

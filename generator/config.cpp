@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "generator/backward_config.hpp"
+#include "generator/forward_config_ws.hpp"
 #include "generator/knobs.hpp"
 
 namespace flashjit {
@@ -38,27 +39,34 @@ using knobs::list;
 }  // namespace
 
 std::string AttentionConfig::to_string() const {
+  const char* suffix = family == KernelFamily::Wgmma ? "-wgmma"
+                       : family == KernelFamily::Ws  ? "-ws"
+                                                     : "";
   return "m" + std::to_string(block_m) + "n" + std::to_string(block_n) + "w" +
-         std::to_string(warps) + "s" + std::to_string(stages) +
-         (family == KernelFamily::Wgmma ? "-wgmma" : "") + (dq == DqMode::Separate ? "-det" : "");
+         std::to_string(warps) + "s" + std::to_string(stages) + suffix +
+         (dq == DqMode::Separate ? "-det" : "");
 }
 
 Result<AttentionConfig> AttentionConfig::parse(const std::string& text) {
-  static const std::regex pattern(R"(m(\d{1,4})n(\d{1,4})w(\d{1,2})s(\d{1,2})(-wgmma)?(-det)?)");
+  static const std::regex pattern(
+      R"(m(\d{1,4})n(\d{1,4})w(\d{1,2})s(\d{1,2})(-wgmma|-ws)?(-det)?)");
   std::smatch match;
   if (!std::regex_match(text, match, pattern)) {
     return make_error(
         ErrorCode::InvalidArgument,
         "config = '" + text +
-            "': expected the form m<block_m>n<block_n>w<warps>s<stages>[-wgmma][-det], e.g. "
-            "m128n64w4s2, m128n128w8s2-wgmma or (backward, separate dQ kernel) m64n128w8s2-det");
+            "': expected the form m<block_m>n<block_n>w<warps>s<stages>[-wgmma|-ws][-det], e.g. "
+            "m128n64w4s2, m128n128w8s2-wgmma, m128n128w12s2-ws or (backward, separate dQ "
+            "kernel) m64n128w8s2-det");
   }
   AttentionConfig c;
   c.block_m = std::stoi(match[1]);
   c.block_n = std::stoi(match[2]);
   c.warps = std::stoi(match[3]);
   c.stages = std::stoi(match[4]);
-  c.family = match[5].matched ? KernelFamily::Wgmma : KernelFamily::Mma;
+  c.family = !match[5].matched         ? KernelFamily::Mma
+             : match[5].str() == "-ws" ? KernelFamily::Ws
+                                       : KernelFamily::Wgmma;
   c.dq = match[6].matched ? DqMode::Separate : DqMode::Atomic;
   return c;
 }
@@ -66,11 +74,13 @@ Result<AttentionConfig> AttentionConfig::parse(const std::string& text) {
 int padded_head_dim(int head_dim) { return (head_dim + 63) / 64 * 64; }
 
 int smem_bytes(const AttentionConfig& c, const AttentionProblem& p) {
+  if (c.family == KernelFamily::Ws) return ws_resources(c, p).smem_bytes;
   const int tiles = (c.block_m + 2 * c.stages * c.block_n) * padded_head_dim(p.head_dim) * 2;
   return c.family == KernelFamily::Wgmma ? tiles + 1024 : tiles;
 }
 
 int estimated_registers(const AttentionConfig& c, const AttentionProblem& p) {
+  if (c.family == KernelFamily::Ws) return ws_resources(c, p).consumer_estimate;
   if (c.family == KernelFamily::Wgmma) {
     // Per thread of a warpgroup: O (64 x d / 128 threads) and S (64 x block_n / 128) in fp32,
     // P of two blocks in flight (16-bit pairs: block_n / 4 each), plus the same allowance.
@@ -86,6 +96,18 @@ int estimated_registers(const AttentionConfig& c, const AttentionProblem& p) {
 ResourceUse resource_use(const AttentionConfig& c, const AttentionProblem& p,
                          const DeviceSpec& device) {
   ResourceUse use;
+  if (c.family == KernelFamily::Ws) {
+    // Registers are set per warpgroup by setmaxnreg; the launch takes launch_registers each.
+    const WsResources ws = ws_resources(c, p);
+    use.smem_bytes = ws.smem_bytes;
+    use.regs_per_thread = ws.consumer_estimate;
+    use.threads = ws.threads;
+    const int by_smem = device.smem_per_sm / (ws.smem_bytes + kSmemReservedPerCta);
+    const int by_regs = device.regs_per_sm / std::max(1, ws.launch_registers * ws.threads);
+    const int by_threads = device.max_threads_per_sm / std::max(1, ws.threads);
+    use.ctas_per_sm = std::max(0, std::min({by_smem, by_regs, by_threads}));
+    return use;
+  }
   use.smem_bytes = smem_bytes(c, p);
   use.regs_per_thread = estimated_registers(c, p);
   use.threads = c.threads();
@@ -141,6 +163,7 @@ Status check_config(const AttentionConfig& c, const AttentionProblem& p, const D
     return illegal(c, "-det (a separate dQ kernel) exists in the backward pass only");
   if (Status dtype = check_cuda_dtype(p.dtype); !dtype.ok())
     return illegal(c, dtype.error().message);
+  if (c.family == KernelFamily::Ws) return check_ws_config(c, p, device);
   if (c.family == KernelFamily::Wgmma) {
     FLASHJIT_TRY(check_wgmma_shape(c, device));
   } else {
@@ -210,6 +233,9 @@ std::vector<AttentionConfig> legal_configs(const AttentionProblem& p, const Devi
           AttentionConfig c{block_m, block_n, block_m / 16, stages, KernelFamily::Wgmma};
           if (check_config(c, p, device).ok()) configs.push_back(c);
         }
+  if (device.arch == 90)
+    for (const AttentionConfig& c : ws_candidates())
+      if (check_config(c, p, device).ok()) configs.push_back(c);
   return configs;
 }
 
@@ -311,6 +337,7 @@ std::string explain_plan(const AttentionProblem& p, const DeviceSpec& device) {
           out << line;
         }
   }
+  if (device.arch == 90) out << "\n" << explain_ws_plan(p, device);
   auto legal = legal_configs(p, device);
   out << "\n" << legal.size() << " legal configs.";
   if (auto def = default_config(p, device); def.ok())

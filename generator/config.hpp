@@ -4,11 +4,13 @@
 // One CTA owns block_m query rows; its `warps` warps own 16 * m_tiles rows each. K and V are
 // streamed through shared memory in blocks of block_n rows, `stages` blocks deep.
 //
-// Two kernel families share these knobs:
+// Three kernel families share these knobs:
 //   mma    templates/cuda/attention_fwd.cuh, sm80 and newer: mma.sync + ldmatrix, 16 or 32 rows
 //          per warp.
 //   wgmma  templates/cuda/attention_fwd_sm90.cuh, sm90 (H100/H200, compiled for sm_90a):
 //          warpgroup MMA from shared memory, 64 rows per warpgroup of 4 warps.
+//   ws     templates/cuda/ws/, sm90a: warp-specialized (a TMA producer warpgroup, 64 rows per
+//          consumer warpgroup, setmaxnreg); its budget is generator/forward_config_ws.hpp.
 #pragma once
 
 #include <compare>
@@ -22,7 +24,7 @@
 
 namespace flashjit {
 
-enum class KernelFamily { Mma, Wgmma };
+enum class KernelFamily { Mma, Wgmma, Ws };
 
 // How the backward pass produces dQ (the forward pass has no dQ: always Atomic there, unprinted).
 //   Atomic    the dK/dV kernel adds each key block's contribution to an fp32 workspace with
@@ -56,8 +58,8 @@ struct AttentionConfig {
 
   int threads() const { return warps * 32; }
   int rows_per_warp() const { return block_m / warps; }
-  // "m128n64w4s2" (mma), "m128n128w8s2-wgmma" (wgmma), "m64n128w8s2-det" (backward, DqMode::
-  // Separate)
+  // "m128n64w4s2" (mma), "m128n128w8s2-wgmma" (wgmma), "m128n128w12s2-ws" (ws),
+  // "m64n128w8s2-det" (backward, DqMode::Separate)
   std::string to_string() const;
   static Result<AttentionConfig> parse(const std::string& text);
 };
@@ -83,11 +85,12 @@ struct ResourceUse {
 };
 
 // Q tile + `stages` K and V tiles, 2-byte elements, padded head dim:
-//   smem = (block_m + 2 * stages * block_n) * padded_head_dim * 2  (+ 1024 for wgmma: its
-//   tiles start on a 1024-byte swizzle-atom boundary)
+//   smem = (block_m + 2 * stages * block_n) * padded_head_dim * 2  (+ 1024 for wgmma and ws:
+//   their tiles start on a 1024-byte swizzle-atom boundary; + the mbarriers for ws)
 int smem_bytes(const AttentionConfig& config, const AttentionProblem& problem);
 // The least registers a thread needs: fp32 accumulators (O: m_tiles*16 x d, S: m_tiles*16 x
-// block_n, spread over 32 lanes) plus fragments, addresses and softmax state.
+// block_n, spread over 32 lanes) plus fragments, addresses and softmax state (ws: a consumer
+// thread's, after setmaxnreg).
 int estimated_registers(const AttentionConfig& config, const AttentionProblem& problem);
 ResourceUse resource_use(const AttentionConfig& config, const AttentionProblem& problem,
                          const DeviceSpec& device);
@@ -112,7 +115,8 @@ std::vector<AttentionConfig> legal_configs(const AttentionProblem& problem,
 // The untuned default from the starting formula Br = smem_per_block / (3 * d * sizeof(float)),
 // within the device's best kernel family (wgmma on sm90, else mma): rounded down to the largest
 // legal block_m (the smallest legal one if none is below); then block_n = 64 if legal, the most
-// warps that are legal, and 2 stages.
+// warps that are legal, and 2 stages. (The -ws family's own untuned tile is default_ws_config in
+// generator/forward_config_ws.hpp; it becomes sm90's default once measured there.)
 // Error if the CUDA templates cannot store the dtype (check_cuda_dtype) or no config is legal
 // (a device too small for this head dim).
 Result<AttentionConfig> default_config(const AttentionProblem& problem, const DeviceSpec& device);

@@ -162,7 +162,8 @@ Status check_cpu_config(const AttentionConfig& c, const AttentionProblem& p, con
   }
   if (c.family != KernelFamily::Mma) {
     return make_error(ErrorCode::InvalidArgument,
-                      prefix + "-wgmma is a CUDA (sm90) family: the CPU has one template");
+                      prefix + (c.family == KernelFamily::Ws ? "-ws" : "-wgmma") +
+                          " is a CUDA (sm90) family: the CPU has one template");
   }
   if (p.is_backward() && c.dq != DqMode::Separate) {
     return make_error(ErrorCode::InvalidArgument,

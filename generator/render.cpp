@@ -36,8 +36,8 @@ Status check_template_constraints(const AttentionProblem& problem, const Attenti
   unlimited.regs_per_sm = 1 << 30;
   unlimited.max_regs_per_thread = 1 << 30;
   unlimited.max_threads_per_sm = unlimited.max_threads_per_block = 1 << 30;
-  // The wgmma family exists for sm90 only: the one architecture its constraints accept.
-  if (config.family == KernelFamily::Wgmma) unlimited.arch = 90;
+  // The wgmma and ws families exist for sm90 only: the one architecture their constraints accept.
+  if (config.family != KernelFamily::Mma) unlimited.arch = 90;
   return check_config(config, problem, unlimited);
 }
 
@@ -108,11 +108,45 @@ Result<KernelSource> assemble(std::initializer_list<const char*> template_paths,
 
 }  // namespace
 
+namespace {
+
+// The -ws family: its pieces (templates/cuda/ws/) and an entry taking the tensor maps too.
+Result<KernelSource> render_cuda_attention_ws(const AttentionProblem& problem,
+                                              const AttentionConfig& config) {
+  std::ostringstream instantiation;
+  instantiation << "typedef flashjit_kernel::WsTraits</*head_dim=*/" << problem.head_dim
+                << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n
+                << ", /*warps=*/" << config.warps << ", /*stages=*/" << config.stages
+                << ", /*bf16=*/" << (problem.dtype == DType::BF16 ? "true" : "false")
+                << ", /*causal=*/" << (problem.causal ? "true" : "false") << "> Config;\n"
+                << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads, "
+                   "Config::kCtasPerSm)\n"
+                << kAttentionForwardEntry
+                << "(const __grid_constant__ FlashjitAttentionParams params,\n"
+                << "    const __grid_constant__ FlashjitForwardTensorMaps maps) {\n"
+                << "  flashjit_kernel::attention_forward_ws<Config>(params, maps);\n"
+                << "}\n";
+  Result<KernelSource> source =
+      assemble({"attention_common.h", "cuda/common.cuh", "cuda/wgmma.cuh", "cuda/sm90_tiles.cuh",
+                "cuda/tma.cuh", "cuda/ws/pipeline.cuh", "cuda/ws/traits.cuh",
+                "cuda/ws/tile_scheduler.cuh", "cuda/ws/softmax.cuh", "cuda/ws/mainloop.cuh",
+                "cuda/ws/epilogue.cuh", "cuda/ws/attention_fwd_ws.cuh"},
+               {kAttentionForwardEntry}, "attention_fwd_ws", problem, config, instantiation.str());
+  if (source.ok()) {
+    source->arch_specific = true;
+    source->tensor_maps = true;
+  }
+  return source;
+}
+
+}  // namespace
+
 Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
                                            const AttentionConfig& config) {
   if (problem.is_backward()) return render_cuda_attention_backward(problem, config);
   FLASHJIT_TRY(validate(problem));
   FLASHJIT_TRY(check_template_constraints(problem, config));
+  if (config.family == KernelFamily::Ws) return render_cuda_attention_ws(problem, config);
   const bool wgmma = config.family == KernelFamily::Wgmma;
   std::ostringstream instantiation;
   instantiation << "typedef flashjit_kernel::" << (wgmma ? "Sm90Traits" : "Traits")

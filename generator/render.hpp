@@ -20,6 +20,10 @@ struct KernelSource {
   // Compile for the architecture-specific target (sm_90a rather than sm_90): the source uses
   // instructions (wgmma) that exist only there.
   bool arch_specific = false;
+  // The forward entry takes a second parameter after FlashjitAttentionParams: the TMA tensor
+  // maps (FlashjitForwardTensorMaps, templates/attention_params.h), encoded per launch (the -ws
+  // family).
+  bool tensor_maps = false;
 
   const std::string& entry() const { return entries.front(); }  // the first (or only) one
 };
@@ -66,9 +70,11 @@ inline BackwardShapes backward_shapes(const AttentionConfig& config, KernelShape
   return {rows, dkdv, config.dq == DqMode::Atomic ? rows : dq_separate};
 }
 
-// CUDA forward kernel: the mma family (sm80+, templates/cuda/attention_fwd.cuh) or the wgmma
-// family (sm90a, attention_fwd_sm90.cuh), both after templates/cuda/common.cuh. Validates the
-// problem and the config's template constraints (not the device budget: check_config's job).
+// CUDA forward kernel: the mma family (sm80+, templates/cuda/attention_fwd.cuh), the wgmma
+// family (sm90a, attention_fwd_sm90.cuh) or the ws family (sm90a, cuda/ws/; its entry also
+// takes the tensor maps: KernelSource::tensor_maps), all after templates/cuda/common.cuh.
+// Validates the problem and the config's template constraints (not the device budget:
+// check_config's job).
 Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
                                            const AttentionConfig& config);
 

@@ -9,11 +9,33 @@
 namespace flashjit::tuning_db {
 namespace {
 
+// The key columns of results and choices, in their order: a device and generator's problem
+// bucket (then the config: part of results' key, the value of choices). key_match and kKeyWhere
+// name the same columns; the primary keys below are their prefix.
+constexpr const char* kKeyColumnsSql = R"sql(
+  device             TEXT NOT NULL,
+  generator          TEXT NOT NULL,
+  pass               TEXT NOT NULL CHECK (pass IN ('fwd', 'bwd')),
+  deterministic      INTEGER NOT NULL CHECK (deterministic = 0 OR (deterministic = 1 AND
+                                                                    pass = 'bwd')),
+  head_dim           INTEGER NOT NULL,
+  dtype              TEXT NOT NULL,
+  causal             INTEGER NOT NULL,
+  group_size         INTEGER NOT NULL,
+  seqlen_q_bucket    INTEGER NOT NULL,
+  seqlen_k_bucket    INTEGER NOT NULL,
+  batch_heads_bucket INTEGER NOT NULL,
+  config             TEXT NOT NULL,)sql";
+constexpr const char* kKeyPrimarySql = R"sql(
+  PRIMARY KEY (device, generator, pass, deterministic, head_dim, dtype, causal, group_size,
+               seqlen_q_bucket, seqlen_k_bucket, batch_heads_bucket)sql";
+
 // Version 2. Idempotent: every statement is IF NOT EXISTS. docs/TUNING_DB.md describes each
 // column. The pass and the deterministic flag lead the problem part of every key, so that the
 // exact lookups and the nearest-bucket scan (same pass, flag, head_dim, dtype, causal and
 // group_size) use a prefix of the primary key.
-constexpr const char* kSchemaSql = R"sql(
+const std::string& schema_sql() {
+  static const std::string sql = std::string(R"sql(
 CREATE TABLE IF NOT EXISTS meta (
   key   TEXT PRIMARY KEY,
   value TEXT NOT NULL
@@ -29,20 +51,8 @@ CREATE TABLE IF NOT EXISTS devices (
   driver_version       INTEGER NOT NULL,
   compiler             TEXT NOT NULL
 );
-CREATE TABLE IF NOT EXISTS results (
-  device             TEXT NOT NULL,
-  generator          TEXT NOT NULL,
-  pass               TEXT NOT NULL CHECK (pass IN ('fwd', 'bwd')),
-  deterministic      INTEGER NOT NULL CHECK (deterministic = 0 OR (deterministic = 1 AND
-                                                                    pass = 'bwd')),
-  head_dim           INTEGER NOT NULL,
-  dtype              TEXT NOT NULL,
-  causal             INTEGER NOT NULL,
-  group_size         INTEGER NOT NULL,
-  seqlen_q_bucket    INTEGER NOT NULL,
-  seqlen_k_bucket    INTEGER NOT NULL,
-  batch_heads_bucket INTEGER NOT NULL,
-  config             TEXT NOT NULL,
+CREATE TABLE IF NOT EXISTS results ()sql") +
+                                 kKeyColumnsSql + R"sql(
   block_m            INTEGER NOT NULL,
   block_n            INTEGER NOT NULL,
   warps              INTEGER NOT NULL,
@@ -55,29 +65,15 @@ CREATE TABLE IF NOT EXISTS results (
   tflops             REAL NOT NULL DEFAULT 0,
   is_default         INTEGER NOT NULL DEFAULT 0,
   message            TEXT NOT NULL DEFAULT '',
-  recorded_at        TEXT NOT NULL,
-  PRIMARY KEY (device, generator, pass, deterministic, head_dim, dtype, causal, group_size,
-               seqlen_q_bucket, seqlen_k_bucket, batch_heads_bucket, config)
+  recorded_at        TEXT NOT NULL,)sql" +
+                                 kKeyPrimarySql + R"sql(, config)
 );
-CREATE TABLE IF NOT EXISTS choices (
-  device             TEXT NOT NULL,
-  generator          TEXT NOT NULL,
-  pass               TEXT NOT NULL CHECK (pass IN ('fwd', 'bwd')),
-  deterministic      INTEGER NOT NULL CHECK (deterministic = 0 OR (deterministic = 1 AND
-                                                                    pass = 'bwd')),
-  head_dim           INTEGER NOT NULL,
-  dtype              TEXT NOT NULL,
-  causal             INTEGER NOT NULL,
-  group_size         INTEGER NOT NULL,
-  seqlen_q_bucket    INTEGER NOT NULL,
-  seqlen_k_bucket    INTEGER NOT NULL,
-  batch_heads_bucket INTEGER NOT NULL,
-  config             TEXT NOT NULL,
+CREATE TABLE IF NOT EXISTS choices ()sql" +
+                                 kKeyColumnsSql + R"sql(
   median_ms          REAL NOT NULL DEFAULT 0,
   default_ms         REAL NOT NULL DEFAULT 0,
-  chosen_at          TEXT NOT NULL,
-  PRIMARY KEY (device, generator, pass, deterministic, head_dim, dtype, causal, group_size,
-               seqlen_q_bucket, seqlen_k_bucket, batch_heads_bucket)
+  chosen_at          TEXT NOT NULL,)sql" +
+                                 kKeyPrimarySql + R"sql()
 );
 CREATE TABLE IF NOT EXISTS recorded_problems (
   device        TEXT NOT NULL,
@@ -109,20 +105,18 @@ SELECT c.device, c.generator, c.pass, c.deterministic, c.head_dim, c.dtype, c.ca
        r.min_ms, r.max_ms, r.repetitions, r.tflops, r.status, c.chosen_at
 FROM choices AS c
 LEFT JOIN results AS r
-  ON r.device = c.device AND r.generator = c.generator AND r.pass = c.pass
- AND r.deterministic = c.deterministic AND r.head_dim = c.head_dim AND r.dtype = c.dtype
- AND r.causal = c.causal AND r.group_size = c.group_size
- AND r.seqlen_q_bucket = c.seqlen_q_bucket AND r.seqlen_k_bucket = c.seqlen_k_bucket
- AND r.batch_heads_bucket = c.batch_heads_bucket AND r.config = c.config;
-)sql";
+  ON )sql" + key_match("r", "c", true) +
+                                 ";\n";
+  return sql;
+}
 
 // The tables whose key gained the pass in version 2 (meta and devices did not change).
 constexpr const char* kKeyedTables[] = {"results", "choices", "recorded_problems"};
 
 // Version 1 -> 2, inside the open's transaction. The old tables are renamed aside first so that
-// kSchemaSql (the one definition of the version-2 tables) creates the new ones; the view and the
+// schema_sql() (the one definition of the version-2 tables) creates the new ones; the view and the
 // indexes that refer to the old tables are dropped before, so nothing is left pointing at them
-// (and kSchemaSql recreates both). Then every old row is copied as a forward row and the old
+// (and schema_sql() recreates both). Then every old row is copied as a forward row and the old
 // tables are dropped.
 std::string migration_from_version_1() {
   std::string sql =
@@ -136,7 +130,7 @@ std::string migration_from_version_1() {
     sql += table;
     sql += "_v1;\n";
   }
-  sql += kSchemaSql;
+  sql += schema_sql();
   const std::pair<const char*, const char*> copies[] = {{"results", kResultColumns},
                                                         {"choices", kChoiceColumns},
                                                         {"recorded_problems", kRecordedColumns}};
@@ -248,7 +242,7 @@ Status prepare_for_writing(const Database& db) {
   Result<std::optional<std::string>> version = version_text(db, "main");
   if (!version.ok()) return version.error();
   if (!version->has_value()) {
-    FLASHJIT_TRY(db.exec(kSchemaSql, "creating the schema"));
+    FLASHJIT_TRY(db.exec(schema_sql(), "creating the schema"));
     std::string meta = "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '";
     meta += std::to_string(kSchemaVersion);
     meta += "')";
@@ -256,7 +250,7 @@ Status prepare_for_writing(const Database& db) {
   } else if (**version == "1") {
     FLASHJIT_TRY(db.exec(migration_from_version_1(), "migrating schema version 1 to 2"));
   } else if (**version == std::to_string(kSchemaVersion)) {
-    FLASHJIT_TRY(db.exec(kSchemaSql, "checking the schema"));  // a no-op: all IF NOT EXISTS
+    FLASHJIT_TRY(db.exec(schema_sql(), "checking the schema"));  // a no-op: all IF NOT EXISTS
   } else {
     return unsupported_version(db, **version);  // rolled back: the file is unchanged
   }

@@ -47,4 +47,16 @@ struct FlashjitAttentionParams {
   int seqlen_q_rounded;
 };
 
+// The warp-specialized Hopper forward (configs "-ws", templates/cuda/ws/) takes a second
+// parameter block after FlashjitAttentionParams: the TMA tensor maps of q, k, v and o (each a
+// CUtensorMap: 128 opaque bytes, 128-byte aligned as cuda.h declares it), encoded on the host for
+// each launch from the same pointers and strides (runtime/tensor_map_spec.hpp describes the maps,
+// the CUDA backend encodes them with the driver).
+struct FlashjitTensorMap {
+  alignas(128) unsigned long long opaque[16];
+};
+struct FlashjitForwardTensorMaps {
+  FlashjitTensorMap q, k, v, o;
+};
+
 #endif

@@ -86,6 +86,25 @@ std::vector<double> gather_dense(const std::vector<uint16_t>& storage, const Str
   return dense;
 }
 
+// The inputs of `problem` gathered dense: q, k, v (and for the backward d_o) as fp64
+// [batch, heads, seq, head_dim].
+struct DenseInputs {
+  std::vector<double> q, k, v, d_o;
+};
+DenseInputs gather_inputs(const AttentionProblem& problem, const HostInputs& inputs) {
+  auto gather = [&](const std::vector<uint16_t>& storage, const Strides& strides, bool keys) {
+    return gather_dense(storage, strides, problem.batch, keys ? problem.heads_kv : problem.heads_q,
+                        keys ? problem.seqlen_k : problem.seqlen_q, problem.head_dim,
+                        problem.dtype);
+  };
+  DenseInputs dense{gather(inputs.q, problem.q_strides, false),
+                    gather(inputs.k, problem.k_strides, true),
+                    gather(inputs.v, problem.v_strides, true),
+                    {}};
+  if (problem.is_backward()) dense.d_o = gather(inputs.d_o, problem.do_strides, false);
+  return dense;
+}
+
 // Number of keys query row `i` sees (0 for an empty row).
 int64_t visible_keys(const AttentionProblem& problem, int64_t i) {
   if (!problem.causal) return problem.seqlen_k;
@@ -209,12 +228,10 @@ Reference reference_attention(const AttentionProblem& problem, const HostInputs&
   const int64_t group = heads_q / heads_kv;
   const double scale = problem.scale();
 
-  const std::vector<double> q =
-      gather_dense(inputs.q, problem.q_strides, batch, heads_q, seqlen_q, d, problem.dtype);
-  const std::vector<double> k =
-      gather_dense(inputs.k, problem.k_strides, batch, heads_kv, seqlen_k, d, problem.dtype);
-  const std::vector<double> v =
-      gather_dense(inputs.v, problem.v_strides, batch, heads_kv, seqlen_k, d, problem.dtype);
+  const DenseInputs dense = gather_inputs(problem, inputs);
+  const std::vector<double>& q = dense.q;
+  const std::vector<double>& k = dense.k;
+  const std::vector<double>& v = dense.v;
 
   Reference reference;
   reference.o.assign(static_cast<size_t>(batch * seqlen_q * heads_q * d), 0.0);
@@ -313,14 +330,11 @@ void add_reference_gradients(const AttentionProblem& problem, const HostInputs& 
   const int d = problem.head_dim;
   const int64_t group = heads_q / heads_kv;
   const double scale = problem.scale();
-  const std::vector<double> q =
-      gather_dense(inputs.q, problem.q_strides, batch, heads_q, seqlen_q, d, problem.dtype);
-  const std::vector<double> k =
-      gather_dense(inputs.k, problem.k_strides, batch, heads_kv, seqlen_k, d, problem.dtype);
-  const std::vector<double> v =
-      gather_dense(inputs.v, problem.v_strides, batch, heads_kv, seqlen_k, d, problem.dtype);
-  const std::vector<double> d_o =
-      gather_dense(inputs.d_o, problem.do_strides, batch, heads_q, seqlen_q, d, problem.dtype);
+  const DenseInputs dense = gather_inputs(problem, inputs);
+  const std::vector<double>& q = dense.q;
+  const std::vector<double>& k = dense.k;
+  const std::vector<double>& v = dense.v;
+  const std::vector<double>& d_o = dense.d_o;
   // gather_dense is [b, h, s, d]; the outputs are [b, s, h, d].
   reference.dq.assign(static_cast<size_t>(batch * seqlen_q * heads_q * d), 0.0);
   reference.dk.assign(static_cast<size_t>(batch * seqlen_k * heads_kv * d), 0.0);

@@ -46,30 +46,56 @@ void bind(AttentionArgs& args, TensorRole role, void* pointer) {
   }
 }
 
-// The host storage of an input tensor of the verification problem.
-const void* host_input(const HostInputs& inputs, TensorRole role) {
+// The host storage of input `role` and its size in bytes.
+std::pair<const void*, size_t> host_input(const HostInputs& inputs, TensorRole role) {
+  auto words = [](const std::vector<uint16_t>& v) {
+    return std::pair<const void*, size_t>(v.data(), v.size() * sizeof(uint16_t));
+  };
   switch (role) {
     case TensorRole::Q:
-      return inputs.q.data();
+      return words(inputs.q);
     case TensorRole::K:
-      return inputs.k.data();
+      return words(inputs.k);
     case TensorRole::V:
-      return inputs.v.data();
+      return words(inputs.v);
     case TensorRole::O:
-      return inputs.o.data();
+      return words(inputs.o);
     case TensorRole::Lse:
-      return inputs.lse.data();
+      return {inputs.lse.data(), inputs.lse.size() * sizeof(float)};
     case TensorRole::DO:
-      return inputs.d_o.data();
+      return words(inputs.d_o);
+    default:
+      return {nullptr, 0};
+  }
+}
+
+// The host storage output `role` is copied back into.
+void* host_output(HostOutputs& outputs, TensorRole role, size_t bytes) {
+  auto words = [bytes](std::vector<uint16_t>& v) {
+    v.resize(bytes / sizeof(uint16_t));
+    return static_cast<void*>(v.data());
+  };
+  switch (role) {
+    case TensorRole::O:
+      return words(outputs.o);
+    case TensorRole::Lse:
+      outputs.lse.resize(bytes / sizeof(float));
+      return outputs.lse.data();
+    case TensorRole::DQ:
+      return words(outputs.dq);
+    case TensorRole::DK:
+      return words(outputs.dk);
+    case TensorRole::DV:
+      return words(outputs.dv);
     default:
       return nullptr;
   }
 }
 
-Result<std::vector<uint16_t>> download(const Backend& backend, const DeviceBuffer& buffer) {
-  std::vector<uint16_t> bits(buffer.bytes() / sizeof(uint16_t));
-  FLASHJIT_TRY(backend.copy_to_host(bits.data(), buffer.get(), bits.size() * sizeof(uint16_t)));
-  return bits;
+// `status`'s error with the tensor it concerns in front: "dq: ...".
+Error about(TensorRole role, const Status& status) {
+  return make_error(status.error().code,
+                    std::string(to_string(role)) + ": " + status.error().message);
 }
 
 }  // namespace
@@ -94,6 +120,20 @@ const char* to_string(TensorRole role) {
       return "dk";
     case TensorRole::DV:
       return "dv";
+  }
+  return "?";
+}
+
+const char* to_string(RunStep step) {
+  switch (step) {
+    case RunStep::Poison:
+      return "poison the outputs";
+    case RunStep::Launch:
+      return "launch";
+    case RunStep::Synchronize:
+      return "synchronize";
+    case RunStep::Download:
+      return "copy the outputs back";
   }
   return "?";
 }
@@ -164,58 +204,92 @@ Status fill_for_timing(const Backend& backend, const AttentionProblem& problem,
   return ok_status();
 }
 
+Result<DeviceTensors> upload_inputs(const Backend& backend, const AttentionProblem& problem,
+                                    const HostInputs& inputs) {
+  const std::vector<TensorSpec> specs = tensor_specs(problem);
+  Result<DeviceTensors> tensors = allocate_tensors(backend, specs);
+  if (!tensors.ok()) return tensors.error();
+  for (const TensorSpec& spec : specs) {
+    if (spec.output) continue;
+    const auto [host, bytes] = host_input(inputs, spec.role);
+    if (bytes != spec.bytes) {
+      return make_error(ErrorCode::InvalidArgument, std::string("host ") + to_string(spec.role) +
+                                                        " has " + std::to_string(bytes) +
+                                                        " bytes: " + problem.to_string() +
+                                                        " needs " + std::to_string(spec.bytes));
+    }
+    if (Status copied = backend.copy_to_device(tensors->find(spec.role)->get(), host, bytes);
+        !copied.ok())
+      return about(spec.role, copied);
+  }
+  return tensors;
+}
+
+PoisonedRun launch_poisoned(const Backend& backend, const Kernel& kernel,
+                            const AttentionProblem& problem, const DeviceTensors& tensors,
+                            const AttentionArgs& args) {
+  PoisonedRun run;
+  auto fail = [&](RunStep step, Error error) {
+    run.status = std::move(error);
+    run.failed = step;
+    return std::move(run);
+  };
+  const std::vector<TensorSpec> specs = tensor_specs(problem);
+  for (const TensorSpec& spec : specs) {
+    if (!spec.output) continue;
+    const DeviceBuffer* buffer = tensors.find(spec.role);
+    if (buffer == nullptr || buffer->bytes() < spec.bytes) {
+      return fail(RunStep::Poison,
+                  make_error(ErrorCode::InvalidArgument,
+                             std::string(to_string(spec.role)) + ": no device buffer of " +
+                                 std::to_string(spec.bytes) + " bytes for " + problem.to_string()));
+    }
+    if (Status s = backend.fill_bytes(buffer->get(), 0xFF, buffer->bytes()); !s.ok())
+      return fail(RunStep::Poison, about(spec.role, s));
+  }
+  if (Status s = kernel.launch(problem, args); !s.ok()) return fail(RunStep::Launch, s.error());
+  if (Status s = backend.synchronize(); !s.ok()) return fail(RunStep::Synchronize, s.error());
+  for (const TensorSpec& spec : specs) {
+    if (!spec.output) continue;
+    void* host = host_output(run.outputs, spec.role, spec.bytes);
+    if (Status s = backend.copy_to_host(host, tensors.find(spec.role)->get(), spec.bytes); !s.ok())
+      return fail(RunStep::Download, about(spec.role, s));
+  }
+  return run;
+}
+
 Result<std::unique_ptr<Verification>> Verification::create(const Backend& backend,
                                                            const AttentionProblem& problem,
                                                            uint64_t seed) {
   std::unique_ptr<Verification> v(new Verification(backend, problem));
   v->inputs_ = random_inputs(problem, seed);
   v->reference_ = reference_attention(problem, v->inputs_);
-  v->specs_ = tensor_specs(problem);
-  Result<DeviceTensors> tensors = allocate_tensors(backend, v->specs_);
+  Result<DeviceTensors> tensors = upload_inputs(backend, problem, v->inputs_);
   if (!tensors.ok()) return tensors.error();
   v->tensors_ = std::move(tensors.value());
-  for (const TensorSpec& spec : v->specs_) {
-    if (spec.output) continue;
-    FLASHJIT_TRY(backend.copy_to_device(v->tensors_.find(spec.role)->get(),
-                                        host_input(v->inputs_, spec.role), spec.bytes));
-  }
   return v;
 }
 
 Result<Verification::Verdict> Verification::run(const Kernel& kernel, double max_rel,
                                                 double max_lse_abs, double max_grad_rel) const {
-  for (const TensorSpec& spec : specs_) {
-    if (spec.output) {
-      const DeviceBuffer* buffer = tensors_.find(spec.role);
-      FLASHJIT_TRY(backend_.fill_bytes(buffer->get(), 0xFF, buffer->bytes()));
-    }
-  }
+  const PoisonedRun run = launch_poisoned(backend_, kernel, problem_, tensors_, tensors_.args);
   Verdict verdict;
-  Status launched = kernel.launch(problem_, tensors_.args);
-  if (launched.ok()) launched = backend_.synchronize();
-  if (!launched.ok()) {
-    verdict.detail = launched.error().describe();
+  if (!run.status.ok()) {
+    if (run.failed != RunStep::Launch && run.failed != RunStep::Synchronize)
+      return run.status.error();
+    verdict.detail = run.status.error().describe();
     return verdict;
   }
   verdict.launched = true;
+  const HostOutputs& out = run.outputs;
   if (!problem_.is_backward()) {
-    Result<std::vector<uint16_t>> o = download(backend_, *tensors_.find(TensorRole::O));
-    if (!o.ok()) return o.error();
-    std::vector<float> lse(static_cast<size_t>(problem_.lse_elements()));
-    FLASHJIT_TRY(backend_.copy_to_host(lse.data(), tensors_.find(TensorRole::Lse)->get(),
-                                       lse.size() * sizeof(float)));
-    const Comparison comparison = compare(problem_, *o, lse, reference_);
+    const Comparison comparison = compare(problem_, out.o, out.lse, reference_);
     verdict.passed = within_tolerance(comparison, max_rel, max_lse_abs);
     verdict.detail = comparison.to_string();
     return verdict;
   }
-  Result<std::vector<uint16_t>> dq = download(backend_, *tensors_.find(TensorRole::DQ));
-  if (!dq.ok()) return dq.error();
-  Result<std::vector<uint16_t>> dk = download(backend_, *tensors_.find(TensorRole::DK));
-  if (!dk.ok()) return dk.error();
-  Result<std::vector<uint16_t>> dv = download(backend_, *tensors_.find(TensorRole::DV));
-  if (!dv.ok()) return dv.error();
-  const GradientComparison comparison = compare_gradients(problem_, *dq, *dk, *dv, reference_);
+  const GradientComparison comparison =
+      compare_gradients(problem_, out.dq, out.dk, out.dv, reference_);
   const double tolerance = max_grad_rel > 0 ? max_grad_rel : gradient_tolerance(problem_.dtype);
   verdict.passed = within_tolerance(comparison, tolerance);
   verdict.detail = comparison.to_string();

@@ -44,6 +44,36 @@ struct DeviceTensors {
 Result<DeviceTensors> allocate_tensors(const Backend& backend,
                                        const std::vector<TensorSpec>& specs);
 
+// The tensors of `problem`'s call (tensor_specs) with the pass's inputs copied from `inputs`
+// (q, k, v; for the backward also o, lse and d_o) and its outputs allocated, not yet written.
+// An InvalidArgument names a host tensor whose size is not the problem's span.
+Result<DeviceTensors> upload_inputs(const Backend& backend, const AttentionProblem& problem,
+                                    const HostInputs& inputs);
+
+// The outputs of one call copied back, whole spans of raw storage as compare() and
+// compare_gradients() take them: forward o and lse, backward dq, dk and dv (the other pass's
+// stay empty).
+struct HostOutputs {
+  std::vector<uint16_t> o;
+  std::vector<float> lse;
+  std::vector<uint16_t> dq, dk, dv;
+};
+
+// One checked launch of `kernel` on `tensors`: every output of `problem`'s pass poisoned (0xFF
+// bytes: NaN in every dtype, so that an element the kernel forgot to write fails), the launch with
+// `args` (usually tensors.args; a caller's workspace or a cleared pointer otherwise), a
+// synchronize, the outputs copied back. A failed step stops the run: `failed` says which.
+enum class RunStep { Poison, Launch, Synchronize, Download };
+const char* to_string(RunStep step);  // "poison the outputs", "launch", ...
+struct PoisonedRun {
+  Status status;                     // ok, or the error of step `failed` (naming the tensor)
+  RunStep failed = RunStep::Poison;  // meaningful when !status.ok()
+  HostOutputs outputs;               // filled when status is ok
+};
+PoisonedRun launch_poisoned(const Backend& backend, const Kernel& kernel,
+                            const AttentionProblem& problem, const DeviceTensors& tensors,
+                            const AttentionArgs& args);
+
 // Fills the inputs of `tensors` for timing `problem` with Normal(0, 1) data in the dtype (the
 // backward's lse with log(seqlen_k) + 0.5, the log-sum-exp of seqlen_k standard normal scores,
 // so that P = exp(s - lse) has realistic magnitudes). `seed` varies the data between sets.
@@ -65,10 +95,10 @@ class Verification {
     bool launched = false;  // false: the launch (or its synchronize) failed; see `detail`
     std::string detail;     // the comparison ("o_rel_error=..."), or the launch error
   };
-  // Poisons the outputs, launches `kernel`, copies the outputs back and compares them with the
-  // reference: o within `max_rel` and lse within `max_lse_abs` (forward), every gradient within
-  // `max_grad_rel` (backward; 0: gradient_tolerance(dtype)). An Error only when a device call
-  // other than the launch fails.
+  // launch_poisoned on the uploaded inputs, then the outputs compared with the reference: o within
+  // `max_rel` and lse within `max_lse_abs` (forward), every gradient within `max_grad_rel`
+  // (backward; 0: gradient_tolerance(dtype)). An Error only when a device call other than the
+  // launch fails.
   Result<Verdict> run(const Kernel& kernel, double max_rel, double max_lse_abs,
                       double max_grad_rel) const;
 
@@ -79,7 +109,6 @@ class Verification {
   AttentionProblem problem_;
   HostInputs inputs_;
   Reference reference_;
-  std::vector<TensorSpec> specs_;
   DeviceTensors tensors_;
 };
 

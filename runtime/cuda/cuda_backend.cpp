@@ -13,6 +13,7 @@
 #include "generator/config.hpp"
 #include "generator/render.hpp"
 #include "runtime/cuda/nvrtc_compiler.hpp"
+#include "runtime/cuda/tensor_maps.hpp"
 #include "runtime/gpu_launch.hpp"
 #include "runtime/launch_params.hpp"
 #include "runtime/workspace.hpp"
@@ -96,12 +97,15 @@ Result<DeviceBuffer> allocate_on(const Driver* cu, CUdevice device, size_t bytes
 
 // The kernels of one module: one for the forward, three for the backward (render.hpp names and
 // shapes them). Thread-safe to launch: the only mutable state is the backward's workspace cache.
+// A forward whose entry takes tensor maps (KernelSource::tensor_maps: the -ws family) gets them
+// encoded for each launch from the launch's pointers and strides.
 class CudaKernel final : public Kernel {
  public:
   CudaKernel(const Driver* driver, CUdevice device, CUcontext context, CUmodule module,
              std::vector<CUfunction> functions, std::vector<KernelShape> shapes,
-             ProblemSignature signature, AttentionConfig config, KernelInfo info)
-      : driver_(driver),
+             ProblemSignature signature, AttentionConfig config, KernelInfo info, bool tensor_maps)
+      : tensor_maps_(tensor_maps),
+        driver_(driver),
         device_(device),
         context_(context),
         module_(module),
@@ -140,7 +144,12 @@ class CudaKernel final : public Kernel {
         problem, args, signature_, config_, shapes_, kGridLimits, workspace_, stream,
         [&](size_t entry, const LaunchShape& shape, FlashjitAttentionParams& params) -> Status {
           FLASHJIT_TRY(check(driver_->cuCtxSetCurrent(context_), "cuCtxSetCurrent"));
-          void* kernel_args[] = {&params};
+          FlashjitForwardTensorMaps maps;
+          if (tensor_maps_) {
+            FLASHJIT_TRY(encode_forward_tensor_maps(*driver_, params, signature_.head_dim,
+                                                    signature_.dtype, config_, &maps));
+          }
+          void* kernel_args[] = {&params, &maps};
           return check(driver_->cuLaunchKernel(
                            functions_[entry], static_cast<unsigned>(shape.grid_x),
                            static_cast<unsigned>(shape.grid_y), static_cast<unsigned>(shape.grid_z),
@@ -152,6 +161,7 @@ class CudaKernel final : public Kernel {
   }
 
  private:
+  const bool tensor_maps_;  // the entry takes (params, maps) rather than (params)
   const Driver* driver_;
   CUdevice device_;
   CUcontext context_;
@@ -375,9 +385,9 @@ Result<std::shared_ptr<Kernel>> CudaBackend::load(const Binary& binary, const Ke
     functions.push_back(function);
   }
 
-  return std::shared_ptr<Kernel>(
-      std::make_shared<CudaKernel>(driver_, device_handle_, context.value(), module,
-                                   std::move(functions), shapes, signature, config, info));
+  return std::shared_ptr<Kernel>(std::make_shared<CudaKernel>(
+      driver_, device_handle_, context.value(), module, std::move(functions), shapes, signature,
+      config, info, source.tensor_maps));
 }
 
 Result<DeviceBuffer> CudaBackend::allocate(size_t bytes) const {

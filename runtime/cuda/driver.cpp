@@ -112,6 +112,9 @@ Result<const Driver*> load_driver() {
   FLASHJIT_TRY(
       resolve(library, table.cuEventElapsedTime, {"cuEventElapsedTime_v2", "cuEventElapsedTime"}));
   FLASHJIT_TRY(resolve(library, table.cuStreamSynchronize, {"cuStreamSynchronize"}));
+  // Optional: a driver without it still runs every family but -ws (its launch says why).
+  table.cuTensorMapEncodeTiled = reinterpret_cast<decltype(table.cuTensorMapEncodeTiled)>(
+      dlsym(library, "cuTensorMapEncodeTiled"));
 
   const CUresult init = table.cuInit(0);
   if (init != CUDA_SUCCESS) {

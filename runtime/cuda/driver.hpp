@@ -42,6 +42,11 @@ struct Driver {
   CUresult (*cuEventSynchronize)(CUevent);
   CUresult (*cuEventElapsedTime)(float*, CUevent, CUevent);
   CUresult (*cuStreamSynchronize)(CUstream);
+  // Optional (CUDA 12+ drivers; null when absent): TMA tensor maps for the -ws kernels.
+  CUresult (*cuTensorMapEncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                     const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                     const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                     CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 };
 
 // The process-wide driver table, loaded and cuInit'ed once. Error NoDevice when libcuda.so.1

@@ -212,6 +212,55 @@ __device__ __forceinline__ void store_fragments(u32 tile, const float (&acc)[MT]
       }
 }
 
+// ---- the cp.async pipeline of the streamed operands ---------------------------------------------
+
+// Both kernels stream one operand set per step (dK/dV: Q_i, dO_i, lse_log2_i, D_i; dQ: K_j, V_j)
+// through STAGES shared buffers: load(t, buffer) starts step t's copies into buffer t % STAGES,
+// one commit group per step. With two buffers step t + 1's copies fly while step t computes;
+// with one they start once step t is done reading its operands.
+//   pipeline_prologue<kStages>(steps, load);
+//   for (t = 0; t < steps; ++t) {
+//     pipeline_begin_step<kStages>(t, steps, load);    // step t's operands are in shared memory
+//     ... the products that read them ...
+//     pipeline_end_reads<kStages>(t, steps, load);
+//     ... the rest of step t ...
+//   }
+template <int STAGES, class Load>
+__device__ __forceinline__ void pipeline_prologue(int steps, const Load& load) {
+#pragma unroll
+  for (int s = 0; s < (STAGES > 1 ? STAGES - 1 : 1); ++s) {
+    if (s < steps) load(s, s);
+    cp_async_commit();
+  }
+}
+// This thread's copies of step t have landed; after the barrier everyone's have, and every
+// thread is done with step t - 1 (its buffer and whatever else the step wrote to shared memory);
+// with two buffers, step t + 1's copies start into the one step t - 1 used.
+template <int STAGES, class Load>
+__device__ __forceinline__ void pipeline_begin_step(int t, int steps, const Load& load) {
+  if constexpr (STAGES == 1) {
+    cp_async_wait<0>();
+  } else {
+    cp_async_wait<STAGES - 2>();
+  }
+  __syncthreads();
+  if constexpr (STAGES > 1) {
+    const int next = t + STAGES - 1;
+    if (next < steps) load(next, next % STAGES);
+    cp_async_commit();
+  }
+}
+// With one buffer: once every thread is done reading step t's operands, step t + 1's copies
+// start over them.
+template <int STAGES, class Load>
+__device__ __forceinline__ void pipeline_end_reads(int t, int steps, const Load& load) {
+  if constexpr (STAGES == 1) {
+    __syncthreads();
+    if (t + 1 < steps) load(t + 1, 0);
+    cp_async_commit();
+  }
+}
+
 // ---- one (query block, key block) pair: S, P, dP, dS --------------------------------------------
 
 // On the Sdp tiling, for query rows [m0, m0 + kBlockM) against keys [n0, n0 + kBlockN):
@@ -350,11 +399,7 @@ __device__ __forceinline__ void attention_backward_dkdv(const FlashjitAttentionP
                                                          p.seqlen_k - n0);
     load_tile_async<kThreads, kBlockN, kDp, K::kHeadDim>(v_tile, v, p.v_seq_stride,
                                                          p.seqlen_k - n0);
-#pragma unroll
-    for (int s = 0; s < (kStages > 1 ? kStages - 1 : 1); ++s) {
-      if (s < steps) load_step(s, s);
-      cp_async_commit();
-    }
+    pipeline_prologue<kStages>(steps, load_step);
   }
 
   // Per lane: the P^T / dS^T (A) and dO_i / Q_i (B) offsets of dV and dK; dS (A) and K_j (B)
@@ -366,17 +411,7 @@ __device__ __forceinline__ void attention_backward_dkdv(const FlashjitAttentionP
 
   for (int t = 0; t < steps; ++t) {
     const int stage = t % kStages;
-    if constexpr (kStages == 1) {
-      cp_async_wait<0>();
-    } else {
-      cp_async_wait<kStages - 2>();  // this thread's copies of step t have landed
-    }
-    __syncthreads();  // everyone's have; everyone is done with step t - 1 (buffers, P, dS)
-    if constexpr (kStages > 1) {
-      const int next = t + kStages - 1;  // refill the buffer step t - 1 used
-      if (next < steps) load_step(next, next % kStages);
-      cp_async_commit();
-    }
+    pipeline_begin_step<kStages>(t, steps, load_step);  // and everyone is done with P, dS of t - 1
     const int head = kv_head * p.group_size + t / m_count;
     const int m0 = (m_begin + t % m_count) * kBlockM;
     const u32 q_i = q_tile(stage), do_i = q_i + K::kQTileBytes;
@@ -400,11 +435,7 @@ __device__ __forceinline__ void attention_backward_dkdv(const FlashjitAttentionP
     warp_mma<K::kIsBf16, Dkv::kMTiles, Dkv::kNTiles, kBlockM / 16, true, true, kBlockN, kDp>(
         dk, ds_tile, kv_rows_lane, q_i, kv_cols_lane);
 
-    if constexpr (kStages == 1) {
-      __syncthreads();  // everyone is done with Q_i and dO_i: load the next step over them
-      if (t + 1 < steps) load_step(t + 1, 0);
-      cp_async_commit();
-    }
+    pipeline_end_reads<kStages>(t, steps, load_step);  // Q_i, dO_i
 
     if constexpr (K::kDqAtomic) {
       // dq_accum_i += dS K_j, in chunks of kDqChunk columns (unscaled: the convert scales).
@@ -512,28 +543,14 @@ __device__ __forceinline__ void attention_backward_dq(const FlashjitAttentionPar
                                                          p.seqlen_q - m0);
     load_tile_async<kThreads, kBlockM, kDp, K::kHeadDim>(do_tile, d_o, p.do_seq_stride,
                                                          p.seqlen_q - m0);
-#pragma unroll
-    for (int s = 0; s < (kStages > 1 ? kStages - 1 : 1); ++s) {
-      if (s < n_blocks) load_keys(s, s);
-      cp_async_commit();
-    }
+    pipeline_prologue<kStages>(n_blocks, load_keys);
   }
 
   const u32 ds_lane = lane_rows16<kBlockN>(Dq::row0(warp), 0);  // dS rows of this warp (A)
   const u32 k_lane = lane_rows16<kDp>(0, Dq::col0(warp));       // K_j columns (B, .trans)
   for (int j = 0; j < n_blocks; ++j) {
     const int stage = j % kStages;
-    if constexpr (kStages == 1) {
-      cp_async_wait<0>();
-    } else {
-      cp_async_wait<kStages - 2>();
-    }
-    __syncthreads();
-    if constexpr (kStages > 1) {
-      const int next = j + kStages - 1;
-      if (next < n_blocks) load_keys(next, next % kStages);
-      cp_async_commit();
-    }
+    pipeline_begin_step<kStages>(j, n_blocks, load_keys);  // and everyone is done with dS of j - 1
     const u32 k_j = k_tile(stage), v_j = k_j + K::kKvTileBytes;
     scores_to_shared<K, false>(p, diagonal, m0, j * kBlockN, q_tile, do_tile, k_j, v_j, 0, ds_tile,
                                lse_log2, delta);
@@ -541,11 +558,7 @@ __device__ __forceinline__ void attention_backward_dq(const FlashjitAttentionPar
     // dQ += dS K_j: [kBlockM, d], contracting the kBlockN keys.
     warp_mma<K::kIsBf16, Dq::kMTiles, Dq::kNTiles, kBlockN / 16, false, true, kBlockN, kDp>(
         dq, ds_tile, ds_lane, k_j, k_lane);
-    if constexpr (kStages == 1) {
-      __syncthreads();  // everyone is done with K_j, V_j
-      if (j + 1 < n_blocks) load_keys(j + 1, 0);
-      cp_async_commit();
-    }
+    pipeline_end_reads<kStages>(j, n_blocks, load_keys);  // K_j, V_j
   }
 
   // Epilogue: dQ * scale into the Q tile (no longer read), then 16-byte stores. Rows that saw no

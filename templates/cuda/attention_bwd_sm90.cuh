@@ -110,11 +110,12 @@ struct Sm90BwdTraits {
   static_assert(!kDqAtomic || kDqTiles % kWarpgroups == 0, "dQ tiles split evenly");
 };
 
-// One accumulator tile of 64 rows x N columns (wgmma layout, wgmma.cuh) rounded to 16 bits into
-// a swizzled shared tile of ROWS rows at (row0 + this thread's rows, col0 + its columns).
-template <int N, int ROWS, bool IS_BF16>
-__device__ __forceinline__ void store_accumulator(unsigned char* tile, const float (&d)[N / 2],
-                                                  int row0, int col0, float scale) {
+// The 32-bit pairs of this thread's share of a 64 x N accumulator tile (wgmma layout, wgmma.cuh:
+// rows row0 + 16 * (warp % 4) + lane / 4 (+ 8), columns col0 + 2 * (lane % 4) + 8 * t) into a
+// swizzled shared tile of ROWS rows; pair(t, half) gives the value of tile t, row half.
+template <int N, int ROWS, class Pair>
+__device__ __forceinline__ void store_pairs(unsigned char* tile, int row0, int col0,
+                                            const Pair& pair) {
   const int lane = threadIdx.x % 32;
   const int row = row0 + (threadIdx.x / 32 % 4) * 16 + lane / 4;
   const int col = col0 + 2 * (lane % 4);
@@ -123,7 +124,17 @@ __device__ __forceinline__ void store_accumulator(unsigned char* tile, const flo
 #pragma unroll
     for (int half = 0; half < 2; ++half)
       *reinterpret_cast<u32*>(tile + wg_tile_offset<ROWS>(row + 8 * half, col + 8 * t)) =
-          pack2<IS_BF16>(d[4 * t + 2 * half] * scale, d[4 * t + 2 * half + 1] * scale);
+          pair(t, half);
+}
+
+// One accumulator tile of 64 rows x N columns rounded to 16 bits (times `scale`) into a swizzled
+// shared tile of ROWS rows at (row0 + this thread's rows, col0 + its columns).
+template <int N, int ROWS, bool IS_BF16>
+__device__ __forceinline__ void store_accumulator(unsigned char* tile, const float (&d)[N / 2],
+                                                  int row0, int col0, float scale) {
+  store_pairs<N, ROWS>(tile, row0, col0, [&](int t, int half) {
+    return pack2<IS_BF16>(d[4 * t + 2 * half] * scale, d[4 * t + 2 * half + 1] * scale);
+  });
 }
 
 // 16-bit A fragments (wgmma.cuh, rs) of a 64 x N accumulator: k-step s holds tiles 2s, 2s + 1.
@@ -140,15 +151,26 @@ __device__ __forceinline__ void pack_fragments(u32 (&a)[N / 16][4], const float 
 template <int N, int ROWS>
 __device__ __forceinline__ void store_fragments(unsigned char* tile, const u32 (&a)[N / 16][4],
                                                 int row0, int col0) {
-  const int lane = threadIdx.x % 32;
-  const int row = row0 + (threadIdx.x / 32 % 4) * 16 + lane / 4;
-  const int col = col0 + 2 * (lane % 4);
+  store_pairs<N, ROWS>(tile, row0, col0,
+                       [&](int t, int half) { return a[t / 2][(t % 2) * 2 + half]; });
+}
+
+// d = A B^T over the padded head dim, one commit group: A (64 rows) and B (N rows) both K-major
+// in 64-column swizzled blocks of A_ROWS and B_ROWS rows (128 bytes a row), B at b_offset bytes
+// past its descriptor (a pipeline buffer); 16 head-dim columns per k-step. d is a fresh
+// accumulator: the first k-step is a *_first, nothing loop-carried into it.
+template <int N, int HEAD_DIM_PADDED, int A_ROWS, int B_ROWS, bool IS_BF16>
+__device__ __forceinline__ void wgmma_over_head_dim(float (&d)[N / 2], u64 a, u64 b, u32 b_offset) {
 #pragma unroll
-  for (int t = 0; t < N / 8; ++t)
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-      *reinterpret_cast<u32*>(tile + wg_tile_offset<ROWS>(row + 8 * half, col + 8 * t)) =
-          a[t / 2][(t % 2) * 2 + half];
+  for (int kk = 0; kk < HEAD_DIM_PADDED / 16; ++kk) {
+    const u32 a_step = (kk / 4) * (A_ROWS * 128) + (kk % 4) * 32;
+    const u32 b_step = b_offset + (kk / 4) * (B_ROWS * 128) + (kk % 4) * 32;
+    if (kk == 0)
+      Wgmma<N, IS_BF16>::ss_first(d, advance(a, a_step), advance(b, b_step));
+    else
+      Wgmma<N, IS_BF16>::ss(d, advance(a, a_step), advance(b, b_step), 1);
+  }
+  wgmma_commit();
 }
 
 // ROWS rows of a swizzled shared tile to global memory (row r at out + r * row_stride), 16-byte
@@ -282,26 +304,8 @@ __device__ __forceinline__ void attention_backward_sm90_dkdv(const FlashjitAtten
 
   auto issue_sdp = [&](int buffer) {  // S^T = K_w Q_i^T, then dP^T = V_w dO_i^T
     const u32 rows = buffer * K::kQTileBytes;
-#pragma unroll
-    for (int kk = 0; kk < kDp / 16; ++kk) {  // 16 head-dim columns per step
-      const u32 a_step = (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
-      const u32 b_step = rows + (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
-      if (kk == 0)
-        Wgmma<kSdpN, kBf16>::ss_first(st, advance(k_rows, a_step), advance(q_rows, b_step));
-      else
-        Wgmma<kSdpN, kBf16>::ss(st, advance(k_rows, a_step), advance(q_rows, b_step), 1);
-    }
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < kDp / 16; ++kk) {
-      const u32 a_step = (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
-      const u32 b_step = rows + (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
-      if (kk == 0)
-        Wgmma<kSdpN, kBf16>::ss_first(dpt, advance(v_rows, a_step), advance(do_rows, b_step));
-      else
-        Wgmma<kSdpN, kBf16>::ss(dpt, advance(v_rows, a_step), advance(do_rows, b_step), 1);
-    }
-    wgmma_commit();
+    wgmma_over_head_dim<kSdpN, kDp, kBlockN, kBlockM, kBf16>(st, k_rows, q_rows, rows);
+    wgmma_over_head_dim<kSdpN, kDp, kBlockN, kBlockM, kBf16>(dpt, v_rows, do_rows, rows);
   };
   // d[:, this warpgroup's columns] += A^T-rows x B over the kBlockM queries of the step: A from
   // registers (fragments) or from shared memory (descriptor a_rows), B = dO_i or Q_i MN-major.
@@ -560,27 +564,9 @@ __device__ __forceinline__ void attention_backward_sm90_dq(const FlashjitAttenti
 
     wgmma_fence();
     const u32 kv = buffer * K::kKvTileBytes;
-#pragma unroll
-    for (int kk = 0; kk < kDp / 16; ++kk) {
-      const u32 a_step = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
-      const u32 b_step = kv + (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
-      if (kk == 0)
-        Wgmma<kBlockN, kBf16>::ss_first(s, advance(q_rows, a_step), advance(k_rows, b_step));
-      else
-        Wgmma<kBlockN, kBf16>::ss(s, advance(q_rows, a_step), advance(k_rows, b_step), 1);
-    }
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < kDp / 16; ++kk) {
-      const u32 a_step = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
-      const u32 b_step = kv + (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
-      if (kk == 0)
-        Wgmma<kBlockN, kBf16>::ss_first(dp, advance(do_rows, a_step), advance(v_rows, b_step));
-      else
-        Wgmma<kBlockN, kBf16>::ss(dp, advance(do_rows, a_step), advance(v_rows, b_step), 1);
-    }
-    wgmma_commit();
-    wgmma_wait<1>();  // S
+    wgmma_over_head_dim<kBlockN, kDp, kBlockM, kBlockN, kBf16>(s, q_rows, k_rows, kv);    // S
+    wgmma_over_head_dim<kBlockN, kDp, kBlockM, kBlockN, kBf16>(dp, do_rows, v_rows, kv);  // dP
+    wgmma_wait<1>();                                                                      // S
     pin(s);
     const int n0 = j * kBlockN;
     if (fa::block_needs_mask<K::kCausal>(p, diagonal, m0, n0, kBlockN)) {

@@ -8,25 +8,19 @@
 // (0xFF bytes: NaN) before each launch, so an element the kernel forgot to write fails.
 #include <gtest/gtest.h>
 
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
-#include <map>
 #include <memory>
-#include <optional>
-#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "generator/config.hpp"
 #include "generator/problem.hpp"
-#include "runtime/binary_cache.hpp"
 #include "runtime/runtime.hpp"
+#include "support/all_configs.hpp"
 #include "support/attention_cases.hpp"
+#include "support/device_run.hpp"
 #include "support/gpu.hpp"
-#include "support/parallel.hpp"
 #include "support/reference.hpp"
 
 namespace flashjit {
@@ -38,228 +32,39 @@ namespace ft = ::flashjit::testing;
 // fp16 lower; lse is fp32 math on the same rounded inputs as the reference.
 constexpr double kMaxOutputRelError = 1e-2;
 constexpr double kMaxLseAbsError = 1e-3;
-// Past this many failing runs in one group the rest would add noise, not information.
-constexpr int kMaxFailuresPerGroup = 30;
 
 // ---------------------------------------------------------------------------------------------
-// Shapes: tests/support/attention_cases.hpp (shared with the HIP tests)
+// Shapes: tests/support/attention_cases.hpp (shared with the HIP tests); device helpers:
+// tests/support/device_run.hpp
 
+using ft::make_problem;  // forward problems
 using ft::Shape;
 using ft::Storage;
 
-const std::vector<Shape>& test_shapes() { return ft::gpu_test_shapes(); }
-
-using ft::make_problem;  // forward problems (tests/support/attention_cases.hpp)
-
-// ---------------------------------------------------------------------------------------------
-// Device helpers
-
-struct DeviceTensors {
-  DeviceBuffer q, k, v, o, lse;
-};
-
-Result<DeviceTensors> upload(const Backend& backend, const AttentionProblem& problem,
-                             const ft::HostInputs& inputs) {
-  DeviceTensors tensors;
-  auto allocate_copy = [&](const std::vector<uint16_t>& host, DeviceBuffer* buffer) -> Status {
-    Result<DeviceBuffer> allocated = backend.allocate(host.size() * sizeof(uint16_t));
-    if (!allocated.ok()) return allocated.error();
-    *buffer = std::move(allocated.value());
-    return backend.copy_to_device(buffer->get(), host.data(), buffer->bytes());
-  };
-  FLASHJIT_TRY(allocate_copy(inputs.q, &tensors.q));
-  FLASHJIT_TRY(allocate_copy(inputs.k, &tensors.k));
-  FLASHJIT_TRY(allocate_copy(inputs.v, &tensors.v));
-  Result<DeviceBuffer> o = backend.allocate(problem.o_span() * sizeof(uint16_t));
-  if (!o.ok()) return o.error();
-  tensors.o = std::move(o.value());
-  Result<DeviceBuffer> lse = backend.allocate(problem.lse_elements() * sizeof(float));
-  if (!lse.ok()) return lse.error();
-  tensors.lse = std::move(lse.value());
-  return tensors;
-}
-
-AttentionArgs args_of(const DeviceTensors& tensors, bool with_lse = true) {
-  return {tensors.q.get(), tensors.k.get(), tensors.v.get(), tensors.o.get(),
-          with_lse ? tensors.lse.as<float>() : nullptr};
-}
-
-struct RunOutput {
-  Status status;
-  bool context_lost = false;  // the error came from synchronize: the context may be unusable
-  std::vector<uint16_t> o;    // whole o span
-  std::vector<float> lse;     // empty when run without lse
-};
-
-// Poison o and lse, launch, synchronize, copy both back.
-RunOutput run_poisoned(const Backend& backend, const Kernel& kernel,
-                       const AttentionProblem& problem, const DeviceTensors& tensors,
-                       bool with_lse = true) {
-  RunOutput out;
-  auto fail = [&](const char* phase, const Status& status, bool lost = false) {
-    out.status =
-        make_error(status.error().code, std::string(phase) + ": " + status.error().message);
-    out.context_lost = lost;
-    return std::move(out);
-  };
-  if (Status s = backend.fill_bytes(tensors.o.get(), 0xFF, tensors.o.bytes()); !s.ok()) {
-    return fail("poison o", s, true);
-  }
-  if (Status s = backend.fill_bytes(tensors.lse.get(), 0xFF, tensors.lse.bytes()); !s.ok()) {
-    return fail("poison lse", s, true);
-  }
-  if (Status s = kernel.launch(problem, args_of(tensors, with_lse)); !s.ok()) {
-    return fail("launch", s);
-  }
-  if (Status s = backend.synchronize(); !s.ok()) return fail("synchronize", s, true);
-  out.o.resize(problem.o_span());
-  if (Status s = backend.copy_to_host(out.o.data(), tensors.o.get(), tensors.o.bytes()); !s.ok()) {
-    return fail("copy o back", s, true);
-  }
-  if (with_lse) {
-    out.lse.resize(problem.lse_elements());
-    if (Status s = backend.copy_to_host(out.lse.data(), tensors.lse.get(), tensors.lse.bytes());
-        !s.ok()) {
-      return fail("copy lse back", s, true);
-    }
-  }
-  return out;
-}
-
-using ft::build_all;
-using ft::BuiltKernel;
-using ft::TestCache;
+using ft::DeviceTensors;
+using ft::run_poisoned;
+using ft::RunOutput;
+using ft::upload;
 
 // ---------------------------------------------------------------------------------------------
-// Every legal config of a group on every shape
+// Every legal config of a group on every shape (tests/support/all_configs.hpp)
 
-struct Group {
-  int head_dim;
-  DType dtype;
-  bool causal;
-
-  std::string name() const {
-    // Appended piecewise: gcc 12 warns (-Wrestrict, a false positive) on "literal" + string&&.
-    std::string name = "d";
-    name += std::to_string(head_dim);
-    name += "_";
-    name += to_string(dtype);
-    name += causal ? "_causal" : "_noncausal";
-    return name;
-  }
-};
-
-void PrintTo(const Group& group, std::ostream* out) { *out << group.name(); }
-
-class CudaAttentionAllConfigs : public ::testing::TestWithParam<Group> {
+class CudaAttentionAllConfigs : public ::testing::TestWithParam<ft::ConfigGroup> {
  protected:
   void SetUp() override { FLASHJIT_REQUIRE_GPU(); }
 };
 
 TEST_P(CudaAttentionAllConfigs, MatchesFp64Reference) {
-  const Group& group = GetParam();
-  const cuda::CudaBackend& backend = *ft::gpu_backend();
-  const AttentionProblem group_problem =
-      AttentionProblem::make(1, 2, 2, 128, 128, group.head_dim, group.dtype, group.causal);
-  const std::vector<AttentionConfig> configs = legal_configs(group_problem, backend.device());
-  ASSERT_FALSE(configs.empty()) << "no legal config for " << group.name() << " on "
-                                << backend.device().to_string();
-  Result<AttentionConfig> default_cfg = default_config(group_problem, backend.device());
-  ASSERT_TRUE(default_cfg.ok()) << default_cfg.error().describe();
-
-  TestCache cache;
-  const auto build_start = std::chrono::steady_clock::now();
-  const std::vector<BuiltKernel> built = build_all(backend, cache.get(), group_problem, configs);
-  std::printf("%s on %s: %zu legal configs built in %.1f s (default %s, cache %s)\n",
-              group.name().c_str(), backend.device().name.c_str(), configs.size(),
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - build_start).count(),
-              default_cfg->to_string().c_str(), cache.dir().c_str());
-  int failures = 0;
-  for (const BuiltKernel& b : built) {
-    if (!b.kernel) {
-      ADD_FAILURE() << group.name() << " config=" << b.config.to_string()
-                    << ": build failed: " << b.error;
-      ++failures;
-    }
-  }
-
-  // Worst errors per config over all shapes, for the summary table.
-  struct Worst {
-    double o_rel = 0, lse_abs = 0;
-    int runs = 0;
-  };
-  std::map<AttentionConfig, Worst> worst;
-
-  const std::vector<Shape>& shapes = test_shapes();
-  for (size_t shape_index = 0; shape_index < shapes.size(); ++shape_index) {
-    const Shape& shape = shapes[shape_index];
-    const AttentionProblem problem = make_problem(shape, group.head_dim, group.dtype, group.causal);
-    const std::string shape_context = group.name() + " shape=" + shape.to_string();
-    ASSERT_TRUE(validate(problem).ok())
-        << shape_context << ": " << validate(problem).error().describe();
-
-    // One seed per (group, shape): every config sees the same inputs and the same reference.
-    const uint64_t seed = 1'000'003ull * (shape_index + 1) + 16ull * group.head_dim +
-                          2ull * static_cast<uint64_t>(group.dtype) + (group.causal ? 1 : 0);
-    const ft::HostInputs inputs = ft::random_inputs(problem, seed);
-    const ft::Reference reference = ft::reference_attention(problem, inputs);
-    Result<DeviceTensors> tensors = upload(backend, problem, inputs);
-    ASSERT_TRUE(tensors.ok()) << shape_context << ": " << tensors.error().describe();
-
-    for (const BuiltKernel& b : built) {
-      if (!b.kernel) continue;
-      const std::string context = shape_context + " config=" + b.config.to_string() +
-                                  (b.config == default_cfg.value() ? " (default)" : "") +
-                                  " seed=" + std::to_string(seed);
-      RunOutput out = run_poisoned(backend, *b.kernel, problem, tensors.value());
-      if (!out.status.ok()) {
-        ADD_FAILURE() << context << ": " << out.status.error().describe();
-        // A failed synchronize usually means a sticky error (illegal address): every later
-        // call in this process would fail too.
-        if (out.context_lost) {
-          FAIL() << "stopping " << group.name() << ": the CUDA context is lost";
-        }
-        if (++failures >= kMaxFailuresPerGroup) {
-          FAIL() << "stopping " << group.name() << " after " << failures << " failures";
-        }
-        continue;
-      }
-      const ft::Comparison comparison = ft::compare(problem, out.o, out.lse, reference);
-      Worst& w = worst[b.config];
-      w.o_rel = std::max(w.o_rel, comparison.o_rel_error);
-      w.lse_abs = std::max(w.lse_abs, comparison.lse_max_abs_error);
-      ++w.runs;
-      const ::testing::AssertionResult matches =
-          ft::matches_reference(comparison, kMaxOutputRelError, kMaxLseAbsError);
-      EXPECT_TRUE(matches) << context;
-      if (!matches && ++failures >= kMaxFailuresPerGroup) {
-        FAIL() << "stopping " << group.name() << " after " << failures << " failures";
-      }
-    }
-  }
-
-  std::printf("  %-20s %5s %6s %10s %12s %6s\n", "config", "regs", "local", "max o rel",
-              "max lse abs", "runs");
-  for (const BuiltKernel& b : built) {
-    if (!b.kernel) continue;
-    const Worst& w = worst[b.config];
-    std::printf("  %-20s %5d %6d %10.2e %12.2e %6d%s\n", b.config.to_string().c_str(),
-                b.kernel->info().regs_per_thread, b.kernel->info().local_bytes_per_thread, w.o_rel,
-                w.lse_abs, w.runs, b.config == default_cfg.value() ? "  default" : "");
-  }
-  std::fflush(stdout);
+  ft::AllConfigsOptions options;
+  options.shapes = ft::gpu_test_shapes();
+  options.max_rel = kMaxOutputRelError;
+  options.max_lse_abs = kMaxLseAbsError;
+  ft::check_all_configs(*ft::gpu_backend(), GetParam(), options);
 }
 
-std::vector<Group> all_groups() {
-  std::vector<Group> groups;
-  for (int head_dim : {64, 128, 256})
-    for (DType dtype : {DType::F16, DType::BF16})
-      for (bool causal : {false, true}) groups.push_back({head_dim, dtype, causal});
-  return groups;
-}
-
-INSTANTIATE_TEST_SUITE_P(AllGroups, CudaAttentionAllConfigs, ::testing::ValuesIn(all_groups()),
-                         [](const ::testing::TestParamInfo<Group>& info) {
+INSTANTIATE_TEST_SUITE_P(AllGroups, CudaAttentionAllConfigs,
+                         ::testing::ValuesIn(ft::all_groups(Pass::Forward)),
+                         [](const ::testing::TestParamInfo<ft::ConfigGroup>& info) {
                            return info.param.name();
                          });
 
@@ -303,13 +108,13 @@ TEST_F(CudaAttentionApi, LaunchRejectsProblemOfAnotherSignature) {
   AttentionProblem other_dtype = AttentionProblem::make(1, 2, 2, 64, 64, 64, DType::F16, false);
   AttentionProblem other_mask = AttentionProblem::make(1, 2, 2, 64, 64, 64, DType::BF16, true);
   for (const AttentionProblem* other : {&other_dim, &other_dtype, &other_mask}) {
-    const Status status = kernel->launch(*other, args_of(tensors.value()));
+    const Status status = kernel->launch(*other, tensors->args);
     ASSERT_FALSE(status.ok()) << other->to_string();
     EXPECT_EQ(status.error().code, ErrorCode::InvalidArgument) << status.error().describe();
   }
   // Same signature, other sizes: accepted.
   const auto smaller = AttentionProblem::make(1, 1, 1, 33, 50, 64, DType::BF16, false);
-  EXPECT_TRUE(kernel->launch(smaller, args_of(tensors.value())).ok());
+  EXPECT_TRUE(kernel->launch(smaller, tensors->args).ok());
   EXPECT_TRUE(backend_->synchronize().ok());
 }
 
@@ -321,7 +126,7 @@ TEST_F(CudaAttentionApi, LaunchRejectsNullTensorPointers) {
   ASSERT_TRUE(tensors.ok()) << tensors.error().describe();
 
   for (int which = 0; which < 4; ++which) {
-    AttentionArgs args = args_of(tensors.value());
+    AttentionArgs args = tensors->args;
     if (which == 0) args.q = nullptr;
     if (which == 1) args.k = nullptr;
     if (which == 2) args.v = nullptr;
@@ -341,7 +146,7 @@ TEST_F(CudaAttentionApi, LaunchRejectsInvalidProblem) {
   ASSERT_TRUE(tensors.ok()) << tensors.error().describe();
   AttentionProblem bad = problem;
   bad.heads_q = 3;  // not a multiple of heads_kv = 2
-  const Status status = kernel->launch(bad, args_of(tensors.value()));
+  const Status status = kernel->launch(bad, tensors->args);
   ASSERT_FALSE(status.ok());
   EXPECT_EQ(status.error().code, ErrorCode::InvalidArgument) << status.error().describe();
 }
@@ -353,14 +158,16 @@ TEST_F(CudaAttentionApi, NullLseWritesOnlyO) {
   const ft::HostInputs inputs = ft::random_inputs(problem, 4);
   Result<DeviceTensors> tensors = upload(*backend_, problem, inputs);
   ASSERT_TRUE(tensors.ok()) << tensors.error().describe();
-  RunOutput out = run_poisoned(*backend_, *kernel, problem, tensors.value(), /*with_lse=*/false);
+  AttentionArgs without_lse = tensors->args;
+  without_lse.lse = nullptr;
+  RunOutput out = run_poisoned(*backend_, *kernel, problem, tensors.value(), without_lse);
   ASSERT_TRUE(out.status.ok()) << out.status.error().describe();
   EXPECT_TRUE(ft::matches_reference(
       ft::compare(problem, out.o, {}, ft::reference_attention(problem, inputs))));
   // The lse buffer was not touched: still all 0xFF bytes.
   std::vector<uint32_t> lse_bits(problem.lse_elements());
-  ASSERT_TRUE(
-      backend_->copy_to_host(lse_bits.data(), tensors->lse.get(), tensors->lse.bytes()).ok());
+  const DeviceBuffer& lse = *tensors->find(ft::TensorRole::Lse);
+  ASSERT_TRUE(backend_->copy_to_host(lse_bits.data(), lse.get(), lse.bytes()).ok());
   for (uint32_t bits : lse_bits) ASSERT_EQ(bits, 0xFFFFFFFFu);
 }
 
@@ -430,7 +237,8 @@ TEST_F(CudaAttentionApi, PaddedHeadDimsMatchReference) {
   for (int head_dim : {8, 72, 96, 200}) {
     for (bool causal : {false, true}) {
       const auto probe = AttentionProblem::make(1, 1, 1, 64, 64, head_dim, DType::BF16, causal);
-      for (const AttentionConfig& config : legal_configs(probe, backend_->device())) {
+      for (const AttentionConfig& config :
+           ft::selected_families(legal_configs(probe, backend_->device()))) {
         Result<std::shared_ptr<Kernel>> kernel = build_kernel(*backend_, nullptr, probe, config);
         ASSERT_TRUE(kernel.ok()) << kernel.error().describe();
         for (const Shape& shape :

@@ -12,12 +12,8 @@
 // non-finite, poisoned and padding elements, so that one GPU run diagnoses a bug.
 #include <gtest/gtest.h>
 
-#include <chrono>
-#include <cstdio>
 #include <filesystem>
-#include <map>
 #include <memory>
-#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -25,9 +21,10 @@
 #include "generator/backward_config.hpp"
 #include "generator/config.hpp"
 #include "generator/problem.hpp"
-#include "runtime/binary_cache.hpp"
 #include "runtime/runtime.hpp"
+#include "support/all_configs.hpp"
 #include "support/attention_cases.hpp"
+#include "support/device_run.hpp"
 #include "support/gpu.hpp"
 #include "support/reference.hpp"
 
@@ -38,119 +35,17 @@ namespace ft = ::flashjit::testing;
 using ft::Shape;
 using ft::Storage;
 
-// Past this many failing runs in one group the rest would add noise, not information.
-constexpr int kMaxFailuresPerGroup = 30;
-
-const std::vector<Shape>& test_shapes() {
-  static const std::vector<Shape> shapes = {
-      {1, 2, 2, 1, 1},
-      {1, 2, 2, 17, 17},
-      {1, 2, 2, 128, 128},
-      {1, 1, 1, 1000, 1000},
-      {1, 2, 2, 100, 300},  // more keys than queries
-      {1, 2, 2, 300, 100},  // more queries: causal leaves the first 200 rows without a key
-      {2, 2, 2, 1, 77},     // a single query row
-      {2, 8, 2, 257, 257},  // GQA 4:1: dK, dV summed over the group
-      {1, 4, 1, 129, 200},  // MQA
-      {3, 2, 2, 64, 64},    // batch 3
-      {2, 4, 2, 150, 190, Storage::kBshdPadded},
-      {1, 2, 2, 200, 96, Storage::kBshdPadded},
-      {2, 4, 4, 130, 130, Storage::kBhsd},
-      {2, 4, 2, 70, 170, Storage::kBhsd},
-  };
-  return shapes;
-}
-// Run for the default config of each group only (the fp64 reference takes seconds).
-const Shape kLongShape{1, 1, 1, 4097, 4097};
-
 AttentionProblem backward_problem(const Shape& shape, int head_dim, DType dtype, bool causal) {
   return ft::make_problem(shape, head_dim, dtype, causal, Pass::Backward);
 }
 
 // ---------------------------------------------------------------------------------------------
-// Device helpers
+// Device helpers: tests/support/device_run.hpp
 
-struct DeviceTensors {
-  DeviceBuffer q, k, v, o, lse, d_o, dq, dk, dv;
-};
-
-Result<DeviceTensors> upload(const Backend& backend, const AttentionProblem& problem,
-                             const ft::HostInputs& inputs) {
-  DeviceTensors t;
-  auto allocate = [&](size_t bytes, DeviceBuffer* buffer) -> Status {
-    Result<DeviceBuffer> allocated = backend.allocate(bytes);
-    if (!allocated.ok()) return allocated.error();
-    *buffer = std::move(allocated.value());
-    return ok_status();
-  };
-  auto allocate_copy = [&](const void* host, size_t bytes, DeviceBuffer* buffer) -> Status {
-    FLASHJIT_TRY(allocate(bytes, buffer));
-    return backend.copy_to_device(buffer->get(), host, bytes);
-  };
-  const size_t word = sizeof(uint16_t);
-  FLASHJIT_TRY(allocate_copy(inputs.q.data(), inputs.q.size() * word, &t.q));
-  FLASHJIT_TRY(allocate_copy(inputs.k.data(), inputs.k.size() * word, &t.k));
-  FLASHJIT_TRY(allocate_copy(inputs.v.data(), inputs.v.size() * word, &t.v));
-  FLASHJIT_TRY(allocate_copy(inputs.o.data(), inputs.o.size() * word, &t.o));
-  FLASHJIT_TRY(allocate_copy(inputs.lse.data(), inputs.lse.size() * sizeof(float), &t.lse));
-  FLASHJIT_TRY(allocate_copy(inputs.d_o.data(), inputs.d_o.size() * word, &t.d_o));
-  FLASHJIT_TRY(allocate(problem.dq_span() * word, &t.dq));
-  FLASHJIT_TRY(allocate(problem.dkv_span() * word, &t.dk));
-  FLASHJIT_TRY(allocate(problem.dkv_span() * word, &t.dv));
-  return t;
-}
-
-AttentionArgs args_of(const DeviceTensors& t) {
-  AttentionArgs args;
-  args.q = t.q.get();
-  args.k = t.k.get();
-  args.v = t.v.get();
-  args.o = t.o.get();
-  args.lse = t.lse.as<float>();
-  args.d_o = t.d_o.get();
-  args.dq = t.dq.get();
-  args.dk = t.dk.get();
-  args.dv = t.dv.get();
-  return args;
-}
-
-struct RunOutput {
-  Status status;
-  bool context_lost = false;         // the error came from synchronize: the context may be unusable
-  std::vector<uint16_t> dq, dk, dv;  // whole spans
-};
-
-// Poison dq, dk and dv, launch, synchronize, copy the three back.
-RunOutput run_poisoned(const Backend& backend, const Kernel& kernel,
-                       const AttentionProblem& problem, const DeviceTensors& t,
-                       const AttentionArgs& args) {
-  RunOutput out;
-  auto fail = [&](const char* phase, const Status& status, bool lost = false) {
-    out.status =
-        make_error(status.error().code, std::string(phase) + ": " + status.error().message);
-    out.context_lost = lost;
-    return std::move(out);
-  };
-  for (const DeviceBuffer* buffer : {&t.dq, &t.dk, &t.dv}) {
-    if (Status s = backend.fill_bytes(buffer->get(), 0xFF, buffer->bytes()); !s.ok())
-      return fail("poison the gradients", s, true);
-  }
-  if (Status s = kernel.launch(problem, args); !s.ok()) return fail("launch", s);
-  if (Status s = backend.synchronize(); !s.ok()) return fail("synchronize", s, true);
-  const std::pair<const DeviceBuffer*, std::vector<uint16_t>*> copies[] = {
-      {&t.dq, &out.dq}, {&t.dk, &out.dk}, {&t.dv, &out.dv}};
-  for (const auto& [buffer, host] : copies) {
-    host->resize(buffer->bytes() / sizeof(uint16_t));
-    if (Status s = backend.copy_to_host(host->data(), buffer->get(), buffer->bytes()); !s.ok())
-      return fail("copy a gradient back", s, true);
-  }
-  return out;
-}
-
-RunOutput run_poisoned(const Backend& backend, const Kernel& kernel,
-                       const AttentionProblem& problem, const DeviceTensors& t) {
-  return run_poisoned(backend, kernel, problem, t, args_of(t));
-}
+using ft::DeviceTensors;
+using ft::run_poisoned;
+using ft::RunOutput;
+using ft::upload;
 
 GradientComparison compare_output(const AttentionProblem& problem, const RunOutput& out,
                                   const ft::Reference& reference) {
@@ -158,137 +53,24 @@ GradientComparison compare_output(const AttentionProblem& problem, const RunOutp
 }
 
 // ---------------------------------------------------------------------------------------------
-// Every legal config of a group on every shape
+// Every legal config of a group on every shape (tests/support/all_configs.hpp): the GPU tests'
+// shapes, the long one (4097 rows) for the default config only
 
-struct Group {
-  int head_dim;
-  DType dtype;
-  bool causal;
-
-  std::string name() const {
-    // Appended piecewise: gcc 12 warns (-Wrestrict, a false positive) on "literal" + string&&.
-    std::string name = "d";
-    name += std::to_string(head_dim);
-    name += "_";
-    name += to_string(dtype);
-    name += causal ? "_causal" : "_noncausal";
-    return name;
-  }
-};
-
-void PrintTo(const Group& group, std::ostream* out) { *out << group.name(); }
-
-class CudaBackwardAllConfigs : public ::testing::TestWithParam<Group> {
+class CudaBackwardAllConfigs : public ::testing::TestWithParam<ft::ConfigGroup> {
  protected:
   void SetUp() override { FLASHJIT_REQUIRE_GPU(); }
 };
 
 TEST_P(CudaBackwardAllConfigs, MatchesFp64Reference) {
-  const Group& group = GetParam();
-  const cuda::CudaBackend& backend = *ft::gpu_backend();
-  const double tolerance = gradient_tolerance(group.dtype);
-  const AttentionProblem group_problem =
-      backward_problem(Shape{1, 2, 2, 128, 128}, group.head_dim, group.dtype, group.causal);
-  const std::vector<AttentionConfig> configs = legal_configs(group_problem, backend.device());
-  ASSERT_FALSE(configs.empty()) << "no legal backward config for " << group.name() << " on "
-                                << backend.device().to_string();
-  Result<AttentionConfig> default_cfg = default_config(group_problem, backend.device());
-  ASSERT_TRUE(default_cfg.ok()) << default_cfg.error().describe();
-
-  ft::TestCache cache;
-  const auto build_start = std::chrono::steady_clock::now();
-  const std::vector<ft::BuiltKernel> built =
-      ft::build_all(backend, cache.get(), group_problem, configs);
-  std::printf("bwd %s on %s: %zu legal configs built in %.1f s (default %s, cache %s)\n",
-              group.name().c_str(), backend.device().name.c_str(), configs.size(),
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - build_start).count(),
-              default_cfg->to_string().c_str(), cache.dir().c_str());
-  int failures = 0;
-  for (const ft::BuiltKernel& b : built) {
-    if (!b.kernel) {
-      ADD_FAILURE() << group.name() << " config=" << b.config.to_string()
-                    << ": build failed: " << b.error;
-      ++failures;
-    }
-  }
-
-  // Worst errors per config over all shapes, for the summary table.
-  struct Worst {
-    double dq = 0, dk = 0, dv = 0;
-    int runs = 0;
-  };
-  std::map<AttentionConfig, Worst> worst;
-
-  std::vector<Shape> shapes = test_shapes();
-  shapes.push_back(kLongShape);
-  for (size_t shape_index = 0; shape_index < shapes.size(); ++shape_index) {
-    const Shape& shape = shapes[shape_index];
-    const bool long_shape = shape_index + 1 == shapes.size();
-    const AttentionProblem problem =
-        backward_problem(shape, group.head_dim, group.dtype, group.causal);
-    const std::string shape_context = group.name() + " shape=" + shape.to_string();
-    ASSERT_TRUE(validate(problem).ok())
-        << shape_context << ": " << validate(problem).error().describe();
-
-    // One seed per (group, shape): every config sees the same inputs and the same reference.
-    const uint64_t seed = 2'000'003ull * (shape_index + 1) + 16ull * group.head_dim +
-                          2ull * static_cast<uint64_t>(group.dtype) + (group.causal ? 1 : 0);
-    const ft::HostInputs inputs = ft::random_inputs(problem, seed);
-    const ft::Reference reference = ft::reference_attention(problem, inputs);
-    Result<DeviceTensors> tensors = upload(backend, problem, inputs);
-    ASSERT_TRUE(tensors.ok()) << shape_context << ": " << tensors.error().describe();
-
-    for (const ft::BuiltKernel& b : built) {
-      if (!b.kernel) continue;
-      if (long_shape && b.config != default_cfg.value()) continue;
-      const std::string context = shape_context + " config=" + b.config.to_string() +
-                                  (b.config == default_cfg.value() ? " (default)" : "") +
-                                  " seed=" + std::to_string(seed);
-      RunOutput out = run_poisoned(backend, *b.kernel, problem, tensors.value());
-      if (!out.status.ok()) {
-        ADD_FAILURE() << context << ": " << out.status.error().describe();
-        // A failed synchronize usually means a sticky error (illegal address): every later
-        // call in this process would fail too.
-        if (out.context_lost) FAIL() << "stopping " << group.name() << ": the CUDA context is lost";
-        if (++failures >= kMaxFailuresPerGroup)
-          FAIL() << "stopping " << group.name() << " after " << failures << " failures";
-        continue;
-      }
-      const GradientComparison comparison = compare_output(problem, out, reference);
-      Worst& w = worst[b.config];
-      w.dq = std::max(w.dq, comparison.dq.rel_error);
-      w.dk = std::max(w.dk, comparison.dk.rel_error);
-      w.dv = std::max(w.dv, comparison.dv.rel_error);
-      ++w.runs;
-      const bool ok = within_tolerance(comparison, tolerance);
-      EXPECT_TRUE(ok) << context << " (tolerance " << tolerance << "): " << comparison.to_string();
-      if (!ok && ++failures >= kMaxFailuresPerGroup)
-        FAIL() << "stopping " << group.name() << " after " << failures << " failures";
-    }
-  }
-
-  std::printf("  %-18s %5s %6s %10s %10s %10s %5s\n", "config", "regs", "local", "max dq rel",
-              "max dk rel", "max dv rel", "runs");
-  for (const ft::BuiltKernel& b : built) {
-    if (!b.kernel) continue;
-    const Worst& w = worst[b.config];
-    std::printf("  %-18s %5d %6d %10.2e %10.2e %10.2e %5d%s\n", b.config.to_string().c_str(),
-                b.kernel->info().regs_per_thread, b.kernel->info().local_bytes_per_thread, w.dq,
-                w.dk, w.dv, w.runs, b.config == default_cfg.value() ? "  default" : "");
-  }
-  std::fflush(stdout);
+  ft::AllConfigsOptions options;
+  options.shapes = ft::gpu_test_shapes();
+  options.all_configs_max_seqlen = 4096;
+  ft::check_all_configs(*ft::gpu_backend(), GetParam(), options);
 }
 
-std::vector<Group> all_groups() {
-  std::vector<Group> groups;
-  for (int head_dim : {64, 128, 256})
-    for (DType dtype : {DType::F16, DType::BF16})
-      for (bool causal : {false, true}) groups.push_back({head_dim, dtype, causal});
-  return groups;
-}
-
-INSTANTIATE_TEST_SUITE_P(AllGroups, CudaBackwardAllConfigs, ::testing::ValuesIn(all_groups()),
-                         [](const ::testing::TestParamInfo<Group>& info) {
+INSTANTIATE_TEST_SUITE_P(AllGroups, CudaBackwardAllConfigs,
+                         ::testing::ValuesIn(ft::all_groups(Pass::Backward)),
+                         [](const ::testing::TestParamInfo<ft::ConfigGroup>& info) {
                            return info.param.name();
                          });
 
@@ -400,7 +182,7 @@ TEST_F(CudaBackwardApi, CallerWorkspaceWorksAndATooSmallOneIsRejected) {
     // Garbage in the workspace must not matter: the preprocess writes what the others read.
     ASSERT_TRUE(backend_->fill_bytes(workspace->get(), 0xFF, bytes).ok());
 
-    AttentionArgs args = args_of(tensors.value());
+    AttentionArgs args = tensors->args;
     args.workspace = workspace->get();
     args.workspace_bytes = bytes;
     RunOutput out = run_poisoned(*backend_, *kernel, problem, tensors.value(), args);
@@ -436,7 +218,7 @@ TEST_F(CudaBackwardApi, NullLseAndNullGradientsAreTypedErrors) {
       {"do", [](AttentionArgs& a) { a.d_o = nullptr; }},
   };
   for (const Case& c : cases) {
-    AttentionArgs args = args_of(tensors.value());
+    AttentionArgs args = tensors->args;
     c.clear(args);
     const Status status = kernel->launch(problem, args);
     ASSERT_FALSE(status.ok()) << "null " << c.name;

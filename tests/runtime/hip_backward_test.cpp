@@ -1,11 +1,11 @@
 // The HIP attention backward on a real AMD GPU (MI200/MI300): every legal backward config
 // (DqMode::Atomic and Separate) of every (head_dim, dtype, causal) group of the standard set
-// against the fp64 reference gradients, over the GPU tests' shapes (tests/support/attention_cases.hpp: a
-// single row, ragged tails, seqlen_q != seqlen_k both ways, empty causal rows, GQA/MQA, batches,
-// padded strides different per tensor, BHSD), dq, dk and dv poisoned before each launch; a
-// -det config bitwise reproducible; a caller's workspace giving the same gradients as the
-// kernel's own; then the Runtime end to end (attention_backward() with its default config, then
-// from the disk cache).
+// against the fp64 reference gradients, over the GPU tests' shapes
+// (tests/support/attention_cases.hpp: a single row, ragged tails, seqlen_q != seqlen_k both ways,
+// empty causal rows, GQA/MQA, batches, padded strides different per tensor, BHSD), dq, dk and dv
+// poisoned before each launch; a -det config bitwise reproducible; a caller's workspace giving the
+// same gradients as the kernel's own; then the Runtime end to end (attention_backward() with its
+// default config, then from the disk cache).
 //
 // Skips where there is no AMD GPU, which is everywhere this project has run so far: it is the
 // test a user with an MI200/MI300X runs (README, "AMD (HIP)"). With FLASHJIT_EXPECT_AMD_GPU=1 a
@@ -14,12 +14,8 @@
 
 #if FLASHJIT_HAVE_HIP_BACKEND
 
-#include <algorithm>
-#include <cstdio>
 #include <filesystem>
-#include <map>
 #include <memory>
-#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -27,129 +23,33 @@
 #include "generator/hip_config.hpp"
 #include "runtime/hip/hip_backend.hpp"
 #include "runtime/runtime.hpp"
+#include "support/all_configs.hpp"
 #include "support/amd_gpu.hpp"
-#include "support/device_run.hpp"
-#include "support/parallel.hpp"
-#include "support/reference.hpp"
 #include "support/attention_cases.hpp"
+#include "support/device_run.hpp"
+#include "support/reference.hpp"
 
 namespace flashjit {
 namespace {
 
 namespace ft = ::flashjit::testing;
 
-constexpr int kMaxFailuresPerGroup = 30;
+// Every legal config of a group on every shape of the GPU tests (tests/support/all_configs.hpp,
+// tests/support/attention_cases.hpp), within gradient_tolerance(dtype).
 
-struct Group {
-  int head_dim;
-  DType dtype;
-  bool causal;
-  std::string name() const {
-    std::string text = "bwd_d";
-    text += std::to_string(head_dim);
-    text += "_";
-    text += to_string(dtype);
-    text += causal ? "_causal" : "_noncausal";
-    return text;
-  }
-};
-
-void PrintTo(const Group& group, std::ostream* out) { *out << group.name(); }
-
-struct Built {
-  AttentionConfig config;
-  std::shared_ptr<Kernel> kernel;
-  std::string error;
-};
-
-// Every config built concurrently: each compile is its own hipRTC worker process.
-std::vector<Built> build_all(const Backend& backend, const AttentionProblem& problem,
-                             const std::vector<AttentionConfig>& configs) {
-  return ft::parallel_map<Built>(configs.size(), [&](size_t i) {
-    Built b{configs[i], nullptr, ""};
-    Result<std::shared_ptr<Kernel>> kernel = build_kernel(backend, nullptr, problem, b.config);
-    if (kernel.ok()) {
-      b.kernel = kernel.value();
-    } else {
-      b.error = kernel.error().describe();
-    }
-    return b;
-  });
-}
-
-class HipBackwardAllConfigs : public ::testing::TestWithParam<Group> {
+class HipBackwardAllConfigs : public ::testing::TestWithParam<ft::ConfigGroup> {
  protected:
   void SetUp() override { FLASHJIT_REQUIRE_AMD_GPU(); }
 };
 
 TEST_P(HipBackwardAllConfigs, GradientsMatchFp64Reference) {
-  const Group& group = GetParam();
-  const hip::HipBackend& backend = *ft::amd_backend();
-  const AttentionProblem group_problem =
-      AttentionProblem::make(1, 2, 2, 128, 128, group.head_dim, group.dtype, group.causal)
-          .with_pass(Pass::Backward);
-  const std::vector<AttentionConfig> configs = backend.legal_configs(group_problem);
-  ASSERT_FALSE(configs.empty()) << group.name() << " on " << backend.device().to_string();
-  const std::vector<Built> built = build_all(backend, group_problem, configs);
-  int failures = 0;
-  for (const Built& b : built) {
-    if (!b.kernel) {
-      ADD_FAILURE() << group.name() << " " << b.config.to_string() << ": build failed: " << b.error;
-      ++failures;
-    }
-  }
-  const double tolerance = gradient_tolerance(group.dtype);
-  std::map<AttentionConfig, double> worst;
-  const std::vector<ft::Shape>& shapes = ft::gpu_test_shapes();
-  for (size_t s = 0; s < shapes.size(); ++s) {
-    const AttentionProblem problem =
-        ft::make_problem(shapes[s], group.head_dim, group.dtype, group.causal, Pass::Backward);
-    const std::string shape_context = group.name() + " shape=" + shapes[s].to_string();
-    ASSERT_TRUE(validate(problem).ok()) << shape_context;
-    const ft::HostInputs inputs = ft::random_inputs(problem, 2000 + s);
-    const ft::Reference reference = ft::reference_attention(problem, inputs);
-    Result<ft::DeviceTensors> tensors = ft::upload(backend, problem, inputs);
-    ASSERT_TRUE(tensors.ok()) << shape_context << ": " << tensors.error().describe();
-    for (const Built& b : built) {
-      if (!b.kernel) continue;
-      const std::string context = shape_context + " config=" + b.config.to_string();
-      ft::HostGradients gradients;
-      Status status =
-          ft::run_backward_poisoned(backend, *b.kernel, problem, tensors.value(), &gradients);
-      if (!status.ok()) {
-        ADD_FAILURE() << context << ": " << status.error().describe();
-        if (++failures >= kMaxFailuresPerGroup) FAIL() << "stopping " << group.name();
-        continue;
-      }
-      const GradientComparison comparison =
-          compare_gradients(problem, gradients.dq, gradients.dk, gradients.dv, reference);
-      worst[b.config] = std::max(worst[b.config], comparison.max_rel_error());
-      const bool matches = within_tolerance(comparison, tolerance);
-      EXPECT_TRUE(matches) << context << " (limit " << tolerance << "): " << comparison.to_string();
-      if (!matches && ++failures >= kMaxFailuresPerGroup) FAIL() << "stopping " << group.name();
-    }
-  }
-  std::printf("  %-18s %5s %6s %10s\n", "config", "regs", "local", "max rel");
-  for (const Built& b : built) {
-    if (!b.kernel) continue;
-    std::printf("  %-18s %5d %6d %10.2e\n", b.config.to_string().c_str(),
-                b.kernel->info().regs_per_thread, b.kernel->info().local_bytes_per_thread,
-                worst[b.config]);
-  }
-  std::fflush(stdout);
+  ft::check_all_configs(*ft::amd_backend(), GetParam(), {ft::gpu_test_shapes()});
 }
 
-std::vector<Group> all_groups() {
-  std::vector<Group> groups;
-  for (int head_dim : {64, 128, 256})
-    for (DType dtype : {DType::F16, DType::BF16})
-      for (bool causal : {false, true}) groups.push_back({head_dim, dtype, causal});
-  return groups;
-}
-
-INSTANTIATE_TEST_SUITE_P(AllGroups, HipBackwardAllConfigs, ::testing::ValuesIn(all_groups()),
-                         [](const ::testing::TestParamInfo<Group>& info) {
-                           return info.param.name();
+INSTANTIATE_TEST_SUITE_P(AllGroups, HipBackwardAllConfigs,
+                         ::testing::ValuesIn(ft::all_groups(Pass::Backward)),
+                         [](const ::testing::TestParamInfo<ft::ConfigGroup>& info) {
+                           return "bwd_" + info.param.name();
                          });
 
 // A deterministic problem's default (-det) config gives bitwise identical gradients run to run,
@@ -168,9 +68,10 @@ TEST(HipBackward, DeterministicAndCallerWorkspace) {
   const ft::HostInputs inputs = ft::random_inputs(problem, 3);
   Result<ft::DeviceTensors> tensors = ft::upload(backend, problem, inputs);
   ASSERT_TRUE(tensors.ok()) << tensors.error().describe();
-  ft::HostGradients first, second, given;
-  ASSERT_TRUE(ft::run_backward_poisoned(backend, **kernel, problem, *tensors, &first).ok());
-  ASSERT_TRUE(ft::run_backward_poisoned(backend, **kernel, problem, *tensors, &second).ok());
+  const ft::RunOutput first = ft::run_poisoned(backend, **kernel, problem, *tensors);
+  const ft::RunOutput second = ft::run_poisoned(backend, **kernel, problem, *tensors);
+  ASSERT_TRUE(first.status.ok()) << first.status.error().describe();
+  ASSERT_TRUE(second.status.ok()) << second.status.error().describe();
   EXPECT_EQ(first.dq, second.dq);
   EXPECT_EQ(first.dk, second.dk);
   EXPECT_EQ(first.dv, second.dv);
@@ -183,17 +84,18 @@ TEST(HipBackward, DeterministicAndCallerWorkspace) {
   Result<DeviceBuffer> workspace = backend.allocate(bytes);
   ASSERT_TRUE(workspace.ok()) << workspace.error().describe();
   ASSERT_TRUE(backend.fill_bytes(workspace->get(), 0xFF, bytes).ok());
-  ASSERT_TRUE(ft::run_backward_poisoned(backend, **kernel, problem, *tensors, &given,
-                                        workspace->get(), bytes)
-                  .ok());
+  AttentionArgs args = tensors->args;
+  args.workspace = workspace->get();
+  args.workspace_bytes = bytes;
+  const ft::RunOutput given = ft::run_poisoned(backend, **kernel, problem, *tensors, args);
+  ASSERT_TRUE(given.status.ok()) << given.status.error().describe();
   EXPECT_EQ(given.dq, first.dq);
   EXPECT_EQ(given.dk, first.dk);
   EXPECT_EQ(given.dv, first.dv);
-  ft::HostGradients unused;
-  Status small = ft::run_backward_poisoned(backend, **kernel, problem, *tensors, &unused,
-                                           workspace->get(), bytes - 4);
-  ASSERT_FALSE(small.ok());
-  EXPECT_NE(small.error().message.find("workspace_bytes"), std::string::npos);
+  args.workspace_bytes = bytes - 4;
+  const ft::RunOutput small = ft::run_poisoned(backend, **kernel, problem, *tensors, args);
+  ASSERT_FALSE(small.status.ok());
+  EXPECT_NE(small.status.error().message.find("workspace_bytes"), std::string::npos);
 }
 
 // The Runtime on the HIP backend: attention_backward() with the default config (atomic dQ),
@@ -222,13 +124,10 @@ TEST(HipBackwardRuntime, DefaultConfigThroughTheRuntimeAndTheDiskCache) {
       const ft::HostInputs inputs = ft::random_inputs(problem, 5);
       Result<ft::DeviceTensors> tensors = ft::upload(backend, problem, inputs);
       ASSERT_TRUE(tensors.ok()) << tensors.error().describe();
-      ft::HostGradients gradients;
-      Status status =
-          ft::run_backward_poisoned(backend, **kernel, problem, tensors.value(), &gradients);
-      ASSERT_TRUE(status.ok()) << status.error().describe();
-      const GradientComparison comparison =
-          compare_gradients(problem, gradients.dq, gradients.dk, gradients.dv,
-                            ft::reference_attention(problem, inputs));
+      const ft::RunOutput out = ft::run_poisoned(backend, **kernel, problem, tensors.value());
+      ASSERT_TRUE(out.status.ok()) << out.status.error().describe();
+      const GradientComparison comparison = compare_gradients(
+          problem, out.dq, out.dk, out.dv, ft::reference_attention(problem, inputs));
       EXPECT_TRUE(within_tolerance(comparison, gradient_tolerance(problem.dtype)))
           << "d" << head_dim << " " << (*kernel)->config().to_string() << " pass " << pass << ": "
           << comparison.to_string();

@@ -1,6 +1,7 @@
 #include "support/attention_cases.hpp"
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <system_error>
@@ -15,6 +16,33 @@ std::string Shape::to_string() const {
   return "(b" + std::to_string(batch) + " hq" + std::to_string(heads_q) + " hkv" +
          std::to_string(heads_kv) + " sq" + std::to_string(seqlen_q) + " sk" +
          std::to_string(seqlen_k) + " " + kStorageNames[static_cast<int>(storage)] + ")";
+}
+
+std::vector<AttentionConfig> selected_families(const std::vector<AttentionConfig>& configs) {
+  const char* env = std::getenv("FLASHJIT_TEST_FAMILIES");
+  const std::string families = env ? env : "";
+  if (families.empty()) return configs;
+  static const bool printed = [&] {
+    std::printf("FLASHJIT_TEST_FAMILIES=%s: only these kernel families are tested\n", env);
+    return true;
+  }();
+  (void)printed;
+  auto selected = [&](KernelFamily family) {
+    const char* name = family == KernelFamily::Ws      ? "ws"
+                       : family == KernelFamily::Wgmma ? "wgmma"
+                                                       : "mma";
+    // Appended piecewise: gcc 12 warns (-Wrestrict, a false positive) on "literal" + string&&.
+    std::string list = ",", wanted = ",";
+    list += families;
+    list += ",";
+    wanted += name;
+    wanted += ",";
+    return list.find(wanted) != std::string::npos;
+  };
+  std::vector<AttentionConfig> kept;
+  for (const AttentionConfig& c : configs)
+    if (selected(c.family)) kept.push_back(c);
+  return kept;
 }
 
 const std::vector<Shape>& gpu_test_shapes() {

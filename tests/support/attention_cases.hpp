@@ -47,6 +47,11 @@ Strides padded_bshd(int64_t seqlen, int64_t heads, int head_dim, int head_pad, i
 AttentionProblem make_problem(const Shape& shape, int head_dim, DType dtype, bool causal,
                               Pass pass = Pass::Forward);
 
+// `configs` restricted to the kernel families named in $FLASHJIT_TEST_FAMILIES (a comma list of
+// "mma", "wgmma", "ws"; unset or empty: every family), so that a GPU session can run one family's
+// tests alone (bench/device_run.sh ws). The families kept are printed once per process.
+std::vector<AttentionConfig> selected_families(const std::vector<AttentionConfig>& configs);
+
 // A binary cache for a test's compiles: $FLASHJIT_CACHE_DIR's default directory when that is
 // set (reruns on the GPU machine skip compiling), else a fresh temporary directory removed
 // afterwards.

@@ -1,10 +1,11 @@
-#include "support/sm90_emulator.hpp"
-
-#include <ucontext.h>
-
+// The emulator's threads and scheduling, CTA and named barriers, warp operations, cp.async,
+// wgmma and setmaxnreg (sm90_emulator.hpp has the model). Shared memory tracking, mbarriers and
+// TMA are in sm90_emulator_memory.cpp.
 #include <cstring>
 #include <memory>
 #include <vector>
+
+#include "support/sm90_emulator_state.hpp"
 
 namespace flashjit_kernel {
 // The largest dynamic shared memory an sm90 CTA can have (227 KB) plus a guard band.
@@ -12,59 +13,20 @@ __attribute__((aligned(1024))) unsigned char shared_bytes[227 * 1024 + 1024];
 }  // namespace flashjit_kernel
 
 namespace flashjit::testing {
+namespace sm90_emulator::internal {
+
 namespace {
-
-constexpr int kWarpgroupSize = 128;
 constexpr size_t kStackBytes = 256 * 1024;
-// The shared address of shared_bytes[0]: not a multiple of 1024, so that a kernel that does not
-// round its tiles up to a swizzle atom reads the wrong swizzle phase.
-constexpr uint32_t kWindowBase = 16;
-constexpr size_t kGuardBytes = 1024;
-
-enum class State { kRunnable, kAtBarrier, kAtWait, kDone, kTrapped };
-
-struct Copy {
-  uint32_t destination;
-  const void* source;
-  int bytes;
-};
-
-struct Mma {
-  bool rs = false;
-  int n = 0;
-  bool bf16 = false;
-  float* d = nullptr;
-  const uint32_t* a_registers = nullptr;
-  uint64_t a = 0, b = 0;
-  bool accumulate = false;
-  int trans_a = 0, trans_b = 0;
-};
-
-struct Lane {
-  ucontext_t context;
-  std::unique_ptr<char[]> stack;
-  int tid = 0;
-  State state = State::kRunnable;
-  std::vector<std::vector<Copy>> copy_groups;
-  std::vector<Copy> open_copies;
-  std::vector<std::vector<Mma>> mma_groups;
-  std::vector<Mma> open_mmas;
-  int wait_pending = 0;
-};
-
-struct Emulator {
-  ucontext_t scheduler;
-  std::vector<Lane> lanes;
-  Lane* current = nullptr;
-  Sm90Dim3 block, grid;
-  int smem_bytes = 0;
-  std::string error;  // the first error; the CTA stops at the next scheduling point
-  const std::function<void()>* kernel = nullptr;
-};
-
 Emulator* t_emulator = nullptr;
+}  // namespace
 
 Emulator& em() { return *t_emulator; }
+int threads() { return static_cast<int>(em().lanes.size()); }
+
+void join(Clock& into, const Clock& from) {
+  for (size_t i = 0; i < into.size() && i < from.size(); ++i)
+    if (from[i] > into[i]) into[i] = from[i];
+}
 
 void fail(const std::string& what) {
   if (em().error.empty()) {
@@ -78,6 +40,8 @@ void suspend(State state) {
   swapcontext(&lane->context, &em().scheduler);
 }
 
+namespace {
+
 void lane_entry() {
   (*em().kernel)();
   Lane* lane = em().current;
@@ -85,29 +49,20 @@ void lane_entry() {
     fail("exits with cp.async copies never waited for");
   if (!lane->mma_groups.empty() || !lane->open_mmas.empty())
     fail("exits with wgmma groups never waited for");
+  if (!lane->bulk_groups.empty() || !lane->open_bulk.empty())
+    fail("exits with TMA stores it never waited for (cp.async.bulk.wait_group.read)");
   lane->state = State::kDone;
-}
-
-// Shared byte at `address` (a shared-space address), or null with an error when outside the
-// launch's window.
-unsigned char* shared_at(uint32_t address, int bytes) {
-  if (address < kWindowBase ||
-      address + bytes > kWindowBase + static_cast<uint32_t>(em().smem_bytes)) {
-    fail("shared address " + std::to_string(address) + " (+" + std::to_string(bytes) +
-         ") outside the dynamic shared memory [" + std::to_string(kWindowBase) + ", " +
-         std::to_string(kWindowBase + em().smem_bytes) + ")");
-    return nullptr;
-  }
-  return flashjit_kernel::shared_bytes + (address - kWindowBase);
 }
 
 void run_copies(std::vector<Copy>& copies) {
   for (const Copy& c : copies) {
     if (c.destination % 16 != 0) fail("cp.async destination not 16-byte aligned");
+    check_no_pending_readers(c.destination, c.destination + 16, "a cp.async landing");
     unsigned char* to = shared_at(c.destination, 16);
     if (!to) return;
     std::memset(to, 0, 16);
     if (c.bytes > 0) std::memcpy(to, c.source, c.bytes);
+    record_generic_write(c.destination, 16);
   }
 }
 
@@ -117,26 +72,51 @@ float element_of(uint16_t bits, bool bf16) {
   return bf16 ? bf16_to_float(bits) : fp16_to_float(bits);
 }
 
-// Element (mn, k) of a k16 operand slice through a 128-byte-swizzle descriptor (the layout of
-// cuda/sm90_tiles.cuh): K-major rows of 128 bytes in 8-row groups `stride` apart; MN-major: 8-k
-// rows of 64 mn-elements, 64-element blocks `leading` apart, 8-k groups `stride` apart.
-float smem_operand(uint64_t descriptor, int mn, int k, bool mn_major, bool bf16) {
-  const uint32_t start = static_cast<uint32_t>(descriptor & 0x3FFF) << 4;
-  const uint32_t leading = static_cast<uint32_t>((descriptor >> 16) & 0x3FFF) << 4;
-  const uint32_t stride = static_cast<uint32_t>((descriptor >> 32) & 0x3FFF) << 4;
+struct Descriptor {
+  uint32_t start, leading, stride;
+};
+
+Descriptor decode(uint64_t descriptor) {
   const int base_offset = static_cast<int>((descriptor >> 49) & 7);
   const int layout = static_cast<int>(descriptor >> 62);
   if (layout != 1 || base_offset != 0) {
     fail("descriptor with layout " + std::to_string(layout) + " and base offset " +
          std::to_string(base_offset) + " (the templates use 128-byte swizzle, offset 0)");
-    return NAN;
   }
-  const uint32_t address =
-      mn_major ? start + (mn / 64) * leading + (k / 8) * stride + (k % 8) * 128 + (mn % 64) * 2
-               : start + (mn / 8) * stride + (mn % 8) * 128 + k * 2;
-  const uint32_t swizzled = address ^ (((address >> 7) & 7) << 4);
-  const unsigned char* at = shared_at(swizzled, 2);
+  return {static_cast<uint32_t>(descriptor & 0x3FFF) << 4,
+          static_cast<uint32_t>((descriptor >> 16) & 0x3FFF) << 4,
+          static_cast<uint32_t>((descriptor >> 32) & 0x3FFF) << 4};
+}
+
+// The shared address (swizzled) of element (mn, k) of a k16 operand slice through a 128-byte
+// swizzle descriptor (the layout of cuda/sm90_tiles.cuh): K-major rows of 128 bytes in 8-row
+// groups `stride` apart; MN-major: 8-k rows of 64 mn-elements, 64-element blocks `leading`
+// apart, 8-k groups `stride` apart.
+uint32_t operand_address(const Descriptor& d, int mn, int k, bool mn_major) {
+  const uint32_t address = mn_major ? d.start + (mn / 64) * d.leading + (k / 8) * d.stride +
+                                          (k % 8) * 128 + (mn % 64) * 2
+                                    : d.start + (mn / 8) * d.stride + (mn % 8) * 128 + k * 2;
+  return address ^ (((address >> 7) & 7) << 4);
+}
+
+// The bytes [lo, hi) an operand of `rows` mn-elements may touch (the swizzle stays within a
+// 128-byte row).
+void operand_range(uint64_t descriptor, int rows, bool mn_major, uint32_t& lo, uint32_t& hi) {
+  const Descriptor d = decode(descriptor);
+  lo = d.start & ~127u;
+  const uint32_t last = operand_address(d, rows - 1, 15, mn_major);
+  hi = std::max(last, operand_address(d, mn_major ? 63 : 7, 15, mn_major)) / 128 * 128 + 128;
+  if (mn_major && rows > 64)
+    hi = std::max(hi, (d.start + (rows / 64 - 1) * d.leading) + d.stride + 1024);
+}
+
+float smem_operand(const Descriptor& d, int mn, int k, bool mn_major, bool bf16,
+                   const std::vector<uint32_t>& observed, const Clock* clock) {
+  const uint32_t address = operand_address(d, mn, k, mn_major);
+  const unsigned char* at = shared_at(address, 2);
   if (!at) return NAN;
+  check_async_read(address, observed, clock, "a wgmma");
+  check_async_read(address + 1, observed, clock, "a wgmma");
   uint16_t bits;
   std::memcpy(&bits, at, 2);
   return element_of(bits, bf16);
@@ -145,6 +125,7 @@ float smem_operand(uint64_t descriptor, int mn, int k, bool mn_major, bool bf16)
 // Executes op `i` of group `g` for the warpgroup whose lanes start at `wg`.
 void run_mma(Lane* wg, size_t g, size_t i) {
   const Mma& op = wg[0].mma_groups[g][i];
+  std::vector<uint32_t> observed = op.observed;  // the least any of the threads has seen
   for (int t = 1; t < kWarpgroupSize; ++t) {
     const Mma& other = wg[t].mma_groups[g][i];
     if (other.rs != op.rs || other.n != op.n || other.bf16 != op.bf16 || other.b != op.b ||
@@ -154,6 +135,8 @@ void run_mma(Lane* wg, size_t g, size_t i) {
            std::to_string(i) + ")");
       return;
     }
+    for (size_t b = 0; b < observed.size() && b < other.observed.size(); ++b)
+      observed[b] = std::min(observed[b], other.observed[b]);
   }
   const int n = op.n;
   std::vector<float> a(64 * 16), b(static_cast<size_t>(n) * 16), d(64 * static_cast<size_t>(n));
@@ -169,11 +152,15 @@ void run_mma(Lane* wg, size_t g, size_t i) {
       }
     }
   } else {
+    const Descriptor da = decode(op.a);
     for (int m = 0; m < 64; ++m)
-      for (int k = 0; k < 16; ++k) a[m * 16 + k] = smem_operand(op.a, m, k, op.trans_a, op.bf16);
+      for (int k = 0; k < 16; ++k)
+        a[m * 16 + k] = smem_operand(da, m, k, op.trans_a, op.bf16, observed, &op.clock);
   }
+  const Descriptor db = decode(op.b);
   for (int col = 0; col < n; ++col)
-    for (int k = 0; k < 16; ++k) b[col * 16 + k] = smem_operand(op.b, col, k, op.trans_b, op.bf16);
+    for (int k = 0; k < 16; ++k)
+      b[col * 16 + k] = smem_operand(db, col, k, op.trans_b, op.bf16, observed, &op.clock);
   for (int row = 0; row < 64; ++row)
     for (int col = 0; col < n; ++col) {
       float sum = 0;
@@ -220,16 +207,106 @@ void run_wait(Lane* wg) {
   }
 }
 
-std::string state_summary() {
-  int counts[5] = {0, 0, 0, 0, 0};
-  for (const Lane& lane : em().lanes) ++counts[static_cast<int>(lane.state)];
-  return "runnable " + std::to_string(counts[0]) + ", at a barrier " + std::to_string(counts[1]) +
-         ", at a wgmma wait " + std::to_string(counts[2]) + ", done " + std::to_string(counts[3]);
+// ---- warp operations ---------------------------------------------------------------------------
+
+// The warp at `warp` (32 lanes) has lanes at a warp operation: run it when all are there.
+void resolve_warp(Lane* warp) {
+  int at_op = 0, done = 0;
+  for (int l = 0; l < kWarpSize; ++l) {
+    at_op += warp[l].state == State::kAtWarpOp;
+    done += warp[l].state == State::kDone;
+  }
+  if (at_op == 0 || at_op + done < kWarpSize) return;  // the others have not arrived yet
+  if (done > 0) {
+    em().current = &warp[0];
+    fail("a warp operation (shuffle, __syncwarp) with " + std::to_string(done) +
+         " lane(s) of the warp exited");
+    return;
+  }
+  for (int l = 1; l < kWarpSize; ++l)
+    if (warp[l].op != warp[0].op || warp[l].lane_mask != warp[0].lane_mask) {
+      em().current = &warp[l];
+      fail("the warp's lanes meet at different warp operations (divergent shuffles)");
+      return;
+    }
+  for (int l = 0; l < kWarpSize; ++l) {
+    if (warp[l].op == WarpOp::kShuffleXor) warp[l].result = warp[l ^ warp[l].lane_mask].value;
+    warp[l].op = WarpOp::kNone;
+    warp[l].state = State::kRunnable;
+  }
 }
 
-std::string run_cta(int threads) {
+// ---- scheduling --------------------------------------------------------------------------------
+
+std::string state_summary() {
+  int counts[8] = {};
+  for (const Lane& lane : em().lanes) ++counts[static_cast<int>(lane.state)];
+  return "runnable " + std::to_string(counts[0]) + ", at __syncthreads " +
+         std::to_string(counts[1]) + ", at a wgmma wait " + std::to_string(counts[2]) +
+         ", at a warp operation " + std::to_string(counts[3]) + ", at a named barrier " +
+         std::to_string(counts[4]) + ", at an mbarrier wait " + std::to_string(counts[5]) +
+         ", done " + std::to_string(counts[6]) + "; TMA loads in flight " +
+         std::to_string(em().loads.size());
+}
+
+// Runs warpgroup `w` until none of its threads can go on. Returns whether any thread ran.
+bool run_warpgroup(int w) {
   Emulator& e = em();
-  for (int t = 0; t < threads; ++t) {
+  Lane* wg = &e.lanes[w * kWarpgroupSize];
+  bool progressed = false;
+  for (;;) {
+    bool ran = false;
+    for (int t = 0; t < kWarpgroupSize; ++t) {
+      if (wg[t].state == State::kAtMbarrier && poll_mbarrier(wg[t])) wg[t].state = State::kRunnable;
+      if (wg[t].state != State::kRunnable) continue;
+      e.current = &wg[t];
+      swapcontext(&e.scheduler, &wg[t].context);
+      e.current = nullptr;
+      ran = true;
+      if (!e.error.empty()) return true;
+      // A TMA load in flight may land now (Sm90Options::early_landing).
+      if (e.options.early_landing && !e.loads.empty() && e.random() % 4 == 0)
+        land_load(e.random() % e.loads.size());
+      if (!e.error.empty()) return true;
+    }
+    for (int warp = 0; warp < kWarpgroupSize / kWarpSize; ++warp)
+      resolve_warp(wg + warp * kWarpSize);
+    if (!e.error.empty()) return true;
+    int waiting = 0;
+    for (int t = 0; t < kWarpgroupSize; ++t) waiting += wg[t].state == State::kAtWgmmaWait;
+    if (waiting == kWarpgroupSize) {
+      // Sm90Options::late_wgmma: the other warpgroups may run first, the wgmmas still in flight
+      // (what this warpgroup released before its wait is then visible to them).
+      if (ran && e.options.late_wgmma && e.random() % 2 == 0) return true;
+      run_wait(wg);
+      ran = true;
+    } else if (waiting > 0) {
+      int blocked_elsewhere = 0;
+      for (int t = 0; t < kWarpgroupSize; ++t)
+        blocked_elsewhere += wg[t].state == State::kDone || wg[t].state == State::kAtBarrier;
+      if (blocked_elsewhere > 0) {
+        e.error = "warpgroup " + std::to_string(w) + ": " + std::to_string(waiting) +
+                  " of 128 threads wait at a wgmma wait, others have exited or wait at "
+                  "__syncthreads (" +
+                  state_summary() + ")";
+        return true;
+      }
+    }
+    if (!e.error.empty()) return true;
+    bool runnable = false;
+    for (int t = 0; t < kWarpgroupSize; ++t) {
+      if (wg[t].state == State::kAtMbarrier && poll_mbarrier(wg[t])) wg[t].state = State::kRunnable;
+      runnable = runnable || wg[t].state == State::kRunnable;
+    }
+    progressed = progressed || ran;
+    if (!runnable) return progressed;
+  }
+}
+
+std::string run_cta() {
+  Emulator& e = em();
+  const int count = threads();
+  for (int t = 0; t < count; ++t) {
     Lane& lane = e.lanes[t];
     lane.tid = t;
     lane.state = State::kRunnable;
@@ -237,67 +314,86 @@ std::string run_cta(int threads) {
     lane.open_copies.clear();
     lane.mma_groups.clear();
     lane.open_mmas.clear();
+    lane.op = WarpOp::kNone;
+    lane.bulk_groups.clear();
+    lane.open_bulk.clear();
+    lane.registers.clear();
+    lane.clock.assign(count, 0);
+    lane.fences.clear();
+    lane.observed.clear();
     getcontext(&lane.context);
     lane.context.uc_stack.ss_sp = lane.stack.get();
     lane.context.uc_stack.ss_size = kStackBytes;
     lane.context.uc_link = &e.scheduler;
     makecontext(&lane.context, lane_entry, 0);
   }
-  const int warpgroups = threads / kWarpgroupSize;
+  reset_memory();
+  const int warpgroups = count / kWarpgroupSize;
   for (int round = 0;; ++round) {
-    // Warpgroups in turn, the order alternating per round, each until it blocks at a barrier or
-    // is done. A warpgroup's wgmma wait runs as soon as its 128 threads are there, before the
-    // next warpgroup runs: a missing barrier between one warpgroup's shared stores and another's
-    // wgmma reads shows in one of the two orders. (Registers and copies still land late: at the
-    // wait, after everything the threads did since the issue.)
+    // Warpgroups in turn, the order alternating per round, each until none of its threads can go
+    // on. A warpgroup's wgmma wait runs as soon as its 128 threads are there, before the next
+    // warpgroup runs: a missing barrier between one warpgroup's shared stores and another's
+    // wgmma reads shows in one of the two orders.
+    bool progressed = false;
     for (int n = 0; n < warpgroups; ++n) {
       const int w = round % 2 == 0 ? n : warpgroups - 1 - n;
-      Lane* wg = &e.lanes[w * kWarpgroupSize];
-      for (;;) {
-        for (int t = 0; t < kWarpgroupSize; ++t) {
-          if (wg[t].state != State::kRunnable) continue;
-          e.current = &wg[t];
-          swapcontext(&e.scheduler, &wg[t].context);
-          e.current = nullptr;
-          if (!e.error.empty()) return e.error;
-        }
-        int waiting = 0;
-        for (int t = 0; t < kWarpgroupSize; ++t) waiting += wg[t].state == State::kAtWait;
-        if (waiting == 0) break;
-        if (waiting != kWarpgroupSize)
-          return "warpgroup " + std::to_string(w) + ": " + std::to_string(waiting) +
-                 " of 128 threads wait at a wgmma wait, the others elsewhere (" + state_summary() +
-                 ")";
-        run_wait(wg);
-        if (!e.error.empty()) return e.error;
-      }
+      progressed = run_warpgroup(w) || progressed;
+      if (!e.error.empty()) return e.error;
     }
+    if (progressed) continue;
     int done = 0, at_barrier = 0;
-    for (int t = 0; t < threads; ++t) {
+    for (int t = 0; t < count; ++t) {
       done += e.lanes[t].state == State::kDone;
       at_barrier += e.lanes[t].state == State::kAtBarrier;
     }
-    if (done == threads) return "";
-    if (at_barrier != threads) return "stuck: " + state_summary();
-    for (int t = 0; t < threads; ++t) e.lanes[t].state = State::kRunnable;
+    if (done == count) {
+      check_memory_at_exit();
+      return e.error;
+    }
+    if (at_barrier == count) {  // __syncthreads: everyone sees everyone's past
+      Clock all(count, 0);
+      for (Lane& lane : e.lanes) join(all, lane.clock);
+      for (Lane& lane : e.lanes) {
+        lane.clock = all;
+        lane.state = State::kRunnable;
+      }
+      ++e.barrier_generation;
+      continue;
+    }
+    if (!e.loads.empty()) {  // nothing can go on: a TMA load lands
+      land_load(e.random() % e.loads.size());
+      if (!e.error.empty()) return e.error;
+      continue;
+    }
+    if (at_barrier > 0 && done > 0)
+      return "__syncthreads that " + std::to_string(done) + " exited thread(s) never reach (" +
+             state_summary() + ")";
+    return "stuck: " + state_summary();
   }
 }
 
 }  // namespace
+}  // namespace sm90_emulator::internal
+
+namespace {
+using namespace sm90_emulator::internal;
+}  // namespace
 
 std::string emulate_sm90(Sm90Grid grid, int threads, int smem_bytes,
-                         const std::function<void()>& kernel) {
+                         const std::function<void()>& kernel, const Sm90Options& options) {
   if (threads <= 0 || threads % kWarpgroupSize != 0 || threads > 1024)
     return "threads = " + std::to_string(threads) + ": whole warpgroups of 128, at most 1024";
   if (smem_bytes < 0 || smem_bytes + kGuardBytes > sizeof(flashjit_kernel::shared_bytes))
     return "smem_bytes = " + std::to_string(smem_bytes) + ": more than an sm90 CTA has";
   Emulator e;
   e.lanes.resize(threads);
-  for (Lane& lane : e.lanes) lane.stack.reset(new char[kStackBytes]);
+  for (Lane& lane : e.lanes) lane.stack.reset(new char[256 * 1024]);
   e.grid = {static_cast<unsigned>(grid.x), static_cast<unsigned>(grid.y),
             static_cast<unsigned>(grid.z)};
   e.smem_bytes = smem_bytes;
   e.kernel = &kernel;
+  e.options = options;
+  e.random.seed(options.seed);
   t_emulator = &e;
   std::string error;
   for (int z = 0; z < grid.z && error.empty(); ++z)
@@ -305,7 +401,7 @@ std::string emulate_sm90(Sm90Grid grid, int threads, int smem_bytes,
       for (int x = 0; x < grid.x && error.empty(); ++x) {
         e.block = {static_cast<unsigned>(x), static_cast<unsigned>(y), static_cast<unsigned>(z)};
         std::memset(flashjit_kernel::shared_bytes, 0xFF, smem_bytes + kGuardBytes);
-        error = run_cta(threads);
+        error = run_cta();
         for (size_t i = smem_bytes; i < smem_bytes + kGuardBytes && error.empty(); ++i)
           if (flashjit_kernel::shared_bytes[i] != 0xFF)
             error =
@@ -361,8 +457,19 @@ void wgmma_commit() {
 }
 void wgmma_wait(int pending) {
   em().current->wait_pending = pending;
-  suspend(State::kAtWait);
+  suspend(State::kAtWgmmaWait);
 }
+
+namespace {
+// What the issuing thread knows at the issue: the mbarrier phases it has seen (for the rule on
+// TMA-written operands) and, for a warpgroup's first thread, its clock (generic-written ones).
+void snapshot(Mma& op) {
+  const Lane* lane = em().current;
+  op.observed = lane->observed;
+  if (lane->tid % kWarpgroupSize == 0) op.clock = lane->clock;
+}
+}  // namespace
+
 void wgmma_ss(int n, bool bf16, float* d, uint64_t a, uint64_t b, bool accumulate, int trans_a,
               int trans_b) {
   Mma op;
@@ -374,7 +481,10 @@ void wgmma_ss(int n, bool bf16, float* d, uint64_t a, uint64_t b, bool accumulat
   op.accumulate = accumulate;
   op.trans_a = trans_a;
   op.trans_b = trans_b;
-  em().current->open_mmas.push_back(op);
+  operand_range(a, 64, trans_a, op.a_lo, op.a_hi);
+  operand_range(b, n, trans_b, op.b_lo, op.b_hi);
+  snapshot(op);
+  em().current->open_mmas.push_back(std::move(op));
 }
 void wgmma_rs(int n, bool bf16, float* d, const uint32_t* a, uint64_t b, bool accumulate,
               int trans_b) {
@@ -387,7 +497,9 @@ void wgmma_rs(int n, bool bf16, float* d, const uint32_t* a, uint64_t b, bool ac
   op.b = b;
   op.accumulate = accumulate;
   op.trans_b = trans_b;
-  em().current->open_mmas.push_back(op);
+  operand_range(b, n, trans_b, op.b_lo, op.b_hi);
+  snapshot(op);
+  em().current->open_mmas.push_back(std::move(op));
 }
 void red_add_v2(float* address, float a, float b) {
   if (reinterpret_cast<uintptr_t>(address) % 8 != 0) fail("red.global.add.v2 not 8-byte aligned");
@@ -395,6 +507,94 @@ void red_add_v2(float* address, float a, float b) {
   address[1] += b;
 }
 
+float shuffle_xor(float value, int lane_mask) {
+  Lane* lane = em().current;
+  if (lane_mask <= 0 || lane_mask >= kWarpSize)
+    fail("shuffle xor mask " + std::to_string(lane_mask));
+  lane->op = WarpOp::kShuffleXor;
+  lane->value = value;
+  lane->lane_mask = lane_mask;
+  suspend(State::kAtWarpOp);
+  return lane->result;
+}
+void sync_warp() {
+  Lane* lane = em().current;
+  lane->op = WarpOp::kSyncWarp;
+  lane->lane_mask = 0;
+  suspend(State::kAtWarpOp);
+}
+
+void named_barrier_sync(int id, int count) {
+  named_barrier_arrive(id, count);
+  Lane* lane = em().current;
+  if (em().named[id].arrived == 0) return;  // this arrival completed the barrier
+  lane->named_id = id;
+  suspend(State::kAtNamedBarrier);
+  join(lane->clock, em().named[id].joined);
+}
+
+void named_barrier_arrive(int id, int count) {
+  Emulator& e = em();
+  Lane* lane = e.current;
+  if (id <= 0 || id >= 16) return fail("named barrier id " + std::to_string(id) + " (1..15)");
+  if (count <= 0 || count % kWarpSize != 0 || count > threads())
+    return fail("named barrier " + std::to_string(id) + " with " + std::to_string(count) +
+                " threads: a multiple of 32 up to the CTA's " + std::to_string(threads()));
+  NamedBarrier& b = e.named[id];
+  if (b.arrived == 0) {
+    b.count = count;
+    b.joined.assign(threads(), 0);
+  } else if (b.count != count) {
+    return fail("named barrier " + std::to_string(id) + " with " + std::to_string(count) +
+                " threads while others arrived expecting " + std::to_string(b.count));
+  }
+  ++lane->clock[lane->tid];
+  join(b.joined, lane->clock);
+  if (++b.arrived < b.count) return;
+  // Complete: the waiters go on with everyone's past.
+  for (Lane& other : e.lanes)
+    if (other.state == State::kAtNamedBarrier && other.named_id == id) {
+      other.state = State::kRunnable;
+      join(other.clock, b.joined);
+    }
+  join(lane->clock, b.joined);
+  b.arrived = 0;
+}
+
+void setmaxnreg(int registers, bool increase) {
+  Emulator& e = em();
+  Lane* lane = e.current;
+  if (registers < 24 || registers > 256 || registers % 8 != 0)
+    return fail("setmaxnreg " + std::to_string(registers) + ": 24..256, a multiple of 8");
+  const int launch = e.options.launch_registers;
+  if (launch > 0 && (increase ? registers < launch : registers > launch))
+    return fail(std::string("setmaxnreg.") + (increase ? "inc" : "dec") + " to " +
+                std::to_string(registers) + " from the launch's " + std::to_string(launch));
+  lane->registers.push_back(registers);
+}
+
 }  // namespace sm90_emulator
+
+namespace sm90_emulator::internal {
+// setmaxnreg at the CTA's end: one sequence per warpgroup, and the final counts fit the launch.
+void check_registers_at_exit() {
+  Emulator& e = em();
+  long long total = 0;
+  for (int w = 0; w < threads() / kWarpgroupSize && e.error.empty(); ++w) {
+    const Lane* wg = &e.lanes[w * kWarpgroupSize];
+    for (int t = 1; t < kWarpgroupSize; ++t)
+      if (wg[t].registers != wg[0].registers) {
+        e.current = const_cast<Lane*>(&wg[t]);
+        return fail("setmaxnreg differs within warpgroup " + std::to_string(w) +
+                    " (all 128 threads must execute the same ones)");
+      }
+    total += wg[0].registers.empty() ? e.options.launch_registers : wg[0].registers.back();
+  }
+  const long long launch = static_cast<long long>(e.options.launch_registers) * threads();
+  if (e.options.launch_registers > 0 && total * kWarpgroupSize > launch)
+    fail("after setmaxnreg the warpgroups hold " + std::to_string(total * kWarpgroupSize) +
+         " registers; the launch gave the CTA " + std::to_string(launch));
+}
+}  // namespace sm90_emulator::internal
 
 }  // namespace flashjit::testing

@@ -1,25 +1,50 @@
-// A host emulation of the sm_90a primitives that the wgmma family's backward template
-// (templates/cuda/attention_bwd_sm90.cuh, over cuda/sm90_tiles.cuh) is written against: the
-// names of cuda/common.cuh and cuda/wgmma.cuh, so that the kernel body runs on the CPU and its
-// gradients are compared with the fp64 reference where no H100 exists.
+// A host emulation of the sm_90a primitives that the Hopper templates are written against: the
+// wgmma family's backward (templates/cuda/attention_bwd_sm90.cuh) and the warp-specialized
+// forward (templates/cuda/ws/). It defines the names of cuda/common.cuh, cuda/wgmma.cuh and
+// cuda/tma.cuh, so that a kernel body runs on the CPU and its results are compared with the fp64
+// reference where no H100 exists.
 //
 // Every thread of a CTA is a coroutine (ucontext) on the calling thread. Warpgroups run in turn
-// (alternating order at each CTA barrier), each thread until it reaches a CTA barrier or a wgmma
-// wait; a warpgroup's 128 threads meet at the wait, which then at once executes their pending
-// wgmma groups (all but the newest N, as wgmma.wait_group N does) from
-// the operands the threads issued: shared memory through the descriptors as the tile layout in
-// cuda/sm90_tiles.cuh documents it (128-byte swizzle on address bits, K-major and MN-major),
-// A fragments and accumulators through the registers each thread named, read and written at the
-// wait, not at the issue. cp.async copies land at cp.async.wait_group, not at the issue. Shared
-// memory starts as 0xFF bytes (NaN) at a base address that is not 1024-aligned, and bytes past
-// the launch's dynamic shared memory must stay untouched.
+// (alternating order each round), each until none of its threads can go on: a thread runs until
+// it reaches a CTA barrier, a wgmma wait, a warp operation (shuffle, __syncwarp), a named barrier
+// or an mbarrier wait that is not yet complete. A warpgroup's 128 threads meet at a wgmma wait,
+// which then at once executes their pending wgmma groups (all but the newest N) from the operands
+// the threads issued: shared memory through the descriptors as cuda/sm90_tiles.cuh documents the
+// layout (128-byte swizzle on address bits, K-major and MN-major), A fragments and accumulators
+// through the registers each thread named, read and written at the wait, not at the issue. A
+// warp's 32 lanes meet at a shuffle. cp.async copies land at cp.async.wait_group, not at the
+// issue.
+//
+// TMA and mbarriers (cuda/tma.cuh): a tensor map is what encode_tensor_map() writes from a
+// runtime/tensor_map_spec.hpp description (4-D, 128-byte swizzle, box of 64 columns); a TMA load
+// lands, all of its box at once (elements outside the tensor zero-filled, the box's full byte
+// count completed on its mbarrier), at a point the scheduler chooses: whenever no thread can go
+// on, and with Sm90Options::early_landing at random points before that (seeded); with
+// Sm90Options::late_wgmma a warpgroup's wgmma wait may run after the other warpgroups' turns. An
+// mbarrier completes a phase when all its arrivals are in and its transaction bytes (expect_tx
+// minus landed bytes) are zero; try_wait.parity P succeeds once the last phase of parity P has
+// completed (on a fresh barrier parity 1: the phase "before" phase 0). A TMA store
+// reads shared memory and writes the global tensor (clipped to it) when its thread waits for its
+// bulk group. Named barriers count threads; setmaxnreg is checked (24..256, a multiple of 8, the
+// same for the whole warpgroup, within the launch's registers), not enforced.
+//
+// Rules checked (an error names the thread and what it did): every byte a wgmma reads or a TMA
+// store sends must be visible to it: written by a TMA load whose mbarrier phase every thread of
+// the reading warpgroup has waited for, or by generic stores (st.shared, cp.async) that the
+// writer fenced (fence.proxy.async) before a barrier or arrival that orders it before the read
+// (vector clocks over CTA barriers, named barriers and mbarrier phases). A TMA load must not
+// land on bytes that an issued, not yet waited wgmma may read, nor on another load in flight; a
+// generic store neither. mbarriers are used only after their init has been fenced and published
+// by a barrier. Shared memory starts as 0xFF bytes (NaN) at a base address that is not
+// 1024-aligned, and bytes past the launch's dynamic shared memory must stay untouched. A CTA ends
+// with no TMA load in flight and every TMA store waited for by its thread.
 //
 // What this checks: indexing, tile layouts and swizzles, descriptors and the wgmma operand and
-// accumulator layouts as documented, the pipeline's buffer reuse against late copies and late
-// wgmmas, masking, GQA, strides, the workspace layout, the dynamic shared memory size. What it
-// cannot check: that the hardware matches the documented layouts (tests/runtime/cuda/
-// wgmma_probe_test.cpp does, on an H100), ptxas, timing, and races between warpgroups that this
-// schedule happens to order.
+// accumulator layouts as documented, the TMA box layout and byte counts as documented, pipelines
+// (phases, parities, buffer reuse against late loads and late wgmmas), masking, GQA, strides,
+// the workspace layout, the dynamic shared memory size. What it cannot check: that the hardware
+// matches the documented layouts (tests/runtime/cuda/wgmma_probe_test.cpp and
+// tma_probe_test.cpp do, on an H100), ptxas, timing, and races that no schedule it tries shows.
 //
 // Include after templates/attention_params.h and templates/attention_common.h, before
 // templates/cuda/sm90_tiles.cuh and the template.
@@ -30,6 +55,8 @@
 #include <functional>
 #include <string>
 
+#include "runtime/tensor_map_spec.hpp"
+#include "templates/attention_params.h"
 #include "tuner/reference.hpp"
 
 namespace flashjit::testing {
@@ -41,11 +68,29 @@ struct Sm90Dim3 {
   unsigned x = 0, y = 0, z = 0;
 };
 
+struct Sm90Options {
+  // Seed of the scheduler's random choices (which in-flight TMA load lands first, and when).
+  uint64_t seed = 1;
+  // Land TMA loads at random scheduling points too (with probability 1/4 each), not only when
+  // no thread can go on.
+  bool early_landing = false;
+  // When a warpgroup's 128 threads meet at a wgmma wait, let the other warpgroups run first with
+  // probability 1/2 (the waited wgmmas stay in flight meanwhile): a buffer released to the
+  // producer before the wgmmas that read it were waited for is then reloaded under them.
+  bool late_wgmma = false;
+  // Registers per thread at launch (what __launch_bounds__ gives): when set, setmaxnreg.inc must
+  // not go below it nor .dec above it, and the warpgroups' final counts must fit the launch's.
+  int launch_registers = 0;
+};
+
 // Runs `kernel` once per thread of every CTA of `grid` (`threads` per CTA, whole warpgroups of
 // 128) with `smem_bytes` of dynamic shared memory. "" on success, else what went wrong. Not
 // reentrant.
 std::string emulate_sm90(Sm90Grid grid, int threads, int smem_bytes,
-                         const std::function<void()>& kernel);
+                         const std::function<void()>& kernel, const Sm90Options& options = {});
+
+// The tensor map the emulated TMA reads for `spec` (its 128 opaque bytes).
+void encode_tensor_map(const TensorMapSpec& spec, FlashjitTensorMap* map);
 
 namespace sm90_emulator {
 // Used by the primitives below while emulate_sm90 runs.
@@ -66,6 +111,23 @@ void wgmma_ss(int n, bool bf16, float* d, uint64_t a, uint64_t b, bool accumulat
 void wgmma_rs(int n, bool bf16, float* d, const uint32_t* a, uint64_t b, bool accumulate,
               int trans_b);
 void red_add_v2(float* address, float a, float b);
+void store_shared_u32(uint32_t address, uint32_t value);
+float shuffle_xor(float value, int lane_mask);
+void sync_warp();
+void fence_proxy_async();
+void mbarrier_init(uint32_t barrier, uint32_t arrivals);
+void fence_barrier_init();
+void mbarrier_arrive(uint32_t barrier);
+void mbarrier_arrive_expect_tx(uint32_t barrier, uint32_t bytes);
+void mbarrier_wait(uint32_t barrier, uint32_t parity);
+void tma_load_4d(uint32_t destination, const void* tensor_map, uint32_t barrier, int c0, int c1,
+                 int c2, int c3);
+void tma_store_4d(const void* tensor_map, uint32_t source, int c0, int c1, int c2, int c3);
+void bulk_commit_group();
+void bulk_wait_group_read(int pending);
+void named_barrier_sync(int id, int threads);
+void named_barrier_arrive(int id, int threads);
+void setmaxnreg(int registers, bool increase);
 }  // namespace sm90_emulator
 
 }  // namespace flashjit::testing
@@ -83,6 +145,11 @@ void red_add_v2(float* address, float a, float b);
 struct float2 {
   float x, y;
 };
+
+inline float __shfl_xor_sync(unsigned, float value, int lane_mask) {
+  return ::flashjit::testing::sm90_emulator::shuffle_xor(value, lane_mask);
+}
+inline void __syncwarp(unsigned = 0xffffffffu) { ::flashjit::testing::sm90_emulator::sync_warp(); }
 
 namespace flashjit_kernel {
 
@@ -130,7 +197,8 @@ template <int N>
 inline void pin(float (&)[N]) {}
 template <int M, int N>
 inline void pin(u32 (&)[M][N]) {}
-inline void fence_proxy_async() {}
+inline void fence_proxy_async() { emu::fence_proxy_async(); }
+inline void store_shared_u32(u32 address, u32 value) { emu::store_shared_u32(address, value); }
 
 template <int N, bool IS_BF16>
 struct Wgmma {
@@ -150,5 +218,37 @@ struct Wgmma {
 
 inline void red_add_v2(float* address, float a, float b) { emu::red_add_v2(address, a, b); }
 inline u32 dynamic_smem_bytes() { return emu::dynamic_smem_bytes(); }
+
+// cuda/tma.cuh
+inline void mbarrier_init(u32 barrier, u32 arrivals) { emu::mbarrier_init(barrier, arrivals); }
+inline void fence_barrier_init() { emu::fence_barrier_init(); }
+inline void mbarrier_arrive(u32 barrier) { emu::mbarrier_arrive(barrier); }
+inline void mbarrier_arrive_expect_tx(u32 barrier, u32 bytes) {
+  emu::mbarrier_arrive_expect_tx(barrier, bytes);
+}
+inline void mbarrier_wait(u32 barrier, u32 parity) { emu::mbarrier_wait(barrier, parity); }
+inline void tma_load_4d(u32 destination, const void* tensor_map, u32 barrier, int c0, int c1,
+                        int c2, int c3) {
+  emu::tma_load_4d(destination, tensor_map, barrier, c0, c1, c2, c3);
+}
+inline void tma_store_4d(const void* tensor_map, u32 source, int c0, int c1, int c2, int c3) {
+  emu::tma_store_4d(tensor_map, source, c0, c1, c2, c3);
+}
+inline void bulk_commit_group() { emu::bulk_commit_group(); }
+template <int PENDING>
+inline void bulk_wait_group_read() {
+  emu::bulk_wait_group_read(PENDING);
+}
+inline void prefetch_tensor_map(const void*) {}
+inline void named_barrier_sync(int id, int threads) { emu::named_barrier_sync(id, threads); }
+inline void named_barrier_arrive(int id, int threads) { emu::named_barrier_arrive(id, threads); }
+template <int REGISTERS>
+inline void setmaxnreg_inc() {
+  emu::setmaxnreg(REGISTERS, true);
+}
+template <int REGISTERS>
+inline void setmaxnreg_dec() {
+  emu::setmaxnreg(REGISTERS, false);
+}
 
 }  // namespace flashjit_kernel

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <ostream>
 #include <string>
@@ -17,8 +18,10 @@
 #include "generator/backward_config.hpp"
 #include "generator/config.hpp"
 #include "generator/device.hpp"
+#include "generator/forward_config_ws.hpp"
 #include "generator/render.hpp"
 #include "runtime/cuda/nvrtc_compiler.hpp"
+#include "support/attention_cases.hpp"
 #include "support/parallel.hpp"
 
 namespace flashjit {
@@ -125,6 +128,19 @@ void expect_clean(const CompileOutcome& outcome, const std::string& group) {
   EXPECT_EQ(outcome.log.find("wgmma.mma_async instructions are serialized"), std::string::npos)
       << where << ": ptxas serialized the wgmmas:\n"
       << outcome.log;
+  if (outcome.config.family == KernelFamily::Ws) {
+    // The -ws kernels: no spill at all (their consumers' registers are set by setmaxnreg from
+    // the budget), and setmaxnreg not dropped (warning C7508: "'setmaxnreg' ignored to maintain
+    // minimum register requirements", which leaves the consumers at the launch count).
+    EXPECT_EQ(outcome.report.spill_store_bytes, 0) << where << ": spills";
+    EXPECT_EQ(outcome.report.spill_load_bytes, 0) << where << ": spill loads";
+    EXPECT_EQ(outcome.log.find("C7508"), std::string::npos)
+        << where << ": ptxas ignored setmaxnreg:\n"
+        << outcome.log;
+    EXPECT_EQ(outcome.log.find("setmaxnreg"), std::string::npos)
+        << where << ": ptxas warns about setmaxnreg:\n"
+        << outcome.log;
+  }
 }
 
 void print_table(const std::vector<CompileOutcome>& outcomes, const AttentionProblem& problem) {
@@ -167,7 +183,10 @@ TEST_P(CudaCompileAllConfigs, EveryLegalConfigCompilesWithoutSpills) {
   // legal_configs depends on the head dim and the device only; the sizes are representative.
   const auto problem =
       AttentionProblem::make(2, 16, 16, 4096, 4096, group.head_dim, group.dtype, group.causal);
-  const std::vector<AttentionConfig> configs = legal_configs(problem, device.value());
+  const std::vector<AttentionConfig> configs =
+      testing::selected_families(legal_configs(problem, device.value()));
+  if (configs.empty() && std::getenv("FLASHJIT_TEST_FAMILIES"))
+    GTEST_SKIP() << "no config of $FLASHJIT_TEST_FAMILIES is legal for " << group.name();
   ASSERT_FALSE(configs.empty()) << "no legal config for " << group.name();
 
   const std::vector<CompileOutcome> outcomes = compile_all(problem, configs, group.arch);
@@ -277,6 +296,21 @@ INSTANTIATE_TEST_SUITE_P(Archs, CudaCompilePaddedHeadDim, ::testing::Values(80, 
                          [](const ::testing::TestParamInfo<int>& info) {
                            return "sm" + std::to_string(info.param);
                          });
+
+// The -ws family's untuned tile for head dims that are not a multiple of 64 (zero-filled TMA
+// columns): compiles clean for sm_90a.
+TEST(CudaCompileWs, DefaultWsConfigOfPaddedHeadDimsCompiles) {
+  Result<DeviceSpec> device = known_device("sm90");
+  ASSERT_TRUE(device.ok()) << device.error().describe();
+  for (int head_dim : {96, 200}) {
+    const auto problem = AttentionProblem::make(1, 8, 8, 1000, 1000, head_dim, DType::BF16, true);
+    Result<AttentionConfig> config = default_ws_config(problem, device.value());
+    ASSERT_TRUE(config.ok()) << config.error().describe();
+    const std::vector<CompileOutcome> outcomes = compile_all(problem, {config.value()}, 90);
+    print_table(outcomes, problem);
+    expect_clean(outcomes.front(), "sm90_d" + std::to_string(head_dim) + "_bf16_causal");
+  }
+}
 
 }  // namespace
 }  // namespace flashjit

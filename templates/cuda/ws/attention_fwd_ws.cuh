@@ -1,0 +1,57 @@
+// FlashAttention forward for Hopper (sm_90a) in FlashAttention-3's shape: a producer warpgroup
+// loads Q, K and V with the tensor memory accelerator (TMA) into mbarrier pipelines, consumer
+// warpgroups compute (wgmma from shared memory, P from registers, the softmax of one block
+// overlapped with the P V of the previous one), and each writes its O tile back with TMA stores.
+// Configs "m<block_m>n<block_n>w<warps>s<stages>-ws": block_m = 64 per consumer warpgroup,
+// warps = 4 (producer) + 4 per consumer, stages = depth of the K and V pipelines.
+//
+// The pieces, each readable alone (the renderer prepends them in this order, after
+// attention_params.h, attention_common.h, cuda/common.cuh, cuda/wgmma.cuh, cuda/sm90_tiles.cuh
+// and cuda/tma.cuh, and appends one instantiation taking the params and the tensor maps):
+//   ws/pipeline.cuh        mbarrier ring between the producer and the consumers
+//   ws/traits.cuh          the compile-time shape, registers per role, shared-memory layout
+//   ws/tile_scheduler.cuh  which tile a CTA computes
+//   ws/softmax.cuh         online softmax over wgmma accumulators
+//   ws/mainloop.cuh        the producer's loads, the consumers' MMAs and softmax
+//   ws/epilogue.cuh        normalization, LSE, TMA stores of O
+//   ws/attention_fwd_ws.cuh  this kernel: roles, barrier setup, the pieces in order
+
+namespace flashjit_kernel {
+
+template <class K>
+__device__ __forceinline__ void attention_forward_ws(const FlashjitAttentionParams& p,
+                                                     const FlashjitForwardTensorMaps& maps) {
+  namespace fa = flashjit_attention;
+  extern __shared__ __align__(1024) unsigned char shared_bytes[];
+  if (dynamic_smem_bytes() < static_cast<u32>(K::kSmemBytes)) __trap();  // a launch bug
+  const WsShared<K> smem(shared_address(shared_bytes));
+
+  const WsTile tile = StaticTileScheduler<K::kCausal>::tile();
+  const int m0 = tile.m_block * K::kBlockM;
+  const int diagonal = fa::diagonal(p);
+  const int n_blocks = fa::key_blocks<K::kCausal>(p, diagonal, m0, K::kBlockM, K::kBlockN);
+  const int warpgroup = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    smem.init_barriers();
+    fence_barrier_init();
+    prefetch_tensor_map(&maps.q);
+    prefetch_tensor_map(&maps.k);
+    prefetch_tensor_map(&maps.v);
+    prefetch_tensor_map(&maps.o);
+  }
+  __syncthreads();  // the barriers are initialized; no CTA-wide barrier after this point
+
+  if (warpgroup == 0) {  // the producer
+    setmaxnreg_dec<K::kProducerRegisters>();
+    if (threadIdx.x == 0) ws_load<K>(smem, maps, tile, m0, tile.head / p.group_size, n_blocks);
+  } else {  // a consumer
+    setmaxnreg_inc<K::kConsumerRegisters>();
+    const int consumer = warpgroup - 1;
+    WsAccumulators<K> acc;
+    ws_consume<K>(p, smem, consumer, m0, n_blocks, diagonal, acc);
+    ws_epilogue<K>(p, maps, smem, tile, consumer, m0, acc);
+  }
+}
+
+}  // namespace flashjit_kernel

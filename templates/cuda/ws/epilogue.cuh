@@ -1,0 +1,59 @@
+// The epilogue of one consumer warpgroup of the warp-specialized forward: O = acc / l in the
+// storage type into the warpgroup's own 64 rows of the Q tile (only its own wgmmas read those
+// rows, all waited for), then one thread writes them back with TMA stores (one box of 64 columns x
+// 64 rows per 64-column block; rows past seqlen_q and columns past the head dim are outside the
+// tensor map and not written). LSE (natural log, +inf for a row with no key) from each row's quad
+// leader.
+//
+// Shared stores are generic-proxy writes and the TMA store reads through the async proxy: each
+// writing thread fences (fence.proxy.async), then the warpgroup meets at a named barrier before
+// the store is issued.
+
+namespace flashjit_kernel {
+
+// Named barrier ids of the forward (0 is __syncthreads): the epilogue of consumer c uses 1 + c.
+constexpr int kWsEpilogueBarrier = 1;
+
+template <class K>
+__device__ __forceinline__ void ws_epilogue(const FlashjitAttentionParams& p,
+                                            const FlashjitForwardTensorMaps& maps,
+                                            const WsShared<K>& smem, const WsTile& tile,
+                                            int consumer, int m0, WsAccumulators<K>& acc) {
+  constexpr int kPvChunk = K::kPvChunk, kPvChunks = K::kPvChunks;
+  const int lane = threadIdx.x % 32;
+  const int warp = (threadIdx.x / 32) % 4;
+  const int tile_row0 = consumer * 64 + warp * 16 + lane / 4;  // half 0's row within the tile
+  float* lse =
+      p.lse ? p.lse + (static_cast<long long>(tile.batch) * p.heads_q + tile.head) * p.seqlen_q : 0;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const float sum = acc.softmax.row_total(half);
+    const float inverse = sum > 0.f ? 1.f / sum : 0.f;  // a row with no keys: O = 0
+    const int row = tile_row0 + 8 * half;
+#pragma unroll
+    for (int c = 0; c < kPvChunks; ++c)
+#pragma unroll
+      for (int dt = 0; dt < kPvChunk / 8; ++dt) {
+        const u32 packed = pack2<K::kIsBf16>(acc.o[c][dt * 4 + 2 * half] * inverse,
+                                             acc.o[c][dt * 4 + 2 * half + 1] * inverse);
+        const int col = c * kPvChunk + dt * 8 + 2 * (lane % 4);
+        store_shared_u32(smem.q + wg_tile_offset<K::kBlockM>(row, col), packed);
+      }
+    if (lse && lane % 4 == 0 && m0 + row < p.seqlen_q) {
+      lse[m0 + row] = flashjit_attention::row_lse(acc.softmax.row_max[half], p.scale_log2, sum,
+                                                  [](float x) { return fast_log2(x); });
+    }
+  }
+  fence_proxy_async();  // this thread's O stores, visible to the TMA store
+  named_barrier_sync(kWsEpilogueBarrier + consumer, 128);
+  if (threadIdx.x % 128 == 0) {
+#pragma unroll
+    for (int c = 0; c < K::kColumnBlocks; ++c)
+      tma_store_4d(&maps.o, smem.q + c * K::kBlockM * 128 + consumer * 64 * 128, c * 64,
+                   m0 + consumer * 64, tile.head, tile.batch);
+    bulk_commit_group();
+    bulk_wait_group_read<0>();  // the CTA may not exit while the stores read shared memory
+  }
+}
+
+}  // namespace flashjit_kernel

@@ -1,0 +1,167 @@
+// The mainloop of the warp-specialized forward: what the producer loads and what each consumer
+// warpgroup computes, over the n key blocks of its tile (attention_common.h's key_blocks).
+//
+// clang-format off
+//   producer (one thread)                     consumer warpgroup c (64 query rows)
+//   Q -> q_full                               wait q_full
+//   K_0                                       wait K_0; S = Q K_0^T; release K_0; softmax -> P_0
+//   for j = 1 .. n-1:                         for j = 1 .. n-1:
+//     K_j   (waits for its buffer's release)    wait K_j; issue S_j = Q K_j^T
+//     V_j-1                                     wait V_j-1; issue O += P_j-1 V_j-1
+//                                               wait S_j; release K_j; mask, exp2 of S_j, m, l
+//                                               wait P V; release V_j-1; P_j = S_j; O *= corr.
+//   V_n-1                                     wait V_n-1; O += P_n-1 V_n-1; release V_n-1
+//   wait until every buffer is released
+// clang-format on
+//
+// The consumer loop issues S_j and P_{j-1} V_{j-1} back to back and waits for S_j only: S_j's
+// softmax runs on the CUDA cores while P_{j-1} V_{j-1} runs on the tensor cores. Its first (no
+// P V yet) and last (no S) iterations are peeled, so every wgmma in the loop is unconditional
+// (ptxas serializes all wgmmas of a kernel where a branch leaves it unsure which accumulators
+// are in flight). The producer loads K one block ahead of V: K_j is needed before V_{j-1}.
+
+namespace flashjit_kernel {
+
+// The producer: every TMA load of one tile, in the order the consumers use them. `kv_head` is
+// the K/V head of the tile's query head (GQA).
+template <class K>
+__device__ __forceinline__ void ws_load(const WsShared<K>& smem,
+                                        const FlashjitForwardTensorMaps& maps, const WsTile& tile,
+                                        int m0, int kv_head, int n_blocks) {
+  if (n_blocks == 0) return;  // no key: the consumers write O = 0 without waiting for anything
+  // Q: one box of 64 columns x kBlockM rows per 64-column block of the tile.
+  mbarrier_arrive_expect_tx(smem.q_full, K::kQTileBytes);
+#pragma unroll
+  for (int c = 0; c < K::kColumnBlocks; ++c)
+    tma_load_4d(smem.q + c * K::kBlockM * 128, &maps.q, smem.q_full, c * 64, m0, tile.head,
+                tile.batch);
+  PipelineState<K::kStages> k_write, v_write;
+  // Block `block` of K or V into the next buffer of its pipeline.
+  auto load = [&](const Pipeline<K::kStages>& pipe, PipelineState<K::kStages>& state, u32 tiles,
+                  const FlashjitTensorMap* map, int block) {
+    pipe.producer_acquire(state, K::kKvTileBytes);
+    const u32 tile_address = tiles + state.index * K::kKvTileBytes;
+#pragma unroll
+    for (int c = 0; c < K::kColumnBlocks; ++c)
+      tma_load_4d(tile_address + c * K::kBlockN * 128, map, pipe.full_barrier(state.index), c * 64,
+                  block * K::kBlockN, kv_head, tile.batch);
+    state.advance();
+  };
+  load(smem.k_pipe, k_write, smem.k, &maps.k, 0);
+  for (int j = 1; j < n_blocks; ++j) {
+    load(smem.k_pipe, k_write, smem.k, &maps.k, j);
+    load(smem.v_pipe, v_write, smem.v, &maps.v, j - 1);
+  }
+  load(smem.v_pipe, v_write, smem.v, &maps.v, n_blocks - 1);
+  smem.k_pipe.producer_tail(k_write);
+  smem.v_pipe.producer_tail(v_write);
+}
+
+// One consumer warpgroup's accumulators after the mainloop: O (unnormalized, fp32) and the
+// softmax state (m, l) of its rows.
+template <class K>
+struct WsAccumulators {
+  float o[K::kPvChunks][K::kPvChunk / 2];  // O: [16 rows of this warp, kDp]
+  WsSoftmax<K::kBlockN, K::kIsBf16, K::kCausal> softmax;
+};
+
+// Consumer warpgroup `consumer` (0-based; its rows start at m0 + 64 consumer).
+template <class K>
+__device__ __forceinline__ void ws_consume(const FlashjitAttentionParams& p,
+                                           const WsShared<K>& smem, int consumer, int m0,
+                                           int n_blocks, int diagonal, WsAccumulators<K>& out) {
+  constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kDp = K::kHeadDimPadded;
+  constexpr int kPvChunk = K::kPvChunk, kPvChunks = K::kPvChunks;
+  const int warp = (threadIdx.x / 32) % 4;  // within the warpgroup
+  const int first_row = m0 + consumer * 64;
+  const int row = first_row + warp * 16 + (threadIdx.x % 32) / 4;  // this thread's half 0
+
+#pragma unroll
+  for (int c = 0; c < kPvChunks; ++c)
+#pragma unroll
+    for (int i = 0; i < kPvChunk / 2; ++i) out.o[c][i] = 0.f;
+  out.softmax.init();
+  if (n_blocks == 0) return;
+
+  // Descriptors of this warpgroup's 64 Q rows and of K/V buffer 0.
+  const u64 q_desc = smem_descriptor(smem.q + consumer * 64 * 128, 16, 1024);
+  const u64 k_desc0 = smem_descriptor(smem.k, 16, 1024);
+  const u64 v_desc0 = smem_descriptor(smem.v, kBlockN * 128, 1024);
+
+  float s[K::kNTiles * 4];      // S_j: [16 rows, kBlockN] fp32, then its exponentials
+  u32 p_frag[kBlockN / 16][4];  // P_{j-1}: A fragments per 16-key step
+  float correction[2];
+  PipelineState<K::kStages> k_read, v_read;
+
+  auto issue_s = [&](int stage) {  // S = Q K^T from buffer `stage`
+    const u64 k_desc = advance(k_desc0, stage * K::kKvTileBytes);
+#pragma unroll
+    for (int kk = 0; kk < kDp / 16; ++kk) {  // 16 head-dim columns per step
+      const u32 q_step = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
+      const u32 k_step = (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
+      if (kk == 0)
+        Wgmma<kBlockN, K::kIsBf16>::ss_first(s, advance(q_desc, q_step), advance(k_desc, k_step));
+      else
+        Wgmma<kBlockN, K::kIsBf16>::ss(s, advance(q_desc, q_step), advance(k_desc, k_step), 1);
+    }
+    wgmma_commit();
+  };
+  auto issue_pv = [&](int stage) {  // O += P V from buffer `stage`
+    const u64 v_desc = advance(v_desc0, stage * K::kKvTileBytes);
+#pragma unroll
+    for (int t = 0; t < kBlockN / 16; ++t)  // 16 keys per step
+#pragma unroll
+      for (int c = 0; c < kPvChunks; ++c)
+        Wgmma<kPvChunk, K::kIsBf16>::rs(
+            out.o[c], p_frag[t],
+            advance(v_desc, t * 16 * 128 + c * (kPvChunk / 64) * kBlockN * 128), 1);
+    wgmma_commit();
+  };
+  auto softmax = [&](int j) {  // S_j -> its exponentials; m, l; correction
+    out.softmax.mask(s, p, diagonal, first_row, row, j * kBlockN);
+    out.softmax.update(s, p.scale_log2, correction);
+  };
+
+  mbarrier_wait(smem.q_full, 0);
+  smem.k_pipe.consumer_wait(k_read);  // S_0
+  wgmma_fence();
+  issue_s(k_read.index);
+  wgmma_wait<0>();
+  pin(s);
+  smem.k_pipe.consumer_release(k_read);
+  k_read.advance();
+  softmax(0);
+  out.softmax.pack(s, p_frag);          // O is 0: nothing to rescale
+  for (int j = 1; j < n_blocks; ++j) {  // S_j with P_{j-1} V_{j-1} in flight
+    smem.k_pipe.consumer_wait(k_read);
+    wgmma_fence();  // O (rescaled) and P_{j-1} (packed) are ready for the tensor cores
+    issue_s(k_read.index);
+    smem.v_pipe.consumer_wait(v_read);
+    wgmma_fence();  // (ptxas inserts this fence itself after the wait loop otherwise)
+    issue_pv(v_read.index);
+    wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
+    pin(s);
+    smem.k_pipe.consumer_release(k_read);
+    k_read.advance();
+    softmax(j);
+    wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O holds blocks < j at the old max
+    pin(p_frag);
+#pragma unroll
+    for (int c = 0; c < kPvChunks; ++c) pin(out.o[c]);
+    smem.v_pipe.consumer_release(v_read);
+    v_read.advance();
+    out.softmax.pack(s, p_frag);
+#pragma unroll
+    for (int c = 0; c < kPvChunks; ++c) out.softmax.rescale(out.o[c], correction);
+  }
+  smem.v_pipe.consumer_wait(v_read);  // P_{n-1} V_{n-1}
+  wgmma_fence();
+  issue_pv(v_read.index);
+  wgmma_wait<0>();
+  pin(p_frag);
+#pragma unroll
+  for (int c = 0; c < kPvChunks; ++c) pin(out.o[c]);
+  smem.v_pipe.consumer_release(v_read);
+}
+
+}  // namespace flashjit_kernel

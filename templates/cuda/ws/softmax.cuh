@@ -1,0 +1,103 @@
+// The online softmax of one consumer warpgroup's 64 query rows, over S blocks held as wgmma
+// accumulators: per thread rows lane / 4 and lane / 4 + 8 of its warp's 16 ("half" 0 and 1),
+// columns 8 nt + 2 (lane % 4) + {0, 1} of each 8-key tile nt, as s[4 nt + 2 half + {0, 1}]
+// (cuda/wgmma.cuh). Base 2 with the scale folded into one FMA per score; the key range and
+// masking rules are attention_common.h's.
+//
+// Per block j:  mask(S_j); correction = update(S_j)  (S_j <- exp2(...) in place, m and l updated)
+//               ... the previous block's P V finishes ...
+//               pack(S_j) -> P_j as wgmma A fragments; O *= correction (rescale)
+// so that S_j's exponentials run while P_{j-1} V_{j-1} is on the tensor cores, and P needs one
+// register set (FlashAttention-3's order).
+
+namespace flashjit_kernel {
+
+template <int BLOCK_N, bool IS_BF16, bool CAUSAL>
+struct WsSoftmax {
+  static constexpr int kNTiles = BLOCK_N / 8;
+
+  float row_max[2];  // m per half, raw score units (-inf: no key seen yet)
+  float row_sum[2];  // this thread's part of l (its quad holds the row)
+
+  __device__ __forceinline__ void init() {
+    row_max[0] = row_max[1] = minus_infinity();
+    row_sum[0] = row_sum[1] = 0.f;
+  }
+
+  // Sets scores of keys past seqlen_k and (causal) above the diagonal to -inf, in the key block
+  // [n0, n0 + BLOCK_N); rows: `row` (this thread's half 0) and row + 8. Blocks wholly inside the
+  // range for every row from `first_row` on (the warpgroup's first) pay one test.
+  __device__ __forceinline__ void mask(float (&s)[kNTiles * 4], const FlashjitAttentionParams& p,
+                                       int diagonal, int first_row, int row, int n0) const {
+    namespace fa = flashjit_attention;
+    if (!fa::block_needs_mask<CAUSAL>(p, diagonal, first_row, n0, BLOCK_N)) return;
+    const int col = n0 + 2 * (threadIdx.x % 4);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int limit = fa::last_key<CAUSAL>(p, diagonal, row + 8 * half) - col;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (nt * 8 + e > limit) s[nt * 4 + 2 * half + e] = minus_infinity();
+    }
+  }
+
+  // Folds S_j into m and l: s <- exp2(s * scale_log2 - m_new * scale_log2) in place;
+  // correction[half] = exp2((m_old - m_new) * scale_log2), the factor O and l are rescaled by.
+  __device__ __forceinline__ void update(float (&s)[kNTiles * 4], float scale_log2,
+                                         float (&correction)[2]) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float block_max = row_max[half];
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+        block_max = fmaxf(block_max, fmaxf(s[nt * 4 + 2 * half], s[nt * 4 + 2 * half + 1]));
+      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
+      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
+      // A row that has seen no key yet has max -inf: subtract 0 instead, so exp2 gives 0.
+      const float max_scaled = flashjit_attention::scaled_row_max(block_max, scale_log2);
+      correction[half] = fast_exp2(row_max[half] * scale_log2 - max_scaled);
+      row_max[half] = block_max;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[nt * 4 + 2 * half + e];
+          x = fast_exp2(fmaf(x, scale_log2, -max_scaled));
+          sum += x;
+        }
+      row_sum[half] = row_sum[half] * correction[half] + sum;
+    }
+  }
+
+  // P (the exponentials in s) packed to 16 bits as the A fragments of P V: key tiles (2t, 2t + 1)
+  // form k-step t's fragment {row, row + 8} x {tile 2t, 2t + 1}.
+  __device__ __forceinline__ void pack(const float (&s)[kNTiles * 4],
+                                       u32 (&p)[BLOCK_N / 16][4]) const {
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        p[nt / 2][(nt % 2) * 2 + half] =
+            pack2<IS_BF16>(s[nt * 4 + 2 * half], s[nt * 4 + 2 * half + 1]);
+  }
+
+  // O *= correction, per half (an O accumulator chunk has the layout of S).
+  template <int N>
+  __device__ __forceinline__ static void rescale(float (&o)[N], const float (&correction)[2]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) o[i] *= correction[(i / 2) % 2];
+  }
+
+  // The row's l over its quad (every lane of the quad gets it).
+  __device__ __forceinline__ float row_total(int half) const {
+    float sum = row_sum[half];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    return sum;
+  }
+};
+
+}  // namespace flashjit_kernel
