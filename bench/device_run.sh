@@ -47,7 +47,8 @@
 #              without and with --compile, and examples/train_gpt_report.py over the CPU run(s)
 #              committed in docs/perf/train-gpt-cpu*.json and these two (the plot and table for
 #              docs/PERFORMANCE.md): about 5 minutes on an H100 (TRAIN_ARGS: extra train_gpt.py
-#              flags)
+#              flags; TORCH_PARTS: a subset of "tests host train", e.g. two calls on one warm
+#              machine with TORCH_PARTS=tests, then "host train")
 #
 # Results go to $OUT (the device tool's output folder; ./device-out when unset): ctest.log,
 # bench.log, flashjit.json, peers.log, peers.json, compare.md; py modes: pip.log, pytest.log,
@@ -192,27 +193,33 @@ PYTUNE
 fi
 
 if [[ "$what" == py-torch ]]; then
-  echo "== PyTorch integration tests (GPU)"
-  # shellcheck disable=SC2086  # PYTEST_ARGS is a list of flags
-  if ! "$py" -m pytest -q -rs tests/python/test_torch_gpu.py tests/python/test_train_gpt.py \
-      ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log"; then
-    status=1
-    echo "== PyTorch tests FAILED"
+  parts=" ${TORCH_PARTS:-tests host train} "
+  if [[ "$parts" == *" tests "* ]]; then
+    echo "== PyTorch integration tests (GPU)"
+    # shellcheck disable=SC2086  # PYTEST_ARGS is a list of flags
+    if ! timeout 330 "$py" -m pytest -q -rs tests/python/test_torch_gpu.py \
+        tests/python/test_train_gpt.py ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log"; then
+      status=1
+      echo "== PyTorch tests FAILED (or ran past 330 s)"
+    fi
+    echo "== tests done at $((SECONDS - start)) s"
   fi
-  echo "== tests done at $((SECONDS - start)) s"
-  echo "== bench/host_overhead.py (host us/call on the GPU)"
-  if ! COMMIT="${commit:-unknown}" "$py" bench/host_overhead.py --device cuda \
-      --json "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.log"; then
-    status=1
-    echo "== host_overhead.py FAILED"
+  if [[ "$parts" == *" host "* ]]; then
+    echo "== bench/host_overhead.py (host us/call on the GPU)"
+    if ! COMMIT="${commit:-unknown}" timeout 120 "$py" bench/host_overhead.py --device cuda \
+        --json "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.log"; then
+      status=1
+      echo "== host_overhead.py FAILED"
+    fi
   fi
   jsons=()
   for compile in "" --compile; do
+    [[ "$parts" == *" train "* ]] || break
     name="train-gpt-cuda${compile:+-compile}"
     echo "== examples/train_gpt.py --device cuda --attn both ${compile} (nano, 200 steps)"
     # shellcheck disable=SC2086  # TRAIN_ARGS is a list of flags
-    if COMMIT="${commit:-unknown}" "$py" examples/train_gpt.py --device cuda --attn both \
-        --steps 200 $compile --json "$OUT/$name.json" ${TRAIN_ARGS:-} 2>&1 |
+    if COMMIT="${commit:-unknown}" timeout 240 "$py" examples/train_gpt.py --device cuda \
+        --attn both --steps 200 $compile --json "$OUT/$name.json" ${TRAIN_ARGS:-} 2>&1 |
         tee "$OUT/$name.log"; then
       jsons+=("$OUT/$name.json")
     else
