@@ -10,12 +10,11 @@ backward pass or both.
 
 What it does, in order:
   1. Makes sure PyTorch is importable: if the running python has no torch, it creates the
-     git-ignored virtual environment <repo>/.venv-bench and installs torch there with pip, then
-     re-runs itself with that python. PyTorch's CPU-only wheel index is tried first; where it is
-     unreachable, the PyPI wheel is installed without its CUDA dependencies (--no-deps, ~1 GB
-     instead of ~4 GB), plus the few small ones `import torch` needs (filelock, fsspec, jinja2,
-     networkx, sympy, typing-extensions, numpy and four nvidia-* libraries that libtorch links);
-     if torch still cannot be imported, the full `pip install torch`.
+     git-ignored virtual environment <repo>/.venv-bench and installs torch there with
+     scripts/common.sh's install_torch (as CI does: PyPI's wheel without its CUDA dependencies,
+     --no-deps, ~1 GB instead of ~4 GB, plus the few small ones `import torch` needs and four
+     nvidia-* libraries that libtorch links; if torch still cannot be imported, the full
+     `pip install torch`), then re-runs itself with that python.
   2. Builds build/bench/cpu_bench and build/flashjit if missing (cmake --build build).
   3. `cpu_bench peak` (before and after the run): the clock (a chain of dependent adds, one per
      cycle; the higher of the two measurements) and the measured
@@ -77,21 +76,10 @@ def ensure_torch():
     if not python.exists():
         log(f"creating {VENV}")
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     if not torch_importable(python):
-        log("installing torch (CPU wheel index)")
-        subprocess.run(pip + ["torch", "--index-url", "https://download.pytorch.org/whl/cpu"])
-    if not torch_importable(python):
-        log("CPU wheel index unreachable: PyPI's torch without its CUDA dependencies")
-        subprocess.run(pip + ["--no-deps", "torch"], check=True)
-        subprocess.run(pip + ["filelock", "fsspec", "jinja2", "networkx", "sympy",
-                              "typing-extensions", "numpy", "setuptools"], check=True)
-        # libtorch_cuda.so is linked against these (loaded at import even without a GPU).
-        subprocess.run(pip + ["--no-deps", "nvidia-cufile", "nvidia-cusparselt-cu13",
-                              "nvidia-nvshmem-cu13", "nvidia-nccl-cu13"])
-    if not torch_importable(python):
-        log("torch still not importable: the full `pip install torch`")
-        subprocess.run(pip + ["torch"], check=True)
+        log("installing torch (scripts/common.sh install_torch)")
+        subprocess.run(["bash", "-c", 'source "$0" && install_torch "$1"',
+                        str(REPO / "scripts" / "common.sh"), str(python)])
     if not torch_importable(python):
         sys.exit("cpu_bench: could not install an importable torch")
     os.execv(str(python), [str(python), str(Path(__file__).resolve())] + sys.argv[1:])

@@ -93,7 +93,8 @@ check_cuda_toolkit() {
 # and pytest, and the package installed into it exactly as a user would: `pip install .` (which
 # builds the extension through CMake with scikit-build-core + nanobind, fetched by pip). Sets
 # PYTEST_PYTHON to the venv's python: configure_and_build then registers tests/python as the ctest
-# test python_tests. Set FLASHJIT_SKIP_PYTHON_TESTS=1 to skip (e.g. offline).
+# tests python_tests and python_torch_tests (torch installed by install_torch). Set
+# FLASHJIT_SKIP_PYTHON_TESTS=1 to skip (e.g. offline).
 prepare_python_tests() {
   if [[ "${FLASHJIT_SKIP_PYTHON_TESTS:-0}" == 1 ]]; then
     log "FLASHJIT_SKIP_PYTHON_TESTS=1: no Python tests"
@@ -114,7 +115,36 @@ prepare_python_tests() {
     log "ERROR: pip install . failed"
     return 1
   }
+  install_torch "${venv}/bin/python" ||
+    log "torch could not be installed (offline?): the PyTorch tests will skip"
   PYTEST_PYTHON="${venv}/bin/python"
+}
+
+# torch into the Python environment of $1 (tests/python/test_torch_*.py and examples/train_gpt.py
+# in CI, bench/cpu_bench.py), as /work/shared/TOOLCHAIN.md found works on these machines: PyPI's
+# torch with --no-deps (~1 GB, not the ~4 GB of its CUDA libraries: the CPU tests need none), the
+# small packages `import torch` needs, and the four nvidia-* libraries libtorch_cuda.so links
+# (loaded at import even without a GPU); if torch still does not import, the full
+# `pip install torch`. Nothing when torch imports already. FLASHJIT_SKIP_TORCH=1 skips it.
+install_torch() {
+  local python="$1"
+  local pip=("${python}" -m pip install -q --disable-pip-version-check)
+  if [[ "${FLASHJIT_SKIP_TORCH:-0}" == 1 ]]; then
+    log "FLASHJIT_SKIP_TORCH=1: torch not installed"
+    return 0
+  fi
+  "${python}" -c "import torch" 2>/dev/null && return 0
+  local start=${SECONDS}
+  log "installing torch into $("${python}" -c 'import sys; print(sys.prefix)') (PyPI, --no-deps)"
+  "${pip[@]}" --no-deps torch &&
+    "${pip[@]}" filelock fsspec jinja2 networkx sympy typing-extensions numpy setuptools &&
+    "${pip[@]}" --no-deps nvidia-cufile nvidia-cusparselt-cu13 nvidia-nvshmem-cu13 \
+      nvidia-nccl-cu13
+  if ! "${python}" -c "import torch" 2>/dev/null; then
+    log "torch does not import yet: the full pip install torch"
+    "${pip[@]}" torch || return 1
+  fi
+  log "torch installed in $((SECONDS - start)) s"
 }
 
 # configure_and_build <ON|OFF: tests> [cmake --build args...]
