@@ -12,6 +12,8 @@ prepare_python_tests || exit 1
 log "Python package installed in $((SECONDS - start)) s"
 configure_and_build ON
 log "build done in $((SECONDS - start)) s"
+finish_python_tests
+log "torch ready in $((SECONDS - start)) s"
 
 # Two at a time: GPU tests share one device, and CI machines have two cores.
 ctest --test-dir "${BUILD_DIR}" --output-on-failure -j "${CTEST_JOBS:-2}"
