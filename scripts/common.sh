@@ -78,6 +78,9 @@ install_test_tools() {
   ensure_packages "have_gtest" libgtest-dev
   # Its own call: if apt cannot install it, the packages above are not held back with it.
   ensure_packages "have_hip" libamdhip64-dev
+  # Headless Chromium renders `flashjit report` in tests/python/test_cli_report.py (~30 s to
+  # install; the test skips without it).
+  ensure_packages "command -v chromium" chromium
 }
 
 # flashjit needs the CUDA toolkit's headers (cuda.h) and NVRTC; not the driver, not a GPU.

@@ -83,5 +83,6 @@ NB_MODULE(_flashjit, m) {
         nb::arg("arch").none(), nb::arg("device"), nb::arg("pass_"), nb::arg("deterministic"));
   m.def("devices", &devices);
   m.def("tune", &tune, nb::arg("args"));
+  m.def("cli", &cli, nb::arg("args"));
   m.def("clear_runtimes", [] { runtimes().clear(); });
 }

@@ -14,10 +14,11 @@ import zlib
 import numpy as np
 import pytest
 
-# Before flashjit creates any runtime: no user tuning DB (nothing read, nothing recorded) and a
-# kernel cache of this session's own unless the caller chose one.
+# Before flashjit creates any runtime: no user tuning DB (nothing read, nothing recorded), none of
+# the tuning DBs shipped in the package (flashjit/tuning/) and a kernel cache of this session's
+# own unless the caller chose one.
 os.environ["FLASHJIT_DB"] = "none"
-os.environ.pop("FLASHJIT_SYSTEM_DB", None)
+os.environ["FLASHJIT_SYSTEM_DB"] = "none"
 os.environ.pop("FLASHJIT_TUNE", None)
 if not os.environ.get("FLASHJIT_CACHE_DIR"):
     os.environ["FLASHJIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="flashjit-pytest-cache-")
