@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <numeric>
 #include <span>
 #include <sstream>
 
@@ -145,8 +144,9 @@ int64_t cpu_scratch_bytes(const AttentionConfig& c, const AttentionProblem& p) {
 int cpu_backward_dq_splits(const AttentionConfig& c, const AttentionProblem& p, int threads) {
   if (c.dq != DqMode::Atomic || threads <= 1) return 1;
   const int64_t items = p.batch * p.heads_kv;
-  if (items % threads == 0 || items >= 8 * static_cast<int64_t>(threads)) return 1;
-  const int64_t splits = threads / std::gcd(items, static_cast<int64_t>(threads));
+  const int64_t wanted = kCpuBackwardItemsPerThread * static_cast<int64_t>(threads);
+  if (items >= wanted) return 1;
+  const int64_t splits = (wanted + items - 1) / items;
   const int64_t key_blocks = (p.seqlen_k + c.block_n - 1) / c.block_n;
   return static_cast<int>(std::max<int64_t>(1, std::min(splits, key_blocks)));
 }

@@ -114,9 +114,14 @@ int64_t cpu_backward_score_bytes(const AttentionConfig& config);
 int64_t cpu_scratch_bytes(const AttentionConfig& config, const AttentionProblem& problem);
 
 // The fused dQ's split count for `threads` cores (the launcher's choice; 1 for DqMode::Separate):
-// with p = batch * heads_kv dK/dV work items, 1 when p is a multiple of threads or at least
-// 8 * threads (every core busy to within 1/8); else threads / gcd(p, threads), which makes the
-// item count a multiple of threads; at most ceil(seqlen_k / block_n), the key blocks to split.
+// with p = batch * heads_kv pairs, enough splits for kCpuBackwardItemsPerThread dK/dV work items
+// per thread, ceil(4 * threads / p) (1 when p is that many already), at most
+// ceil(seqlen_k / block_n), the key blocks to split. The pool hands the items out as threads
+// free up, so that a core slowed by other load (a shared host) leaves a tail of at most ~1/4 of
+// its share, where one item per thread would leave all of it. A split costs a copy of the
+// group's dQ accumulator rows (zeroed, then read by the dQ items): ~8 bytes per dQ element
+// against ~10 d FLOPs per (query, key) pair.
+inline constexpr int kCpuBackwardItemsPerThread = 4;
 int cpu_backward_dq_splits(const AttentionConfig& config, const AttentionProblem& problem,
                            int threads);
 
@@ -137,7 +142,8 @@ std::vector<AttentionConfig> legal_cpu_configs(const AttentionProblem& problem, 
 //
 // Backward: block_n = kCpuTileQueries (the dK/dV work item's lanes are its keys: one register
 // tile of 4 vectors x 16 keys); block_m = the largest with both score blocks within the L1d:
-// L1d / (8 block_n). Each rounded down as for the forward (block_n first).
+// L1d / (8 block_n). Each rounded down as for the forward (block_n first); the fused dQ where it
+// fits the L2, else -det (whichever legal_cpu_configs lists for the pair).
 Result<AttentionConfig> default_cpu_config(const AttentionProblem& problem, const CpuSpec& cpu);
 // The budget arithmetic and the legal set, as `flashjit plan --backend cpu` prints it (either
 // pass).

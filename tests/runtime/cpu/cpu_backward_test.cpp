@@ -154,8 +154,8 @@ TEST(CpuBackwardConfig, BudgetArithmetic) {
   }
 }
 
-// The fused dQ's split count: 1 where batch x heads_kv keeps the cores busy, else enough splits
-// of the key blocks for a multiple of the threads (at most the key blocks there are).
+// The fused dQ's split count: 1 where batch x heads_kv gives every thread 4 work items, else
+// enough splits of the key blocks for that (at most the key blocks there are).
 TEST(CpuBackwardConfig, FusedDqSplits) {
   AttentionConfig fused{64, 64, 1, 1};
   AttentionConfig det = fused;
@@ -163,15 +163,18 @@ TEST(CpuBackwardConfig, FusedDqSplits) {
   auto problem = [](int64_t batch, int64_t heads_kv, int64_t seqlen_k) {
     return backward_problem(batch, 2 * heads_kv, heads_kv, 100, seqlen_k, 64, DType::F32, false);
   };
-  EXPECT_EQ(cpu_backward_dq_splits(fused, problem(1, 4, 1000), 2), 1);  // 4 items, 2 cores
-  EXPECT_EQ(cpu_backward_dq_splits(fused, problem(1, 1, 1000), 2), 2);  // 1 item
-  EXPECT_EQ(cpu_backward_dq_splits(fused, problem(3, 1, 1000), 2), 2);  // 3 -> 6 items
-  EXPECT_EQ(cpu_backward_dq_splits(fused, problem(1, 1, 1000), 16), 16);
-  EXPECT_EQ(cpu_backward_dq_splits(fused, problem(2, 8, 1000), 6), 3);  // 16 -> 48 items
-  EXPECT_EQ(cpu_backward_dq_splits(fused, problem(7, 7, 1000), 6), 1);  // 49 >= 8 x 6
-  EXPECT_EQ(cpu_backward_dq_splits(fused, problem(1, 1, 100), 16), 2);  // 2 key blocks
-  EXPECT_EQ(cpu_backward_dq_splits(fused, problem(1, 1, 1000), 1), 1);  // one core
-  EXPECT_EQ(cpu_backward_dq_splits(det, problem(1, 1, 1000), 16), 1);   // no accumulator
+  // 4 dK/dV work items per thread: ceil(4 threads / (batch x heads_kv)) splits, at most the key
+  // blocks (1000 keys: 16 blocks of 64).
+  EXPECT_EQ(cpu_backward_dq_splits(fused, problem(2, 4, 1000), 2), 1);    // 8 items already
+  EXPECT_EQ(cpu_backward_dq_splits(fused, problem(1, 4, 1000), 2), 2);    // 4 -> 8 items
+  EXPECT_EQ(cpu_backward_dq_splits(fused, problem(3, 1, 1000), 2), 3);    // 3 -> 9 items
+  EXPECT_EQ(cpu_backward_dq_splits(fused, problem(1, 1, 1000), 2), 8);    // 1 -> 8 items
+  EXPECT_EQ(cpu_backward_dq_splits(fused, problem(2, 8, 1000), 6), 2);    // 16 -> 32 items
+  EXPECT_EQ(cpu_backward_dq_splits(fused, problem(7, 7, 1000), 6), 1);    // 49 >= 24
+  EXPECT_EQ(cpu_backward_dq_splits(fused, problem(1, 1, 1000), 32), 16);  // all 16 key blocks
+  EXPECT_EQ(cpu_backward_dq_splits(fused, problem(1, 1, 100), 16), 2);    // 2 key blocks
+  EXPECT_EQ(cpu_backward_dq_splits(fused, problem(1, 1, 1000), 1), 1);    // one core
+  EXPECT_EQ(cpu_backward_dq_splits(det, problem(1, 1, 1000), 16), 1);     // no accumulator
 }
 
 #if FLASHJIT_HAVE_CPU_BACKEND
@@ -629,7 +632,7 @@ TEST(CpuBackward, FusedDqSplitOverTheKeyBlocks) {
       EXPECT_EQ(first->dv, second->dv) << c.problem.to_string();
     }
   }
-  // 5, 3, 1 (one key block), 2 and 2 splits: the thousand keys, q_shorter, gqa, mqa, bhsd.
+  // 16, 3, 1 (one key block), 2 and 2 splits: the thousand keys, q_shorter, gqa, mqa, bhsd.
   EXPECT_EQ(split_runs, 4 * 4);
 }
 
