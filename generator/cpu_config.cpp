@@ -296,13 +296,16 @@ std::string explain_cpu_backward_plan(const AttentionProblem& p, const CpuSpec& 
          "with atomics (no two cores write one row; bitwise reproducible):\n"
          "  fused (no suffix): a dK/dV work item takes every splits-th key block of (batch, kv\n"
          "    head) and adds dQ_i += dS K into its own fp32 copy of the dQ accumulator; a dQ work\n"
-         "    item sums the copies. 5 products. Splits = 1 when batch * heads_kv keeps the cores\n"
-         "    busy (this problem on "
-      << cpu.cores
-      << " cores: " << cpu_backward_dq_splits(cpu_config(64, 64, DqMode::Atomic), p, cpu.cores)
-      << "), more where it does not.\n"
+         "    item sums the copies. 5 products. Splits: enough for "
+      << kCpuBackwardItemsPerThread
+      << " dK/dV work items per core\n"
+         "    (this problem on "
+      << cpu.cores << " cores, Bc = 64: "
+      << cpu_backward_dq_splits(cpu_config(64, 64, DqMode::Atomic), p, cpu.cores)
+      << ").\n"
          "  -det: a dK/dV work item per key block; a dQ work item (batch, head, Br queries) keeps\n"
-         "    Q^T, dO^T and dQ^T while K and V stream past, recomputing S and dP: 7 products.\n"
+         "    Q^T, dO^T and dQ^T while K and V stream past, recomputing S and dP: 7 products;\n"
+         "    a tuning candidate only where the fused item exceeds the L2.\n"
          "A work item's working set must fit the core's L2 ("
       << cpu.l2_bytes
       << " B); the two score blocks\n"
@@ -329,12 +332,16 @@ std::string explain_cpu_backward_plan(const AttentionProblem& p, const CpuSpec& 
       for (DqMode dq : kCpuBackwardDqModes) {
         const AttentionConfig c = cpu_config(m, n, dq);
         const int64_t scores = cpu_backward_score_bytes(c);
+        std::string status = verdict(c, p, cpu);
+        if (dq == DqMode::Separate && status == "legal" &&
+            check_cpu_config(cpu_config(m, n, DqMode::Atomic), p, cpu).ok())
+          status = "legal, no candidate (the fused dQ fits)";
         char line[320];
         std::snprintf(line, sizeof line, "%-16s %9lld %9lld  %9lld  %6s  %s\n",
                       c.to_string().c_str(), static_cast<long long>(cpu_backward_dkdv_bytes(c, p)),
                       static_cast<long long>(cpu_backward_dq_bytes(c, p)),
                       static_cast<long long>(scores), scores <= cpu.l1d_bytes ? "yes" : "no",
-                      verdict(c, p, cpu).c_str());
+                      status.c_str());
         out << line;
       }
   out << legal_summary(p, cpu);
