@@ -22,10 +22,9 @@ What it does, in order:
      Peak = cores x SIMD lanes (16 fp32 with AVX-512, 8 with AVX2) x 2 FMA units x 2 FLOP x
      clock. The 2 FMA units are an assumption (Zen 4/5, Intel server cores) that the measured
      FMA throughput checks: it prints both.
-  4. Unless --no-tune: `flashjit tune --backend cpu` over the grid into build/bench-cpu-tuning.db
-     (resumes: problems already tuned there are not measured again). The tuner tunes the
-     forward pass only: the backward's "tuned" column is what the DB serves, i.e. the default
-     until backward rows exist.
+  4. Unless --no-tune: `flashjit tune --backend cpu --pass <the passes>` over the grid into
+     build/bench-cpu-tuning.db (resumes: problems already tuned there are not measured again);
+     the "tuned" column is what the DB serves (the default where the tuner kept it).
   5. For every (pass, dtype, d, causal, N): torch (reps/2 timed calls), flashjit's default and
      tuned configs (`cpu_bench time`, reps timed launches each), torch again (reps/2): medians.
      torch gets torch.set_num_threads(cores), the number of threads flashjit's pool runs.
@@ -104,9 +103,10 @@ def peak():
     return json.loads(out)
 
 
-def tune(args, db):
+def tune(args, db, passes):
     for dtype in args.dtypes:
         command = [str(BUILD / "flashjit"), "tune", "--backend", "cpu", "--db", str(db),
+                   "--pass", ",".join(passes),
                    "--dtypes", dtype, "--head-dims", ",".join(map(str, args.d)),
                    "--seqlens", ",".join(map(str, args.n)), "--causal", args.causal,
                    "--tokens", str(TOKENS), "--hidden", str(HIDDEN)]
@@ -145,8 +145,11 @@ def torch_samples(torch, pass_, dtype, d, n, causal, reps):
         q, k, v = (t.requires_grad_() for t in (q, k, v))
         d_o = torch.randn(batch, heads, n, d, generator=generator).to(torch_dtype)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # not timed
-        for _ in range(2):
+        for _ in range(2):  # one warm-up call where a call takes seconds (bf16 at N = 4096)
+            start = time.perf_counter()
             torch.autograd.grad(out, (q, k, v), d_o, retain_graph=True)
+            if time.perf_counter() - start > 1.0:
+                break
         samples = []
         for _ in range(reps):
             start = time.perf_counter()
@@ -205,8 +208,8 @@ def main():
     log(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"CPU capability {torch.backends.cpu.get_cpu_capability()}")
     passes = {"fwd": ["fwd"], "bwd": ["bwd"], "both": ["fwd", "bwd"]}[args.pass_]
-    if args.tune and "fwd" in passes:  # the tuner tunes the forward only
-        tune(args, args.db)
+    if args.tune:
+        tune(args, args.db, passes)
 
     causal_values = {"off": [False], "on": [True], "both": [False, True]}[args.causal]
     half = max(1, args.reps // 2)
