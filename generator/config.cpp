@@ -248,8 +248,12 @@ int formula_block_m(const AttentionProblem& p, const DeviceSpec& device) {
 Result<AttentionConfig> default_config(const AttentionProblem& p, const DeviceSpec& device) {
   if (p.is_backward()) return default_backward_config(p, device);
   FLASHJIT_TRY(check_cuda_dtype(p.dtype));
-  // The formula picks block_m within the device's best template family: wgmma where the device
-  // has it (sm90), mma.sync elsewhere.
+  // sm90: the -ws tile where it measured faster than the wgmma default (ws_is_default).
+  if (device.arch == 90)
+    if (Result<AttentionConfig> ws = default_ws_config(p, device); ws.ok() && ws_is_default(*ws, p))
+      return *ws;
+  // Otherwise the formula picks block_m within the device's best template family: wgmma where
+  // the device has it (sm90), mma.sync elsewhere.
   std::vector<AttentionConfig> legal = legal_configs(p, device);
   const bool has_wgmma = std::any_of(legal.begin(), legal.end(), [](const AttentionConfig& c) {
     return c.family == KernelFamily::Wgmma;

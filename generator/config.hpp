@@ -112,11 +112,13 @@ Status check_config(const AttentionConfig& config, const AttentionProblem& probl
 std::vector<AttentionConfig> legal_configs(const AttentionProblem& problem,
                                            const DeviceSpec& device);
 
-// The untuned default from the starting formula Br = smem_per_block / (3 * d * sizeof(float)),
-// within the device's best kernel family (wgmma on sm90, else mma): rounded down to the largest
-// legal block_m (the smallest legal one if none is below); then block_n = 64 if legal, the most
-// warps that are legal, and 2 stages. (The -ws family's own untuned tile is default_ws_config in
-// generator/forward_config_ws.hpp; it becomes sm90's default once measured there.)
+// The untuned default. On sm90 the -ws family's tile (default_ws_config) wherever it measured
+// faster than the wgmma family's default: every problem of padded head dim > 64, and at 64 the
+// problems whose average tile has enough key blocks (ws_is_default, generator/
+// forward_config_ws.hpp). Otherwise the starting formula Br = smem_per_block / (3 * d *
+// sizeof(float)), within the device's best other family (wgmma on sm90, else mma): rounded down
+// to the largest legal block_m (the smallest legal one if none is below); then block_n = 64 if
+// legal, the most warps that are legal, and 2 stages.
 // Error if the CUDA templates cannot store the dtype (check_cuda_dtype) or no config is legal
 // (a device too small for this head dim).
 Result<AttentionConfig> default_config(const AttentionProblem& problem, const DeviceSpec& device);

@@ -5,6 +5,11 @@
 #include <sstream>
 
 #include "generator/knobs.hpp"
+// attention_common.h (the kernels' key ranges) needs the params struct first.
+// clang-format off
+#include "templates/attention_params.h"
+#include "templates/attention_common.h"
+// clang-format on
 
 namespace flashjit {
 
@@ -114,6 +119,25 @@ Result<AttentionConfig> default_ws_config(const AttentionProblem& p, const Devic
                         device.name + " (sm90 only)");
 }
 
+double mean_key_blocks(const AttentionConfig& c, const AttentionProblem& p) {
+  FlashjitAttentionParams params{};
+  params.seqlen_q = static_cast<int>(p.seqlen_q);
+  params.seqlen_k = static_cast<int>(p.seqlen_k);
+  const int diagonal = flashjit_attention::diagonal(params);
+  const int m_blocks = static_cast<int>((p.seqlen_q + c.block_m - 1) / c.block_m);
+  long long blocks = 0;
+  for (int m = 0; m < m_blocks; ++m)
+    blocks += p.causal ? flashjit_attention::key_blocks<true>(params, diagonal, m * c.block_m,
+                                                              c.block_m, c.block_n)
+                       : flashjit_attention::key_blocks<false>(params, diagonal, m * c.block_m,
+                                                               c.block_m, c.block_n);
+  return m_blocks > 0 ? static_cast<double>(blocks) / m_blocks : 0.0;
+}
+
+bool ws_is_default(const AttentionConfig& ws, const AttentionProblem& p) {
+  return padded_head_dim(p.head_dim) > 64 || mean_key_blocks(ws, p) >= kWsMinMeanKeyBlocksD64;
+}
+
 std::string explain_ws_plan(const AttentionProblem& p, const DeviceSpec& device) {
   std::ostringstream out;
   const int dp = padded_head_dim(p.head_dim);
@@ -142,9 +166,17 @@ std::string explain_ws_plan(const AttentionProblem& p, const DeviceSpec& device)
                   r.consumer_estimate, why.c_str());
     out << line;
   }
-  if (Result<AttentionConfig> def = default_ws_config(p, device); def.ok())
-    out << "Proposed -ws default: " << def->to_string() << "\n";
-  else
+  if (Result<AttentionConfig> def = default_ws_config(p, device); def.ok()) {
+    char blocks[64];
+    std::snprintf(blocks, sizeof blocks, "%.1f", mean_key_blocks(*def, p));
+    out << "-ws tile: " << def->to_string() << " (" << blocks
+        << " key blocks per tile on average); "
+        << (ws_is_default(*def, p) ? "sm90's default" : "not the default")
+        << (dp > 64 ? " (padded head dim > 64: -ws at any size)\n"
+                    : " (padded head dim 64: -ws from " +
+                          std::to_string(static_cast<int>(kWsMinMeanKeyBlocksD64)) +
+                          " key blocks per tile)\n");
+  } else
     out << def.error().message << "\n";
   return out.str();
 }

@@ -58,6 +58,25 @@ Status check_ws_config(const AttentionConfig& config, const AttentionProblem& pr
 Result<AttentionConfig> default_ws_config(const AttentionProblem& problem,
                                           const DeviceSpec& device);
 
+// Key blocks (block_n keys each) the average query tile of `config` computes for `problem`:
+// attention_common.h's key_blocks over every query block of block_m rows (causal tiles near the
+// top see fewer keys, tiles above a seqlen_q > seqlen_k diagonal none).
+double mean_key_blocks(const AttentionConfig& config, const AttentionProblem& problem);
+
+// sm90's untuned default is the -ws tile wherever it measured faster than the wgmma family's
+// default (H100, bf16, 36 shapes, docs/PERFORMANCE.md "Stage 1 measured"):
+//   padded head dim > 64  always (1.15x-1.54x at every shape, N 512 to 16k, causal or not);
+//   padded head dim 64    when the average tile computes at least kWsMinMeanKeyBlocksD64 key
+//                         blocks: there the softmax is half the work per block that it is at
+//                         d = 128, so the parts of a tile no overlap covers (Q and first K
+//                         waits, the peeled first S and last P V, the epilogue) weigh ~1/n.
+//                         Measured: 4 and 5.3 blocks (N 512, causal 1024) 0.96x and 0.83x;
+//                         8 and 9.2 (N 1024, causal 2048) 1.05x and 1.02x; 16 and more
+//                         1.12x-1.33x.
+inline constexpr double kWsMinMeanKeyBlocksD64 = 8;
+// Whether `ws` (a -ws config, default_ws_config's) is sm90's default for `problem` by that rule.
+bool ws_is_default(const AttentionConfig& ws, const AttentionProblem& problem);
+
 // The family's budget arithmetic and candidate table, for `flashjit plan` on sm90.
 std::string explain_ws_plan(const AttentionProblem& problem, const DeviceSpec& device);
 

@@ -106,12 +106,95 @@ TEST(WsConfig, DefaultTilePerHeadDimAndPlan) {
               legal.end())
         << head_dim;
   }
-  // sm90's untuned default stays the wgmma family's until -ws is measured on an H100.
-  EXPECT_EQ(default_config(problem(128), sm(90))->family, KernelFamily::Wgmma);
   const std::string plan = explain_plan(problem(128), sm(90));
   EXPECT_NE(plan.find("-ws family"), std::string::npos) << plan;
-  EXPECT_NE(plan.find("Proposed -ws default: m128n128w12s2-ws"), std::string::npos) << plan;
+  EXPECT_NE(plan.find("-ws tile: m128n128w12s2-ws (32.0 key blocks per tile on average); sm90's "
+                      "default"),
+            std::string::npos)
+      << plan;
+  EXPECT_NE(plan.find("Default (untuned): m128n128w12s2-ws"), std::string::npos) << plan;
   EXPECT_EQ(explain_plan(problem(128), sm(80)).find("-ws family"), std::string::npos);
+}
+
+AttentionProblem square(int head_dim, int64_t n, bool causal) {
+  // The benchmark grid's shapes: B x N = 16k tokens, H x d = 2048.
+  return AttentionProblem::make(16384 / n, 2048 / head_dim, 2048 / head_dim, n, n, head_dim,
+                                DType::BF16, causal);
+}
+
+TEST(WsConfig, MeanKeyBlocksFollowsTheKeyRange) {
+  const AttentionConfig m192{192, 128, 16, 2, KernelFamily::Ws};
+  EXPECT_DOUBLE_EQ(mean_key_blocks(m192, square(64, 512, false)), 4.0);
+  EXPECT_DOUBLE_EQ(mean_key_blocks(m192, square(64, 1024, false)), 8.0);
+  // Causal, 512 rows: tiles [0, 192), [192, 384), [384, 512) see 2, 3 and 4 blocks of 128 keys.
+  EXPECT_DOUBLE_EQ(mean_key_blocks(m192, square(64, 512, true)), 3.0);
+  EXPECT_NEAR(mean_key_blocks(m192, square(64, 1024, true)), 32.0 / 6, 1e-12);
+  EXPECT_NEAR(mean_key_blocks(m192, square(64, 2048, true)), 101.0 / 11, 1e-12);
+  // seqlen_q > seqlen_k, causal: the first 3000 - 100 = 2900 rows see no key (15 of 16 tiles).
+  const auto tall = AttentionProblem::make(1, 4, 4, 3000, 100, 64, DType::BF16, true);
+  EXPECT_DOUBLE_EQ(mean_key_blocks(m192, tall), 1.0 / 16);
+  // One query row, many keys (decoding): every key block.
+  const auto decode = AttentionProblem::make(8, 16, 16, 1, 5000, 64, DType::BF16, false);
+  EXPECT_DOUBLE_EQ(mean_key_blocks(m192, decode), 40.0);
+}
+
+// sm90's default is the -ws tile where the H100 measured it faster than the wgmma default
+// (docs/PERFORMANCE.md, stage 1), the wgmma default elsewhere: each measured shape on its side.
+TEST(WsConfig, DefaultIsWsWhereItMeasuredFaster) {
+  struct Case {
+    int head_dim;
+    int64_t n;
+    bool causal;
+    bool ws;  // measured -ws / wgmma default > 1
+  };
+  const Case cases[] = {
+      // d 64: 0.96 0.83 0.85 slower; 1.05 1.02 1.18 1.12 1.31 faster.
+      {64, 512, false, false},
+      {64, 512, true, false},
+      {64, 1024, true, false},
+      {64, 1024, false, true},
+      {64, 2048, true, true},
+      {64, 2048, false, true},
+      {64, 4096, true, true},
+      {64, 16384, false, true},
+      // d 128 and 256: faster at every shape, the smallest included (1.20, 1.18 causal 512).
+      {128, 512, true, true},
+      {128, 512, false, true},
+      {128, 16384, false, true},
+      {256, 512, true, true},
+      {256, 8192, false, true},
+      {256, 16384, true, true},
+  };
+  for (const Case& c : cases) {
+    const AttentionProblem p = square(c.head_dim, c.n, c.causal);
+    const std::string name = "d" + std::to_string(c.head_dim) + " N " + std::to_string(c.n) +
+                             (c.causal ? " causal" : "");
+    Result<AttentionConfig> def = default_config(p, sm(90));
+    ASSERT_TRUE(def.ok()) << name;
+    EXPECT_EQ(def->family, c.ws ? KernelFamily::Ws : KernelFamily::Wgmma) << name;
+    if (c.ws) {
+      EXPECT_EQ(*def, *default_ws_config(p, sm(90))) << name;
+    }
+    EXPECT_TRUE(check_config(*def, p, sm(90)).ok()) << name;
+    EXPECT_EQ(ws_is_default(*default_ws_config(p, sm(90)), p), c.ws) << name;
+  }
+  // A padded head dim of 128 (d = 96) is -ws at any size; of 64 (d = 40) by the key blocks.
+  EXPECT_EQ(default_config(AttentionProblem::make(1, 8, 8, 200, 200, 96, DType::F16, true), sm(90))
+                ->family,
+            KernelFamily::Ws);
+  EXPECT_EQ(default_config(AttentionProblem::make(1, 8, 8, 200, 200, 40, DType::F16, true), sm(90))
+                ->family,
+            KernelFamily::Wgmma);
+  EXPECT_EQ(default_config(AttentionProblem::make(1, 8, 8, 200, 3000, 40, DType::F16, true), sm(90))
+                ->family,
+            KernelFamily::Ws);
+  // Not on sm80; and the plan says why at d = 64.
+  EXPECT_EQ(default_config(square(128, 4096, false), sm(80))->family, KernelFamily::Mma);
+  const std::string plan = explain_plan(square(64, 512, false), sm(90));
+  EXPECT_NE(plan.find("-ws tile: m192n128w16s2-ws (4.0 key blocks per tile on average); not the "
+                      "default (padded head dim 64: -ws from 8 key blocks per tile)"),
+            std::string::npos)
+      << plan;
 }
 
 }  // namespace
