@@ -42,6 +42,9 @@ Status check_template(const AttentionConfig& c, const AttentionProblem& p) {
                " (a producer warpgroup and one consumer warpgroup per 64 rows)");
   if (!contains(kWsStageChoices, c.stages))
     return illegal(c, "stages = " + std::to_string(c.stages) + " not in " + list(kWsStageChoices));
+  if (c.pingpong && c.block_m < 128)
+    return illegal(c, "ping-pong (-pp) takes turns between 2 or 3 consumer warpgroups; block_m = " +
+                          std::to_string(c.block_m) + " has one");
   if (p.head_dim % 8 != 0 || p.head_dim > 256)
     return illegal(c, "head_dim = " + std::to_string(p.head_dim) + ": a multiple of 8 up to 256");
   return ok_status();
@@ -55,7 +58,7 @@ WsResources ws_resources(const AttentionConfig& c, const AttentionProblem& p) {
   r.consumers = std::max(1, c.block_m / 64);
   r.threads = 128 * (1 + r.consumers);
   r.ctas_per_sm = r.consumers == 1 ? 2 : 1;
-  const int barriers = 1 + 4 * c.stages;
+  const int barriers = 2 + 4 * c.stages;
   r.smem_bytes =
       kSwizzleAtomAlign + c.block_m * dp * 2 + 2 * c.stages * c.block_n * dp * 2 + 8 * barriers;
   r.launch_registers = kRegistersPerSm / (r.ctas_per_sm * r.threads) / 8 * 8;
@@ -73,8 +76,19 @@ std::vector<AttentionConfig> ws_candidates() {
   for (int block_m : kWsBlockMChoices)
     for (int block_n : kWsBlockNChoices)
       for (int stages : kWsStageChoices)
-        configs.push_back({block_m, block_n, block_m / 16 + 4, stages, KernelFamily::Ws});
+        for (bool pingpong : {false, true})
+          for (bool persistent : {false, true}) {
+            AttentionConfig c{block_m, block_n, block_m / 16 + 4, stages, KernelFamily::Ws};
+            c.pingpong = pingpong;
+            c.persistent = persistent;
+            configs.push_back(c);
+          }
   return configs;
+}
+
+int ws_persistent_ctas(const AttentionConfig& c, const AttentionProblem& p,
+                       const DeviceSpec& device) {
+  return device.sm_count * std::max(1, resource_use(c, p, device).ctas_per_sm);
 }
 
 Status check_ws_config(const AttentionConfig& c, const AttentionProblem& p,
@@ -145,7 +159,7 @@ std::string explain_ws_plan(const AttentionProblem& p, const DeviceSpec& device)
          "TMA into mbarrier pipelines; 64 query rows per consumer warpgroup; setmaxnreg moves "
          "registers from the producer to the consumers; templates/cuda/ws/):\n"
       << "  smem  = 1024 + Br * " << dp << " * 2 (Q, then O) + 2 * stages * Bc * " << dp
-      << " * 2 (K, V) + 8 * (1 + 4 * stages) (mbarriers)   <= " << device.smem_per_block_optin
+      << " * 2 (K, V) + 8 * (2 + 4 * stages) (mbarriers)   <= " << device.smem_per_block_optin
       << " B\n"
       << "  regs: launch = 65536 / (CTAs/SM * threads) (2 CTAs/SM with one consumer warpgroup); "
          "the producer drops to "
@@ -153,8 +167,14 @@ std::string explain_ws_plan(const AttentionProblem& p, const DeviceSpec& device)
       << ")\n"
       << "  consumer needs ~" << dp / 2 << " (O) + Bc / 2 (S) + Bc / 4 (P) + " << kRegisterAllowance
       << "\n\n";
+  out << "  schedule: each legal tile also as -pp (consumers take turns at the tensor cores; 2 or "
+         "3 "
+         "consumers), -persist (a grid of "
+      << device.sm_count << " SMs x the CTAs that fit, walking the tiles"
+      << (p.causal ? ", heaviest first" : "") << ") and -pp-persist: same budget\n\n";
   out << "config              threads  smem(B)  launch  consumer  need  status\n";
   for (const AttentionConfig& c : ws_candidates()) {
+    if (c.pingpong || c.persistent) continue;  // the same budget as the tile's
     const Status status = check_ws_config(c, p, device);
     const WsResources r = ws_resources(c, p);
     std::string why = status.ok() ? "legal" : status.error().message;

@@ -9,6 +9,12 @@
 //   block_n  keys per K/V block: S = Q K^T is one m64n<block_n> wgmma per 16 head-dim columns
 //   warps    4 (the producer warpgroup) + 4 per consumer warpgroup: block_m / 16 + 4
 //   stages   depth of the K and of the V pipeline (TMA loads in flight ahead of the consumers)
+// and the schedule (templates/cuda/ws/pingpong.cuh, tile_scheduler.cuh), each on or off:
+//   pingpong    "-pp": the consumer warpgroups take turns issuing their GEMMs (2 or 3 of them)
+//   persistent  "-persist": a grid of one CTA per SM slot (ws_persistent_ctas) walks the tiles,
+//               heaviest first when causal
+// Both change neither shared memory nor registers: every legal tile is legal with each
+// schedule it can run (ping-pong needs two consumers).
 #pragma once
 
 #include <string>
@@ -40,13 +46,19 @@ struct WsResources {
 
 WsResources ws_resources(const AttentionConfig& config, const AttentionProblem& problem);
 
-// Every point of the knob space (family Ws, warps = block_m / 16 + 4), in AttentionConfig's
-// order; filter it with check_ws_config.
+// Every point of the knob space (family Ws, warps = block_m / 16 + 4, each schedule), in
+// AttentionConfig's order; filter it with check_ws_config.
 std::vector<AttentionConfig> ws_candidates();
 
+// The grid of a persistent config (runtime: KernelShape::persistent_ctas): one CTA per SM slot,
+// the device's SMs times the CTAs of this config that fit on one (resource_use); at most the
+// tiles (the launch caps it there).
+int ws_persistent_ctas(const AttentionConfig& config, const AttentionProblem& problem,
+                       const DeviceSpec& device);
+
 // Why `config` (family Ws) is illegal for the forward of `problem` on `device`, or ok: the
-// architecture (sm90 only), the template's constraints, threads, shared memory, then the
-// consumers' registers after setmaxnreg.
+// architecture (sm90 only), the template's constraints (ping-pong: 2 or 3 consumers), threads,
+// shared memory, then the consumers' registers after setmaxnreg.
 Status check_ws_config(const AttentionConfig& config, const AttentionProblem& problem,
                        const DeviceSpec& device);
 
@@ -54,7 +66,8 @@ Status check_ws_config(const AttentionConfig& config, const AttentionProblem& pr
 //   d <= 64   m192n128w16s2-ws   three consumer warpgroups
 //   d <= 128  m128n128w12s2-ws   two
 //   d <= 256  m128n64w12s2-ws    two (S and P of 128 keys do not fit beside O)
-// else the first legal config. Error when no -ws config is legal (not sm90).
+// no ping-pong, one CTA per tile (the schedule measured on an H100; the tuner weighs the
+// others); else the first legal config. Error when no -ws config is legal (not sm90).
 Result<AttentionConfig> default_ws_config(const AttentionProblem& problem,
                                           const DeviceSpec& device);
 

@@ -12,6 +12,7 @@
 
 #include "generator/config.hpp"
 #include "generator/device.hpp"
+#include "runtime/launch_params.hpp"
 
 namespace flashjit {
 namespace {
@@ -29,6 +30,89 @@ TEST(WsConfig, NamesRoundTrip) {
   EXPECT_EQ(ws.to_string(), "m128n128w12s2-ws");
   EXPECT_EQ(AttentionConfig::parse("m128n128w12s2-ws").value(), ws);
   EXPECT_FALSE(AttentionConfig::parse("m128n128w12s2-ws-wgmma").ok());
+}
+
+AttentionConfig scheduled(AttentionConfig c, bool pingpong, bool persistent) {
+  c.pingpong = pingpong;
+  c.persistent = persistent;
+  return c;
+}
+
+TEST(WsConfig, ScheduleNamesRoundTrip) {
+  const AttentionConfig tile{128, 128, 12, 2, KernelFamily::Ws};
+  for (bool pingpong : {false, true})
+    for (bool persistent : {false, true}) {
+      const AttentionConfig c = scheduled(tile, pingpong, persistent);
+      EXPECT_EQ(AttentionConfig::parse(c.to_string()).value(), c) << c.to_string();
+    }
+  EXPECT_EQ(scheduled(tile, true, true).to_string(), "m128n128w12s2-ws-pp-persist");
+  EXPECT_EQ(scheduled(tile, false, true).to_string(), "m128n128w12s2-ws-persist");
+  // The schedule belongs to -ws, in this order.
+  for (const char* bad : {"m128n128w12s2-ws-persist-pp", "m128n128w8s2-wgmma-pp", "m128n64w4s2-pp",
+                          "m128n64w4s2-persist"})
+    EXPECT_FALSE(AttentionConfig::parse(bad).ok()) << bad;
+}
+
+TEST(WsConfig, ScheduleKnobsAreWsOnly) {
+  // Ping-pong needs two consumers to take turns.
+  const Status one =
+      check_config(scheduled({64, 128, 8, 2, KernelFamily::Ws}, true, false), problem(128), sm(90));
+  ASSERT_FALSE(one.ok());
+  EXPECT_NE(one.error().message.find("ping-pong (-pp) takes turns between 2 or 3"),
+            std::string::npos)
+      << one.error().message;
+  EXPECT_TRUE(
+      check_config(scheduled({64, 128, 8, 2, KernelFamily::Ws}, false, true), problem(128), sm(90))
+          .ok());
+  // No other family, backend or pass has them.
+  for (const AttentionConfig& c : {scheduled({128, 64, 8, 2, KernelFamily::Wgmma}, true, false),
+                                   scheduled({128, 64, 4, 2, KernelFamily::Mma}, false, true)}) {
+    const Status status = check_config(c, problem(128), sm(90));
+    ASSERT_FALSE(status.ok()) << c.to_string();
+    EXPECT_NE(status.error().message.find("a knob of the -ws family only"), std::string::npos)
+        << status.error().message;
+    EXPECT_FALSE(check_config(c, problem(128).with_pass(Pass::Backward), sm(90)).ok());
+  }
+  // The schedule costs no resources: every legal tile is legal in each schedule it can run.
+  for (int head_dim : {64, 128, 256}) {
+    const std::vector<AttentionConfig> legal = legal_configs(problem(head_dim), sm(90));
+    int tiles = 0, scheduled_configs = 0;
+    for (const AttentionConfig& c : legal) {
+      if (c.family != KernelFamily::Ws) continue;
+      ++scheduled_configs;
+      if (c.pingpong || c.persistent) continue;
+      ++tiles;
+      for (bool pingpong : {false, true})
+        for (bool persistent : {false, true}) {
+          const AttentionConfig s = scheduled(c, pingpong, persistent);
+          const bool runs = !pingpong || c.block_m >= 128;
+          EXPECT_EQ(std::find(legal.begin(), legal.end(), s) != legal.end(), runs) << s.to_string();
+          EXPECT_EQ(ws_resources(s, problem(head_dim)).smem_bytes,
+                    ws_resources(c, problem(head_dim)).smem_bytes);
+        }
+    }
+    EXPECT_GT(scheduled_configs, 2 * tiles) << head_dim;
+  }
+}
+
+TEST(WsConfig, PersistentGridIsOneCtaPerSmSlot) {
+  // Two consumers: one CTA per SM, 132 on an H100; one consumer at d 64: two per SM.
+  const AttentionConfig two = scheduled({128, 128, 12, 2, KernelFamily::Ws}, false, true);
+  EXPECT_EQ(ws_persistent_ctas(two, problem(128), sm(90)), 132);
+  const AttentionConfig one = scheduled({64, 64, 8, 2, KernelFamily::Ws}, false, true);
+  EXPECT_EQ(ws_persistent_ctas(one, problem(64), sm(90)), 2 * 132);
+  // The launch: min(tiles, CTAs) in grid x. 2 x 16 heads x 32 query blocks = 1024 tiles.
+  const LaunchShape big = forward_launch(problem(128), two, {384, 1000, 132});
+  EXPECT_EQ(big.grid_x, 132);
+  EXPECT_EQ(big.grid_y, 1);
+  EXPECT_EQ(big.grid_z, 1);
+  const auto small = AttentionProblem::make(1, 3, 3, 200, 200, 128, DType::BF16, true);
+  EXPECT_EQ(forward_launch(small, two, {384, 1000, 132}).grid_x, 2 * 3);
+  // Without persistent_ctas the contract's grid.
+  const LaunchShape grid = forward_launch(problem(128), two, {384, 1000});
+  EXPECT_EQ(grid.grid_x, 32);
+  EXPECT_EQ(grid.grid_y, 16);
+  EXPECT_EQ(grid.grid_z, 2);
 }
 
 TEST(WsConfig, LegalOnSm90Only) {
@@ -72,7 +156,7 @@ TEST(WsConfig, ResourcesFollowTheTraits) {
   EXPECT_EQ(two.launch_registers, 168);
   EXPECT_EQ(two.producer_registers, 24);
   EXPECT_EQ(two.consumer_registers, 240);
-  EXPECT_EQ(two.smem_bytes, 1024 + 128 * 128 * 2 + 2 * 2 * 128 * 128 * 2 + 8 * 9);
+  EXPECT_EQ(two.smem_bytes, 1024 + 128 * 128 * 2 + 2 * 2 * 128 * 128 * 2 + 8 * 10);
   // Three consumers: 512 threads: 128 at launch, (4 * 128 - 24) / 3 = 162 -> 160.
   const WsResources three = ws_resources({192, 128, 16, 2, KernelFamily::Ws}, problem(64));
   EXPECT_EQ(three.launch_registers, 128);
