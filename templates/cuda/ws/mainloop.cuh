@@ -120,7 +120,8 @@ __device__ __forceinline__ void ws_consume(const FlashjitAttentionParams& p,
   float s[K::kNTiles * 4];      // S_j: [16 rows, kBlockN] fp32, then its exponentials
   u32 p_frag[kBlockN / 16][4];  // P_{j-1}: A fragments per 16-key step
   float correction[2];
-  PipelineState<K::kStages>&k_read = at.k, &v_read = at.v;
+  PipelineState<K::kStages>& k_read = at.k;  // carried over from the previous tile
+  PipelineState<K::kStages>& v_read = at.v;
 
   auto issue_s = [&](int stage) {  // S = Q K^T from buffer `stage`
     const u64 k_desc = advance(k_desc0, stage * K::kKvTileBytes);
