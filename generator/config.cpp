@@ -43,31 +43,34 @@ std::string AttentionConfig::to_string() const {
                        : family == KernelFamily::Ws  ? "-ws"
                                                      : "";
   return "m" + std::to_string(block_m) + "n" + std::to_string(block_n) + "w" +
-         std::to_string(warps) + "s" + std::to_string(stages) + suffix +
-         (dq == DqMode::Separate ? "-det" : "");
+         std::to_string(warps) + "s" + std::to_string(stages) + suffix + (pingpong ? "-pp" : "") +
+         (persistent ? "-persist" : "") + (dq == DqMode::Separate ? "-det" : "");
 }
 
 Result<AttentionConfig> AttentionConfig::parse(const std::string& text) {
   static const std::regex pattern(
-      R"(m(\d{1,4})n(\d{1,4})w(\d{1,2})s(\d{1,2})(-wgmma|-ws)?(-det)?)");
+      R"(m(\d{1,4})n(\d{1,4})w(\d{1,2})s(\d{1,2})(-wgmma|-ws(-pp)?(-persist)?)?(-det)?)");
   std::smatch match;
   if (!std::regex_match(text, match, pattern)) {
     return make_error(
         ErrorCode::InvalidArgument,
         "config = '" + text +
-            "': expected the form m<block_m>n<block_n>w<warps>s<stages>[-wgmma|-ws][-det], e.g. "
-            "m128n64w4s2, m128n128w8s2-wgmma, m128n128w12s2-ws or (backward, separate dQ "
-            "kernel) m64n128w8s2-det");
+            "': expected the form "
+            "m<block_m>n<block_n>w<warps>s<stages>[-wgmma|-ws[-pp][-persist]][-det], e.g. "
+            "m128n64w4s2, m128n128w8s2-wgmma, m128n128w12s2-ws, m128n128w12s2-ws-pp-persist or "
+            "(backward, separate dQ kernel) m64n128w8s2-det");
   }
   AttentionConfig c;
   c.block_m = std::stoi(match[1]);
   c.block_n = std::stoi(match[2]);
   c.warps = std::stoi(match[3]);
   c.stages = std::stoi(match[4]);
-  c.family = !match[5].matched         ? KernelFamily::Mma
-             : match[5].str() == "-ws" ? KernelFamily::Ws
-                                       : KernelFamily::Wgmma;
-  c.dq = match[6].matched ? DqMode::Separate : DqMode::Atomic;
+  c.family = !match[5].matched            ? KernelFamily::Mma
+             : match[5].str() == "-wgmma" ? KernelFamily::Wgmma
+                                          : KernelFamily::Ws;
+  c.pingpong = match[6].matched;
+  c.persistent = match[7].matched;
+  c.dq = match[8].matched ? DqMode::Separate : DqMode::Atomic;
   return c;
 }
 
@@ -128,6 +131,12 @@ Status check_cuda_dtype(DType dtype) {
                         "CPU backend: --backend cpu, FLASHJIT_BACKEND=cpu)");
 }
 
+Status check_ws_knobs(const AttentionConfig& c) {
+  if (c.family == KernelFamily::Ws || (!c.pingpong && !c.persistent)) return ok_status();
+  return illegal(c, std::string(c.pingpong ? "ping-pong (-pp)" : "persistent (-persist)") +
+                        " is a knob of the -ws family only");
+}
+
 Status check_cuda_problem(const AttentionProblem& p) {
   FLASHJIT_TRY(validate(p));
   return check_cuda_dtype(p.dtype);
@@ -158,6 +167,7 @@ Status check_wgmma_shape(const AttentionConfig& c, const DeviceSpec& device) {
 }  // namespace
 
 Status check_config(const AttentionConfig& c, const AttentionProblem& p, const DeviceSpec& device) {
+  FLASHJIT_TRY(check_ws_knobs(c));
   if (p.is_backward()) return check_backward_config(c, p, device);
   if (c.dq != DqMode::Atomic)
     return illegal(c, "-det (a separate dQ kernel) exists in the backward pass only");
@@ -248,8 +258,12 @@ int formula_block_m(const AttentionProblem& p, const DeviceSpec& device) {
 Result<AttentionConfig> default_config(const AttentionProblem& p, const DeviceSpec& device) {
   if (p.is_backward()) return default_backward_config(p, device);
   FLASHJIT_TRY(check_cuda_dtype(p.dtype));
-  // The formula picks block_m within the device's best template family: wgmma where the device
-  // has it (sm90), mma.sync elsewhere.
+  // sm90: the -ws tile where it measured faster than the wgmma default (ws_is_default).
+  if (device.arch == 90)
+    if (Result<AttentionConfig> ws = default_ws_config(p, device); ws.ok() && ws_is_default(*ws, p))
+      return *ws;
+  // Otherwise the formula picks block_m within the device's best template family: wgmma where
+  // the device has it (sm90), mma.sync elsewhere.
   std::vector<AttentionConfig> legal = legal_configs(p, device);
   const bool has_wgmma = std::any_of(legal.begin(), legal.end(), [](const AttentionConfig& c) {
     return c.family == KernelFamily::Wgmma;
