@@ -196,6 +196,22 @@ def torch_reference(q, k, v, do, causal=False, scale=None, layout="bshd"):
     return tuple(to_bhsd(x).detach() for x in (o, q.grad, k.grad, v.grad))
 
 
+def check_torch_against_reference(o, grads, q, k, v, do, causal, scale=None, layout="bshd",
+                                  tolerance=None, forward_floor=None):
+    """o and grads = (dq, dk, dv) of flashjit against torch_reference: each gradient within
+    `tolerance` (default gradient_tolerance of q's dtype) with q/k/v's shape, dtype and device;
+    o within the same tolerance, or max(forward_floor, tolerance / 4) when forward_floor is given
+    (the CPU's fp32 forward is far tighter than its gradients)."""
+    ref = torch_reference(q, k, v, do, causal=causal, scale=scale, layout=layout)
+    tolerance = tolerance or gradient_tolerance(str(q.dtype).replace("torch.", ""))
+    o_bound = tolerance if forward_floor is None else max(forward_floor, tolerance / 4)
+    assert torch_relative_error(o, ref[0]) < o_bound, "o"
+    for name, grad, expected, like in zip(("dq", "dk", "dv"), grads, ref[1:], (q, k, v)):
+        assert grad.shape == like.shape and grad.dtype == like.dtype, name
+        assert grad.device == like.device, name
+        assert torch_relative_error(grad, expected) < tolerance, name
+
+
 def torch_relative_error(out, ref):
     """Relative L2 error of a torch tensor against an fp64 reference; NaN or inf fail."""
     import torch

@@ -5,12 +5,14 @@ gradients), torch.autograd.gradcheck on float32, the custom operators (torch.lib
 torch.compile(fullgraph=True) of a module forward and backward, poisoned outputs, autocast,
 SDPA's semantics and errors, and the fast path's plan cache.
 Skips without torch or without the CPU backend."""
+import functools
+
 import pytest
 
 import flashjit
-from conftest import (gradient_tolerance, have_module, module_loss_and_grads,
-                      require_cpu_backward, seed, tiny_attention_module, torch_reference,
-                      torch_relative_error)
+from conftest import (check_torch_against_reference, gradient_tolerance, have_module,
+                      module_loss_and_grads, require_cpu_backward, seed, tiny_attention_module,
+                      torch_reference, torch_relative_error)
 
 if not have_module("torch"):
     pytest.skip("torch is not installed", allow_module_level=True)
@@ -47,14 +49,9 @@ def inputs(case, layout, dtype=torch.float32, tag=""):
     return q, k, v, do
 
 
-def check_against_reference(o, grads, q, k, v, do, causal, scale=None, layout="bshd",
-                            tolerance=None):
-    ref = torch_reference(q, k, v, do, causal=causal, scale=scale, layout=layout)
-    tolerance = tolerance or gradient_tolerance(str(q.dtype).replace("torch.", ""))
-    assert torch_relative_error(o, ref[0]) < max(FORWARD_F32, tolerance / 4), "o"
-    for name, grad, expected, like in zip(("dq", "dk", "dv"), grads, ref[1:], (q, k, v)):
-        assert grad.shape == like.shape and grad.dtype == like.dtype, name
-        assert torch_relative_error(grad, expected) < tolerance, name
+# Every o and gradient against the fp64 reference; the fp32 forward within FORWARD_F32.
+check_against_reference = functools.partial(check_torch_against_reference,
+                                            forward_floor=FORWARD_F32)
 
 
 CASES = [

@@ -11,6 +11,7 @@ import os
 import pytest
 
 import flashjit
+from conftest import check_torch_against_reference as check_against_reference
 from conftest import (gradient_tolerance, have_module, module_loss_and_grads, require_gpu, seed,
                       tiny_attention_module, torch_reference, torch_relative_error)
 
@@ -49,16 +50,6 @@ def inputs(case, layout, dtype_name, tag=""):
     k = randn(*shape(layout, batch, seqlen_k, heads_kv, head_dim)).requires_grad_()
     v = randn(*shape(layout, batch, seqlen_k, heads_kv, head_dim)).requires_grad_()
     return q, k, v, randn(*q.shape)
-
-
-def check_against_reference(o, grads, q, k, v, do, causal, scale=None, layout="bshd"):
-    ref = torch_reference(q, k, v, do, causal=causal, scale=scale, layout=layout)
-    tolerance = gradient_tolerance(str(q.dtype).replace("torch.", ""))
-    assert torch_relative_error(o, ref[0]) < tolerance, "o"
-    for name, grad, expected, like in zip(("dq", "dk", "dv"), grads, ref[1:], (q, k, v)):
-        assert grad.shape == like.shape and grad.dtype == like.dtype, name
-        assert grad.device == like.device, name
-        assert torch_relative_error(grad, expected) < tolerance, name
 
 
 CASES = [
