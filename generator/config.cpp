@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "generator/backward_config.hpp"
+#include "generator/decode_config.hpp"
 #include "generator/forward_config_ws.hpp"
 #include "generator/knobs.hpp"
 
@@ -39,35 +40,47 @@ using knobs::list;
 }  // namespace
 
 std::string AttentionConfig::to_string() const {
-  const char* suffix = family == KernelFamily::Wgmma ? "-wgmma"
-                       : family == KernelFamily::Ws  ? "-ws"
-                                                     : "";
+  const char* suffix = family == KernelFamily::Wgmma    ? "-wgmma"
+                       : family == KernelFamily::Ws     ? "-ws"
+                       : family == KernelFamily::Decode ? "-decode"
+                                                        : "";
   return "m" + std::to_string(block_m) + "n" + std::to_string(block_n) + "w" +
          std::to_string(warps) + "s" + std::to_string(stages) + suffix +
+         (splits > 0 ? "-split" + std::to_string(splits) : "") +
          (dq == DqMode::Separate ? "-det" : "");
 }
 
 Result<AttentionConfig> AttentionConfig::parse(const std::string& text) {
   static const std::regex pattern(
-      R"(m(\d{1,4})n(\d{1,4})w(\d{1,2})s(\d{1,2})(-wgmma|-ws)?(-det)?)");
+      R"(m(\d{1,4})n(\d{1,4})w(\d{1,2})s(\d{1,2})(-wgmma|-ws|-decode)?(-split(\d{1,4}))?(-det)?)");
   std::smatch match;
   if (!std::regex_match(text, match, pattern)) {
     return make_error(
         ErrorCode::InvalidArgument,
         "config = '" + text +
-            "': expected the form m<block_m>n<block_n>w<warps>s<stages>[-wgmma|-ws][-det], e.g. "
-            "m128n64w4s2, m128n128w8s2-wgmma, m128n128w12s2-ws or (backward, separate dQ "
-            "kernel) m64n128w8s2-det");
+            "': expected the form m<block_m>n<block_n>w<warps>s<stages>[-wgmma|-ws|-decode]"
+            "[-split<N>][-det], e.g. m128n64w4s2, m128n128w8s2-wgmma, m128n128w12s2-ws, "
+            "m16n64w4s3-decode(-split8) or (backward, separate dQ kernel) m64n128w8s2-det");
   }
   AttentionConfig c;
   c.block_m = std::stoi(match[1]);
   c.block_n = std::stoi(match[2]);
   c.warps = std::stoi(match[3]);
   c.stages = std::stoi(match[4]);
-  c.family = !match[5].matched         ? KernelFamily::Mma
-             : match[5].str() == "-ws" ? KernelFamily::Ws
-                                       : KernelFamily::Wgmma;
-  c.dq = match[6].matched ? DqMode::Separate : DqMode::Atomic;
+  c.family = !match[5].matched             ? KernelFamily::Mma
+             : match[5].str() == "-ws"     ? KernelFamily::Ws
+             : match[5].str() == "-decode" ? KernelFamily::Decode
+                                           : KernelFamily::Wgmma;
+  if (match[6].matched) {
+    if (c.family != KernelFamily::Decode)
+      return make_error(ErrorCode::InvalidArgument,
+                        "config = '" + text + "': -split<N> is a knob of the -decode family only");
+    c.splits = std::stoi(match[7]);
+    if (c.splits < 1)
+      return make_error(ErrorCode::InvalidArgument,
+                        "config = '" + text + "': -split<N> needs N >= 1 (no suffix: auto)");
+  }
+  c.dq = match[8].matched ? DqMode::Separate : DqMode::Atomic;
   return c;
 }
 
@@ -163,6 +176,9 @@ Status check_config(const AttentionConfig& c, const AttentionProblem& p, const D
     return illegal(c, "-det (a separate dQ kernel) exists in the backward pass only");
   if (Status dtype = check_cuda_dtype(p.dtype); !dtype.ok())
     return illegal(c, dtype.error().message);
+  if (c.family == KernelFamily::Decode) return check_decode_config(c, p, device);
+  if (needs_decode_family(p)) return illegal(c, decode_only_reason(p));
+  if (c.splits != 0) return illegal(c, "-split<N> is a knob of the -decode family only");
   if (c.family == KernelFamily::Ws) return check_ws_config(c, p, device);
   if (c.family == KernelFamily::Wgmma) {
     FLASHJIT_TRY(check_wgmma_shape(c, device));
@@ -236,6 +252,8 @@ std::vector<AttentionConfig> legal_configs(const AttentionProblem& p, const Devi
   if (device.arch == 90)
     for (const AttentionConfig& c : ws_candidates())
       if (check_config(c, p, device).ok()) configs.push_back(c);
+  if (is_decode_problem(p))
+    for (const AttentionConfig& c : legal_decode_configs(p, device)) configs.push_back(c);
   return configs;
 }
 
@@ -248,6 +266,7 @@ int formula_block_m(const AttentionProblem& p, const DeviceSpec& device) {
 Result<AttentionConfig> default_config(const AttentionProblem& p, const DeviceSpec& device) {
   if (p.is_backward()) return default_backward_config(p, device);
   FLASHJIT_TRY(check_cuda_dtype(p.dtype));
+  if (is_decode_problem(p)) return default_decode_config(p, device);
   // The formula picks block_m within the device's best template family: wgmma where the device
   // has it (sm90), mma.sync elsewhere.
   std::vector<AttentionConfig> legal = legal_configs(p, device);
@@ -278,6 +297,7 @@ Result<AttentionConfig> default_config(const AttentionProblem& p, const DeviceSp
 
 std::string explain_plan(const AttentionProblem& p, const DeviceSpec& device) {
   if (p.is_backward()) return explain_backward_plan(p, device);
+  if (is_decode_problem(p)) return explain_decode_plan(p, device);
   std::ostringstream out;
   const int d = p.head_dim, dp = padded_head_dim(d);
   out << "device:  " << device.to_string() << "\n";

@@ -5,6 +5,8 @@
 #include <span>
 #include <sstream>
 
+#include "generator/decode_config.hpp"
+
 namespace flashjit {
 namespace {
 
@@ -133,11 +135,16 @@ int64_t cpu_backward_score_bytes(const AttentionConfig& c) {
 }
 
 int64_t cpu_scratch_bytes(const AttentionConfig& c, const AttentionProblem& p) {
+  if (c.family == KernelFamily::Decode) return cpu_decode_scratch_bytes(c, p);
   return p.is_backward() ? cpu_backward_working_set_bytes(c, p) : cpu_working_set_bytes(c, p);
 }
 
 Status check_cpu_config(const AttentionConfig& c, const AttentionProblem& p, const CpuSpec& cpu) {
+  // The decode family (split-KV, paged K/V) has a budget of its own: generator/decode_config.hpp.
+  if (c.family == KernelFamily::Decode) return check_cpu_decode_config(c, p, cpu);
   const std::string prefix = "config " + c.to_string() + ": ";
+  if (needs_decode_family(p))
+    return make_error(ErrorCode::InvalidArgument, prefix + decode_only_reason(p));
   const std::span<const int> m_choices = cpu_block_m_choices(p), n_choices = cpu_block_n_choices(p);
   if (!contains(m_choices, c.block_m)) {
     return make_error(ErrorCode::InvalidArgument,
@@ -191,6 +198,8 @@ std::vector<AttentionConfig> legal_cpu_configs(const AttentionProblem& p, const 
       const AttentionConfig c = cpu_config(m, n, p);
       if (check_cpu_config(c, p, cpu).ok()) out.push_back(c);
     }
+  if (is_decode_problem(p))
+    for (const AttentionConfig& c : legal_cpu_decode_configs(p, cpu)) out.push_back(c);
   return out;
 }
 
@@ -220,6 +229,7 @@ int round_down(std::span<const int> choices, int64_t target, const std::vector<i
 }  // namespace
 
 Result<AttentionConfig> default_cpu_config(const AttentionProblem& p, const CpuSpec& cpu) {
+  if (is_decode_problem(p)) return default_cpu_decode_config(p, cpu);
   const std::vector<AttentionConfig> legal = legal_cpu_configs(p, cpu);
   if (legal.empty()) {
     return make_error(ErrorCode::Unsupported,
@@ -319,6 +329,7 @@ std::string explain_cpu_backward_plan(const AttentionProblem& p, const CpuSpec& 
 
 std::string explain_cpu_plan(const AttentionProblem& p, const CpuSpec& cpu) {
   if (p.is_backward()) return explain_cpu_backward_plan(p, cpu);
+  if (is_decode_problem(p)) return explain_cpu_decode_plan(p, cpu);
   std::ostringstream out;
   out << "cpu:     " << cpu.to_string() << "\n";
   out << "problem: " << p.to_string() << "\n\n";
