@@ -18,8 +18,9 @@ using knobs::list;
 
 constexpr int kRegisterAllowance = 32;  // addresses, loop state, softmax scalars
 constexpr int kRegistersPerMTile = 8;   // m, l and the fragment rows of a 16-row tile
-constexpr int kMaxCopiesPerThread = 8;  // 16-byte K (or V) copies per thread per block
-constexpr int kSplitsCtasPerSm = 2;     // auto splits aim at this many CTAs per SM
+// 16-byte K (or V) copies per thread per block: at least 16 keys per warp make d = 256 need 16.
+constexpr int kMaxCopiesPerThread = 16;
+constexpr int kSplitsCtasPerSm = 2;  // auto splits aim at this many CTAs per SM
 
 std::string str(int64_t v) { return std::to_string(v); }
 
