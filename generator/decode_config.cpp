@@ -18,8 +18,10 @@ using knobs::list;
 
 constexpr int kRegisterAllowance = 32;  // addresses, loop state, softmax scalars
 constexpr int kRegistersPerMTile = 8;   // m, l and the fragment rows of a 16-row tile
-// 16-byte K (or V) copies per thread per block: at least 16 keys per warp make d = 256 need 16.
-constexpr int kMaxCopiesPerThread = 16;
+// 16-byte K (or V) copies per thread per block: 8 (past that the unrolled copies' addresses
+// spill: 4 B at m16n128w2s2, d = 64 on sm80), or what 16 keys per warp need at the head dim
+// (padded d / 16: 16 at d = 256).
+int max_copies_per_thread(int padded_head_dim) { return std::max(8, padded_head_dim / 16); }
 constexpr int kSplitsCtasPerSm = 2;  // auto splits aim at this many CTAs per SM
 
 std::string str(int64_t v) { return std::to_string(v); }
@@ -122,9 +124,10 @@ Status check_decode_config(const AttentionConfig& c, const AttentionProblem& p,
   const int chunks = c.block_n * (padded_head_dim(p.head_dim) / 8);
   if (chunks % r.threads != 0)
     return illegal(c, "K/V tile copies do not divide evenly over " + str(r.threads) + " threads");
-  if (r.copies > kMaxCopiesPerThread)
-    return illegal(c, str(r.copies) + " K/V tile copies per thread exceed " +
-                          str(kMaxCopiesPerThread) + " (too few threads for the tile)");
+  const int max_copies = max_copies_per_thread(padded_head_dim(p.head_dim));
+  if (r.copies > max_copies)
+    return illegal(c, str(r.copies) + " K/V tile copies per thread exceed " + str(max_copies) +
+                          " (too few threads for the tile)");
   if (r.threads > device.max_threads_per_block)
     return illegal(c, str(r.threads) + " threads exceed the device's " +
                           str(device.max_threads_per_block) + " per block");
