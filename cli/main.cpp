@@ -170,7 +170,12 @@ Result<AttentionConfig> choose_config(const ParsedFlags& flags, const AttentionP
                                       const DeviceSpec& device, std::string_view command) {
   auto given = config_from_flags(flags);
   FLASHJIT_TRY(given);
-  if (!*given) return default_for(problem, device);
+  if (!*given) {
+    Result<AttentionConfig> def = default_for(problem, device);
+    if (def.ok()) FLASHJIT_TRY(apply_splits_flag(flags, *def));
+    return def;
+  }
+  FLASHJIT_TRY(apply_splits_flag(flags, **given));
   FLASHJIT_TRY(render_for(problem, **given, device));
   Status legal = check_for(**given, problem, device);
   if (!legal.ok()) {
@@ -205,7 +210,12 @@ Result<AttentionConfig> choose_cpu_config(const ParsedFlags& flags, const Attent
                                           const CpuSpec& cpu, std::string_view command) {
   auto given = config_from_flags(flags);
   FLASHJIT_TRY(given);
-  if (!*given) return default_cpu_config(problem, cpu);
+  if (!*given) {
+    Result<AttentionConfig> def = default_cpu_config(problem, cpu);
+    if (def.ok()) FLASHJIT_TRY(apply_splits_flag(flags, *def));
+    return def;
+  }
+  FLASHJIT_TRY(apply_splits_flag(flags, **given));
   FLASHJIT_TRY(render_cpu_attention(problem, **given));
   Status legal = check_cpu_config(**given, problem, cpu);
   if (!legal.ok()) {
@@ -480,6 +490,12 @@ int run_run(const ParsedFlags& flags) {
   if (!problem.ok()) return report("run", problem.error());
   auto config = config_from_flags(flags);
   if (!config.ok()) return report("run", config.error());
+  if (problem->kv.paged()) {
+    // The run's workload (tuner/workload.hpp) has no block table or lengths yet.
+    return report("run", make_error(ErrorCode::Unsupported,
+                                    "--page-size: `flashjit run` of a paged cache is not there "
+                                    "yet (issue 18 stage 2); bench/decode_bench times it"));
+  }
   auto reps = integer_flag(flags, "reps", 20, 1, 100000);
   if (!reps.ok()) return report("run", reps.error());
   auto ordinal = integer_flag(flags, "device", 0, 0, 1023);
@@ -495,6 +511,15 @@ int run_run(const ParsedFlags& flags) {
   const AttentionProblem forward_problem = problem->with_pass(Pass::Forward);
 
   auto build_start = std::chrono::steady_clock::now();
+  if (flags.has("splits") && !*config) {  // the runtime's choice with other splits
+    auto selected = (*runtime)->select_config(*problem);
+    if (!selected.ok()) return report("run", selected.error());
+    *config = selected->first;
+  }
+  if (*config) {
+    Status splits = apply_splits_flag(flags, **config);
+    if (!splits.ok()) return report("run", splits.error());
+  }
   auto kernel =
       *config ? (*runtime)->attention(*problem, **config) : (*runtime)->attention(*problem);
   if (!kernel.ok()) return report("run", kernel.error());

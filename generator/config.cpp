@@ -88,12 +88,14 @@ int padded_head_dim(int head_dim) { return (head_dim + 63) / 64 * 64; }
 
 int smem_bytes(const AttentionConfig& c, const AttentionProblem& p) {
   if (c.family == KernelFamily::Ws) return ws_resources(c, p).smem_bytes;
+  if (c.family == KernelFamily::Decode) return decode_resources(c, p).smem_bytes;
   const int tiles = (c.block_m + 2 * c.stages * c.block_n) * padded_head_dim(p.head_dim) * 2;
   return c.family == KernelFamily::Wgmma ? tiles + 1024 : tiles;
 }
 
 int estimated_registers(const AttentionConfig& c, const AttentionProblem& p) {
   if (c.family == KernelFamily::Ws) return ws_resources(c, p).consumer_estimate;
+  if (c.family == KernelFamily::Decode) return decode_resources(c, p).registers;
   if (c.family == KernelFamily::Wgmma) {
     // Per thread of a warpgroup: O (64 x d / 128 threads) and S (64 x block_n / 128) in fp32,
     // P of two blocks in flight (16-bit pairs: block_n / 4 each), plus the same allowance.

@@ -5,6 +5,7 @@
 #include <iterator>
 #include <optional>
 #include <sstream>
+#include <tuple>
 
 #include "generator/knobs.hpp"
 
@@ -194,15 +195,21 @@ std::vector<AttentionConfig> legal_decode_configs(const AttentionProblem& p,
 
 Result<AttentionConfig> default_decode_config(const AttentionProblem& p, const DeviceSpec& device) {
   const int block_m = decode_packed_rows(p) > 16 ? 32 : 16;
+  // Two CTAs per SM (what auto splits aim at) when the smem allows: the most stages that leave
+  // room for a second CTA, else the fewest.
+  auto two_per_sm = [&](const AttentionConfig& c) {
+    return 2 * (decode_resources(c, p).smem_bytes + 1024) <= device.smem_per_sm;
+  };
+  auto rank = [&](const AttentionConfig& c) {
+    return std::make_tuple(c.block_m == block_m, two_per_sm(c),
+                           two_per_sm(c) ? c.stages : -c.stages);
+  };
   const AttentionConfig* best = nullptr;
   const std::vector<AttentionConfig> tiles = decode_tiles();
   for (const AttentionConfig& c : tiles) {
     if (c.block_n != 64 || c.warps != 4) continue;
     if (!check_decode_config(c, p, device).ok()) continue;
-    // block_m as wanted first, then the most stages.
-    if (!best || (c.block_m == block_m) > (best->block_m == block_m) ||
-        ((c.block_m == block_m) == (best->block_m == block_m) && c.stages > best->stages))
-      best = &c;
+    if (!best || rank(c) > rank(*best)) best = &c;
   }
   if (best) return *best;
   for (const AttentionConfig& c : tiles)

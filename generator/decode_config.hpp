@@ -113,7 +113,7 @@ Status check_decode_config(const AttentionConfig& config, const AttentionProblem
 std::vector<AttentionConfig> legal_decode_configs(const AttentionProblem& problem,
                                                   const DeviceSpec& device);
 // The untuned default: block_m = 16 (32 when the packed rows need more than 16), block_n = 64,
-// 4 warps, the most stages that are legal, auto splits.
+// 4 warps, the most stages that leave room for 2 CTAs per SM (else the fewest), auto splits.
 Result<AttentionConfig> default_decode_config(const AttentionProblem& problem,
                                               const DeviceSpec& device);
 // The budget arithmetic and the legal tiles, as `flashjit plan` prints it for decode problems.

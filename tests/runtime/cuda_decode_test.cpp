@@ -59,14 +59,37 @@ Result<DecodeTensors> upload_decode(const Backend& backend, const ft::DecodeInpu
   return out;
 }
 
+// One case's inputs on the device and its reference, made once for every config run on it.
+struct Prepared {
+  ft::DecodeInputs inputs;
+  ft::Reference reference;
+  DecodeTensors tensors;
+};
+
+Result<Prepared> prepare(const Backend& backend, ft::DecodeInputs d) {
+  Prepared out;
+  out.reference = ft::decode_reference(d);
+  Result<DecodeTensors> tensors = upload_decode(backend, d);
+  if (!tensors.ok()) return tensors.error();
+  out.tensors = std::move(tensors.value());
+  out.inputs = std::move(d);
+  return out;
+}
+
+::testing::AssertionResult run_and_check(const Backend& backend, const Kernel& kernel,
+                                         const Prepared& prepared) {
+  const AttentionProblem& problem = prepared.inputs.problem;
+  const ft::RunOutput out =
+      ft::run_poisoned(backend, kernel, problem, prepared.tensors.tensors, prepared.tensors.args);
+  if (!out.status.ok()) return ::testing::AssertionFailure() << out.status.error().describe();
+  return ft::matches_reference(ft::compare(problem, out.o, out.lse, prepared.reference));
+}
+
 ::testing::AssertionResult run_and_check(const Backend& backend, const Kernel& kernel,
                                          const ft::DecodeInputs& d) {
-  Result<DecodeTensors> tensors = upload_decode(backend, d);
-  if (!tensors.ok()) return ::testing::AssertionFailure() << tensors.error().describe();
-  const ft::RunOutput out =
-      ft::run_poisoned(backend, kernel, d.problem, tensors->tensors, tensors->args);
-  if (!out.status.ok()) return ::testing::AssertionFailure() << out.status.error().describe();
-  return ft::matches_reference(ft::compare(d.problem, out.o, out.lse, ft::decode_reference(d)));
+  Result<Prepared> prepared = prepare(backend, d);
+  if (!prepared.ok()) return ::testing::AssertionFailure() << prepared.error().describe();
+  return run_and_check(backend, kernel, *prepared);
 }
 
 struct Case {
@@ -107,16 +130,22 @@ TEST_F(CudaDecode, EveryLegalTileMatchesTheReference) {
     for (const AttentionConfig& c : backend.legal_configs(rows32))
       if (c.family == KernelFamily::Decode && c.splits == 0 && c.block_m == 32) tiles.push_back(c);
     const std::vector<ft::BuiltKernel> built = ft::build_all(backend, cache.get(), probe, tiles);
+    std::vector<Prepared> prepared;
+    for (const Case& c : cases(16)) {
+      AttentionProblem p = AttentionProblem::make(c.batch, c.heads_q, c.heads_kv, c.seqlen_q,
+                                                  c.seqlen_k, 128, DType::BF16, causal);
+      Result<Prepared> one =
+          prepare(backend, ft::make_decode_inputs(p, c.lengths, 16, 11 + prepared.size()));
+      ASSERT_TRUE(one.ok()) << one.error().describe();
+      prepared.push_back(std::move(one.value()));
+    }
     int runs = 0;
     for (const ft::BuiltKernel& b : built) {
       ASSERT_TRUE(b.kernel) << b.config.to_string() << ": " << b.error;
-      for (const Case& c : cases(16)) {
-        AttentionProblem p = AttentionProblem::make(c.batch, c.heads_q, c.heads_kv, c.seqlen_q,
-                                                    c.seqlen_k, 128, DType::BF16, causal);
-        const ft::DecodeInputs d = ft::make_decode_inputs(p, c.lengths, 16, 11 + runs);
-        if (!backend.check_config(b.config, d.problem).ok()) continue;
-        EXPECT_TRUE(run_and_check(backend, *b.kernel, d))
-            << b.config.to_string() << " " << c.name << (causal ? " causal" : "");
+      for (size_t i = 0; i < prepared.size(); ++i) {
+        if (!backend.check_config(b.config, prepared[i].inputs.problem).ok()) continue;
+        EXPECT_TRUE(run_and_check(backend, *b.kernel, prepared[i]))
+            << b.config.to_string() << " " << cases(16)[i].name << (causal ? " causal" : "");
         ++runs;
       }
     }
@@ -127,13 +156,9 @@ TEST_F(CudaDecode, EveryLegalTileMatchesTheReference) {
       config.splits = std::min(splits, kMaxDecodeSplits);
       Result<std::shared_ptr<Kernel>> kernel = build_kernel(backend, cache.get(), probe, config);
       ASSERT_TRUE(kernel.ok()) << kernel.error().describe();
-      for (const Case& c : cases(16)) {
-        AttentionProblem p = AttentionProblem::make(c.batch, c.heads_q, c.heads_kv, c.seqlen_q,
-                                                    c.seqlen_k, 128, DType::BF16, causal);
-        const ft::DecodeInputs d = ft::make_decode_inputs(p, c.lengths, 16, 500 + splits);
-        EXPECT_TRUE(run_and_check(backend, **kernel, d))
-            << config.to_string() << " " << c.name << (causal ? " causal" : "");
-      }
+      for (size_t i = 0; i < prepared.size(); ++i)
+        EXPECT_TRUE(run_and_check(backend, **kernel, prepared[i]))
+            << config.to_string() << " " << cases(16)[i].name << (causal ? " causal" : "");
     }
   }
 }
