@@ -490,12 +490,6 @@ int run_run(const ParsedFlags& flags) {
   if (!problem.ok()) return report("run", problem.error());
   auto config = config_from_flags(flags);
   if (!config.ok()) return report("run", config.error());
-  if (problem->kv.paged()) {
-    // The run's workload (tuner/workload.hpp) has no block table or lengths yet.
-    return report("run", make_error(ErrorCode::Unsupported,
-                                    "--page-size: `flashjit run` of a paged cache is not there "
-                                    "yet (issue 18 stage 2); bench/decode_bench times it"));
-  }
   auto reps = integer_flag(flags, "reps", 20, 1, 100000);
   if (!reps.ok()) return report("run", reps.error());
   auto ordinal = integer_flag(flags, "device", 0, 0, 1023);

@@ -31,12 +31,12 @@ namespace {
 
 namespace ft = ::flashjit::testing;
 
-// The decode inputs on the device: q, k, v, o, lse (tuner/workload.hpp's) plus the block table
-// and the lengths.
+// The decode inputs on the device (tuner/workload.hpp's tensors of the call: q, k, v, o, lse,
+// the block table and the lengths) and the args pointing at them.
 struct DecodeTensors {
   ft::DeviceTensors tensors;
-  DeviceBuffer block_table, seqlens_k;
   AttentionArgs args;
+  void* buffer(TensorRole role) const { return tensors.find(role)->get(); }
 };
 
 Result<DecodeTensors> upload_decode(const Backend& backend, const ft::DecodeInputs& d) {
@@ -45,17 +45,6 @@ Result<DecodeTensors> upload_decode(const Backend& backend, const ft::DecodeInpu
   DecodeTensors out;
   out.tensors = std::move(tensors.value());
   out.args = out.tensors.args;
-  auto upload_ints = [&](const std::vector<int32_t>& values, DeviceBuffer* buffer) -> Status {
-    if (values.empty()) return ok_status();
-    Result<DeviceBuffer> allocated = backend.allocate(values.size() * sizeof(int32_t));
-    if (!allocated.ok()) return allocated.error();
-    *buffer = std::move(allocated.value());
-    return backend.copy_to_device(buffer->get(), values.data(), values.size() * sizeof(int32_t));
-  };
-  FLASHJIT_TRY(upload_ints(d.block_table, &out.block_table));
-  FLASHJIT_TRY(upload_ints(d.seqlens_k, &out.seqlens_k));
-  out.args.block_table = out.block_table.as<int32_t>();
-  out.args.seqlens_k = d.problem.kv.seqlens_k ? out.seqlens_k.as<int32_t>() : nullptr;
   return out;
 }
 
@@ -250,7 +239,7 @@ TEST_F(CudaDecode, GraphCaptureReplaysWithNewBlockTablesAndLengths) {
   std::vector<ft::DecodeInputs> inputs;
   for (size_t i = 0; i < replays.size(); ++i) {
     inputs.push_back(ft::make_decode_inputs(base, {4096, 4096, 4096, 4096}, 16, 1234 + i));
-    inputs.back().seqlens_k = replays[i];
+    inputs.back().inputs.seqlens_k = replays[i];
   }
   const AttentionProblem& problem = inputs[0].problem;
   const AttentionConfig config = backend.default_config(problem).value();
@@ -290,12 +279,13 @@ TEST_F(CudaDecode, GraphCaptureReplaysWithNewBlockTablesAndLengths) {
                                     d.inputs.v.size() * 2)
                     .ok());
     ASSERT_TRUE(backend
-                    .copy_to_device(tensors->block_table.get(), d.block_table.data(),
-                                    d.block_table.size() * 4)
+                    .copy_to_device(tensors->buffer(TensorRole::BlockTable),
+                                    d.inputs.block_table.data(), d.inputs.block_table.size() * 4)
                     .ok());
-    ASSERT_TRUE(
-        backend.copy_to_device(tensors->seqlens_k.get(), d.seqlens_k.data(), d.seqlens_k.size() * 4)
-            .ok());
+    ASSERT_TRUE(backend
+                    .copy_to_device(tensors->buffer(TensorRole::SeqlensK),
+                                    d.inputs.seqlens_k.data(), d.inputs.seqlens_k.size() * 4)
+                    .ok());
     ASSERT_TRUE(backend.fill_bytes(tensors->args.o, 0xFF, o_bytes).ok());
     ASSERT_TRUE(backend.fill_bytes(tensors->args.lse, 0xFF, problem.lse_elements() * 4).ok());
     ASSERT_TRUE(check_cu(g.launch(exec, stream), "cuGraphLaunch").ok());

@@ -19,7 +19,7 @@ void fill_nan(std::vector<uint16_t>& storage, int64_t offset, int64_t elements, 
 int64_t key_offset(const DecodeInputs& d, const Strides& s, int64_t b, int64_t j, int64_t h) {
   const KvCache& kv = d.problem.kv;
   if (!kv.paged()) return b * s.batch + j * s.seq + h * s.head;
-  const int64_t page = d.block_table[b * kv.max_pages + j / kv.page_size];
+  const int64_t page = d.inputs.block_table[b * kv.max_pages + j / kv.page_size];
   return page * s.batch + (j % kv.page_size) * s.seq + h * s.head;
 }
 
@@ -39,7 +39,7 @@ DecodeInputs make_decode_inputs(AttentionProblem problem, const std::vector<int3
   }
   d.problem = problem;
   d.inputs = random_inputs(problem, seed);
-  d.seqlens_k = lengths;
+  d.inputs.seqlens_k = lengths;
   const int64_t d_head = problem.head_dim;
   if (problem.kv.paged()) {
     const KvCache& kv = problem.kv;
@@ -47,11 +47,11 @@ DecodeInputs make_decode_inputs(AttentionProblem problem, const std::vector<int3
     std::iota(pages.begin(), pages.end(), 0);
     std::shuffle(pages.begin(), pages.end(), engine);
     const int32_t nan_page = pages.back();  // named by every unused table entry
-    d.block_table.assign(static_cast<size_t>(problem.batch * kv.max_pages), nan_page);
+    d.inputs.block_table.assign(static_cast<size_t>(problem.batch * kv.max_pages), nan_page);
     size_t next = 0;
     for (int64_t b = 0; b < problem.batch; ++b)
       for (int64_t i = 0; i < (lengths[b] + page_size - 1) / page_size; ++i)
-        d.block_table[b * kv.max_pages + i] = pages[next++];
+        d.inputs.block_table[b * kv.max_pages + i] = pages[next++];
     // NaN: every page but the used ones (pages[0, next)), and each used page past the length.
     std::vector<bool> used_page(static_cast<size_t>(kv.num_pages), false);
     for (size_t i = 0; i < next; ++i) used_page[pages[i]] = true;
@@ -79,41 +79,6 @@ DecodeInputs make_decode_inputs(AttentionProblem problem, const std::vector<int3
     }
   }
   return d;
-}
-
-Reference decode_reference(const DecodeInputs& d) {
-  const AttentionProblem& p = d.problem;
-  const int64_t dh = p.head_dim, words = storage_words(p.dtype);
-  Reference out;
-  out.o.assign(static_cast<size_t>(p.batch * p.seqlen_q * p.heads_q * dh), 0.0);
-  out.lse.assign(static_cast<size_t>(p.batch * p.heads_q * p.seqlen_q),
-                 std::numeric_limits<double>::infinity());
-  for (int64_t b = 0; b < p.batch; ++b) {
-    const int64_t len = d.seqlens_k[b];
-    if (len == 0) continue;  // no key: o = 0, lse = +inf
-    // Sequence b alone, its keys gathered into a contiguous BSHD cache.
-    AttentionProblem one = AttentionProblem::make(1, p.heads_q, p.heads_kv, p.seqlen_q, len,
-                                                  p.head_dim, p.dtype, p.causal);
-    one.softmax_scale = p.scale();
-    one.q_strides = p.q_strides;
-    HostInputs gathered;
-    gathered.q.assign(d.inputs.q.begin() + b * p.q_strides.batch * words,
-                      d.inputs.q.begin() + (b * p.q_strides.batch + one.q_span()) * words);
-    gathered.k.assign(static_cast<size_t>(one.kv_span() * words), 0);
-    gathered.v.assign(static_cast<size_t>(one.kv_span() * words), 0);
-    for (int64_t j = 0; j < len; ++j)
-      for (int64_t h = 0; h < p.heads_kv; ++h) {
-        const int64_t to = (j * p.heads_kv + h) * dh * words;
-        const int64_t k_from = key_offset(d, p.k_strides, b, j, h) * words;
-        const int64_t v_from = key_offset(d, p.v_strides, b, j, h) * words;
-        std::copy_n(d.inputs.k.begin() + k_from, dh * words, gathered.k.begin() + to);
-        std::copy_n(d.inputs.v.begin() + v_from, dh * words, gathered.v.begin() + to);
-      }
-    const Reference r = reference_attention(one, gathered);
-    std::copy(r.o.begin(), r.o.end(), out.o.begin() + b * p.seqlen_q * p.heads_q * dh);
-    std::copy(r.lse.begin(), r.lse.end(), out.lse.begin() + b * p.heads_q * p.seqlen_q);
-  }
-  return out;
 }
 
 }  // namespace flashjit::testing

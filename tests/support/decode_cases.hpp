@@ -18,10 +18,10 @@
 namespace flashjit::testing {
 
 struct DecodeInputs {
-  AttentionProblem problem;          // the problem as given (paged: with num_pages, max_pages)
-  HostInputs inputs;                 // q over q_span; k, v over kv_span (the cache)
-  std::vector<int32_t> seqlens_k;    // [batch]
-  std::vector<int32_t> block_table;  // [batch, max_pages] when paged
+  AttentionProblem problem;  // the problem as given (paged: with num_pages, max_pages)
+  // q over q_span; k, v over kv_span (the cache); seqlens_k [batch]; block_table [batch,
+  // max_pages] when paged.
+  HostInputs inputs;
 };
 
 // `lengths` (one per sequence, each <= seqlen_k) become the problem's seqlens_k; with
@@ -32,8 +32,11 @@ struct DecodeInputs {
 DecodeInputs make_decode_inputs(AttentionProblem problem, const std::vector<int32_t>& lengths,
                                 int page_size, uint64_t seed);
 
-// The fp64 reference of `d.problem` over d.inputs: o dense [batch, seqlen_q, heads_q, d] and
-// lse [batch, heads_q, seqlen_q] (a sequence of 0 keys: o = 0, lse = +inf).
-Reference decode_reference(const DecodeInputs& d);
+// The fp64 reference of `d.problem` over d.inputs (tuner/reference.hpp's, per sequence): o dense
+// [batch, seqlen_q, heads_q, d] and lse [batch, heads_q, seqlen_q] (a sequence of 0 keys: o = 0,
+// lse = +inf).
+inline Reference decode_reference(const DecodeInputs& d) {
+  return reference_attention(d.problem, d.inputs);
+}
 
 }  // namespace flashjit::testing

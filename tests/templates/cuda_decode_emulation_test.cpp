@@ -50,8 +50,8 @@ std::string run_decode(const ft::DecodeInputs& d, const AttentionConfig& config,
   std::vector<float> workspace(launch.workspace.bytes / sizeof(float) + 64,
                                std::numeric_limits<float>::quiet_NaN());
   AttentionArgs args{d.inputs.q.data(), d.inputs.k.data(), d.inputs.v.data(), o.data(), lse.data()};
-  args.block_table = p.kv.paged() ? d.block_table.data() : nullptr;
-  args.seqlens_k = p.kv.seqlens_k ? d.seqlens_k.data() : nullptr;
+  args.block_table = p.kv.paged() ? d.inputs.block_table.data() : nullptr;
+  args.seqlens_k = p.kv.seqlens_k ? d.inputs.seqlens_k.data() : nullptr;
   FlashjitAttentionParams params = make_launch_params(p, args);
   auto* base = reinterpret_cast<unsigned char*>(workspace.data());
   base += (256 - reinterpret_cast<uintptr_t>(base) % 256) % 256;

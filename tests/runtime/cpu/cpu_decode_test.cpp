@@ -51,8 +51,8 @@ double max_lse_error(DType dtype) { return dtype == DType::F32 ? 2e-5 : 1e-3; }
   std::vector<float> lse(static_cast<size_t>(p.lse_elements()),
                          std::numeric_limits<float>::quiet_NaN());
   AttentionArgs args{d.inputs.q.data(), d.inputs.k.data(), d.inputs.v.data(), o.data(), lse.data()};
-  args.block_table = p.kv.paged() ? d.block_table.data() : nullptr;
-  args.seqlens_k = p.kv.seqlens_k ? d.seqlens_k.data() : nullptr;
+  args.block_table = p.kv.paged() ? d.inputs.block_table.data() : nullptr;
+  args.seqlens_k = p.kv.seqlens_k ? d.inputs.seqlens_k.data() : nullptr;
   std::optional<DeviceBuffer> workspace;
   if (caller_workspace && kernel.workspace_bytes(p) > 0) {
     workspace = backend().allocate(kernel.workspace_bytes(p)).value();
@@ -191,12 +191,12 @@ TEST(CpuDecode, LaunchNamesMissingPagedArguments) {
   ASSERT_TRUE(kernel.ok()) << kernel.error().describe();
   std::vector<uint16_t> o = ft::poisoned_storage(d.problem.o_span(), p.dtype);
   AttentionArgs args{d.inputs.q.data(), d.inputs.k.data(), d.inputs.v.data(), o.data(), nullptr};
-  args.seqlens_k = d.seqlens_k.data();
+  args.seqlens_k = d.inputs.seqlens_k.data();
   Status status = (*kernel)->launch(d.problem, args);
   ASSERT_FALSE(status.ok());
   EXPECT_NE(status.error().message.find("block_table is null"), std::string::npos)
       << status.error().message;
-  args.block_table = d.block_table.data();
+  args.block_table = d.inputs.block_table.data();
   args.seqlens_k = nullptr;
   status = (*kernel)->launch(d.problem, args);
   ASSERT_FALSE(status.ok());
