@@ -187,7 +187,8 @@ def main():
         impl = "flashjit-paged" if r["page_size"] else "flashjit"
         rows.append({"impl": impl, "batch": r["batch"], "seqlen_k": r["seqlen_k"], "ms": r["ms"],
                      "gbps": r["gbps"], "share": r["gbps"] / ours["copy_gbps"],
-                     "config": r["config"], "splits": r["splits"], "kv_bytes": r["kv_bytes"]})
+                     "config": r["config"], "splits": r["splits"], "kv_bytes": r["kv_bytes"],
+                     "host_us": r.get("host_us")})
     rows += peers["rows"]
     report = {"device": peers["device"], "torch": peers["torch"],
               "commit": os.environ.get("COMMIT", "unknown"),
@@ -209,8 +210,8 @@ def main():
              f"({ours['copy_gbps']:.0f} GB/s in flashjit's process, {peers['copy_gbps']:.0f} GB/s "
              f"in torch's). Paged: 16 keys per page, pages shuffled.", "",
              "| batch | seqlen_k | flashjit | paged | torch flash | torch cuDNN | vs best peer "
-             "| paged/contig | flashjit config (splits) |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|:---|"]
+             "| paged/contig | flashjit config (splits) | host us/call |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|:---|---:|"]
     worst = None
     for b in batches:
         for sk in seqlens:
@@ -231,8 +232,10 @@ def main():
                 worst = min(worst or 1e9, ours_row["share"] / peer_best)
             pc = (f"{paged['share'] / ours_row['share']:.2f}" if paged and ours_row else "-")
             cfg = f"{ours_row['config']} ({ours_row['splits']})" if ours_row else "-"
+            host = (f"{ours_row['host_us']:.1f}"
+                    if ours_row and ours_row.get("host_us") is not None else "-")
             lines.append(f"| {b} | {sk} | {share(ours_row)} | {share(paged)} | {share(fl)} | "
-                         f"{share(cu)} | {ratio} | {pc} | {cfg} |")
+                         f"{share(cu)} | {ratio} | {pc} | {cfg} | {host} |")
     if worst is not None:
         lines += ["", f"Worst flashjit / best peer: {worst:.2f}x."]
     text = "\n".join(lines) + "\n"
