@@ -4,12 +4,14 @@
 //   cpu_bench peak
 //       {"cores": 2, "clock_ghz": 3.6, "lanes": 16, "fma_gflops_per_core": ..., ...}  (one line)
 //   cpu_bench time --dtype bf16 --d 128 --n 2048 [--causal] [--pass fwd|bwd] [--tokens 4096]
-//                  [--hidden 512] [--reps 7] [--warmup 2] [--db PATH] [--config m64n64w1s1]
+//                  [--hidden 512] [--reps 7] [--warmup 2] [--db PATH] [--config m64n64w1s1,...]
 //       one JSON line per implementation timed: "default" (the cache-budget default config) and
 //       "tuned" (what Runtime::attention serves from the tuning DB, when it is another config),
-//       or the forced --config. --pass bwd times the backward pass (dq, dk, dv from q, k, v, o,
-//       lse and dO; o and lse made by the forward kernel beforehand, outside the timing), FLOPs
-//       2.5x the forward's.
+//       or each forced --config ("forced", in the list's order). The implementations' reps are
+//       interleaved (one launch of each in turn), so that the other load of a shared machine
+//       hits all alike. --pass bwd times the backward pass (dq, dk, dv from q, k, v, o, lse and
+//       dO; o and lse made by the forward kernel beforehand, outside the timing), FLOPs 2.5x
+//       the forward's.
 //
 // Shapes follow the GPU benchmark's convention scaled down for a CPU: batch = tokens / N,
 // heads = hidden / d, BSHD contiguous. FLOPs by the FlashAttention convention (4 B H N^2 d,
@@ -174,7 +176,7 @@ struct TimeOptions {
   int reps = 7;
   int warmup = 2;
   std::optional<std::string> db;
-  std::optional<AttentionConfig> config;
+  std::vector<AttentionConfig> configs;  // forced; empty: the default and the tuned config
 };
 
 bool parse_time_options(int argc, char** argv, TimeOptions* o) {
@@ -216,12 +218,16 @@ bool parse_time_options(int argc, char** argv, TimeOptions* o) {
       }
       o->pass = *pass;
     } else if (flag == "--config") {
-      Result<AttentionConfig> config = AttentionConfig::parse(value);
-      if (!config.ok()) {
-        std::fprintf(stderr, "cpu_bench: %s\n", config.error().describe().c_str());
-        return false;
+      for (size_t start = 0; start <= value.size();) {
+        const size_t comma = std::min(value.find(',', start), value.size());
+        Result<AttentionConfig> config = AttentionConfig::parse(value.substr(start, comma - start));
+        if (!config.ok()) {
+          std::fprintf(stderr, "cpu_bench: %s\n", config.error().describe().c_str());
+          return false;
+        }
+        o->configs.push_back(*config);
+        start = comma + 1;
       }
-      o->config = *config;
     } else if (flag == "--db") {
       o->db = value;
     } else if (flag == "--d" || flag == "--n" || flag == "--tokens" || flag == "--hidden" ||
@@ -304,8 +310,9 @@ int run_time(const TimeOptions& o) {
   }
 
   std::vector<std::pair<std::string, Result<std::shared_ptr<Kernel>>>> variants;
-  if (o.config) {
-    variants.emplace_back("forced", runtime.attention(problem, *o.config));
+  if (!o.configs.empty()) {
+    for (const AttentionConfig& config : o.configs)
+      variants.emplace_back("forced", runtime.attention(problem, config));
   } else {
     Result<AttentionConfig> def = backend.default_config(problem);
     if (!def.ok()) return fail(def.error());
@@ -316,18 +323,24 @@ int run_time(const TimeOptions& o) {
   }
   for (auto& [impl, kernel] : variants) {
     if (!kernel.ok()) return fail(kernel.error());
-    const Kernel& ready = **kernel;
-    auto launch = [&] { return ready.launch(problem, args); };
     for (int i = 0; i < o.warmup; ++i) {
-      Status status = launch();
+      Status status = (*kernel)->launch(problem, args);
       if (!status.ok()) return fail(status.error());
     }
-    std::vector<double> samples;
-    for (int i = 0; i < o.reps; ++i) {
-      Result<double> ms = backend.time_ms(launch, 1);
+  }
+  // Rep by rep, one launch of each implementation in turn.
+  std::vector<std::vector<double>> samples_of(variants.size());
+  for (int i = 0; i < o.reps; ++i)
+    for (size_t v = 0; v < variants.size(); ++v) {
+      const Kernel& ready = **variants[v].second;
+      Result<double> ms = backend.time_ms([&] { return ready.launch(problem, args); }, 1);
       if (!ms.ok()) return fail(ms.error());
-      samples.push_back(*ms);
+      samples_of[v].push_back(*ms);
     }
+  for (size_t v = 0; v < variants.size(); ++v) {
+    const std::string& impl = variants[v].first;
+    const Kernel& ready = **variants[v].second;
+    const std::vector<double>& samples = samples_of[v];
     const double ms = median(samples);
     std::string list;
     for (double sample : samples) {
@@ -365,6 +378,6 @@ int main(int argc, char** argv) {
       "       cpu_bench time --dtype bf16|fp16|fp32 --d D --n N [--causal] [--pass fwd|bwd]\n"
       "                      [--tokens T]\n"
       "                      [--hidden H] [--reps R] [--warmup W] [--db PATH]\n"
-      "                      [--config CFG]\n");
+      "                      [--config CFG[,CFG...]]\n");
   return 2;
 }

@@ -10,12 +10,11 @@ backward pass or both.
 
 What it does, in order:
   1. Makes sure PyTorch is importable: if the running python has no torch, it creates the
-     git-ignored virtual environment <repo>/.venv-bench and installs torch there with pip, then
-     re-runs itself with that python. PyTorch's CPU-only wheel index is tried first; where it is
-     unreachable, the PyPI wheel is installed without its CUDA dependencies (--no-deps, ~1 GB
-     instead of ~4 GB), plus the few small ones `import torch` needs (filelock, fsspec, jinja2,
-     networkx, sympy, typing-extensions, numpy and four nvidia-* libraries that libtorch links);
-     if torch still cannot be imported, the full `pip install torch`.
+     git-ignored virtual environment <repo>/.venv-bench and installs torch there with
+     scripts/common.sh's install_torch (as CI does: PyPI's wheel without its CUDA dependencies,
+     --no-deps, ~1 GB instead of ~4 GB, plus the few small ones `import torch` needs and four
+     nvidia-* libraries that libtorch links; if torch still cannot be imported, the full
+     `pip install torch`), then re-runs itself with that python.
   2. Builds build/bench/cpu_bench and build/flashjit if missing (cmake --build build).
   3. `cpu_bench peak` (before and after the run): the clock (a chain of dependent adds, one per
      cycle; the higher of the two measurements) and the measured
@@ -23,10 +22,9 @@ What it does, in order:
      Peak = cores x SIMD lanes (16 fp32 with AVX-512, 8 with AVX2) x 2 FMA units x 2 FLOP x
      clock. The 2 FMA units are an assumption (Zen 4/5, Intel server cores) that the measured
      FMA throughput checks: it prints both.
-  4. Unless --no-tune: `flashjit tune --backend cpu` over the grid into build/bench-cpu-tuning.db
-     (resumes: problems already tuned there are not measured again). The tuner tunes the
-     forward pass only: the backward's "tuned" column is what the DB serves, i.e. the default
-     until backward rows exist.
+  4. Unless --no-tune: `flashjit tune --backend cpu --pass <the passes>` over the grid into
+     build/bench-cpu-tuning.db (resumes: problems already tuned there are not measured again);
+     the "tuned" column is what the DB serves (the default where the tuner kept it).
   5. For every (pass, dtype, d, causal, N): torch (reps/2 timed calls), flashjit's default and
      tuned configs (`cpu_bench time`, reps timed launches each), torch again (reps/2): medians.
      torch gets torch.set_num_threads(cores), the number of threads flashjit's pool runs.
@@ -77,21 +75,10 @@ def ensure_torch():
     if not python.exists():
         log(f"creating {VENV}")
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     if not torch_importable(python):
-        log("installing torch (CPU wheel index)")
-        subprocess.run(pip + ["torch", "--index-url", "https://download.pytorch.org/whl/cpu"])
-    if not torch_importable(python):
-        log("CPU wheel index unreachable: PyPI's torch without its CUDA dependencies")
-        subprocess.run(pip + ["--no-deps", "torch"], check=True)
-        subprocess.run(pip + ["filelock", "fsspec", "jinja2", "networkx", "sympy",
-                              "typing-extensions", "numpy", "setuptools"], check=True)
-        # libtorch_cuda.so is linked against these (loaded at import even without a GPU).
-        subprocess.run(pip + ["--no-deps", "nvidia-cufile", "nvidia-cusparselt-cu13",
-                              "nvidia-nvshmem-cu13", "nvidia-nccl-cu13"])
-    if not torch_importable(python):
-        log("torch still not importable: the full `pip install torch`")
-        subprocess.run(pip + ["torch"], check=True)
+        log("installing torch (scripts/common.sh install_torch)")
+        subprocess.run(["bash", "-c", 'source "$0" && install_torch "$1"',
+                        str(REPO / "scripts" / "common.sh"), str(python)])
     if not torch_importable(python):
         sys.exit("cpu_bench: could not install an importable torch")
     os.execv(str(python), [str(python), str(Path(__file__).resolve())] + sys.argv[1:])
@@ -116,9 +103,10 @@ def peak():
     return json.loads(out)
 
 
-def tune(args, db):
+def tune(args, db, passes):
     for dtype in args.dtypes:
         command = [str(BUILD / "flashjit"), "tune", "--backend", "cpu", "--db", str(db),
+                   "--pass", ",".join(passes),
                    "--dtypes", dtype, "--head-dims", ",".join(map(str, args.d)),
                    "--seqlens", ",".join(map(str, args.n)), "--causal", args.causal,
                    "--tokens", str(TOKENS), "--hidden", str(HIDDEN)]
@@ -157,8 +145,11 @@ def torch_samples(torch, pass_, dtype, d, n, causal, reps):
         q, k, v = (t.requires_grad_() for t in (q, k, v))
         d_o = torch.randn(batch, heads, n, d, generator=generator).to(torch_dtype)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # not timed
-        for _ in range(2):
+        for _ in range(2):  # one warm-up call where a call takes seconds (bf16 at N = 4096)
+            start = time.perf_counter()
             torch.autograd.grad(out, (q, k, v), d_o, retain_graph=True)
+            if time.perf_counter() - start > 1.0:
+                break
         samples = []
         for _ in range(reps):
             start = time.perf_counter()
@@ -217,8 +208,8 @@ def main():
     log(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"CPU capability {torch.backends.cpu.get_cpu_capability()}")
     passes = {"fwd": ["fwd"], "bwd": ["bwd"], "both": ["fwd", "bwd"]}[args.pass_]
-    if args.tune and "fwd" in passes:  # the tuner tunes the forward only
-        tune(args, args.db)
+    if args.tune:
+        tune(args, args.db, passes)
 
     causal_values = {"off": [False], "on": [True], "both": [False, True]}[args.causal]
     half = max(1, args.reps // 2)

@@ -47,11 +47,23 @@
 #              10-minute limit for the full grid: split it with BENCH_ARGS (e.g. "--dtypes bf16")
 #   py         py-tests then py-bench (may exceed the device tool's 10-minute limit: prefer two
 #              calls on the same warm machine)
+#   py-torch   the same install, then the PyTorch integration on the GPU: pytest of
+#              tests/python/test_torch_gpu.py and test_train_gpt.py (FLASHJIT_EXPECT_GPU=1), then
+#              bench/host_overhead.py (host us/call: flashjit.attention, flashjit.sdpa, torch SDPA),
+#              then examples/train_gpt.py --attn both (nano preset, 200 steps, bf16 autocast)
+#              without and with --compile, and examples/train_gpt_report.py over the CPU run(s)
+#              committed in docs/perf/train-gpt-cpu*.json and these two (the plot and table for
+#              docs/PERFORMANCE.md): about 5 minutes on an H100 (TRAIN_ARGS: extra train_gpt.py
+#              flags; TORCH_PARTS: a subset of "tests host train", e.g. two calls on one warm
+#              machine with TORCH_PARTS=tests, then "host train")
 #
 # Results go to $OUT (the device tool's output folder; ./device-out when unset): ctest.log,
 # bench.log, flashjit.json, peers.log, peers.json, compare.md; py modes: pip.log, pytest.log,
 # tune.log, tune.json, side_by_side.log and perf/ (the table .md, .json and .svg plots for
-# docs/perf). Extra flags for the benchmarks: BENCH_ARGS (e.g. "--quick"; py-bench passes them to
+# docs/perf); py-torch: pytest.log, host_overhead.log/.json, train-gpt-cuda.log/.json,
+# train-gpt-cuda-compile.log/.json, train-gpt-report.md and train-gpt.svg (copy the JSONs and the
+# SVG into docs/perf/).
+# Extra flags for the benchmarks: BENCH_ARGS (e.g. "--quick"; py-bench passes them to
 # side_by_side.py), PEERS_ARGS (e.g. "--quick"), PYTEST_ARGS (e.g. "-k stream"). DTYPES: the
 # element types the tune mode tunes and benchmarks, "bf16" (default) or "bf16,fp16";
 # TUNE_ARGS: extra `flashjit tune` flags (e.g. "--pass fwd,bwd"); PASSES: the passes py-bench
@@ -66,8 +78,9 @@ what="${1:-all}"
 DTYPES="${DTYPES:-bf16}"
 ctest_regex="${2:-}"
 case "$what" in
-  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|decode|py|py-tests|py-bench) ;;
-  *) echo "usage: bench/device_run.sh [tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|decode|py|py-tests|py-bench] [CTEST_REGEX]" >&2
+  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|py|py-tests|py-bench|py-torch|decode) ;;
+  *) echo "usage: bench/device_run.sh [tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|" \
+       "ws-sanitize|decode|py|py-tests|py-bench|py-torch] [CTEST_REGEX]" >&2
      exit 2 ;;
 esac
 
@@ -187,6 +200,49 @@ PYTUNE
     echo "== side_by_side.py FAILED"
   fi
   echo "== py-bench done at $((SECONDS - start)) s"
+fi
+
+if [[ "$what" == py-torch ]]; then
+  parts=" ${TORCH_PARTS:-tests host train} "
+  if [[ "$parts" == *" tests "* ]]; then
+    echo "== PyTorch integration tests (GPU)"
+    # shellcheck disable=SC2086  # PYTEST_ARGS is a list of flags
+    if ! timeout 330 "$py" -m pytest -q -rs tests/python/test_torch_gpu.py \
+        tests/python/test_train_gpt.py ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log"; then
+      status=1
+      echo "== PyTorch tests FAILED (or ran past 330 s)"
+    fi
+    echo "== tests done at $((SECONDS - start)) s"
+  fi
+  if [[ "$parts" == *" host "* ]]; then
+    echo "== bench/host_overhead.py (host us/call on the GPU)"
+    if ! COMMIT="${commit:-unknown}" timeout 120 "$py" bench/host_overhead.py --device cuda \
+        --json "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.log"; then
+      status=1
+      echo "== host_overhead.py FAILED"
+    fi
+  fi
+  jsons=()
+  for compile in "" --compile; do
+    [[ "$parts" == *" train "* ]] || break
+    name="train-gpt-cuda${compile:+-compile}"
+    echo "== examples/train_gpt.py --device cuda --attn both ${compile} (nano, 200 steps)"
+    # shellcheck disable=SC2086  # TRAIN_ARGS is a list of flags
+    if COMMIT="${commit:-unknown}" timeout 240 "$py" examples/train_gpt.py --device cuda \
+        --attn both --steps 200 $compile --json "$OUT/$name.json" ${TRAIN_ARGS:-} 2>&1 |
+        tee "$OUT/$name.log"; then
+      jsons+=("$OUT/$name.json")
+    else
+      status=1
+      echo "== train_gpt.py ${compile} FAILED"
+    fi
+    echo "== at $((SECONDS - start)) s"
+  done
+  if ((${#jsons[@]})); then
+    "$py" examples/train_gpt_report.py docs/perf/train-gpt-cpu*.json "${jsons[@]}" \
+      --svg "$OUT/train-gpt.svg" --svg-link perf/train-gpt.svg \
+      --markdown "$OUT/train-gpt-report.md" || status=1
+  fi
 fi
 
 if [[ "$what" == tests || "$what" == all ]]; then

@@ -357,7 +357,8 @@ std::string program_usage() {
     out << "  " << name << command.summary << "\n";
   }
   out << "  tune      measure every legal config of a grid of problems, store the best\n"
-      << "  db        list, show, export, import, merge or clear tuning databases\n";
+      << "  db        list, show, export, import, merge or clear tuning databases\n"
+      << "  report    one self-contained HTML report of a tuning DB (and a side-by-side run)\n";
   out << "\nenvironment:\n"
       << "  FLASHJIT_CACHE_DIR  where compiled kernels are cached (default ~/.cache/flashjit)\n"
       << "  FLASHJIT_DB         the user tuning DB (default ~/.local/share/flashjit/tuning.db)\n"

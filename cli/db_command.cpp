@@ -85,8 +85,10 @@ const std::vector<Subcommand>& subcommands() {
         {{"export",
           "write a consistent single-file copy of the DB",
           "Writes a consistent copy of the DB to FILE (VACUUM INTO), in rollback-journal mode\n"
-          "so that it can be shipped and opened read-only (FLASHJIT_SYSTEM_DB). FILE must not\n"
-          "exist.",
+          "so that it can be shipped and opened read-only (FLASHJIT_SYSTEM_DB). A FILE ending\n"
+          "in .sql gets the text form instead: the rows of devices, results and choices as\n"
+          "one INSERT a line, sorted by key (what data/tuning/ keeps of the shipped DBs; merge\n"
+          "or import reads it back). FILE must not exist.",
           {kDbFlag, kHelpFlag}},
          "FILE",
          1,
@@ -94,7 +96,8 @@ const std::vector<Subcommand>& subcommands() {
         {{"import",
           "merge a DB file into the user DB",
           "Copies every row of FILE into the DB (--db, default the user DB); on a conflict the\n"
-          "newer row wins. A DB of schema version 1 (older releases) comes in as forward rows.",
+          "newer row wins. A DB of schema version 1 (older releases) comes in as forward rows;\n"
+          "a FILE ending in .sql is read as the text form (db export FILE.sql).",
           {kDbFlag, kHelpFlag}},
          "FILE",
          1,
@@ -102,7 +105,9 @@ const std::vector<Subcommand>& subcommands() {
         {{"merge",
           "merge DB files into OUT",
           "Copies every row of each IN into OUT (created if missing); on a conflict the newer\n"
-          "row wins. A DB of schema version 1 (older releases) comes in as forward rows.",
+          "row wins. A DB of schema version 1 (older releases) comes in as forward rows; an IN\n"
+          "ending in .sql is read as the text form (db export FILE.sql). Shards of an array\n"
+          "job (flashjit tune --shard I/N) merge into one DB this way.",
           {kHelpFlag}},
          "OUT IN [IN...]",
          2,

@@ -35,13 +35,15 @@ std::span<const int> cpu_block_n_choices(const AttentionProblem& p) {
 }
 const char* pass_note(const AttentionProblem& p) { return p.is_backward() ? " (backward)" : ""; }
 
-// The CPU config of (block_m, block_n) for the problem's pass: warps = stages = 1, and for the
-// backward DqMode::Separate.
-AttentionConfig cpu_config(int block_m, int block_n, const AttentionProblem& p) {
+// The CPU config of (block_m, block_n, dq): warps = stages = 1 (the forward's dq: Atomic).
+AttentionConfig cpu_config(int block_m, int block_n, DqMode dq = DqMode::Atomic) {
   AttentionConfig c{block_m, block_n, 1, 1};
-  if (p.is_backward()) c.dq = DqMode::Separate;
+  c.dq = dq;
   return c;
 }
+
+// The backward's dQ modes in order of preference (legal_cpu_configs takes the first that fits).
+constexpr DqMode kCpuBackwardDqModes[] = {DqMode::Atomic, DqMode::Separate};
 
 }  // namespace
 
@@ -118,10 +120,13 @@ int64_t cpu_score_block_bytes(const AttentionConfig& c) {
 
 int64_t cpu_backward_dkdv_bytes(const AttentionConfig& c, const AttentionProblem& p) {
   const int64_t d = p.head_dim, m = c.block_m, n = c.block_n;
-  return 4 * (4 * n * d + 2 * m * d + 2 * m * n);
+  const int64_t fused =
+      c.dq == DqMode::Atomic ? n * ((d + 15) / 16 * 16) + m * ((d + 63) / 64 * 64) : 0;
+  return 4 * (4 * n * d + 2 * m * d + 2 * m * n + fused);
 }
 
 int64_t cpu_backward_dq_bytes(const AttentionConfig& c, const AttentionProblem& p) {
+  if (c.dq == DqMode::Atomic) return 0;
   const int64_t d = p.head_dim, m = c.block_m, n = c.block_n;
   return 4 * (3 * m * d + 2 * n * d + 2 * n * m);
 }
@@ -137,6 +142,16 @@ int64_t cpu_backward_score_bytes(const AttentionConfig& c) {
 int64_t cpu_scratch_bytes(const AttentionConfig& c, const AttentionProblem& p) {
   if (c.family == KernelFamily::Decode) return cpu_decode_scratch_bytes(c, p);
   return p.is_backward() ? cpu_backward_working_set_bytes(c, p) : cpu_working_set_bytes(c, p);
+}
+
+int cpu_backward_dq_splits(const AttentionConfig& c, const AttentionProblem& p, int threads) {
+  if (c.dq != DqMode::Atomic || threads <= 1) return 1;
+  const int64_t items = p.batch * p.heads_kv;
+  const int64_t wanted = kCpuBackwardItemsPerThread * static_cast<int64_t>(threads);
+  if (items >= wanted) return 1;
+  const int64_t splits = (wanted + items - 1) / items;
+  const int64_t key_blocks = (p.seqlen_k + c.block_n - 1) / c.block_n;
+  return static_cast<int>(std::max<int64_t>(1, std::min(splits, key_blocks)));
 }
 
 Status check_cpu_config(const AttentionConfig& c, const AttentionProblem& p, const CpuSpec& cpu) {
@@ -172,12 +187,6 @@ Status check_cpu_config(const AttentionConfig& c, const AttentionProblem& p, con
                       prefix + (c.family == KernelFamily::Ws ? "-ws" : "-wgmma") +
                           " is a CUDA (sm90) family: the CPU has one template");
   }
-  if (p.is_backward() && c.dq != DqMode::Separate) {
-    return make_error(ErrorCode::InvalidArgument,
-                      prefix +
-                          "the CPU backward computes dQ in work items of its own: its "
-                          "configs end in -det (DqMode::Separate), e.g. m64n64w1s1-det");
-  }
   if (!p.is_backward() && c.dq != DqMode::Atomic) {
     return make_error(ErrorCode::InvalidArgument,
                       prefix + "-det (a separate dQ pass) exists in the backward pass only");
@@ -193,11 +202,18 @@ Status check_cpu_config(const AttentionConfig& c, const AttentionProblem& p, con
 
 std::vector<AttentionConfig> legal_cpu_configs(const AttentionProblem& p, const CpuSpec& cpu) {
   std::vector<AttentionConfig> out;
+  const std::span<const DqMode> dq_modes =
+      p.is_backward() ? std::span<const DqMode>(kCpuBackwardDqModes)
+                      : std::span<const DqMode>(kCpuBackwardDqModes).first(1);
   for (int m : cpu_block_m_choices(p))
-    for (int n : cpu_block_n_choices(p)) {
-      const AttentionConfig c = cpu_config(m, n, p);
-      if (check_cpu_config(c, p, cpu).ok()) out.push_back(c);
-    }
+    for (int n : cpu_block_n_choices(p))
+      for (DqMode dq : dq_modes) {  // the first mode that fits: -det only without the fused dQ
+        const AttentionConfig c = cpu_config(m, n, dq);
+        if (check_cpu_config(c, p, cpu).ok()) {
+          out.push_back(c);
+          break;
+        }
+      }
   if (is_decode_problem(p))
     for (const AttentionConfig& c : legal_cpu_decode_configs(p, cpu)) out.push_back(c);
   return out;
@@ -245,7 +261,10 @@ Result<AttentionConfig> default_cpu_config(const AttentionProblem& p, const CpuS
       if (c.block_n == block_n) legal_m.push_back(c.block_m);
     const int block_m =
         round_down(kCpuBackwardBlockMChoices, backward_target_block_m(block_n, cpu), legal_m);
-    return cpu_config(block_m, block_n, p);
+    // The fused dQ where it fits the L2, else -det (the legal set has one of the two).
+    for (const AttentionConfig& c : legal)
+      if (c.block_m == block_m && c.block_n == block_n) return c;
+    return legal.front();  // not reached: block_m was picked among block_n's legal configs
   }
   std::vector<int> legal_m;
   for (const AttentionConfig& c : legal) legal_m.push_back(c.block_m);
@@ -254,7 +273,7 @@ Result<AttentionConfig> default_cpu_config(const AttentionProblem& p, const CpuS
   for (const AttentionConfig& c : legal)
     if (c.block_m == block_m) legal_n.push_back(c.block_n);
   const int block_n = round_down(kCpuBlockNChoices, target_block_n(block_m, cpu), legal_n);
-  return cpu_config(block_m, block_n, p);
+  return cpu_config(block_m, block_n);
 }
 
 namespace {
@@ -283,26 +302,36 @@ std::string explain_cpu_backward_plan(const AttentionProblem& p, const CpuSpec& 
   std::ostringstream out;
   out << "cpu:     " << cpu.to_string() << "\n";
   out << "problem: " << p.to_string() << "\n\n";
-  out << "Caches as SRAM, backward: a dK/dV work item (batch, kv head, Bc keys) keeps K^T, V^T\n"
-         "and the dK^T, dV^T accumulators while Q and dO stream past in blocks of Br rows; a dQ\n"
-         "work item (batch, head, Br queries) keeps Q^T, dO^T and dQ^T while K and V stream past\n"
-         "in blocks of Bc. The larger scratch must fit the core's L2 ("
+  out << "Caches as SRAM, backward: a dK/dV block (Bc keys) keeps K^T, V^T and the dK^T, dV^T\n"
+         "accumulators while Q and dO stream past in blocks of Br rows. The dQ, two ways, neither\n"
+         "with atomics (no two cores write one row; bitwise reproducible):\n"
+         "  fused (no suffix): a dK/dV work item takes every splits-th key block of (batch, kv\n"
+         "    head) and adds dQ_i += dS K into its own fp32 copy of the dQ accumulator; a dQ work\n"
+         "    item sums the copies. 5 products. Splits: enough for "
+      << kCpuBackwardItemsPerThread
+      << " dK/dV work items per core\n"
+         "    (this problem on "
+      << cpu.cores << " cores, Bc = 64: "
+      << cpu_backward_dq_splits(cpu_config(64, 64, DqMode::Atomic), p, cpu.cores)
+      << ").\n"
+         "  -det: a dK/dV work item per key block; a dQ work item (batch, head, Br queries) keeps\n"
+         "    Q^T, dO^T and dQ^T while K and V stream past, recomputing S and dP: 7 products;\n"
+         "    a tuning candidate only where the fused item exceeds the L2.\n"
+         "A work item's working set must fit the core's L2 ("
       << cpu.l2_bytes
-      << " B); the two score\n"
-         "blocks of a dK/dV item, swept once per tile of head dims, should fit the L1d ("
-      << cpu.l1d_bytes
-      << " B).\n"
-         "dQ has work items of its own (-det): no two cores write one gradient row, no "
-         "atomics.\n\n";
-  const AttentionConfig tile = cpu_config(kCpuTileQueries, kCpuTileQueries, p);
+      << " B); the two score blocks\n"
+         "of a dK/dV block, swept once per tile of head dims, should fit the L1d ("
+      << cpu.l1d_bytes << " B).\n\n";
+  const AttentionConfig tile = cpu_config(kCpuTileQueries, kCpuTileQueries);
   out << "Default (untuned):\n";
   out << "  Bc = " << kCpuTileQueries << " (the keys of one register tile: 4 vectors x 16 lanes)\n";
   out << "  Br = L1d / (8 Bc) = " << cpu.l1d_bytes << " / (8 * " << tile.block_n
       << ") = " << backward_target_block_m(tile.block_n, cpu) << "\n";
-  out << "  each rounded down to a legal choice (Bc first)\n\n";
-  out << "Budget of this template (fp32 scratch per work item):\n";
+  out << "  each rounded down to a legal choice (Bc first); the fused dQ where it fits\n\n";
+  out << "Budget of this template (fp32 working set per work item):\n";
   out << "  dK/dV: 4 * (4*Bc*d [K^T, V^T, dK^T, dV^T] + 2*Br*d [Q, dO] + 2*Br*Bc [S, dP])\n";
-  out << "  dQ:    4 * (3*Br*d [Q^T, dO^T, dQ^T] + 2*Bc*d [K, V] + 2*Bc*Br [S^T, dP^T])\n";
+  out << "         + fused: 4 * (Bc*dl [K] + Br*dr [dQ_i]), dl = d to 16, dr = d to 64\n";
+  out << "  dQ:    -det: 4 * (3*Br*d [Q^T, dO^T, dQ^T] + 2*Bc*d [K, V] + 2*Bc*Br [S^T, dP^T])\n";
   out << "  L2:    max(dK/dV, dQ) <= " << cpu.l2_bytes << " B\n";
   out << "  L1d:   8 * Br * Bc [S, dP blocks] <= " << cpu.l1d_bytes
       << " B (preferred, not required)\n";
@@ -310,17 +339,22 @@ std::string explain_cpu_backward_plan(const AttentionProblem& p, const CpuSpec& 
       << list(kCpuBackwardBlockNChoices) << "; warps = stages = 1 (unused on the CPU)\n\n";
   out << "config            dK/dV(B)     dQ(B)  scores(B)  in L1d  status\n";
   for (int m : kCpuBackwardBlockMChoices)
-    for (int n : kCpuBackwardBlockNChoices) {
-      const AttentionConfig c = cpu_config(m, n, p);
-      const int64_t scores = cpu_backward_score_bytes(c);
-      char line[320];
-      std::snprintf(line, sizeof line, "%-16s %9lld %9lld  %9lld  %6s  %s\n", c.to_string().c_str(),
-                    static_cast<long long>(cpu_backward_dkdv_bytes(c, p)),
-                    static_cast<long long>(cpu_backward_dq_bytes(c, p)),
-                    static_cast<long long>(scores), scores <= cpu.l1d_bytes ? "yes" : "no",
-                    verdict(c, p, cpu).c_str());
-      out << line;
-    }
+    for (int n : kCpuBackwardBlockNChoices)
+      for (DqMode dq : kCpuBackwardDqModes) {
+        const AttentionConfig c = cpu_config(m, n, dq);
+        const int64_t scores = cpu_backward_score_bytes(c);
+        std::string status = verdict(c, p, cpu);
+        if (dq == DqMode::Separate && status == "legal" &&
+            check_cpu_config(cpu_config(m, n, DqMode::Atomic), p, cpu).ok())
+          status = "legal, no candidate (the fused dQ fits)";
+        char line[320];
+        std::snprintf(line, sizeof line, "%-16s %9lld %9lld  %9lld  %6s  %s\n",
+                      c.to_string().c_str(), static_cast<long long>(cpu_backward_dkdv_bytes(c, p)),
+                      static_cast<long long>(cpu_backward_dq_bytes(c, p)),
+                      static_cast<long long>(scores), scores <= cpu.l1d_bytes ? "yes" : "no",
+                      status.c_str());
+        out << line;
+      }
   out << legal_summary(p, cpu);
   return out.str();
 }
@@ -357,7 +391,7 @@ std::string explain_cpu_plan(const AttentionProblem& p, const CpuSpec& cpu) {
   out << "config        L2 set(B)  K/V blk(B)  S^T blk(B)  in L1d/2  status\n";
   for (int m : kCpuBlockMChoices)
     for (int n : kCpuBlockNChoices) {
-      const AttentionConfig c{m, n, 1, 1};
+      const AttentionConfig c = cpu_config(m, n);
       const std::string why = verdict(c, p, cpu);
       const int64_t scores = cpu_score_block_bytes(c);
       char line[256];

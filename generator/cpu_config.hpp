@@ -67,15 +67,22 @@ inline constexpr int kCpuTileQueries = 64;
 // ---- the backward pass (problem.pass == Backward; templates/cpu/attention_bwd.hpp) ----------
 //
 // Three phases over the thread pool: a preprocess (D = rowsum(dO * O), lse in log2 units), then
-// the dK/dV work items (batch, kv head, block_n keys: K^T, V^T and the dK^T, dV^T accumulators
-// stay in the core's caches while Q and dO stream past in blocks of block_m rows, over every
-// query head of the GQA group), then the dQ work items (batch, head, block_m queries: Q^T, dO^T
-// and the dQ^T accumulator stay, K and V stream past in blocks of block_n rows).
-//
-// DqMode::Separate only (printed "-det"): the dK/dV work item owns a key block and the dQ work
-// item a query block, so no two cores ever write the same gradient row and no atomics are
-// needed; the order of every sum is fixed, so the result is bitwise reproducible for free. (The
-// cost is recomputing S and dP in the dQ pass: 7 matrix products instead of 5.)
+// the dK/dV work items (K^T, V^T and the dK^T, dV^T accumulators of a block of block_n keys stay
+// in the core's caches while Q and dO stream past in blocks of block_m rows, over every query
+// head of the GQA group), then the dQ work items (batch, head, block_m queries). The knob
+// AttentionConfig::dq picks how dQ is made; neither way uses atomics, both are bitwise
+// reproducible (the order of every sum is fixed), so both serve deterministic problems too:
+//   DqMode::Separate ("-det")  a dK/dV work item per (batch, kv head, key block); the dQ work
+//       item keeps Q^T, dO^T and dQ^T while K and V stream past, recomputing S and dP: 7 matrix
+//       products where the FLOP convention counts 5.
+//   DqMode::Atomic (no suffix; "atomic" names the GPU's way, not this one's)  the fused dQ: a
+//       dK/dV work item per (batch, kv head, split): the key blocks split, split + splits, ...
+//       of that pair, adding dQ_i += dS K_j for every query block it meets into its own fp32
+//       copy of the workspace's dQ accumulator (it owns every row there); the dQ work item sums
+//       the copies in order. 5 products. The split count is the launcher's
+//       (cpu_backward_dq_splits): 1 when batch x heads_kv keeps every core busy, more where it
+//       does not, so the fused dQ suits every problem size; the workspace holds one
+//       accumulator per split (4 bytes per dQ element each).
 
 // The backward template's block sizes: block_m divides the workspace rows' padding of 128 (whole
 // blocks of delta and lse_log2); 16 is left out (the dQ work item's lanes are its block_m
@@ -84,11 +91,15 @@ inline constexpr int kCpuTileQueries = 64;
 inline constexpr int kCpuBackwardBlockMChoices[] = {32, 64, 128};
 inline constexpr int kCpuBackwardBlockNChoices[] = {32, 64, 128};
 
-// fp32 scratch of one dK/dV work item, in bytes:
+// fp32 working set of one dK/dV work item, in bytes:
 //   4 * (4*block_n*d [K^T, V^T, dK^T, dV^T] + 2*block_m*d [Q, dO] + 2*block_m*block_n [S/P, dP/dS])
+// and for the fused dQ (DqMode::Atomic) 4 * (block_n*dl [K] + block_m*dr [the dQ_i rows of the
+// accumulator]) more, dl = d rounded up to 16 (the product's lanes), dr = d rounded up to 64 (the
+// accumulator's rows).
 int64_t cpu_backward_dkdv_bytes(const AttentionConfig& config, const AttentionProblem& problem);
 // fp32 scratch of one dQ work item, in bytes:
 //   4 * (3*block_m*d [Q^T, dO^T, dQ^T] + 2*block_n*d [K, V] + 2*block_n*block_m [S^T, dP^T/dS^T])
+// for DqMode::Separate; 0 for the fused dQ (its dQ work item only sums the accumulators).
 int64_t cpu_backward_dq_bytes(const AttentionConfig& config, const AttentionProblem& problem);
 // The larger of the two: what one core's L2 must hold (each phase allocates its own).
 int64_t cpu_backward_working_set_bytes(const AttentionConfig& config,
@@ -102,11 +113,26 @@ int64_t cpu_backward_score_bytes(const AttentionConfig& config);
 // backward's two phases), by the problem's pass.
 int64_t cpu_scratch_bytes(const AttentionConfig& config, const AttentionProblem& problem);
 
+// The fused dQ's split count for `threads` cores (the launcher's choice; 1 for DqMode::Separate):
+// with p = batch * heads_kv pairs, enough splits for kCpuBackwardItemsPerThread dK/dV work items
+// per thread, ceil(4 * threads / p) (1 when p is that many already), at most
+// ceil(seqlen_k / block_n), the key blocks to split. The pool hands the items out as threads
+// free up, so that a core slowed by other load (a shared host) leaves a tail of at most ~1/4 of
+// its share, where one item per thread would leave all of it. A split costs a copy of the
+// group's dQ accumulator rows (zeroed, then read by the dQ items): ~8 bytes per dQ element
+// against ~10 d FLOPs per (query, key) pair.
+inline constexpr int kCpuBackwardItemsPerThread = 4;
+int cpu_backward_dq_splits(const AttentionConfig& config, const AttentionProblem& problem,
+                           int threads);
+
 // Why `config` is illegal for the CPU template (knob values, then the L2 budget), or ok. Either
-// pass (problem.pass); the backward's configs are DqMode::Separate, the forward's not.
+// pass (problem.pass); the backward takes either DqMode, the forward DqMode::Atomic (unprinted).
 Status check_cpu_config(const AttentionConfig& config, const AttentionProblem& problem,
                         const CpuSpec& cpu);
-// Every legal config, block_m then block_n ascending.
+// The legal configs (the tuner's candidates), block_m then block_n ascending. Backward: per block
+// pair the fused dQ, or -det where the fused one does not fit the L2 (check_cpu_config accepts
+// -det for every block pair that fits: 7 products instead of 5, slower wherever both fit, so
+// not a candidate; docs/PERFORMANCE.md).
 std::vector<AttentionConfig> legal_cpu_configs(const AttentionProblem& problem, const CpuSpec& cpu);
 // The untuned default: block_m = kCpuTileQueries (one register tile of queries, every column of
 // Q^T reused over whole key blocks); block_n = the largest with the S^T block within half the L1d:
@@ -116,7 +142,8 @@ std::vector<AttentionConfig> legal_cpu_configs(const AttentionProblem& problem, 
 //
 // Backward: block_n = kCpuTileQueries (the dK/dV work item's lanes are its keys: one register
 // tile of 4 vectors x 16 keys); block_m = the largest with both score blocks within the L1d:
-// L1d / (8 block_n). Each rounded down as for the forward (block_n first).
+// L1d / (8 block_n). Each rounded down as for the forward (block_n first); the fused dQ where it
+// fits the L2, else -det (whichever legal_cpu_configs lists for the pair).
 Result<AttentionConfig> default_cpu_config(const AttentionProblem& problem, const CpuSpec& cpu);
 // The budget arithmetic and the legal set, as `flashjit plan --backend cpu` prints it (either
 // pass).

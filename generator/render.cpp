@@ -201,7 +201,8 @@ Result<KernelSource> render_hip_attention(const AttentionProblem& problem,
 namespace detail {
 
 // "</*head_dim=*/128, /*block_m=*/64, /*block_n=*/64, /*storage=*/flashjit_cpu::kBF16,
-// /*causal=*/false>": the parameters of both CPU templates' traits.
+// /*causal=*/false>": the parameters of both CPU templates' traits; the backward's add
+// ", /*fused_dq=*/true" (DqMode::Atomic) before the ">".
 std::string cpu_traits_arguments(const AttentionProblem& problem, const AttentionConfig& config) {
   std::ostringstream out;
   out << "</*head_dim=*/" << problem.head_dim << ", /*block_m=*/" << config.block_m
@@ -209,7 +210,10 @@ std::string cpu_traits_arguments(const AttentionProblem& problem, const Attentio
       << (problem.dtype == DType::BF16  ? "flashjit_cpu::kBF16"
           : problem.dtype == DType::F32 ? "flashjit_cpu::kF32"
                                         : "flashjit_cpu::kF16")
-      << ", /*causal=*/" << (problem.causal ? "true" : "false") << ">";
+      << ", /*causal=*/" << (problem.causal ? "true" : "false");
+  if (problem.is_backward())
+    out << ", /*fused_dq=*/" << (config.dq == DqMode::Atomic ? "true" : "false");
+  out << ">";
   return out.str();
 }
 

@@ -96,8 +96,11 @@ inline constexpr const char* kCpuAttentionForwardEntry = "flashjit_attention_fwd
 // The CPU backward's entry points, each with the forward's signature over its own work items
 // (batch x heads x blocks, the block fastest), run one after the other over the thread pool:
 //   preprocess  batch x heads_q x ceil(seqlen_q / block_m): delta and lse_log2
-//   dkdv        batch x heads_kv x ceil(seqlen_k / block_n): dK, dV
-//   dq          batch x heads_q x ceil(seqlen_q / block_m): dQ (DqMode::Separate)
+//   dkdv        DqMode::Separate: batch x heads_kv x ceil(seqlen_k / block_n): dK, dV;
+//               DqMode::Atomic: batch x heads_kv x dq_accum_splits (the split fastest): dK, dV
+//               and dQ into the split's copy of dq_accum (the launcher picks the split count)
+//   dq          batch x heads_q x ceil(seqlen_q / block_m): dQ (Separate: from K and V again;
+//               Atomic: the sum of the dq_accum copies)
 inline constexpr const char* kCpuBackwardPreprocessEntry = "flashjit_attention_bwd_preprocess_cpu";
 inline constexpr const char* kCpuBackwardDkDvEntry = "flashjit_attention_bwd_dkdv_cpu";
 inline constexpr const char* kCpuBackwardDqEntry = "flashjit_attention_bwd_dq_cpu";

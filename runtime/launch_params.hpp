@@ -18,8 +18,10 @@
 namespace flashjit {
 
 // The fp32 workspace of a backward launch, carved from one buffer (AttentionArgs::workspace or
-// the kernel's own): delta and lse_log2 always, the dQ accumulator for DqMode::Atomic. Rows are
-// padded to a multiple of kBackwardRowAlign, the head dim of the accumulator to a multiple of 64.
+// the kernel's own): delta and lse_log2 always, the dQ accumulator for DqMode::Atomic
+// (`dq_accum_copies` of it one after the other: the CPU's key-block splits; 1 on the GPU). Rows
+// are padded to a multiple of kBackwardRowAlign, the head dim of the accumulator to a multiple
+// of 64.
 inline constexpr int64_t kBackwardRowAlign = 128;
 inline constexpr size_t kWorkspaceAlign = 256;
 
@@ -28,10 +30,12 @@ struct BackwardWorkspace {
   size_t delta_offset = 0, lse_offset = 0, dq_accum_offset = 0;  // bytes from the start
   size_t bytes = 0;                                              // total; 0 for the forward
   bool has_dq_accum = false;
+  int dq_accum_copies = 0;  // 0 without a dQ accumulator
 };
 
 inline BackwardWorkspace backward_workspace(const AttentionProblem& problem,
-                                            const AttentionConfig& config) {
+                                            const AttentionConfig& config,
+                                            int dq_accum_copies = 1) {
   BackwardWorkspace w;
   if (!problem.is_backward()) return w;
   auto align = [](size_t bytes) {
@@ -44,10 +48,10 @@ inline BackwardWorkspace backward_workspace(const AttentionProblem& problem,
   w.lse_offset = align(rows * sizeof(float));
   w.dq_accum_offset = w.lse_offset + align(rows * sizeof(float));
   w.has_dq_accum = config.dq == DqMode::Atomic;
-  w.bytes = w.dq_accum_offset +
-            (w.has_dq_accum
-                 ? rows * static_cast<size_t>(padded_head_dim(problem.head_dim)) * sizeof(float)
-                 : 0);
+  w.dq_accum_copies = w.has_dq_accum ? dq_accum_copies : 0;
+  w.bytes = w.dq_accum_offset + static_cast<size_t>(w.dq_accum_copies) * rows *
+                                    static_cast<size_t>(padded_head_dim(problem.head_dim)) *
+                                    sizeof(float);
   return w;
 }
 
@@ -186,6 +190,7 @@ inline void bind_workspace(FlashjitAttentionParams& params, const BackwardWorksp
   params.dq_accum =
       layout.has_dq_accum ? reinterpret_cast<float*>(base + layout.dq_accum_offset) : nullptr;
   params.seqlen_q_rounded = static_cast<int>(layout.seqlen_q_rounded);
+  params.dq_accum_splits = layout.dq_accum_copies;
 }
 
 // ---- launch shapes ------------------------------------------------------------------------------

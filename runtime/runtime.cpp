@@ -2,6 +2,9 @@
 // selections and loaded kernels kept in memory.
 #include "runtime/runtime.hpp"
 
+#include <dlfcn.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string_view>
@@ -41,6 +44,25 @@ struct InTuneHook {
 
 bool disabled_db(const std::filesystem::path& path) { return path.empty() || path == "none"; }
 
+// `paths` with each folder replaced by its *.db files, in name order.
+std::vector<std::filesystem::path> expand_folders(const std::vector<std::filesystem::path>& paths) {
+  std::vector<std::filesystem::path> files;
+  for (const std::filesystem::path& path : paths) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(path, ec)) {
+      files.push_back(path);
+      continue;
+    }
+    std::vector<std::filesystem::path> found;
+    for (const auto& entry : std::filesystem::directory_iterator(path, ec)) {
+      if (entry.path().extension() == ".db") found.push_back(entry.path());
+    }
+    std::sort(found.begin(), found.end());
+    files.insert(files.end(), found.begin(), found.end());
+  }
+  return files;
+}
+
 std::string db_label(const char* which, const TuningStore& store) {
   std::string label = which;
   label += " DB ";
@@ -65,10 +87,38 @@ std::optional<std::filesystem::path> default_user_db() {
   return std::nullopt;
 }
 
+std::optional<std::filesystem::path> shipped_tuning_dir() {
+#ifdef FLASHJIT_TUNING_DIR_FROM_BINARY
+  // The binary holding this function: dladdr names a shared library or module by its path; for
+  // the main program it gives argv[0], which may be relative: /proc/self/exe then.
+  std::filesystem::path binary;
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&shipped_tuning_dir), &info) != 0 &&
+      info.dli_fname != nullptr && info.dli_fname[0] == '/') {
+    binary = info.dli_fname;
+  } else {
+    std::error_code ignored;
+    binary = std::filesystem::read_symlink("/proc/self/exe", ignored);
+  }
+  if (binary.empty()) return std::nullopt;
+  const std::filesystem::path dir =
+      (binary.parent_path() / FLASHJIT_TUNING_DIR_FROM_BINARY).lexically_normal();
+  std::error_code ec;
+  if (std::filesystem::is_directory(dir, ec)) return dir;
+#endif
+  return std::nullopt;
+}
+
 std::vector<std::filesystem::path> default_system_dbs() {
   std::vector<std::filesystem::path> paths;
   const char* env = std::getenv("FLASHJIT_SYSTEM_DB");
-  if (env == nullptr) return paths;
+  if (env == nullptr) {
+    if (std::optional<std::filesystem::path> shipped = shipped_tuning_dir()) {
+      paths.push_back(*shipped);
+    }
+    return paths;
+  }
+  if (std::string_view(env) == "none") return paths;
   std::string part;
   for (const char* c = env;; ++c) {
     if (*c == ':' || *c == '\0') {
@@ -239,7 +289,7 @@ Runtime::Runtime(std::unique_ptr<Backend> backend, const RuntimeOptions& options
       log("user tuning DB not used: " + store.error().describe());
     }
   }
-  for (const std::filesystem::path& path : options.system_dbs) {
+  for (const std::filesystem::path& path : expand_folders(options.system_dbs)) {
     Result<std::unique_ptr<TuningStore>> store = TuningStore::open_read_only(path);
     if (store.ok()) {
       system_stores_.push_back(std::move(store.value()));

@@ -42,7 +42,14 @@ namespace flashjit {
 // else ~/.local/share/flashjit/tuning.db; nullopt when disabled (FLASHJIT_DB set to "" or
 // "none") or when there is no home directory.
 std::optional<std::filesystem::path> default_user_db();
-// $FLASHJIT_SYSTEM_DB split at ':' (empty parts dropped); empty when unset.
+// The folder of the tuning DBs shipped with this build (read-only system DBs): the path the build
+// names relative to the folder of the binary holding the runtime (the shared library or Python
+// module; for a program linked statically, the program itself): share/flashjit/tuning/ beside
+// bin/ in an installed tree, tuning/ in the Python package. nullopt when it does not exist (a
+// build tree, a program linked statically outside the prefix's bin/).
+std::optional<std::filesystem::path> shipped_tuning_dir();
+// The system DBs: $FLASHJIT_SYSTEM_DB split at ':' (empty parts dropped; "none": no system DB)
+// when set, else shipped_tuning_dir() (when it exists). A folder stands for its *.db files.
 std::vector<std::filesystem::path> default_system_dbs();
 // True when the environment variable is set to a non-empty value other than "0".
 bool env_flag(const char* name);
@@ -75,7 +82,8 @@ struct RuntimeOptions {
   // nullopt: default_user_db(); "" or "none": no user DB. Created (with its directory) if
   // missing; if it cannot be opened, the runtime goes on without it.
   std::optional<std::filesystem::path> user_db;
-  // Read-only tuning DBs (shipped with a system), consulted after the user DB, in order.
+  // Read-only tuning DBs (shipped with the package or a system), consulted after the user DB, in
+  // order; a folder stands for its *.db files in name order.
   std::vector<std::filesystem::path> system_dbs = default_system_dbs();
   // Call the tune hook (Runtime::set_tune_hook) on a miss of the exact key. $FLASHJIT_TUNE=1.
   bool tune_on_miss = env_flag("FLASHJIT_TUNE");

@@ -11,6 +11,7 @@
 #include "runtime/tuning_store.hpp"
 
 #include <sqlite3.h>
+#include <unistd.h>
 
 #include <bit>
 #include <cstdlib>
@@ -23,6 +24,7 @@
 #include "generator/render.hpp"
 #include "runtime/tuning_store_schema.hpp"
 #include "runtime/tuning_store_sqlite.hpp"
+#include "runtime/tuning_store_text.hpp"
 
 namespace flashjit {
 namespace fs = std::filesystem;
@@ -496,6 +498,30 @@ Result<std::vector<TuningStore::ResultEntry>> TuningStore::result_entries(
 }
 
 Status TuningStore::merge_from(const fs::path& other) {
+  if (tuning_db::is_text_db(other)) {
+    // The text form: its rows into a scratch DB (a fresh version-2 file), merged from there.
+    std::error_code ec;
+    std::string name = (fs::temp_directory_path(ec) / "flashjit-text-db-XXXXXX").string();
+    const int fd = mkstemp(name.data());
+    if (fd < 0) {
+      return make_error(ErrorCode::IoError,
+                        "merging " + other.string() + ": cannot create a scratch file " + name);
+    }
+    close(fd);
+    struct Remove {
+      fs::path path;
+      ~Remove() {
+        std::error_code ignored;
+        for (const char* suffix : {"", "-wal", "-shm"}) fs::remove(path.string() + suffix, ignored);
+      }
+    } remove{name};
+    {
+      Result<std::unique_ptr<TuningStore>> scratch = TuningStore::open(name);
+      if (!scratch.ok()) return scratch.error();
+      FLASHJIT_TRY(tuning_db::read_text(*(*scratch)->impl_, other));
+    }
+    return merge_from(name);
+  }
   std::lock_guard<std::mutex> lock(impl_->mutex);
   Impl& impl = *impl_;
   std::error_code ec;
@@ -686,6 +712,7 @@ Status TuningStore::export_to(const fs::path& file) const {
     message += " exists: give a new file name";
     return make_error(ErrorCode::InvalidArgument, std::move(message));
   }
+  if (tuning_db::is_text_db(file)) return tuning_db::write_text(impl, file);
   {
     Result<Statement> stmt = impl.prepare("VACUUM INTO ?");
     if (!stmt.ok()) return stmt.error();

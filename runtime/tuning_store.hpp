@@ -125,7 +125,8 @@ class TuningStore {
     bool current = false;  // generator version == this build's
   };
   Result<std::vector<Entry>> entries() const;
-  // Copies every row and choice of `other` into this DB (newer rows win on conflict).
+  // Copies every row and choice of `other` into this DB (newer rows win on conflict). `other`
+  // is a tuning DB file, or its text form when its name ends in ".sql" (export_to).
   Status merge_from(const std::filesystem::path& other);
   // Deletes everything, or only rows not from this build's generator version (stale == true).
   Status clear(bool stale_only);
@@ -154,7 +155,10 @@ class TuningStore {
   Result<std::vector<AttentionProblem>> recorded_problems(const DeviceFingerprint& device) const;
 
   // A consistent single-file copy (VACUUM INTO, then journal_mode=DELETE so that the copy can
-  // be shipped and opened read-only). InvalidArgument if `file` exists.
+  // be shipped and opened read-only); for a name ending in ".sql" the text form instead (the
+  // rows of devices, results and choices as one INSERT a line, sorted by key: what the
+  // repository keeps of the shipped DBs, runtime/tuning_store_text.hpp). InvalidArgument if
+  // `file` exists.
   Status export_to(const std::filesystem::path& file) const;
 
  private:

@@ -78,6 +78,9 @@ install_test_tools() {
   ensure_packages "have_gtest" libgtest-dev
   # Its own call: if apt cannot install it, the packages above are not held back with it.
   ensure_packages "have_hip" libamdhip64-dev
+  # Headless Chromium renders `flashjit report` in tests/python/test_cli_report.py (~30 s to
+  # install; the test skips without it).
+  ensure_packages "command -v chromium" chromium
 }
 
 # flashjit needs the CUDA toolkit's headers (cuda.h) and NVRTC; not the driver, not a GPU.
@@ -93,7 +96,9 @@ check_cuda_toolkit() {
 # and pytest, and the package installed into it exactly as a user would: `pip install .` (which
 # builds the extension through CMake with scikit-build-core + nanobind, fetched by pip). Sets
 # PYTEST_PYTHON to the venv's python: configure_and_build then registers tests/python as the ctest
-# test python_tests. Set FLASHJIT_SKIP_PYTHON_TESTS=1 to skip (e.g. offline).
+# tests python_tests and python_torch_tests (torch downloaded in the background from here and
+# installed by finish_python_tests). Set
+# FLASHJIT_SKIP_PYTHON_TESTS=1 to skip (e.g. offline).
 prepare_python_tests() {
   if [[ "${FLASHJIT_SKIP_PYTHON_TESTS:-0}" == 1 ]]; then
     log "FLASHJIT_SKIP_PYTHON_TESTS=1: no Python tests"
@@ -109,12 +114,72 @@ prepare_python_tests() {
   fi
   log "pip install numpy pytest, then pip install . (builds the extension, ${JOBS} jobs)"
   "${venv}/bin/python" -m pip install -q --disable-pip-version-check numpy pytest || return 1
+  start_torch_download "${venv}/bin/python"
   CMAKE_BUILD_PARALLEL_LEVEL="${JOBS}" "${venv}/bin/python" -m pip install -q \
     --disable-pip-version-check "${REPO_ROOT}" || {
     log "ERROR: pip install . failed"
     return 1
   }
   PYTEST_PYTHON="${venv}/bin/python"
+}
+
+# After prepare_python_tests (and whatever build ran meanwhile): torch into its venv, from the
+# background download.
+finish_python_tests() {
+  [[ -n "${PYTEST_PYTHON:-}" ]] || return 0
+  install_torch "${PYTEST_PYTHON}" ||
+    log "torch could not be installed (offline?): the PyTorch tests will skip"
+}
+
+# torch into the Python environment of $1 (tests/python/test_torch_*.py and examples/train_gpt.py
+# in CI, bench/cpu_bench.py), as /work/shared/TOOLCHAIN.md found works on these machines: PyPI's
+# torch with --no-deps (~1 GB, not the ~4 GB of its CUDA libraries: the CPU tests need none), the
+# small packages `import torch` needs, and the four nvidia-* libraries libtorch_cuda.so links
+# (loaded at import even without a GPU); if torch still does not import, the full
+# `pip install torch`. Nothing when torch imports already. FLASHJIT_SKIP_TORCH=1 skips it.
+# The wheels install_torch needs: torch (--no-deps) and the nvidia-* libraries it links.
+TORCH_WHEELS=(torch nvidia-cufile nvidia-cusparselt-cu13 nvidia-nvshmem-cu13 nvidia-nccl-cu13)
+
+# start_torch_download <python>: fetch TORCH_WHEELS into ${BUILD_DIR}/torch-wheels in the
+# background (~1 GB: network-bound, so it overlaps the CPU-bound builds); install_torch waits for
+# it and installs from there. Nothing when torch imports already or FLASHJIT_SKIP_TORCH=1.
+start_torch_download() {
+  local python="$1"
+  [[ "${FLASHJIT_SKIP_TORCH:-0}" == 1 ]] && return 0
+  "${python}" -c "import torch" 2>/dev/null && return 0
+  mkdir -p "${BUILD_DIR}/torch-wheels"
+  log "downloading torch in the background (${BUILD_DIR}/torch-wheels)"
+  "${python}" -m pip download -q --disable-pip-version-check --no-deps \
+    -d "${BUILD_DIR}/torch-wheels" "${TORCH_WHEELS[@]}" \
+    >"${BUILD_DIR}/torch-wheels/download.log" 2>&1 &
+  TORCH_DOWNLOAD_PID=$!
+}
+
+install_torch() {
+  local python="$1"
+  local pip=("${python}" -m pip install -q --disable-pip-version-check)
+  if [[ "${FLASHJIT_SKIP_TORCH:-0}" == 1 ]]; then
+    log "FLASHJIT_SKIP_TORCH=1: torch not installed"
+    return 0
+  fi
+  "${python}" -c "import torch" 2>/dev/null && return 0
+  local start=${SECONDS}
+  if [[ -n "${TORCH_DOWNLOAD_PID:-}" ]]; then
+    log "waiting for the torch download (pid ${TORCH_DOWNLOAD_PID})"
+    wait "${TORCH_DOWNLOAD_PID}" || log "the background download failed: installing from PyPI"
+    TORCH_DOWNLOAD_PID=
+    # Local wheels first; pip falls back to the index for anything the folder lacks.
+    pip+=(--find-links "${BUILD_DIR}/torch-wheels")
+  fi
+  log "installing torch into $("${python}" -c 'import sys; print(sys.prefix)') (PyPI, --no-deps)"
+  "${pip[@]}" --no-deps torch &&
+    "${pip[@]}" filelock fsspec jinja2 networkx sympy typing-extensions numpy setuptools &&
+    "${pip[@]}" --no-deps "${TORCH_WHEELS[@]:1}"
+  if ! "${python}" -c "import torch" 2>/dev/null; then
+    log "torch does not import yet: the full pip install torch"
+    "${pip[@]}" torch || return 1
+  fi
+  log "torch installed in $((SECONDS - start)) s"
 }
 
 # configure_and_build <ON|OFF: tests> [cmake --build args...]

@@ -42,9 +42,12 @@ struct FlashjitAttentionParams {
   float* delta;     // [batch, heads_q, seqlen_q_rounded]: D = rowsum(dO * O); 0 past seqlen_q
   float* lse_log2;  // [batch, heads_q, seqlen_q_rounded]: lse * log2(e); +inf past seqlen_q
   // [batch, heads_q, seqlen_q_rounded, head_dim_padded] (head dim rounded up to 64):
-  // DqMode::Atomic's dQ accumulator, zeroed by the preprocess kernel; null for Separate.
+  // DqMode::Atomic's dQ accumulator, zeroed by the preprocess kernel; null for Separate. On the
+  // CPU, dq_accum_splits copies of it one after the other, one per split of the key blocks
+  // (templates/cpu/attention_bwd.hpp), each zeroed and filled by the work items that own it.
   float* dq_accum;
   int seqlen_q_rounded;
+  int dq_accum_splits;  // copies of dq_accum: 1 on the GPU, 0 when dq_accum is null
 
   // ---- the decode family only (split-KV, paged K/V; generator/decode_config.hpp) ----
   // Paged K/V: k and v are [num_pages, page_size, heads_kv, head_dim] through the k and v

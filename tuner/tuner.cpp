@@ -24,6 +24,7 @@ constexpr uint64_t kVerifySeed = 0x5EED0001;
 constexpr uint64_t kTimingSeed = 0x5EED0002;
 constexpr size_t kMaxInputSets = 64;
 constexpr int kAbandonAfterSamples = 3;
+constexpr int kMinSamplesOfLongLaunches = 3;  // TuneOptions::max_time_ms
 constexpr size_t kFallbackL2Bytes = size_t{50} << 20;
 
 double tflops_of(const AttentionProblem& problem, double ms) {
@@ -149,7 +150,10 @@ std::shared_ptr<Tuner::Slot> Tuner::slot(const AttentionProblem& problem,
   ++compiles_queued_;
   if (threads_.empty()) {
     int count = options_.max_compile_threads;
-    if (count <= 0) count = static_cast<int>(std::thread::hardware_concurrency()) - 1;
+    // One hardware thread left for launching, unless timing waits for the compiles anyway.
+    if (count <= 0)
+      count = static_cast<int>(std::thread::hardware_concurrency()) -
+              (backend_.compiles_share_the_device() ? 0 : 1);
     count = std::max(1, count);
     for (int i = 0; i < count; ++i) threads_.emplace_back([this] { compile_loop(); });
   }
@@ -574,6 +578,7 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
           const int n = static_cast<int>(m.samples.size());
           if (n >= options_.max_samples) break;
           if (n >= options_.min_samples && total_ms >= options_.min_time_ms) break;
+          if (n >= kMinSamplesOfLongLaunches && total_ms >= options_.max_time_ms) break;
           if (n >= kAbandonAfterSamples && best_ms > 0 && options_.abandon_factor > 0 &&
               median_of(m.samples) > options_.abandon_factor * best_ms) {
             m.abandoned = true;
@@ -666,6 +671,7 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
     }
     for (int round = 0; round < options_.max_samples; ++round) {
       bool enough = round >= options_.min_samples;
+      bool long_enough = round + 1 >= kMinSamplesOfLongLaunches;  // samples after this round
       for (Candidate& run : runs) {
         if (run.failed) continue;
         Result<double> sample = backend_.time_ms(run.work, run.reps);
@@ -679,8 +685,9 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
         run.samples.push_back(*sample);
         run.total_ms += *sample * run.reps;
         if (run.total_ms < options_.min_time_ms) enough = false;
+        if (run.total_ms < options_.max_time_ms) long_enough = false;
       }
-      if (enough) break;
+      if (enough || long_enough) break;
     }
     for (Candidate& run : runs) {
       TuneResult& result = *results[run.index];

@@ -23,9 +23,11 @@
 //
 // Timing (device time by the backend's events): a warm-up of warmup_ms, then samples, each the
 // mean of a batch of back-to-back launches (~min_time_ms / min_samples of device time), until at
-// least min_samples samples and min_time_ms in all; the median is the result, min and max the
-// spread. Launches rotate over enough input sets that the working set is at least 2x the L2.
-// A config whose median after 3 samples is abandon_factor times the best so far stops early.
+// least min_samples samples and min_time_ms in all, or 3 samples and max_time_ms in all (a launch
+// of a third of a second or more: a CPU's backward, whose samples need no batching to average
+// the noise out); the median is the result, min and max the spread. Launches rotate over enough
+// input sets that the working set is at least 2x the L2. A config whose median after 3 samples is
+// abandon_factor times the best so far stops early.
 //
 // Decision: the top retime_top configs and the default are re-timed interleaved (round-robin
 // batches, so that drift hits all alike). The fastest replaces the default only if it is faster by
@@ -89,11 +91,14 @@ struct TuneProgress {
 };
 
 struct TuneOptions {
-  int max_compile_threads = 0;      // 0: hardware threads - 1 (one left for launching), at least 1
+  int max_compile_threads = 0;      // 0: hardware threads - 1 (one left for launching; all of
+                                    // them where compiles share the device), at least 1
   double warmup_ms = 25;            // device time of untimed launches before a config's samples
   double min_time_ms = 80;          // device time of a config's samples, at least
   int min_samples = 10;             // samples of a config, at least
   int max_samples = 200;            // samples of a config, at most
+  double max_time_ms = 1000;        // device time after which 3 samples of a config suffice
+                                    // (long launches, a CPU's: the noise is in the sample)
   double abandon_factor = 1.5;      // stop a config after 3 samples at this multiple of the best
   int retime_top = 3;               // configs re-timed against the default at the end
   double min_gain = 0.01;           // fraction a winner must beat the default by, at least

@@ -7,6 +7,15 @@
     do = np.random.randn(*o.shape).astype(np.float16)                   # dLoss/dO
     dq, dk, dv = flashjit.attention_backward(q, k, v, o, lse, do, causal=True)
 
+PyTorch: attention() is differentiable for torch tensors (autograd, torch.compile with
+fullgraph=True: the custom operator flashjit::attention), and sdpa() is a drop-in for
+torch.nn.functional.scaled_dot_product_attention:
+
+    import torch, flashjit
+    q, k, v = (torch.randn(2, 8, 256, 64, requires_grad=True) for _ in range(3))  # (B, H, S, D)
+    o = flashjit.sdpa(q, k, v, is_causal=True)   # as F.scaled_dot_product_attention(...)
+    o.sum().backward()                           # q.grad, k.grad, v.grad from flashjit's backward
+
 Arrays: torch tensors, cupy, jax or numpy arrays (anything with ``__dlpack__`` or the buffer
 protocol) are read through DLPack, without copies, where they are. CUDA arrays run on the CUDA
 backend of their device (NVRTC-compiled kernels, the device's primary context, the same one torch
@@ -26,6 +35,18 @@ Streams: torch CUDA tensors run on torch's current stream of their device, cupy 
 current stream, jax arrays on the default stream with the call returning when the kernel is
 done; ``stream=`` overrides (an int handle, a torch.cuda.Stream or a cupy Stream). CPU calls are
 synchronous.
+
+Autograd (torch tensors): attention() records a node whose backward is flashjit's backward pass
+when q, k or v requires grad; the forward saves only q, k, v, o and the log-sum-exp
+(FlashAttention's memory), and the log-sum-exp (return_lse=True) is not differentiable. Under
+torch.compile / torch.export the call is the custom operator flashjit::attention (with a fake
+implementation and its autograd formula; flashjit::attention_backward for the gradients), so
+fullgraph=True traces it without a graph break. Under torch.autocast, float32 inputs are cast to
+the autocast dtype first (as SDPA's are). float32 CUDA tensors raise UnsupportedError (the CUDA
+kernels take bfloat16/float16: use autocast or convert the model); float32 runs on the CPU.
+Inputs the kernels cannot read in place (a non-contiguous last axis, other strides not multiples
+of 8 elements, misaligned data) are copied first. out=, lse= and stream= are for calls without
+autograd.
 
 Backward: attention_backward() takes the forward's o and lse (attention(..., return_lse=True))
 and the gradient of the output, do, and returns dq, dk, dv (dk, dv summed over the query heads
@@ -62,6 +83,7 @@ from ._flashjit import (  # noqa: F401  (re-exported)
 __all__ = [
     "attention",
     "attention_backward",
+    "sdpa",
     "config_for",
     "show",
     "tune",
@@ -76,6 +98,27 @@ __all__ = [
 ]
 
 LAYOUTS = ("bshd", "bhsd")
+
+# flashjit._torch (autograd, custom operators, the fast path of torch tensors): imported with
+# flashjit when torch already is (so torch.compile finds the operators registered), else on the
+# first torch tensor.
+_torch_paths = None
+
+
+def _torch_module():
+    global _torch_paths
+    if _torch_paths is None:
+        from . import _torch
+
+        _torch_paths = _torch
+    return _torch_paths
+
+
+def _clear_runtimes():
+    """Forgets every runtime and prepared call: the next call re-reads the tuning DBs."""
+    _C.clear_runtimes()
+    if _torch_paths is not None:
+        _torch_paths.clear_plans()
 
 
 def _framework(x):
@@ -101,9 +144,9 @@ def _check_array(name, x):
 
 
 def _detached(x):
-    """x without autograd: torch's __dlpack__ refuses tensors that require grad (flashjit's
-    functions are not autograd operations; attention_backward() computes the gradients).
-    Anything else as it is."""
+    """x without autograd: torch's __dlpack__ refuses tensors that require grad (the DLPack paths
+    are not autograd operations: attention_backward(), config_for(), attention() with out=, lse=
+    or stream=). Anything else as it is."""
     return x.detach() if getattr(x, "requires_grad", False) else x
 
 
@@ -131,7 +174,7 @@ def _lse_shape(q, layout):
 
 
 def attention(q, k, v, *, causal=False, scale=None, layout="bshd", out=None, return_lse=False,
-              lse=None, config=None, stream=None):
+              lse=None, config=None, stream=None, deterministic=None):
     """Attention forward: softmax(scale * q k^T + causal mask) v, per head.
 
     q: (batch, seqlen_q, heads, head_dim) for layout="bshd" (the default), or
@@ -144,16 +187,30 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", out=None, ret
        lse: optional array to write it into.
     config: None (tuned selection), "default" (the SRAM-formula default) or a config name.
     stream: CUDA stream override (int handle, torch.cuda.Stream, cupy Stream).
-    Returns out, or (out, lse) when return_lse.
+    deterministic: torch autograd only: the backward's bitwise reproducible variant (default:
+       torch.are_deterministic_algorithms_enabled()).
+    Returns out, or (out, lse) when return_lse. For torch tensors the call is differentiable
+    (see the module's documentation) unless out=, lse= or stream= is given.
     """
+    kind = _framework(q)
+    if kind == "torch" and out is None and lse is None and stream is None:
+        return _torch_module().attention(q, k, v, causal, scale, layout, return_lse,
+                                         deterministic, config)
+    if deterministic:
+        raise InvalidArgumentError(
+            "deterministic= applies to the backward of torch autograd calls (torch tensors "
+            "without out=, lse= or stream=); pass it to attention_backward() otherwise")
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_array(name, x)
-    kind = _framework(q)
     want_lse = bool(return_lse) or lse is not None
     handle = None if stream is None else _stream_handle(stream)
     synchronize = False
     if kind == "torch":
         torch = _sys.modules["torch"]
+        if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in (q, k, v)):
+            raise InvalidArgumentError(
+                "out=, lse= and stream= do not support autograd, and q, k or v requires grad: "
+                "leave them out for a differentiable call, or call under torch.no_grad()")
         q, k, v = (_detached(x) for x in (q, k, v))
         if out is None:
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -224,11 +281,15 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, layout=
     stream: CUDA stream override, as for attention().
     Returns (dq, dk, dv).
     """
+    kind = _framework(q)
+    if (kind == "torch" and lse is not None and dq is None and dk is None and dv is None and
+            config is None and stream is None):
+        return _torch_module().attention_backward(q, k, v, o, lse, do, causal, scale, layout,
+                                                  bool(deterministic))
     for name, x in (("q", q), ("k", k), ("v", v), ("o", o), ("do", do)):
         _check_array(name, x)
     if lse is not None:
         _check_array("lse", lse)
-    kind = _framework(q)
     handle = None if stream is None else _stream_handle(stream)
     synchronize = False
     if kind == "torch":
@@ -265,6 +326,22 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, layout=
         q, k, v, o, lse, do, dq, dk, dv, bool(causal), scale, layout, bool(deterministic), config,
         0 if handle is None else handle, synchronize, "jax" if kind == "jax" else "numpy")
     return tuple(given if fresh is None else fresh for fresh, given in zip(made, (dq, dk, dv)))
+
+
+def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+         enable_gqa=False):
+    """A drop-in for torch.nn.functional.scaled_dot_product_attention on torch tensors: the same
+    signature, (batch, heads, seqlen, head_dim) layout and semantics (scale default
+    1/sqrt(head_dim); is_causal with seqlen_q != seqlen_k aligned top-left, as SDPA's; GQA with
+    enable_gqa=True), differentiable and traceable by torch.compile as attention() is.
+    attn_mask and a non-zero dropout_p raise UnsupportedError (flashjit computes full or causal
+    attention without dropout); float32 CUDA tensors raise UnsupportedError outside autocast.
+
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)   # before
+        y = flashjit.sdpa(q, k, v, is_causal=True)                    # after
+    """
+    return _torch_module().sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                enable_gqa)
 
 
 def config_for(q, k, v, *, causal=False, scale=None, layout="bshd", config=None, pass_="fwd",
@@ -360,6 +437,8 @@ def tune(*, passes=("fwd",), deterministic=False, head_dims=None, dtypes=None, c
         _sys.stdout.flush()
         _sys.stderr.flush()
         status, errors = _C.tune(args + ["--json", report_path])
+        if _torch_paths is not None:  # the tune cleared the runtimes: prepared calls too
+            _torch_paths.clear_plans()
         if status != 0:
             lines = [line for line in errors.splitlines() if line.strip()]
             message = "\n".join(lines[-20:]) or f"flashjit tune failed (exit status {status})"
@@ -372,3 +451,7 @@ def tune(*, passes=("fwd",), deterministic=False, head_dims=None, dtypes=None, c
             return {"problems": [], "geomean_gain": 1.0, "seconds": 0.0}
         with open(report_path) as f:
             return _json.load(f)
+
+
+if "torch" in _sys.modules:
+    _torch_module()

@@ -26,28 +26,70 @@ const char* source_name(ChoiceSource source) {
   return "unknown";
 }
 
-std::shared_ptr<Kernel> kernel_for(Runtime& runtime, const AttentionProblem& problem,
+std::shared_ptr<Kernel> kernel_for(Runtime& runtime, const Call& call,
                                    const std::optional<std::string>& config) {
-  if (!config) return unwrap(runtime.attention(problem));
-  return unwrap(runtime.attention(problem, resolve_config(runtime, problem, config).first));
-}
-
-// Builds (or finds) the kernel for `problem` and enqueues it on `stream`; with `synchronize` waits
-// for it (CUDA). Releases the GIL: compiles (first use) and CPU launches take long.
-void launch(Runtime& runtime, const Call& call, const AttentionArgs& args,
-            const std::optional<std::string>& config, uintptr_t stream, bool synchronize) {
+  // Compiles on first use: without the GIL, with the caller's CUDA context put back after.
   nb::gil_scoped_release release;
   CudaContextGuard guard(call.place.cuda());
-  std::shared_ptr<Kernel> kernel = kernel_for(runtime, call.problem, config);
-  check(kernel->launch(call.problem, args, reinterpret_cast<void*>(stream)));
-  if (synchronize && call.place.cuda()) {
+  if (!config) return unwrap(runtime.attention(call.problem));
+  return unwrap(
+      runtime.attention(call.problem, resolve_config(runtime, call.problem, config).first));
+}
+
+Prepared prepared(const Call& call, const std::optional<std::string>& config) {
+  std::shared_ptr<Runtime> runtime = runtimes().get(call.place);
+  return Prepared(call.place, call.problem, kernel_for(*runtime, call, config));
+}
+
+}  // namespace
+
+void Prepared::launch(const AttentionArgs& args, uintptr_t stream, bool synchronize) const {
+  // CPU launches run the kernel to completion: without the GIL.
+  nb::gil_scoped_release release;
+  CudaContextGuard guard(place_.cuda());
+  check(kernel_->launch(problem_, args, reinterpret_cast<void*>(stream)));
+  if (synchronize && place_.cuda()) {
     const cuda::Driver* cu = unwrap(cuda::driver());
     check(cuda::check(cu->cuStreamSynchronize(reinterpret_cast<CUstream>(stream)),
                       "cuStreamSynchronize", ErrorCode::LaunchFailed));
   }
 }
 
-}  // namespace
+void Prepared::forward(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse,
+                       uintptr_t stream) const {
+  launch(
+      {reinterpret_cast<const void*>(q), reinterpret_cast<const void*>(k),
+       reinterpret_cast<const void*>(v), reinterpret_cast<void*>(o), reinterpret_cast<float*>(lse)},
+      stream);
+}
+
+void Prepared::backward(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse,
+                        uintptr_t d_o, uintptr_t dq, uintptr_t dk, uintptr_t dv,
+                        uintptr_t stream) const {
+  AttentionArgs args{reinterpret_cast<const void*>(q), reinterpret_cast<const void*>(k),
+                     reinterpret_cast<const void*>(v), reinterpret_cast<void*>(o),
+                     reinterpret_cast<float*>(lse)};
+  args.d_o = reinterpret_cast<const void*>(d_o);
+  args.dq = reinterpret_cast<void*>(dq);
+  args.dk = reinterpret_cast<void*>(dk);
+  args.dv = reinterpret_cast<void*>(dv);
+  launch(args, stream);
+}
+
+Prepared prepare_attention(InArray q, InArray k, InArray v, OutArray out,
+                           std::optional<OutArray> lse, bool causal, std::optional<double> scale,
+                           const std::string& layout, std::optional<std::string> config) {
+  return prepared(prepare(q, k, v, &out, lse ? &*lse : nullptr, causal, scale, layout), config);
+}
+
+Prepared prepare_attention_backward(InArray q, InArray k, InArray v, InArray o, InArray lse,
+                                    InArray d_o, OutArray dq, OutArray dk, OutArray dv, bool causal,
+                                    std::optional<double> scale, const std::string& layout,
+                                    bool deterministic, std::optional<std::string> config) {
+  return prepared(
+      prepare_backward(q, k, v, o, lse, d_o, &dq, &dk, &dv, causal, scale, layout, deterministic),
+      config);
+}
 
 // config: nullopt = the runtime's selection (tuning DBs, then the SRAM-formula default);
 // "default" = the SRAM-formula default; else a config name such as "m128n64w4s2".
@@ -102,8 +144,8 @@ nb::tuple attention(InArray q, InArray k, InArray v, std::optional<OutArray> out
     lse_data = static_cast<float*>(allocated.data);
   }
 
-  const AttentionArgs args{q.data(), k.data(), v.data(), out_data, lse_data};
-  launch(*runtime, call, args, config, stream, synchronize);
+  prepared(call, config)
+      .launch({q.data(), k.data(), v.data(), out_data, lse_data}, stream, synchronize);
   return nb::make_tuple(out_object, lse_object);
 }
 
@@ -138,7 +180,7 @@ nb::tuple attention_backward(InArray q, InArray k, InArray v, InArray o, std::op
   args.dq = data[0];
   args.dk = data[1];
   args.dv = data[2];
-  launch(*runtime, call, args, config, stream, synchronize);
+  prepared(call, config).launch(args, stream, synchronize);
   return nb::make_tuple(made[0], made[1], made[2]);
 }
 

@@ -1,6 +1,9 @@
 // The attention entry points of the extension: the forward, the backward, and the config either
 // would launch. python/flashjit/__init__.py documents them for users and allocates the outputs
 // of the frameworks it knows (torch, numpy, cupy); what it passes as None is allocated here.
+// Prepared calls are the fast path of torch tensors (python/flashjit/_torch.py): the arrays'
+// checks, the problem and the kernel once per (shapes, strides, dtypes, device, options), then
+// launches with data pointers only.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -8,12 +11,54 @@
 #include <nanobind/stl/string.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "arrays.hpp"
 
 namespace flashjit::python {
+
+// A call whose arrays were checked and whose kernel was built: the problem and the kernel of one
+// (shapes, strides, dtypes, place, options), launched with the data pointers of arrays that have
+// exactly those (the caller's promise: the torch fast path keys its cache on them). Pointers are
+// still checked (null, alignment) by the kernel's launch.
+class Prepared {
+ public:
+  Prepared(Place place, AttentionProblem problem, std::shared_ptr<Kernel> kernel)
+      : place_(std::move(place)), problem_(std::move(problem)), kernel_(std::move(kernel)) {}
+
+  // Enqueues the kernel(s) on `stream` (CUDA; ignored by the CPU backend, whose launches return
+  // when done); with `synchronize`, waits for the stream. Releases the GIL.
+  void launch(const AttentionArgs& args, uintptr_t stream, bool synchronize = false) const;
+  // The forward with q, k, v, o and lse (0: none) as data pointers.
+  void forward(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse,
+               uintptr_t stream) const;
+  // The backward with q, k, v, o, lse, do, dq, dk and dv as data pointers.
+  void backward(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse, uintptr_t d_o,
+                uintptr_t dq, uintptr_t dk, uintptr_t dv, uintptr_t stream) const;
+
+  const Place& place() const { return place_; }
+  const AttentionProblem& problem() const { return problem_; }
+  const Kernel& kernel() const { return *kernel_; }
+
+ private:
+  Place place_;
+  AttentionProblem problem_;
+  std::shared_ptr<Kernel> kernel_;
+};
+
+// The forward of q, k, v into out (and lse, when given), prepared: every array checked as
+// attention() checks them, the kernel built (config as for resolve_config).
+Prepared prepare_attention(InArray q, InArray k, InArray v, OutArray out,
+                           std::optional<OutArray> lse, bool causal, std::optional<double> scale,
+                           const std::string& layout, std::optional<std::string> config);
+
+// The backward of q, k, v, o, lse, do into dq, dk, dv, prepared likewise.
+Prepared prepare_attention_backward(InArray q, InArray k, InArray v, InArray o, InArray lse,
+                                    InArray d_o, OutArray dq, OutArray dk, OutArray dv, bool causal,
+                                    std::optional<double> scale, const std::string& layout,
+                                    bool deterministic, std::optional<std::string> config);
 
 // Returns (out, lse) as allocated here: each None when the caller passed it (or, for lse, did
 // not ask for it).

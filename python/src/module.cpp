@@ -4,7 +4,8 @@
 //   errors.*     library errors -> flashjit.Error and its subclasses (with .code)
 //   runtimes.*   places ("cpu", "cuda:N"), one Runtime per place, the caller's CUDA context
 //   arrays.*     DLPack arrays in (no copies), checked against each other -> the problem
-//   attention.*  attention (forward), attention_backward, config_for
+//   attention.*  attention (forward), attention_backward, config_for, prepared calls (the torch
+//                fast path: checks and kernel once, then launches with data pointers)
 //   tools.*      show, devices, tune (`flashjit tune` in-process)
 //
 // Arrays on the CPU run on the CPU backend, arrays on CUDA device n on the CUDA backend of
@@ -33,6 +34,10 @@ NB_MODULE(_flashjit, m) {
   using namespace flashjit::python;
   m.doc() = "flashjit's extension module; use the package flashjit (python/flashjit/__init__.py)";
   register_exceptions(m);
+  // Prepared calls live in module-level caches and in autograd graphs that scripts leave in their
+  // globals: Python may not collect them before the extension goes at exit, which is harmless
+  // (nothing needs releasing then) but nanobind would report each as a leak.
+  nb::set_leak_warnings(false);
 
   m.attr("__version__") = FLASHJIT_VERSION;
   m.def("have_cpu_backend", &flashjit::have_cpu_backend);
@@ -52,6 +57,23 @@ NB_MODULE(_flashjit, m) {
         nb::arg("dk").none(), nb::arg("dv").none(), nb::arg("causal"), nb::arg("scale").none(),
         nb::arg("layout"), nb::arg("deterministic"), nb::arg("config").none(), nb::arg("stream"),
         nb::arg("synchronize"), nb::arg("framework"));
+  // Prepared calls (python/flashjit/_torch.py keeps one per shapes/strides/dtypes/device/options).
+  nb::class_<Prepared>(m, "Prepared")
+      .def("forward", &Prepared::forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"),
+           nb::arg("lse"), nb::arg("stream"))
+      .def("backward", &Prepared::backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"),
+           nb::arg("lse"), nb::arg("do"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
+           nb::arg("stream"))
+      .def_prop_ro("config", [](const Prepared& p) { return p.kernel().config().to_string(); })
+      .def_prop_ro("device", [](const Prepared& p) { return p.place().to_string(); })
+      .def_prop_ro("problem", [](const Prepared& p) { return p.problem().to_string(); });
+  m.def("prepare_attention", &prepare_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"),
+        nb::arg("out"), nb::arg("lse").none(), nb::arg("causal"), nb::arg("scale").none(),
+        nb::arg("layout"), nb::arg("config").none());
+  m.def("prepare_attention_backward", &prepare_attention_backward, nb::arg("q"), nb::arg("k"),
+        nb::arg("v"), nb::arg("o"), nb::arg("lse"), nb::arg("do"), nb::arg("dq"), nb::arg("dk"),
+        nb::arg("dv"), nb::arg("causal"), nb::arg("scale").none(), nb::arg("layout"),
+        nb::arg("deterministic"), nb::arg("config").none());
   m.def("config_for", &config_for, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("causal"),
         nb::arg("scale").none(), nb::arg("layout"), nb::arg("config").none(), nb::arg("pass_"),
         nb::arg("deterministic"));
@@ -61,5 +83,6 @@ NB_MODULE(_flashjit, m) {
         nb::arg("arch").none(), nb::arg("device"), nb::arg("pass_"), nb::arg("deterministic"));
   m.def("devices", &devices);
   m.def("tune", &tune, nb::arg("args"));
+  m.def("cli", &cli, nb::arg("args"));
   m.def("clear_runtimes", [] { runtimes().clear(); });
 }

@@ -11,6 +11,7 @@
 #include <streambuf>
 
 #include "attention.hpp"
+#include "cli/commands.hpp"
 #include "cli/tune_command.hpp"
 #include "generator/config.hpp"
 #include "generator/device.hpp"
@@ -200,6 +201,18 @@ nb::tuple tune(const std::vector<std::string>& args) {
   }
   runtimes().clear();
   return nb::make_tuple(status, errors);
+}
+
+int cli(const std::vector<std::string>& args) {
+  int status = 0;
+  {
+    nb::gil_scoped_release release;
+    CudaContextGuard guard(true);
+    std::cout.flush();
+    status = cli::run_cli(args);
+  }
+  runtimes().clear();
+  return status;
 }
 
 }  // namespace flashjit::python

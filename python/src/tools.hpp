@@ -33,4 +33,8 @@ nb::list devices();
 // Forgets the cached runtimes afterwards, so that attention() serves the new results.
 nb::tuple tune(const std::vector<std::string>& args);
 
+// Runs the `flashjit` command line with `args` in this process (`python -m flashjit ...`): the
+// same program as the executable (cli/commands.hpp); returns its exit status.
+int cli(const std::vector<std::string>& args);
+
 }  // namespace flashjit::python

@@ -202,7 +202,8 @@ class CpuKernel final : public Kernel {
 
 // The backward pass: the three entry points of one source (render.hpp's kCpuBackward*Entry, in
 // launch order) run one after the other over the pool, sharing one fp32 workspace (delta,
-// lse_log2: runtime/launch_params.hpp's layout, the GPU's).
+// lse_log2 and for the fused dQ, DqMode::Atomic, one dQ accumulator per split of the key blocks:
+// runtime/launch_params.hpp's layout, the GPU's with dq_accum_copies = the split count).
 class CpuBackwardKernel final : public Kernel {
  public:
   CpuBackwardKernel(std::unique_ptr<JitModule> module, std::vector<EntryFunction> entries,
@@ -223,7 +224,7 @@ class CpuBackwardKernel final : public Kernel {
   const KernelInfo& info() const override { return info_; }
 
   size_t workspace_bytes(const AttentionProblem& problem) const override {
-    return backward_workspace(problem, config_).bytes;
+    return layout(problem).bytes;
   }
 
   // Synchronous: returns when dq, dk and dv are written. `stream` only keys the kernel's own
@@ -231,13 +232,15 @@ class CpuBackwardKernel final : public Kernel {
   // phase at a time anyway); with a caller's workspace they only queue for the pool.
   Status launch(const AttentionProblem& problem, const AttentionArgs& args,
                 void* stream) const override {
-    const BackwardWorkspace layout = backward_workspace(problem, config_);
+    const BackwardWorkspace layout = this->layout(problem);
     FLASHJIT_TRY(check_attention_launch(
         problem, args, signature_, static_cast<size_t>(dtype_bytes(problem.dtype)), layout.bytes));
     const int64_t m_blocks = (problem.seqlen_q + config_.block_m - 1) / config_.block_m;
     const int64_t n_blocks = (problem.seqlen_k + config_.block_n - 1) / config_.block_n;
     const int64_t query_items = problem.batch * problem.heads_q * m_blocks;
-    const int64_t key_items = problem.batch * problem.heads_kv * n_blocks;
+    // The fused dQ: a dK/dV work item per (batch, kv head, split); -det: per key block.
+    const int64_t key_items = problem.batch * problem.heads_kv *
+                              (layout.has_dq_accum ? layout.dq_accum_copies : n_blocks);
     const int64_t rows = problem.batch * problem.heads_q * layout.seqlen_q_rounded;
     if (query_items > INT32_MAX || key_items > INT32_MAX || rows > INT64_MAX / 4) {
       return make_error(ErrorCode::InvalidArgument,
@@ -258,6 +261,11 @@ class CpuBackwardKernel final : public Kernel {
   }
 
  private:
+  BackwardWorkspace layout(const AttentionProblem& problem) const {
+    return backward_workspace(problem, config_,
+                              cpu_backward_dq_splits(config_, problem, pool_->threads()));
+  }
+
   Status run_phases(const FlashjitAttentionParams& params, int64_t query_items,
                     int64_t key_items) const {
     const char* names[] = {"preprocess", "dK/dV", "dQ"};

@@ -86,7 +86,8 @@ Result<Binary> nvrtc_compile(const KernelSource& source, int arch) {
   const auto start = std::chrono::steady_clock::now();
 
   nvrtcProgram program = nullptr;
-  const std::string file_name = (source.entries.empty() ? std::string("kernel") : source.entry()) + ".cu";
+  const std::string file_name =
+      (source.entries.empty() ? std::string("kernel") : source.entry()) + ".cu";
   nvrtcResult result = nvrtcCreateProgram(&program, source.text.c_str(), file_name.c_str(),
                                           /*numHeaders=*/0, nullptr, nullptr);
   if (result != NVRTC_SUCCESS) return nvrtc_error(source, "nvrtcCreateProgram", result);
@@ -161,7 +162,8 @@ PtxasReport parse_ptxas_report(const std::string& compile_log, const std::string
   const size_t begin = compile_log.find(kMarker + entry + "'");
   if (begin == std::string::npos) return PtxasReport{};
   const size_t end = compile_log.find(kMarker, begin + kMarker.size());
-  return parse_ptxas_report(compile_log.substr(begin, end == std::string::npos ? end : end - begin));
+  return parse_ptxas_report(
+      compile_log.substr(begin, end == std::string::npos ? end : end - begin));
 }
 
 }  // namespace flashjit::cuda

@@ -21,16 +21,28 @@
 //                   S^T = K_j Q^T;  dP^T = V_j dO^T;  dS^T = P^T * (dP^T - D)
 //                   dQ^T += K_j^T dS^T
 //                 dQ = scale * dQ^T^T in the storage type.
-// dQ has a work item of its own (DqMode::Separate) rather than atomics from the dK/dV items: no
-// two cores ever write the same gradient row, and the result is bitwise reproducible.
+// That is DqMode::Separate ("-det"): 7 matrix products, S and dP computed twice. The fused dQ
+// (DqMode::Atomic on the CPU, kFusedDq) has 5, and no atomics either:
+//   dK/dV       (batch, kv head, split s of dq_accum_splits): the key blocks s, s + splits, ...
+//               of the pair, each as above plus, for every query block i it meets,
+//                   dQ_i += dS K_j                (into split s's copy of dq_accum, fp32)
+//               after zeroing that copy's rows of the group's heads: a work item owns every
+//               dQ row of its (batch, kv head) that its key blocks touch.
+//   dQ          (batch, head, block of kBlockM queries): dQ = scale * sum over s of dq_accum[s]
+//               in split order, in the storage type.
+// Either way no two cores ever write the same row, and the order of every sum is fixed: the
+// gradients are bitwise reproducible (for one split count: the launcher's choice from the batch,
+// the heads and its threads, runtime/cpu/cpu_backend.cpp).
 //
-// The vector lanes always run along the rows of the block a work item owns (keys in dK/dV,
-// queries in dQ), as the forward's run along its queries: the per-row softmax statistics of the
-// other block are broadcast scalars or whole vectors, and all five products are register-tiled
-// outer products with one operand broadcast from memory, of two shapes:
+// The vector lanes run along the rows of the block a work item owns (keys in dK/dV, queries in
+// dQ), as the forward's run along its queries: the per-row softmax statistics of the other block
+// are broadcast scalars or whole vectors. The fused dQ product runs its lanes along the head dim
+// (dQ_i's rows are the streamed block's). All products are register-tiled outer products with one
+// operand broadcast from memory, of two shapes:
 //   scores_tile      out[r][x]  = sum_c a[r][c] * b^T[c][x]      (S, dP: reduce over head dims)
-//   accumulate_tile  acc[c][x] += sum_r a[r][c] * y[r][x]        (dV, dK, dQ: reduce over rows)
-// where x runs over the owned block's lanes and r over the rows of the streamed block.
+//   accumulate_tile  acc[c][x] += sum_r a(r, c) * y[r][x]        (dV, dK, dQ: reduce over rows)
+// where x runs over the lanes and r over the reduced rows (a(r, c) through strides: dS read as
+// dS^T for the fused dQ).
 //
 // Two kinds of arithmetic, both accumulating in fp32 (as the forward):
 //   fp32 FMAs (fp16 and fp32 storage; bf16 on a host without AVX512_BF16): every operand
@@ -40,7 +52,8 @@
 //     the reduced axis. The streamed rows are read in place for S and dP; the owned block is
 //     packed as pairs along the head dim; P and dS are rounded to bf16 before the products that
 //     make dV, dK and dQ (as FlashAttention does on the GPU), with their partners (dO, Q, K)
-//     packed as pairs along the rows.
+//     packed as pairs along the rows (the fused dQ: dS as pairs along its keys, row by row, and
+//     K as pairs of keys).
 //
 // Scratch per work item: kDkDvScratchFloats / kDqScratchFloats words, within the L2 budget of
 // generator/cpu_config.hpp. The rendered source prepends attention_params.h and cpu/common.hpp
@@ -48,13 +61,14 @@
 
 namespace flashjit_cpu {
 
-template <int HeadDim, int BlockM, int BlockN, int StorageType, bool Causal>
+template <int HeadDim, int BlockM, int BlockN, int StorageType, bool Causal, bool FusedDq>
 struct BwdTraits {
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kBlockM = BlockM;  // queries per dQ work item / streamed block of dK/dV
-  static constexpr int kBlockN = BlockN;  // keys per dK/dV work item / streamed block of dQ
+  static constexpr int kBlockN = BlockN;  // keys per dK/dV block / streamed block of dQ
   static constexpr int kStorage = StorageType;
   static constexpr bool kCausal = Causal;
+  static constexpr bool kFusedDq = FusedDq;  // DqMode::Atomic: dQ accumulated by the dK/dV items
   static_assert(HeadDim >= 8 && HeadDim <= 256 && HeadDim % 8 == 0,
                 "head_dim must be a multiple of 8 in [8, 256]");
   static_assert(BlockM >= kLanes && 128 % BlockM == 0,
@@ -67,11 +81,19 @@ struct BwdTraits {
 
   static constexpr bool kDotBf16 = StorageType == kBF16 && FLASHJIT_CPU_DOT_BF16;
 
+  // The fused dQ product's lanes: the head dim rounded up to whole vectors (K's rows are packed
+  // with zeros past the head dim); its accumulator rows (dq_accum) are kDqAccumRow floats long,
+  // the head dim rounded up to 64 (attention_params.h).
+  static constexpr int kHeadDimLanes = (HeadDim + kLanes - 1) / kLanes * kLanes;
+  static constexpr int kDqAccumRow = (HeadDim + 63) / 64 * 64;
+
   // Scratch in 4-byte words. dK/dV: K^T, V^T, dK^T, dV^T (d x BN); Q, dO (BM x d); S/P, dP/dS
-  // (BM x BN). dQ: Q^T, dO^T, dQ^T (d x BM); K, V (BN x d); S^T, dP^T/dS^T (BN x BM). (The bf16
-  // dot products use less: the packed operands as pairs.)
+  // (BM x BN); fused dQ: K (BN x kHeadDimLanes), and with the dot products dS as bf16 (BM x BN
+  // halves). dQ: Q^T, dO^T, dQ^T (d x BM); K, V (BN x d); S^T, dP^T/dS^T (BN x BM). (The bf16
+  // dot products use less elsewhere: the packed operands as pairs.)
   static constexpr i64 kDkDvScratchFloats =
-      4 * (i64)HeadDim * BlockN + 2 * (i64)BlockM * HeadDim + 2 * (i64)BlockM * BlockN;
+      4 * (i64)HeadDim * BlockN + 2 * (i64)BlockM * HeadDim + 2 * (i64)BlockM * BlockN +
+      (FusedDq ? (i64)BlockN * kHeadDimLanes + (kDotBf16 ? (i64)BlockM * BlockN / 2 : 0) : 0);
   static constexpr i64 kDqScratchFloats =
       3 * (i64)HeadDim * BlockM + 2 * (i64)BlockN * HeadDim + 2 * (i64)BlockN * BlockM;
 };
@@ -99,24 +121,25 @@ __attribute__((noinline)) void scores_tile(const float* __restrict a, const floa
     for (int v = 0; v < LV; ++v) store(out + (r0 + r) * L + g + v * kLanes, acc[r][v]);
 }
 
-// acc[c0 + a][g + 16 v] += sum_{r < rows} a[r][c0 + a] * y[r][g + 16 v]     (a < CT, v < LV)
-// a: [rows][D], y: [rows][L], acc: [D][L].
-template <int D, int L, int CT, int LV>
+// acc[c0 + a][g + 16 v] += sum_{r < rows} a(r, c0 + a) * y[r][g + 16 v]     (a < CT, v < LV)
+// a(r, c) = a[r * AR + c * AC] (AR = D, AC = 1: a row-major [rows][D]; AR = 1, AC = BN: dS
+// [BM][BN] read as dS^T), y: [rows][YS], acc: [..][CS].
+template <int AR, int AC, int YS, int CS, int CT, int LV>
 __attribute__((noinline)) void accumulate_tile(const float* __restrict a, const float* __restrict y,
                                                float* __restrict acc_t, int rows, int c0, int g) {
   f32x16 acc[CT][LV];
   for (int c = 0; c < CT; ++c)
-    for (int v = 0; v < LV; ++v) acc[c][v] = load(acc_t + (c0 + c) * L + g + v * kLanes);
+    for (int v = 0; v < LV; ++v) acc[c][v] = load(acc_t + (c0 + c) * CS + g + v * kLanes);
   for (int r = 0; r < rows; ++r) {
     f32x16 b[LV];
-    for (int v = 0; v < LV; ++v) b[v] = load(y + r * L + g + v * kLanes);
+    for (int v = 0; v < LV; ++v) b[v] = load(y + r * YS + g + v * kLanes);
     for (int c = 0; c < CT; ++c) {
-      const float x = a[r * D + c0 + c];
+      const float x = a[r * AR + (c0 + c) * AC];
       for (int v = 0; v < LV; ++v) acc[c][v] += x * b[v];
     }
   }
   for (int c = 0; c < CT; ++c)
-    for (int v = 0; v < LV; ++v) store(acc_t + (c0 + c) * L + g + v * kLanes, acc[c][v]);
+    for (int v = 0; v < LV; ++v) store(acc_t + (c0 + c) * CS + g + v * kLanes, acc[c][v]);
 }
 
 // As scores_tile over the bf16 pairs (c, c + 1): a's rows read in place (a_rows[r], bf16), bt
@@ -139,25 +162,26 @@ __attribute__((noinline)) void scores_tile_dot(const u16* const* a_rows, const u
     for (int v = 0; v < LV; ++v) store(out + (r0 + r) * L + g + v * kLanes, acc[r][v]);
 }
 
-// As accumulate_tile over the bf16 pairs of rows (r, r + 1): ap[r / 2][c], yp[r / 2][x].
-template <int D, int L, int CT, int LV>
+// As accumulate_tile over the bf16 pairs of rows (r, r + 1): ap(r / 2, c) =
+// ap[(r / 2) * AR + c * AC], yp[r / 2][x] (row length YS).
+template <int AR, int AC, int YS, int CS, int CT, int LV>
 __attribute__((noinline)) void accumulate_tile_dot(const u32* __restrict ap,
                                                    const u32* __restrict yp,
                                                    float* __restrict acc_t, int row_pairs, int c0,
                                                    int g) {
   f32x16 acc[CT][LV];
   for (int c = 0; c < CT; ++c)
-    for (int v = 0; v < LV; ++v) acc[c][v] = load(acc_t + (c0 + c) * L + g + v * kLanes);
+    for (int v = 0; v < LV; ++v) acc[c][v] = load(acc_t + (c0 + c) * CS + g + v * kLanes);
   for (int rr = 0; rr < row_pairs; ++rr) {
     i32x16 b[LV];
-    for (int v = 0; v < LV; ++v) b[v] = load_pairs(yp + rr * L + g + v * kLanes);
+    for (int v = 0; v < LV; ++v) b[v] = load_pairs(yp + rr * YS + g + v * kLanes);
     for (int c = 0; c < CT; ++c) {
-      const i32x16 x = (int)ap[rr * D + c0 + c];
+      const i32x16 x = (int)ap[rr * AR + (c0 + c) * AC];
       for (int v = 0; v < LV; ++v) acc[c][v] = dot_bf16_pairs(acc[c][v], b[v], x);
     }
   }
   for (int c = 0; c < CT; ++c)
-    for (int v = 0; v < LV; ++v) store(acc_t + (c0 + c) * L + g + v * kLanes, acc[c][v]);
+    for (int v = 0; v < LV; ++v) store(acc_t + (c0 + c) * CS + g + v * kLanes, acc[c][v]);
 }
 
 template <class T>
@@ -183,9 +207,20 @@ struct Backward {
   static constexpr int QV = lane_vectors(BM);  // dQ: query vectors
   static constexpr int kKeyRows = kTileVectors / KV, kKeyDims = tile_dims(KV);
   static constexpr int kQueryRows = kTileVectors / QV, kQueryDims = tile_dims(QV);
+  // The fused dQ product: lanes along the head dim (DL of them, DV vectors per tile: the most
+  // that divide DL), rows of dQ_i in tiles of kDqRows; accumulator rows DR floats apart.
+  static constexpr int DL = T::kHeadDimLanes;
+  static constexpr int DR = T::kDqAccumRow;
+  static constexpr int head_dim_vectors() {
+    int vectors = kTileLaneVectors;
+    while ((DL / kLanes) % vectors != 0) --vectors;
+    return vectors;
+  }
+  static constexpr int DV = head_dim_vectors();
+  static constexpr int kDqRows = tile_dims(DV);
   static_assert(BN % (KV * kLanes) == 0 && BM % (QV * kLanes) == 0, "lane tiles must tile");
   static_assert(kKeyRows % 2 == 0 && kKeyDims % 2 == 0 && kQueryRows % 2 == 0 &&
-                    kQueryDims % 2 == 0,
+                    kQueryDims % 2 == 0 && kDqRows % 2 == 0,
                 "tiles must be even: the rest of a block is done in tiles of 2");
 
   // f(start, Int<size>()) over [0, count) (count even): tiles of Big, then at most one of 4 (when
@@ -235,12 +270,15 @@ struct Backward {
   }
 
   // ---- dK/dV: one block of BN keys of (batch b, kv head hk) ----------------------------------
+  // With the fused dQ, dq_accum is the split's copy of the accumulator at (batch b, the group's
+  // first head); else null.
 
   static void dkdv_block(const FlashjitAttentionParams& p, int b, int hk, int n_block,
-                         float* scratch) {
-    // fp32: K^T (scaled into log2 units), V^T [D][BN]; Q, dO [BM][D].
+                         float* scratch, float* dq_accum) {
+    // fp32: K^T (scaled into log2 units), V^T [D][BN]; Q, dO [BM][D]; fused dQ: K [BN][DL].
     // bf16 dot products: K^T, V^T as pairs along d [D/2][BN]; Q, dO as pairs along the query
-    // rows [BM/2][D] (for dK and dV; S and dP read Q and dO in place).
+    // rows [BM/2][D] (for dK and dV; S and dP read Q and dO in place); fused dQ: K as pairs of
+    // keys [BN/2][DL], dS rows as bf16 pairs along the keys [BM][BN/2].
     float* const kt = scratch;
     float* const vt = kt + D * BN;
     float* const dkt = vt + D * BN;  // [D][BN] accumulators
@@ -255,6 +293,9 @@ struct Backward {
     u32* const dop = (u32*)da;
     u32* const pp = (u32*)s;
     u32* const dsp = (u32*)dp;
+    float* const ka = dp + BM * BN;  // fused dQ
+    u32* const kpj = (u32*)ka;
+    u32* const dsr = (u32*)(ka + BN * DL);
     const float kNegInf = -__builtin_inff();
 
     const int n0 = n_block * BN;
@@ -281,6 +322,25 @@ struct Backward {
       }
     }
     for (int x = 0; x < D * BN; ++x) dkt[x] = 0.0f, dvt[x] = 0.0f;
+    // Fused dQ: K as rows of DL lanes (zero past the head dim and past seqlen_k), unscaled.
+    if constexpr (T::kFusedDq) {
+      for (int jj = 0; jj < BN / 2; ++jj) {
+        const Element* k_lo = k + (i64)(n0 + min_int(2 * jj, cols - 1)) * p.k_seq_stride;
+        const Element* k_hi = k + (i64)(n0 + min_int(2 * jj + 1, cols - 1)) * p.k_seq_stride;
+        const bool lo_in = 2 * jj < cols, hi_in = 2 * jj + 1 < cols;
+        for (int c = 0; c < DL; ++c) {
+          const bool in_d = c < D;
+          const int cc = in_d ? c : 0;
+          if constexpr (kDot) {
+            kpj[jj * DL + c] =
+                (lo_in && in_d ? (u32)k_lo[cc] : 0u) | (hi_in && in_d ? (u32)k_hi[cc] << 16 : 0u);
+          } else {
+            ka[2 * jj * DL + c] = lo_in && in_d ? to_float<T::kStorage>(k_lo[cc]) : 0.0f;
+            ka[(2 * jj + 1) * DL + c] = hi_in && in_d ? to_float<T::kStorage>(k_hi[cc]) : 0.0f;
+          }
+        }
+      }
+    }
 
     // Causal (bottom-right aligned): query i sees key j iff j <= i + diag; the first query that
     // sees this block is n0 - diag.
@@ -294,11 +354,24 @@ struct Backward {
       const Element* d_o = (const Element*)p.d_o + b * p.do_batch_stride + h * p.do_head_stride;
       const float* lse_log2 = p.lse_log2 + workspace_row(p, b, h);
       const float* delta = p.delta + workspace_row(p, b, h);
+      float* const dq_head =
+          T::kFusedDq ? dq_accum + (i64)(h - hk * p.group_size) * p.seqlen_q_rounded * DR : nullptr;
 
       for (int m_block = m_first; m_block < m_blocks; ++m_block) {
         const int q0 = m_block * BM;
         const int rows = min_int(BM, p.seqlen_q - q0);
         const int padded_rows = (rows + 1) & ~1;  // the tiles' rows: an even count
+
+        // The next query block's rows of Q, dO (and dQ_i), which come from the L3 or memory
+        // once per key block, asked for now: they arrive while this block is computed.
+        if (m_block + 1 < m_blocks) {
+          const int next = q0 + BM, next_rows = min_int(BM, p.seqlen_q - next);
+          for (int i = next; i < next + next_rows; ++i) {
+            prefetch(q + (i64)i * p.q_seq_stride, D * (int)sizeof(Element));
+            prefetch(d_o + (i64)i * p.do_seq_stride, D * (int)sizeof(Element));
+          }
+          if constexpr (T::kFusedDq) prefetch(dq_head + (i64)next * DR, next_rows * DR * 4);
+        }
 
         // S = Q K^T and dP = dO V^T (a row past seqlen_q: zero in fp32, the last row repeated in
         // place for the dot products; its lse_log2 is +inf, so P = dS = 0 there).
@@ -364,17 +437,29 @@ struct Backward {
           *dsv = *pv * (load(dp + i * BN + x) - delta[q0 + i]);
         };
         if constexpr (kDot) {
-          // Rows (i, i + 1) as bf16 pairs, written over S and dP rows this loop has read.
+          // Rows (i, i + 1) as bf16 pairs, written over S and dP rows this loop has read; for the
+          // fused dQ also each row of dS as bf16 pairs of keys, 32 keys (x, x + 16) at a time.
           for (int i = 0; i < padded_rows; i += 2)
-            for (int x = 0; x < BN; x += kLanes) {
-              f32x16 p0, p1, ds0, ds1;
-              probabilities(i, x, &p0, &ds0);
-              probabilities(i + 1, x, &p1, &ds1);
-              store_pairs(pp + (i / 2) * BN + x, pack_bf16_pairs(p0, p1));
-              store_pairs(dsp + (i / 2) * BN + x, pack_bf16_pairs(ds0, ds1));
+            for (int x = 0; x < BN; x += 2 * kLanes) {
+              f32x16 pv[2][2], dsv[2][2];  // [row i, i + 1][keys x, x + 16]
+              for (int r = 0; r < 2; ++r)
+                for (int half = 0; half < 2; ++half)
+                  probabilities(i + r, x + half * kLanes, &pv[r][half], &dsv[r][half]);
+              for (int half = 0; half < 2; ++half) {
+                const int at = (i / 2) * BN + x + half * kLanes;
+                store_pairs(pp + at, pack_bf16_pairs(pv[0][half], pv[1][half]));
+                store_pairs(dsp + at, pack_bf16_pairs(dsv[0][half], dsv[1][half]));
+              }
+              if constexpr (T::kFusedDq) {
+                for (int r = 0; r < 2; ++r)
+                  store_pairs(dsr + (i + r) * (BN / 2) + x / 2,
+                              pack_bf16_row(dsv[r][0], dsv[r][1]));
+              }
             }
         } else {
-          for (int i = 0; i < rows; ++i)
+          // The padding row of an odd count too (P = dS = 0 there: its lse_log2 is +inf), for
+          // the fused dQ's tiles of even rows.
+          for (int i = 0; i < padded_rows; ++i)
             for (int x = 0; x < BN; x += kLanes) {
               f32x16 pv, dsv;
               probabilities(i, x, &pv, &dsv);
@@ -389,14 +474,29 @@ struct Backward {
           constexpr int CT = decltype(tile)::value;
           for (int g = 0; g < BN; g += KV * kLanes) {
             if constexpr (kDot) {
-              accumulate_tile_dot<D, BN, CT, KV>(dop, pp, dvt, padded_rows / 2, c0, g);
-              accumulate_tile_dot<D, BN, CT, KV>(qp, dsp, dkt, padded_rows / 2, c0, g);
+              accumulate_tile_dot<D, 1, BN, BN, CT, KV>(dop, pp, dvt, padded_rows / 2, c0, g);
+              accumulate_tile_dot<D, 1, BN, BN, CT, KV>(qp, dsp, dkt, padded_rows / 2, c0, g);
             } else {
-              accumulate_tile<D, BN, CT, KV>(da, s, dvt, rows, c0, g);
-              accumulate_tile<D, BN, CT, KV>(qa, dp, dkt, rows, c0, g);
+              accumulate_tile<D, 1, BN, BN, CT, KV>(da, s, dvt, rows, c0, g);
+              accumulate_tile<D, 1, BN, BN, CT, KV>(qa, dp, dkt, rows, c0, g);
             }
           }
         });
+
+        // Fused dQ: dQ_i += dS K over the keys of this block, the head dims in the lanes (a
+        // column slice of K stays in L1 while the rows of dS pass).
+        if constexpr (T::kFusedDq) {
+          float* const dq_block = dq_head + (i64)q0 * DR;
+          for (int g = 0; g < DL; g += DV * kLanes)
+            for_each_tile<kDqRows>(padded_rows, [&](int i0, auto tile) {
+              constexpr int RT = decltype(tile)::value;
+              if constexpr (kDot)
+                accumulate_tile_dot<1, BN / 2, DL, DR, RT, DV>(dsr, kpj, dq_block, (cols + 1) / 2,
+                                                               i0, g);
+              else
+                accumulate_tile<1, BN, DL, DR, RT, DV>(dp, ka, dq_block, cols, i0, g);
+            });
+        }
       }
     }
 
@@ -543,9 +643,9 @@ struct Backward {
         constexpr int CT = decltype(tile)::value;
         for (int g = 0; g < BM; g += QV * kLanes) {
           if constexpr (kDot)
-            accumulate_tile_dot<D, BM, CT, QV>(kp, dsp, dqt, key_pairs, c0, g);
+            accumulate_tile_dot<D, 1, BM, BM, CT, QV>(kp, dsp, dqt, key_pairs, c0, g);
           else
-            accumulate_tile<D, BM, CT, QV>(ka, dpt, dqt, cols, c0, g);
+            accumulate_tile<D, 1, BM, BM, CT, QV>(ka, dpt, dqt, cols, c0, g);
         }
       });
     }
@@ -555,6 +655,39 @@ struct Backward {
     for (int i = 0; i < rows; ++i) {
       Element* dq_row = dq + (i64)(q0 + i) * p.dq_seq_stride;
       for (int c = 0; c < D; ++c) dq_row[c] = from_float<T::kStorage>(dqt[c * BM + i] * p.scale);
+    }
+  }
+
+  // ---- fused dQ: a split of the key blocks, then the sum of the splits ------------------------
+
+  // The key blocks s, s + splits, ... of (batch b, kv head hk), their dQ into copy s of
+  // dq_accum, whose rows of the group's heads this work item zeroes first (it owns them).
+  static void dkdv_split(const FlashjitAttentionParams& p, int b, int hk, int split,
+                         float* scratch) {
+    const i64 head_floats = (i64)p.seqlen_q_rounded * DR;
+    float* const dq_accum =
+        p.dq_accum +
+        (((i64)split * p.batch + b) * p.heads_q + (i64)hk * p.group_size) * head_floats;
+    for (i64 x = 0; x < p.group_size * head_floats; ++x) dq_accum[x] = 0.0f;
+    const int n_blocks = (p.seqlen_k + BN - 1) / BN;
+    for (int n_block = split; n_block < n_blocks; n_block += p.dq_accum_splits)
+      dkdv_block(p, b, hk, n_block, scratch, dq_accum);
+  }
+
+  // dQ = scale * (dq_accum[0] + dq_accum[1] + ...) for BM queries of (batch b, head h).
+  static void dq_sum_block(const FlashjitAttentionParams& p, int b, int h, int m_block) {
+    const int q0 = m_block * BM;
+    const int rows = min_int(BM, p.seqlen_q - q0);
+    const i64 copy_floats = (i64)p.batch * p.heads_q * p.seqlen_q_rounded * DR;
+    const float* accum = p.dq_accum + (workspace_row(p, b, h) + q0) * DR;
+    Element* dq = (Element*)p.dq + b * p.dq_batch_stride + h * p.dq_head_stride;
+    for (int i = 0; i < rows; ++i) {
+      float sum[D];
+      for (int c = 0; c < D; ++c) sum[c] = accum[i * DR + c];
+      for (int split = 1; split < p.dq_accum_splits; ++split)
+        for (int c = 0; c < D; ++c) sum[c] += accum[split * copy_floats + i * DR + c];
+      Element* dq_row = dq + (i64)(q0 + i) * p.dq_seq_stride;
+      for (int c = 0; c < D; ++c) dq_row[c] = from_float<T::kStorage>(sum[c] * p.scale);
     }
   }
 
@@ -568,27 +701,39 @@ struct Backward {
     return 0;
   }
 
-  // batch x heads_kv x ceil(seqlen_k / BN). Returns 1 when the scratch could not be allocated.
+  // batch x heads_kv x ceil(seqlen_k / BN), or with the fused dQ batch x heads_kv x
+  // dq_accum_splits. Returns 1 when the scratch could not be allocated.
   static int dkdv(const FlashjitAttentionParams& p, int begin, int end) {
     float* scratch =
         (float*)aligned_alloc(64, (unsigned long)((T::kDkDvScratchFloats * 4 + 63) & ~63LL));
     if (!scratch) return 1;
     const int n_blocks = (p.seqlen_k + BN - 1) / BN;
-    for (int w = begin; w < end; ++w)
-      dkdv_block(p, w / n_blocks / p.heads_kv, (w / n_blocks) % p.heads_kv, w % n_blocks, scratch);
+    const int splits = p.dq_accum_splits;
+    for (int w = begin; w < end; ++w) {
+      if constexpr (T::kFusedDq)
+        dkdv_split(p, w / splits / p.heads_kv, (w / splits) % p.heads_kv, w % splits, scratch);
+      else
+        dkdv_block(p, w / n_blocks / p.heads_kv, (w / n_blocks) % p.heads_kv, w % n_blocks, scratch,
+                   nullptr);
+    }
     free(scratch);
     return 0;
   }
 
   // batch x heads_q x ceil(seqlen_q / BM). Returns 1 when the scratch could not be allocated.
   static int dq(const FlashjitAttentionParams& p, int begin, int end) {
-    float* scratch =
-        (float*)aligned_alloc(64, (unsigned long)((T::kDqScratchFloats * 4 + 63) & ~63LL));
-    if (!scratch) return 1;
     const int m_blocks = (p.seqlen_q + BM - 1) / BM;
-    for (int w = begin; w < end; ++w)
-      dq_block(p, w / m_blocks / p.heads_q, (w / m_blocks) % p.heads_q, w % m_blocks, scratch);
-    free(scratch);
+    if constexpr (T::kFusedDq) {
+      for (int w = begin; w < end; ++w)
+        dq_sum_block(p, w / m_blocks / p.heads_q, (w / m_blocks) % p.heads_q, w % m_blocks);
+    } else {
+      float* scratch =
+          (float*)aligned_alloc(64, (unsigned long)((T::kDqScratchFloats * 4 + 63) & ~63LL));
+      if (!scratch) return 1;
+      for (int w = begin; w < end; ++w)
+        dq_block(p, w / m_blocks / p.heads_q, (w / m_blocks) % p.heads_q, w % m_blocks, scratch);
+      free(scratch);
+    }
     return 0;
   }
 };

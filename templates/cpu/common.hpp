@@ -160,6 +160,11 @@ inline f32x16 exp2_nonpositive(f32x16 x) {
 
 inline int min_int(int a, int b) { return a < b ? a : b; }
 
+// Asks for `bytes` from `p` on, a cache line at a time, ahead of their use (prefetcht1).
+inline void prefetch(const void* p, int bytes) {
+  for (int x = 0; x < bytes; x += 64) __builtin_prefetch((const char*)p + x, 0, 2);
+}
+
 // acc[i] += a[2i] b[2i] + a[2i+1] b[2i+1] over bf16 pairs, fp32 accumulation (vdpbf16ps: the
 // products of two bf16 are exact in fp32, so this is as precise as two fp32 FMAs, at twice their
 // rate). Only called when the host has AVX512_BF16 (Traits::kDotBf16).
@@ -207,6 +212,28 @@ inline i32x16 pack_bf16_pairs(f32x16 lo, f32x16 hi) {
       i32x16,
       __builtin_shufflevector(halves, halves, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7,
                               23, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31));
+#else
+  (void)lo, (void)hi;
+  return 0;
+#endif
+}
+
+// 32 fp32 values, lo[0..15] then hi[0..15], as 32 bf16 in that order (16 pairs of neighbours:
+// (lo[0], lo[1]), ..., (hi[14], hi[15])), each rounded to the nearest bf16 (even on ties):
+// vcvtne2ps2bf16 alone. Only called when the host has AVX512_BF16 (Traits::kDotBf16).
+inline i32x16 pack_bf16_row(f32x16 lo, f32x16 hi) {
+#if FLASHJIT_CPU_DOT_BF16 && !defined(__AVX512BF16__)  // emulated: round to nearest even
+  typedef unsigned u32x16 __attribute__((ext_vector_type(16)));
+  const u32x16 l = __builtin_bit_cast(u32x16, lo), h = __builtin_bit_cast(u32x16, hi);
+  const u32x16 l16 = (l + 0x7fffu + ((l >> 16) & 1u)) >> 16;
+  const u32x16 h16 = (h + 0x7fffu + ((h >> 16) & 1u)) >> 16;
+  const u32x16 even =
+      __builtin_shufflevector(l16, h16, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const u32x16 odd =
+      __builtin_shufflevector(l16, h16, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  return __builtin_bit_cast(i32x16, even | (odd << 16));
+#elif FLASHJIT_CPU_DOT_BF16
+  return __builtin_bit_cast(i32x16, __builtin_ia32_cvtne2ps2bf16_512(hi, lo));
 #else
   (void)lo, (void)hi;
   return 0;

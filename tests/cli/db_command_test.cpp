@@ -209,6 +209,95 @@ TEST_F(DbCommandTest, LsShowExportImportMergeClearRoundTrip) {
   EXPECT_NE(empty.out.find("0 of 0 choices"), std::string::npos) << empty.out;
 }
 
+std::string file_text(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The text form (export FILE.sql, what data/tuning/ keeps of the shipped DBs): one INSERT a row,
+// read back by merge and import into the same rows, and nothing else is accepted.
+TEST_F(DbCommandTest, TextFormRoundTripsEveryRowAndAcceptsNothingElse) {
+  const fs::path a = dir_ / "a.db";
+  make_db(a, 1024, AttentionConfig{64, 64, 4, 2});
+  make_db(a, 4096, AttentionConfig{128, 128, 8, 2});
+  {
+    // A failure row whose message has a newline and a quote, as compile logs do.
+    Result<std::unique_ptr<TuningStore>> store = TuningStore::open(a);
+    ASSERT_TRUE(store.ok());
+    TuneResult failed;
+    failed.config = AttentionConfig{128, 128, 4, 3};
+    failed.status = TuneStatus::CompileFailed;
+    failed.message = "ptxas: line 1\nit's too big";
+    ASSERT_TRUE((*store)->record(device(), key_of_seqlen(1024), failed).ok());
+  }
+  const fs::path text = dir_ / "a.sql";
+  Outcome exported = run({"export", "--db", a.string(), text.string()});
+  ASSERT_EQ(exported.status, 0) << exported.err;
+  const std::string written = file_text(text);
+  EXPECT_EQ(written.rfind("-- flashjit tuning DB, text form; schema_version 2\n", 0), 0u);
+  size_t results = 0, choices = 0, devices = 0;
+  std::istringstream lines(written);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("--", 0) == 0) continue;
+    results += line.rfind("INSERT INTO results (", 0) == 0;
+    choices += line.rfind("INSERT INTO choices (", 0) == 0;
+    devices += line.rfind("INSERT INTO devices (", 0) == 0;
+    EXPECT_EQ(line.substr(line.size() - 2), ");") << line;
+  }
+  EXPECT_EQ(results, 5u);  // two keys x (fast, slow) + the failure: one line each
+  EXPECT_EQ(choices, 2u);
+  EXPECT_EQ(devices, 1u);
+
+  // Read back (merge, import), written again: the same text, so the same rows and values.
+  const fs::path b = dir_ / "b.db";
+  Outcome merged = run({"merge", b.string(), text.string()});
+  ASSERT_EQ(merged.status, 0) << merged.err;
+  EXPECT_NE(merged.out.find("2 choices"), std::string::npos) << merged.out;
+  const fs::path again = dir_ / "again.sql";
+  ASSERT_EQ(run({"export", "--db", b.string(), again.string()}).status, 0);
+  EXPECT_EQ(file_text(again), written);
+  EXPECT_EQ(flashjit::testing::query(b, "SELECT message FROM results WHERE status != 'timed'"),
+            std::vector<std::string>{"ptxas: line 1\nit's too big"});
+  const fs::path user = dir_ / "user.db";
+  ASSERT_EQ(run({"import", "--db", user.string(), text.string()}).status, 0);
+  EXPECT_EQ(flashjit::testing::query(user, "SELECT count(*) FROM results"),
+            std::vector<std::string>{"5"});
+
+  // Anything but the header, comments and one INSERT into devices/results/choices per line is
+  // an error naming the file and line; another schema version is Unsupported.
+  const std::string insert = written.substr(written.find("INSERT INTO choices ("));
+  const std::string first_choice = insert.substr(0, insert.find('\n'));
+  const std::string header = "-- flashjit tuning DB, text form; schema_version 2\n";
+  const struct {
+    std::string text;
+    int status;
+    const char* says;
+  } bad[] = {
+      {"INSERT INTO choices VALUES (1);\n", 2, ":1: not a text tuning DB"},
+      {"-- flashjit tuning DB, text form; schema_version 3\n", 1, "schema_version 3"},
+      {header + "DELETE FROM choices;\n", 2, ":2: expected a comment or one 'INSERT INTO"},
+      {header + "-- fine\nINSERT INTO recorded_problems (device) VALUES ('x');\n", 2, ":3:"},
+      {header + first_choice + " DELETE FROM devices WHERE (1);\n", 2,
+       ":2: more than one statement"},
+      {header + "INSERT INTO choices (device) VALUES ('x');\n", 2, ":2: NOT NULL"},
+  };
+  for (const auto& example : bad) {
+    const fs::path file = dir_ / "bad.sql";
+    std::ofstream(file) << example.text;
+    Outcome result = run({"merge", (dir_ / "out.db").string(), file.string()});
+    EXPECT_EQ(result.status, example.status) << example.text << result.err;
+    EXPECT_NE(result.err.find(example.says), std::string::npos) << example.text << result.err;
+    EXPECT_EQ(result.err.find('\n'), result.err.size() - 1) << result.err;
+  }
+  EXPECT_EQ(flashjit::testing::query(dir_ / "out.db", "SELECT count(*) FROM choices"),
+            std::vector<std::string>{"0"});
+  Outcome missing = run({"merge", (dir_ / "out.db").string(), (dir_ / "missing.sql").string()});
+  EXPECT_EQ(missing.status, 1);
+  EXPECT_NE(missing.err.find("no such file"), std::string::npos) << missing.err;
+}
+
 TEST_F(DbCommandTest, ListingsNameThePass) {
   const fs::path path = dir_ / "passes.db";
   make_db(path, 1024, AttentionConfig{64, 64, 4, 2});  // forward

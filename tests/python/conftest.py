@@ -14,10 +14,11 @@ import zlib
 import numpy as np
 import pytest
 
-# Before flashjit creates any runtime: no user tuning DB (nothing read, nothing recorded) and a
-# kernel cache of this session's own unless the caller chose one.
+# Before flashjit creates any runtime: no user tuning DB (nothing read, nothing recorded), none of
+# the tuning DBs shipped in the package (flashjit/tuning/) and a kernel cache of this session's
+# own unless the caller chose one.
 os.environ["FLASHJIT_DB"] = "none"
-os.environ.pop("FLASHJIT_SYSTEM_DB", None)
+os.environ["FLASHJIT_SYSTEM_DB"] = "none"
 os.environ.pop("FLASHJIT_TUNE", None)
 if not os.environ.get("FLASHJIT_CACHE_DIR"):
     os.environ["FLASHJIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="flashjit-pytest-cache-")
@@ -159,6 +160,83 @@ def reference_gradients(q, k, v, do, causal=False, scale=None, layout="bshd"):
     dk = dk.reshape(batch, seqlen_k, heads_kv, group, head_dim).sum(axis=3)
     dv = dv.reshape(batch, seqlen_k, heads_kv, group, head_dim).sum(axis=3)
     return tuple(to_bshd(x, layout) for x in (dq, dk, dv))
+
+
+def torch_reference(q, k, v, do, causal=False, scale=None, layout="bshd"):
+    """(o, dq, dk, dv) in fp64 torch tensors on q's device, in `layout`: torch.autograd through
+    SDPA's math backend of L = sum(do * o), k/v heads repeated for GQA inside the graph (so dk, dv
+    sum over the group), an explicit bottom-right causal mask. A row that sees no key contributes
+    nothing (the library's convention; SDPA would give NaN there): such rows get all keys in the
+    mask and are zeroed in o before the loss, so o and their gradient are exactly zero."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def to_bhsd(x):
+        return x.transpose(1, 2) if layout == "bshd" else x
+
+    q, k, v = (to_bhsd(x.detach().double()).requires_grad_() for x in (q, k, v))
+    do = to_bhsd(do.detach().double())
+    heads_q, heads_kv = q.shape[1], k.shape[1]
+    k_rep = k.repeat_interleave(heads_q // heads_kv, dim=1)
+    v_rep = v.repeat_interleave(heads_q // heads_kv, dim=1)
+    seqlen_q, seqlen_k, head_dim = q.shape[2], k.shape[2], q.shape[3]
+    scale = head_dim ** -0.5 if scale is None else scale
+    visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=q.device)
+    if causal:
+        i = torch.arange(seqlen_q, device=q.device)[:, None]
+        j = torch.arange(seqlen_k, device=q.device)[None, :]
+        visible = j <= i + seqlen_k - seqlen_q
+    has_keys = visible.any(dim=-1)
+    mask = visible | ~has_keys[:, None]
+    with sdpa_kernel([SDPBackend.MATH]):
+        o = F.scaled_dot_product_attention(q, k_rep, v_rep, attn_mask=mask, scale=scale)
+    o = o * has_keys[None, None, :, None]
+    (o * do).sum().backward()
+    return tuple(to_bhsd(x).detach() for x in (o, q.grad, k.grad, v.grad))
+
+
+def torch_relative_error(out, ref):
+    """Relative L2 error of a torch tensor against an fp64 reference; NaN or inf fail."""
+    import torch
+
+    out = out.detach().double()
+    assert torch.isfinite(out).all(), "NaN or inf"
+    return (torch.linalg.norm(out - ref) / torch.linalg.norm(ref).clamp_min(1e-300)).item()
+
+
+def tiny_attention_module(width=64, heads=4, heads_kv=2):
+    """A GPT attention block's core (torch.nn.Module, float32, on the CPU): one projection to q,
+    k, v (GQA: fewer k/v heads, as views of bshd memory in the bhsd layout), then
+    attend(q, k, v, is_causal=True, enable_gqa=True) (flashjit.sdpa or torch SDPA), then the
+    output projection. forward(x (batch, seqlen, width), attend)."""
+    import torch
+
+    class TinyAttention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head_dim = width // heads
+            self.qkv = torch.nn.Linear(width, (heads + 2 * heads_kv) * self.head_dim)
+            self.proj = torch.nn.Linear(width, width)
+
+        def forward(self, x, attend):
+            batch, seqlen, _ = x.shape
+            sizes = [heads * self.head_dim, heads_kv * self.head_dim, heads_kv * self.head_dim]
+            q, k, v = (t.view(batch, seqlen, -1, self.head_dim).transpose(1, 2)
+                       for t in self.qkv(x).split(sizes, dim=2))
+            y = attend(q, k, v, is_causal=True, enable_gqa=True)
+            return self.proj(y.transpose(1, 2).reshape(batch, seqlen, width))
+
+    return TinyAttention()
+
+
+def module_loss_and_grads(model, module, x, attend):
+    """[loss, then each parameter's gradient] of mean(module(x, attend)^2), float32 copies;
+    module is model or a compiled wrapper of it."""
+    model.zero_grad()
+    loss = module(x, attend).float().square().mean()
+    loss.backward()
+    return [loss.detach()] + [p.grad.float().clone() for p in model.parameters()]
 
 
 def gradient_tolerance(dtype):

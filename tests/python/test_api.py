@@ -88,7 +88,7 @@ def test_tune_cpu_then_attention_serves_the_result(tmp_path, monkeypatch):
         assert again["problems"][0]["chosen"]["config"] == problem["chosen"]["config"]
     finally:
         monkeypatch.undo()
-        flashjit._C.clear_runtimes()  # later tests: no DB again
+        flashjit._clear_runtimes()  # later tests: no DB again
 
 
 def test_module_exports_only_its_entry_point():
@@ -192,4 +192,4 @@ def test_tune_cpu_backward_then_attention_backward_serves_it(tmp_path, monkeypat
             assert relative_error(grad, ref) < gradient_tolerance("float16")
     finally:
         monkeypatch.undo()
-        flashjit._C.clear_runtimes()  # later tests: no DB again
+        flashjit._clear_runtimes()  # later tests: no DB again

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import flashjit
-from conftest import backward_unavailable, gradient_tolerance, require_gpu, seed
+from conftest import (backward_unavailable, gradient_tolerance, require_gpu, seed,
+                      torch_reference, torch_relative_error)
 
 
 def torch_modules():
@@ -29,45 +30,15 @@ def backward(*args, **kwargs):
         raise
 
 
-def to_bhsd(x, layout):
-    return x.transpose(1, 2) if layout == "bshd" else x
-
-
 def autograd_reference(q, k, v, do, causal=False, scale=None, layout="bshd"):
-    """(dq, dk, dv) in fp64, in `layout`: torch.autograd through SDPA's math backend of
-    L = sum(do * o), k/v heads repeated for GQA inside the graph (so dk, dv sum over the group),
-    an explicit bottom-right causal mask. A row that sees no key contributes nothing (the
-    library's convention; SDPA would give NaN there): such rows get all keys in the mask and are
-    zeroed in o before the loss, so their gradient is exactly zero."""
-    torch, F = torch_modules()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    q, k, v = (to_bhsd(x.detach().double(), layout).requires_grad_() for x in (q, k, v))
-    do = to_bhsd(do.detach().double(), layout)
-    heads_q, heads_kv = q.shape[1], k.shape[1]
-    k_rep = k.repeat_interleave(heads_q // heads_kv, dim=1)
-    v_rep = v.repeat_interleave(heads_q // heads_kv, dim=1)
-    seqlen_q, seqlen_k, head_dim = q.shape[2], k.shape[2], q.shape[3]
-    scale = head_dim ** -0.5 if scale is None else scale
-    visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=q.device)
-    if causal:
-        i = torch.arange(seqlen_q, device=q.device)[:, None]
-        j = torch.arange(seqlen_k, device=q.device)[None, :]
-        visible = j <= i + seqlen_k - seqlen_q
-    has_keys = visible.any(dim=-1)
-    mask = visible | ~has_keys[:, None]
-    with sdpa_kernel([SDPBackend.MATH]):
-        o = F.scaled_dot_product_attention(q, k_rep, v_rep, attn_mask=mask, scale=scale)
-    o = o * has_keys[None, None, :, None]
-    (o * do).sum().backward()
-    return tuple(to_bhsd(x.grad, layout) for x in (q, k, v))
+    """(dq, dk, dv) in fp64, in `layout` (conftest.torch_reference)."""
+    torch_modules()
+    return torch_reference(q, k, v, do, causal=causal, scale=scale, layout=layout)[1:]
 
 
 def relative_error(out, ref):
-    torch, _ = torch_modules()
-    out = out.double()
-    assert torch.isfinite(out).all(), "NaN or inf in a gradient"
-    return (torch.linalg.norm(out - ref) / torch.linalg.norm(ref).clamp_min(1e-300)).item()
+    torch_modules()
+    return torch_relative_error(out, ref)
 
 
 def shape(layout, batch, seqlen, heads, head_dim):

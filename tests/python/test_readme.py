@@ -1,25 +1,30 @@
 """The Python examples of README.md ("## Python"), run verbatim in a fresh interpreter as a user
-would after `pip install .`: the numpy one on the CPU backend, the torch one on a GPU (as
-tests/runtime/readme_example_test.cpp does for the C++ example)."""
+would after `pip install .`: the numpy one on the CPU backend, the torch one on a GPU, the torch
+training one (autograd, torch.compile) on the CPU backend (as tests/runtime/readme_example_test.cpp
+does for the C++ example)."""
 import os
 import re
 import subprocess
 import sys
 
-from conftest import REPO_ROOT, require_cpu_backend, require_gpu
+import pytest
+
+from conftest import REPO_ROOT, have_module, require_cpu_backend, require_gpu
 
 
 def python_blocks():
+    """(numpy on the CPU, torch on a GPU, torch training on the CPU): the section's examples."""
     with open(os.path.join(REPO_ROOT, "README.md")) as f:
         text = f.read()
     section = re.search(r"^## Python\n(.*?)(?=^## )", text, re.S | re.M)
     assert section, "README.md has no '## Python' section"
     blocks = re.findall(r"```python\n(.*?)```", section.group(1), re.S)
-    assert len(blocks) == 2, "expected two python examples (CPU, GPU) under '## Python'"
+    assert len(blocks) == 3, "expected three python examples (CPU, GPU, training) under '## Python'"
     cpu = [b for b in blocks if "import torch" not in b]
-    gpu = [b for b in blocks if "import torch" in b]
-    assert len(cpu) == 1 and len(gpu) == 1
-    return cpu[0], gpu[0]
+    gpu = [b for b in blocks if "import torch" in b and 'device="cuda"' in b]
+    training = [b for b in blocks if "flashjit.sdpa" in b and 'device="cuda"' not in b]
+    assert len(cpu) == 1 and len(gpu) == 1 and len(training) == 1
+    return cpu[0], gpu[0], training[0]
 
 
 def run(code):
@@ -50,3 +55,15 @@ def test_readme_gpu_example():
     match = re.search(r"^dq relative error vs SDPA: ([0-9.e+-]+)", out, re.M)
     assert match, out
     assert float(match.group(1)) < 2e-2
+
+
+def test_readme_training_example():
+    """Autograd through flashjit.sdpa and torch.compile, float32 on the CPU backend."""
+    require_cpu_backend()
+    if not have_module("torch"):
+        pytest.skip("torch is not installed")
+    out = run(python_blocks()[2])
+    match = re.search(r"^dq relative error vs SDPA: ([0-9.e+-]+)", out, re.M)
+    assert match, out
+    assert float(match.group(1)) < 1e-4  # float32 on both sides
+    assert "compiled == eager: True" in out

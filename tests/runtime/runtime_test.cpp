@@ -444,6 +444,22 @@ TEST_F(RuntimeSelectionTest, SystemDbsServeUnderTheUserDb) {
             std::make_pair(others_[1], ChoiceSource::NearestBucket));
 }
 
+TEST_F(RuntimeSelectionTest, ASystemDbFolderStandsForItsDbFilesInNameOrder) {
+  // A shipped folder (share/flashjit/tuning): its *.db files, b.db before c.db; other files
+  // (the text form, notes) are not DBs.
+  const fs::path folder = dir_ / "tuning";
+  fs::create_directories(folder);
+  choose(folder / "c.db", sized(512), others_[1]);
+  choose(folder / "c.db", sized(1024), others_[1]);
+  choose(folder / "b.db", sized(512), others_[0]);
+  std::ofstream(folder / "b.sql") << "not a DB\n";
+  Runtime runtime(std::make_unique<FakeBackend>(), options_with("none", {folder}));
+  ASSERT_EQ(runtime.system_stores().size(), 2u);
+  EXPECT_EQ(runtime.system_stores()[0]->path(), folder / "b.db");
+  EXPECT_EQ(select(runtime, sized(512)), std::make_pair(others_[0], ChoiceSource::Exact));
+  EXPECT_EQ(select(runtime, sized(1024)), std::make_pair(others_[1], ChoiceSource::Exact));
+}
+
 TEST_F(RuntimeSelectionTest, RowsOfAnotherDeviceAreNotUsed) {
   const fs::path db = dir_ / "user.db";
   {
@@ -620,7 +636,14 @@ TEST(RuntimeDefaultsTest, EnvironmentDefaults) {
 
   setenv("FLASHJIT_SYSTEM_DB", "/a.db::/b.db:", 1);
   EXPECT_EQ(default_system_dbs(), (std::vector<fs::path>{"/a.db", "/b.db"}));
+  setenv("FLASHJIT_SYSTEM_DB", "none", 1);
+  EXPECT_TRUE(default_system_dbs().empty());
+  setenv("FLASHJIT_SYSTEM_DB", "", 1);
+  EXPECT_TRUE(default_system_dbs().empty());
+  // Unset: the shipped DBs' folder, which a build tree does not have (tests/cli/package_test.cpp
+  // checks an installed tree).
   unsetenv("FLASHJIT_SYSTEM_DB");
+  EXPECT_FALSE(shipped_tuning_dir().has_value());
   EXPECT_TRUE(default_system_dbs().empty());
 
   setenv("FLASHJIT_TUNE", "1", 1);

@@ -27,8 +27,8 @@
 #include "generator/hip_config.hpp"
 #include "generator/problem.hpp"
 #include "runtime/launch_params.hpp"
-#include "support/reference.hpp"
 #include "support/attention_cases.hpp"
+#include "support/reference.hpp"
 #include "templates/attention_params.h"
 // The kernel needs, in this order: params (above), the emulated primitives, the common rules, the
 // tiles.
@@ -192,8 +192,7 @@ std::vector<EmulatedConfig> emulated_configs() {
 }
 
 AttentionProblem backward_problem(const ft::Shape& shape, const EmulatedConfig& c) {
-  AttentionProblem problem =
-      ft::make_problem(shape, c.head_dim, c.dtype, c.causal, Pass::Backward);
+  AttentionProblem problem = ft::make_problem(shape, c.head_dim, c.dtype, c.causal, Pass::Backward);
   problem.deterministic = c.config.dq == DqMode::Separate;
   return problem;
 }

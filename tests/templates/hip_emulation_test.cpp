@@ -20,8 +20,8 @@
 #include "generator/hip_config.hpp"
 #include "generator/problem.hpp"
 #include "runtime/launch_params.hpp"
-#include "support/reference.hpp"
 #include "support/attention_cases.hpp"
+#include "support/reference.hpp"
 #include "templates/attention_params.h"
 // The kernel needs, in this order: params (above), the emulated primitives, the common rules, the
 // tiles.

@@ -373,6 +373,28 @@ TEST_F(TunerTest, SlowConfigsStopEarly) {
   EXPECT_FALSE(report->kept_default);  // nothing was faster
 }
 
+// Launches of 400 ms (a CPU's backward): 3 samples of every config and 3 re-timed rounds, not
+// min_samples, once max_time_ms of device time is spent.
+TEST_F(TunerTest, LongLaunchesStopAtThreeSamples) {
+  backend_.default_ms = 400.0;
+  backend_.times[default_.to_string()] = 400.0;
+  backend_.jitter = 0;
+  TuneOptions options = fast_options();
+  options.max_time_ms = 1000;
+  Tuner tuner(backend_, nullptr, nullptr, options);
+  Result<TuneReport> report = tuner.tune(problem_);
+  ASSERT_TRUE(report.ok()) << report.error().describe();
+  for (const TuneResult& result : report->results) {
+    EXPECT_EQ(result.status, TuneStatus::Timed) << result.config.to_string();
+    EXPECT_EQ(result.repetitions, 3) << result.config.to_string() << " " << result.message;
+  }
+  options.max_time_ms = 1e9;  // off: min_samples (5) and min_time_ms
+  Tuner patient(backend_, nullptr, nullptr, options);
+  report = patient.tune(problem_);
+  ASSERT_TRUE(report.ok()) << report.error().describe();
+  EXPECT_GE(report->results.front().repetitions, 5);
+}
+
 TEST_F(TunerTest, WinnerWithinMinGainKeepsTheDefault) {
   backend_.times[others_[0].to_string()] = 0.995;  // 0.5% faster: below min_gain (1%)
   Tuner tuner(backend_, nullptr, nullptr, fast_options());

@@ -1,10 +1,11 @@
 // The CPU backend's backward pass (templates/cpu/attention_bwd.hpp) against the fp64 reference
-// gradients (tuner/reference.hpp): every legal backward config for d 64 and 128 (the default for
-// d 8, 96 and 256) x fp16/bf16/fp32 x causal over odd shapes (seqlen 1, 17, ~100, seqlen_q !=
-// seqlen_k both ways, GQA 4:1, MQA, batch 3, BHSD and padded strides for every tensor), with
-// poisoned outputs; a finite-difference check of the gradients' definition; bitwise
-// reproducibility and the caller's workspace; typed errors for bad input. Skips in a build
-// without the CPU backend (the budget test runs everywhere).
+// gradients (tuner/reference.hpp): every legal backward config for d 64 and 128 in fp32, the
+// default in both dQ modes (fused and -det) in fp16 and bf16, the default for d 8, 96 and 256,
+// causal and not, over odd shapes (seqlen 1, 17, ~100, seqlen_q != seqlen_k both ways, GQA 4:1,
+// MQA, batch 3, BHSD and padded strides for every tensor), with poisoned outputs; the fused dQ
+// split over the key blocks (a pool of more threads than work items); a finite-difference check
+// of the gradients' definition; bitwise reproducibility and the caller's workspace; typed errors
+// for bad input. Skips in a build without the CPU backend (the budget test runs everywhere).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -27,6 +28,7 @@
 
 #if FLASHJIT_HAVE_CPU_BACKEND
 #include "runtime/cpu/cpu_backend.hpp"
+#include "runtime/cpu/cpu_info.hpp"
 #endif
 
 namespace flashjit {
@@ -55,44 +57,64 @@ TEST(CpuBackwardConfig, BudgetArithmetic) {
   EXPECT_EQ(cpu_backward_score_bytes(c), 8 * 32 * 64);
   EXPECT_TRUE(check_cpu_config(c, p, cpu).ok());
 
-  // The backward takes -det only, the forward never.
-  AttentionConfig atomic = c;
-  atomic.dq = DqMode::Atomic;
-  Status bad = check_cpu_config(atomic, p, cpu);
-  ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.error().message.find("-det"), std::string::npos) << bad.error().message;
-  bad = check_cpu_config(c, p.with_pass(Pass::Forward), cpu);
+  // The fused dQ (DqMode::Atomic, no suffix): K as rows of d to 16 and the dQ_i rows of the
+  // accumulator (d to 64) on top of the dK/dV item; its dQ item only sums, with no scratch.
+  AttentionConfig fused = c;
+  fused.dq = DqMode::Atomic;
+  EXPECT_EQ(fused.to_string(), "m32n64w1s1");
+  EXPECT_EQ(cpu_backward_dkdv_bytes(fused, p),
+            cpu_backward_dkdv_bytes(c, p) + 4 * (64 * 128 + 32 * 128));
+  EXPECT_EQ(cpu_backward_dq_bytes(fused, p), 0);
+  AttentionProblem odd_d = p;
+  odd_d.head_dim = 72;  // K rows of 80 lanes, accumulator rows of 128
+  EXPECT_EQ(cpu_backward_dkdv_bytes(fused, odd_d),
+            4 * (4 * 64 * 72 + 2 * 32 * 72 + 2 * 32 * 64 + 64 * 80 + 32 * 128));
+  EXPECT_TRUE(check_cpu_config(fused, p, cpu).ok());
+  // -det (a separate dQ pass) exists in the backward only.
+  Status bad = check_cpu_config(c, p.with_pass(Pass::Forward), cpu);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("backward pass only"), std::string::npos);
   // The backward's own block choices: no block_n = 256, no block_m = 16.
   AttentionConfig wide_block{64, 256, 1, 1};
-  wide_block.dq = DqMode::Separate;
   bad = check_cpu_config(wide_block, p, cpu);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("block_n = 256"), std::string::npos) << bad.error().message;
   EXPECT_NE(bad.error().message.find("(backward)"), std::string::npos);
-  // The L2 budget: m128n128 at d = 256 needs 4 * (4*128*256 + 2*128*256 + 2*128*128) = 896 KiB.
+  // The L2 budget: m128n128-det at d = 256 needs 4 * (4*128*256 + 2*128*256 + 2*128*128) =
+  // 896 KiB; the fused m128n128 4 * (128*256 + 128*256) = 256 KiB more: over a 1 MiB L2.
   AttentionProblem wide = p;
   wide.head_dim = 256;
   AttentionConfig big{128, 128, 1, 1};
   big.dq = DqMode::Separate;
   EXPECT_EQ(cpu_backward_working_set_bytes(big, wide), 917504);
   EXPECT_TRUE(check_cpu_config(big, wide, cpu).ok());
+  AttentionConfig big_fused = big;
+  big_fused.dq = DqMode::Atomic;
+  EXPECT_EQ(cpu_backward_working_set_bytes(big_fused, wide), 917504 + 262144);
+  bad = check_cpu_config(big_fused, wide, cpu);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("exceeds the L2"), std::string::npos);
   CpuSpec small = cpu;
   small.l2_bytes = 512 << 10;
   bad = check_cpu_config(big, wide, small);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("exceeds the L2"), std::string::npos);
-  EXPECT_EQ(legal_cpu_configs(p, cpu).size(), 9u);
 
-  for (const AttentionConfig& legal : legal_cpu_configs(p, cpu)) {
-    EXPECT_EQ(legal.dq, DqMode::Separate) << legal.to_string();
-    EXPECT_LE(cpu_backward_working_set_bytes(legal, p), cpu.l2_bytes);
+  // 3 x 3 blocks, all fused (-det is legal too but no candidate where the fused one fits); every
+  // one within the L2. At d = 256: -det for m128n128 (over the L2 fused, 896 KiB as -det).
+  const std::vector<AttentionConfig> legal = legal_cpu_configs(p, cpu);
+  EXPECT_EQ(legal.size(), 9u);
+  for (const AttentionConfig& config : legal) {
+    EXPECT_EQ(config.dq, DqMode::Atomic) << config.to_string();
+    EXPECT_LE(cpu_backward_working_set_bytes(config, p), cpu.l2_bytes) << config.to_string();
   }
+  const std::vector<AttentionConfig> legal_wide = legal_cpu_configs(wide, cpu);
+  ASSERT_EQ(legal_wide.size(), 9u);
+  EXPECT_EQ(legal_wide.back(), big);
+  EXPECT_EQ(legal_wide[7].dq, DqMode::Atomic);
   // Bc = 64 (one register tile of keys); Br = L1d / (8 Bc): 32 KiB -> 64, 48 KiB -> 96 -> 64,
-  // 16 KiB -> 32, 128 KiB -> 256 -> 128.
+  // 16 KiB -> 32, 128 KiB -> 256 -> 128; the fused dQ.
   AttentionConfig expected{64, 64, 1, 1};
-  expected.dq = DqMode::Separate;
   EXPECT_EQ(default_cpu_config(p, cpu).value(), expected);
   CpuSpec other = cpu;
   other.l1d_bytes = 48 << 10;
@@ -103,21 +125,56 @@ TEST(CpuBackwardConfig, BudgetArithmetic) {
   other.l1d_bytes = 128 << 10;
   expected.block_m = 128;
   EXPECT_EQ(default_cpu_config(p, other).value(), expected);
+  // -det where the fused dQ does not fit the L2 (m128n64 at d = 256 in a 700 KiB L2: the fused
+  // item needs 4 * (4*64*256 + 2*128*256 + 2*128*64 + 64*256 + 128*256) = 768 KiB, -det 576).
+  other.l2_bytes = 700 << 10;
+  AttentionConfig det{128, 64, 1, 1};
+  det.dq = DqMode::Separate;
+  EXPECT_EQ(default_cpu_config(wide, other).value(), det);
   // The forward's default is unchanged by the pass plumbing.
   EXPECT_EQ(default_cpu_config(p.with_pass(Pass::Forward), cpu).value(),
             (AttentionConfig{64, 64, 1, 1}));
   const std::string plan = explain_cpu_plan(p, cpu);
   EXPECT_NE(plan.find("Br = L1d / (8 Bc) = 32768 / (8 * 64) = 64"), std::string::npos) << plan;
-  EXPECT_NE(plan.find("Default (untuned): m64n64w1s1-det"), std::string::npos) << plan;
+  EXPECT_NE(plan.find("Default (untuned): m64n64w1s1\n"), std::string::npos) << plan;
 
-  // The renderer: three entry points in launch order, the backward template.
-  const Result<KernelSource> source = render_cpu_attention(p, expected);
-  ASSERT_TRUE(source.ok()) << source.error().describe();
-  EXPECT_EQ(source->entries,
-            (std::vector<std::string>{kCpuBackwardPreprocessEntry, kCpuBackwardDkDvEntry,
-                                      kCpuBackwardDqEntry}));
-  EXPECT_NE(source->text.find("flashjit_cpu::BwdTraits"), std::string::npos);
-  EXPECT_FALSE(render_cpu_attention(p, atomic).ok());
+  // The renderer: three entry points in launch order, the backward template, the dQ mode.
+  AttentionConfig default_det = expected;
+  default_det.dq = DqMode::Separate;
+  for (const AttentionConfig& config : {expected, default_det}) {
+    const Result<KernelSource> source = render_cpu_attention(p, config);
+    ASSERT_TRUE(source.ok()) << source.error().describe();
+    EXPECT_EQ(source->entries,
+              (std::vector<std::string>{kCpuBackwardPreprocessEntry, kCpuBackwardDkDvEntry,
+                                        kCpuBackwardDqEntry}));
+    EXPECT_NE(source->text.find("flashjit_cpu::BwdTraits"), std::string::npos);
+    EXPECT_NE(
+        source->text.find(config.dq == DqMode::Atomic ? "/*fused_dq=*/true" : "/*fused_dq=*/false"),
+        std::string::npos);
+  }
+}
+
+// The fused dQ's split count: 1 where batch x heads_kv gives every thread 4 work items, else
+// enough splits of the key blocks for that (at most the key blocks there are).
+TEST(CpuBackwardConfig, FusedDqSplits) {
+  AttentionConfig fused{64, 64, 1, 1};
+  AttentionConfig det = fused;
+  det.dq = DqMode::Separate;
+  auto problem = [](int64_t batch, int64_t heads_kv, int64_t seqlen_k) {
+    return backward_problem(batch, 2 * heads_kv, heads_kv, 100, seqlen_k, 64, DType::F32, false);
+  };
+  // 4 dK/dV work items per thread: ceil(4 threads / (batch x heads_kv)) splits, at most the key
+  // blocks (1000 keys: 16 blocks of 64).
+  EXPECT_EQ(cpu_backward_dq_splits(fused, problem(2, 4, 1000), 2), 1);    // 8 items already
+  EXPECT_EQ(cpu_backward_dq_splits(fused, problem(1, 4, 1000), 2), 2);    // 4 -> 8 items
+  EXPECT_EQ(cpu_backward_dq_splits(fused, problem(3, 1, 1000), 2), 3);    // 3 -> 9 items
+  EXPECT_EQ(cpu_backward_dq_splits(fused, problem(1, 1, 1000), 2), 8);    // 1 -> 8 items
+  EXPECT_EQ(cpu_backward_dq_splits(fused, problem(2, 8, 1000), 6), 2);    // 16 -> 32 items
+  EXPECT_EQ(cpu_backward_dq_splits(fused, problem(7, 7, 1000), 6), 1);    // 49 >= 24
+  EXPECT_EQ(cpu_backward_dq_splits(fused, problem(1, 1, 1000), 32), 16);  // all 16 key blocks
+  EXPECT_EQ(cpu_backward_dq_splits(fused, problem(1, 1, 100), 16), 2);    // 2 key blocks
+  EXPECT_EQ(cpu_backward_dq_splits(fused, problem(1, 1, 1000), 1), 1);    // one core
+  EXPECT_EQ(cpu_backward_dq_splits(det, problem(1, 1, 1000), 16), 1);     // no accumulator
 }
 
 #if FLASHJIT_HAVE_CPU_BACKEND
@@ -243,12 +300,20 @@ TEST(CpuBackward, EveryLegalConfigMatchesTheReference) {
       for (bool causal : {false, true}) {
         const AttentionProblem probe = make_problem(kShapes[0], d, dtype, causal);
         const AttentionConfig def = cpu.default_config(probe).value();
-        if (d == 64 || d == 128) {
-          for (const AttentionConfig& c : cpu.legal_configs(probe))
-            variants.push_back({d, dtype, causal, c, c == def});
-        } else {
-          variants.push_back({d, dtype, causal, def, true});
-        }
+        variants.push_back({d, dtype, causal, def, true});
+        if (d != 64 && d != 128) continue;
+        // fp32: every block pair in both dQ modes (each tile shape; -det is legal where the
+        // fused dQ is, though no tuning candidate there); fp16 and bf16 differ only in their
+        // conversions: the default's blocks in the other dQ mode.
+        for (const AttentionConfig& legal : cpu.legal_configs(probe))
+          for (DqMode dq : {DqMode::Atomic, DqMode::Separate}) {
+            AttentionConfig c = legal;
+            c.dq = dq;
+            const bool default_blocks = c.block_m == def.block_m && c.block_n == def.block_n;
+            if (c != def && (dtype == DType::F32 || default_blocks) &&
+                cpu.check_config(c, probe).ok())
+              variants.push_back({d, dtype, causal, c, false});
+          }
       }
 
   // Compile every kernel and make every case's inputs and reference first, on all cores.
@@ -313,7 +378,6 @@ Result<std::shared_ptr<Kernel>> build_dot_kernel(const AttentionProblem& problem
 // AVX512_BF16 instructions where the host lacks them), over every shape, causal and not, for
 // configs that cover each tile shape (2 and 4 lane vectors on either side, more than 4).
 TEST(CpuBackward, Bf16DotProductPathMatchesTheReference) {
-  const cpu::CpuBackend& cpu = backend();
   struct Item {
     int d;
     bool causal;
@@ -322,11 +386,12 @@ TEST(CpuBackward, Bf16DotProductPathMatchesTheReference) {
   std::vector<Item> items;
   for (bool causal : {false, true})
     for (auto [d, m, n] :
-         {std::tuple{64, 32, 32}, std::tuple{64, 128, 128}, std::tuple{128, 64, 64}}) {
-      AttentionConfig c{m, n, 1, 1};
-      c.dq = DqMode::Separate;
-      items.push_back({d, causal, c});
-    }
+         {std::tuple{64, 32, 32}, std::tuple{64, 128, 128}, std::tuple{128, 64, 64}})
+      for (DqMode dq : {DqMode::Atomic, DqMode::Separate}) {
+        AttentionConfig c{m, n, 1, 1};
+        c.dq = dq;
+        items.push_back({d, causal, c});
+      }
   using Built = std::optional<Result<std::shared_ptr<Kernel>>>;
   std::vector<Built> kernels = ft::parallel_map<Built>(items.size(), [&](size_t i) {
     return Built(build_dot_kernel(
@@ -354,15 +419,13 @@ TEST(CpuBackward, ErrorsAtBenchmarkSize) {
   struct Item {
     DType dtype;
     bool dot;
-    bool causal;
+    bool causal = false;
   };
   std::vector<Item> items;
   for (bool causal : {false, true})
-    for (Item item : {Item{DType::F16, false}, Item{DType::BF16, false}, Item{DType::BF16, true},
-                      Item{DType::F32, false}}) {
-      item.causal = causal;
-      items.push_back(item);
-    }
+    for (auto [dtype, dot] : {std::pair{DType::F16, false}, std::pair{DType::BF16, false},
+                              std::pair{DType::BF16, true}, std::pair{DType::F32, false}})
+      items.push_back({dtype, dot, causal});
   auto problem_of = [](const Item& item) {
     return backward_problem(1, 2, 2, 512, 512, 128, item.dtype, item.causal);
   };
@@ -501,33 +564,76 @@ TEST(CpuBackward, FiniteDifferences) {
 // Two launches give the same bits, with the kernel's own workspace and with the caller's.
 TEST(CpuBackward, BitwiseReproducibleWithEitherWorkspace) {
   const cpu::CpuBackend& cpu = backend();
-  for (DType dtype : {DType::BF16, DType::F32}) {
-    const AttentionProblem problem = make_problem(kShapes[4], 64, dtype, true);
-    Result<std::shared_ptr<Kernel>> kernel =
-        build_kernel(cpu, nullptr, problem, cpu.default_config(problem).value());
-    ASSERT_TRUE(kernel.ok()) << kernel.error().describe();
-    const ft::HostInputs inputs = ft::random_inputs(problem, 3);
-    const Result<Gradients> first = run_backward(**kernel, problem, inputs);
-    const Result<Gradients> second = run_backward(**kernel, problem, inputs);
-    const size_t bytes = (*kernel)->workspace_bytes(problem);
-    EXPECT_GT(bytes, 0u);
-    Result<DeviceBuffer> workspace = cpu.allocate(bytes);
-    ASSERT_TRUE(workspace.ok());
-    ASSERT_TRUE(cpu.fill_bytes(workspace->get(), 0xFF, bytes).ok());  // stale garbage
-    const Result<Gradients> caller =
-        run_backward(**kernel, problem, inputs, workspace->get(), bytes);
-    for (const Result<Gradients>* run : {&first, &second, &caller})
-      ASSERT_TRUE(run->ok()) << run->error().describe();
-    for (const Result<Gradients>* other : {&second, &caller}) {
-      EXPECT_EQ((*other)->dq, first->dq) << to_string(dtype);
-      EXPECT_EQ((*other)->dk, first->dk) << to_string(dtype);
-      EXPECT_EQ((*other)->dv, first->dv) << to_string(dtype);
+  for (DType dtype : {DType::BF16, DType::F32})
+    for (DqMode dq : {DqMode::Atomic, DqMode::Separate}) {
+      const AttentionProblem problem = make_problem(kShapes[4], 64, dtype, true);
+      AttentionConfig config = cpu.default_config(problem).value();
+      config.dq = dq;
+      Result<std::shared_ptr<Kernel>> kernel = build_kernel(cpu, nullptr, problem, config);
+      ASSERT_TRUE(kernel.ok()) << kernel.error().describe();
+      const ft::HostInputs inputs = ft::random_inputs(problem, 3);
+      const Result<Gradients> first = run_backward(**kernel, problem, inputs);
+      const Result<Gradients> second = run_backward(**kernel, problem, inputs);
+      const size_t bytes = (*kernel)->workspace_bytes(problem);
+      EXPECT_GT(bytes, 0u);
+      Result<DeviceBuffer> workspace = cpu.allocate(bytes);
+      ASSERT_TRUE(workspace.ok());
+      ASSERT_TRUE(cpu.fill_bytes(workspace->get(), 0xFF, bytes).ok());  // stale garbage
+      const Result<Gradients> caller =
+          run_backward(**kernel, problem, inputs, workspace->get(), bytes);
+      for (const Result<Gradients>* run : {&first, &second, &caller})
+        ASSERT_TRUE(run->ok()) << run->error().describe();
+      for (const Result<Gradients>* other : {&second, &caller}) {
+        EXPECT_EQ((*other)->dq, first->dq) << to_string(dtype) << " " << config.to_string();
+        EXPECT_EQ((*other)->dk, first->dk) << to_string(dtype) << " " << config.to_string();
+        EXPECT_EQ((*other)->dv, first->dv) << to_string(dtype) << " " << config.to_string();
+      }
+      const ft::Reference reference = ft::reference_attention(problem, inputs);
+      EXPECT_TRUE(within_tolerance(
+          compare_gradients(problem, caller->dq, caller->dk, caller->dv, reference),
+          gradient_tolerance(dtype)));
     }
-    const ft::Reference reference = ft::reference_attention(problem, inputs);
-    EXPECT_TRUE(
-        within_tolerance(compare_gradients(problem, caller->dq, caller->dk, caller->dv, reference),
-                         gradient_tolerance(dtype)));
+}
+
+// The fused dQ split over the key blocks: a pool of 5 threads for problems of 1 to 6 (batch,
+// kv head) pairs, so that the dK/dV work items add into 2 to 5 copies of the dQ accumulator
+// that the dQ items sum (one shape of a single key block as the unsplit control); against the
+// reference and bitwise reproducible.
+TEST(CpuBackward, FusedDqSplitOverTheKeyBlocks) {
+  CpuSpec spec = cpu::host_cpu();
+  spec.cores = 5;
+  const std::unique_ptr<cpu::CpuBackend> five = cpu::CpuBackend::create(spec).value();
+  std::vector<std::tuple<DType, bool>> items;
+  for (DType dtype : {DType::F32, DType::BF16})
+    for (bool causal : {false, true}) items.emplace_back(dtype, causal);
+  using Built = std::optional<Result<std::shared_ptr<Kernel>>>;
+  std::vector<Built> kernels = ft::parallel_map<Built>(items.size(), [&](size_t i) {
+    const AttentionProblem problem =
+        make_problem(kShapes[0], 64, std::get<0>(items[i]), std::get<1>(items[i]));
+    return Built(build_kernel(*five, nullptr, problem, five->default_config(problem).value()));
+  });
+  int split_runs = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    ASSERT_TRUE(kernels[i]->ok()) << (*kernels[i]).error().describe();
+    const Kernel& kernel = ***kernels[i];
+    ASSERT_EQ(kernel.config().dq, DqMode::Atomic);
+    for (const Shape& shape : {kLongShape, kShapes[2], kShapes[4], kShapes[5], kShapes[7]}) {
+      Case c{make_problem(shape, 64, std::get<0>(items[i]), std::get<1>(items[i])), {}, {}};
+      const int splits = cpu_backward_dq_splits(kernel.config(), c.problem, 5);
+      split_runs += splits > 1;
+      c.inputs = ft::random_inputs(c.problem, 500 + i);
+      c.reference = ft::reference_attention(c.problem, c.inputs);
+      EXPECT_TRUE(check(kernel, c)) << c.problem.to_string() << ", " << splits << " splits";
+      const Result<Gradients> first = run_backward(kernel, c.problem, c.inputs);
+      const Result<Gradients> second = run_backward(kernel, c.problem, c.inputs);
+      ASSERT_TRUE(first.ok() && second.ok());
+      EXPECT_EQ(first->dq, second->dq) << c.problem.to_string();
+      EXPECT_EQ(first->dk, second->dk) << c.problem.to_string();
+      EXPECT_EQ(first->dv, second->dv) << c.problem.to_string();
+    }
   }
+  // 16, 3, 1 (one key block), 2 and 2 splits: the thousand keys, q_shorter, gqa, mqa, bhsd.
+  EXPECT_EQ(split_runs, 4 * 4);
 }
 
 ::testing::AssertionResult fails_with(const Status& status, ErrorCode code,

@@ -1,0 +1,333 @@
+"""flashjit for PyTorch: autograd, torch.compile, the SDPA drop-in and the fast path of torch
+tensors (imported by flashjit when it first sees a torch tensor, or when torch was imported
+before flashjit).
+
+Differentiable attention, three ways in, one implementation (_forward / _backward below):
+  * eager, no gradient needed:  _forward() directly;
+  * eager, gradient needed:     _Attention (a torch.autograd.Function) around _forward/_backward;
+  * torch.compile / export:     the custom operators flashjit::attention and
+    flashjit::attention_backward (torch.library.custom_op: a fake implementation for tracing,
+    register_autograd for the gradient), which call the same two functions.
+Eager calls do not go through the custom operators because their dispatch costs more host time
+than the whole call otherwise does (measured on the CPU with torch 2.15: +24 us per call without
+autograd, +57 us with it, against 7 us for the call): bench/host_overhead.py.
+
+The fast path: per (shapes, strides, dtypes, devices, options) of the inputs, the extension's
+checks, problem and kernel are resolved once (_C.prepare_attention: a _C.Prepared); a call then
+allocates the outputs with torch and launches with data pointers on torch's current stream.
+Inputs the kernels cannot read as they are (last axis not contiguous, other strides not multiples
+of 8 elements, data not 16-byte aligned) are copied contiguous first.
+
+The forward saves only q, k, v, its output and the log-sum-exp (as FlashAttention does); the
+backward recomputes the probabilities. The log-sum-exp output is not differentiable.
+"""
+import atexit
+from typing import Optional, Tuple
+
+import torch
+
+from . import _flashjit as _C
+
+# key -> _Plan; cleared with the runtimes (flashjit.tune serves new configs afterwards).
+_PLANS = {}
+
+
+def clear_plans():
+    _PLANS.clear()
+
+
+# Prepared calls hold kernels: released before the interpreter tears the extension down.
+atexit.register(clear_plans)
+
+
+try:
+    _raw_stream = torch._C._cuda_getCurrentRawStream  # int handle, no Stream object
+except AttributeError:  # a torch built without CUDA
+    _raw_stream = None
+
+
+def _stream(x):
+    """torch's current stream of x's device as an int (0 on the CPU)."""
+    index = x.get_device()
+    if index < 0:
+        return 0
+    if _raw_stream is not None:
+        return _raw_stream(index)
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+def _readable(x):
+    """True when the kernels can read x's layout: a contiguous last axis and the other strides
+    multiples of 8 elements (strides of size-1 axes do not matter)."""
+    shape, strides = x.shape, x.stride()
+    if len(shape) != 4:
+        return True  # the extension names the bad ndim
+    if shape[3] > 1 and strides[3] != 1:
+        return False
+    return all(shape[i] == 1 or strides[i] % 8 == 0 for i in range(3))
+
+
+def _copy(x):
+    """A fresh contiguous (so aligned and readable) copy of x."""
+    return x.clone(memory_format=torch.contiguous_format)
+
+
+def _new_like(x):
+    """An uninitialized output with x's shape and dtype in x's memory order of the seqlen and
+    heads axes: SDPA-layout (bhsd) views of bshd memory (q.transpose(1, 2)) get bshd memory back,
+    so that the caller's o.transpose(1, 2).contiguous() copies nothing (as with torch SDPA)."""
+    shape = x.shape
+    if len(shape) == 4 and shape[1] > 1 and shape[2] > 1 and x.stride(1) < x.stride(2):
+        return x.new_empty((shape[0], shape[2], shape[1], shape[3])).transpose(1, 2)
+    return x.new_empty(shape)
+
+
+def _new_lse(q, shape):
+    """An uninitialized float32 log-sum-exp, (batch, heads, seqlen_q), contiguous."""
+    return q.new_empty(shape, dtype=torch.float32)
+
+
+def _lse_shape(shape, layout):
+    """(batch, heads, seqlen_q) of q's shape in `layout`."""
+    if len(shape) != 4 or layout not in ("bshd", "bhsd"):
+        raise _C.InvalidArgumentError(
+            f"q.shape = {tuple(shape)}, layout = {layout!r}: expected 4-D tensors and layout "
+            f"'bshd' (batch, seqlen, heads, head_dim) or 'bhsd' (batch, heads, seqlen, head_dim)")
+    return (shape[0], shape[2], shape[1]) if layout == "bshd" else (shape[0], shape[1], shape[2])
+
+
+class _Plan:
+    """A prepared forward (or backward) call and which inputs to copy first."""
+    __slots__ = ("prepared", "copies", "lse_shape", "backwards")
+
+    def __init__(self, prepared, copies, lse_shape=None):
+        self.prepared = prepared
+        self.copies = copies  # a bool per input, in argument order
+        self.lse_shape = lse_shape
+        self.backwards = {}  # (do.stride(), deterministic) -> _Plan, for _Attention.backward
+
+
+def _aligned(*tensors):
+    for x in tensors:
+        if x.data_ptr() & 15:
+            return False
+    return True
+
+
+def _forward(q, k, v, causal, scale, layout, config):
+    """(o, lse, plan, (q, k, v, o) as launched): the forward on torch tensors, fast path. o is in
+    q's memory order (as the fake implementation's); the launched tensors are those the plan's
+    kernel read and wrote (copies where q, k or v were unreadable or misaligned): the eager
+    backward, keyed on the plan, reads them."""
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype,
+           v.dtype, q.device, k.device, v.device, causal, scale, layout, config)
+    plan = _PLANS.get(key)
+    # o in the memory order of q as given (copied or not): what the fake implementation says.
+    o = _new_like(q)
+    if plan is None:
+        copies = tuple(not _readable(x) for x in (q, k, v))
+        q, k, v = (_copy(x) if c else x for x, c in zip((q, k, v), copies))
+        lse_shape = _lse_shape(q.shape, layout)
+        prepared = _C.prepare_attention(q, k, v, o, None, causal, scale, layout, config)
+        plan = _PLANS[key] = _Plan(prepared, copies, lse_shape)
+    elif True in plan.copies:
+        q, k, v = (_copy(x) if c else x for x, c in zip((q, k, v), plan.copies))
+    if not _aligned(q, k, v):  # rare: realigned copies, the output copied into o's order
+        q, k, v = (x if x.data_ptr() & 15 == 0 else _copy(x) for x in (q, k, v))
+        aligned_o, lse, plan, launched = _forward(q, k, v, causal, scale, layout, config)
+        return o.copy_(aligned_o), lse, plan, launched
+    lse = _new_lse(q, plan.lse_shape)
+    plan.prepared.forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
+                          _stream(q))
+    return o, lse, plan, (q, k, v, o)
+
+
+def _backward(do, q, k, v, o, lse, causal, scale, layout, deterministic, forward_plan=None):
+    """(dq, dk, dv) on torch tensors, fast path. With `forward_plan` (the eager autograd path),
+    q, k, v, o and lse are that forward's tensors and do has o's shape, dtype and device (autograd
+    guarantees it), so do's strides complete the key."""
+    if forward_plan is not None:
+        key = (do.stride(), deterministic)
+        cache = forward_plan.backwards
+    else:
+        key = (do.shape, do.stride(), q.shape, q.stride(), k.shape, k.stride(), v.shape,
+               v.stride(), o.shape, o.stride(), lse.shape, lse.stride(), do.dtype, q.dtype,
+               k.dtype, v.dtype, o.dtype, lse.dtype, do.device, q.device, k.device, v.device,
+               o.device, lse.device, causal, scale, layout, deterministic)
+        cache = _PLANS
+    plan = cache.get(key)
+    inputs = (do, q, k, v, o, lse)
+    # The gradients in the memory order of q, k, v as given, as the fake implementation says.
+    dq, dk, dv = _new_like(q), _new_like(k), _new_like(v)
+    if plan is None:
+        copies = tuple(not _readable(x) for x in inputs[:5]) + (not lse.is_contiguous(),)
+        do, q, k, v, o, lse = (_copy(x) if c else x for x, c in zip(inputs, copies))
+        prepared = _C.prepare_attention_backward(q, k, v, o, lse, do, dq, dk, dv, causal, scale,
+                                                 layout, deterministic, None)
+        plan = cache[key] = _Plan(prepared, copies)
+    elif True in plan.copies:
+        do, q, k, v, o, lse = (_copy(x) if c else x for x, c in zip(inputs, plan.copies))
+    if not _aligned(do, q, k, v, o):  # (lse, float32, needs 4 bytes: any float32 tensor has it)
+        do, q, k, v, o = (x if x.data_ptr() & 15 == 0 else _copy(x) for x in (do, q, k, v, o))
+        grads = _backward(do, q, k, v, o, lse, causal, scale, layout, deterministic)
+        return tuple(mine.copy_(grad) for mine, grad in zip((dq, dk, dv), grads))
+    plan.prepared.backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
+                           do.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), _stream(q))
+    return dq, dk, dv
+
+
+# --- eager autograd ---------------------------------------------------------------------------
+
+class _Attention(torch.autograd.Function):
+    """softmax(scale q k^T + mask) v with FlashAttention-2's backward; saves q, k, v, o, lse."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, layout, deterministic, config):
+        o, lse, plan, launched = _forward(q, k, v, causal, scale, layout, config)
+        ctx.save_for_backward(*launched, lse)
+        ctx.options = (causal, scale, layout, deterministic)
+        ctx.plan = plan
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        # ctx.plan is the plan of the tensors saved (their own key when the forward copied or
+        # realigned any): the recursion in _forward returns the plan it launched with.
+        dq, dk, dv = _backward(do, q, k, v, o, lse, *ctx.options, forward_plan=ctx.plan)
+        return dq, dk, dv, None, None, None, None, None
+
+
+# --- custom operators (torch.compile, torch.export) -------------------------------------------
+
+@torch.library.custom_op("flashjit::attention", mutates_args=())
+def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                 scale: Optional[float], layout: str, deterministic: bool,
+                 config: Optional[str]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(o, lse): flashjit's forward. deterministic is for the backward (register_autograd)."""
+    o, lse, _, _ = _forward(q, k, v, causal, scale, layout, config)
+    return o, lse
+
+
+@attention_op.register_fake
+def _(q, k, v, causal, scale, layout, deterministic, config):
+    return _new_like(q), _new_lse(q, _lse_shape(q.shape, layout))
+
+
+@torch.library.custom_op("flashjit::attention_backward", mutates_args=())
+def attention_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          o: torch.Tensor, lse: torch.Tensor, causal: bool,
+                          scale: Optional[float], layout: str,
+                          deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv): flashjit's backward (dk, dv summed over each GQA group)."""
+    return _backward(do, q, k, v, o, lse, causal, scale, layout, deterministic)
+
+
+@attention_backward_op.register_fake
+def _(do, q, k, v, o, lse, causal, scale, layout, deterministic):
+    return _new_like(q), _new_like(k), _new_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, scale, layout, deterministic, _config = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.options = (causal, scale, layout, deterministic)
+    ctx.mark_non_differentiable(lse)
+
+
+def _op_backward(ctx, do, _dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = attention_backward_op(do, q, k, v, o, lse, *ctx.options)
+    return dq, dk, dv, None, None, None, None, None
+
+
+attention_op.register_autograd(_op_backward, setup_context=_setup_context)
+
+
+# --- the public functions' torch paths (flashjit/__init__.py documents them) -------------------
+
+def _autocast(q, k, v):
+    """Under torch.autocast, float32 inputs are cast to the autocast dtype, as SDPA's are."""
+    if q.dtype == torch.float32:
+        device_type = q.device.type
+        if torch.is_autocast_enabled(device_type):
+            dtype = torch.get_autocast_dtype(device_type)
+            return q.to(dtype), k.to(dtype), v.to(dtype)
+    return q, k, v
+
+
+def _check_cuda_dtype(q):
+    if q.is_cuda and q.dtype == torch.float32:
+        raise _C.UnsupportedError(
+            "q.dtype = float32 on " + str(q.device) + ": flashjit's CUDA kernels take bfloat16 "
+            "or float16. Run the model under torch.autocast('cuda', dtype=torch.bfloat16) (float32 "
+            "inputs are then cast, as for torch SDPA), or convert it (model.to(torch.bfloat16)); "
+            "float32 runs on the CPU backend only")
+
+
+def attention(q, k, v, causal, scale, layout, return_lse, deterministic, config):
+    """flashjit.attention for torch tensors without out=, lse= or stream=: differentiable."""
+    q, k, v = _autocast(q, k, v)
+    _check_cuda_dtype(q)
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    if torch.compiler.is_compiling():
+        o, lse = attention_op(q, k, v, causal, scale, layout, deterministic, config)
+    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        o, lse = _Attention.apply(q, k, v, causal, scale, layout, deterministic, config)
+    else:
+        o, lse, _, _ = _forward(q, k, v, causal, scale, layout, config)
+    return (o, lse) if return_lse else o
+
+
+def attention_backward(q, k, v, o, lse, do, causal, scale, layout, deterministic):
+    """flashjit.attention_backward for torch tensors without dq=, dk=, dv=, config= or stream=
+    (lse given)."""
+    q, k, v, o, lse, do = (x.detach() for x in (q, k, v, o, lse, do))
+    return _backward(do, q, k, v, o, lse, causal, scale, layout, deterministic)
+
+
+def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+         enable_gqa=False):
+    """torch.nn.functional.scaled_dot_product_attention's signature and semantics on flashjit
+    (flashjit/__init__.py documents it)."""
+    if attn_mask is not None:
+        raise _C.UnsupportedError(
+            "flashjit.sdpa: attn_mask is not supported: flashjit computes full or causal "
+            "attention only (is_causal=True for the causal mask); use "
+            "torch.nn.functional.scaled_dot_product_attention for other masks")
+    if dropout_p != 0.0:
+        raise _C.UnsupportedError(
+            f"flashjit.sdpa: dropout_p = {dropout_p}: flashjit has no attention dropout; pass "
+            f"dropout_p=0.0 (set the model's attention dropout to 0)")
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"flashjit.sdpa: {name} must be a torch.Tensor, got "
+                            f"{type(x).__module__}.{type(x).__qualname__} (flashjit.attention "
+                            f"takes other arrays)")
+        if x.dim() != 4:
+            raise _C.InvalidArgumentError(
+                f"flashjit.sdpa: {name}.shape = {tuple(x.shape)}: must be 4-D, (batch, heads, "
+                f"seqlen, head_dim)")
+    heads_q, heads_kv = query.shape[1], key.shape[1]
+    if heads_q != heads_kv and not enable_gqa:
+        raise _C.InvalidArgumentError(
+            f"flashjit.sdpa: query has {heads_q} heads and key {heads_kv}: pass enable_gqa=True "
+            f"for grouped-query attention (as torch SDPA asks)")
+    seqlen_q, seqlen_k = query.shape[2], key.shape[2]
+
+    def run(q, k, v, causal):
+        return attention(q, k, v, causal, scale, "bhsd", False, None, None)
+
+    if not is_causal or seqlen_q == seqlen_k:
+        return run(query, key, value, is_causal)
+    # SDPA's causal mask with seqlen_q != seqlen_k is aligned top-left (query i sees keys
+    # 0..i); flashjit's bottom-right. Top-left is bottom-right on the square top-left block of
+    # the scores, and full attention for the rows below it.
+    if seqlen_q < seqlen_k:
+        return run(query, key[:, :, :seqlen_q], value[:, :, :seqlen_q], True)
+    head = run(query[:, :, :seqlen_k], key, value, True)
+    tail = run(query[:, :, seqlen_k:], key, value, False)
+    return torch.cat((head, tail), dim=2)
