@@ -1,9 +1,11 @@
 // bench_attention: forward-pass timing of flashjit's default (or a forced) config over the
 // standard FlashAttention grid: 16k tokens in total (batch = 16384 / N), hidden 2048
-// (heads = 2048 / d), d in {64, 128, 256}, causal off/on, BSHD contiguous.
+// (heads = 2048 / d), d in {64, 128, 256}, causal off/on, BSHD contiguous (--tokens and --hidden
+// change the batch and heads at the same FLOPs, e.g. to separate the batch from the head count).
 //
 //   bench_attention [--dtype bf16|f16] [--config m128n64w4s2] [--quick] [--d 64,128]
-//                   [--n 1024,4096] [--target-ms 200] [--json PATH]
+//                   [--n 1024,4096] [--tokens 16384] [--hidden 2048] [--target-ms 200]
+//                   [--json PATH]
 //
 // Each shape: one warm-up batch, then the median of >= 10 timed batches of back-to-back launches
 // (each batch at least 10 launches, ~target-ms in all). Inputs rotate over enough copies to
@@ -27,8 +29,6 @@ namespace {
 
 using namespace flashjit;
 
-constexpr int64_t kTotalTokens = 16384;
-constexpr int64_t kHidden = 2048;
 constexpr int kTimedBatches = 10;
 constexpr int kMinRepsPerBatch = 10;
 
@@ -37,6 +37,8 @@ struct Options {
   std::optional<AttentionConfig> config;
   std::vector<int> head_dims = {64, 128, 256};
   std::vector<int64_t> seqlens = {512, 1024, 2048, 4096, 8192, 16384};
+  int64_t tokens = 16384;  // batch x N of every shape (batch = tokens / N, at least 1)
+  int64_t hidden = 2048;   // heads x d (heads = hidden / d, at least 1)
   double target_ms = 200;
   std::optional<std::string> json_path;
 };
@@ -44,11 +46,14 @@ struct Options {
 void print_usage() {
   std::printf(
       "usage: bench_attention [--dtype bf16|f16] [--config mXnYwZsW] [--quick] [--d LIST]\n"
-      "                       [--n LIST] [--target-ms MS] [--json PATH]\n"
+      "                       [--n LIST] [--tokens T] [--hidden H] [--target-ms MS]\n"
+      "                       [--json PATH]\n"
       "  --dtype      element type (default bf16)\n"
       "  --config     force one tile config instead of the default, e.g. m128n64w4s2\n"
       "  --quick      N in {1024, 4096, 16384} only\n"
       "  --d, --n     comma-separated head dims / sequence lengths to run\n"
+      "  --tokens     batch x N of every shape (default 16384: batch = 16384 / N)\n"
+      "  --hidden     heads x d of every shape (default 2048: heads = 2048 / d)\n"
       "  --target-ms  device time to spend timing each shape (default 200)\n"
       "  --json       also write the rows to PATH as a JSON list\n");
 }
@@ -82,7 +87,8 @@ bool parse_options(int argc, char** argv, Options* options) {
     } else if (flag == "--quick") {
       options->seqlens = {1024, 4096, 16384};
     } else if (flag == "--dtype" || flag == "--config" || flag == "--d" || flag == "--n" ||
-               flag == "--target-ms" || flag == "--json") {
+               flag == "--tokens" || flag == "--hidden" || flag == "--target-ms" ||
+               flag == "--json") {
       const std::optional<std::string> text = value();
       if (!text) {
         std::fprintf(stderr, "bench_attention: %s needs a value\n", flag.c_str());
@@ -127,6 +133,14 @@ bool parse_options(int argc, char** argv, Options* options) {
                        flag.c_str(), text->c_str());
           return false;
         }
+      } else if (flag == "--tokens" || flag == "--hidden") {
+        const std::optional<std::vector<int64_t>> list = parse_list<int64_t>(*text);
+        if (!list || list->size() != 1) {
+          std::fprintf(stderr, "bench_attention: %s = '%s': expected one positive integer\n",
+                       flag.c_str(), text->c_str());
+          return false;
+        }
+        (flag == "--tokens" ? options->tokens : options->hidden) = list->front();
       } else if (flag == "--target-ms") {
         options->target_ms = std::atof(text->c_str());
         if (!(options->target_ms > 0)) {
@@ -246,13 +260,13 @@ int main(int argc, char** argv) {
   std::printf("# device %s\n# compiler %s\n", device.to_string().c_str(),
               backend.compiler_fingerprint().c_str());
 
-  // Largest tensors over the grid: every shape has kTotalTokens x kHidden elements per tensor;
-  // lse has batch * heads * N = kTotalTokens * (kHidden / d) elements, largest for the smallest d.
+  // Largest tensors over the grid: every shape has about tokens x hidden elements per tensor;
+  // lse has batch * heads * N = tokens * (hidden / d) elements, largest for the smallest d.
   int64_t max_tensor_elements = 0, max_lse_elements = 0;
   for (int d : options.head_dims) {
     for (int64_t n : options.seqlens) {
-      const int64_t batch = std::max<int64_t>(1, kTotalTokens / n);
-      const int64_t heads = std::max<int64_t>(1, kHidden / d);
+      const int64_t batch = std::max<int64_t>(1, options.tokens / n);
+      const int64_t heads = std::max<int64_t>(1, options.hidden / d);
       max_tensor_elements = std::max(max_tensor_elements, batch * n * heads * d);
       max_lse_elements = std::max(max_lse_elements, batch * heads * n);
     }
@@ -337,8 +351,8 @@ int main(int argc, char** argv) {
         base.d = d;
         base.causal = causal;
         base.n = n;
-        base.batch = std::max<int64_t>(1, kTotalTokens / n);
-        base.heads = std::max<int64_t>(1, kHidden / d);
+        base.batch = std::max<int64_t>(1, options.tokens / n);
+        base.heads = std::max<int64_t>(1, options.hidden / d);
         const AttentionProblem problem = AttentionProblem::make(
             base.batch, base.heads, base.heads, n, n, d, options.dtype, causal, Layout::BSHD);
 

@@ -11,14 +11,20 @@
 #          process's attention() of a tuned problem, then the bench (tuned and default configs)
 #   all    tests and bench (default)
 #   ws     the -ws family (templates/cuda/ws/) in one call: builds only what it needs, runs the
-#          TMA/mbarrier and wgmma probes (the hardware facts the host emulator assumes) and every
-#          legal -ws config of every forward group (d 64/128/256 x bf16/fp16 x causal) against
-#          the fp64 reference (FLASHJIT_TEST_FAMILIES=ws; a second argument replaces the gtest
-#          filter, e.g. '*PaddedHeadDims*'), then times the -ws default tile of d 64/128/256
-#          (`flashjit plan`'s "Proposed -ws default") and the default config with
-#          bench_attention beside torch SDPA flash + cuDNN (peers_bench.py) in the same run:
-#          ws.md (-ws vs peers), compare.md (default vs peers). Estimated 6-8 minutes on an H100
-#          (not yet run there); every -ws launch runs under `timeout`, so a hang fails the step.
+#          TMA/mbarrier and wgmma probes (the hardware facts the host emulator assumes), every
+#          legal -ws config of every forward group (d 64/128/256 x bf16/fp16 x causal; each tile
+#          in each schedule: plain, -pp, -persist, -pp-persist) against the fp64 reference
+#          (FLASHJIT_TEST_FAMILIES=ws; a second argument replaces the gtest filter, e.g.
+#          '*PaddedHeadDims*'), the schedules on a problem of more tiles than CTA slots (bit for
+#          bit the plain tile's output), and the NVRTC compile test over every legal -ws config
+#          (FLASHJIT_COMPILE_ALL=1: no spill, no ignored setmaxnreg; CI compiles one config per
+#          code path), then times the -ws tile of d 64/128/256 (`flashjit plan`'s "-ws tile") in
+#          each schedule and the default config with bench_attention beside torch SDPA flash +
+#          cuDNN (peers_bench.py) in the same run: ws.md (every schedule vs the peers,
+#          bench/ws_schedules.py), compare.md (the default vs the peers), and the N = 8192 probe
+#          (d 128 at B x H = 2 x 16, 1 x 32, 4 x 8: ws-dip.log). Stage 1's run took ~6 minutes on
+#          an H100; this one compiles ~3.5x the configs: expect 8-9. Every -ws launch runs under
+#          `timeout`, so a hang fails the step.
 #   gpu-tests  configure + build, then every test executable with GPU parts run directly (not
 #          through ctest: the CPU-only and compile-only tests are CI's), each under a time limit,
 #          with its own log (gpu-<test>.log) and a pass/fail line in gpu-tests.log: the forward
@@ -34,7 +40,7 @@
 #          decode.svg, decode-bench.log). Estimated 5-7 minutes on an H100 (not yet run there).
 #   ws-tests, ws-bench  the two halves of ws alone
 #   ws-sanitize  the same build, then compute-sanitizer racecheck and synccheck on the -ws
-#          default tile of each head dim, causal and not: sanitizer.log
+#          tile of each head dim, plain and -pp-persist, causal and not: sanitizer.log
 #   py-tests   the Python module: pip install --no-build-isolation --target build-device/pysite .
 #              (the machine's python3 with torch, nanobind, scikit-build-core; no C++ build), then
 #              the Python tests on the GPU (tests/python, FLASHJIT_EXPECT_GPU=1): ~3 minutes
@@ -93,6 +99,11 @@ export FLASHJIT_CACHE_DIR="$PWD/build-device/kcache"
 export FLASHJIT_DB="$PWD/build-device/tuning.db"
 # GPU tests fail instead of skipping when the GPU cannot be used here.
 export FLASHJIT_EXPECT_GPU=1
+# The -ws schedules (-pp, -persist) are enumerated only on request until they have passed the
+# GPU tests (generator/forward_config_ws.hpp): the test modes ask for them, tune and bench not.
+if [[ "$what" == ws* || "$what" == gpu-tests ]]; then
+  export FLASHJIT_WS_SCHEDULES="${FLASHJIT_WS_SCHEDULES:-1}"
+fi
 
 echo "== device"
 nvidia-smi -L || echo "nvidia-smi failed"
@@ -117,7 +128,7 @@ if [[ "$what" != py* ]]; then
   targets=()
   if [[ "$what" == ws* ]]; then
     targets=(--target runtime_cuda_tma_probe_test runtime_cuda_wgmma_probe_test
-             runtime_cuda_attention_test bench_attention flashjit_cli)
+             runtime_cuda_attention_test templates_cuda_compile_test bench_attention flashjit_cli)
   fi
   if [[ "$what" == decode ]]; then
     targets=(--target runtime_cuda_decode_test decode_bench)
@@ -308,34 +319,58 @@ if [[ "$what" == ws || "$what" == ws-tests ]]; then
       echo "== $test FAILED"
     fi
   done
-  if ! FLASHJIT_TEST_FAMILIES=ws timeout 360 build-device/tests/runtime_cuda_attention_test \
-      --gtest_filter="${ctest_regex:-*CudaAttentionAllConfigs*}" 2>&1 |
+  if ! FLASHJIT_TEST_FAMILIES=ws timeout 420 build-device/tests/runtime_cuda_attention_test \
+      --gtest_filter="${ctest_regex:-*CudaAttentionAllConfigs*:*WsSchedulesWalking*}" 2>&1 |
       tee -a "$OUT/ctest.log"; then
     status=1
     echo "== runtime_cuda_attention_test (-ws) FAILED"
   fi
+  echo "== every legal -ws config through NVRTC + ptxas: no spill, setmaxnreg kept (compile.log)"
+  if ! FLASHJIT_COMPILE_ALL=1 FLASHJIT_TEST_FAMILIES=ws timeout 300 \
+      build-device/tests/templates_cuda_compile_test \
+      --gtest_filter='AllGroups/CudaCompileAllConfigs.*/sm90*:CudaCompileWs.*' \
+      >"$OUT/compile.log" 2>&1; then
+    status=1
+    echo "== templates_cuda_compile_test (-ws, all tiles) FAILED"
+  fi
+  grep -E '^\[ +(OK|FAILED|PASSED|total) |compiles for|Failure' "$OUT/compile.log" | tail -n 40
   echo "== tests done at $((SECONDS - start)) s"
 fi
 
 if [[ "$what" == ws || "$what" == ws-bench ]]; then
-  echo "== bench: the -ws default tile per head dim, and the default config"
+  echo "== bench: the -ws tile per head dim in each schedule, and the default config"
   : >"$OUT/bench.log"
+  rm -f "$OUT"/ws-d*.json
   for d in 64 128 256; do
-    ws_config=$(build-device/flashjit plan --arch sm90 --head-dim "$d" |
-                sed -n 's/^Proposed -ws default: //p')
-    echo "   d$d: $ws_config"
-    # shellcheck disable=SC2086
-    if ! timeout 120 build-device/bench/bench_attention --dtype bf16 --d "$d" --config "$ws_config" \
-        --json "$OUT/ws-d$d.json" ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/bench.log"; then
-      status=1
-      echo "== bench_attention $ws_config FAILED (rows with errors are in the JSON)"
-    fi
+    ws_tile=$(build-device/flashjit plan --arch sm90 --head-dim "$d" |
+              sed -n 's/^-ws tile: \([^ ]*\).*/\1/p')
+    for schedule in "" -pp -persist -pp-persist; do
+      echo "   d$d: $ws_tile$schedule"
+      # shellcheck disable=SC2086
+      if ! timeout 120 build-device/bench/bench_attention --dtype bf16 --d "$d" \
+          --config "$ws_tile$schedule" --json "$OUT/ws-d$d$schedule.json" ${BENCH_ARGS:-} 2>&1 |
+          tee -a "$OUT/bench.log"; then
+        status=1
+        echo "== bench_attention $ws_tile$schedule FAILED (rows with errors are in the JSON)"
+      fi
+    done
   done
   # shellcheck disable=SC2086
   build-device/bench/bench_attention --dtype bf16 --json "$OUT/flashjit.json" ${BENCH_ARGS:-} \
     2>&1 | tee -a "$OUT/bench.log" || status=1
   python3 -c 'import json, sys; print(json.dumps([r for p in sys.argv[1:] for r in json.load(open(p))]))' \
     "$OUT"/ws-d*.json >"$OUT/ws.json" || status=1
+  echo "== N = 8192 probe: d 128, the same FLOPs as B x H = 2 x 16 over 1 x 32 and 4 x 8"
+  d128_tile=$(build-device/flashjit plan --arch sm90 --head-dim 128 |
+              sed -n 's/^-ws tile: \([^ ]*\).*/\1/p')
+  for shape in "8192 4096" "16384 2048" "32768 1024"; do
+    read -r tokens hidden <<<"$shape"
+    for schedule in "" -persist; do
+      timeout 60 build-device/bench/bench_attention --dtype bf16 --d 128 --n 8192 \
+        --tokens "$tokens" --hidden "$hidden" --config "$d128_tile$schedule" 2>&1 |
+        grep -E '^bf16' | tee -a "$OUT/ws-dip.log" || status=1
+    done
+  done
   echo "== peers (torch SDPA flash + cuDNN, forward only, same run)"
   # shellcheck disable=SC2086
   if ! python3 bench/peers_bench.py --bf16 --fwd-only --backends flash,cudnn \
@@ -344,8 +379,8 @@ if [[ "$what" == ws || "$what" == ws-bench ]]; then
     echo "== peers_bench.py FAILED"
   fi
   if [[ -s "$OUT/peers.json" ]]; then
-    echo "== -ws default tiles vs peers"
-    python3 bench/compare.py "$OUT/ws.json" "$OUT/peers.json" | tee "$OUT/ws.md"
+    echo "== -ws tiles in each schedule vs peers"
+    python3 bench/ws_schedules.py "$OUT/ws.json" "$OUT/peers.json" | tee "$OUT/ws.md"
     echo "== default configs vs peers"
     python3 bench/compare.py "$OUT/flashjit.json" "$OUT/peers.json" | tee "$OUT/compare.md"
   fi
@@ -353,20 +388,24 @@ if [[ "$what" == ws || "$what" == ws-bench ]]; then
 fi
 
 if [[ "$what" == ws-sanitize ]]; then
-  echo "== compute-sanitizer racecheck + synccheck: the -ws default tile of d 64/128/256, causal and not"
+  echo "== compute-sanitizer racecheck + synccheck: the -ws tile of d 64/128/256, plain and" \
+       "-pp-persist, causal and not"
   sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   for d in 64 128 256; do
-    ws_config=$(build-device/flashjit plan --arch sm90 --head-dim "$d" |
-                sed -n 's/^Proposed -ws default: //p')
-    for causal in "" --causal; do
-      for tool in racecheck synccheck; do
-        echo "-- $tool d$d $ws_config ${causal:-non-causal}"
-        if ! timeout 120 "$sanitizer" --tool "$tool" --error-exitcode 3 build-device/flashjit run \
-            --config "$ws_config" --head-dim "$d" --seqlen 1000 --batch 1 --heads 2 --reps 1 \
-            $causal 2>&1 | tail -n 4 | tee -a "$OUT/sanitizer.log"; then
-          status=1
-          echo "== $tool FAILED on d$d $ws_config $causal"
-        fi
+    ws_tile=$(build-device/flashjit plan --arch sm90 --head-dim "$d" |
+              sed -n 's/^-ws tile: \([^ ]*\).*/\1/p')
+    # 18 heads x 1000 rows: more tiles than the H100's 132 SMs, so persistent CTAs walk two.
+    for ws_config in "$ws_tile" "$ws_tile-pp-persist"; do
+      for causal in "" --causal; do
+        for tool in racecheck synccheck; do
+          echo "-- $tool d$d $ws_config ${causal:-non-causal}"
+          if ! timeout 120 "$sanitizer" --tool "$tool" --error-exitcode 3 build-device/flashjit run \
+              --config "$ws_config" --head-dim "$d" --seqlen 1000 --batch 1 --heads 18 --reps 1 \
+              $causal 2>&1 | tail -n 4 | tee -a "$OUT/sanitizer.log"; then
+            status=1
+            echo "== $tool FAILED on d$d $ws_config $causal"
+          fi
+        done
       done
     done
   done

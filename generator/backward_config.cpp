@@ -338,6 +338,7 @@ namespace {
 
 // What every family checks first: the dtype, that the family has a template, deterministic.
 Result<const BackwardFamily*> check_common(const AttentionConfig& c, const AttentionProblem& p) {
+  if (Status knobs = check_ws_knobs(c); !knobs.ok()) return knobs.error();
   if (Status dtype = check_cuda_dtype(p.dtype); !dtype.ok())
     return illegal(c, dtype.error().message, ErrorCode::Unsupported).error();
   const BackwardFamily* family = family_of(c);

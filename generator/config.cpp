@@ -45,22 +45,24 @@ std::string AttentionConfig::to_string() const {
                        : family == KernelFamily::Decode ? "-decode"
                                                         : "";
   return "m" + std::to_string(block_m) + "n" + std::to_string(block_n) + "w" +
-         std::to_string(warps) + "s" + std::to_string(stages) + suffix +
-         (splits > 0 ? "-split" + std::to_string(splits) : "") +
+         std::to_string(warps) + "s" + std::to_string(stages) + suffix + (pingpong ? "-pp" : "") +
+         (persistent ? "-persist" : "") + (splits > 0 ? "-split" + std::to_string(splits) : "") +
          (dq == DqMode::Separate ? "-det" : "");
 }
 
 Result<AttentionConfig> AttentionConfig::parse(const std::string& text) {
   static const std::regex pattern(
-      R"(m(\d{1,4})n(\d{1,4})w(\d{1,2})s(\d{1,2})(-wgmma|-ws|-decode)?(-split(\d{1,4}))?(-det)?)");
+      R"(m(\d{1,4})n(\d{1,4})w(\d{1,2})s(\d{1,2})(-wgmma|-ws(-pp)?(-persist)?|-decode)?(-split(\d{1,4}))?(-det)?)");
   std::smatch match;
   if (!std::regex_match(text, match, pattern)) {
     return make_error(
         ErrorCode::InvalidArgument,
         "config = '" + text +
-            "': expected the form m<block_m>n<block_n>w<warps>s<stages>[-wgmma|-ws|-decode]"
-            "[-split<N>][-det], e.g. m128n64w4s2, m128n128w8s2-wgmma, m128n128w12s2-ws, "
-            "m16n64w4s3-decode(-split8) or (backward, separate dQ kernel) m64n128w8s2-det");
+            "': expected the form "
+            "m<block_m>n<block_n>w<warps>s<stages>[-wgmma|-ws[-pp][-persist]|-decode[-split<N>]]"
+            "[-det], e.g. m128n64w4s2, m128n128w8s2-wgmma, m128n128w12s2-ws, "
+            "m128n128w12s2-ws-pp-persist, m16n64w4s3-decode(-split8) or (backward, separate dQ "
+            "kernel) m64n128w8s2-det");
   }
   AttentionConfig c;
   c.block_m = std::stoi(match[1]);
@@ -68,19 +70,21 @@ Result<AttentionConfig> AttentionConfig::parse(const std::string& text) {
   c.warps = std::stoi(match[3]);
   c.stages = std::stoi(match[4]);
   c.family = !match[5].matched             ? KernelFamily::Mma
-             : match[5].str() == "-ws"     ? KernelFamily::Ws
+             : match[5].str() == "-wgmma"  ? KernelFamily::Wgmma
              : match[5].str() == "-decode" ? KernelFamily::Decode
-                                           : KernelFamily::Wgmma;
-  if (match[6].matched) {
+                                           : KernelFamily::Ws;
+  c.pingpong = match[6].matched;
+  c.persistent = match[7].matched;
+  if (match[8].matched) {
     if (c.family != KernelFamily::Decode)
       return make_error(ErrorCode::InvalidArgument,
                         "config = '" + text + "': -split<N> is a knob of the -decode family only");
-    c.splits = std::stoi(match[7]);
+    c.splits = std::stoi(match[9]);
     if (c.splits < 1)
       return make_error(ErrorCode::InvalidArgument,
                         "config = '" + text + "': -split<N> needs N >= 1 (no suffix: auto)");
   }
-  c.dq = match[8].matched ? DqMode::Separate : DqMode::Atomic;
+  c.dq = match[10].matched ? DqMode::Separate : DqMode::Atomic;
   return c;
 }
 
@@ -143,6 +147,12 @@ Status check_cuda_dtype(DType dtype) {
                         "CPU backend: --backend cpu, FLASHJIT_BACKEND=cpu)");
 }
 
+Status check_ws_knobs(const AttentionConfig& c) {
+  if (c.family == KernelFamily::Ws || (!c.pingpong && !c.persistent)) return ok_status();
+  return illegal(c, std::string(c.pingpong ? "ping-pong (-pp)" : "persistent (-persist)") +
+                        " is a knob of the -ws family only");
+}
+
 Status check_cuda_problem(const AttentionProblem& p) {
   FLASHJIT_TRY(validate(p));
   return check_cuda_dtype(p.dtype);
@@ -173,6 +183,7 @@ Status check_wgmma_shape(const AttentionConfig& c, const DeviceSpec& device) {
 }  // namespace
 
 Status check_config(const AttentionConfig& c, const AttentionProblem& p, const DeviceSpec& device) {
+  FLASHJIT_TRY(check_ws_knobs(c));
   if (p.is_backward()) return check_backward_config(c, p, device);
   if (c.dq != DqMode::Atomic)
     return illegal(c, "-det (a separate dQ kernel) exists in the backward pass only");
@@ -269,8 +280,12 @@ Result<AttentionConfig> default_config(const AttentionProblem& p, const DeviceSp
   if (p.is_backward()) return default_backward_config(p, device);
   FLASHJIT_TRY(check_cuda_dtype(p.dtype));
   if (is_decode_problem(p)) return default_decode_config(p, device);
-  // The formula picks block_m within the device's best template family: wgmma where the device
-  // has it (sm90), mma.sync elsewhere.
+  // sm90: the -ws tile where it measured faster than the wgmma default (ws_is_default).
+  if (device.arch == 90)
+    if (Result<AttentionConfig> ws = default_ws_config(p, device); ws.ok() && ws_is_default(*ws, p))
+      return *ws;
+  // Otherwise the formula picks block_m within the device's best template family: wgmma where
+  // the device has it (sm90), mma.sync elsewhere.
   std::vector<AttentionConfig> legal = legal_configs(p, device);
   const bool has_wgmma = std::any_of(legal.begin(), legal.end(), [](const AttentionConfig& c) {
     return c.family == KernelFamily::Wgmma;

@@ -50,6 +50,9 @@ struct AttentionConfig {
   int stages = 2;     // shared-memory pipeline depth of the streamed operand
   KernelFamily family = KernelFamily::Mma;
   DqMode dq = DqMode::Atomic;  // backward only
+  // The -ws family's schedule (forward; no other family has these, check_ws_knobs):
+  bool pingpong = false;    // consumer warpgroups take turns issuing their GEMMs: "-pp"
+  bool persistent = false;  // one CTA per SM slot walks a list of tiles: "-persist"
   // The decode family only: key ranges per sequence (split-KV); 0 = auto, resolved per launch
   // from the SM (core) count and the problem (generator/decode_config.hpp: decode_splits).
   int splits = 0;
@@ -57,15 +60,16 @@ struct AttentionConfig {
   bool operator==(const AttentionConfig&) const = default;
   // Family first, then the knobs: legal_configs lists the mma family, then the wgmma family.
   auto operator<=>(const AttentionConfig& other) const {
-    return std::tie(family, block_m, block_n, warps, stages, dq, splits) <=>
-           std::tie(other.family, other.block_m, other.block_n, other.warps, other.stages, other.dq,
-                    other.splits);
+    return std::tie(family, block_m, block_n, warps, stages, pingpong, persistent, dq, splits) <=>
+           std::tie(other.family, other.block_m, other.block_n, other.warps, other.stages,
+                    other.pingpong, other.persistent, other.dq, other.splits);
   }
 
   int threads() const { return warps * 32; }
   int rows_per_warp() const { return block_m / warps; }
-  // "m128n64w4s2" (mma), "m128n128w8s2-wgmma" (wgmma), "m128n128w12s2-ws" (ws),
-  // "m64n128w8s2-det" (backward, DqMode::Separate), "m16n64w4s3-decode" (decode, auto splits),
+  // "m128n64w4s2" (mma), "m128n128w8s2-wgmma" (wgmma), "m128n128w12s2-ws" (ws; with its
+  // schedule "m128n128w12s2-ws-pp", "-ws-persist", "-ws-pp-persist"), "m64n128w8s2-det"
+  // (backward, DqMode::Separate), "m16n64w4s3-decode" (decode, auto splits),
   // "m16n64w4s3-decode-split8" (decode, 8 splits)
   std::string to_string() const;
   static Result<AttentionConfig> parse(const std::string& text);
@@ -105,6 +109,9 @@ ResourceUse resource_use(const AttentionConfig& config, const AttentionProblem& 
 // Whether the CUDA template can run `problem` at all: validate() plus its storage types, f16 and
 // bf16 (check_cuda_dtype: error Unsupported naming the dtype; f32 runs on the CPU backend only).
 Status check_cuda_dtype(DType dtype);
+// Error unless the -ws schedule knobs (pingpong, persistent) are off or `config` is a -ws config
+// (every backend's and pass's check starts with it).
+Status check_ws_knobs(const AttentionConfig& config);
 Status check_cuda_problem(const AttentionProblem& problem);
 
 // The functions below serve either pass: for problem.pass == Backward they forward to the
@@ -119,11 +126,13 @@ Status check_config(const AttentionConfig& config, const AttentionProblem& probl
 std::vector<AttentionConfig> legal_configs(const AttentionProblem& problem,
                                            const DeviceSpec& device);
 
-// The untuned default from the starting formula Br = smem_per_block / (3 * d * sizeof(float)),
-// within the device's best kernel family (wgmma on sm90, else mma): rounded down to the largest
-// legal block_m (the smallest legal one if none is below); then block_n = 64 if legal, the most
-// warps that are legal, and 2 stages. (The -ws family's own untuned tile is default_ws_config in
-// generator/forward_config_ws.hpp; it becomes sm90's default once measured there.)
+// The untuned default. On sm90 the -ws family's tile (default_ws_config) wherever it measured
+// faster than the wgmma family's default: every problem of padded head dim > 64, and at 64 the
+// problems whose average tile has enough key blocks (ws_is_default, generator/
+// forward_config_ws.hpp). Otherwise the starting formula Br = smem_per_block / (3 * d *
+// sizeof(float)), within the device's best other family (wgmma on sm90, else mma): rounded down
+// to the largest legal block_m (the smallest legal one if none is below); then block_n = 64 if
+// legal, the most warps that are legal, and 2 stages.
 // Error if the CUDA templates cannot store the dtype (check_cuda_dtype) or no config is legal
 // (a device too small for this head dim).
 Result<AttentionConfig> default_config(const AttentionProblem& problem, const DeviceSpec& device);

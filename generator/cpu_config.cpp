@@ -187,6 +187,10 @@ Status check_cpu_config(const AttentionConfig& c, const AttentionProblem& p, con
                       prefix + (c.family == KernelFamily::Ws ? "-ws" : "-wgmma") +
                           " is a CUDA (sm90) family: the CPU has one template");
   }
+  if (c.pingpong || c.persistent) {
+    return make_error(ErrorCode::InvalidArgument,
+                      prefix + "-pp and -persist are knobs of the CUDA -ws family");
+  }
   if (!p.is_backward() && c.dq != DqMode::Atomic) {
     return make_error(ErrorCode::InvalidArgument,
                       prefix + "-det (a separate dQ pass) exists in the backward pass only");

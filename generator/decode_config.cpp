@@ -104,6 +104,7 @@ Status check_decode_config(const AttentionConfig& c, const AttentionProblem& p,
   if (device.arch < 80)
     return illegal(c, "the -decode family needs sm80 or newer (mma.sync bf16, cp.async)");
   if (c.dq != DqMode::Atomic) return illegal(c, "-det exists in the backward pass only");
+  if (c.pingpong || c.persistent) return illegal(c, "-pp and -persist are knobs of -ws only");
   if (!contains(kDecodeBlockMChoices, c.block_m))
     return illegal(c, "block_m = " + str(c.block_m) + " not in " + list(kDecodeBlockMChoices) +
                           " (packed query rows per CTA)");
@@ -279,6 +280,7 @@ Status check_cpu_decode_config(const AttentionConfig& c, const AttentionProblem&
                           str(kMaxDecodeSeqlenQ) +
                           " queries per sequence on a contiguous K/V cache (paged: any)");
   if (c.dq != DqMode::Atomic) return illegal(c, "-det exists in the backward pass only");
+  if (c.pingpong || c.persistent) return illegal(c, "-pp and -persist are knobs of -ws only");
   if (!contains(kCpuDecodeBlockMChoices, c.block_m))
     return illegal(c, "block_m = " + str(c.block_m) + ": the CPU decode template takes one of " +
                           list(kCpuDecodeBlockMChoices) + " (packed query rows per work item)");

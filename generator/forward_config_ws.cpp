@@ -2,9 +2,15 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 #include "generator/knobs.hpp"
+// attention_common.h (the kernels' key ranges) needs the params struct first.
+// clang-format off
+#include "templates/attention_params.h"
+#include "templates/attention_common.h"
+// clang-format on
 
 namespace flashjit {
 
@@ -37,6 +43,9 @@ Status check_template(const AttentionConfig& c, const AttentionProblem& p) {
                " (a producer warpgroup and one consumer warpgroup per 64 rows)");
   if (!contains(kWsStageChoices, c.stages))
     return illegal(c, "stages = " + std::to_string(c.stages) + " not in " + list(kWsStageChoices));
+  if (c.pingpong && c.block_m < 128)
+    return illegal(c, "ping-pong (-pp) takes turns between 2 or 3 consumer warpgroups; block_m = " +
+                          std::to_string(c.block_m) + " has one");
   if (p.head_dim % 8 != 0 || p.head_dim > 256)
     return illegal(c, "head_dim = " + std::to_string(p.head_dim) + ": a multiple of 8 up to 256");
   return ok_status();
@@ -50,7 +59,7 @@ WsResources ws_resources(const AttentionConfig& c, const AttentionProblem& p) {
   r.consumers = std::max(1, c.block_m / 64);
   r.threads = 128 * (1 + r.consumers);
   r.ctas_per_sm = r.consumers == 1 ? 2 : 1;
-  const int barriers = 1 + 4 * c.stages;
+  const int barriers = 2 + 4 * c.stages;
   r.smem_bytes =
       kSwizzleAtomAlign + c.block_m * dp * 2 + 2 * c.stages * c.block_n * dp * 2 + 8 * barriers;
   r.launch_registers = kRegistersPerSm / (r.ctas_per_sm * r.threads) / 8 * 8;
@@ -63,13 +72,31 @@ WsResources ws_resources(const AttentionConfig& c, const AttentionProblem& p) {
   return r;
 }
 
+bool ws_schedules_enabled() {
+  const char* env = std::getenv("FLASHJIT_WS_SCHEDULES");
+  return env != nullptr && std::string(env) == "1";
+}
+
 std::vector<AttentionConfig> ws_candidates() {
   std::vector<AttentionConfig> configs;
+  const bool schedules = ws_schedules_enabled();
   for (int block_m : kWsBlockMChoices)
     for (int block_n : kWsBlockNChoices)
       for (int stages : kWsStageChoices)
-        configs.push_back({block_m, block_n, block_m / 16 + 4, stages, KernelFamily::Ws});
+        for (bool pingpong : {false, true})
+          for (bool persistent : {false, true}) {
+            if ((pingpong || persistent) && !schedules) continue;
+            AttentionConfig c{block_m, block_n, block_m / 16 + 4, stages, KernelFamily::Ws};
+            c.pingpong = pingpong;
+            c.persistent = persistent;
+            configs.push_back(c);
+          }
   return configs;
+}
+
+int ws_persistent_ctas(const AttentionConfig& c, const AttentionProblem& p,
+                       const DeviceSpec& device) {
+  return device.sm_count * std::max(1, resource_use(c, p, device).ctas_per_sm);
 }
 
 Status check_ws_config(const AttentionConfig& c, const AttentionProblem& p,
@@ -114,6 +141,25 @@ Result<AttentionConfig> default_ws_config(const AttentionProblem& p, const Devic
                         device.name + " (sm90 only)");
 }
 
+double mean_key_blocks(const AttentionConfig& c, const AttentionProblem& p) {
+  FlashjitAttentionParams params{};
+  params.seqlen_q = static_cast<int>(p.seqlen_q);
+  params.seqlen_k = static_cast<int>(p.seqlen_k);
+  const int diagonal = flashjit_attention::diagonal(params);
+  const int m_blocks = static_cast<int>((p.seqlen_q + c.block_m - 1) / c.block_m);
+  long long blocks = 0;
+  for (int m = 0; m < m_blocks; ++m)
+    blocks += p.causal ? flashjit_attention::key_blocks<true>(params, diagonal, m * c.block_m,
+                                                              c.block_m, c.block_n)
+                       : flashjit_attention::key_blocks<false>(params, diagonal, m * c.block_m,
+                                                               c.block_m, c.block_n);
+  return m_blocks > 0 ? static_cast<double>(blocks) / m_blocks : 0.0;
+}
+
+bool ws_is_default(const AttentionConfig& ws, const AttentionProblem& p) {
+  return padded_head_dim(p.head_dim) > 64 || mean_key_blocks(ws, p) >= kWsMinMeanKeyBlocksD64;
+}
+
 std::string explain_ws_plan(const AttentionProblem& p, const DeviceSpec& device) {
   std::ostringstream out;
   const int dp = padded_head_dim(p.head_dim);
@@ -121,7 +167,7 @@ std::string explain_ws_plan(const AttentionProblem& p, const DeviceSpec& device)
          "TMA into mbarrier pipelines; 64 query rows per consumer warpgroup; setmaxnreg moves "
          "registers from the producer to the consumers; templates/cuda/ws/):\n"
       << "  smem  = 1024 + Br * " << dp << " * 2 (Q, then O) + 2 * stages * Bc * " << dp
-      << " * 2 (K, V) + 8 * (1 + 4 * stages) (mbarriers)   <= " << device.smem_per_block_optin
+      << " * 2 (K, V) + 8 * (2 + 4 * stages) (mbarriers)   <= " << device.smem_per_block_optin
       << " B\n"
       << "  regs: launch = 65536 / (CTAs/SM * threads) (2 CTAs/SM with one consumer warpgroup); "
          "the producer drops to "
@@ -129,8 +175,16 @@ std::string explain_ws_plan(const AttentionProblem& p, const DeviceSpec& device)
       << ")\n"
       << "  consumer needs ~" << dp / 2 << " (O) + Bc / 2 (S) + Bc / 4 (P) + " << kRegisterAllowance
       << "\n\n";
+  if (!ws_schedules_enabled())
+    out << "  (not offered to the tuner yet: FLASHJIT_WS_SCHEDULES=1 until verified on an H100)\n";
+  out << "  schedule: each legal tile also as -pp (consumers take turns at the tensor cores; 2 or "
+         "3 "
+         "consumers), -persist (a grid of "
+      << device.sm_count << " SMs x the CTAs that fit, walking the tiles"
+      << (p.causal ? ", heaviest first" : "") << ") and -pp-persist: same budget\n\n";
   out << "config              threads  smem(B)  launch  consumer  need  status\n";
   for (const AttentionConfig& c : ws_candidates()) {
+    if (c.pingpong || c.persistent) continue;  // the same budget as the tile's
     const Status status = check_ws_config(c, p, device);
     const WsResources r = ws_resources(c, p);
     std::string why = status.ok() ? "legal" : status.error().message;
@@ -142,9 +196,17 @@ std::string explain_ws_plan(const AttentionProblem& p, const DeviceSpec& device)
                   r.consumer_estimate, why.c_str());
     out << line;
   }
-  if (Result<AttentionConfig> def = default_ws_config(p, device); def.ok())
-    out << "Proposed -ws default: " << def->to_string() << "\n";
-  else
+  if (Result<AttentionConfig> def = default_ws_config(p, device); def.ok()) {
+    char blocks[64];
+    std::snprintf(blocks, sizeof blocks, "%.1f", mean_key_blocks(*def, p));
+    out << "-ws tile: " << def->to_string() << " (" << blocks
+        << " key blocks per tile on average); "
+        << (ws_is_default(*def, p) ? "sm90's default" : "not the default")
+        << (dp > 64 ? " (padded head dim > 64: -ws at any size)\n"
+                    : " (padded head dim 64: -ws from " +
+                          std::to_string(static_cast<int>(kWsMinMeanKeyBlocksD64)) +
+                          " key blocks per tile)\n");
+  } else
     out << def.error().message << "\n";
   return out.str();
 }

@@ -121,7 +121,9 @@ Result<KernelSource> render_cuda_attention_ws(const AttentionProblem& problem,
                 << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n
                 << ", /*warps=*/" << config.warps << ", /*stages=*/" << config.stages
                 << ", /*bf16=*/" << (problem.dtype == DType::BF16 ? "true" : "false")
-                << ", /*causal=*/" << (problem.causal ? "true" : "false") << "> Config;\n"
+                << ", /*causal=*/" << (problem.causal ? "true" : "false") << ", /*pingpong=*/"
+                << (config.pingpong ? "true" : "false") << ", /*persistent=*/"
+                << (config.persistent ? "true" : "false") << "> Config;\n"
                 << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads, "
                    "Config::kCtasPerSm)\n"
                 << kAttentionForwardEntry
@@ -132,8 +134,8 @@ Result<KernelSource> render_cuda_attention_ws(const AttentionProblem& problem,
   Result<KernelSource> source =
       assemble({"attention_common.h", "cuda/common.cuh", "cuda/wgmma.cuh", "cuda/sm90_tiles.cuh",
                 "cuda/tma.cuh", "cuda/ws/pipeline.cuh", "cuda/ws/traits.cuh",
-                "cuda/ws/tile_scheduler.cuh", "cuda/ws/softmax.cuh", "cuda/ws/mainloop.cuh",
-                "cuda/ws/epilogue.cuh", "cuda/ws/attention_fwd_ws.cuh"},
+                "cuda/ws/tile_scheduler.cuh", "cuda/ws/pingpong.cuh", "cuda/ws/softmax.cuh",
+                "cuda/ws/mainloop.cuh", "cuda/ws/epilogue.cuh", "cuda/ws/attention_fwd_ws.cuh"},
                {kAttentionForwardEntry}, "attention_fwd_ws", problem, config, instantiation.str());
   if (source.ok()) {
     source->arch_specific = true;

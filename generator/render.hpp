@@ -52,6 +52,11 @@ inline constexpr int kBackwardPreprocessThreads = 128;
 struct KernelShape {
   int threads = 0;
   int smem_bytes = 0;
+  // A persistent forward (configs "-ws...-persist"): its grid is (min(tiles, persistent_ctas), 1,
+  // 1), tiles = ceil(seqlen_q / block_m) x heads_q x batch, and each CTA walks its tiles
+  // (templates/cuda/ws/tile_scheduler.cuh). 0: one CTA per tile, grid (ceil(seqlen_q / block_m),
+  // heads_q, batch).
+  int persistent_ctas = 0;
   bool operator==(const KernelShape&) const = default;
 };
 

@@ -2,6 +2,7 @@
 // backend, so the layout in templates/attention_params.h is filled in one place.
 #pragma once
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
@@ -227,11 +228,18 @@ inline LaunchShape row_blocks_launch(const char* rows_name, int64_t rows, int64_
   return shape;
 }
 
-// The forward's one launch: blocks of block_m query rows x heads_q x batch.
+// The forward's one launch: blocks of block_m query rows x heads_q x batch; a persistent kernel
+// (block.persistent_ctas > 0) as many of those tiles as it has CTAs, at most, in grid x.
 inline LaunchShape forward_launch(const AttentionProblem& problem, const AttentionConfig& config,
                                   KernelShape block) {
-  return row_blocks_launch("seqlen_q", problem.seqlen_q, config.block_m, "heads_q", problem.heads_q,
-                           problem.batch, block);
+  LaunchShape shape = row_blocks_launch("seqlen_q", problem.seqlen_q, config.block_m, "heads_q",
+                                        problem.heads_q, problem.batch, block);
+  if (block.persistent_ctas > 0) {
+    shape.grid_x =
+        std::min<int64_t>(shape.grid_x * shape.grid_y * shape.grid_z, block.persistent_ctas);
+    shape.grid_y = shape.grid_z = 1;
+  }
+  return shape;
 }
 
 // The launches of a backward call, in order (generator/render.hpp's contract), with the

@@ -12,6 +12,7 @@
 #include "generator/backward_config.hpp"
 #include "generator/config.hpp"
 #include "generator/decode_config.hpp"
+#include "generator/forward_config_ws.hpp"
 #include "generator/render.hpp"
 #include "runtime/cuda/nvrtc_compiler.hpp"
 #include "runtime/cuda/tensor_maps.hpp"
@@ -336,16 +337,21 @@ Result<std::shared_ptr<Kernel>> CudaBackend::load(const Binary& binary, const Ke
   // render_decode.hpp the decode family's).
   const AttentionProblem problem = representative_problem(signature);
   const DecodeResources decode_use = decode_resources(config, problem);
+  // A persistent forward gets one CTA per SM slot of this device.
+  const int persistent_ctas =
+      !backward && config.persistent ? ws_persistent_ctas(config, problem, device_) : 0;
   const std::vector<KernelShape> shapes =
       decode ? std::vector<KernelShape>{{decode_use.threads, decode_use.smem_bytes},
                                         {kDecodeCombineThreads, 0}}
              : entry_shapes(
-                   signature.pass, {config.threads(), backward ? 0 : smem_bytes(config, problem)},
+                   signature.pass,
+                   {config.threads(), backward ? 0 : smem_bytes(config, problem), persistent_ctas},
                    backward_shapes(
                        config,
                        {backward_dkdv_threads(config), backward_dkdv_smem_bytes(config, problem)},
                        {backward_dq_threads(config), backward_dq_smem_bytes(config, problem)}));
-  for (const auto& [threads, smem] : shapes) {
+  for (const KernelShape& shape : shapes) {
+    const int smem = shape.smem_bytes;
     if (smem > device_.smem_per_block_optin) {
       return make_error(ErrorCode::InvalidArgument,
                         "config " + config.to_string() + " needs " + std::to_string(smem) +
@@ -373,7 +379,7 @@ Result<std::shared_ptr<Kernel>> CudaBackend::load(const Binary& binary, const Ke
   KernelInfo info;  // of the main kernel: the forward's, the backward's dK/dV kernel
   for (size_t e = 0; e < source.entries.size(); ++e) {
     const std::string& entry = source.entries[e];
-    const auto [threads, smem] = shapes[e];
+    const int threads = shapes[e].threads, smem = shapes[e].smem_bytes;
     CUfunction function = nullptr;
     status = check(driver_->cuModuleGetFunction(&function, module, entry.c_str()),
                    "cuModuleGetFunction");

@@ -69,14 +69,15 @@ TEST(DecodeConfig, WhichProblemsEnumerateTheFamily) {
   EXPECT_TRUE(is_decode_problem(decode()));
   EXPECT_FALSE(is_decode_problem(AttentionProblem::make(1, 8, 8, 4096, 4096, 128, DType::BF16,
                                                         false)));  // prefill
-  EXPECT_FALSE(is_decode_problem(decode(4, 64)));  // too few keys to matter
+  EXPECT_FALSE(is_decode_problem(decode(4, 64)));                  // too few keys to matter
   const AttentionProblem paged_prefill =
       AttentionProblem::make(1, 8, 8, 512, 4096, 128, DType::BF16, true).with_paged_kv(16, 256);
   EXPECT_TRUE(is_decode_problem(paged_prefill));  // chunked prefill on a paged cache
   // A decode problem: prefill families and decode configs, tuned together; default decode.
   const std::vector<AttentionConfig> legal = legal_configs(decode(), sm(90));
-  EXPECT_TRUE(std::any_of(legal.begin(), legal.end(),
-                          [](const AttentionConfig& c) { return c.family == KernelFamily::Wgmma; }));
+  EXPECT_TRUE(std::any_of(legal.begin(), legal.end(), [](const AttentionConfig& c) {
+    return c.family == KernelFamily::Wgmma;
+  }));
   EXPECT_TRUE(std::any_of(legal.begin(), legal.end(), [](const AttentionConfig& c) {
     return c.family == KernelFamily::Decode && c.splits == 128;
   }));
@@ -87,13 +88,13 @@ TEST(DecodeConfig, WhichProblemsEnumerateTheFamily) {
   expect_error(check_config({128, 64, 4, 2}, paged_prefill, sm(90)),
                "is read by the -decode family only");
   // Contiguous with more than 16 queries: not a decode config's problem.
-  expect_error(check_config({16, 64, 4, 2, KernelFamily::Decode},
-                            AttentionProblem::make(1, 8, 8, 17, 4096, 128, DType::BF16, false),
-                            sm(80)),
-               "seqlen_q = 17");
+  expect_error(
+      check_config({16, 64, 4, 2, KernelFamily::Decode},
+                   AttentionProblem::make(1, 8, 8, 17, 4096, 128, DType::BF16, false), sm(80)),
+      "seqlen_q = 17");
   // HIP: not yet (stage 2), an Unsupported error naming the family.
-  const Status hip = check_hip_config({16, 64, 4, 2, KernelFamily::Decode}, decode(),
-                                      *known_device("gfx90a"));
+  const Status hip =
+      check_hip_config({16, 64, 4, 2, KernelFamily::Decode}, decode(), *known_device("gfx90a"));
   ASSERT_FALSE(hip.ok());
   EXPECT_EQ(hip.error().code, ErrorCode::Unsupported);
   // The CPU: its own decode configs (warps = stages = 1).
@@ -110,9 +111,9 @@ TEST(DecodeConfig, TemplateConstraintsAndBudget) {
                "block_n / warps = 8 keys per warp");
   expect_error(check_decode_config({64, 64, 4, 2, KernelFamily::Decode}, p, sm(80)),
                "block_m = 64 not in {16, 32}");
-  expect_error(check_decode_config({16, 64, 4, 2, KernelFamily::Decode, DqMode::Atomic, 129}, p,
-                                   sm(80)),
-               "splits = 129");
+  AttentionConfig too_many{16, 64, 4, 2, KernelFamily::Decode};
+  too_many.splits = 129;
+  expect_error(check_decode_config(too_many, p, sm(80)), "splits = 129");
   // smem = Q + max(K/V stages, the warps' merge): 16*128*2 + max(2*3*64*128*2, 4*16*130*4).
   const DecodeResources r = decode_resources({16, 64, 4, 3, KernelFamily::Decode}, p);
   EXPECT_EQ(r.smem_bytes, 16 * 128 * 2 + 2 * 3 * 64 * 128 * 2);
@@ -161,8 +162,7 @@ TEST(DecodeConfig, RenderContract) {
   EXPECT_EQ(a->text, b->text);
   Result<KernelSource> cpu = render_cpu_attention(paged, {16, 64, 1, 1, KernelFamily::Decode});
   ASSERT_TRUE(cpu.ok()) << cpu.error().message;
-  EXPECT_EQ(cpu->entries,
-            (std::vector<std::string>{kCpuDecodeSplitEntry, kCpuDecodeCombineEntry}));
+  EXPECT_EQ(cpu->entries, (std::vector<std::string>{kCpuDecodeSplitEntry, kCpuDecodeCombineEntry}));
   // A prefill render of a paged problem is an error, not a source that ignores the pages.
   EXPECT_FALSE(render_cuda_attention(paged, {64, 64, 4, 2}).ok());
 }

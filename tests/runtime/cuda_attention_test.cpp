@@ -8,6 +8,7 @@
 // (0xFF bytes: NaN) before each launch, so an element the kernel forgot to write fails.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <random>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "generator/config.hpp"
+#include "generator/forward_config_ws.hpp"
 #include "generator/problem.hpp"
 #include "runtime/runtime.hpp"
 #include "support/all_configs.hpp"
@@ -254,6 +256,62 @@ TEST_F(CudaAttentionApi, PaddedHeadDimsMatchReference) {
               kMaxOutputRelError, kMaxLseAbsError))
               << "d" << head_dim << (causal ? " causal " : " ") << config.to_string() << " "
               << problem.to_string();
+        }
+      }
+    }
+  }
+}
+
+// The -ws schedules where they matter: a problem of more tiles than the H100 has CTA slots (384
+// to 1024 tiles for 132 SMs: persistent CTAs walk about three or four, carrying pipelines, Q
+// rounds and ping-pong turns across them; causal: the first 200 rows see no key, their tiles come
+// last), GQA 4:1. Each schedule of the head dim's -ws tile gives the plain tile's O and LSE bit for
+// bit (ping-pong and the tile order change no arithmetic), a one-consumer tile (two CTAs per SM)
+// persistent too; all match the fp64 reference.
+TEST_F(CudaAttentionApi, WsSchedulesWalkingManyTilesMatchThePlainTile) {
+  if (backend_->device().arch != 90) GTEST_SKIP() << "the -ws family runs on sm90 only";
+  ft::TestCache cache;
+  for (int head_dim : {64, 128, 256}) {
+    for (bool causal : {false, true}) {
+      const AttentionProblem problem =
+          make_problem(Shape{4, 32, 8, 500, 300}, head_dim, DType::BF16, causal);
+      const Result<AttentionConfig> tile = default_ws_config(problem, backend_->device());
+      ASSERT_TRUE(tile.ok()) << tile.error().describe();
+      std::vector<AttentionConfig> configs;
+      for (bool pingpong : {false, true})
+        for (bool persistent : {false, true}) {
+          AttentionConfig c = tile.value();
+          c.pingpong = pingpong;
+          c.persistent = persistent;
+          configs.push_back(c);
+        }
+      AttentionConfig one_consumer{64, 64, 8, 2, KernelFamily::Ws};
+      one_consumer.persistent = true;
+      configs.push_back(one_consumer);
+      const std::vector<ft::BuiltKernel> built =
+          ft::build_all(*backend_, cache.get(), problem, configs);
+      const ft::HostInputs inputs = ft::random_inputs(problem, 4242 + head_dim + causal);
+      const ft::Reference reference = ft::reference_attention(problem, inputs);
+      Result<DeviceTensors> tensors = upload(*backend_, problem, inputs);
+      ASSERT_TRUE(tensors.ok()) << tensors.error().describe();
+      RunOutput plain;
+      for (const ft::BuiltKernel& b : built) {
+        const std::string where = "d" + std::to_string(head_dim) + (causal ? " causal " : " ") +
+                                  b.config.to_string() + " " + problem.to_string();
+        ASSERT_TRUE(b.kernel) << where << ": " << b.error;
+        RunOutput out = run_poisoned(*backend_, *b.kernel, problem, tensors.value());
+        ASSERT_TRUE(out.status.ok()) << where << ": " << out.status.error().describe();
+        EXPECT_TRUE(ft::matches_reference(ft::compare(problem, out.o, out.lse, reference),
+                                          kMaxOutputRelError, kMaxLseAbsError))
+            << where;
+        if (b.config == configs.front()) {
+          plain = out;
+        } else if (b.config.block_m == configs.front().block_m) {
+          EXPECT_TRUE(out.o == plain.o) << where << ": O differs from the plain tile's";
+          EXPECT_TRUE(
+              out.lse.size() == plain.lse.size() &&
+              std::memcmp(out.lse.data(), plain.lse.data(), out.lse.size() * sizeof(float)) == 0)
+              << where << ": LSE differs from the plain tile's";
         }
       }
     }

@@ -198,6 +198,10 @@ void check_all_configs(const Backend& backend, const ConfigGroup& group,
     if (!b.kernel) {
       ADD_FAILURE() << label << " config=" << b.config.to_string() << ": build failed: " << b.error;
       ++failures;
+    } else if (b.config.family == KernelFamily::Ws) {
+      // The -ws budget gives every consumer its registers after setmaxnreg: no local memory.
+      EXPECT_EQ(b.kernel->info().local_bytes_per_thread, 0)
+          << label << " config=" << b.config.to_string() << ": spills";
     }
   }
 

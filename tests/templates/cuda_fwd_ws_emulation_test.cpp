@@ -7,7 +7,9 @@
 //
 // Each config runs under two schedules: loads landing only when no thread can go on (every
 // consumer waits first), and loads landing at random points with wgmma waits deferred past the
-// other warpgroups' turns at random (seeded). The emulator's rules fail
+// other warpgroups' turns at random (seeded). Persistent configs ("-persist") run on a grid of
+// kPersistentCtas CTAs, so that each walks several tiles (pipelines, Q rounds and ping-pong
+// turns carried from tile to tile, causal tiles with no key last). The emulator's rules fail
 // a read of a TMA-filled byte before its mbarrier phase was waited for, a load into a buffer a
 // wgmma may still read, a generic store a TMA store reads unfenced, and setmaxnreg counts that do
 // not fit the launch. That the hardware matches the documented layouts and counts is
@@ -39,6 +41,7 @@
 #include "templates/cuda/ws/pipeline.cuh"
 #include "templates/cuda/ws/traits.cuh"
 #include "templates/cuda/ws/tile_scheduler.cuh"
+#include "templates/cuda/ws/pingpong.cuh"
 #include "templates/cuda/ws/softmax.cuh"
 #include "templates/cuda/ws/mainloop.cuh"
 #include "templates/cuda/ws/epilogue.cuh"
@@ -58,13 +61,18 @@ constexpr size_t kGuardElements = 64;
 constexpr double kMaxOutputRelError = 1e-2;
 constexpr double kMaxLseAbsError = 1e-3;
 
+// The grid of a persistent config in the emulation (the device's is one CTA per SM slot).
+constexpr int kPersistentCtas = 3;
+
 // The shared emulation shapes, plus causal query blocks that see no key at all (the kernel's
-// n_blocks == 0 path: no load, O = 0, lse = +inf) and a long sequence (many pipeline rounds).
+// n_blocks == 0 path: no load, O = 0, lse = +inf), a long sequence (many pipeline rounds) and
+// many tiles of GQA heads (a persistent CTA's several rounds, walked both ways when causal).
 const std::vector<Shape>& ws_shapes() {
   static const std::vector<Shape> shapes = [] {
     std::vector<Shape> all = ft::emulation_shapes();
     all.push_back({1, 1, 1, 200, 40});
     all.push_back({1, 1, 1, 64, 600});
+    all.push_back({2, 3, 1, 300, 260});
     return all;
   }();
   return shapes;
@@ -96,8 +104,11 @@ Outcome run_forward(const AttentionProblem& p, const AttentionConfig& config,
   ft::encode_tensor_map(specs->k, &maps.k);
   ft::encode_tensor_map(specs->v, &maps.v);
   ft::encode_tensor_map(specs->o, &maps.o);
-  const ft::Sm90Grid grid{static_cast<int>((p.seqlen_q + K::kBlockM - 1) / K::kBlockM),
-                          static_cast<int>(p.heads_q), static_cast<int>(p.batch)};
+  // The runtime's grid for this config (persistent: kPersistentCtas CTAs at most).
+  const LaunchShape launch =
+      forward_launch(p, config, {K::kThreads, K::kSmemBytes, K::kPersistent ? kPersistentCtas : 0});
+  const ft::Sm90Grid grid{static_cast<int>(launch.grid_x), static_cast<int>(launch.grid_y),
+                          static_cast<int>(launch.grid_z)};
   out.error = ft::emulate_sm90(
       grid, K::kThreads, K::kSmemBytes,
       [&] { flashjit_kernel::attention_forward_ws<K>(params, maps); }, options);
@@ -119,11 +130,15 @@ Outcome run_forward(const AttentionProblem& p, const AttentionConfig& config,
 }
 
 // One emulated config: the traits the renderer instantiates, and the same knobs as a config.
-template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int STAGES, bool BF16, bool CAUSAL>
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int STAGES, bool BF16, bool CAUSAL,
+          bool PINGPONG = false, bool PERSISTENT = false>
 void check_config() {
   constexpr int kWarps = BLOCK_M / 16 + 4;
-  using K = flashjit_kernel::WsTraits<HEAD_DIM, BLOCK_M, BLOCK_N, kWarps, STAGES, BF16, CAUSAL>;
-  const AttentionConfig config{BLOCK_M, BLOCK_N, kWarps, STAGES, KernelFamily::Ws};
+  using K = flashjit_kernel::WsTraits<HEAD_DIM, BLOCK_M, BLOCK_N, kWarps, STAGES, BF16, CAUSAL,
+                                      PINGPONG, PERSISTENT>;
+  AttentionConfig config{BLOCK_M, BLOCK_N, kWarps, STAGES, KernelFamily::Ws};
+  config.pingpong = PINGPONG;
+  config.persistent = PERSISTENT;
   const DType dtype = BF16 ? DType::BF16 : DType::F16;
   std::string name = "d";
   name += std::to_string(HEAD_DIM);
@@ -182,7 +197,8 @@ void check_config() {
 // Every code path of the template: 1, 2 and 3 consumer warpgroups (two CTAs per SM with one),
 // block_n 64 and 128, 2 to 4 stages (pipelines that wrap and that do not), P V in one or two
 // n128 chunks (d 128, 256) or n64 (d 64), a padded head dim (zero-filled columns loaded, never
-// stored), both dtypes, causal and not (with query blocks that see no key).
+// stored), both dtypes, causal and not (with query blocks that see no key); each schedule: one
+// tile per CTA or persistent, ping-pong between 2 and 3 consumers or not.
 TEST(CudaFwdWsEmulation, D64) {
   check_config<64, 192, 128, 2, true, false>();
   check_config<64, 192, 128, 2, false, true>();
@@ -198,6 +214,109 @@ TEST(CudaFwdWsEmulation, D256) {
   check_config<256, 128, 64, 2, false, true>();
 }
 TEST(CudaFwdWsEmulation, PaddedHeadDim96) { check_config<96, 128, 64, 3, true, true>(); }
+TEST(CudaFwdWsEmulation, PingPong) {
+  check_config<64, 192, 128, 2, true, true, true>();     // three consumers in turn
+  check_config<128, 128, 128, 2, false, false, true>();  // two
+  check_config<256, 128, 64, 2, true, true, true>();
+}
+TEST(CudaFwdWsEmulation, Persistent) {
+  check_config<64, 64, 64, 3, false, true, false, true>();  // one consumer, two CTAs per SM
+  check_config<128, 128, 128, 3, true, true, false, true>();
+  check_config<128, 128, 64, 2, false, false, false, true>();
+}
+TEST(CudaFwdWsEmulation, PingPongPersistent) {
+  check_config<64, 192, 128, 2, false, false, true, true>();
+  check_config<128, 128, 128, 2, true, true, true, true>();
+  check_config<256, 128, 64, 2, false, true, true, true>();
+  check_config<96, 192, 64, 4, true, true, true, true>();
+}
+
+// ---- the schedule's pieces alone --------------------------------------------------------------
+
+// Ping-pong (ws/pingpong.cuh): the consumers' turns come strictly in order, 0, 1, (2,) 0, ...,
+// over two tiles' worth of steps with one init, whatever the emulator's warpgroup order.
+template <int CONSUMERS>
+struct TurnsTraits {
+  static constexpr bool kPingPong = true;
+  static constexpr int kConsumers = CONSUMERS;
+};
+
+template <int CONSUMERS>
+void check_turn_order() {
+  constexpr int kSteps = 5;  // per tile
+  std::vector<int> order;
+  const std::string error = ft::emulate_sm90({1, 1, 1}, 128 * CONSUMERS, 0, [&] {
+    const flashjit_kernel::WsTurns<TurnsTraits<CONSUMERS>> turns{
+        static_cast<int>(threadIdx.x / 128)};
+    turns.init();
+    for (int tile = 0; tile < 2; ++tile)
+      for (int step = 0; step < kSteps; ++step) {
+        turns.take();
+        if (threadIdx.x % 128 == 0) order.push_back(turns.consumer);
+        turns.pass();
+      }
+  });
+  ASSERT_TRUE(error.empty()) << error;
+  ASSERT_EQ(order.size(), static_cast<size_t>(2 * kSteps * CONSUMERS));
+  for (size_t i = 0; i < order.size(); ++i)
+    EXPECT_EQ(order[i], static_cast<int>(i % CONSUMERS)) << "turn " << i;
+}
+
+TEST(CudaFwdWsSchedule, ConsumersTakeTurnsInOrder) {
+  check_turn_order<2>();
+  check_turn_order<3>();
+}
+
+// The persistent tile scheduler (ws/tile_scheduler.cuh): every tile exactly once over the grid;
+// causal lists heaviest first (a CTA's query blocks never increase) and walks odd rounds
+// backwards; non-causal keeps the grid's order (query block fastest).
+TEST(CudaFwdWsSchedule, PersistentCtasWalkEveryTileOnce) {
+  struct Case {
+    int m_blocks, heads, batch, ctas;
+  };
+  for (const Case& c : {Case{5, 3, 2, 4}, Case{1, 1, 1, 1}, Case{7, 2, 1, 14}, Case{3, 1, 1, 5}})
+    for (bool causal : {false, true}) {
+      FlashjitAttentionParams p{};
+      p.seqlen_q = c.m_blocks * 64 - 10;
+      p.heads_q = c.heads;
+      p.batch = c.batch;
+      const int tiles = c.m_blocks * c.heads * c.batch;
+      const int grid = std::min(tiles, c.ctas);
+      std::vector<std::vector<flashjit_kernel::WsTile>> walked(grid);
+      const std::string error = ft::emulate_sm90({grid, 1, 1}, 128, 0, [&] {
+        if (threadIdx.x != 0) return;
+        auto walk = [&](auto scheduler) {
+          for (flashjit_kernel::WsTile tile; scheduler.next(tile);)
+            walked[blockIdx.x].push_back(tile);
+        };
+        if (causal)
+          walk(flashjit_kernel::WsTileScheduler<true, true>(p, 64));
+        else
+          walk(flashjit_kernel::WsTileScheduler<false, true>(p, 64));
+      });
+      ASSERT_TRUE(error.empty()) << error;
+      std::vector<int> seen(tiles, 0);
+      for (int cta = 0; cta < grid; ++cta) {
+        const auto& list = walked[cta];
+        EXPECT_GE(list.size(), static_cast<size_t>(tiles / grid));
+        EXPECT_LE(list.size(), static_cast<size_t>((tiles + grid - 1) / grid));
+        for (size_t i = 0; i < list.size(); ++i) {
+          const flashjit_kernel::WsTile& t = list[i];
+          ASSERT_TRUE(t.m_block >= 0 && t.m_block < c.m_blocks && t.head >= 0 && t.head < c.heads &&
+                      t.batch >= 0 && t.batch < c.batch);
+          ++seen[(t.batch * c.heads + t.head) * c.m_blocks + t.m_block];
+          if (causal && i > 0) EXPECT_LE(t.m_block, list[i - 1].m_block);
+        }
+      }
+      for (int t = 0; t < tiles; ++t) EXPECT_EQ(seen[t], 1) << "tile " << t;
+      // Round 0: CTA c takes list entry c (causal: the last query block first); round 1 is
+      // walked backwards when causal.
+      const flashjit_kernel::WsTile first = walked[0][0];
+      EXPECT_EQ(first.m_block, causal ? c.m_blocks - 1 : 0);
+      if (causal && tiles >= 2 * grid)  // list entry 2 grid - 1, not grid
+        EXPECT_EQ(walked[0][1].m_block, c.m_blocks - 1 - (2 * grid - 1) / (c.heads * c.batch));
+    }
+}
 
 // ---- the emulator's TMA and mbarriers against the statements the H100 probes check ----------
 // (tests/runtime/cuda/tma_probe_test.cpp runs the same boxes on the hardware.)

@@ -2,15 +2,18 @@
 // loads Q, K and V with the tensor memory accelerator (TMA) into mbarrier pipelines, consumer
 // warpgroups compute (wgmma from shared memory, P from registers, the softmax of one block
 // overlapped with the P V of the previous one), and each writes its O tile back with TMA stores.
-// Configs "m<block_m>n<block_n>w<warps>s<stages>-ws": block_m = 64 per consumer warpgroup,
-// warps = 4 (producer) + 4 per consumer, stages = depth of the K and V pipelines.
+// Configs "m<block_m>n<block_n>w<warps>s<stages>-ws[-pp][-persist]": block_m = 64 per consumer
+// warpgroup, warps = 4 (producer) + 4 per consumer, stages = depth of the K and V pipelines;
+// -pp: the consumers take turns issuing their GEMMs (ping-pong); -persist: one CTA per SM slot
+// walks a list of tiles (heaviest first when causal).
 //
 // The pieces, each readable alone (the renderer prepends them in this order, after
 // attention_params.h, attention_common.h, cuda/common.cuh, cuda/wgmma.cuh, cuda/sm90_tiles.cuh
 // and cuda/tma.cuh, and appends one instantiation taking the params and the tensor maps):
 //   ws/pipeline.cuh        mbarrier ring between the producer and the consumers
 //   ws/traits.cuh          the compile-time shape, registers per role, shared-memory layout
-//   ws/tile_scheduler.cuh  which tile a CTA computes
+//   ws/tile_scheduler.cuh  which tiles a CTA computes
+//   ws/pingpong.cuh        the consumers' turns at the tensor cores
 //   ws/softmax.cuh         online softmax over wgmma accumulators
 //   ws/mainloop.cuh        the producer's loads, the consumers' MMAs and softmax
 //   ws/epilogue.cuh        normalization, LSE, TMA stores of O
@@ -26,11 +29,12 @@ __device__ __forceinline__ void attention_forward_ws(const FlashjitAttentionPara
   if (dynamic_smem_bytes() < static_cast<u32>(K::kSmemBytes)) __trap();  // a launch bug
   const WsShared<K> smem(shared_address(shared_bytes));
 
-  const WsTile tile = StaticTileScheduler<K::kCausal>::tile();
-  const int m0 = tile.m_block * K::kBlockM;
   const int diagonal = fa::diagonal(p);
-  const int n_blocks = fa::key_blocks<K::kCausal>(p, diagonal, m0, K::kBlockM, K::kBlockN);
   const int warpgroup = threadIdx.x / 128;
+  // The query block's key blocks (0 for a causal block above a seqlen_q > seqlen_k diagonal).
+  auto key_blocks = [&](int m0) {
+    return fa::key_blocks<K::kCausal>(p, diagonal, m0, K::kBlockM, K::kBlockN);
+  };
 
   if (threadIdx.x == 0) {
     smem.init_barriers();
@@ -42,15 +46,30 @@ __device__ __forceinline__ void attention_forward_ws(const FlashjitAttentionPara
   }
   __syncthreads();  // the barriers are initialized; no CTA-wide barrier after this point
 
+  WsTileScheduler<K::kCausal, K::kPersistent> tiles(p, K::kBlockM);
   if (warpgroup == 0) {  // the producer
     setmaxnreg_dec<K::kProducerRegisters>();
-    if (threadIdx.x == 0) ws_load<K>(smem, maps, tile, m0, tile.head / p.group_size, n_blocks);
+    if (threadIdx.x == 0) {
+      WsLoads<K> at;
+      for (WsTile tile; tiles.next(tile);) {
+        const int m0 = tile.m_block * K::kBlockM;
+        ws_load<K>(smem, maps, tile, m0, tile.head / p.group_size, key_blocks(m0), at);
+      }
+      ws_load_tail<K>(smem, at);
+    }
   } else {  // a consumer
     setmaxnreg_inc<K::kConsumerRegisters>();
     const int consumer = warpgroup - 1;
-    WsAccumulators<K> acc;
-    ws_consume<K>(p, smem, consumer, m0, n_blocks, diagonal, acc);
-    ws_epilogue<K>(p, maps, smem, tile, consumer, m0, acc);
+    const WsTurns<K> turns{consumer};
+    turns.init();
+    WsReads<K> at;
+    for (WsTile tile; tiles.next(tile);) {
+      const int m0 = tile.m_block * K::kBlockM;
+      const int n_blocks = key_blocks(m0);
+      WsAccumulators<K> acc;
+      ws_consume<K>(p, smem, turns, consumer, m0, n_blocks, diagonal, at, acc);
+      ws_epilogue<K>(p, maps, smem, tile, consumer, m0, n_blocks, acc);
+    }
   }
 }
 

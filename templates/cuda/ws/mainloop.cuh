@@ -1,17 +1,18 @@
 // The mainloop of the warp-specialized forward: what the producer loads and what each consumer
-// warpgroup computes, over the n key blocks of its tile (attention_common.h's key_blocks).
+// warpgroup computes, over the n key blocks of one tile (attention_common.h's key_blocks).
 //
 // clang-format off
 //   producer (one thread)                     consumer warpgroup c (64 query rows)
-//   Q -> q_full                               wait q_full
-//   K_0                                       wait K_0; S = Q K_0^T; release K_0; softmax -> P_0
+//   K_0   (waits for its buffer's release)
+//   Q -> q_full (after Q empty: the previous  wait q_full
+//     tile's O stores have read the buffer)
+//                                             wait K_0; S = Q K_0^T; release K_0; softmax -> P_0
 //   for j = 1 .. n-1:                         for j = 1 .. n-1:
-//     K_j   (waits for its buffer's release)    wait K_j; issue S_j = Q K_j^T
-//     V_j-1                                     wait V_j-1; issue O += P_j-1 V_j-1
+//     K_j   (waits for its buffer's release)    wait K_j; take the turn (-pp); issue S_j = Q K_j^T
+//     V_j-1                                     wait V_j-1; issue O += P_j-1 V_j-1; pass the turn
 //                                               wait S_j; release K_j; mask, exp2 of S_j, m, l
 //                                               wait P V; release V_j-1; P_j = S_j; O *= corr.
 //   V_n-1                                     wait V_n-1; O += P_n-1 V_n-1; release V_n-1
-//   wait until every buffer is released
 // clang-format on
 //
 // The consumer loop issues S_j and P_{j-1} V_{j-1} back to back and waits for S_j only: S_j's
@@ -19,23 +20,28 @@
 // P V yet) and last (no S) iterations are peeled, so every wgmma in the loop is unconditional
 // (ptxas serializes all wgmmas of a kernel where a branch leaves it unsure which accumulators
 // are in flight). The producer loads K one block ahead of V: K_j is needed before V_{j-1}.
+// With ping-pong (ws/pingpong.cuh) the consumers take turns issuing the loop's GEMMs.
+//
+// The pipelines' positions and the Q rounds carry over from tile to tile (a persistent CTA walks
+// several): WsLoads and WsReads hold them. A tile with no key (causal, seqlen_q > seqlen_k) loads
+// nothing and counts no Q round.
 
 namespace flashjit_kernel {
+
+// The producer's position: the next buffer of each pipeline, and the Q tiles loaded so far.
+template <class K>
+struct WsLoads {
+  PipelineState<K::kStages> k, v;
+  int q_rounds = 0;
+};
 
 // The producer: every TMA load of one tile, in the order the consumers use them. `kv_head` is
 // the K/V head of the tile's query head (GQA).
 template <class K>
 __device__ __forceinline__ void ws_load(const WsShared<K>& smem,
                                         const FlashjitForwardTensorMaps& maps, const WsTile& tile,
-                                        int m0, int kv_head, int n_blocks) {
+                                        int m0, int kv_head, int n_blocks, WsLoads<K>& at) {
   if (n_blocks == 0) return;  // no key: the consumers write O = 0 without waiting for anything
-  // Q: one box of 64 columns x kBlockM rows per 64-column block of the tile.
-  mbarrier_arrive_expect_tx(smem.q_full, K::kQTileBytes);
-#pragma unroll
-  for (int c = 0; c < K::kColumnBlocks; ++c)
-    tma_load_4d(smem.q + c * K::kBlockM * 128, &maps.q, smem.q_full, c * 64, m0, tile.head,
-                tile.batch);
-  PipelineState<K::kStages> k_write, v_write;
   // Block `block` of K or V into the next buffer of its pipeline.
   auto load = [&](const Pipeline<K::kStages>& pipe, PipelineState<K::kStages>& state, u32 tiles,
                   const FlashjitTensorMap* map, int block) {
@@ -47,15 +53,37 @@ __device__ __forceinline__ void ws_load(const WsShared<K>& smem,
                   block * K::kBlockN, kv_head, tile.batch);
     state.advance();
   };
-  load(smem.k_pipe, k_write, smem.k, &maps.k, 0);
+  load(smem.k_pipe, at.k, smem.k, &maps.k, 0);  // K_0 first: it does not wait for the epilogue
+  // Q: one box of 64 columns x kBlockM rows per 64-column block of the tile, once the previous
+  // tile's O stores have read the buffer (Q empty's round q_rounds - 1).
+  if (at.q_rounds > 0) mbarrier_wait(smem.q_empty, (at.q_rounds - 1) & 1);
+  mbarrier_arrive_expect_tx(smem.q_full, K::kQTileBytes);
+#pragma unroll
+  for (int c = 0; c < K::kColumnBlocks; ++c)
+    tma_load_4d(smem.q + c * K::kBlockM * 128, &maps.q, smem.q_full, c * 64, m0, tile.head,
+                tile.batch);
+  ++at.q_rounds;
   for (int j = 1; j < n_blocks; ++j) {
-    load(smem.k_pipe, k_write, smem.k, &maps.k, j);
-    load(smem.v_pipe, v_write, smem.v, &maps.v, j - 1);
+    load(smem.k_pipe, at.k, smem.k, &maps.k, j);
+    load(smem.v_pipe, at.v, smem.v, &maps.v, j - 1);
   }
-  load(smem.v_pipe, v_write, smem.v, &maps.v, n_blocks - 1);
-  smem.k_pipe.producer_tail(k_write);
-  smem.v_pipe.producer_tail(v_write);
+  load(smem.v_pipe, at.v, smem.v, &maps.v, n_blocks - 1);
 }
+
+// The producer, after its last tile: waits until the consumers released every buffer (the
+// CTA's loads have all landed and been read before the producing thread exits).
+template <class K>
+__device__ __forceinline__ void ws_load_tail(const WsShared<K>& smem, const WsLoads<K>& at) {
+  smem.k_pipe.producer_tail(at.k);
+  smem.v_pipe.producer_tail(at.v);
+}
+
+// A consumer's position: the next buffer of each pipeline, and the Q tiles consumed so far.
+template <class K>
+struct WsReads {
+  PipelineState<K::kStages> k, v;
+  int q_rounds = 0;
+};
 
 // One consumer warpgroup's accumulators after the mainloop: O (unnormalized, fp32) and the
 // softmax state (m, l) of its rows.
@@ -65,11 +93,12 @@ struct WsAccumulators {
   WsSoftmax<K::kBlockN, K::kIsBf16, K::kCausal> softmax;
 };
 
-// Consumer warpgroup `consumer` (0-based; its rows start at m0 + 64 consumer).
+// Consumer warpgroup `consumer` (0-based; its rows start at m0 + 64 consumer), one tile.
 template <class K>
 __device__ __forceinline__ void ws_consume(const FlashjitAttentionParams& p,
-                                           const WsShared<K>& smem, int consumer, int m0,
-                                           int n_blocks, int diagonal, WsAccumulators<K>& out) {
+                                           const WsShared<K>& smem, const WsTurns<K>& turns,
+                                           int consumer, int m0, int n_blocks, int diagonal,
+                                           WsReads<K>& at, WsAccumulators<K>& out) {
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kDp = K::kHeadDimPadded;
   constexpr int kPvChunk = K::kPvChunk, kPvChunks = K::kPvChunks;
   const int warp = (threadIdx.x / 32) % 4;  // within the warpgroup
@@ -91,7 +120,8 @@ __device__ __forceinline__ void ws_consume(const FlashjitAttentionParams& p,
   float s[K::kNTiles * 4];      // S_j: [16 rows, kBlockN] fp32, then its exponentials
   u32 p_frag[kBlockN / 16][4];  // P_{j-1}: A fragments per 16-key step
   float correction[2];
-  PipelineState<K::kStages> k_read, v_read;
+  PipelineState<K::kStages>& k_read = at.k;  // carried over from the previous tile
+  PipelineState<K::kStages>& v_read = at.v;
 
   auto issue_s = [&](int stage) {  // S = Q K^T from buffer `stage`
     const u64 k_desc = advance(k_desc0, stage * K::kKvTileBytes);
@@ -122,7 +152,8 @@ __device__ __forceinline__ void ws_consume(const FlashjitAttentionParams& p,
     out.softmax.update(s, p.scale_log2, correction);
   };
 
-  mbarrier_wait(smem.q_full, 0);
+  mbarrier_wait(smem.q_full, at.q_rounds & 1);
+  ++at.q_rounds;
   smem.k_pipe.consumer_wait(k_read);  // S_0
   wgmma_fence();
   issue_s(k_read.index);
@@ -134,11 +165,13 @@ __device__ __forceinline__ void ws_consume(const FlashjitAttentionParams& p,
   out.softmax.pack(s, p_frag);          // O is 0: nothing to rescale
   for (int j = 1; j < n_blocks; ++j) {  // S_j with P_{j-1} V_{j-1} in flight
     smem.k_pipe.consumer_wait(k_read);
+    turns.take();
     wgmma_fence();  // O (rescaled) and P_{j-1} (packed) are ready for the tensor cores
     issue_s(k_read.index);
     smem.v_pipe.consumer_wait(v_read);
     wgmma_fence();  // (ptxas inserts this fence itself after the wait loop otherwise)
     issue_pv(v_read.index);
+    turns.pass();
     wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
     pin(s);
     smem.k_pipe.consumer_release(k_read);
@@ -162,6 +195,7 @@ __device__ __forceinline__ void ws_consume(const FlashjitAttentionParams& p,
 #pragma unroll
   for (int c = 0; c < kPvChunks; ++c) pin(out.o[c]);
   smem.v_pipe.consumer_release(v_read);
+  v_read.advance();
 }
 
 }  // namespace flashjit_kernel

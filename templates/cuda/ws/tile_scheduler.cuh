@@ -1,7 +1,24 @@
-// Which output tile (block_m query rows of one head of one batch) a CTA of the warp-specialized
-// forward computes. One tile per CTA, read from the grid as the other families launch it:
-// blockIdx.x = query block, y = head, z = batch. Causal query blocks near the end see the most
-// keys: they are launched first so that the tail of the grid is short.
+// Which output tiles (block_m query rows of one head of one batch) a CTA of the warp-specialized
+// forward computes. The producer thread and every consumer thread walk the same sequence
+// independently (it depends on the grid and the problem only), so no tile index is passed
+// between them:
+//
+//   for (WsTile tile; scheduler.next(tile);) { ... }
+//
+// WsTileScheduler<CAUSAL, false>: one tile per CTA, from the grid (blockIdx.x = query block,
+//   y = head, z = batch). Causal query blocks near the end see the most keys: they are launched
+//   first so that the tail of the grid is short.
+// WsTileScheduler<CAUSAL, true> (persistent): a grid of G CTAs, at most one per SM slot
+//   (runtime: KernelShape::persistent_ctas), over a list of T = m_blocks x heads x batch tiles;
+//   in round r, CTA c takes tile r G + c. The list:
+//     non-causal  query block fastest, then head, then batch (the grid's order: CTAs in flight
+//                 share the K and V of a few heads in L2);
+//     causal      heaviest first: query blocks from the last (most keys) down, heads and batches
+//                 within each; odd rounds are walked backwards (CTA c takes r G + G - 1 - c), so
+//                 the CTA that took the heaviest tile of one round takes the lightest of the next
+//                 (a static longest-processing-time order: the CTAs' totals differ by at most
+//                 about the heaviest tile, where round-robin over launch order leaves whole
+//                 waves of light tiles at the end).
 
 namespace flashjit_kernel {
 
@@ -11,15 +28,56 @@ struct WsTile {
   int batch;
 };
 
+template <bool CAUSAL, bool PERSISTENT>
+struct WsTileScheduler;
+
 template <bool CAUSAL>
-struct StaticTileScheduler {
-  __device__ __forceinline__ static WsTile tile() {
-    WsTile t;
+struct WsTileScheduler<CAUSAL, false> {
+  bool done = false;
+
+  __device__ __forceinline__ WsTileScheduler(const FlashjitAttentionParams&, int) {}
+
+  __device__ __forceinline__ bool next(WsTile& t) {
+    if (done) return false;
+    done = true;
     t.m_block =
         CAUSAL ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
     t.head = static_cast<int>(blockIdx.y);
     t.batch = static_cast<int>(blockIdx.z);
-    return t;
+    return true;
+  }
+};
+
+template <bool CAUSAL>
+struct WsTileScheduler<CAUSAL, true> {
+  int m_blocks;  // query blocks per head
+  int tiles;     // m_blocks x heads_q x batch
+  int heads;
+  int round = 0;  // the CTA's next round
+
+  __device__ __forceinline__ WsTileScheduler(const FlashjitAttentionParams& p, int block_m) {
+    m_blocks = (p.seqlen_q + block_m - 1) / block_m;
+    heads = p.heads_q;
+    tiles = m_blocks * p.heads_q * p.batch;
+  }
+
+  __device__ __forceinline__ bool next(WsTile& t) {
+    const int ctas = static_cast<int>(gridDim.x), cta = static_cast<int>(blockIdx.x);
+    const int slot = CAUSAL && round % 2 == 1 ? ctas - 1 - cta : cta;
+    const int index = round * ctas + slot;
+    ++round;
+    if (index >= tiles) return false;  // and every later round's index is larger
+    if (CAUSAL) {
+      const int heads_batch = tiles / m_blocks;
+      t.m_block = m_blocks - 1 - index / heads_batch;
+      t.head = index % heads_batch % heads;
+      t.batch = index % heads_batch / heads;
+    } else {
+      t.m_block = index % m_blocks;
+      t.head = index / m_blocks % heads;
+      t.batch = index / m_blocks / heads;
+    }
+    return true;
   }
 };
 

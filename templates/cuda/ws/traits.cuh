@@ -14,14 +14,21 @@
 //
 // Shared memory (tiles in wgmma's 128-byte swizzled layout, cuda/sm90_tiles.cuh, which is what
 // a TMA box of 64 columns x rows with 128-byte swizzle writes; 1024-byte aligned):
-//   Q      [kBlockM, kDp]               loaded once; each consumer's 64 rows become its O tile
+//   Q      [kBlockM, kDp]               loaded once per tile; each consumer's 64 rows become its O
 //                                       in the epilogue (written back with TMA stores)
 //   K, V   kStages x [kBlockN, kDp]     each
-//   mbarriers: Q full, then K full[kStages], K empty, V full, V empty (8 bytes each)
+//   mbarriers: Q full, Q empty, then K full[kStages], K empty, V full, V empty (8 bytes each)
+//
+// Scheduling knobs (config suffixes "-pp", "-persist"):
+//   PINGPONG    the consumer warpgroups take turns issuing their GEMMs (ws/pingpong.cuh), so
+//               that one's softmax runs under the others' GEMMs; 2 or 3 consumers.
+//   PERSISTENT  one CTA per SM slot walks a list of tiles (ws/tile_scheduler.cuh); the Q tile's
+//               buffer is released by the consumers' epilogue (Q empty) before the next Q load.
 
 namespace flashjit_kernel {
 
-template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WARPS, int STAGES, bool IS_BF16, bool CAUSAL>
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WARPS, int STAGES, bool IS_BF16, bool CAUSAL,
+          bool PINGPONG = false, bool PERSISTENT = false>
 struct WsTraits {
   static constexpr int kHeadDim = HEAD_DIM;
   static constexpr int kHeadDimPadded = (HEAD_DIM + 63) / 64 * 64;  // whole 64-column blocks
@@ -31,6 +38,8 @@ struct WsTraits {
   static constexpr int kStages = STAGES;
   static constexpr bool kIsBf16 = IS_BF16;
   static constexpr bool kCausal = CAUSAL;
+  static constexpr bool kPingPong = PINGPONG;
+  static constexpr bool kPersistent = PERSISTENT;
 
   static constexpr int kConsumers = BLOCK_M / 64;  // consumer warpgroups, 64 rows each
   static constexpr int kThreads = WARPS * 32;
@@ -49,7 +58,7 @@ struct WsTraits {
   static constexpr int kPvChunks = kHeadDimPadded / kPvChunk;
   static constexpr int kQTileBytes = kBlockM * kHeadDimPadded * 2;
   static constexpr int kKvTileBytes = kBlockN * kHeadDimPadded * 2;
-  static constexpr int kBarriers = 1 + 4 * kStages;
+  static constexpr int kBarriers = 2 + 4 * kStages;
   // + 1024: the dynamic shared window is rounded up to a swizzle atom.
   static constexpr int kSmemBytes = 1024 + kQTileBytes + 2 * kStages * kKvTileBytes + 8 * kBarriers;
 
@@ -60,6 +69,7 @@ struct WsTraits {
   static_assert(WARPS == 4 * (1 + kConsumers), "a producer warpgroup and the consumers");
   static_assert(kBlockN == 64 || kBlockN == 128, "S = Q K^T is one m64n64 or m64n128 wgmma");
   static_assert(kStages >= 2 && kStages <= 4, "2 to 4 K and V buffers");
+  static_assert(!kPingPong || kConsumers >= 2, "ping-pong takes turns between 2 or 3 consumers");
   static_assert(kBlockN <= 256 && kBlockM <= 256, "TMA boxes have at most 256 rows");
   static_assert(kConsumerRegisters >= kProducerRegisters && kConsumerRegisters % 8 == 0,
                 "setmaxnreg counts are multiples of 8");
@@ -71,9 +81,10 @@ struct WsTraits {
 // Shared-memory addresses (shared space) of one CTA's tiles and barriers.
 template <class K>
 struct WsShared {
-  u32 q;       // [kBlockM, kDp]
-  u32 k, v;    // kStages x [kBlockN, kDp] each
-  u32 q_full;  // mbarrier: Q has landed
+  u32 q;        // [kBlockM, kDp]
+  u32 k, v;     // kStages x [kBlockN, kDp] each
+  u32 q_full;   // mbarrier: Q has landed (1 arrival + its bytes)
+  u32 q_empty;  // mbarrier: the consumers' O stores have read the Q/O buffer (one per consumer)
   Pipeline<K::kStages> k_pipe, v_pipe;
 
   // `window`: the shared address of the dynamic shared memory (any alignment).
@@ -82,7 +93,8 @@ struct WsShared {
     k = q + K::kQTileBytes;
     v = k + K::kStages * K::kKvTileBytes;
     q_full = v + K::kStages * K::kKvTileBytes;
-    k_pipe.full = q_full + 8;
+    q_empty = q_full + 8;
+    k_pipe.full = q_empty + 8;
     k_pipe.empty = k_pipe.full + 8 * K::kStages;
     v_pipe.full = k_pipe.empty + 8 * K::kStages;
     v_pipe.empty = v_pipe.full + 8 * K::kStages;
@@ -91,6 +103,7 @@ struct WsShared {
   // One thread, then fence_barrier_init() and a CTA barrier.
   __device__ __forceinline__ void init_barriers() const {
     mbarrier_init(q_full, 1);
+    mbarrier_init(q_empty, K::kConsumers);
     k_pipe.init(K::kConsumerThreads);
     v_pipe.init(K::kConsumerThreads);
   }
