@@ -31,6 +31,13 @@
 #          and backward all-configs sweeps, padded head dims, the probes, the backend, runtime,
 #          README example, tuner and CLI tests. A second argument is a gtest filter for all of
 #          them (default: everything).
+#   decode the decode family (issue 18: split-KV, paged K/V) in one call: builds only what it
+#          needs (runtime_cuda_decode_test, decode_bench), runs the decode GPU tests (every legal
+#          tile of d 128 bf16 paged, the defaults of other groups, a CUDA-graph capture replayed
+#          with new block tables and lengths, the Runtime's selection; each under `timeout`:
+#          decode-tests.log), then bench/decode_bench.py: flashjit contiguous + paged beside torch
+#          SDPA flash + cuDNN and the device-to-device copy, same run (decode.md, decode.json,
+#          decode.svg, decode-bench.log). Estimated 5-7 minutes on an H100 (not yet run there).
 #   ws-tests, ws-bench  the two halves of ws alone
 #   ws-sanitize  the same build, then compute-sanitizer racecheck and synccheck on the -ws
 #          tile of each head dim, plain and -pp-persist, causal and not: sanitizer.log
@@ -77,9 +84,9 @@ what="${1:-all}"
 DTYPES="${DTYPES:-bf16}"
 ctest_regex="${2:-}"
 case "$what" in
-  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|py|py-tests|py-bench|py-torch) ;;
+  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|py|py-tests|py-bench|py-torch|decode) ;;
   *) echo "usage: bench/device_run.sh [tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|" \
-       "ws-sanitize|py|py-tests|py-bench|py-torch] [CTEST_REGEX]" >&2
+       "ws-sanitize|decode|py|py-tests|py-bench|py-torch] [CTEST_REGEX]" >&2
      exit 2 ;;
 esac
 
@@ -122,6 +129,9 @@ if [[ "$what" != py* ]]; then
   if [[ "$what" == ws* ]]; then
     targets=(--target runtime_cuda_tma_probe_test runtime_cuda_wgmma_probe_test
              runtime_cuda_attention_test templates_cuda_compile_test bench_attention flashjit_cli)
+  fi
+  if [[ "$what" == decode ]]; then
+    targets=(--target runtime_cuda_decode_test decode_bench)
   fi
   if ! cmake --build build-device -j16 "${targets[@]}" >build-device/build.log 2>&1; then
     tail -n 80 build-device/build.log
@@ -255,6 +265,26 @@ if [[ "$what" == tests || "$what" == all ]]; then
     echo "== ctest FAILED"
   fi
   echo "== tests done at $((SECONDS - start)) s"
+fi
+
+if [[ "$what" == decode ]]; then
+  echo "== decode GPU tests (runtime_cuda_decode_test${ctest_regex:+, filter $ctest_regex})"
+  if ! timeout 300 build-device/tests/runtime_cuda_decode_test ${ctest_regex:+--gtest_filter="$ctest_regex"} \
+      >"$OUT/decode-tests.log" 2>&1; then
+    status=1
+    echo "== decode tests FAILED"
+  fi
+  grep -E '^\[ *(OK|FAILED|SKIPPED) *\]|runs \(|Failure' "$OUT/decode-tests.log" | head -n 60 || true
+  echo "== decode tests done at $((SECONDS - start)) s"
+  echo "== decode_bench.py (flashjit contiguous + paged vs torch SDPA flash + cuDNN, same run)"
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
+  if ! COMMIT="${commit:-unknown}" timeout 360 "${PYTHON:-python3}" bench/decode_bench.py \
+      --bench build-device/bench/decode_bench --out-dir "$OUT" ${BENCH_ARGS:-} \
+      2>&1 | tee "$OUT/decode-bench.log"; then
+    status=1
+    echo "== decode bench FAILED"
+  fi
+  echo "== decode done at $((SECONDS - start)) s"
 fi
 
 if [[ "$what" == gpu-tests ]]; then

@@ -54,6 +54,9 @@ std::vector<Flag> problem_flags() {
        "lse and do)"},
       {"deterministic", "",
        "with --pass bwd: bitwise reproducible gradients (separate dQ kernel configs only)"},
+      {"page-size", "N",
+       "paged K/V cache (the -decode family): keys per page, a multiple of 16 in [16, 256]; "
+       "one cache holding every sequence's pages, key counts per sequence (seqlens_k)"},
   };
 }
 
@@ -72,6 +75,9 @@ const Flag kBackendFlag{"backend", "B",
 const Flag kDeviceFlag{"device", "N",
                        "plan for GPU N (CUDA; HIP with --backend hip; default: device 0)"};
 const Flag kConfigFlag{"config", "CFG", "tile config, e.g. m128n64w4s2 (default: default_config)"};
+const Flag kSplitsFlag{"splits", "S",
+                       "auto or N in [1, 128]: key ranges per sequence of a -decode config "
+                       "(--config's or the default's)"};
 
 }  // namespace
 
@@ -93,7 +99,7 @@ const std::vector<Command>& commands() {
        "Prints the kernel source rendered for the problem and config to stdout (a header line\n"
        "naming problem, config, device and entry points goes to stderr). --pass bwd: the\n"
        "backward pass's source (its preprocess, dK/dV and dQ entry points).",
-       with(problem_flags(), {kConfigFlag, kArchFlag, kDeviceFlag, kBackendFlag})},
+       with(problem_flags(), {kConfigFlag, kSplitsFlag, kArchFlag, kDeviceFlag, kBackendFlag})},
       {"compile", "compile kernels with NVRTC or hipRTC (no GPU needed), report resources",
        "Compiles the default config (or --config, or every legal config with --all) to CUBIN\n"
        "(NVRTC) or to an AMD code object (hipRTC, for --arch gfx90a/gfx942) for the\n"
@@ -101,6 +107,7 @@ const std::vector<Command>& commands() {
        "spills and compile time (--pass bwd: the backward's configs, the worst of its\n"
        "kernels). Exit status 1 if any compile fails.",
        with(problem_flags(), {kConfigFlag,
+                              kSplitsFlag,
                               kArchFlag,
                               kDeviceFlag,
                               {"all", "", "compile every legal config"},
@@ -115,6 +122,7 @@ const std::vector<Command>& commands() {
        "the tests, not here. Exit status 2 if there is no device.",
        with(problem_flags(),
             {kConfigFlag,
+             kSplitsFlag,
              kBackendFlag,
              {"device", "N", "CUDA or HIP device ordinal (default 0)"},
              {"reps", "N", "timed repetitions, the median is reported (default 20)"}})},
@@ -260,6 +268,20 @@ Result<AttentionProblem> problem_from_flags(const ParsedFlags& flags) {
     problem.deterministic = true;
   }
 
+  if (auto text = flags.get("page-size")) {
+    auto page = integer_flag(flags, "page-size", 0, kMinPageSize, kMaxPageSize);
+    FLASHJIT_TRY(page);
+    if (*page % 16 != 0)
+      return flag_error("page-size", *text,
+                        "must be a multiple of 16 in [" + std::to_string(kMinPageSize) + ", " +
+                            std::to_string(kMaxPageSize) + "]");
+    if (problem.is_backward())
+      return make_error(ErrorCode::InvalidArgument,
+                        "--page-size applies to the forward pass only (a paged K/V cache)");
+    const int64_t pages_per_sequence = (problem.seqlen_k + *page - 1) / *page;
+    problem = problem.with_paged_kv(static_cast<int>(*page), problem.batch * pages_per_sequence);
+  }
+
   if (auto text = flags.get("scale")) {
     float scale = 0;
     const char* begin = text->data();
@@ -273,6 +295,24 @@ Result<AttentionProblem> problem_from_flags(const ParsedFlags& flags) {
 
   FLASHJIT_TRY(validate(problem));
   return problem;
+}
+
+Status apply_splits_flag(const ParsedFlags& flags, AttentionConfig& config) {
+  std::optional<std::string> text = flags.get("splits");
+  if (!text) return ok_status();
+  int splits = 0;
+  if (*text != "auto") {
+    auto value = integer_flag(flags, "splits", 0, 1, 128);
+    FLASHJIT_TRY(value);
+    splits = static_cast<int>(*value);
+  }
+  if (config.family != KernelFamily::Decode)
+    return flag_error("splits", *text,
+                      "applies to -decode configs; " + config.to_string() +
+                          " is not one (a decode problem: --seqlen-q 1..16 with --seqlen-k >= "
+                          "128, or --page-size)");
+  config.splits = splits;
+  return ok_status();
 }
 
 Result<std::optional<AttentionConfig>> config_from_flags(const ParsedFlags& flags) {

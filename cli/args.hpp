@@ -66,6 +66,9 @@ Result<AttentionProblem> problem_from_flags(const ParsedFlags& flags);
 
 // --config, or nullopt when absent.
 Result<std::optional<AttentionConfig>> config_from_flags(const ParsedFlags& flags);
+// --splits auto|N into a -decode config (error naming the flag for another family); nothing when
+// the flag is absent.
+Status apply_splits_flag(const ParsedFlags& flags, AttentionConfig& config);
 
 // --arch as a table device, or nullopt when absent. --device is resolved by the caller (it
 // needs the driver).

@@ -174,7 +174,12 @@ Result<AttentionConfig> choose_config(const ParsedFlags& flags, const AttentionP
                                       const DeviceSpec& device, std::string_view command) {
   auto given = config_from_flags(flags);
   FLASHJIT_TRY(given);
-  if (!*given) return default_for(problem, device);
+  if (!*given) {
+    Result<AttentionConfig> def = default_for(problem, device);
+    if (def.ok()) FLASHJIT_TRY(apply_splits_flag(flags, *def));
+    return def;
+  }
+  FLASHJIT_TRY(apply_splits_flag(flags, **given));
   FLASHJIT_TRY(render_for(problem, **given, device));
   Status legal = check_for(**given, problem, device);
   if (!legal.ok()) {
@@ -209,7 +214,12 @@ Result<AttentionConfig> choose_cpu_config(const ParsedFlags& flags, const Attent
                                           const CpuSpec& cpu, std::string_view command) {
   auto given = config_from_flags(flags);
   FLASHJIT_TRY(given);
-  if (!*given) return default_cpu_config(problem, cpu);
+  if (!*given) {
+    Result<AttentionConfig> def = default_cpu_config(problem, cpu);
+    if (def.ok()) FLASHJIT_TRY(apply_splits_flag(flags, *def));
+    return def;
+  }
+  FLASHJIT_TRY(apply_splits_flag(flags, **given));
   FLASHJIT_TRY(render_cpu_attention(problem, **given));
   Status legal = check_cpu_config(**given, problem, cpu);
   if (!legal.ok()) {
@@ -499,6 +509,15 @@ int run_run(const ParsedFlags& flags) {
   const AttentionProblem forward_problem = problem->with_pass(Pass::Forward);
 
   auto build_start = std::chrono::steady_clock::now();
+  if (flags.has("splits") && !*config) {  // the runtime's choice with other splits
+    auto selected = (*runtime)->select_config(*problem);
+    if (!selected.ok()) return report("run", selected.error());
+    *config = selected->first;
+  }
+  if (*config) {
+    Status splits = apply_splits_flag(flags, **config);
+    if (!splits.ok()) return report("run", splits.error());
+  }
   auto kernel =
       *config ? (*runtime)->attention(*problem, **config) : (*runtime)->attention(*problem);
   if (!kernel.ok()) return report("run", kernel.error());

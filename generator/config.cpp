@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "generator/backward_config.hpp"
+#include "generator/decode_config.hpp"
 #include "generator/forward_config_ws.hpp"
 #include "generator/knobs.hpp"
 
@@ -39,38 +40,51 @@ using knobs::list;
 }  // namespace
 
 std::string AttentionConfig::to_string() const {
-  const char* suffix = family == KernelFamily::Wgmma ? "-wgmma"
-                       : family == KernelFamily::Ws  ? "-ws"
-                                                     : "";
+  const char* suffix = family == KernelFamily::Wgmma    ? "-wgmma"
+                       : family == KernelFamily::Ws     ? "-ws"
+                       : family == KernelFamily::Decode ? "-decode"
+                                                        : "";
   return "m" + std::to_string(block_m) + "n" + std::to_string(block_n) + "w" +
          std::to_string(warps) + "s" + std::to_string(stages) + suffix + (pingpong ? "-pp" : "") +
-         (persistent ? "-persist" : "") + (dq == DqMode::Separate ? "-det" : "");
+         (persistent ? "-persist" : "") + (splits > 0 ? "-split" + std::to_string(splits) : "") +
+         (dq == DqMode::Separate ? "-det" : "");
 }
 
 Result<AttentionConfig> AttentionConfig::parse(const std::string& text) {
   static const std::regex pattern(
-      R"(m(\d{1,4})n(\d{1,4})w(\d{1,2})s(\d{1,2})(-wgmma|-ws(-pp)?(-persist)?)?(-det)?)");
+      R"(m(\d{1,4})n(\d{1,4})w(\d{1,2})s(\d{1,2})(-wgmma|-ws(-pp)?(-persist)?|-decode)?(-split(\d{1,4}))?(-det)?)");
   std::smatch match;
   if (!std::regex_match(text, match, pattern)) {
     return make_error(
         ErrorCode::InvalidArgument,
         "config = '" + text +
             "': expected the form "
-            "m<block_m>n<block_n>w<warps>s<stages>[-wgmma|-ws[-pp][-persist]][-det], e.g. "
-            "m128n64w4s2, m128n128w8s2-wgmma, m128n128w12s2-ws, m128n128w12s2-ws-pp-persist or "
-            "(backward, separate dQ kernel) m64n128w8s2-det");
+            "m<block_m>n<block_n>w<warps>s<stages>[-wgmma|-ws[-pp][-persist]|-decode[-split<N>]]"
+            "[-det], e.g. m128n64w4s2, m128n128w8s2-wgmma, m128n128w12s2-ws, "
+            "m128n128w12s2-ws-pp-persist, m16n64w4s3-decode(-split8) or (backward, separate dQ "
+            "kernel) m64n128w8s2-det");
   }
   AttentionConfig c;
   c.block_m = std::stoi(match[1]);
   c.block_n = std::stoi(match[2]);
   c.warps = std::stoi(match[3]);
   c.stages = std::stoi(match[4]);
-  c.family = !match[5].matched            ? KernelFamily::Mma
-             : match[5].str() == "-wgmma" ? KernelFamily::Wgmma
-                                          : KernelFamily::Ws;
+  c.family = !match[5].matched             ? KernelFamily::Mma
+             : match[5].str() == "-wgmma"  ? KernelFamily::Wgmma
+             : match[5].str() == "-decode" ? KernelFamily::Decode
+                                           : KernelFamily::Ws;
   c.pingpong = match[6].matched;
   c.persistent = match[7].matched;
-  c.dq = match[8].matched ? DqMode::Separate : DqMode::Atomic;
+  if (match[8].matched) {
+    if (c.family != KernelFamily::Decode)
+      return make_error(ErrorCode::InvalidArgument,
+                        "config = '" + text + "': -split<N> is a knob of the -decode family only");
+    c.splits = std::stoi(match[9]);
+    if (c.splits < 1)
+      return make_error(ErrorCode::InvalidArgument,
+                        "config = '" + text + "': -split<N> needs N >= 1 (no suffix: auto)");
+  }
+  c.dq = match[10].matched ? DqMode::Separate : DqMode::Atomic;
   return c;
 }
 
@@ -78,12 +92,14 @@ int padded_head_dim(int head_dim) { return (head_dim + 63) / 64 * 64; }
 
 int smem_bytes(const AttentionConfig& c, const AttentionProblem& p) {
   if (c.family == KernelFamily::Ws) return ws_resources(c, p).smem_bytes;
+  if (c.family == KernelFamily::Decode) return decode_resources(c, p).smem_bytes;
   const int tiles = (c.block_m + 2 * c.stages * c.block_n) * padded_head_dim(p.head_dim) * 2;
   return c.family == KernelFamily::Wgmma ? tiles + 1024 : tiles;
 }
 
 int estimated_registers(const AttentionConfig& c, const AttentionProblem& p) {
   if (c.family == KernelFamily::Ws) return ws_resources(c, p).consumer_estimate;
+  if (c.family == KernelFamily::Decode) return decode_resources(c, p).registers;
   if (c.family == KernelFamily::Wgmma) {
     // Per thread of a warpgroup: O (64 x d / 128 threads) and S (64 x block_n / 128) in fp32,
     // P of two blocks in flight (16-bit pairs: block_n / 4 each), plus the same allowance.
@@ -173,6 +189,9 @@ Status check_config(const AttentionConfig& c, const AttentionProblem& p, const D
     return illegal(c, "-det (a separate dQ kernel) exists in the backward pass only");
   if (Status dtype = check_cuda_dtype(p.dtype); !dtype.ok())
     return illegal(c, dtype.error().message);
+  if (c.family == KernelFamily::Decode) return check_decode_config(c, p, device);
+  if (needs_decode_family(p)) return illegal(c, decode_only_reason(p));
+  if (c.splits != 0) return illegal(c, "-split<N> is a knob of the -decode family only");
   if (c.family == KernelFamily::Ws) return check_ws_config(c, p, device);
   if (c.family == KernelFamily::Wgmma) {
     FLASHJIT_TRY(check_wgmma_shape(c, device));
@@ -246,6 +265,8 @@ std::vector<AttentionConfig> legal_configs(const AttentionProblem& p, const Devi
   if (device.arch == 90)
     for (const AttentionConfig& c : ws_candidates())
       if (check_config(c, p, device).ok()) configs.push_back(c);
+  if (is_decode_problem(p))
+    for (const AttentionConfig& c : legal_decode_configs(p, device)) configs.push_back(c);
   return configs;
 }
 
@@ -258,6 +279,7 @@ int formula_block_m(const AttentionProblem& p, const DeviceSpec& device) {
 Result<AttentionConfig> default_config(const AttentionProblem& p, const DeviceSpec& device) {
   if (p.is_backward()) return default_backward_config(p, device);
   FLASHJIT_TRY(check_cuda_dtype(p.dtype));
+  if (is_decode_problem(p)) return default_decode_config(p, device);
   // sm90: the -ws tile where it measured faster than the wgmma default (ws_is_default).
   if (device.arch == 90)
     if (Result<AttentionConfig> ws = default_ws_config(p, device); ws.ok() && ws_is_default(*ws, p))
@@ -292,6 +314,7 @@ Result<AttentionConfig> default_config(const AttentionProblem& p, const DeviceSp
 
 std::string explain_plan(const AttentionProblem& p, const DeviceSpec& device) {
   if (p.is_backward()) return explain_backward_plan(p, device);
+  if (is_decode_problem(p)) return explain_decode_plan(p, device);
   std::ostringstream out;
   const int d = p.head_dim, dp = padded_head_dim(d);
   out << "device:  " << device.to_string() << "\n";

@@ -11,6 +11,9 @@
 //          warpgroup MMA from shared memory, 64 rows per warpgroup of 4 warps.
 //   ws     templates/cuda/ws/, sm90a: warp-specialized (a TMA producer warpgroup, 64 rows per
 //          consumer warpgroup, setmaxnreg); its budget is generator/forward_config_ws.hpp.
+//   decode split-KV decoding for small seqlen_q and paged K/V caches (CUDA sm80+ and the CPU):
+//          its knobs and budget are generator/decode_config.hpp's (block_m = packed query rows
+//          of a GQA group, `splits` key ranges per sequence merged by a combine kernel).
 #pragma once
 
 #include <compare>
@@ -24,7 +27,7 @@
 
 namespace flashjit {
 
-enum class KernelFamily { Mma, Wgmma, Ws };
+enum class KernelFamily { Mma, Wgmma, Ws, Decode };
 
 // How the backward pass produces dQ (the forward pass has no dQ: always Atomic there, unprinted).
 //   Atomic    the dK/dV kernel adds each key block's contribution to an fp32 workspace with
@@ -50,20 +53,24 @@ struct AttentionConfig {
   // The -ws family's schedule (forward; no other family has these, check_ws_knobs):
   bool pingpong = false;    // consumer warpgroups take turns issuing their GEMMs: "-pp"
   bool persistent = false;  // one CTA per SM slot walks a list of tiles: "-persist"
+  // The decode family only: key ranges per sequence (split-KV); 0 = auto, resolved per launch
+  // from the SM (core) count and the problem (generator/decode_config.hpp: decode_splits).
+  int splits = 0;
 
   bool operator==(const AttentionConfig&) const = default;
   // Family first, then the knobs: legal_configs lists the mma family, then the wgmma family.
   auto operator<=>(const AttentionConfig& other) const {
-    return std::tie(family, block_m, block_n, warps, stages, pingpong, persistent, dq) <=>
+    return std::tie(family, block_m, block_n, warps, stages, pingpong, persistent, dq, splits) <=>
            std::tie(other.family, other.block_m, other.block_n, other.warps, other.stages,
-                    other.pingpong, other.persistent, other.dq);
+                    other.pingpong, other.persistent, other.dq, other.splits);
   }
 
   int threads() const { return warps * 32; }
   int rows_per_warp() const { return block_m / warps; }
   // "m128n64w4s2" (mma), "m128n128w8s2-wgmma" (wgmma), "m128n128w12s2-ws" (ws; with its
   // schedule "m128n128w12s2-ws-pp", "-ws-persist", "-ws-pp-persist"), "m64n128w8s2-det"
-  // (backward, DqMode::Separate)
+  // (backward, DqMode::Separate), "m16n64w4s3-decode" (decode, auto splits),
+  // "m16n64w4s3-decode-split8" (decode, 8 splits)
   std::string to_string() const;
   static Result<AttentionConfig> parse(const std::string& text);
 };

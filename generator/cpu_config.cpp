@@ -5,6 +5,8 @@
 #include <span>
 #include <sstream>
 
+#include "generator/decode_config.hpp"
+
 namespace flashjit {
 namespace {
 
@@ -138,6 +140,7 @@ int64_t cpu_backward_score_bytes(const AttentionConfig& c) {
 }
 
 int64_t cpu_scratch_bytes(const AttentionConfig& c, const AttentionProblem& p) {
+  if (c.family == KernelFamily::Decode) return cpu_decode_scratch_bytes(c, p);
   return p.is_backward() ? cpu_backward_working_set_bytes(c, p) : cpu_working_set_bytes(c, p);
 }
 
@@ -152,7 +155,11 @@ int cpu_backward_dq_splits(const AttentionConfig& c, const AttentionProblem& p, 
 }
 
 Status check_cpu_config(const AttentionConfig& c, const AttentionProblem& p, const CpuSpec& cpu) {
+  // The decode family (split-KV, paged K/V) has a budget of its own: generator/decode_config.hpp.
+  if (c.family == KernelFamily::Decode) return check_cpu_decode_config(c, p, cpu);
   const std::string prefix = "config " + c.to_string() + ": ";
+  if (needs_decode_family(p))
+    return make_error(ErrorCode::InvalidArgument, prefix + decode_only_reason(p));
   const std::span<const int> m_choices = cpu_block_m_choices(p), n_choices = cpu_block_n_choices(p);
   if (!contains(m_choices, c.block_m)) {
     return make_error(ErrorCode::InvalidArgument,
@@ -211,6 +218,8 @@ std::vector<AttentionConfig> legal_cpu_configs(const AttentionProblem& p, const 
           break;
         }
       }
+  if (is_decode_problem(p))
+    for (const AttentionConfig& c : legal_cpu_decode_configs(p, cpu)) out.push_back(c);
   return out;
 }
 
@@ -240,6 +249,7 @@ int round_down(std::span<const int> choices, int64_t target, const std::vector<i
 }  // namespace
 
 Result<AttentionConfig> default_cpu_config(const AttentionProblem& p, const CpuSpec& cpu) {
+  if (is_decode_problem(p)) return default_cpu_decode_config(p, cpu);
   const std::vector<AttentionConfig> legal = legal_cpu_configs(p, cpu);
   if (legal.empty()) {
     return make_error(ErrorCode::Unsupported,
@@ -357,6 +367,7 @@ std::string explain_cpu_backward_plan(const AttentionProblem& p, const CpuSpec& 
 
 std::string explain_cpu_plan(const AttentionProblem& p, const CpuSpec& cpu) {
   if (p.is_backward()) return explain_cpu_backward_plan(p, cpu);
+  if (is_decode_problem(p)) return explain_cpu_decode_plan(p, cpu);
   std::ostringstream out;
   out << "cpu:     " << cpu.to_string() << "\n";
   out << "problem: " << p.to_string() << "\n\n";

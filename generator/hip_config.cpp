@@ -5,6 +5,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "generator/decode_config.hpp"
 #include "generator/knobs.hpp"
 
 namespace flashjit {
@@ -105,6 +106,10 @@ Status check_hip_config(const AttentionConfig& c, const AttentionProblem& p,
   FLASHJIT_TRY(check_ws_knobs(c));
   if (p.is_backward()) return check_hip_backward_config(c, p, device);
   FLASHJIT_TRY(check_hip_dtype(c, p.dtype));
+  // The decode family (split-KV, paged K/V) has no HIP template yet (issue 18, stage 2).
+  if (c.family == KernelFamily::Decode || needs_decode_family(p))
+    return illegal(c, "the -decode family (split-KV, paged K/V) has no HIP template yet",
+                   ErrorCode::Unsupported);
   if (c.dq != DqMode::Atomic)
     return illegal(c, "-det (a separate dQ kernel) exists in the backward pass only");
   // Template constraints (mirrored by static_asserts in templates/hip/attention_fwd.hpp).

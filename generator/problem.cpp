@@ -97,6 +97,20 @@ AttentionProblem AttentionProblem::make(int64_t batch, int64_t heads_q, int64_t 
   return p;
 }
 
+AttentionProblem AttentionProblem::with_paged_kv(int page_size, int64_t num_pages) const {
+  AttentionProblem copy = *this;
+  copy.kv.page_size = page_size;
+  copy.kv.num_pages = num_pages;
+  copy.kv.max_pages = page_size > 0 ? (seqlen_k + page_size - 1) / page_size : 0;
+  copy.kv.seqlens_k = true;
+  if (page_size > 0) {
+    copy.k_strides = {int64_t{page_size} * heads_kv * head_dim, heads_kv * int64_t{head_dim},
+                      head_dim};
+    copy.v_strides = copy.k_strides;
+  }
+  return copy;
+}
+
 float AttentionProblem::scale() const {
   return softmax_scale ? *softmax_scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
 }
@@ -167,14 +181,53 @@ Status check_strides(const char* name, const Strides& s, int64_t batch, int64_t 
   return ok_status();
 }
 
+// The K/V cache fields: a page size in range, a cache and a block table that can hold seqlen_k
+// keys per sequence, per-sequence lengths with a paged cache; the forward pass only.
+Status check_kv_cache(const AttentionProblem& p) {
+  const KvCache& kv = p.kv;
+  auto invalid = [](const std::string& message) {
+    return Status(make_error(ErrorCode::InvalidArgument, message));
+  };
+  if (!kv.paged()) {
+    if (kv.page_size != 0)
+      return invalid("page_size = " + str(kv.page_size) + ": must be 0 (contiguous K/V) or a " +
+                     "multiple of 16 in [" + str(kMinPageSize) + ", " + str(kMaxPageSize) + "]");
+    if (kv.num_pages != 0 || kv.max_pages != 0)
+      return invalid("num_pages = " + str(kv.num_pages) + ", max_pages = " + str(kv.max_pages) +
+                     ": must be 0 without a page size (contiguous K/V)");
+  } else {
+    if (kv.page_size < kMinPageSize || kv.page_size > kMaxPageSize || kv.page_size % 16 != 0)
+      return invalid("page_size = " + str(kv.page_size) + ": must be a multiple of 16 in [" +
+                     str(kMinPageSize) + ", " + str(kMaxPageSize) + "]");
+    if (kv.num_pages < 1 || kv.num_pages > INT_MAX)
+      return invalid("num_pages = " + str(kv.num_pages) + ": must be in [1, 2^31 - 1]");
+    if (kv.max_pages < 1 || kv.max_pages > INT_MAX / kv.page_size)
+      return invalid("max_pages = " + str(kv.max_pages) + ": must be in [1, (2^31 - 1) / " +
+                     "page_size]");
+    if (kv.capacity() < p.seqlen_k)
+      return invalid("max_pages = " + str(kv.max_pages) + ": a block table row of " +
+                     str(kv.max_pages) + " pages of " + str(kv.page_size) + " keys holds " +
+                     str(kv.capacity()) + " keys, fewer than seqlen_k = " + str(p.seqlen_k));
+    if (!kv.seqlens_k)
+      return invalid("a paged K/V cache needs per-sequence lengths (seqlens_k, int32 [batch])");
+  }
+  if ((kv.paged() || kv.seqlens_k) && p.pass != Pass::Forward)
+    return invalid(std::string("a paged K/V cache and seqlens_k are for the forward pass; ") +
+                   "this problem is " + to_string(p.pass));
+  return ok_status();
+}
+
 }  // namespace
 
 int64_t AttentionProblem::q_span() const {
   return span(q_strides, batch, seqlen_q, heads_q, head_dim);
 }
 int64_t AttentionProblem::kv_span() const {
-  return std::max(span(k_strides, batch, seqlen_k, heads_kv, head_dim),
-                  span(v_strides, batch, seqlen_k, heads_kv, head_dim));
+  // Paged: pages play the batch's part, keys within a page the sequence's.
+  const int64_t outer = kv.paged() ? kv.num_pages : batch;
+  const int64_t rows = kv.paged() ? kv.page_size : seqlen_k;
+  return std::max(span(k_strides, outer, rows, heads_kv, head_dim),
+                  span(v_strides, outer, rows, heads_kv, head_dim));
 }
 int64_t AttentionProblem::o_span() const {
   return span(o_strides, batch, seqlen_q, heads_q, head_dim);
@@ -196,8 +249,13 @@ std::string AttentionProblem::to_string() const {
       << ", heads_q=" << heads_q << ", heads_kv=" << heads_kv << ", seqlen_q=" << seqlen_q
       << ", seqlen_k=" << seqlen_k << ", head_dim=" << head_dim
       << ", dtype=" << flashjit::to_string(dtype) << (causal ? ", causal" : "")
-      << ", scale=" << scale() << (pass == Pass::Backward && deterministic ? ", deterministic" : "")
-      << ")";
+      << ", scale=" << scale()
+      << (pass == Pass::Backward && deterministic ? ", deterministic" : "");
+  if (kv.paged())
+    out << ", page_size=" << kv.page_size << ", num_pages=" << kv.num_pages
+        << ", max_pages=" << kv.max_pages;
+  if (kv.seqlens_k) out << ", seqlens_k";
+  out << ")";
   return out.str();
 }
 
@@ -223,8 +281,11 @@ Status validate(const AttentionProblem& p) {
   if (p.softmax_scale && !std::isfinite(*p.softmax_scale))
     return invalid("softmax_scale = " + std::to_string(*p.softmax_scale) + ": must be finite");
   FLASHJIT_TRY(check_strides("q", p.q_strides, p.batch, p.seqlen_q, p.heads_q, p.head_dim, false));
-  FLASHJIT_TRY(check_strides("k", p.k_strides, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, false));
-  FLASHJIT_TRY(check_strides("v", p.v_strides, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, false));
+  FLASHJIT_TRY(check_kv_cache(p));
+  const int64_t kv_outer = p.kv.paged() ? p.kv.num_pages : p.batch;
+  const int64_t kv_rows = p.kv.paged() ? p.kv.page_size : p.seqlen_k;
+  FLASHJIT_TRY(check_strides("k", p.k_strides, kv_outer, kv_rows, p.heads_kv, p.head_dim, false));
+  FLASHJIT_TRY(check_strides("v", p.v_strides, kv_outer, kv_rows, p.heads_kv, p.head_dim, false));
   FLASHJIT_TRY(check_strides("o", p.o_strides, p.batch, p.seqlen_q, p.heads_q, p.head_dim, true));
   if (p.pass != Pass::Backward) return ok_status();
   // o is an input of the backward pass; the gradients are its outputs.

@@ -15,6 +15,17 @@
 //   dP = dO V^T,  D = rowsum(dO * O),  dS = P * (dP - D)
 //   dQ = scale * dS K,   dK = scale * dS^T Q   (dK summed over the group like dV)
 // dO has o's shape, dQ q's, dK and dV k's; each has strides of its own.
+//
+// The K/V cache (KvCache, forward only): K and V either contiguous tensors as above, or pages of
+// a paged cache (vLLM / FlashInfer layout): k, v [num_pages, page_size, heads_kv, head_dim] and
+// an int32 block table [batch, max_pages] naming the page of each block of page_size keys of a
+// sequence; key j of sequence b is row j % page_size of page block_table[b][j / page_size].
+// Paged or not, the keys of sequence b may be counted per sequence by an int32 device tensor
+// seqlens_k [batch] (required for a paged cache): then sequence b has seqlens_k[b] keys, at most
+// problem.seqlen_k (which sizes the launch: grids and workspace depend on seqlen_k, never on the
+// device lengths, so that a call can be captured in a CUDA graph and replayed with new lengths
+// and block tables), and causal masking is bottom-right per sequence: query i sees key j iff
+// j <= i + seqlens_k[b] - seqlen_q (chunked prefill appends seqlen_q queries to a cache).
 #pragma once
 
 #include <cstdint>
@@ -60,6 +71,27 @@ struct Strides {
 
 Strides contiguous_strides(Layout layout, int64_t seqlen, int64_t heads, int64_t head_dim);
 
+// How K and V are stored and how many keys each sequence has (see the top of this file).
+struct KvCache {
+  // Keys per page, a multiple of 16 in [kMinPageSize, kMaxPageSize]; 0: K and V are contiguous
+  // tensors through the k and v strides. Paged: k_strides/v_strides.batch is the stride of a
+  // page, .seq of a key within a page, .head of a kv head.
+  int page_size = 0;
+  int64_t num_pages = 0;  // paged: pages in k and v (each [num_pages, page_size, heads_kv, d])
+  int64_t max_pages = 0;  // paged: block-table columns (row stride of the [batch, max_pages] table)
+  // Per-sequence key counts from the device tensor seqlens_k [batch] (AttentionArgs::seqlens_k),
+  // each in [0, seqlen_k]. Required when paged.
+  bool seqlens_k = false;
+
+  bool paged() const { return page_size > 0; }
+  // Keys the layout holds per sequence: max_pages * page_size when paged.
+  int64_t capacity() const { return max_pages * page_size; }
+  bool operator==(const KvCache&) const = default;
+};
+
+inline constexpr int kMinPageSize = 16;
+inline constexpr int kMaxPageSize = 256;
+
 struct AttentionProblem {
   int64_t batch = 1;
   int64_t heads_q = 1;
@@ -80,10 +112,18 @@ struct AttentionProblem {
   // Backward only: the strides of dO (like o), dQ (like q), dK and dV (like k).
   Strides do_strides, dq_strides, dk_strides, dv_strides;
 
+  // Forward only: a paged K/V cache and/or per-sequence key counts (default: neither). Only the
+  // decode family (generator/decode_config.hpp) reads them.
+  KvCache kv;
+
   // A problem with all its tensors contiguous in `layout` (the gradients too).
   static AttentionProblem make(int64_t batch, int64_t heads_q, int64_t heads_kv, int64_t seqlen_q,
                                int64_t seqlen_k, int head_dim, DType dtype, bool causal,
                                Layout layout = Layout::BSHD);
+  // The same problem reading K and V from a paged cache of `num_pages` contiguous pages of
+  // `page_size` keys ([num_pages, page_size, heads_kv, head_dim]), a block table of
+  // ceil(seqlen_k / page_size) columns and per-sequence lengths (seqlens_k).
+  AttentionProblem with_paged_kv(int page_size, int64_t num_pages) const;
   // The same problem for another pass (the gradient strides as they are).
   AttentionProblem with_pass(Pass other) const {
     AttentionProblem copy = *this;
@@ -100,12 +140,14 @@ struct AttentionProblem {
   double flops() const;
   // Elements each tensor spans in memory (max offset + 1), for allocation and bounds checks.
   int64_t q_span() const;
-  int64_t kv_span() const;  // K and V
+  int64_t kv_span() const;  // K and V (paged: the whole cache)
   int64_t o_span() const;
   int64_t do_span() const;   // backward: dO
   int64_t dq_span() const;   // backward: dQ
   int64_t dkv_span() const;  // backward: dK and dV
   int64_t lse_elements() const { return batch * heads_q * seqlen_q; }
+  // Paged: the block table's elements (batch * max_pages); 0 otherwise.
+  int64_t block_table_elements() const { return kv.paged() ? batch * kv.max_pages : 0; }
 
   std::string to_string() const;
 };

@@ -9,6 +9,7 @@
 #include "generator/backward_config.hpp"
 #include "generator/cpu_config.hpp"
 #include "generator/hip_config.hpp"
+#include "generator/render_decode.hpp"
 #include "templates/embedded.hpp"
 
 namespace flashjit {
@@ -73,7 +74,7 @@ const std::string& generator_version() {
   return version;
 }
 
-namespace {
+namespace detail {
 
 // The parts every backend's source shares: a header line naming what it is, the params struct,
 // the template texts in order, then the backend's own instantiation.
@@ -106,7 +107,9 @@ Result<KernelSource> assemble(std::initializer_list<const char*> template_paths,
   return source;
 }
 
-}  // namespace
+}  // namespace detail
+
+using detail::assemble;
 
 namespace {
 
@@ -146,6 +149,7 @@ Result<KernelSource> render_cuda_attention_ws(const AttentionProblem& problem,
 Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
                                            const AttentionConfig& config) {
   if (problem.is_backward()) return render_cuda_attention_backward(problem, config);
+  if (config.family == KernelFamily::Decode) return render_cuda_decode(problem, config);
   FLASHJIT_TRY(validate(problem));
   FLASHJIT_TRY(check_template_constraints(problem, config));
   if (config.family == KernelFamily::Ws) return render_cuda_attention_ws(problem, config);
@@ -196,7 +200,7 @@ Result<KernelSource> render_hip_attention(const AttentionProblem& problem,
       {kAttentionForwardEntry}, "attention_fwd_hip", problem, config, instantiation.str());
 }
 
-namespace {
+namespace detail {
 
 // "</*head_dim=*/128, /*block_m=*/64, /*block_n=*/64, /*storage=*/flashjit_cpu::kBF16,
 // /*causal=*/false>": the parameters of both CPU templates' traits; the backward's add
@@ -228,11 +232,15 @@ std::string cpu_entry(const char* entry, const char* function) {
   return text;
 }
 
-}  // namespace
+}  // namespace detail
+
+using detail::cpu_entry;
+using detail::cpu_traits_arguments;
 
 Result<KernelSource> render_cpu_attention(const AttentionProblem& problem,
                                           const AttentionConfig& config) {
   if (problem.is_backward()) return render_cpu_attention_backward(problem, config);
+  if (config.family == KernelFamily::Decode) return render_cpu_decode(problem, config);
   FLASHJIT_TRY(validate(problem));
   // A CPU with no cache limit to speak of: only the template's own constraints can fail.
   CpuSpec unlimited;

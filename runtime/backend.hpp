@@ -54,6 +54,12 @@ struct AttentionArgs {
   void* dv = nullptr;
   void* workspace = nullptr;  // optional: at least workspace_bytes, 256-byte aligned
   size_t workspace_bytes = 0;
+  // The decode family (forward): with problem.kv.paged(), the int32 block table [batch,
+  // max_pages]; with problem.kv.seqlens_k, the int32 key count of each sequence [batch]. Device
+  // pointers, read by the kernels (never by the host: a launch does not synchronize). A decode
+  // launch with more than one split also uses `workspace` (else the kernel's own, per stream).
+  const int32_t* block_table = nullptr;
+  const int32_t* seqlens_k = nullptr;
 };
 
 // The problem fields that are compiled into a kernel; everything else is a launch argument.
@@ -62,17 +68,24 @@ struct ProblemSignature {
   DType dtype = DType::BF16;
   bool causal = false;
   Pass pass = Pass::Forward;
+  // The K/V cache's layout (the decode family compiles it in): keys per page (0: contiguous) and
+  // whether the key counts come per sequence from seqlens_k.
+  int page_size = 0;
+  bool seqlens_k = false;
   bool operator==(const ProblemSignature&) const = default;
   static ProblemSignature of(const AttentionProblem& problem) {
-    return {problem.head_dim, problem.dtype, problem.causal, problem.pass};
+    return {problem.head_dim, problem.dtype,        problem.causal,
+            problem.pass,     problem.kv.page_size, problem.kv.seqlens_k};
   }
-  // "d128 bf16 causal" (forward), "bwd d128 bf16 non-causal"
+  // "d128 bf16 causal" (forward), "bwd d128 bf16 non-causal", "d128 bf16 causal paged16"
   std::string to_string() const {
     std::string text = pass == Pass::Backward ? "bwd d" : "d";
     text += std::to_string(head_dim);
     text += " ";
     text += flashjit::to_string(dtype);
     text += causal ? " causal" : " non-causal";
+    if (page_size > 0) text += " paged" + std::to_string(page_size);
+    if (seqlens_k) text += " seqlens_k";
     return text;
   }
 };

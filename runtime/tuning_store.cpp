@@ -50,6 +50,8 @@ ProblemKey ProblemKey::of(const AttentionProblem& problem) {
   key.seqlen_q_bucket = size_bucket(problem.seqlen_q);
   key.seqlen_k_bucket = size_bucket(problem.seqlen_k);
   key.batch_heads_bucket = size_bucket(problem.batch * problem.heads_q);
+  key.page_size = problem.kv.page_size;
+  key.seqlens_k = problem.kv.seqlens_k;
   return key;
 }
 
@@ -76,6 +78,8 @@ std::string ProblemKey::to_string() const {
   out += std::to_string(seqlen_k_bucket);
   out += " bh";
   out += std::to_string(batch_heads_bucket);
+  if (page_size > 0) out += " paged" + std::to_string(page_size);
+  if (seqlens_k) out += " seqlens_k";
   return out;
 }
 
@@ -212,8 +216,17 @@ Result<std::unique_ptr<TuningStore>> TuningStore::open_read_only(const fs::path&
   return std::unique_ptr<TuningStore>(new TuningStore(std::move(impl)));
 }
 
+namespace {
+Status not_stored(const ProblemKey& key) {
+  return make_error(ErrorCode::Unsupported,
+                    "tuning DB: no rows for " + key.to_string() +
+                        " yet: paged K/V caches and seqlens_k are not part of schema version 2");
+}
+}  // namespace
+
 Status TuningStore::record(const DeviceFingerprint& device, const ProblemKey& key,
                            const TuneResult& result) {
+  if (!key.is_stored()) return not_stored(key);
   std::lock_guard<std::mutex> lock(impl_->mutex);
   const Impl& impl = *impl_;
   std::string sql = "INSERT OR REPLACE INTO results (";
@@ -249,6 +262,7 @@ Status TuningStore::record(const DeviceFingerprint& device, const ProblemKey& ke
 
 Status TuningStore::choose(const DeviceFingerprint& device, const ProblemKey& key,
                            const TuneChoice& choice) {
+  if (!key.is_stored()) return not_stored(key);
   std::lock_guard<std::mutex> lock(impl_->mutex);
   const Impl& impl = *impl_;
   std::string sql = "INSERT OR REPLACE INTO choices (";
@@ -309,6 +323,7 @@ Result<std::vector<TuneResult>> TuningStore::results(const DeviceFingerprint& de
 
 Result<std::optional<TuneChoice>> TuningStore::choice(const DeviceFingerprint& device,
                                                       const ProblemKey& key) const {
+  if (!key.is_stored()) return std::optional<TuneChoice>();
   std::lock_guard<std::mutex> lock(impl_->mutex);
   const Impl& impl = *impl_;
   std::string sql = "SELECT config, median_ms, default_ms FROM choices WHERE ";
@@ -342,6 +357,7 @@ Result<std::optional<TuneChoice>> TuningStore::choice(const DeviceFingerprint& d
 Result<std::optional<std::pair<ProblemKey, TuneChoice>>> TuningStore::nearest_choice(
     const DeviceFingerprint& device, const ProblemKey& key) const {
   using Found = std::optional<std::pair<ProblemKey, TuneChoice>>;
+  if (!key.is_stored()) return Found();
   std::lock_guard<std::mutex> lock(impl_->mutex);
   const Impl& impl = *impl_;
   Result<Statement> stmt = impl.prepare(
@@ -622,6 +638,8 @@ Status TuningStore::clear(bool stale_only) {
 }
 
 Status TuningStore::record_miss(const DeviceFingerprint& device, const AttentionProblem& problem) {
+  if (!ProblemKey::of(problem).is_stored())
+    return ok_status();  // not a DB key yet: nothing to tune
   std::lock_guard<std::mutex> lock(impl_->mutex);
   const Impl& impl = *impl_;
   std::string sql = "INSERT INTO recorded_problems (";

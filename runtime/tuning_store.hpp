@@ -43,6 +43,13 @@ struct ProblemKey {
   int64_t seqlen_q_bucket = 0;     // size_bucket(seqlen_q)
   int64_t seqlen_k_bucket = 0;     // size_bucket(seqlen_k)
   int64_t batch_heads_bucket = 0;  // size_bucket(batch * heads_q)
+  // The K/V cache layout (AttentionProblem::kv): keys per page (0: contiguous), per-sequence
+  // lengths. Part of the in-memory selection key; not yet a column of the DB (schema 2): the
+  // store keeps no rows for keys with either set (is_stored() is false; record and choose refuse
+  // them, lookups find nothing), so such problems are served their default.
+  int page_size = 0;
+  bool seqlens_k = false;
+  bool is_stored() const { return page_size == 0 && !seqlens_k; }
 
   static ProblemKey of(const AttentionProblem& problem);
   // "fwd", "bwd" or "bwd-det": which operation the key's rows are for.

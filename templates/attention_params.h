@@ -48,6 +48,19 @@ struct FlashjitAttentionParams {
   float* dq_accum;
   int seqlen_q_rounded;
   int dq_accum_splits;  // copies of dq_accum: 1 on the GPU, 0 when dq_accum is null
+
+  // ---- the decode family only (split-KV, paged K/V; generator/decode_config.hpp) ----
+  // Paged K/V: k and v are [num_pages, page_size, heads_kv, head_dim] through the k and v
+  // strides (batch stride = page stride); key j of sequence b is row j % page_size of page
+  // block_table[b * block_table_stride + j / page_size]. Null: contiguous k and v.
+  const int* block_table;
+  const int* seqlens_k;  // [batch]: keys of each sequence (<= seqlen_k); null: seqlen_k each
+  long long block_table_stride;  // max_pages
+  int page_size;                 // 0: contiguous
+  int num_splits;                // key ranges per sequence; 1: O and lse written directly
+  // num_splits > 1 (workspace, fp32, rows = (b * heads_q + h) * seqlen_q + s):
+  float* partial_o;    // [num_splits, rows, head_dim]: each range's normalized O
+  float* partial_lse;  // [num_splits, rows]: each range's LSE in base 2 (-inf: no key)
 };
 
 // The warp-specialized Hopper forward (configs "-ws", templates/cuda/ws/) takes a second

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -194,6 +195,17 @@ HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed) {
   inputs.q = fill(problem.q_span());
   inputs.k = fill(problem.kv_span());
   inputs.v = fill(problem.kv_span());
+  if (problem.kv.paged()) {
+    std::vector<int32_t> pages(static_cast<size_t>(problem.kv.num_pages));
+    std::iota(pages.begin(), pages.end(), 0);
+    std::shuffle(pages.begin(), pages.end(), engine);
+    inputs.block_table.resize(static_cast<size_t>(problem.block_table_elements()));
+    for (size_t i = 0; i < inputs.block_table.size(); ++i)
+      inputs.block_table[i] = pages[i % pages.size()];
+  }
+  if (problem.kv.seqlens_k)
+    inputs.seqlens_k.assign(static_cast<size_t>(problem.batch),
+                            static_cast<int32_t>(problem.seqlen_k));
   if (!problem.is_backward()) return inputs;
   inputs.d_o = fill(problem.do_span());
   inputs.o = fill(problem.o_span());  // random padding; the rows are overwritten below
@@ -216,7 +228,55 @@ void add_reference_gradients(const AttentionProblem& problem, const HostInputs& 
                              Reference& reference);
 }  // namespace
 
+namespace {
+
+// Element offset of key j of sequence b, kv head h, through `strides` (paged: the block table).
+int64_t cache_offset(const AttentionProblem& p, const HostInputs& inputs, const Strides& s,
+                     int64_t b, int64_t j, int64_t h) {
+  if (!p.kv.paged()) return b * s.batch + j * s.seq + h * s.head;
+  const int64_t page = inputs.block_table[b * p.kv.max_pages + j / p.kv.page_size];
+  return page * s.batch + (j % p.kv.page_size) * s.seq + h * s.head;
+}
+
+// The reference of a problem with a paged cache or per-sequence lengths: each sequence alone,
+// its keys gathered into a contiguous BSHD cache.
+Reference reference_per_sequence(const AttentionProblem& p, const HostInputs& inputs) {
+  const int64_t dh = p.head_dim, words = storage_words(p.dtype);
+  Reference out;
+  out.o.assign(static_cast<size_t>(p.batch * p.seqlen_q * p.heads_q * dh), 0.0);
+  out.lse.assign(static_cast<size_t>(p.batch * p.heads_q * p.seqlen_q),
+                 std::numeric_limits<double>::infinity());
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t len = p.kv.seqlens_k ? inputs.seqlens_k[b] : p.seqlen_k;
+    if (len == 0) continue;  // no key: o = 0, lse = +inf
+    AttentionProblem one = AttentionProblem::make(1, p.heads_q, p.heads_kv, p.seqlen_q, len,
+                                                  p.head_dim, p.dtype, p.causal);
+    one.softmax_scale = p.scale();
+    one.q_strides = p.q_strides;
+    HostInputs gathered;
+    gathered.q.assign(inputs.q.begin() + b * p.q_strides.batch * words,
+                      inputs.q.begin() + (b * p.q_strides.batch + one.q_span()) * words);
+    gathered.k.assign(static_cast<size_t>(one.kv_span() * words), 0);
+    gathered.v.assign(static_cast<size_t>(one.kv_span() * words), 0);
+    for (int64_t j = 0; j < len; ++j)
+      for (int64_t h = 0; h < p.heads_kv; ++h) {
+        const int64_t to = (j * p.heads_kv + h) * dh * words;
+        std::copy_n(inputs.k.begin() + cache_offset(p, inputs, p.k_strides, b, j, h) * words,
+                    dh * words, gathered.k.begin() + to);
+        std::copy_n(inputs.v.begin() + cache_offset(p, inputs, p.v_strides, b, j, h) * words,
+                    dh * words, gathered.v.begin() + to);
+      }
+    const Reference r = reference_attention(one, gathered);
+    std::copy(r.o.begin(), r.o.end(), out.o.begin() + b * p.seqlen_q * p.heads_q * dh);
+    std::copy(r.lse.begin(), r.lse.end(), out.lse.begin() + b * p.heads_q * p.seqlen_q);
+  }
+  return out;
+}
+
+}  // namespace
+
 Reference reference_attention(const AttentionProblem& problem, const HostInputs& inputs) {
+  if (problem.kv.paged() || problem.kv.seqlens_k) return reference_per_sequence(problem, inputs);
   if (problem.is_backward()) {
     Reference reference = reference_attention(problem.with_pass(Pass::Forward), inputs);
     add_reference_gradients(problem, inputs, reference);

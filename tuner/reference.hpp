@@ -50,10 +50,17 @@ struct HostInputs {
   std::vector<uint16_t> o;    // problem.o_span() elements: the fp64 forward, rounded to dtype
   std::vector<float> lse;     // [batch, heads_q, seqlen_q]: the fp64 forward's, in fp32
   std::vector<uint16_t> d_o;  // problem.do_span() elements, Normal(0, 1)
+  // A paged K/V cache (problem.kv.paged()): the block table [batch, max_pages], int32.
+  std::vector<int32_t> block_table;
+  // Per-sequence key counts (problem.kv.seqlens_k): [batch], int32, each <= seqlen_k.
+  std::vector<int32_t> seqlens_k;
 };
 
 // Normal(0, 1) values rounded to the problem's dtype, over the whole span of every tensor
 // (padding between strided rows too, so a kernel that reads padding gets garbage, not zeros).
+// A paged cache: each sequence's max_pages pages distinct and shuffled over the cache (when
+// num_pages holds them all; else shuffled and reused); seqlens_k: seqlen_k for every sequence
+// (callers that want other lengths set them: tests/support/decode_cases.hpp).
 // For a backward problem also d_o (random) and o, lse from the fp64 forward of q, k, v (o's
 // padding random too), as a forward kernel would have left them.
 HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed);
@@ -69,6 +76,9 @@ struct Reference {
 // fp64 attention over the rounded inputs, multithreaded. A row with no visible key (causal with
 // seqlen_q > seqlen_k) has o = 0 and lse = +inf (and contributes no gradient). For a backward
 // problem the gradients too (o and lse as for the forward).
+// A paged cache or per-sequence lengths (problem.kv): each sequence's seqlens_k[b] keys are
+// gathered (through the block table) and attended as a problem of their own; a sequence of 0
+// keys has o = 0 and lse = +inf.
 Reference reference_attention(const AttentionProblem& problem, const HostInputs& inputs);
 
 struct Comparison {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <random>
 #include <utility>
 
@@ -43,6 +44,12 @@ void bind(AttentionArgs& args, TensorRole role, void* pointer) {
     case TensorRole::DV:
       args.dv = pointer;
       break;
+    case TensorRole::BlockTable:
+      args.block_table = static_cast<const int32_t*>(pointer);
+      break;
+    case TensorRole::SeqlensK:
+      args.seqlens_k = static_cast<const int32_t*>(pointer);
+      break;
   }
 }
 
@@ -64,6 +71,10 @@ std::pair<const void*, size_t> host_input(const HostInputs& inputs, TensorRole r
       return {inputs.lse.data(), inputs.lse.size() * sizeof(float)};
     case TensorRole::DO:
       return words(inputs.d_o);
+    case TensorRole::BlockTable:
+      return {inputs.block_table.data(), inputs.block_table.size() * sizeof(int32_t)};
+    case TensorRole::SeqlensK:
+      return {inputs.seqlens_k.data(), inputs.seqlens_k.size() * sizeof(int32_t)};
     default:
       return {nullptr, 0};
   }
@@ -120,6 +131,10 @@ const char* to_string(TensorRole role) {
       return "dk";
     case TensorRole::DV:
       return "dv";
+    case TensorRole::BlockTable:
+      return "block_table";
+    case TensorRole::SeqlensK:
+      return "seqlens_k";
   }
   return "?";
 }
@@ -145,11 +160,18 @@ std::vector<TensorSpec> tensor_specs(const AttentionProblem& p) {
   const size_t o = static_cast<size_t>(p.o_span()) * e;
   const size_t lse = static_cast<size_t>(p.lse_elements()) * sizeof(float);
   if (!p.is_backward()) {
-    return {{TensorRole::Q, q, false},
-            {TensorRole::K, kv, false},
-            {TensorRole::V, kv, false},
-            {TensorRole::O, o, true},
-            {TensorRole::Lse, lse, true}};
+    std::vector<TensorSpec> specs = {{TensorRole::Q, q, false},
+                                     {TensorRole::K, kv, false},
+                                     {TensorRole::V, kv, false},
+                                     {TensorRole::O, o, true},
+                                     {TensorRole::Lse, lse, true}};
+    if (p.kv.paged())
+      specs.push_back({TensorRole::BlockTable,
+                       static_cast<size_t>(p.block_table_elements()) * sizeof(int32_t), false});
+    if (p.kv.seqlens_k)
+      specs.push_back(
+          {TensorRole::SeqlensK, static_cast<size_t>(p.batch) * sizeof(int32_t), false});
+    return specs;
   }
   const size_t d_o = static_cast<size_t>(p.do_span()) * e;
   const size_t dq = static_cast<size_t>(p.dq_span()) * e;
@@ -188,10 +210,32 @@ Status fill_for_timing(const Backend& backend, const AttentionProblem& problem,
   const float lse_value = std::log(static_cast<float>(problem.seqlen_k)) + 0.5f;
   const std::vector<float> lse_block(kHostBlockElements, lse_value);
 
+  // The int32 tensors of a paged cache hold what random_inputs makes (pages, full lengths).
+  const HostInputs indices = [&] {
+    HostInputs none;
+    if (!problem.kv.paged() && !problem.kv.seqlens_k) return none;
+    AttentionProblem small = problem;  // the indices only: no K/V data needed
+    HostInputs made;
+    std::mt19937_64 shuffle(seed);
+    std::vector<int32_t> pages(static_cast<size_t>(std::max<int64_t>(1, problem.kv.num_pages)));
+    std::iota(pages.begin(), pages.end(), 0);
+    std::shuffle(pages.begin(), pages.end(), shuffle);
+    made.block_table.resize(static_cast<size_t>(small.block_table_elements()));
+    for (size_t i = 0; i < made.block_table.size(); ++i)
+      made.block_table[i] = pages[i % pages.size()];
+    made.seqlens_k.assign(static_cast<size_t>(problem.batch),
+                          static_cast<int32_t>(problem.seqlen_k));
+    return made;
+  }();
   for (const TensorSpec& spec : tensor_specs(problem)) {
     if (spec.output) continue;
     const DeviceBuffer* buffer = tensors.find(spec.role);
     if (buffer == nullptr) continue;
+    if (spec.role == TensorRole::BlockTable || spec.role == TensorRole::SeqlensK) {
+      const auto [host, bytes] = host_input(indices, spec.role);
+      FLASHJIT_TRY(backend.copy_to_device(buffer->get(), host, std::min(bytes, buffer->bytes())));
+      continue;
+    }
     const bool lse = spec.role == TensorRole::Lse;
     const void* source = lse ? static_cast<const void*>(lse_block.data()) : block.data();
     const size_t source_bytes = lse ? lse_block.size() * sizeof(float) : block_bytes;

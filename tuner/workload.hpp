@@ -5,6 +5,8 @@
 //
 //   forward   reads q, k, v            writes o, lse
 //   backward  reads q, k, v, o, lse, dO   writes dq, dk, dv   (+ the kernel's own workspace)
+//   (forward with a paged K/V cache or per-sequence lengths also reads the int32 block table
+//   and seqlens_k)
 #pragma once
 
 #include <cstddef>
@@ -20,8 +22,9 @@
 
 namespace flashjit {
 
-enum class TensorRole { Q, K, V, O, Lse, DO, DQ, DK, DV };
-const char* to_string(TensorRole role);  // "q", "k", ..., "do", "dq", "dk", "dv"
+enum class TensorRole { Q, K, V, O, Lse, DO, DQ, DK, DV, BlockTable, SeqlensK };
+// "q", "k", ..., "do", "dq", "dk", "dv", "block_table", "seqlens_k"
+const char* to_string(TensorRole role);
 
 struct TensorSpec {
   TensorRole role;

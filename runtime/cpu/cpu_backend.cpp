@@ -15,6 +15,7 @@
 
 #include "generator/render.hpp"
 #include "runtime/cpu/clang_jit.hpp"
+#include "runtime/cpu/cpu_decode_kernel.hpp"
 #include "runtime/cpu/cpu_info.hpp"
 #include "runtime/launch_params.hpp"
 #include "runtime/workspace.hpp"
@@ -96,16 +97,7 @@ class ThreadPool {
 
 namespace {
 
-using EntryFunction = int (*)(const FlashjitAttentionParams*, int, int);
-
-std::string signature_text(const ProblemSignature& signature) {
-  std::string text = "d";
-  text += std::to_string(signature.head_dim);
-  text += " ";
-  text += to_string(signature.dtype);
-  text += signature.causal ? " causal" : " non-causal";
-  return text;
-}
+std::string signature_text(const ProblemSignature& signature) { return signature.to_string(); }
 
 // Host memory for allocate() and the backward's own workspace: kWorkspaceAlign (256-byte)
 // aligned, so that any buffer from allocate() can serve as a backward workspace too.
@@ -389,19 +381,32 @@ Result<std::shared_ptr<Kernel>> CpuBackend::load(const Binary& binary, const Ker
     entries.push_back(reinterpret_cast<EntryFunction>(entry.value()));
   }
   const bool backward = signature.pass == Pass::Backward;
-  if (entries.size() != (backward ? 3u : 1u)) {
+  const bool decode = config.family == KernelFamily::Decode;
+  if (entries.size() != (backward ? 3u : decode ? 2u : 1u)) {
     return make_error(ErrorCode::InvalidArgument,
                       source.label + ": " + std::to_string(entries.size()) +
                           " entry points for a " + signature.to_string() + " kernel; expected " +
-                          (backward ? "3 (preprocess, dK/dV, dQ)" : "1"));
+                          (backward ? "3 (preprocess, dK/dV, dQ)"
+                           : decode ? "2 (split, combine)"
+                                    : "1"));
   }
   AttentionProblem representative;
   representative.head_dim = signature.head_dim;
   representative.pass = signature.pass;
+  representative.kv.page_size = signature.page_size;
   KernelInfo info;
   info.dynamic_smem_bytes =
       static_cast<int>(cpu_scratch_bytes(config, representative));  // scratch per thread
   info.threads_per_block = 1;
+  if (decode) {
+    std::shared_ptr<ThreadPool> pool = pool_;
+    WorkRunner runner = [pool](EntryFunction entry, const FlashjitAttentionParams& params,
+                               int64_t items) {
+      return run_work_items(*pool, entry, params, items);
+    };
+    return make_cpu_decode_kernel(std::move(module.value()), std::move(entries), std::move(runner),
+                                  cpu_, signature, config, info);
+  }
   if (backward) {
     return std::shared_ptr<Kernel>(std::make_shared<CpuBackwardKernel>(
         std::move(module.value()), std::move(entries), pool_, signature, config, info));

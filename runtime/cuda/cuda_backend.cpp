@@ -11,10 +11,12 @@
 
 #include "generator/backward_config.hpp"
 #include "generator/config.hpp"
+#include "generator/decode_config.hpp"
 #include "generator/forward_config_ws.hpp"
 #include "generator/render.hpp"
 #include "runtime/cuda/nvrtc_compiler.hpp"
 #include "runtime/cuda/tensor_maps.hpp"
+#include "runtime/decode_launch.hpp"
 #include "runtime/gpu_launch.hpp"
 #include "runtime/launch_params.hpp"
 #include "runtime/workspace.hpp"
@@ -34,6 +36,7 @@ AttentionProblem representative_problem(const ProblemSignature& signature) {
   problem.dtype = signature.dtype;
   problem.causal = signature.causal;
   problem.pass = signature.pass;
+  problem.kv.page_size = signature.page_size;
   return problem;
 }
 
@@ -104,8 +107,10 @@ class CudaKernel final : public Kernel {
  public:
   CudaKernel(const Driver* driver, CUdevice device, CUcontext context, CUmodule module,
              std::vector<CUfunction> functions, std::vector<KernelShape> shapes,
-             ProblemSignature signature, AttentionConfig config, KernelInfo info, bool tensor_maps)
+             ProblemSignature signature, AttentionConfig config, KernelInfo info, bool tensor_maps,
+             DeviceSpec device_spec)
       : tensor_maps_(tensor_maps),
+        device_spec_(std::move(device_spec)),
         driver_(driver),
         device_(device),
         context_(context),
@@ -135,34 +140,52 @@ class CudaKernel final : public Kernel {
   const KernelInfo& info() const override { return info_; }
 
   size_t workspace_bytes(const AttentionProblem& problem) const override {
+    if (config_.family == KernelFamily::Decode)
+      return decode_workspace(problem, decode_splits(config_, problem, device_spec_)).bytes;
     return backward_workspace(problem, config_).bytes;
   }
 
-  // The entries in order on `stream` (gpu_launch.hpp: checks, grids, the backward's workspace).
+  // The entries in order on `stream` (gpu_launch.hpp: checks, grids, the backward's workspace;
+  // decode_launch.hpp for the decode family).
   Status launch(const AttentionProblem& problem, const AttentionArgs& args,
                 void* stream) const override {
+    if (config_.family == KernelFamily::Decode) {
+      return launch_gpu_decode(
+          problem, args, signature_, config_, decode_splits(config_, problem, device_spec_),
+          shapes_, kGridLimits, workspace_, stream,
+          [&](size_t entry, const LaunchShape& shape, FlashjitAttentionParams& params) -> Status {
+            return enqueue(entry, shape, params, stream);
+          });
+    }
     return launch_gpu_kernel(
         problem, args, signature_, config_, shapes_, kGridLimits, workspace_, stream,
         [&](size_t entry, const LaunchShape& shape, FlashjitAttentionParams& params) -> Status {
-          FLASHJIT_TRY(check(driver_->cuCtxSetCurrent(context_), "cuCtxSetCurrent"));
-          FlashjitForwardTensorMaps maps;
-          if (tensor_maps_) {
-            FLASHJIT_TRY(encode_forward_tensor_maps(*driver_, params, signature_.head_dim,
-                                                    signature_.dtype, config_, &maps));
-          }
-          void* kernel_args[] = {&params, &maps};
-          return check(driver_->cuLaunchKernel(
-                           functions_[entry], static_cast<unsigned>(shape.grid_x),
-                           static_cast<unsigned>(shape.grid_y), static_cast<unsigned>(shape.grid_z),
-                           static_cast<unsigned>(shape.threads), 1, 1,
-                           static_cast<unsigned>(shape.smem_bytes), static_cast<CUstream>(stream),
-                           kernel_args, nullptr),
-                       "cuLaunchKernel", ErrorCode::LaunchFailed);
+          return enqueue(entry, shape, params, stream);
         });
   }
 
  private:
-  const bool tensor_maps_;  // the entry takes (params, maps) rather than (params)
+  // Enqueues entry `entry` with `shape` on `stream`.
+  Status enqueue(size_t entry, const LaunchShape& shape, FlashjitAttentionParams& params,
+                 void* stream) const {
+    FLASHJIT_TRY(check(driver_->cuCtxSetCurrent(context_), "cuCtxSetCurrent"));
+    FlashjitForwardTensorMaps maps;
+    if (tensor_maps_) {
+      FLASHJIT_TRY(encode_forward_tensor_maps(*driver_, params, signature_.head_dim,
+                                              signature_.dtype, config_, &maps));
+    }
+    void* kernel_args[] = {&params, &maps};
+    return check(driver_->cuLaunchKernel(functions_[entry], static_cast<unsigned>(shape.grid_x),
+                                         static_cast<unsigned>(shape.grid_y),
+                                         static_cast<unsigned>(shape.grid_z),
+                                         static_cast<unsigned>(shape.threads), 1, 1,
+                                         static_cast<unsigned>(shape.smem_bytes),
+                                         static_cast<CUstream>(stream), kernel_args, nullptr),
+                 "cuLaunchKernel", ErrorCode::LaunchFailed);
+  }
+
+  const bool tensor_maps_;        // the entry takes (params, maps) rather than (params)
+  const DeviceSpec device_spec_;  // the decode family's auto splits need the SM count
   const Driver* driver_;
   CUdevice device_;
   CUcontext context_;
@@ -299,20 +322,34 @@ Result<std::shared_ptr<Kernel>> CudaBackend::load(const Binary& binary, const Ke
                       "empty binary for '" + source.label + "': nothing to load");
   }
   const bool backward = signature.pass == Pass::Backward;
-  FLASHJIT_TRY(check_entry_count(source, signature.pass));
+  const bool decode = config.family == KernelFamily::Decode;
+  if (decode) {
+    if (source.entries.size() != 2)
+      return make_error(ErrorCode::InvalidArgument,
+                        "'" + source.label + "' defines " + std::to_string(source.entries.size()) +
+                            " entry points; a decode kernel has 2 (split, combine)");
+  } else {
+    FLASHJIT_TRY(check_entry_count(source, signature.pass));
+  }
   FLASHJIT_TRY(make_current());
 
-  // Per entry: threads per block and dynamic shared memory (render.hpp gives the backward's).
+  // Per entry: threads per block and dynamic shared memory (render.hpp gives the backward's,
+  // render_decode.hpp the decode family's).
   const AttentionProblem problem = representative_problem(signature);
+  const DecodeResources decode_use = decode_resources(config, problem);
   // A persistent forward gets one CTA per SM slot of this device.
   const int persistent_ctas =
       !backward && config.persistent ? ws_persistent_ctas(config, problem, device_) : 0;
-  const std::vector<KernelShape> shapes = entry_shapes(
-      signature.pass,
-      {config.threads(), backward ? 0 : smem_bytes(config, problem), persistent_ctas},
-      backward_shapes(config,
-                      {backward_dkdv_threads(config), backward_dkdv_smem_bytes(config, problem)},
-                      {backward_dq_threads(config), backward_dq_smem_bytes(config, problem)}));
+  const std::vector<KernelShape> shapes =
+      decode ? std::vector<KernelShape>{{decode_use.threads, decode_use.smem_bytes},
+                                        {kDecodeCombineThreads, 0}}
+             : entry_shapes(
+                   signature.pass,
+                   {config.threads(), backward ? 0 : smem_bytes(config, problem), persistent_ctas},
+                   backward_shapes(
+                       config,
+                       {backward_dkdv_threads(config), backward_dkdv_smem_bytes(config, problem)},
+                       {backward_dq_threads(config), backward_dq_smem_bytes(config, problem)}));
   for (const KernelShape& shape : shapes) {
     const int smem = shape.smem_bytes;
     if (smem > device_.smem_per_block_optin) {
@@ -393,7 +430,7 @@ Result<std::shared_ptr<Kernel>> CudaBackend::load(const Binary& binary, const Ke
 
   return std::shared_ptr<Kernel>(std::make_shared<CudaKernel>(
       driver_, device_handle_, context.value(), module, std::move(functions), shapes, signature,
-      config, info, source.tensor_maps));
+      config, info, source.tensor_maps, device_));
 }
 
 Result<DeviceBuffer> CudaBackend::allocate(size_t bytes) const {

@@ -28,9 +28,10 @@ std::vector<AttentionConfig> selected_families(const std::vector<AttentionConfig
   }();
   (void)printed;
   auto selected = [&](KernelFamily family) {
-    const char* name = family == KernelFamily::Ws      ? "ws"
-                       : family == KernelFamily::Wgmma ? "wgmma"
-                                                       : "mma";
+    const char* name = family == KernelFamily::Ws       ? "ws"
+                       : family == KernelFamily::Wgmma  ? "wgmma"
+                       : family == KernelFamily::Decode ? "decode"
+                                                        : "mma";
     // Appended piecewise: gcc 12 warns (-Wrestrict, a false positive) on "literal" + string&&.
     std::string list = ",", wanted = ",";
     list += families;

@@ -48,8 +48,8 @@ AttentionProblem make_problem(const Shape& shape, int head_dim, DType dtype, boo
                               Pass pass = Pass::Forward);
 
 // `configs` restricted to the kernel families named in $FLASHJIT_TEST_FAMILIES (a comma list of
-// "mma", "wgmma", "ws"; unset or empty: every family), so that a GPU session can run one family's
-// tests alone (bench/device_run.sh ws). The families kept are printed once per process.
+// "mma", "wgmma", "ws", "decode"; unset or empty: every family), so that a GPU session can run one
+// family's tests alone (bench/device_run.sh ws). The families kept are printed once per process.
 std::vector<AttentionConfig> selected_families(const std::vector<AttentionConfig>& configs);
 
 // A binary cache for a test's compiles: $FLASHJIT_CACHE_DIR's default directory when that is

@@ -1,0 +1,374 @@
+#include "generator/decode_config.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <iterator>
+#include <optional>
+#include <sstream>
+#include <tuple>
+
+#include "generator/knobs.hpp"
+
+namespace flashjit {
+
+namespace {
+
+using knobs::contains;
+using knobs::illegal;
+using knobs::list;
+
+constexpr int kRegisterAllowance = 32;  // addresses, loop state, softmax scalars
+constexpr int kRegistersPerMTile = 8;   // m, l and the fragment rows of a 16-row tile
+// 16-byte K (or V) copies per thread per block: 8 (past that the unrolled copies' addresses
+// spill: 4 B at m16n128w2s2, d = 64 on sm80), or what 16 keys per warp need at the head dim
+// (padded d / 16: 16 at d = 256).
+int max_copies_per_thread(int padded_head_dim) { return std::max(8, padded_head_dim / 16); }
+constexpr int kSplitsCtasPerSm = 2;  // auto splits aim at this many CTAs per SM
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+bool needs_decode_family(const AttentionProblem& p) { return p.kv.paged() || p.kv.seqlens_k; }
+
+std::string decode_only_reason(const AttentionProblem& p) {
+  return std::string(p.kv.paged() ? "a paged K/V cache" : "per-sequence key counts (seqlens_k)") +
+         " is read by the -decode family only (e.g. m16n64w4s3-decode)";
+}
+
+bool is_decode_problem(const AttentionProblem& p) {
+  if (p.is_backward()) return false;
+  return needs_decode_family(p) ||
+         (p.seqlen_q <= kMaxDecodeSeqlenQ && p.seqlen_k >= kMinDecodeSeqlenK);
+}
+
+int64_t decode_packed_rows(const AttentionProblem& p) { return p.group_size() * p.seqlen_q; }
+
+int64_t decode_row_tiles(const AttentionConfig& c, const AttentionProblem& p) {
+  return ceil_div(decode_packed_rows(p), c.block_m);
+}
+
+int64_t decode_key_blocks(const AttentionConfig& c, const AttentionProblem& p) {
+  return ceil_div(p.seqlen_k, c.block_n);
+}
+
+int decode_splits(const AttentionConfig& c, const AttentionProblem& p, int processors,
+                  int per_processor) {
+  const int64_t blocks = std::max<int64_t>(1, decode_key_blocks(c, p));
+  if (c.splits > 0) return static_cast<int>(std::min<int64_t>(c.splits, blocks));
+  const int64_t tiles = p.batch * p.heads_kv * decode_row_tiles(c, p);
+  const int64_t wanted = ceil_div(int64_t{std::max(1, processors)} * per_processor, tiles);
+  const int64_t splits =
+      std::clamp<int64_t>(wanted, 1, std::min<int64_t>(blocks, kMaxDecodeSplits));
+  // Even ranges: as many splits as needed for ceil(blocks / splits) blocks each.
+  return static_cast<int>(ceil_div(blocks, ceil_div(blocks, splits)));
+}
+
+int decode_splits(const AttentionConfig& c, const AttentionProblem& p, const DeviceSpec& device) {
+  return decode_splits(c, p, device.sm_count, kSplitsCtasPerSm);
+}
+
+// ---- CUDA ---------------------------------------------------------------------------------------
+
+DecodeResources decode_resources(const AttentionConfig& c, const AttentionProblem& p) {
+  DecodeResources r;
+  const int dp = padded_head_dim(p.head_dim);
+  const int m_tiles = std::max(1, c.block_m / 16);
+  const int warp_keys = c.block_n / std::max(1, c.warps);
+  r.threads = c.warps * 32;
+  r.copies = c.block_n * (dp / 8) / std::max(1, r.threads);
+  const int q_tile = c.block_m * dp * 2;
+  const int kv_tiles = 2 * c.stages * c.block_n * dp * 2;
+  const int merge = c.warps * c.block_m * (dp + 2) * 4;  // each warp's O, m and l in fp32
+  r.smem_bytes = q_tile + std::max(kv_tiles, merge);
+  // O and S accumulators, P packed, the allowance, and a 64-bit address per paged copy.
+  r.registers = m_tiles * dp / 2 + m_tiles * warp_keys / 2 + m_tiles * warp_keys / 4 +
+                kRegisterAllowance + kRegistersPerMTile * m_tiles +
+                (p.kv.paged() ? 2 * r.copies : 0);
+  return r;
+}
+
+Status check_decode_config(const AttentionConfig& c, const AttentionProblem& p,
+                           const DeviceSpec& device) {
+  if (c.family != KernelFamily::Decode) return illegal(c, "not a -decode config");
+  if (p.is_backward()) return illegal(c, "the -decode family is a forward kernel");
+  if (!needs_decode_family(p) && p.seqlen_q > kMaxDecodeSeqlenQ)
+    return illegal(c, "seqlen_q = " + str(p.seqlen_q) + ": -decode configs take at most " +
+                          str(kMaxDecodeSeqlenQ) +
+                          " queries per sequence on a contiguous K/V cache (paged: any)");
+  if (device.is_amd() || device.is_cpu())
+    return illegal(c, "the -decode family's GPU template is CUDA's (HIP: not yet)",
+                   ErrorCode::Unsupported);
+  if (device.arch < 80)
+    return illegal(c, "the -decode family needs sm80 or newer (mma.sync bf16, cp.async)");
+  if (c.dq != DqMode::Atomic) return illegal(c, "-det exists in the backward pass only");
+  if (c.pingpong || c.persistent) return illegal(c, "-pp and -persist are knobs of -ws only");
+  if (!contains(kDecodeBlockMChoices, c.block_m))
+    return illegal(c, "block_m = " + str(c.block_m) + " not in " + list(kDecodeBlockMChoices) +
+                          " (packed query rows per CTA)");
+  if (!contains(kDecodeBlockNChoices, c.block_n))
+    return illegal(c, "block_n = " + str(c.block_n) + " not in " + list(kDecodeBlockNChoices));
+  if (!contains(kDecodeWarpChoices, c.warps))
+    return illegal(c, "warps = " + str(c.warps) + " not in " + list(kDecodeWarpChoices));
+  if (!contains(kDecodeStageChoices, c.stages))
+    return illegal(c, "stages = " + str(c.stages) + " not in " + list(kDecodeStageChoices));
+  if (c.splits < 0 || c.splits > kMaxDecodeSplits)
+    return illegal(c, "splits = " + str(c.splits) + ": must be 0 (auto) or in [1, " +
+                          str(kMaxDecodeSplits) + "]");
+  const int warp_keys = c.block_n / c.warps;
+  if (warp_keys % 16 != 0)
+    return illegal(c, "block_n / warps = " + str(warp_keys) +
+                          " keys per warp: must be a multiple of 16 (P feeds P V in k-steps "
+                          "of 16)");
+  const DecodeResources r = decode_resources(c, p);
+  const int chunks = c.block_n * (padded_head_dim(p.head_dim) / 8);
+  if (chunks % r.threads != 0)
+    return illegal(c, "K/V tile copies do not divide evenly over " + str(r.threads) + " threads");
+  const int max_copies = max_copies_per_thread(padded_head_dim(p.head_dim));
+  if (r.copies > max_copies)
+    return illegal(c, str(r.copies) + " K/V tile copies per thread exceed " + str(max_copies) +
+                          " (too few threads for the tile)");
+  if (r.threads > device.max_threads_per_block)
+    return illegal(c, str(r.threads) + " threads exceed the device's " +
+                          str(device.max_threads_per_block) + " per block");
+  if (r.smem_bytes > device.smem_per_block_optin)
+    return illegal(c, "shared memory " + str(r.smem_bytes) + " B exceeds the device's " +
+                          str(device.smem_per_block_optin) + " B per block");
+  if (r.registers > device.max_regs_per_thread)
+    return illegal(c, "estimated " + str(r.registers) + " registers per thread exceed " +
+                          str(device.max_regs_per_thread));
+  return ok_status();
+}
+
+namespace {
+
+// The tiles (splits = auto) in AttentionConfig order.
+std::vector<AttentionConfig> decode_tiles() {
+  std::vector<AttentionConfig> tiles;
+  for (int m : kDecodeBlockMChoices)
+    for (int n : kDecodeBlockNChoices)
+      for (int w : kDecodeWarpChoices)
+        for (int s : kDecodeStageChoices) {
+          AttentionConfig c{m, n, w, s, KernelFamily::Decode};
+          tiles.push_back(c);
+        }
+  return tiles;
+}
+
+// block_m 32 only when the packed rows need more than 16 (else half its rows are padding).
+bool useful_block_m(const AttentionConfig& c, const AttentionProblem& p) {
+  return c.block_m == 16 || decode_packed_rows(p) > 16;
+}
+
+// The tile with auto splits, then each explicit split count up to the key blocks.
+void append_splits(const AttentionConfig& tile, const AttentionProblem& p,
+                   std::vector<AttentionConfig>& out) {
+  out.push_back(tile);
+  const int64_t blocks = decode_key_blocks(tile, p);
+  for (int s : kDecodeSplitChoices) {
+    if (s > blocks) break;
+    AttentionConfig c = tile;
+    c.splits = s;
+    out.push_back(c);
+  }
+}
+
+std::string verdict(const Status& status, const AttentionConfig& c) {
+  if (status.ok()) return "legal";
+  std::string why = status.error().message;
+  const std::string prefix = "config " + c.to_string() + ": ";
+  if (why.rfind(prefix, 0) == 0) why = why.substr(prefix.size());
+  return "illegal: " + why;
+}
+
+}  // namespace
+
+std::vector<AttentionConfig> legal_decode_configs(const AttentionProblem& p,
+                                                  const DeviceSpec& device) {
+  std::vector<AttentionConfig> out;
+  for (const AttentionConfig& tile : decode_tiles())
+    if (useful_block_m(tile, p) && check_decode_config(tile, p, device).ok())
+      append_splits(tile, p, out);
+  return out;
+}
+
+Result<AttentionConfig> default_decode_config(const AttentionProblem& p, const DeviceSpec& device) {
+  const int block_m = decode_packed_rows(p) > 16 ? 32 : 16;
+  // Two CTAs per SM (what auto splits aim at) when the smem allows: the most stages that leave
+  // room for a second CTA, else the fewest.
+  auto two_per_sm = [&](const AttentionConfig& c) {
+    return 2 * (decode_resources(c, p).smem_bytes + 1024) <= device.smem_per_sm;
+  };
+  auto rank = [&](const AttentionConfig& c) {
+    return std::make_tuple(c.block_m == block_m, two_per_sm(c),
+                           two_per_sm(c) ? c.stages : -c.stages);
+  };
+  const AttentionConfig* best = nullptr;
+  const std::vector<AttentionConfig> tiles = decode_tiles();
+  for (const AttentionConfig& c : tiles) {
+    if (c.block_n != 64 || c.warps != 4) continue;
+    if (!check_decode_config(c, p, device).ok()) continue;
+    if (!best || rank(c) > rank(*best)) best = &c;
+  }
+  if (best) return *best;
+  for (const AttentionConfig& c : tiles)
+    if (check_decode_config(c, p, device).ok()) return c;
+  return make_error(ErrorCode::Unsupported, "no legal -decode config for head_dim = " +
+                                                str(p.head_dim) + " on " + device.name);
+}
+
+std::string explain_decode_plan(const AttentionProblem& p, const DeviceSpec& device) {
+  std::ostringstream out;
+  const int dp = padded_head_dim(p.head_dim);
+  out << "device:  " << device.to_string() << "\n";
+  out << "problem: " << p.to_string() << "\n\n";
+  out << "Decode (split-KV, flash-decoding): " << p.group_size() << " query heads x " << p.seqlen_q
+      << " queries = " << decode_packed_rows(p)
+      << " packed rows per (batch, kv head); K/V read once per group.\n";
+  out << "Budget of templates/cuda/decode.cuh (2-byte elements, head dim padded to " << dp
+      << "):\n";
+  out << "  smem  = Bm * " << dp << " * 2 + max(2 * stages * Bc * " << dp << " * 2, warps * Bm * "
+      << dp + 2 << " * 4) B   <= " << device.smem_per_block_optin << " B per block\n";
+  out << "  regs ~= m_tiles * (" << dp / 2 << " + 3 * Bc / warps / 4) + " << kRegisterAllowance
+      << " + " << kRegistersPerMTile << " * m_tiles"
+      << (p.kv.paged() ? " + 2 * copies (page addresses)" : "")
+      << "   <= " << device.max_regs_per_thread << " per thread\n";
+  out << "  Bm in " << list(kDecodeBlockMChoices) << ", Bc in " << list(kDecodeBlockNChoices)
+      << ", warps in " << list(kDecodeWarpChoices) << " (Bc / warps keys each, a multiple of 16)"
+      << ", stages in " << list(kDecodeStageChoices) << "\n";
+  out << "  splits: auto = ceil(" << device.sm_count << " SMs * " << kSplitsCtasPerSm
+      << " / (batch * heads_kv * row tiles)) within [1, key blocks], or one of "
+      << list(kDecodeSplitChoices) << "\n\n";
+  out << "config                   smem(B)  regs~  splits(auto)  status\n";
+  for (const AttentionConfig& c : decode_tiles()) {
+    if (!useful_block_m(c, p)) continue;
+    const Status status = check_decode_config(c, p, device);
+    const DecodeResources r = decode_resources(c, p);
+    char line[512];
+    std::snprintf(line, sizeof line, "%-24s %7d %6d %13d  %s\n", c.to_string().c_str(),
+                  r.smem_bytes, r.registers, decode_splits(c, p, device),
+                  verdict(status, c).c_str());
+    out << line;
+  }
+  const std::vector<AttentionConfig> legal = legal_decode_configs(p, device);
+  out << "\n" << legal.size() << " legal -decode configs (tiles x splits)";
+  if (!needs_decode_family(p)) out << ", beside the prefill families' (tuned together)";
+  out << ".";
+  if (auto def = default_decode_config(p, device); def.ok())
+    out << " Default (untuned): " << def->to_string() << " (splits "
+        << decode_splits(*def, p, device) << " here)\n";
+  else
+    out << " " << def.error().message << "\n";
+  return out.str();
+}
+
+// ---- CPU ----------------------------------------------------------------------------------------
+
+int64_t cpu_decode_scratch_bytes(const AttentionConfig& c, const AttentionProblem& p) {
+  const int64_t d = p.head_dim, m = c.block_m, n = c.block_n;
+  return 4 * (m * d + 2 * n * d + m * n + m * d + 2 * m);
+}
+
+Status check_cpu_decode_config(const AttentionConfig& c, const AttentionProblem& p,
+                               const CpuSpec& cpu) {
+  if (c.family != KernelFamily::Decode) return illegal(c, "not a -decode config");
+  if (p.is_backward()) return illegal(c, "the -decode family is a forward kernel");
+  if (!needs_decode_family(p) && p.seqlen_q > kMaxDecodeSeqlenQ)
+    return illegal(c, "seqlen_q = " + str(p.seqlen_q) + ": -decode configs take at most " +
+                          str(kMaxDecodeSeqlenQ) +
+                          " queries per sequence on a contiguous K/V cache (paged: any)");
+  if (c.dq != DqMode::Atomic) return illegal(c, "-det exists in the backward pass only");
+  if (c.pingpong || c.persistent) return illegal(c, "-pp and -persist are knobs of -ws only");
+  if (!contains(kCpuDecodeBlockMChoices, c.block_m))
+    return illegal(c, "block_m = " + str(c.block_m) + ": the CPU decode template takes one of " +
+                          list(kCpuDecodeBlockMChoices) + " (packed query rows per work item)");
+  if (!contains(kCpuDecodeBlockNChoices, c.block_n))
+    return illegal(c, "block_n = " + str(c.block_n) + ": the CPU decode template takes one of " +
+                          list(kCpuDecodeBlockNChoices));
+  if (c.warps != 1 || c.stages != 1)
+    return illegal(c, "warps = " + str(c.warps) + ", stages = " + str(c.stages) +
+                          ": must be 1 on the CPU (one work item per core, no pipeline)");
+  if (c.splits < 0 || c.splits > kMaxDecodeSplits)
+    return illegal(c, "splits = " + str(c.splits) + ": must be 0 (auto) or in [1, " +
+                          str(kMaxDecodeSplits) + "]");
+  const int64_t bytes = cpu_decode_scratch_bytes(c, p);
+  if (bytes > cpu.l2_bytes)
+    return illegal(c, "working set " + str(bytes) + " B exceeds the L2 (" + str(cpu.l2_bytes) +
+                          " B per core)");
+  return ok_status();
+}
+
+namespace {
+
+// block_m: the packed rows rounded up to a choice (the largest choice for more rows).
+int cpu_block_m_for(const AttentionProblem& p) {
+  const int64_t rows = decode_packed_rows(p);
+  for (int m : kCpuDecodeBlockMChoices)
+    if (rows <= m) return m;
+  return kCpuDecodeBlockMChoices[std::size(kCpuDecodeBlockMChoices) - 1];
+}
+
+}  // namespace
+
+std::vector<AttentionConfig> legal_cpu_decode_configs(const AttentionProblem& p,
+                                                      const CpuSpec& cpu) {
+  std::vector<AttentionConfig> out;
+  // block_m: the one that fits the packed rows (a larger one only adds padding rows).
+  const int m = cpu_block_m_for(p);
+  for (int n : kCpuDecodeBlockNChoices) {
+    AttentionConfig c{m, n, 1, 1, KernelFamily::Decode};
+    if (check_cpu_decode_config(c, p, cpu).ok()) append_splits(c, p, out);
+  }
+  return out;
+}
+
+Result<AttentionConfig> default_cpu_decode_config(const AttentionProblem& p, const CpuSpec& cpu) {
+  const int m = cpu_block_m_for(p);
+  std::optional<AttentionConfig> best;
+  for (int n : kCpuDecodeBlockNChoices) {
+    AttentionConfig c{m, n, 1, 1, KernelFamily::Decode};
+    if (check_cpu_decode_config(c, p, cpu).ok() && (!best || n <= 128)) best = c;
+  }
+  if (!best)
+    return make_error(ErrorCode::Unsupported,
+                      "no CPU -decode config fits head_dim = " + str(p.head_dim) + " in an L2 of " +
+                          str(cpu.l2_bytes) + " B");
+  return *best;
+}
+
+int cpu_decode_splits(const AttentionConfig& c, const AttentionProblem& p, const CpuSpec& cpu) {
+  return decode_splits(c, p, cpu.cores, 2);
+}
+
+std::string explain_cpu_decode_plan(const AttentionProblem& p, const CpuSpec& cpu) {
+  std::ostringstream out;
+  out << "cpu:     " << cpu.to_string() << "\n";
+  out << "problem: " << p.to_string() << "\n\n";
+  out << "Decode (split-KV) on the CPU: work items (split, row tile of Bm packed rows, kv head, "
+         "batch); "
+      << decode_packed_rows(p) << " packed rows per (batch, kv head).\n";
+  out << "  scratch = 4 * (2 * Bm * d + 2 * Bc * d + Bm * Bc + 2 * Bm) B <= L2 (" << cpu.l2_bytes
+      << " B)\n";
+  out << "  splits: auto = ceil(" << cpu.cores
+      << " cores * 2 / (batch * heads_kv * row tiles)) within [1, key blocks]\n\n";
+  for (int n : kCpuDecodeBlockNChoices) {
+    AttentionConfig c{cpu_block_m_for(p), n, 1, 1, KernelFamily::Decode};
+    char line[512];
+    std::snprintf(line, sizeof line, "%-22s %9lld B  splits(auto) %4d  %s\n", c.to_string().c_str(),
+                  static_cast<long long>(cpu_decode_scratch_bytes(c, p)),
+                  cpu_decode_splits(c, p, cpu),
+                  verdict(check_cpu_decode_config(c, p, cpu), c).c_str());
+    out << line;
+  }
+  const auto legal = legal_cpu_decode_configs(p, cpu);
+  out << "\n" << legal.size() << " legal -decode configs (tiles x splits).";
+  if (auto def = default_cpu_decode_config(p, cpu); def.ok())
+    out << " Default (untuned): " << def->to_string() << "\n";
+  else
+    out << " " << def.error().message << "\n";
+  return out.str();
+}
+
+}  // namespace flashjit

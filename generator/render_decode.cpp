@@ -1,0 +1,79 @@
+#include "generator/render_decode.hpp"
+
+#include <sstream>
+
+#include "generator/cpu_config.hpp"
+#include "generator/decode_config.hpp"
+
+namespace flashjit {
+
+namespace {
+
+// The tile without its split count: what the source depends on (and its label shows).
+AttentionConfig tile_of(const AttentionConfig& config) {
+  AttentionConfig tile = config;
+  tile.splits = 0;
+  return tile;
+}
+
+const char* bool_text(bool value) { return value ? "true" : "false"; }
+
+}  // namespace
+
+Result<KernelSource> render_cuda_decode(const AttentionProblem& problem,
+                                        const AttentionConfig& config) {
+  FLASHJIT_TRY(validate(problem));
+  FLASHJIT_TRY(check_cuda_dtype(problem.dtype));
+  // A CUDA device with no limits to speak of: only the template's own constraints can fail.
+  DeviceSpec unlimited;
+  unlimited.name = "(template constraints only)";
+  unlimited.arch = 80;
+  unlimited.smem_per_block_optin = unlimited.smem_per_sm = 1 << 30;
+  unlimited.regs_per_sm = 1 << 30;
+  unlimited.max_regs_per_thread = 1 << 30;
+  unlimited.max_threads_per_sm = unlimited.max_threads_per_block = 1 << 30;
+  FLASHJIT_TRY(check_decode_config(config, problem, unlimited));
+  const bool bf16 = problem.dtype == DType::BF16;
+  const char* params = "(const __grid_constant__ FlashjitAttentionParams params) {\n";
+  std::ostringstream instantiation;
+  instantiation << "typedef flashjit_kernel::DecodeTraits</*head_dim=*/" << problem.head_dim
+                << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n
+                << ", /*warps=*/" << config.warps << ", /*stages=*/" << config.stages
+                << ", /*bf16=*/" << bool_text(bf16) << ", /*causal=*/" << bool_text(problem.causal)
+                << ", /*page_size=*/" << problem.kv.page_size << "> Config;\n"
+                << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads)\n"
+                << kDecodeSplitEntry << params
+                << "  flashjit_kernel::decode_split<Config>(params);\n}\n"
+                << "extern \"C\" __global__ void "
+                   "__launch_bounds__(flashjit_kernel::kDecodeCombineThreads)\n"
+                << kDecodeCombineEntry << params << "  flashjit_kernel::decode_combine<"
+                << problem.head_dim << ", " << bool_text(bf16) << ">(params);\n}\n";
+  return detail::assemble(
+      {"attention_common.h", "cuda/common.cuh", "cuda/tiles.cuh", "cuda/decode.cuh"},
+      {kDecodeSplitEntry, kDecodeCombineEntry}, "decode", problem, tile_of(config),
+      instantiation.str());
+}
+
+Result<KernelSource> render_cpu_decode(const AttentionProblem& problem,
+                                       const AttentionConfig& config) {
+  FLASHJIT_TRY(validate(problem));
+  CpuSpec unlimited;  // only the template's own constraints can fail
+  unlimited.l1d_bytes = unlimited.l2_bytes = int64_t{1} << 40;
+  FLASHJIT_TRY(check_cpu_decode_config(config, problem, unlimited));
+  std::ostringstream instantiation;
+  instantiation << "typedef flashjit_cpu::DecodeTraits</*head_dim=*/" << problem.head_dim
+                << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n
+                << ", /*storage=*/"
+                << (problem.dtype == DType::BF16  ? "flashjit_cpu::kBF16"
+                    : problem.dtype == DType::F32 ? "flashjit_cpu::kF32"
+                                                  : "flashjit_cpu::kF16")
+                << ", /*causal=*/" << bool_text(problem.causal) << ", /*page_size=*/"
+                << problem.kv.page_size << "> Config;\n"
+                << detail::cpu_entry(kCpuDecodeSplitEntry, "Decode<Config>::run")
+                << detail::cpu_entry(kCpuDecodeCombineEntry, "Decode<Config>::combine");
+  return detail::assemble({"cpu/common.hpp", "cpu/decode.hpp"},
+                          {kCpuDecodeSplitEntry, kCpuDecodeCombineEntry}, "decode_cpu", problem,
+                          tile_of(config), instantiation.str());
+}
+
+}  // namespace flashjit

@@ -1,0 +1,50 @@
+// Rendering the decode family (generator/decode_config.hpp): its entry points and launch
+// contract, and the sources for CUDA (templates/cuda/decode.cuh) and the CPU
+// (templates/cpu/decode.hpp). render_cuda_attention / render_cpu_attention forward here for
+// configs of family Decode. The split count is a launch parameter (FlashjitAttentionParams::
+// num_splits), not part of the source: every split choice of one tile shares one binary.
+#pragma once
+
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "generator/config.hpp"
+#include "generator/error.hpp"
+#include "generator/problem.hpp"
+#include "generator/render.hpp"
+
+namespace flashjit {
+
+// The GPU entry points of a decode source, launched in this order on one stream, each taking the
+// FlashjitAttentionParams by value:
+//   split    grid (num_splits * row tiles, heads_kv, batch), the split fastest; Config::kThreads
+//            threads (decode_resources), its dynamic shared memory. Writes o and lse when
+//            num_splits == 1, else partial_o and partial_lse.
+//   combine  only when num_splits > 1: grid (ceil(batch * heads_q * seqlen_q /
+//            kDecodeCombineRows)), kDecodeCombineThreads threads (one warp per row), no shared
+//            memory. Writes o and lse.
+inline constexpr const char* kDecodeSplitEntry = "flashjit_decode_split";
+inline constexpr const char* kDecodeCombineEntry = "flashjit_decode_combine";
+// The CPU's, each extern "C" int entry(const FlashjitAttentionParams*, int begin, int end):
+//   split    work items batch x heads_kv x row tiles x num_splits (the split fastest)
+//   combine  rows batch x heads_q x seqlen_q (only when num_splits > 1)
+inline constexpr const char* kCpuDecodeSplitEntry = "flashjit_decode_split_cpu";
+inline constexpr const char* kCpuDecodeCombineEntry = "flashjit_decode_combine_cpu";
+
+// Validate the problem and the config's template constraints (not the device budget).
+Result<KernelSource> render_cuda_decode(const AttentionProblem& problem,
+                                        const AttentionConfig& config);
+Result<KernelSource> render_cpu_decode(const AttentionProblem& problem,
+                                       const AttentionConfig& config);
+
+namespace detail {
+// render.cpp's: the shared assembly of a source, and the CPU template arguments and entry text.
+Result<KernelSource> assemble(std::initializer_list<const char*> template_paths,
+                              std::vector<std::string> entries, const char* kind,
+                              const AttentionProblem& problem, const AttentionConfig& config,
+                              const std::string& instantiation);
+std::string cpu_entry(const char* entry, const char* function);
+}  // namespace detail
+
+}  // namespace flashjit
