@@ -99,11 +99,6 @@ export FLASHJIT_CACHE_DIR="$PWD/build-device/kcache"
 export FLASHJIT_DB="$PWD/build-device/tuning.db"
 # GPU tests fail instead of skipping when the GPU cannot be used here.
 export FLASHJIT_EXPECT_GPU=1
-# The -ws schedules (-pp, -persist) are enumerated only on request until they have passed the
-# GPU tests (generator/forward_config_ws.hpp): the test modes ask for them, tune and bench not.
-if [[ "$what" == ws* || "$what" == gpu-tests ]]; then
-  export FLASHJIT_WS_SCHEDULES="${FLASHJIT_WS_SCHEDULES:-1}"
-fi
 
 echo "== device"
 nvidia-smi -L || echo "nvidia-smi failed"

@@ -72,20 +72,13 @@ WsResources ws_resources(const AttentionConfig& c, const AttentionProblem& p) {
   return r;
 }
 
-bool ws_schedules_enabled() {
-  const char* env = std::getenv("FLASHJIT_WS_SCHEDULES");
-  return env != nullptr && std::string(env) == "1";
-}
-
 std::vector<AttentionConfig> ws_candidates() {
   std::vector<AttentionConfig> configs;
-  const bool schedules = ws_schedules_enabled();
   for (int block_m : kWsBlockMChoices)
     for (int block_n : kWsBlockNChoices)
       for (int stages : kWsStageChoices)
         for (bool pingpong : {false, true})
           for (bool persistent : {false, true}) {
-            if ((pingpong || persistent) && !schedules) continue;
             AttentionConfig c{block_m, block_n, block_m / 16 + 4, stages, KernelFamily::Ws};
             c.pingpong = pingpong;
             c.persistent = persistent;
@@ -175,8 +168,6 @@ std::string explain_ws_plan(const AttentionProblem& p, const DeviceSpec& device)
       << ")\n"
       << "  consumer needs ~" << dp / 2 << " (O) + Bc / 2 (S) + Bc / 4 (P) + " << kRegisterAllowance
       << "\n\n";
-  if (!ws_schedules_enabled())
-    out << "  (not offered to the tuner yet: FLASHJIT_WS_SCHEDULES=1 until verified on an H100)\n";
   out << "  schedule: each legal tile also as -pp (consumers take turns at the tensor cores; 2 or "
          "3 "
          "consumers), -persist (a grid of "

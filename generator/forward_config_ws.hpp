@@ -46,14 +46,9 @@ struct WsResources {
 
 WsResources ws_resources(const AttentionConfig& config, const AttentionProblem& problem);
 
-// Whether the enumeration offers the schedules (-pp, -persist): only with
-// FLASHJIT_WS_SCHEDULES=1 until they have passed the GPU tests on an H100 (they pass the host
-// emulation and compile clean; a kernel that hangs on hardware would hang `flashjit tune`).
-// check_ws_config accepts them either way, so a config named explicitly runs.
-bool ws_schedules_enabled();
-
-// Every point of the knob space (family Ws, warps = block_m / 16 + 4, each schedule that
-// ws_schedules_enabled() allows), in AttentionConfig's order; filter it with check_ws_config.
+// Every point of the knob space (family Ws, warps = block_m / 16 + 4, each tile in each schedule:
+// plain, -pp, -persist, -pp-persist), in AttentionConfig's order; filter it with
+// check_ws_config.
 std::vector<AttentionConfig> ws_candidates();
 
 // The grid of a persistent config (runtime: KernelShape::persistent_ctas): one CTA per SM slot,

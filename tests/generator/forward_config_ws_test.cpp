@@ -74,15 +74,6 @@ TEST(WsConfig, ScheduleKnobsAreWsOnly) {
         << status.error().message;
     EXPECT_FALSE(check_config(c, problem(128).with_pass(Pass::Backward), sm(90)).ok());
   }
-  // Until verified on an H100 the enumeration offers the schedules only when asked.
-  unsetenv("FLASHJIT_WS_SCHEDULES");
-  for (const AttentionConfig& c : legal_configs(problem(128), sm(90)))
-    EXPECT_FALSE(c.pingpong || c.persistent) << c.to_string() << " offered without the opt-in";
-  EXPECT_TRUE(
-      check_config(scheduled({128, 128, 12, 2, KernelFamily::Ws}, true, true), problem(128), sm(90))
-          .ok())
-      << "a schedule named explicitly stays legal";
-  setenv("FLASHJIT_WS_SCHEDULES", "1", 1);
   // The schedule costs no resources: every legal tile is legal in each schedule it can run.
   for (int head_dim : {64, 128, 256}) {
     const std::vector<AttentionConfig> legal = legal_configs(problem(head_dim), sm(90));
@@ -103,7 +94,6 @@ TEST(WsConfig, ScheduleKnobsAreWsOnly) {
     }
     EXPECT_GT(scheduled_configs, 2 * tiles) << head_dim;
   }
-  unsetenv("FLASHJIT_WS_SCHEDULES");
 }
 
 TEST(WsConfig, PersistentGridIsOneCtaPerSmSlot) {

@@ -269,7 +269,11 @@ TEST_F(CudaDecode, GraphCaptureReplaysWithNewBlockTablesAndLengths) {
   const size_t o_bytes = static_cast<size_t>(problem.o_span()) * 2;
   for (size_t i = 0; i < replays.size(); ++i) {
     const ft::DecodeInputs& d = inputs[i];
-    // New cache contents (same layout), table and lengths into the captured buffers.
+    // New queries, cache contents (same layout), table and lengths into the captured buffers.
+    ASSERT_TRUE(backend
+                    .copy_to_device(const_cast<void*>(tensors->args.q), d.inputs.q.data(),
+                                    d.inputs.q.size() * 2)
+                    .ok());
     ASSERT_TRUE(backend
                     .copy_to_device(const_cast<void*>(tensors->args.k), d.inputs.k.data(),
                                     d.inputs.k.size() * 2)
