@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <filesystem>
+#include <iostream>
 #include <random>
 #include <utility>
 
@@ -122,6 +124,37 @@ Tuner::Tuner(const Backend& backend, const BinaryCache* cache, TuningStore* stor
   options_.min_samples = std::max(1, options_.min_samples);
   options_.max_samples = std::max(options_.min_samples, options_.max_samples);
   options_.retime_top = std::max(0, options_.retime_top);
+  options_.max_retimes = std::max(1, options_.max_retimes);
+  if (options_.serialize_timing) {
+    const std::string device = backend.timing_device_id();
+    Result<DeviceLock> lock =
+        DeviceLock::open(options_.lock_dir.empty() ? DeviceLock::default_dir()
+                                                   : std::filesystem::path(options_.lock_dir),
+                         device);
+    if (lock.ok()) {
+      device_lock_.emplace(std::move(lock.value()));
+    } else {
+      message("flashjit tune: timing " + device + " without its lock (other tuners on it may " +
+              "disturb the timings): " + lock.error().message);
+    }
+  }
+}
+
+void Tuner::message(const std::string& text) const {
+  if (options_.on_message) {
+    options_.on_message(text);
+  } else {
+    std::cerr << text << std::endl;
+  }
+}
+
+Result<DeviceLock::Guard> Tuner::hold_device() const {
+  if (!device_lock_) return DeviceLock::Guard();
+  return device_lock_->acquire([this](long pid) {
+    message("waiting for " + device_lock_->device() + ": held by " +
+            (pid > 0 ? "pid " + std::to_string(pid) : std::string("another process")) + " (" +
+            device_lock_->path().string() + ")");
+  });
 }
 
 Tuner::~Tuner() {
@@ -497,6 +530,8 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
       auto at = std::find(configs.begin(), configs.end(), row.config);
       if (at != configs.end()) results[at - configs.begin()] = std::move(row);
     }
+  }
+  if (store_ != nullptr) {  // resumed, or kept when this run's timings are unstable
     Result<std::optional<TuneChoice>> choice = store_->choice(fingerprint_, report.key);
     if (!choice.ok()) return choice.error();
     stored_choice = choice.value();
@@ -563,6 +598,8 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
         Rotation rotation(*s->kernel, problem, sets);
         const std::function<Status()> work = std::ref(rotation);
         Measurement m;
+        Result<DeviceLock::Guard> held = hold_device();
+        if (!held.ok()) return held.error();
         Result<int> reps = warm_up(backend_, work, options_.warmup_ms, batch_ms);
         Status status = reps.ok() ? ok_status() : Status(reps.error());
         if (reps.ok()) m.reps = *reps;
@@ -585,6 +622,7 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
             break;
           }
         }
+        held->release();
         if (!status.ok()) {
           FLASHJIT_TRY(device_health(configs[i].to_string() + " failed to launch"));
           result.status = TuneStatus::LaunchFailed;
@@ -625,7 +663,9 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
     candidates.push_back(default_index);
   }
   std::vector<size_t> retimed;  // candidates with re-timed samples
-  if (candidates.size() >= 2) {
+  // One re-time: the candidates' batches round-robin, holding the device.
+  auto retime = [&]() -> Status {
+    retimed.clear();
     TuneProgress retiming = progress;
     retiming.phase = TuneProgress::Phase::Retiming;
     notify(retiming);
@@ -658,6 +698,8 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
       run.work = std::ref(*run.rotation);
       runs.push_back(std::move(run));
     }
+    Result<DeviceLock::Guard> held = hold_device();
+    if (!held.ok()) return held.error();
     for (Candidate& run : runs) {
       Result<int> reps = warm_up(backend_, run.work, options_.warmup_ms, batch_ms);
       if (reps.ok()) {
@@ -703,6 +745,46 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
       }
       FLASHJIT_TRY(record(report.key, result));
     }
+    return ok_status();
+  };
+  if (candidates.size() >= 2) {
+    // The disturbance check: the default's median against its previous one (first pass or
+    // store, then the previous re-time).
+    double previous_ms = default_timed ? results[default_index]->median_ms : 0;
+    std::vector<double> previous_samples = samples[default_index];
+    std::string medians = previous_ms > 0 ? std::to_string(previous_ms) : "";
+    bool stable = false;
+    for (int round = 0; round < options_.max_retimes && !stable; ++round) {
+      FLASHJIT_TRY(retime());
+      const bool checked = previous_ms > 0 && std::find(retimed.begin(), retimed.end(),
+                                                        default_index) != retimed.end();
+      if (!checked) {
+        stable = true;
+        break;
+      }
+      const double now_ms = results[default_index]->median_ms;
+      const double noise = std::max({options_.disturbance_tolerance * previous_ms,
+                                     interquartile_range(previous_samples),
+                                     interquartile_range(samples[default_index])});
+      medians += ", " + std::to_string(now_ms);
+      stable = std::abs(now_ms - previous_ms) <= noise;
+      previous_ms = now_ms;
+      previous_samples = samples[default_index];
+    }
+    if (!stable) {
+      report.disturbed = true;
+      report.note =
+          "timings unstable (something else used " + backend_.device().name + "): the default " +
+          configs[default_index].to_string() + " measured " + medians + " ms; " +
+          (stored_choice ? "the stored choice " + stored_choice->config.to_string() + " is kept"
+                         : std::string("no choice stored")) +
+          "; tune again when the device is quiet";
+      message("flashjit tune: " + problem.to_string() + ": " + report.note);
+      for (size_t i : candidates) {
+        append_note(results[i]->message, "disturbed");
+        FLASHJIT_TRY(record(report.key, *results[i]));
+      }
+    }
   }
 
   // The decision: the fastest re-timed config (measured side by side), else the fastest.
@@ -733,6 +815,20 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
   } else {
     report.note =
         "the default config " + report.default_config.to_string() + " " + to_string(def.status);
+  }
+  if (report.disturbed) {
+    // No choice from noise: the stored one stays (or the default serves, nothing stored).
+    if (stored_choice) {
+      report.choice = stored_choice;
+    } else {
+      TuneChoice fallback;
+      fallback.config = configs[default_index];
+      fallback.median_ms = report.default_ms;
+      fallback.default_ms = report.default_ms;
+      report.choice = fallback;
+    }
+    report.kept_default = false;
+    return finish();
   }
   TuneChoice choice;
   choice.config = configs[chosen];

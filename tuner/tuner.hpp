@@ -39,6 +39,18 @@
 // by tune()/tune_all() are fatal ones only: an invalid problem, a device that stopped working
 // (a kernel fault leaves the CUDA context unusable), a store that cannot be written.
 //
+// One timer per device (tuner/device_lock.hpp): each config's timing and the re-time take the
+// device's lock, so tuners in other processes on the same device (Backend::timing_device_id) do
+// not time at the same moment; compiles and verification stay parallel. A tuner that must wait
+// says so (options.on_message: "waiting for <device>: held by pid N").
+//
+// Disturbance check: the default is timed first and again in the re-time. When the two medians
+// differ by more than the noise (max(disturbance_tolerance x the first, either's interquartile
+// range)), something else used the device: the re-time runs again, and the decision is taken from
+// it if it agrees with the previous re-time. If it still does not, the timings are unstable: the
+// results are recorded with a note saying so, the previous stored choice is kept (none is stored
+// when there is none; TuneReport::choice is then the default) and TuneReport::disturbed is set.
+//
 // Resume (options.resume, with a store): configs already recorded for (device, generator version,
 // key) are not measured again; a key that has a choice and a row for every legal config is taken
 // from the store as it is (TuneReport::resumed).
@@ -63,6 +75,7 @@
 #include "runtime/binary_cache.hpp"
 #include "runtime/runtime.hpp"
 #include "runtime/tuning_store.hpp"
+#include "tuner/device_lock.hpp"
 #include "tuner/workload.hpp"
 
 namespace flashjit {
@@ -108,7 +121,13 @@ struct TuneOptions {
                                     // (0: gradient_tolerance(dtype), tuner/reference.hpp)
   bool resume = true;               // skip what the store already has for this device
   bool verbose = false;  // results' messages also carry registers, spills and verification errors
+  bool serialize_timing = true;         // take the device's timing lock (tuner/device_lock.hpp)
+  std::string lock_dir;                 // its folder; empty: DeviceLock::default_dir()
+  double disturbance_tolerance = 0.05;  // the default's two medians may differ by this fraction
+  int max_retimes = 2;                  // re-time rounds when the default's medians disagree
   std::function<void(const TuneProgress&)> on_progress;
+  // Waiting for the device, a lock that cannot be used, unstable timings; null: stderr.
+  std::function<void(const std::string&)> on_message;
 };
 
 // The outcome of tuning one problem.
@@ -122,6 +141,7 @@ struct TuneReport {
   double noise_ms = 0;        // the margin a winner had to beat the default by
   bool kept_default = false;  // a faster config was within the noise, so the default stays
   bool resumed = false;       // taken from the store without measuring anything
+  bool disturbed = false;     // the default's re-timed medians never agreed: no new choice stored
   double seconds = 0;         // wall time spent on this problem
   std::string note;           // why there is no choice, or other remarks
 
@@ -173,12 +193,16 @@ class Tuner {
   Status device_health(const std::string& after) const;
   Status record(const ProblemKey& key, const TuneResult& result);
   void notify(TuneProgress progress) const;
+  void message(const std::string& text) const;
+  // Holds the device for a timing phase (an empty Guard when timing is not serialized).
+  Result<DeviceLock::Guard> hold_device() const;
 
   const Backend& backend_;
   const BinaryCache* cache_;
   TuningStore* store_;
   TuneOptions options_;
   DeviceFingerprint fingerprint_;
+  std::optional<DeviceLock> device_lock_;  // when options.serialize_timing and it could be opened
 
   // Compile pool: slots keyed by signature + config; a queue of slots to compile.
   mutable std::mutex mutex_;

@@ -17,8 +17,10 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -128,7 +130,9 @@ class FakeBackend final : public CudaTemplateBackend {
     const double base = found != times.end() ? found->second : default_ms;
     // Each config's samples alternate above and below its base: the spread is 2 * jitter.
     const double sign = (sample_counters[last_launched.to_string()]++ % 2 == 0) ? 1.0 : -1.0;
-    return base * (1.0 + sign * jitter);
+    // Another job on the device: a factor by the number of batches timed so far.
+    const double disturbed = disturbance ? disturbance(timed_batches.load()) : 1.0;
+    return base * (1.0 + sign * jitter) * disturbed;
   }
 
   // A backward config space of the test's choosing (the first is the default), instead of the
@@ -165,6 +169,7 @@ class FakeBackend final : public CudaTemplateBackend {
   bool device_lost_after_launch_failure = false;
   bool shares_device = false;  // compiles_share_the_device(), as the CPU backend's
   bool slow_compiles = false;
+  std::function<double(int)> disturbance;  // factor on every time, by batches timed so far
 
   mutable std::atomic<int> compiling{0};
   mutable std::atomic<int> timed_while_compiling{0};
@@ -690,6 +695,140 @@ TEST_F(TunerTest, BackwardConfigsAreVerifiedOnGradientsTimedAndStored) {
 
 // --- On a GPU
 // -------------------------------------------------------------------------------------
+
+// The default is timed first and again in the re-time; a neighbour that slowed the first pass's
+// default down makes them disagree: the re-time runs again, agrees with itself, and the decision
+// comes from the quiet re-time (no 3x "gain" from the disturbed first measurement).
+TEST_F(TunerTest, DisturbedFirstPassIsRetimedAndDecidedOnQuietTimings) {
+  backend_.times[others_[0].to_string()] = 0.9;  // a real 10% win
+  int default_batches = -1;
+  backend_.disturbance = [&](int batch) {
+    if (default_batches < 0 && backend_.last_launched == default_) return 3.0;  // first pass
+    if (default_batches < 0) default_batches = batch;
+    return 1.0;
+  };
+  TuneOptions options = fast_options();
+  int retimes = 0;
+  options.on_progress = [&](const TuneProgress& p) {
+    if (p.phase == TuneProgress::Phase::Retiming) ++retimes;
+  };
+  std::vector<std::string> messages;
+  options.on_message = [&](const std::string& m) { messages.push_back(m); };
+  options.lock_dir = (dir_ / "locks").string();
+  Tuner tuner(backend_, nullptr, nullptr, options);
+  Result<TuneReport> report = tuner.tune(problem_);
+  ASSERT_TRUE(report.ok()) << report.error().describe();
+  EXPECT_EQ(retimes, 2) << "the disagreeing default was not re-timed again";
+  EXPECT_FALSE(report->disturbed) << report->note;
+  ASSERT_TRUE(report->choice);
+  EXPECT_EQ(report->choice->config, others_[0]);
+  EXPECT_NEAR(report->default_ms, 1.0, 0.01) << "the decision used the disturbed first pass";
+  EXPECT_NEAR(report->gain(), 1.0 / 0.9, 0.02);
+  EXPECT_TRUE(messages.empty()) << messages.front();
+}
+
+// A device that never settles (every batch 3% slower than the last): no choice is taken from the
+// noise. Without a stored choice none is stored and the default serves; with one, it stays.
+TEST_F(TunerTest, UnstableTimingsKeepThePreviousChoice) {
+  std::unique_ptr<TuningStore> store = open_store();
+  ASSERT_NE(store, nullptr);
+  backend_.times[others_[0].to_string()] = 0.8;
+  TuneOptions options = fast_options();
+  options.lock_dir = (dir_ / "locks").string();
+  std::vector<std::string> messages;
+  options.on_message = [&](const std::string& m) { messages.push_back(m); };
+  options.resume = false;
+  const ProblemKey key = ProblemKey::of(problem_);
+  const DeviceFingerprint fingerprint = backend_.fingerprint();
+
+  backend_.disturbance = [](int batch) { return std::pow(1.03, batch); };
+  {
+    Tuner tuner(backend_, nullptr, store.get(), options);
+    Result<TuneReport> report = tuner.tune(problem_);
+    ASSERT_TRUE(report.ok()) << report.error().describe();
+    EXPECT_TRUE(report->disturbed);
+    EXPECT_NE(report->note.find("timings unstable"), std::string::npos) << report->note;
+    EXPECT_NE(report->note.find("no choice stored"), std::string::npos) << report->note;
+    ASSERT_TRUE(report->choice);
+    EXPECT_EQ(report->choice->config, default_) << "a choice taken from noise";
+    Result<std::optional<TuneChoice>> stored = store->choice(fingerprint, key);
+    ASSERT_TRUE(stored.ok());
+    EXPECT_FALSE(stored->has_value()) << "a choice from unstable timings was stored";
+    Result<std::vector<TuneResult>> rows = store->results(fingerprint, key);
+    ASSERT_TRUE(rows.ok());
+    EXPECT_EQ(rows->size(), configs_.size()) << "the measured results are kept";
+    int marked = 0;
+    for (const TuneResult& row : *rows)
+      marked += row.message.find("disturbed") != std::string::npos;
+    EXPECT_GE(marked, 2);
+    ASSERT_FALSE(messages.empty());
+    EXPECT_NE(messages.back().find("timings unstable"), std::string::npos);
+  }
+
+  // A quiet run stores others_[0]; an unstable run later keeps it.
+  backend_.disturbance = nullptr;
+  {
+    Tuner tuner(backend_, nullptr, store.get(), options);
+    Result<TuneReport> report = tuner.tune(problem_);
+    ASSERT_TRUE(report.ok()) << report.error().describe();
+    EXPECT_FALSE(report->disturbed) << report->note;
+    ASSERT_TRUE(report->choice);
+    EXPECT_EQ(report->choice->config, others_[0]);
+  }
+  backend_.times[others_[1].to_string()] = 0.5;  // what a disturbed run might think
+  const int start = backend_.timed_batches;
+  backend_.disturbance = [start](int batch) { return std::pow(1.03, batch - start); };
+  {
+    Tuner tuner(backend_, nullptr, store.get(), options);
+    Result<TuneReport> report = tuner.tune(problem_);
+    ASSERT_TRUE(report.ok()) << report.error().describe();
+    EXPECT_TRUE(report->disturbed);
+    ASSERT_TRUE(report->choice);
+    EXPECT_EQ(report->choice->config, others_[0]) << "the stored choice was not kept";
+    Result<std::optional<TuneChoice>> stored = store->choice(fingerprint, key);
+    ASSERT_TRUE(stored.ok() && stored->has_value());
+    EXPECT_EQ((*stored)->config, others_[0]);
+  }
+}
+
+// Two tuners on one device take turns: the second waits while the first holds the device (here
+// the test holds it) and says so.
+TEST_F(TunerTest, TimingWaitsForTheDeviceAndSaysWhoHoldsIt) {
+  const fs::path locks = dir_ / "locks";
+  Result<DeviceLock> lock = DeviceLock::open(locks, backend_.timing_device_id());
+  ASSERT_TRUE(lock.ok()) << lock.error().describe();
+  Result<DeviceLock::Guard> held = lock->acquire();
+  ASSERT_TRUE(held.ok() && held->held());
+
+  TuneOptions options = fast_options();
+  options.lock_dir = locks.string();
+  std::mutex mutex;
+  std::vector<std::string> messages;
+  options.on_message = [&](const std::string& m) {
+    std::lock_guard<std::mutex> guard(mutex);
+    messages.push_back(m);
+  };
+  std::atomic<bool> done{false};
+  std::thread tuning([&] {
+    Tuner tuner(backend_, nullptr, nullptr, options);
+    Result<TuneReport> report = tuner.tune(problem_);
+    EXPECT_TRUE(report.ok());
+    done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(done) << "timed while the device was held";
+  EXPECT_EQ(backend_.timed_batches, 0);
+  held->release();
+  tuning.join();
+  EXPECT_TRUE(done);
+  EXPECT_GT(backend_.timed_batches, 0);
+  std::lock_guard<std::mutex> guard(mutex);
+  ASSERT_FALSE(messages.empty());
+  EXPECT_NE(messages.front().find("waiting for " + backend_.timing_device_id()), std::string::npos)
+      << messages.front();
+  EXPECT_NE(messages.front().find("pid " + std::to_string(getpid())), std::string::npos)
+      << messages.front();
+}
 
 TEST(TunerGpu, TunesOneSmallProblemEndToEnd) {
   FLASHJIT_REQUIRE_GPU();
