@@ -50,7 +50,7 @@ def main():
     parser.add_argument("--backend", default="cuda")
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--tolerance", type=float, default=0.10,
-                        help="how far a concurrent run's default TFLOP/s may be from the lone's")
+                        help="how far a concurrent run's default time may be from the lone's")
     parser.add_argument("--out", default=os.environ.get("OUT", "device-out"))
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -88,7 +88,7 @@ def main():
     waits = 0
     lines = [f"# {args.processes} concurrent tuners vs a lone one ({args.backend})", "",
              f"lone: {lone_s:.0f} s; {args.processes} concurrent: {concurrent_s:.0f} s", "",
-             "| problem | lone default TFLOP/s | lone choice (gain) | process | default TFLOP/s "
+             "| problem | lone default ms | lone choice (gain) | process | default ms "
              "| choice (gain) | verdict |", "|---|---:|---|---:|---:|---|---|"]
     for i in range(args.processes):
         log_text = open(os.path.join(args.out, f"concurrent-{i}.log")).read()
@@ -102,8 +102,8 @@ def main():
             if got is None:
                 violations.append(f"process {i}: {key} missing")
                 continue
-            ref_default = ref["default"]["tflops"]
-            got_default = got["default"]["tflops"]
+            ref_default = ref["default"]["ms"]
+            got_default = got["default"]["ms"]
             ref_choice = ref["chosen"]["config"] if ref["chosen"] else None
             got_choice = got["chosen"]["config"] if got["chosen"] else None
             verdict = "ok"
@@ -126,8 +126,8 @@ def main():
                     verdict = f"gain {got['gain']:.2f}x that the lone run does not show"
             if not verdict.startswith("ok") and not verdict.startswith("unstable"):
                 violations.append(f"process {i}: {key}: {verdict}")
-            lines.append(f"| {key} | {ref_default:.1f} | {ref_choice} ({ref['gain']:.3f}x) | {i} "
-                         f"| {got_default:.1f} | {got_choice} ({got['gain']:.3f}x) | {verdict} |")
+            lines.append(f"| {key} | {ref_default:.4g} | {ref_choice} ({ref['gain']:.3f}x) | {i} "
+                         f"| {got_default:.4g} | {got_choice} ({got['gain']:.3f}x) | {verdict} |")
     lines += ["", f"'waiting for' messages: {waits}",
               f"violations: {len(violations)}"] + [f"- {v}" for v in violations]
     text = "\n".join(lines) + "\n"

@@ -151,6 +151,9 @@ void Tuner::message(const std::string& text) const {
 Result<DeviceLock::Guard> Tuner::hold_device() const {
   if (!device_lock_) return DeviceLock::Guard();
   return device_lock_->acquire([this](long pid) {
+    // Once per holder: a contended run would otherwise say it before every config.
+    if (pid == last_holder_pid_) return;
+    last_holder_pid_ = pid;
     message("waiting for " + device_lock_->device() + ": held by " +
             (pid > 0 ? "pid " + std::to_string(pid) : std::string("another process")) + " (" +
             device_lock_->path().string() + ")");

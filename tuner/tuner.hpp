@@ -203,6 +203,7 @@ class Tuner {
   TuneOptions options_;
   DeviceFingerprint fingerprint_;
   std::optional<DeviceLock> device_lock_;  // when options.serialize_timing and it could be opened
+  mutable long last_holder_pid_ = -1;      // the holder the last "waiting for" message named
 
   // Compile pool: slots keyed by signature + config; a queue of slots to compile.
   mutable std::mutex mutex_;
