@@ -6,8 +6,10 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <random>
+#include <string_view>
 #include <utility>
 
 #include "tuner/measure.hpp"
@@ -146,6 +148,20 @@ void Tuner::message(const std::string& text) const {
   } else {
     std::cerr << text << std::endl;
   }
+}
+
+void Tuner::mark_inflight(const ProblemKey& key, const AttentionConfig* config) const {
+  if (options_.inflight_path.empty()) return;
+  std::ofstream out(options_.inflight_path, std::ios::trunc);
+  if (config != nullptr) out << key.to_string() << "\t" << config->to_string() << "\n";
+}
+
+const TuneOptions::Fault* Tuner::fault_of(const ProblemKey& key,
+                                          const AttentionConfig& config) const {
+  for (const TuneOptions::Fault& fault : options_.faulted) {
+    if (fault.key == key.to_string() && fault.config == config.to_string()) return &fault;
+  }
+  return nullptr;
 }
 
 Result<DeviceLock::Guard> Tuner::hold_device() const {
@@ -297,10 +313,20 @@ Status Tuner::record(const ProblemKey& key, const TuneResult& result) {
   return store_->record(fingerprint_, key, result);
 }
 
+namespace {
+constexpr std::string_view kDeviceLost = "the device stopped working after ";
+}  // namespace
+
+const char* const kDisturbedNote = "disturbed";
+
+bool is_device_lost(const Error& error) {
+  return error.message.compare(0, kDeviceLost.size(), kDeviceLost) == 0;
+}
+
 Status Tuner::device_health(const std::string& after) const {
   Status synced = backend_.synchronize();
   if (synced.ok()) return ok_status();
-  std::string message = "the device stopped working after ";
+  std::string message(kDeviceLost);
   message += after;
   message += " (";
   message += synced.error().describe();
@@ -501,6 +527,7 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
   progress.problem_count = count;
   progress.steps = static_cast<int>(configs.size()) + 1;
   auto finish = [&]() {
+    mark_inflight(report.key, nullptr);
     report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
     TuneProgress done = progress;
     done.phase = TuneProgress::Phase::Done;
@@ -530,6 +557,8 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
     Result<std::vector<TuneResult>> rows = store_->results(fingerprint_, report.key);
     if (!rows.ok()) return rows.error();
     for (TuneResult& row : *rows) {
+      // Rows measured while the device was disturbed are measured again.
+      if (row.message.find(kDisturbedNote) != std::string::npos) continue;
       auto at = std::find(configs.begin(), configs.end(), row.config);
       if (at != configs.end()) results[at - configs.begin()] = std::move(row);
     }
@@ -589,10 +618,28 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
   int step = 0;
   for (size_t i : order) {
     progress.step = step;
+    if (!results[i] && fault_of(report.key, configs[i]) != nullptr) {
+      TuneResult failed;
+      failed.config = configs[i];
+      failed.is_default = i == default_index;
+      failed.status = TuneStatus::LaunchFailed;
+      failed.message = "a tuning worker died running it: " + fault_of(report.key, configs[i])->why;
+      FLASHJIT_TRY(record(report.key, failed));
+      results[i] = std::move(failed);
+    }
     if (!results[i]) {
       std::shared_ptr<Slot> s = slot(problem, configs[i]);
+      mark_inflight(report.key, &configs[i]);
       Result<TuneResult> prepared = prepare_kernel(*s, problem, progress);
-      if (!prepared.ok()) return prepared.error();
+      if (!prepared.ok()) {  // the device is unusable after its verification launch
+        TuneResult failed;
+        failed.config = configs[i];
+        failed.is_default = i == default_index;
+        failed.status = TuneStatus::LaunchFailed;
+        failed.message = "left the device unusable: " + prepared.error().describe();
+        FLASHJIT_TRY(record(report.key, failed));
+        return prepared.error();
+      }
       TuneResult result = std::move(prepared.value());
       result.is_default = i == default_index;
       if (result.status == TuneStatus::Timed) {
@@ -627,9 +674,14 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
         }
         held->release();
         if (!status.ok()) {
-          FLASHJIT_TRY(device_health(configs[i].to_string() + " failed to launch"));
           result.status = TuneStatus::LaunchFailed;
           result.message = "timing: " + status.error().describe();
+          if (Status health = device_health(configs[i].to_string() + " failed to launch");
+              !health.ok()) {
+            append_note(result.message, "left the device unusable");
+            FLASHJIT_TRY(record(report.key, result));
+            return health.error();
+          }
         } else {
           result.median_ms = median_of(m.samples);
           result.min_ms = *std::min_element(m.samples.begin(), m.samples.end());
@@ -688,6 +740,7 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
       Candidate run;
       run.index = i;
       run.slot = slot(problem, configs[i]);
+      mark_inflight(report.key, &configs[i]);
       Result<TuneResult> prepared = prepare_kernel(*run.slot, problem, progress);
       if (!prepared.ok()) return prepared.error();
       if (prepared->status != TuneStatus::Timed) {  // recorded as timed, fails now
@@ -704,6 +757,7 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
     Result<DeviceLock::Guard> held = hold_device();
     if (!held.ok()) return held.error();
     for (Candidate& run : runs) {
+      mark_inflight(report.key, &configs[run.index]);
       Result<int> reps = warm_up(backend_, run.work, options_.warmup_ms, batch_ms);
       if (reps.ok()) {
         run.reps = *reps;
@@ -780,12 +834,14 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
           "timings unstable (something else used " + backend_.device().name + "): the default " +
           configs[default_index].to_string() + " measured " + medians + " ms; " +
           (stored_choice ? "the stored choice " + stored_choice->config.to_string() + " is kept"
-                         : std::string("no choice stored")) +
+                         : std::string("the default is stored as the choice")) +
           "; tune again when the device is quiet";
       message("flashjit tune: " + problem.to_string() + ": " + report.note);
-      for (size_t i : candidates) {
-        append_note(results[i]->message, "disturbed");
-        FLASHJIT_TRY(record(report.key, *results[i]));
+      // Every timing of this problem is suspect: the next run measures them again.
+      for (auto& result : results) {
+        if (result->status != TuneStatus::Timed) continue;
+        append_note(result->message, kDisturbedNote);
+        FLASHJIT_TRY(record(report.key, *result));
       }
     }
   }
@@ -820,7 +876,8 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
         "the default config " + report.default_config.to_string() + " " + to_string(def.status);
   }
   if (report.disturbed) {
-    // No choice from noise: the stored one stays (or the default serves, nothing stored).
+    // No choice from noise: the stored one stays, or the default is stored. The rows noted
+    // "disturbed" are measured again by the next run (resume skips them).
     if (stored_choice) {
       report.choice = stored_choice;
     } else {
@@ -828,6 +885,7 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
       fallback.config = configs[default_index];
       fallback.median_ms = report.default_ms;
       fallback.default_ms = report.default_ms;
+      if (store_ != nullptr) FLASHJIT_TRY(store_->choose(fingerprint_, report.key, fallback));
       report.choice = fallback;
     }
     report.kept_default = false;

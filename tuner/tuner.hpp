@@ -48,8 +48,8 @@
 // differ by more than the noise (max(disturbance_tolerance x the first, either's interquartile
 // range)), something else used the device: the re-time runs again, and the decision is taken from
 // it if it agrees with the previous re-time. If it still does not, the timings are unstable: the
-// results are recorded with a note saying so, the previous stored choice is kept (none is stored
-// when there is none; TuneReport::choice is then the default) and TuneReport::disturbed is set.
+// results are recorded with the note "disturbed" (the next run measures them again), the previous
+// stored choice is kept (or the default is stored as the choice) and TuneReport::disturbed is set.
 //
 // Resume (options.resume, with a store): configs already recorded for (device, generator version,
 // key) are not measured again; a key that has a choice and a row for every legal config is taken
@@ -125,6 +125,16 @@ struct TuneOptions {
   std::string lock_dir;                 // its folder; empty: DeviceLock::default_dir()
   double disturbance_tolerance = 0.05;  // the default's two medians may differ by this fraction
   int max_retimes = 2;                  // re-time rounds when the default's medians disagree
+  // Crash isolation (tuner/supervisor.hpp): where to write the config about to be launched
+  // ("<key>\t<config>"; empty: nowhere), and the configs a previous worker died running, recorded
+  // as LaunchFailed without a launch.
+  std::string inflight_path;
+  struct Fault {
+    std::string key;     // ProblemKey::to_string()
+    std::string config;  // AttentionConfig::to_string()
+    std::string why;     // "killed by signal 11 (Segmentation fault)"
+  };
+  std::vector<Fault> faulted;
   std::function<void(const TuneProgress&)> on_progress;
   // Waiting for the device, a lock that cannot be used, unstable timings; null: stderr.
   std::function<void(const std::string&)> on_message;
@@ -141,7 +151,7 @@ struct TuneReport {
   double noise_ms = 0;        // the margin a winner had to beat the default by
   bool kept_default = false;  // a faster config was within the noise, so the default stays
   bool resumed = false;       // taken from the store without measuring anything
-  bool disturbed = false;     // the default's re-timed medians never agreed: no new choice stored
+  bool disturbed = false;     // the default's re-timed medians never agreed: no choice from them
   double seconds = 0;         // wall time spent on this problem
   std::string note;           // why there is no choice, or other remarks
 
@@ -194,6 +204,9 @@ class Tuner {
   Status record(const ProblemKey& key, const TuneResult& result);
   void notify(TuneProgress progress) const;
   void message(const std::string& text) const;
+  // Writes "<key>\t<config>" to options.inflight_path (config null: empties it).
+  void mark_inflight(const ProblemKey& key, const AttentionConfig* config) const;
+  const TuneOptions::Fault* fault_of(const ProblemKey& key, const AttentionConfig& config) const;
   // Holds the device for a timing phase (an empty Guard when timing is not serialized).
   Result<DeviceLock::Guard> hold_device() const;
 
@@ -226,5 +239,12 @@ class Tuner {
 // runtime's backend with `options`, recorded in runtime.user_store() (if any) and served with the
 // chosen config. One Tuner is kept for the runtime's life, so later misses reuse its compiles.
 void install_tune_on_miss(Runtime& runtime, TuneOptions options = {});
+
+// True for the fatal error of tune()/tune_all() after which the device cannot be used in this
+// process (a kernel fault): a new process can go on (tuner/supervisor.hpp).
+bool is_device_lost(const Error& error);
+
+// The note on results measured while the device was disturbed (resume measures them again).
+extern const char* const kDisturbedNote;
 
 }  // namespace flashjit

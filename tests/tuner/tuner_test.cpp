@@ -14,7 +14,9 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -28,13 +30,15 @@
 
 #include "support/gpu.hpp"
 #include "tuner/reference.hpp"
+#include "tuner/supervisor.hpp"
 
 namespace flashjit {
 namespace {
 
 namespace fs = std::filesystem;
 
-enum class Behavior { Good, CompileFails, LaunchFails, WrongResult, NaN };
+// Crash: the launch kills the process (as a CPU kernel's segfault would).
+enum class Behavior { Good, CompileFails, LaunchFails, WrongResult, NaN, Crash };
 
 class FakeBackend;
 
@@ -188,6 +192,7 @@ class FakeBackend final : public CudaTemplateBackend {
 Status FakeKernel::launch(const AttentionProblem& problem, const AttentionArgs& args, void*) const {
   ++backend_.launches;
   const Behavior behavior = backend_.behavior(config_);
+  if (behavior == Behavior::Crash) std::abort();
   if (behavior == Behavior::LaunchFails) {
     if (backend_.device_lost_after_launch_failure) backend_.device_lost = true;
     return make_error(ErrorCode::LaunchFailed, "fake launch failure");
@@ -466,6 +471,108 @@ TEST_F(TunerTest, LostDeviceStopsTheRun) {
   EXPECT_EQ(report.error().code, ErrorCode::DriverError);
   EXPECT_NE(report.error().message.find(others_[0].to_string()), std::string::npos)
       << report.error().message;
+  EXPECT_TRUE(is_device_lost(report.error()));
+}
+
+// The config whose launch left the device unusable is in the store as failed, so that the run
+// resumed in a new process (tuner/supervisor.hpp) does not launch it again.
+TEST_F(TunerTest, LostDeviceRecordsTheConfigThatLostIt) {
+  std::unique_ptr<TuningStore> store = open_store();
+  ASSERT_NE(store, nullptr);
+  backend_.behaviors[others_[0].to_string()] = Behavior::LaunchFails;
+  backend_.device_lost_after_launch_failure = true;
+  {
+    Tuner tuner(backend_, nullptr, store.get(), fast_options());
+    ASSERT_FALSE(tuner.tune(problem_).ok());
+  }
+  Result<std::vector<TuneResult>> rows =
+      store->results(backend_.fingerprint(), ProblemKey::of(problem_));
+  ASSERT_TRUE(rows.ok());
+  bool found = false;
+  for (const TuneResult& row : *rows) {
+    if (row.config != others_[0]) continue;
+    found = true;
+    EXPECT_EQ(row.status, TuneStatus::LaunchFailed);
+    EXPECT_NE(row.message.find("unusable"), std::string::npos) << row.message;
+  }
+  EXPECT_TRUE(found) << "the config that lost the device is not recorded";
+
+  // A new process (a fresh backend) resumes without launching it.
+  backend_.device_lost = false;
+  backend_.device_lost_after_launch_failure = false;
+  const int launches = backend_.launches;
+  Tuner again(backend_, nullptr, store.get(), fast_options());
+  Result<TuneReport> report = again.tune(problem_);
+  ASSERT_TRUE(report.ok()) << report.error().describe();
+  EXPECT_EQ(report->result_of(others_[0])->status, TuneStatus::LaunchFailed);
+  EXPECT_GT(backend_.launches, launches);
+}
+
+// The worker side of SupervisedRunSurvivesAKernelThatKillsItsProcess: runs only when that test
+// starts this program as its worker (FLASHJIT_TUNER_TEST_DB set).
+TEST(TunerWorker, TunesIntoTheStoreItIsGiven) {
+  const char* db = std::getenv("FLASHJIT_TUNER_TEST_DB");
+  const char* crash = std::getenv("FLASHJIT_TUNER_TEST_CRASH");
+  if (db == nullptr || crash == nullptr) GTEST_SKIP() << "the worker of a supervisor test";
+  FakeBackend backend;
+  backend.behaviors[crash] = Behavior::Crash;
+  TuneOptions options = fast_options();
+  ASSERT_TRUE(apply_worker_environment(options)) << "not started as a tuning worker";
+  Result<std::unique_ptr<TuningStore>> store = TuningStore::open(db);
+  ASSERT_TRUE(store.ok()) << store.error().describe();
+  Tuner tuner(backend, nullptr, store->get(), options);
+  Result<TuneReport> report = tuner.tune(test_problem());
+  ASSERT_TRUE(report.ok()) << report.error().describe();
+  ASSERT_TRUE(report->choice);
+}
+
+// A kernel that kills its process (here: abort() in a launch) does not end the run: the
+// supervisor records it as failed and a new worker finishes the problem from the store.
+TEST_F(TunerTest, SupervisedRunSurvivesAKernelThatKillsItsProcess) {
+  const std::string crash = others_[1].to_string();
+  const fs::path db = dir_ / "tuning.db";
+  setenv("FLASHJIT_TUNER_TEST_DB", db.c_str(), 1);
+  setenv("FLASHJIT_TUNER_TEST_CRASH", crash.c_str(), 1);
+  SupervisedRun run;
+  run.argv = {"/proc/self/exe", "--gtest_filter=TunerWorker.TunesIntoTheStoreItIsGiven"};
+  std::vector<std::string> messages;
+  run.on_message = [&](const std::string& m) { messages.push_back(m); };
+  Result<int> status = run_supervised(run);
+  unsetenv("FLASHJIT_TUNER_TEST_DB");
+  unsetenv("FLASHJIT_TUNER_TEST_CRASH");
+  ASSERT_TRUE(status.ok()) << status.error().describe();
+  EXPECT_EQ(*status, 0) << "the second worker did not finish";
+  ASSERT_EQ(messages.size(), 1u) << "one worker died, once";
+  EXPECT_NE(messages[0].find("killed by signal " + std::to_string(SIGABRT)), std::string::npos)
+      << messages[0];
+  EXPECT_NE(messages[0].find(crash), std::string::npos) << messages[0];
+
+  std::unique_ptr<TuningStore> store = open_store();
+  ASSERT_NE(store, nullptr);
+  const ProblemKey key = ProblemKey::of(test_problem());
+  Result<std::vector<TuneResult>> rows = store->results(backend_.fingerprint(), key);
+  ASSERT_TRUE(rows.ok());
+  EXPECT_EQ(rows->size(), configs_.size()) << "a finished result was lost";
+  for (const TuneResult& row : *rows) {
+    if (row.config.to_string() == crash) {
+      EXPECT_EQ(row.status, TuneStatus::LaunchFailed);
+      EXPECT_NE(row.message.find("died"), std::string::npos) << row.message;
+    } else {
+      EXPECT_NE(row.status, TuneStatus::LaunchFailed) << row.config.to_string();
+    }
+  }
+  Result<std::optional<TuneChoice>> choice = store->choice(backend_.fingerprint(), key);
+  ASSERT_TRUE(choice.ok() && choice->has_value());
+  EXPECT_NE((*choice)->config.to_string(), crash);
+
+  // A worker that dies with nothing in flight is not restarted forever.
+  SupervisedRun broken;
+  broken.argv = {"/bin/sh", "-c", "kill -9 $$"};
+  broken.on_message = [](const std::string&) {};
+  Result<int> gave_up = run_supervised(broken);
+  ASSERT_FALSE(gave_up.ok());
+  EXPECT_NE(gave_up.error().message.find("no config in flight"), std::string::npos)
+      << gave_up.error().message;
 }
 
 TEST_F(TunerTest, ProblemsSharingKernelsCompileOnce) {
@@ -728,7 +835,8 @@ TEST_F(TunerTest, DisturbedFirstPassIsRetimedAndDecidedOnQuietTimings) {
 }
 
 // A device that never settles (every batch 3% slower than the last): no choice is taken from the
-// noise. Without a stored choice none is stored and the default serves; with one, it stays.
+// noise. Without a stored choice the default is stored; with one, it stays. The disturbed rows
+// are measured again by the next run.
 TEST_F(TunerTest, UnstableTimingsKeepThePreviousChoice) {
   std::unique_ptr<TuningStore> store = open_store();
   ASSERT_NE(store, nullptr);
@@ -748,12 +856,12 @@ TEST_F(TunerTest, UnstableTimingsKeepThePreviousChoice) {
     ASSERT_TRUE(report.ok()) << report.error().describe();
     EXPECT_TRUE(report->disturbed);
     EXPECT_NE(report->note.find("timings unstable"), std::string::npos) << report->note;
-    EXPECT_NE(report->note.find("no choice stored"), std::string::npos) << report->note;
+    EXPECT_NE(report->note.find("the default is stored"), std::string::npos) << report->note;
     ASSERT_TRUE(report->choice);
     EXPECT_EQ(report->choice->config, default_) << "a choice taken from noise";
     Result<std::optional<TuneChoice>> stored = store->choice(fingerprint, key);
-    ASSERT_TRUE(stored.ok());
-    EXPECT_FALSE(stored->has_value()) << "a choice from unstable timings was stored";
+    ASSERT_TRUE(stored.ok() && stored->has_value());
+    EXPECT_EQ((*stored)->config, default_) << "a choice from unstable timings was stored";
     Result<std::vector<TuneResult>> rows = store->results(fingerprint, key);
     ASSERT_TRUE(rows.ok());
     EXPECT_EQ(rows->size(), configs_.size()) << "the measured results are kept";
@@ -765,13 +873,19 @@ TEST_F(TunerTest, UnstableTimingsKeepThePreviousChoice) {
     EXPECT_NE(messages.back().find("timings unstable"), std::string::npos);
   }
 
-  // A quiet run stores others_[0]; an unstable run later keeps it.
+  // A quiet run (resuming) measures the disturbed rows again and stores others_[0]; an unstable
+  // run later keeps it.
   backend_.disturbance = nullptr;
   {
-    Tuner tuner(backend_, nullptr, store.get(), options);
+    TuneOptions resuming = options;
+    resuming.resume = true;
+    const int batches = backend_.timed_batches;
+    Tuner tuner(backend_, nullptr, store.get(), resuming);
     Result<TuneReport> report = tuner.tune(problem_);
     ASSERT_TRUE(report.ok()) << report.error().describe();
     EXPECT_FALSE(report->disturbed) << report->note;
+    EXPECT_FALSE(report->resumed) << "disturbed rows were taken as measured";
+    EXPECT_GT(backend_.timed_batches, batches);
     ASSERT_TRUE(report->choice);
     EXPECT_EQ(report->choice->config, others_[0]);
   }
