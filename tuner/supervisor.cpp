@@ -31,6 +31,12 @@ void say(const SupervisedRun& run, const std::string& text) {
   }
 }
 
+// The signals a faulting kernel dies of (not an interrupt or a kill from outside).
+bool fault_signal(int signal) {
+  return signal == SIGSEGV || signal == SIGBUS || signal == SIGILL || signal == SIGFPE ||
+         signal == SIGABRT || signal == SIGTRAP || signal == SIGSYS;
+}
+
 // Starts argv with `env` added to this process's environment; the child's pid.
 Result<pid_t> start(const std::vector<std::string>& argv,
                     const std::vector<std::pair<std::string, std::string>>& env) {
@@ -92,6 +98,9 @@ Result<int> run_supervised(const SupervisedRun& run) {
       }
     }
     std::string why;
+    if (WIFSIGNALED(status) && !fault_signal(WTERMSIG(status))) {
+      return 128 + WTERMSIG(status);  // interrupted or killed from outside: not a kernel's fault
+    }
     if (WIFSIGNALED(status)) {
       why = std::string("killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
             strsignal(WTERMSIG(status)) + ")";

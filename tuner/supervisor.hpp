@@ -7,11 +7,12 @@
 //
 // The worker (the same program, with FLASHJIT_TUNE_WORKER=1 in its environment) writes the
 // config it is about to launch to FLASHJIT_TUNE_INFLIGHT ("<key>\t<config>"). When the worker
-// dies by a signal, or exits with kExitWorkerLost (a device it cannot use any more), the
-// supervisor appends that config to FLASHJIT_TUNE_FAULTS ("<key>\t<config>\t<why>") and starts a
-// new worker with FLASHJIT_TUNE_RESUME=1; the new worker records each listed config as
-// LaunchFailed without launching it (TuneOptions::faulted) and resumes the rest.
-// Not handled yet: a kernel that hangs (the worker is not killed on a deadline).
+// dies of a fault signal (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTRAP, SIGSYS; an interrupt
+// or a kill from outside ends the run with 128 + the signal), or exits with kExitWorkerLost (a
+// device it cannot use any more), the supervisor appends that config to FLASHJIT_TUNE_FAULTS
+// ("<key>\t<config>\t<why>") and starts a new worker with FLASHJIT_TUNE_RESUME=1; the new worker
+// records each listed config as LaunchFailed without launching it (TuneOptions::faulted) and
+// resumes the rest. Not handled yet: a kernel that hangs (the worker is not killed on a deadline).
 #pragma once
 
 #include <functional>

@@ -565,9 +565,17 @@ TEST_F(TunerTest, SupervisedRunSurvivesAKernelThatKillsItsProcess) {
   ASSERT_TRUE(choice.ok() && choice->has_value());
   EXPECT_NE((*choice)->config.to_string(), crash);
 
-  // A worker that dies with nothing in flight is not restarted forever.
+  // A worker killed from outside (SIGKILL, SIGINT) ends the run: 128 + the signal, no restart.
+  SupervisedRun killed;
+  killed.argv = {"/bin/sh", "-c", "kill -9 $$"};
+  killed.on_message = [](const std::string&) {};
+  Result<int> ended = run_supervised(killed);
+  ASSERT_TRUE(ended.ok()) << ended.error().describe();
+  EXPECT_EQ(*ended, 128 + SIGKILL);
+
+  // A worker that faults with nothing in flight is not restarted forever.
   SupervisedRun broken;
-  broken.argv = {"/bin/sh", "-c", "kill -9 $$"};
+  broken.argv = {"/bin/sh", "-c", "kill -SEGV $$"};
   broken.on_message = [](const std::string&) {};
   Result<int> gave_up = run_supervised(broken);
   ASSERT_FALSE(gave_up.ok());
