@@ -184,6 +184,36 @@ TuningStore::~TuningStore() = default;
 
 const fs::path& TuningStore::path() const { return impl_->path; }
 
+namespace {
+
+// Rows written before the generator versions were per backend carry the hash of every template
+// (generator_version()). Where that hash is this build's, their kernels are this build's: they
+// are re-stamped with their backend's version (generator_version_of) so they stay current. A row
+// whose re-stamped twin already exists stays as it is (stale). One transaction; idempotent.
+Status restamp_same_templates(const Database& impl) {
+  Transaction transaction(impl);
+  FLASHJIT_TRY(transaction.begin());
+  for (const char* table : {"results", "choices"}) {
+    for (const char* backend : {"cuda", "hip", "cpu"}) {
+      const std::string prefix = std::string(backend) + "|";
+      if (generator_version_of(prefix) == generator_version()) continue;
+      std::string sql = "UPDATE OR IGNORE ";
+      sql += table;
+      sql += " SET generator = ? WHERE generator = ? AND substr(device, 1, ?) = ?";
+      Result<Statement> stmt = impl.prepare(sql);
+      if (!stmt.ok()) return stmt.error();
+      FLASHJIT_TRY(impl.bound(stmt->bind(1, std::string_view(generator_version_of(prefix)))));
+      FLASHJIT_TRY(impl.bound(stmt->bind(2, std::string_view(generator_version()))));
+      FLASHJIT_TRY(impl.bound(stmt->bind(3, static_cast<int64_t>(prefix.size()))));
+      FLASHJIT_TRY(impl.bound(stmt->bind(4, std::string_view(prefix))));
+      FLASHJIT_TRY(impl.run(*stmt, "re-stamping rows with their backend's generator version"));
+    }
+  }
+  return transaction.commit();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<TuningStore>> TuningStore::open(const fs::path& path) {
   auto impl = std::make_unique<Impl>();
   impl->path = path;
@@ -193,6 +223,7 @@ Result<std::unique_ptr<TuningStore>> TuningStore::open(const fs::path& path) {
   FLASHJIT_TRY(impl->exec("PRAGMA synchronous=NORMAL", "setting synchronous=NORMAL"));
   // Creates the schema, or migrates a version-1 file in place (one transaction).
   FLASHJIT_TRY(tuning_db::prepare_for_writing(*impl));
+  FLASHJIT_TRY(restamp_same_templates(*impl));
   return std::unique_ptr<TuningStore>(new TuningStore(std::move(impl)));
 }
 

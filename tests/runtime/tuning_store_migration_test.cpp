@@ -252,6 +252,53 @@ TEST_F(TuningStoreMigrationTest, ReadWriteOpenMigratesEveryRowAsForward) {
   EXPECT_EQ((*again)->entries()->size(), before.choices.size() + 1);
 }
 
+// A file written before the generator versions were per backend carries the hash of every
+// template (generator_version()) on its rows. Opened read-write by a build with the same
+// templates, its rows are re-stamped with their backend's version and stay current; rows of
+// other template versions stay stale. Set up from the previous release's fixture, re-stamped as
+// that release would have written it with this build's templates.
+TEST_F(TuningStoreMigrationTest, RowsOfTheAllTemplatesVersionAreReStampedPerBackend) {
+  const fs::path path = copy_fixture();
+  const std::vector<FixtureChoice> fixture_choices = choices_in_v1(path);
+  ASSERT_GE(fixture_choices.size(), 2u);
+  query(path, "UPDATE results SET generator = '" + generator_version() + "'");
+  query(path, "UPDATE choices SET generator = '" + generator_version() + "'");
+  // One choice of a third version: it must stay stale.
+  query(path,
+        "UPDATE choices SET generator = 'feedfacefeedface' WHERE rowid = (SELECT min(rowid) "
+        "FROM choices)");
+  const size_t results_before = contents_of(path).results.size();
+
+  Result<std::unique_ptr<TuningStore>> opened = TuningStore::open(path);
+  ASSERT_TRUE(opened.ok()) << opened.error().describe();
+  TuningStore& store = **opened;
+  const DeviceFingerprint device = testing::devices_of(path).at(0);
+  const std::string version = generator_version_of(device.to_string());
+  ASSERT_NE(version, generator_version());
+  EXPECT_EQ(query(path, "SELECT count(*) FROM results WHERE generator = '" + version + "'"),
+            std::vector<std::string>{std::to_string(results_before)});
+  Result<std::vector<TuningStore::Entry>> entries = store.entries();
+  ASSERT_TRUE(entries.ok()) << entries.error().describe();
+  ASSERT_EQ(entries->size(), fixture_choices.size());
+  int current = 0;
+  for (const TuningStore::Entry& entry : *entries) {
+    current += entry.current;
+    if (entry.current) {
+      Result<std::optional<TuneChoice>> found = store.choice(device, entry.key);
+      ASSERT_TRUE(found.ok() && found->has_value()) << entry.key.to_string();
+    } else {
+      EXPECT_EQ(entry.generator, "feedfacefeedface");
+    }
+  }
+  EXPECT_EQ(current, static_cast<int>(fixture_choices.size()) - 1);
+
+  // Idempotent: a second open changes nothing.
+  const Contents after = contents_of(path);
+  opened->reset();
+  ASSERT_TRUE(TuningStore::open(path).ok());
+  EXPECT_EQ(contents_of(path), after);
+}
+
 TEST_F(TuningStoreMigrationTest, ReadOnlyOpenServesTheForwardRowsWithoutMigrating) {
   const fs::path path = copy_fixture();
   restamp_generator(path);  // (still version 1: plain SQL on the old tables)
