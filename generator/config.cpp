@@ -192,6 +192,11 @@ Status check_config(const AttentionConfig& c, const AttentionProblem& p, const D
   if (c.family == KernelFamily::Decode) return check_decode_config(c, p, device);
   if (needs_decode_family(p)) return illegal(c, decode_only_reason(p));
   if (c.splits != 0) return illegal(c, "-split<N> is a knob of the -decode family only");
+  if (p.variant.active() && c.family != KernelFamily::Mma)
+    return illegal(c,
+                   "attention variants (" + p.variant.key() +
+                       ") are in the mma family only so far (not -wgmma, -ws)",
+                   ErrorCode::Unsupported);
   if (c.family == KernelFamily::Ws) return check_ws_config(c, p, device);
   if (c.family == KernelFamily::Wgmma) {
     FLASHJIT_TRY(check_wgmma_shape(c, device));
