@@ -80,6 +80,19 @@ Result<std::string> render_variant_prelude(const AttentionProblem& problem) {
   return out.str();
 }
 
+std::string describe_expression_lines(const std::string& source) {
+  std::string out;
+  std::istringstream lines(source);
+  std::string line;
+  for (int number = 1; std::getline(lines, line); ++number) {
+    const size_t marker = line.find(kVariantExpressionMarker);
+    if (marker == std::string::npos) continue;
+    const std::string what = line.substr(marker + std::string(kVariantExpressionMarker).size());
+    out += what + ": line " + std::to_string(number) + ": " + line + "\n";
+  }
+  return out;
+}
+
 Error explain_variant_compile_error(const AttentionProblem& problem, const std::string& source,
                                     const Error& error) {
   const Variant& v = problem.variant;

@@ -22,6 +22,11 @@ inline constexpr const char* kVariantExpressionMarker = "// flashjit:";
 // Error if the header is not embedded in this build.
 Result<std::string> render_variant_prelude(const AttentionProblem& problem);
 
+// Where the user's expressions landed in a rendered source: "score_mod: line 612:   return
+// static_cast<float>(...);  // flashjit:score_mod", one line per expression (none: "").
+// `flashjit show` prints it.
+std::string describe_expression_lines(const std::string& source);
+
 // A compile error of a source rendered for `problem`, restated for the user when the problem has
 // user expressions: CompileFailed, quoting the expression whose line the compiler's first error
 // is on (else every expression, as the failure may come from one's type) and that first message;

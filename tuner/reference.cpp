@@ -182,6 +182,13 @@ void set_element(uint16_t* storage, int64_t index, float value, DType dtype) {
   storage[index] = float_to_half(value, dtype);
 }
 
+std::vector<float> standard_alibi_slopes(int64_t heads) {
+  std::vector<float> slopes(static_cast<size_t>(std::max<int64_t>(heads, 0)));
+  for (int64_t h = 0; h < heads; ++h)
+    slopes[h] = std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(heads));
+  return slopes;
+}
+
 HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed) {
   std::mt19937_64 engine(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -203,12 +210,7 @@ HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed) {
     for (size_t i = 0; i < inputs.block_table.size(); ++i)
       inputs.block_table[i] = pages[i % pages.size()];
   }
-  if (problem.variant.alibi) {
-    inputs.alibi_slopes.resize(static_cast<size_t>(problem.heads_q));
-    for (int64_t h = 0; h < problem.heads_q; ++h)
-      inputs.alibi_slopes[h] =
-          std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(problem.heads_q));
-  }
+  if (problem.variant.alibi) inputs.alibi_slopes = standard_alibi_slopes(problem.heads_q);
   if (problem.kv.seqlens_k)
     inputs.seqlens_k.assign(static_cast<size_t>(problem.batch),
                             static_cast<int32_t>(problem.seqlen_k));

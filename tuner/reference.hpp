@@ -59,12 +59,15 @@ struct HostInputs {
   std::vector<float> alibi_slopes;
 };
 
+// ALiBi's standard slopes, 2^(-8 (h + 1) / heads) for head h: every head's different.
+std::vector<float> standard_alibi_slopes(int64_t heads);
+
 // Normal(0, 1) values rounded to the problem's dtype, over the whole span of every tensor
 // (padding between strided rows too, so a kernel that reads padding gets garbage, not zeros).
 // A paged cache: each sequence's max_pages pages distinct and shuffled over the cache (when
 // num_pages holds them all; else shuffled and reused); seqlens_k: seqlen_k for every sequence
 // (callers that want other lengths set them: tests/support/decode_cases.hpp).
-// ALiBi: the standard geometric slopes 2^(-8 (h + 1) / heads_q), every head's different.
+// ALiBi: standard_alibi_slopes(heads_q).
 // For a backward problem also d_o (random) and o, lse from the fp64 forward of q, k, v (o's
 // padding random too), as a forward kernel would have left them.
 HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed);

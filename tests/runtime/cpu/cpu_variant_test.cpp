@@ -16,6 +16,7 @@
 #include "runtime/runtime.hpp"
 #include "support/parallel.hpp"
 #include "support/reference.hpp"
+#include "support/variant_cases.hpp"
 
 #if FLASHJIT_HAVE_CPU_BACKEND
 #include "runtime/cpu/cpu_backend.hpp"
@@ -33,54 +34,13 @@ const cpu::CpuBackend& backend() {
   return *instance;
 }
 
-struct Case {
-  const char* name;
-  bool causal;
-  Variant variant;
-  VariantFunctions functions;  // the host versions of the user expressions
-};
+using Case = ft::VariantCase;
 
 Variant window(int64_t left, int64_t right) {
   Variant v;
   v.window_left = left;
   v.window_right = right;
   return v;
-}
-
-std::vector<Case> cases() {
-  std::vector<Case> out;
-  out.push_back({"sliding_window_causal", true, window(37, 0), {}});
-  out.push_back({"window_both_sides", false, window(16, 23), {}});
-  out.push_back({"window_right_only", false, window(-1, 8), {}});
-  out.push_back({"empty_windows", false, window(0, 0), {}});  // q_longer: rows with no key
-  Variant softcap;
-  softcap.softcap = 0.75f;  // small enough to bite on N(0, 1) scores
-  out.push_back({"softcap", false, softcap, {}});
-  Variant alibi;
-  alibi.alibi = true;
-  out.push_back({"alibi_causal", true, alibi, {}});
-  Variant prefix = window(8, 0);
-  prefix.prefix = 20;
-  out.push_back({"prefix_lm", true, prefix, {}});
-  Variant combined = window(32, 0);
-  combined.softcap = 1.5f;
-  combined.alibi = true;
-  out.push_back({"window_softcap_alibi_causal", true, combined, {}});
-  Variant score;
-  score.score_mod = "score - 0.1f * abs(q_idx - kv_idx) + (head == 1 ? 0.5f : 0.f)";
-  VariantFunctions score_f;
-  score_f.score_mod = [](double s, int64_t, int64_t h, int64_t i, int64_t j) {
-    return s - 0.1 * std::abs(static_cast<double>(i - j)) + (h == 1 ? 0.5 : 0.0);
-  };
-  out.push_back({"score_mod", false, score, score_f});
-  Variant mask;
-  mask.mask_mod = "(q_idx / 16) == (kv_idx / 16) || batch == 1";
-  VariantFunctions mask_f;
-  mask_f.mask_mod = [](int64_t b, int64_t, int64_t i, int64_t j) {
-    return i / 16 == j / 16 || b == 1;
-  };
-  out.push_back({"mask_mod_causal", true, mask, mask_f});
-  return out;
 }
 
 struct Shape {
@@ -144,7 +104,7 @@ TEST(CpuVariant, EachVariantMatchesTheReference) {
   std::vector<Build> builds;
   // Every case in fp32 (tight bounds) with the smallest tile (the most key blocks to skip or
   // mask); three in bf16 with the default tile (the bf16 dot-product path where the host has it).
-  for (const Case& c : cases()) {
+  for (const Case& c : ft::variant_cases()) {
     const AttentionProblem probe = make_problem(kShapes[0], c, DType::F32);
     const std::vector<AttentionConfig> legal = cpu.legal_configs(probe);
     ASSERT_FALSE(legal.empty()) << c.name;
