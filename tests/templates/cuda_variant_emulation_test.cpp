@@ -37,8 +37,10 @@ FLASHJIT_DEVICE float user_score_mod(float score, int batch, int head, int q_idx
 }
 }  // namespace flashjit_variant
 #include "templates/attention_common.h"
-#include "templates/cuda/attention_fwd.cuh"
+// (tiles before the kernel)
 #include "templates/cuda/tiles.cuh"
+// (the kernel last)
+#include "templates/cuda/attention_fwd.cuh"
 // clang-format on
 
 namespace flashjit {

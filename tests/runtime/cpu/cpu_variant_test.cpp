@@ -135,6 +135,30 @@ TEST(CpuVariant, EachVariantMatchesTheReference) {
   std::printf("%zu variant kernels, %d shape runs checked\n", builds.size(), checked);
 }
 
+// The bf16 dot-product path (scores unscaled until the softmax) on any host: the rendered source
+// with FLASHJIT_CPU_EMULATE_DOT_BF16 defined (templates/cpu/common.hpp emulates the AVX512_BF16
+// instructions where the host lacks them), for the cases that modify scores.
+TEST(CpuVariant, Bf16DotProductPathMatchesTheReference) {
+  const cpu::CpuBackend& cpu = backend();
+  for (const Case& c : ft::variant_cases()) {
+    const std::string name = c.name;
+    if (name != "window_softcap_alibi_causal" && name != "score_mod") continue;
+    const AttentionProblem probe = make_problem(kShapes[0], c, DType::BF16);
+    const AttentionConfig config = cpu.legal_configs(probe).front();
+    Result<KernelSource> source = cpu.render(probe, config);
+    ASSERT_TRUE(source.ok()) << source.error().describe();
+    source->text = "#define FLASHJIT_CPU_EMULATE_DOT_BF16 1\n" + source->text;
+    Result<Binary> binary = cpu.compile(*source);
+    ASSERT_TRUE(binary.ok()) << binary.error().describe();
+    Result<std::shared_ptr<Kernel>> kernel =
+        cpu.load(*binary, *source, ProblemSignature::of(probe), config);
+    ASSERT_TRUE(kernel.ok()) << kernel.error().describe();
+    for (const Shape& shape : kShapes)
+      EXPECT_TRUE(run_and_check(**kernel, make_problem(shape, c, DType::BF16), c.functions, 400))
+          << name << " " << config.to_string() << " " << shape.name << " (bf16 dot products)";
+  }
+}
+
 // Key blocks that a window hides from every query are never read: with seqlen_q 64 and seqlen_k
 // 1000 (diagonal 936), a causal window of 32 keys shows no query a key below 904, so keys
 // [0, 768) (whole blocks for every block_n, all of which divide 768) are NaN. The prefix-LM case
