@@ -63,9 +63,9 @@ TEST(Variant, ValidatesEachField) {
 
 TEST(Variant, RefusesWhatIsNotOneExpression) {
   const char* refused[] = {
-      "score; return 0",  "({ score; })", "score }", "#define x 1", "score // comment",
-      "score /* c */",    "(score",       "score)",  "score) + (1", "return score",
-      "\"text\"",         "'c'",          "score \\", "   ",         "min(score, goto)",
+      "score; return 0", "({ score; })", "score }",  "#define x 1", "score // comment",
+      "score /* c */",   "(score",       "score)",   "score) + (1", "return score",
+      "\"text\"",        "'c'",          "score \\", "   ",         "min(score, goto)",
   };
   for (const char* text : refused) {
     SCOPED_TRACE(text);
@@ -209,9 +209,9 @@ TEST(Variant, CompileErrorsQuoteTheExpression) {
   const Error clang{ErrorCode::CompileFailed,
                     "k.cpp failed to compile with clang 14:\nk.cpp:2:5: error: something else\n"};
   e = explain_variant_compile_error(p, source, clang);
-  EXPECT_EQ(e.message.rfind("score_mod = \"score + nope\": the kernel does not compile: k.cpp:2:5",
-                            0),
-            0u)
+  EXPECT_EQ(
+      e.message.rfind("score_mod = \"score + nope\": the kernel does not compile: k.cpp:2:5", 0),
+      0u)
       << e.message;
   // Without user expressions the error is passed on as it is.
   e = explain_variant_compile_error(problem_with(Variant()), source, clang);
