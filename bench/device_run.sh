@@ -37,7 +37,12 @@
 #          with new block tables and lengths, the Runtime's selection; each under `timeout`:
 #          decode-tests.log), then bench/decode_bench.py: flashjit contiguous + paged beside torch
 #          SDPA flash + cuDNN and the device-to-device copy, same run (decode.md, decode.json,
-#          decode.svg, decode-bench.log). Estimated 5-7 minutes on an H100 (not yet run there).
+#          decode.svg, decode-bench.log). Took ~1.5 minutes on an H100.
+#   concurrent  issue 15's test: the flashjit CLI, then bench/concurrent_tune.py: a lone `flashjit
+#          tune` of 4 problems (d 128, N 1024/4096, causal both), then 4 processes tuning them
+#          into one DB at once (timing lock + disturbance check); each must end with the lone
+#          run's choices within the noise, no gain the lone run does not show (concurrent.md,
+#          lone/concurrent-N .log/.json). Expect ~3-5 minutes.
 #   ws-tests, ws-bench  the two halves of ws alone
 #   ws-sanitize  the same build, then compute-sanitizer racecheck and synccheck on the -ws
 #          tile of each head dim, plain and -pp-persist, causal and not: sanitizer.log
@@ -84,9 +89,9 @@ what="${1:-all}"
 DTYPES="${DTYPES:-bf16}"
 ctest_regex="${2:-}"
 case "$what" in
-  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|py|py-tests|py-bench|py-torch|decode) ;;
+  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|py|py-tests|py-bench|py-torch|decode|concurrent) ;;
   *) echo "usage: bench/device_run.sh [tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|" \
-       "ws-sanitize|decode|py|py-tests|py-bench|py-torch] [CTEST_REGEX]" >&2
+       "ws-sanitize|decode|concurrent|py|py-tests|py-bench|py-torch] [CTEST_REGEX]" >&2
      exit 2 ;;
 esac
 
@@ -127,6 +132,9 @@ if [[ "$what" != py* ]]; then
   fi
   if [[ "$what" == decode ]]; then
     targets=(--target runtime_cuda_decode_test decode_bench)
+  fi
+  if [[ "$what" == concurrent ]]; then
+    targets=(--target flashjit_cli)
   fi
   if ! cmake --build build-device -j16 "${targets[@]}" >build-device/build.log 2>&1; then
     tail -n 80 build-device/build.log
@@ -260,6 +268,16 @@ if [[ "$what" == tests || "$what" == all ]]; then
     echo "== ctest FAILED"
   fi
   echo "== tests done at $((SECONDS - start)) s"
+fi
+
+if [[ "$what" == concurrent ]]; then
+  echo "== concurrent tuners vs a lone one (bench/concurrent_tune.py)"
+  if ! timeout 540 "${PYTHON:-python3}" bench/concurrent_tune.py --flashjit build-device/flashjit \
+      --backend cuda --out "$OUT"; then
+    status=1
+    echo "== concurrent tuners FAILED (or ran past 540 s)"
+  fi
+  rm -rf "$OUT/locks" "$OUT"/*.db
 fi
 
 if [[ "$what" == decode ]]; then

@@ -687,7 +687,9 @@ int dispatch(const std::vector<std::string>& args) {
   }
   if (name == "--version") {
     std::cout << "flashjit " << FLASHJIT_VERSION << "\n"
-              << "generator " << generator_version() << "\n"
+              << "generator " << generator_version() << " (tuning rows: cuda "
+              << generator_version_of("cuda|") << ", hip " << generator_version_of("hip|")
+              << ", cpu " << generator_version_of("cpu|") << ")\n"
               << cuda::nvrtc_version() << "\n"
 #if FLASHJIT_HAVE_CPU_BACKEND
               << cpu::clang_version() << " (CPU backend)\n"

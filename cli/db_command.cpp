@@ -252,8 +252,9 @@ std::string number(double value, const char* format = "%.4f") {
   return text;
 }
 
+// `text` left-aligned in `width` columns, and at least one space after it when it is longer.
 std::string padded(std::string text, size_t width) {
-  if (text.size() < width) text.resize(width, ' ');
+  text.resize(std::max(width, text.size() + 1), ' ');
   return text;
 }
 
@@ -328,17 +329,19 @@ int run_ls(const Invocation& in, std::ostream& out, std::ostream& err) {
       << " choices";
   if (!shown.empty()) out << " (" << pass_counts(shown) << ")";
   if (device) out << " (this machine's)";
-  if (!all) out << " (current generator " << generator_version() << ")";
+  if (!all)
+    out << " (current generators: cuda " << generator_version_of("cuda|") << ", hip "
+        << generator_version_of("hip|") << ", cpu " << generator_version_of("cpu|") << ")";
   out << "\n";
   std::string last_device;
   for (const TuningStore::Entry& entry : shown) {
     if (entry.device != last_device || &entry == &shown.front()) {
       out << "device " << entry.device << "\n";
-      out << "  " << padded("key", 48) << padded("config", 18) << padded("median_ms", 12)
+      out << "  " << padded("key", 48) << padded("config", 28) << padded("median_ms", 12)
           << padded("default_ms", 12) << padded("speedup", 9) << "generator\n";
       last_device = entry.device;
     }
-    out << "  " << padded(key_label(entry.key), 48) << padded(entry.choice.config.to_string(), 18)
+    out << "  " << padded(key_label(entry.key), 48) << padded(entry.choice.config.to_string(), 28)
         << padded(number(entry.choice.median_ms), 12) << padded(number(entry.choice.default_ms), 12)
         << padded(speedup(entry.choice), 9) << entry.generator << (entry.current ? "" : " (stale)")
         << "\n";
@@ -378,7 +381,7 @@ int run_show(const Invocation& in, std::ostream& out, std::ostream& err) {
     if (group != last_group) {
       out << "device " << row.device << ", generator " << row.generator
           << (row.current ? "" : " (stale)") << "\n";
-      out << "    " << padded("config", 14) << padded("status", 16) << padded("median_ms", 12)
+      out << "    " << padded("config", 28) << padded("status", 16) << padded("median_ms", 12)
           << padded("min_ms", 12) << padded("max_ms", 12) << padded("reps", 6)
           << padded("TFLOP/s", 9) << "notes\n";
       last_group = group;
@@ -391,7 +394,7 @@ int run_show(const Invocation& in, std::ostream& out, std::ostream& err) {
       if (!notes.empty()) notes += "; ";
       notes += row.result.message;
     }
-    out << "  " << (is_chosen ? "* " : "  ") << padded(row.result.config.to_string(), 14)
+    out << "  " << (is_chosen ? "* " : "  ") << padded(row.result.config.to_string(), 28)
         << padded(to_string(row.result.status), 16) << padded(number(row.result.median_ms), 12)
         << padded(number(row.result.min_ms), 12) << padded(number(row.result.max_ms), 12)
         << padded(std::to_string(row.result.repetitions), 6)

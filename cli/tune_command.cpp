@@ -21,6 +21,7 @@
 #include "runtime/tuning_store.hpp"
 #include "tuner/grid.hpp"
 #include "tuner/report.hpp"
+#include "tuner/supervisor.hpp"
 #include "tuner/tuner.hpp"
 
 namespace flashjit::cli {
@@ -145,6 +146,9 @@ const Command& tune_command() {
           {"jobs", "N", "parallel compiles per device (default: CPU cores - 1)"},
           {"verbose", "", "print a table of every config of each problem"},
           {"json", "PATH", "also write the reports to PATH as JSON"},
+          {"no-isolate", "",
+           "tune in this process (a kernel that faults then ends the run; default: in a worker "
+           "process, started anew when a kernel kills it)"},
           {"help", "", "print this help and exit"},
       }};
   return kCommand;
@@ -305,6 +309,15 @@ Result<std::vector<int>> devices_from_flags(const ParsedFlags& flags, int device
   return devices;
 }
 
+namespace {
+std::string& worker_executable() {
+  static std::string path;
+  return path;
+}
+}  // namespace
+
+void set_worker_executable(std::string path) { worker_executable() = std::move(path); }
+
 int run_tune_command(const std::vector<std::string>& args) {
   const Command& command = tune_command();
   if (std::find_if(args.begin(), args.end(), [](const std::string& arg) {
@@ -352,6 +365,19 @@ int run_tune_command(const std::vector<std::string>& args) {
   options.max_compile_threads = static_cast<int>(*jobs);
   options.resume = !flags->has("retune");
   options.verbose = flags->has("verbose");
+  const bool worker = apply_worker_environment(options);
+  if (!worker && !flags->has("no-isolate") && !worker_executable().empty()) {
+    // Crash isolation: the same command in a worker process, restarted when a kernel kills it.
+    SupervisedRun run;
+    run.argv = {worker_executable(), "tune"};
+    run.argv.insert(run.argv.end(), args.begin(), args.end());
+    Result<int> status = run_supervised(run);
+    if (!status.ok()) {
+      std::cerr << "flashjit tune: " << status.error().describe() << "\n";
+      return kExitFailed;
+    }
+    return *status;
+  }
 
   // --backend: auto tunes on the GPU(s) if there is one, else on the CPU (where built in).
   auto backend_name = resolve_backend(flags->get("backend").value_or(default_backend_name()));
@@ -529,6 +555,12 @@ int run_tune_command(const std::vector<std::string>& args) {
     if (!write_json_report(*json, outcomes, seconds)) {
       std::cerr << "flashjit tune: cannot write " << *json << "\n";
       exit_status = kExitFailed;
+    }
+  }
+  // A worker whose device became unusable (a kernel fault): its supervisor starts a new one.
+  for (const WorkerOutcome& outcome : outcomes) {
+    if (worker && outcome.error && is_device_lost(*outcome.error)) {
+      return kExitWorkerLost;
     }
   }
   return exit_status;

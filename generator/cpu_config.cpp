@@ -118,6 +118,16 @@ int64_t cpu_score_block_bytes(const AttentionConfig& c) {
   return 4 * static_cast<int64_t>(c.block_m) * c.block_n;
 }
 
+int cpu_vector_registers(const CpuSpec& cpu) { return cpu.avx512f ? 32 : 16; }
+
+int cpu_vector_lanes(const CpuSpec& cpu) { return cpu.avx512f ? 16 : cpu.avx2 ? 8 : 4; }
+
+int cpu_tile_queries(const CpuSpec& cpu) { return cpu.avx512f ? 64 : 16; }
+
+bool cpu_forward_candidate(const AttentionConfig& c, const CpuSpec& cpu) {
+  return c.block_m >= kCpuMinCandidateBlockM && cpu_score_block_bytes(c) <= cpu.l1d_bytes;
+}
+
 int64_t cpu_backward_dkdv_bytes(const AttentionConfig& c, const AttentionProblem& p) {
   const int64_t d = p.head_dim, m = c.block_m, n = c.block_n;
   const int64_t fused =
@@ -218,6 +228,13 @@ std::vector<AttentionConfig> legal_cpu_configs(const AttentionProblem& p, const 
           break;
         }
       }
+  // The forward's candidates: those that suit the caches (all that fit, where none does).
+  if (!p.is_backward()) {
+    std::vector<AttentionConfig> candidates;
+    for (const AttentionConfig& c : out)
+      if (cpu_forward_candidate(c, cpu)) candidates.push_back(c);
+    if (!candidates.empty()) out = std::move(candidates);
+  }
   if (is_decode_problem(p))
     for (const AttentionConfig& c : legal_cpu_decode_configs(p, cpu)) out.push_back(c);
   return out;
@@ -377,10 +394,17 @@ std::string explain_cpu_plan(const AttentionProblem& p, const CpuSpec& cpu) {
       << " B), and the S^T block, which P V sweeps once\n"
          "per tile of head dims, should fit half the L1d ("
       << cpu.l1d_bytes << " B).\n\n";
+  out << "Registers: " << cpu_vector_registers(cpu) << " vector registers of "
+      << cpu_vector_lanes(cpu) << " fp32 lanes; a register tile covers " << cpu_tile_queries(cpu)
+      << " queries (lanes) x "
+      << (cpu.avx512f ? 4
+          : cpu.avx2  ? 6
+                      : 2)
+      << " keys or head dims.\n\n";
   const int64_t bn = target_block_n(kCpuTileQueries, cpu);
   out << "Default (untuned):\n";
   out << "  Br = " << kCpuTileQueries
-      << " (the queries of one register tile: 4 vectors x 16 lanes)\n";
+      << " (each packed K/V element feeds 4 * Br FLOPs of the tiles)\n";
   out << "  Bc = (L1d / 2) / (4 Br) = " << cpu.l1d_bytes / 2 << " / (4 * " << kCpuTileQueries
       << ") = " << bn << "\n";
   out << "  each rounded down to a legal choice (Br first)\n\n";
@@ -396,7 +420,10 @@ std::string explain_cpu_plan(const AttentionProblem& p, const CpuSpec& cpu) {
   for (int m : kCpuBlockMChoices)
     for (int n : kCpuBlockNChoices) {
       const AttentionConfig c = cpu_config(m, n);
-      const std::string why = verdict(c, p, cpu);
+      std::string why = verdict(c, p, cpu);
+      if (why == "legal" && !cpu_forward_candidate(c, cpu))
+        why = "legal, no candidate (Br < " + std::to_string(kCpuMinCandidateBlockM) +
+              " or S^T block over the L1d)";
       const int64_t scores = cpu_score_block_bytes(c);
       char line[256];
       std::snprintf(line, sizeof line, "%-12s %10lld  %10lld  %10lld  %8s  %s\n",

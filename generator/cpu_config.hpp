@@ -60,9 +60,29 @@ int64_t cpu_kv_block_bytes(const AttentionConfig& config, const AttentionProblem
 // head dims, so the default keeps it within half the L1d.
 int64_t cpu_score_block_bytes(const AttentionConfig& config);
 
-// The queries of one register tile of the CPU template (4 vectors of 16 lanes): the default
-// block_m.
+// The default block_m of the forward and block_n of the backward: 64 queries (keys), one register
+// tile of 4 x 16 lanes with AVX-512 and 4 of 16 with AVX2, each packed K/V element (Q/dO row)
+// used by 4 * 64 FLOPs of the tiles.
 inline constexpr int kCpuTileQueries = 64;
+
+// The host's register file as the CPU templates use it (templates/cpu/common.hpp picks the same
+// from the compiler's target macros): 32 vector registers of 16 fp32 lanes with AVX-512, 16 of 8
+// with AVX2, 16 of 4 otherwise (SSE).
+int cpu_vector_registers(const CpuSpec& cpu);
+int cpu_vector_lanes(const CpuSpec& cpu);
+// The queries of one register tile (the lanes of its accumulators): 64 with AVX-512 (4 zmm x 4
+// keys or head dims, 16 accumulators), 16 with AVX2 (2 ymm x 6 keys or dims, 12 ymm
+// accumulators: the 6 x 16 tile of an AVX2 GEMM kernel, + 2 + 1 operands), 16 with SSE (4 xmm x
+// 2).
+int cpu_tile_queries(const CpuSpec& cpu);
+// The forward's smallest tuning candidate block_m: each packed K/V element feeds 4 * block_m
+// FLOPs of the tiles, so block_m = 16 (a whole AVX2 tile) spends as much on packing as on ~4
+// FLOPs per element; 32 and up.
+inline constexpr int kCpuMinCandidateBlockM = 32;
+// Whether the forward `config` is a tuning candidate on `cpu` (legal_cpu_configs): block_m >=
+// kCpuMinCandidateBlockM and the S^T block (cpu_score_block_bytes) within the L1d (P V sweeps it
+// once per tile of head dims). check_cpu_config accepts the others too.
+bool cpu_forward_candidate(const AttentionConfig& config, const CpuSpec& cpu);
 
 // ---- the backward pass (problem.pass == Backward; templates/cpu/attention_bwd.hpp) ----------
 //
@@ -129,7 +149,8 @@ int cpu_backward_dq_splits(const AttentionConfig& config, const AttentionProblem
 // pass (problem.pass); the backward takes either DqMode, the forward DqMode::Atomic (unprinted).
 Status check_cpu_config(const AttentionConfig& config, const AttentionProblem& problem,
                         const CpuSpec& cpu);
-// The legal configs (the tuner's candidates), block_m then block_n ascending. Backward: per block
+// The legal configs (the tuner's candidates), block_m then block_n ascending. Forward: those
+// cpu_forward_candidate keeps (9 of 16 with a 32 KiB L1d). Backward: per block
 // pair the fused dQ, or -det where the fused one does not fit the L2 (check_cpu_config accepts
 // -det for every block pair that fits: 7 products instead of 5, slower wherever both fit, so
 // not a candidate; docs/PERFORMANCE.md).

@@ -59,20 +59,43 @@ Status check_hip_template_constraints(const AttentionProblem& problem,
 
 }  // namespace
 
+namespace {
+
+// The hash of the epoch and the templates `backend` is made of ("": all of them).
+std::string version_of_templates(std::string_view backend) {
+  uint64_t hash = fnv1a("epoch " + std::to_string(kGeneratorEpoch));
+  if (!backend.empty()) hash = fnv1a(backend, hash);
+  int count = 0;
+  const std::string_view* paths = templates::paths(&count);
+  for (int i = 0; i < count; ++i) {
+    const std::string_view path = paths[i];
+    const size_t slash = path.find('/');
+    const bool shared = slash == std::string_view::npos;
+    if (!backend.empty() && !shared && path.substr(0, slash) != backend) continue;
+    hash = fnv1a(path, hash);
+    hash = fnv1a(templates::text(path), hash);
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
+  return std::string(hex);
+}
+
+}  // namespace
+
 const std::string& generator_version() {
-  static const std::string version = [] {
-    uint64_t hash = fnv1a("epoch " + std::to_string(kGeneratorEpoch));
-    int count = 0;
-    const std::string_view* paths = templates::paths(&count);
-    for (int i = 0; i < count; ++i) {
-      hash = fnv1a(paths[i], hash);
-      hash = fnv1a(templates::text(paths[i]), hash);
-    }
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
-    return std::string(hex);
-  }();
+  static const std::string version = version_of_templates("");
   return version;
+}
+
+const std::string& generator_version_of(std::string_view device) {
+  static const std::string cuda = version_of_templates("cuda");
+  static const std::string hip = version_of_templates("hip");
+  static const std::string cpu = version_of_templates("cpu");
+  const std::string_view backend = device.substr(0, device.find('|'));
+  if (backend == "cuda") return cuda;
+  if (backend == "hip") return hip;
+  if (backend == "cpu") return cpu;
+  return generator_version();
 }
 
 namespace detail {
@@ -107,7 +130,17 @@ Result<KernelSource> assemble(std::initializer_list<const char*> template_paths,
     source.label += problem.variant.key();
   }
   std::ostringstream text;
-  text << "// flashjit " << source.label << " (generator " << generator_version() << ")\n"
+  // The version of the backend these templates are (the first path with a folder names it).
+  std::string backend;
+  for (const char* path : template_paths) {
+    const std::string_view p(path);
+    if (p.find('/') != std::string_view::npos) {
+      backend = std::string(p.substr(0, p.find('/')));
+      break;
+    }
+  }
+  text << "// flashjit " << source.label << " (generator " << generator_version_of(backend + "|")
+       << ")\n"
        << params << "\n"
        << *variant << kernel << "// ---- instantiation ----\n"
        << instantiation;

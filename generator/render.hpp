@@ -125,8 +125,13 @@ Result<KernelSource> render_hip_attention_backward(const AttentionProblem& probl
 Result<KernelSource> render_cpu_attention_backward(const AttentionProblem& problem,
                                                    const AttentionConfig& config);
 
-// Changes whenever a template or the generator's output changes: part of binary-cache and
-// tuning-database keys. A hash of the embedded template texts plus a manual epoch.
+// Changes whenever a template or the generator's output changes: a hash of the embedded template
+// texts plus a manual epoch. generator_version(): every template (what `flashjit --version`
+// prints). generator_version_of(device): the version the tuning DB keys a device's rows with:
+// the templates of that device's backend alone (its folder, templates/cuda, hip or cpu, and the
+// shared top-level headers), so that a change to one backend's templates leaves the other
+// backends' tuned rows current; devices of another backend (test fakes) get generator_version().
 const std::string& generator_version();
+const std::string& generator_version_of(std::string_view device);
 
 }  // namespace flashjit

@@ -198,6 +198,12 @@ class Backend {
   // True when compiling takes the cores the kernels run on (the CPU backend): a tuner must then
   // finish its compiles before it times anything, or the timings measure the compiler too.
   virtual bool compiles_share_the_device() const { return false; }
+
+  // The physical device this backend times on, one string per device of the machine: tuners in
+  // different processes whose ids are equal take turns to time (tuner/device_lock.hpp). The
+  // fingerprint by default (identical GPUs of one machine then share a turn); the CUDA backend
+  // names the GPU's PCI bus, the CPU backend's fingerprint is the host's.
+  virtual std::string timing_device_id() const { return fingerprint().to_string(); }
 };
 
 // A backend that runs the CUDA template: its config space is generator/config.hpp's on device().

@@ -123,7 +123,7 @@ int64_t deterministic_column(Pass pass, bool deterministic) {
 Result<int> bind_key(const Database& impl, Statement& stmt, int index, const std::string& device,
                      const ProblemKey& key) {
   FLASHJIT_TRY(impl.bound(stmt.bind(index++, device)));
-  FLASHJIT_TRY(impl.bound(stmt.bind(index++, std::string_view(generator_version()))));
+  FLASHJIT_TRY(impl.bound(stmt.bind(index++, std::string_view(generator_version_of(device)))));
   FLASHJIT_TRY(impl.bound(stmt.bind(index++, std::string_view(to_string(key.pass)))));
   FLASHJIT_TRY(impl.bound(stmt.bind(index++, deterministic_column(key.pass, key.deterministic))));
   FLASHJIT_TRY(impl.bound(stmt.bind(index++, int64_t{key.head_dim})));
@@ -371,8 +371,9 @@ Result<std::optional<std::pair<ProblemKey, TuneChoice>>> TuningStore::nearest_ch
       "default_ms FROM choices WHERE device = ? AND generator = ? AND pass = ? AND "
       "deterministic = ? AND head_dim = ? AND dtype = ? AND causal = ? AND group_size = ?");
   if (!stmt.ok()) return stmt.error();
-  FLASHJIT_TRY(impl.bound(stmt->bind(1, device.to_string())));
-  FLASHJIT_TRY(impl.bound(stmt->bind(2, std::string_view(generator_version()))));
+  const std::string device_string = device.to_string();
+  FLASHJIT_TRY(impl.bound(stmt->bind(1, device_string)));
+  FLASHJIT_TRY(impl.bound(stmt->bind(2, std::string_view(generator_version_of(device_string)))));
   FLASHJIT_TRY(impl.bound(stmt->bind(3, std::string_view(to_string(key.pass)))));
   FLASHJIT_TRY(impl.bound(stmt->bind(4, deterministic_column(key.pass, key.deterministic))));
   FLASHJIT_TRY(impl.bound(stmt->bind(5, int64_t{key.head_dim})));
@@ -438,7 +439,7 @@ Result<std::vector<TuningStore::Entry>> TuningStore::entries() const {
     entry.choice.config = config.value();
     entry.choice.median_ms = stmt->double_at(12);
     entry.choice.default_ms = stmt->double_at(13);
-    entry.current = entry.generator == generator_version();
+    entry.current = entry.generator == generator_version_of(entry.device);
     entries.push_back(std::move(entry));
   }
   return entries;
@@ -497,7 +498,7 @@ Result<std::vector<TuningStore::ResultEntry>> TuningStore::result_entries(
     row.result.is_default = stmt->int_at(18) != 0;
     row.result.message = stmt->text_at(19);
     row.recorded_at = stmt->text_at(20);
-    row.current = row.generator == generator_version();
+    row.current = row.generator == generator_version_of(row.device);
     rows.push_back(std::move(row));
   }
   return rows;
@@ -625,10 +626,25 @@ Status TuningStore::clear(bool stale_only) {
   Transaction transaction(impl);
   FLASHJIT_TRY(transaction.begin());
   if (stale_only) {
+    // Stale: not the generator version of the row's backend (generator_version_of).
     for (const char* table : {"results", "choices"}) {
+      for (const char* backend : {"cuda", "hip", "cpu"}) {
+        std::string sql = "DELETE FROM ";
+        sql += table;
+        sql += " WHERE substr(device, 1, ?) = ? AND generator != ?";
+        Result<Statement> stmt = impl.prepare(sql);
+        if (!stmt.ok()) return stmt.error();
+        const std::string prefix = std::string(backend) + "|";
+        FLASHJIT_TRY(impl.bound(stmt->bind(1, static_cast<int64_t>(prefix.size()))));
+        FLASHJIT_TRY(impl.bound(stmt->bind(2, std::string_view(prefix))));
+        FLASHJIT_TRY(impl.bound(stmt->bind(3, std::string_view(generator_version_of(prefix)))));
+        FLASHJIT_TRY(impl.run(*stmt, "deleting stale rows"));
+      }
       std::string sql = "DELETE FROM ";
       sql += table;
-      sql += " WHERE generator != ?";
+      sql +=
+          " WHERE substr(device, 1, 5) != 'cuda|' AND substr(device, 1, 4) NOT IN ('hip|', "
+          "'cpu|') AND generator != ?";
       Result<Statement> stmt = impl.prepare(sql);
       if (!stmt.ok()) return stmt.error();
       FLASHJIT_TRY(impl.bound(stmt->bind(1, std::string_view(generator_version()))));

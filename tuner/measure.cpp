@@ -36,6 +36,10 @@ Result<int> warm_up(const Backend& backend, const std::function<Status()>& work,
   if (!first.ok()) return first.error();
   double per_launch = std::max(first.value(), 1e-4);
   double warmed_ms = first.value();
+  // One launch that already lasts the warm-up and two batches (a CPU kernel on a large problem:
+  // 0.1-1 s) is warm-up enough: a batch is one launch either way, and a second untimed launch
+  // would cost as much as a sample.
+  if (warmed_ms >= warmup_ms && per_launch >= 2 * batch_ms) return 1;
   for (int round = 0; round < 8 && (round == 0 || warmed_ms < warmup_ms); ++round) {
     const int reps = static_cast<int>(
         std::clamp(std::ceil(std::max(warmup_ms - warmed_ms, per_launch) / per_launch), 1.0,

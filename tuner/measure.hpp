@@ -43,7 +43,8 @@ struct Measurement {
 // Launches per batch are capped at this.
 inline constexpr int kMaxBatchReps = 100000;
 
-// Warms up for `warmup_ms` and returns the launches per batch that make a batch last `batch_ms`.
+// Warms up for `warmup_ms` and returns the launches per batch that make a batch last `batch_ms`
+// (1, after that one launch, when the first launch lasts warmup_ms and 2 * batch_ms already).
 Result<int> warm_up(const Backend& backend, const std::function<Status()>& work, double warmup_ms,
                     double batch_ms);
 

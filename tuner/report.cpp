@@ -258,7 +258,10 @@ bool print_summary(const std::vector<WorkerOutcome>& outcomes, RateUnit unit, do
       std::printf("%-40s %-18s %9.1f  %-18s %9.1f %6.3fx%s\n", label.c_str(),
                   r.default_config.to_string().c_str(), r.default_tflops() * unit.per_tflops,
                   r.choice->config.to_string().c_str(), r.chosen_tflops() * unit.per_tflops,
-                  r.gain(), r.kept_default ? "  (default kept: within noise)" : "");
+                  r.gain(),
+                  r.disturbed      ? "  (timings unstable: no new choice stored)"
+                  : r.kept_default ? "  (default kept: within noise)"
+                                   : "");
     }
   }
   const GainSummary all = gain_summary(outcomes);
@@ -305,6 +308,7 @@ bool write_json_report(const std::string& path, const std::vector<WorkerOutcome>
       }
       out << ", \"gain\": " << json_number(r.gain())
           << ", \"kept_default\": " << (r.kept_default ? "true" : "false")
+          << ", \"disturbed\": " << (r.disturbed ? "true" : "false")
           << ", \"noise_ms\": " << json_number(r.noise_ms)
           << ", \"resumed\": " << (r.resumed ? "true" : "false")
           << ", \"seconds\": " << json_number(r.seconds) << ", \"note\": \"" << json_escape(r.note)

@@ -5,88 +5,21 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
 #include <random>
+#include <string_view>
 #include <utility>
 
 #include "tuner/measure.hpp"
 #include "tuner/reference.hpp"
+#include "tuner/tuner_internal.hpp"
 #include "tuner/workload.hpp"
 
 namespace flashjit {
-namespace {
-
+using namespace tuner_detail;
 using Clock = std::chrono::steady_clock;
-
-constexpr int64_t kVerifyHeadsKv = 2;
-constexpr int64_t kVerifySeqlenQ = 257;
-constexpr int64_t kVerifySeqlenK = 300;
-constexpr uint64_t kVerifySeed = 0x5EED0001;
-constexpr uint64_t kTimingSeed = 0x5EED0002;
-constexpr size_t kMaxInputSets = 64;
-constexpr int kAbandonAfterSamples = 3;
-constexpr int kMinSamplesOfLongLaunches = 3;  // TuneOptions::max_time_ms
-constexpr size_t kFallbackL2Bytes = size_t{50} << 20;
-
-double tflops_of(const AttentionProblem& problem, double ms) {
-  return ms > 0 ? problem.flops() / (ms * 1e-3) / 1e12 : 0;
-}
-
-std::string signature_key(const AttentionProblem& problem) {
-  return ProblemSignature::of(problem).to_string();
-}
-
-std::string slot_key(const AttentionProblem& problem, const AttentionConfig& config) {
-  std::string key = signature_key(problem);
-  key += "-";
-  key += config.to_string();
-  return key;
-}
-
-TuneResult failed(const AttentionConfig& config, TuneStatus status, std::string message) {
-  TuneResult result;
-  result.config = config;
-  result.status = status;
-  result.message = std::move(message);
-  return result;
-}
-
-// Appends `note` to `message`, separated by "; ".
-void append_note(std::string& message, const std::string& note) {
-  if (note.empty()) return;
-  if (!message.empty()) message += "; ";
-  message += note;
-}
-
-}  // namespace
-
-// ---------------------------------------------------------------------------------------------
-// State the tuner keeps between problems.
-
-// One kernel: compiled by a pool thread, then loaded and verified by the tuning thread.
-struct Tuner::Slot {
-  AttentionProblem problem;  // the first problem that needed it (render input)
-  AttentionConfig config;
-
-  bool done = false;  // guarded by Tuner::mutex_; the fields below are the pool's until then
-  std::optional<std::string> compile_error;
-  KernelSource source;
-  Binary binary;
-
-  // Tuning thread only.
-  bool load_tried = false;
-  std::shared_ptr<Kernel> kernel;
-  std::string load_error;
-  std::map<int64_t, TuneResult> verified;  // by GQA ratio; status Timed means it passed
-};
-
-// Timing inputs: `sets` copies of one call's tensors (tuner/workload.hpp), each at least as large
-// as `specs` says (the largest problem of this dtype and pass yet).
-struct Tuner::Buffers {
-  std::vector<DeviceTensors> sets;
-  std::vector<TensorSpec> specs;
-  DType dtype = DType::BF16;
-  Pass pass = Pass::Forward;
-};
 
 // ---------------------------------------------------------------------------------------------
 // TuneReport
@@ -122,6 +55,54 @@ Tuner::Tuner(const Backend& backend, const BinaryCache* cache, TuningStore* stor
   options_.min_samples = std::max(1, options_.min_samples);
   options_.max_samples = std::max(options_.min_samples, options_.max_samples);
   options_.retime_top = std::max(0, options_.retime_top);
+  options_.max_retimes = std::max(1, options_.max_retimes);
+  if (options_.serialize_timing) {
+    const std::string device = backend.timing_device_id();
+    Result<DeviceLock> lock =
+        DeviceLock::open(options_.lock_dir.empty() ? DeviceLock::default_dir()
+                                                   : std::filesystem::path(options_.lock_dir),
+                         device);
+    if (lock.ok()) {
+      device_lock_.emplace(std::move(lock.value()));
+    } else {
+      message("flashjit tune: timing " + device + " without its lock (other tuners on it may " +
+              "disturb the timings): " + lock.error().message);
+    }
+  }
+}
+
+void Tuner::message(const std::string& text) const {
+  if (options_.on_message) {
+    options_.on_message(text);
+  } else {
+    std::cerr << text << std::endl;
+  }
+}
+
+void Tuner::mark_inflight(const ProblemKey& key, const AttentionConfig* config) const {
+  if (options_.inflight_path.empty()) return;
+  std::ofstream out(options_.inflight_path, std::ios::trunc);
+  if (config != nullptr) out << key.to_string() << "\t" << config->to_string() << "\n";
+}
+
+const TuneOptions::Fault* Tuner::fault_of(const ProblemKey& key,
+                                          const AttentionConfig& config) const {
+  for (const TuneOptions::Fault& fault : options_.faulted) {
+    if (fault.key == key.to_string() && fault.config == config.to_string()) return &fault;
+  }
+  return nullptr;
+}
+
+Result<DeviceLock::Guard> Tuner::hold_device() const {
+  if (!device_lock_) return DeviceLock::Guard();
+  return device_lock_->acquire([this](long pid) {
+    // Once per holder: a contended run would otherwise say it before every config.
+    if (pid == last_holder_pid_) return;
+    last_holder_pid_ = pid;
+    message("waiting for " + device_lock_->device() + ": held by " +
+            (pid > 0 ? "pid " + std::to_string(pid) : std::string("another process")) + " (" +
+            device_lock_->path().string() + ")");
+  });
 }
 
 Tuner::~Tuner() {
@@ -131,300 +112,6 @@ Tuner::~Tuner() {
   }
   queue_cv_.notify_all();
   for (std::thread& thread : threads_) thread.join();
-}
-
-int Tuner::steps(const AttentionProblem& problem) const {
-  return static_cast<int>(backend_.legal_configs(problem).size()) + 1;
-}
-
-std::shared_ptr<Tuner::Slot> Tuner::slot(const AttentionProblem& problem,
-                                         const AttentionConfig& config) {
-  const std::string key = slot_key(problem, config);
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (auto found = slots_.find(key); found != slots_.end()) return found->second;
-  auto created = std::make_shared<Slot>();
-  created->problem = problem;
-  created->config = config;
-  slots_.emplace(key, created);
-  queue_.push_back(created);
-  ++compiles_queued_;
-  if (threads_.empty()) {
-    int count = options_.max_compile_threads;
-    // One hardware thread left for launching, unless timing waits for the compiles anyway.
-    if (count <= 0)
-      count = static_cast<int>(std::thread::hardware_concurrency()) -
-              (backend_.compiles_share_the_device() ? 0 : 1);
-    count = std::max(1, count);
-    for (int i = 0; i < count; ++i) threads_.emplace_back([this] { compile_loop(); });
-  }
-  queue_cv_.notify_one();
-  return created;
-}
-
-void Tuner::compile_loop() {
-  for (;;) {
-    std::shared_ptr<Slot> next;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      queue_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (stopping_) return;
-      next = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    compile(*next);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      next->done = true;
-      ++compiles_done_;
-    }
-    done_cv_.notify_all();
-  }
-}
-
-// Render, then the disk cache or the compiler. Runs on a pool thread; loads happen later on the
-// tuning thread.
-void Tuner::compile(Slot& slot) {
-  try {
-    Result<KernelSource> source = backend_.render(slot.problem, slot.config);
-    if (!source.ok()) {
-      slot.compile_error = "render: " + source.error().describe();
-      return;
-    }
-    slot.source = std::move(source.value());
-    std::string key;
-    if (cache_ != nullptr) {
-      key = BinaryCache::key(slot.source.text, backend_.compiler_fingerprint(), /*options=*/"");
-      if (std::optional<std::vector<char>> cached = cache_->get(key)) {
-        slot.binary.bytes = std::move(*cached);
-        slot.binary.from_cache = true;
-        return;
-      }
-    }
-    Result<Binary> binary = backend_.compile(slot.source);
-    if (!binary.ok()) {
-      slot.compile_error = binary.error().describe();
-      return;
-    }
-    if (cache_ != nullptr) {
-      Status stored = cache_->put(key, binary->bytes);  // not fatal: read-only or full disk
-      (void)stored;
-    }
-    slot.binary = std::move(binary.value());
-  } catch (const std::exception& error) {
-    slot.compile_error = std::string("internal error while compiling: ") + error.what();
-  }
-}
-
-void Tuner::prefetch(const std::vector<AttentionProblem>& problems) {
-  for (const AttentionProblem& problem : problems) {
-    if (!backend_.check_problem(problem).ok()) continue;
-    const std::vector<AttentionConfig> configs = backend_.legal_configs(problem);
-    Result<AttentionConfig> default_cfg = backend_.default_config(problem);
-    if (configs.empty() || !default_cfg.ok()) continue;
-
-    // What the store already has: recorded configs need no compile (the default always does,
-    // for the re-time), and a finished key needs nothing.
-    std::vector<AttentionConfig> recorded;
-    if (store_ != nullptr && options_.resume) {
-      const ProblemKey key = ProblemKey::of(problem);
-      Result<std::vector<TuneResult>> rows = store_->results(fingerprint_, key);
-      if (rows.ok()) {
-        for (const TuneResult& row : *rows) recorded.push_back(row.config);
-      }
-      Result<std::optional<TuneChoice>> choice = store_->choice(fingerprint_, key);
-      const bool all_recorded = std::all_of(configs.begin(), configs.end(), [&](const auto& c) {
-        return std::find(recorded.begin(), recorded.end(), c) != recorded.end();
-      });
-      if (choice.ok() && choice->has_value() && all_recorded) continue;
-    }
-    slot(problem, *default_cfg);
-    for (const AttentionConfig& config : configs) {
-      if (std::find(recorded.begin(), recorded.end(), config) == recorded.end()) {
-        slot(problem, config);
-      }
-    }
-  }
-}
-
-void Tuner::notify(TuneProgress progress) const {
-  if (!options_.on_progress) return;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    progress.compiles_done = compiles_done_;
-    progress.compiles_queued = compiles_queued_;
-  }
-  options_.on_progress(progress);
-}
-
-Status Tuner::record(const ProblemKey& key, const TuneResult& result) {
-  if (store_ == nullptr) return ok_status();
-  return store_->record(fingerprint_, key, result);
-}
-
-Status Tuner::device_health(const std::string& after) const {
-  Status synced = backend_.synchronize();
-  if (synced.ok()) return ok_status();
-  std::string message = "the device stopped working after ";
-  message += after;
-  message += " (";
-  message += synced.error().describe();
-  message += "); finished results are in the store: run again to resume";
-  return make_error(ErrorCode::DriverError, std::move(message));
-}
-
-// ---------------------------------------------------------------------------------------------
-// Building and verifying one kernel.
-
-void Tuner::wait_for_compiles() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  done_cv_.wait(lock, [&] { return compiles_done_ == compiles_queued_; });
-}
-
-Result<TuneResult> Tuner::prepare_kernel(Slot& slot, const AttentionProblem& problem,
-                                         const TuneProgress& progress) {
-  {
-    std::unique_lock<std::mutex> lock(mutex_);
-    while (!slot.done) {
-      const int seen = compiles_done_;
-      lock.unlock();
-      TuneProgress waiting = progress;
-      waiting.phase = TuneProgress::Phase::Compiling;
-      notify(waiting);
-      lock.lock();
-      done_cv_.wait(lock, [&] { return slot.done || compiles_done_ != seen; });
-    }
-  }
-  if (slot.compile_error) {
-    return failed(slot.config, TuneStatus::CompileFailed, *slot.compile_error);
-  }
-
-  if (!slot.load_tried) {
-    slot.load_tried = true;
-    const ProblemSignature signature = ProblemSignature::of(slot.problem);
-    Result<std::shared_ptr<Kernel>> kernel =
-        backend_.load(slot.binary, slot.source, signature, slot.config);
-    if (!kernel.ok() && slot.binary.from_cache) {
-      // A cache entry the driver rejects: compile it afresh, as build_kernel does.
-      Result<Binary> binary = backend_.compile(slot.source);
-      if (binary.ok()) {
-        if (cache_ != nullptr) {
-          const std::string key =
-              BinaryCache::key(slot.source.text, backend_.compiler_fingerprint(), "");
-          Status stored = cache_->put(key, binary->bytes);
-          (void)stored;
-        }
-        kernel = backend_.load(binary.value(), slot.source, signature, slot.config);
-      } else {
-        kernel = binary.error();
-      }
-    }
-    if (kernel.ok()) {
-      slot.kernel = std::move(kernel.value());
-    } else {
-      slot.load_error = "load: " + kernel.error().describe();
-    }
-    slot.binary = Binary();  // loaded (or useless): free the image
-  }
-  if (!slot.kernel) return failed(slot.config, TuneStatus::CompileFailed, slot.load_error);
-
-  const int64_t group = problem.group_size();
-  auto found = slot.verified.find(group);
-  if (found == slot.verified.end()) {
-    Result<TuneResult> verdict = verify(slot, problem);
-    if (!verdict.ok()) return verdict.error();
-    found = slot.verified.emplace(group, std::move(verdict.value())).first;
-  }
-  return found->second;
-}
-
-Result<TuneResult> Tuner::verify(Slot& slot, const AttentionProblem& problem) {
-  const int64_t group = problem.group_size();
-  std::string key = signature_key(problem);
-  key += "-g";
-  key += std::to_string(group);
-  std::unique_ptr<Verification>& entry = verifications_[key];
-  if (!entry) {
-    AttentionProblem small =
-        AttentionProblem::make(1, kVerifyHeadsKv * group, kVerifyHeadsKv, kVerifySeqlenQ,
-                               kVerifySeqlenK, problem.head_dim, problem.dtype, problem.causal);
-    small.pass = problem.pass;
-    small.deterministic = problem.deterministic;
-    Result<std::unique_ptr<Verification>> created =
-        Verification::create(backend_, small, kVerifySeed);
-    if (!created.ok()) return created.error();
-    entry = std::move(created.value());
-  }
-  const Verification& v = *entry;
-  Result<Verification::Verdict> verdict =
-      v.run(*slot.kernel, options_.max_rel_error, options_.max_lse_abs_error,
-            options_.max_grad_rel_error);
-  if (!verdict.ok()) return verdict.error();
-  if (!verdict->launched) {
-    FLASHJIT_TRY(device_health(slot.config.to_string() + " failed its verification launch"));
-    return failed(slot.config, TuneStatus::LaunchFailed, "verification launch: " + verdict->detail);
-  }
-  if (!verdict->passed) {
-    return failed(
-        slot.config, TuneStatus::WrongResult,
-        "verification vs fp64 reference on " + v.problem().to_string() + ": " + verdict->detail);
-  }
-  TuneResult passed;
-  passed.config = slot.config;
-  if (options_.verbose) {
-    const KernelInfo& info = slot.kernel->info();
-    passed.message = "regs " + std::to_string(info.regs_per_thread) + ", smem " +
-                     std::to_string(info.dynamic_smem_bytes) + " B, local " +
-                     std::to_string(info.local_bytes_per_thread) + " B; verified " +
-                     verdict->detail;
-  } else if (slot.kernel->info().local_bytes_per_thread > 0) {
-    passed.message =
-        "spills: " + std::to_string(slot.kernel->info().local_bytes_per_thread) + " B/thread local";
-  }
-  return passed;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Timing.
-
-// Timing inputs for `problem`: enough sets that a round over them is at least twice the L2.
-Status Tuner::ensure_buffers(const AttentionProblem& problem) {
-  const DeviceSpec& device = backend_.device();
-  const std::vector<TensorSpec> specs = tensor_specs(problem);
-  size_t set_bytes = 0;
-  for (const TensorSpec& spec : specs) set_bytes += spec.bytes;
-  const size_t l2 = device.l2_bytes > 0 ? static_cast<size_t>(device.l2_bytes) : kFallbackL2Bytes;
-  const size_t needed_sets =
-      std::clamp<size_t>((2 * l2 + set_bytes - 1) / set_bytes, 1, kMaxInputSets);
-  if (!buffers_) buffers_ = std::make_unique<Buffers>();
-  Buffers& b = *buffers_;
-  const bool same_kind = !b.sets.empty() && b.dtype == problem.dtype && b.pass == problem.pass;
-  bool fits = same_kind && b.sets.size() >= needed_sets;
-  for (size_t i = 0; fits && i < specs.size(); ++i) fits = b.specs[i].bytes >= specs[i].bytes;
-  if (fits) return ok_status();
-
-  // Grow to the larger of what is held and what is needed (same dtype and pass), else replace.
-  std::vector<TensorSpec> grown = specs;
-  if (same_kind) {
-    for (size_t i = 0; i < grown.size(); ++i)
-      grown[i].bytes = std::max(grown[i].bytes, b.specs[i].bytes);
-  }
-  size_t big_set = 0;
-  for (const TensorSpec& spec : grown) big_set += spec.bytes;
-  const size_t set_count =
-      std::clamp<size_t>((2 * l2 + big_set - 1) / big_set, needed_sets, kMaxInputSets);
-  b.sets.clear();  // free before allocating anew; stays empty on failure: no stale sizes
-  std::vector<DeviceTensors> sets;
-  for (size_t i = 0; i < set_count; ++i) {
-    Result<DeviceTensors> set = allocate_tensors(backend_, grown);
-    if (!set.ok()) return set.error();
-    FLASHJIT_TRY(fill_for_timing(backend_, problem, *set, kTimingSeed));
-    sets.push_back(std::move(set.value()));
-  }
-  b.sets = std::move(sets);
-  b.specs = std::move(grown);
-  b.dtype = problem.dtype;
-  b.pass = problem.pass;
-  return ok_status();
 }
 
 Result<TuneReport> Tuner::tune(const AttentionProblem& problem) { return tune_one(problem, 0, 1); }
@@ -465,6 +152,7 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
   progress.problem_count = count;
   progress.steps = static_cast<int>(configs.size()) + 1;
   auto finish = [&]() {
+    mark_inflight(report.key, nullptr);
     report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
     TuneProgress done = progress;
     done.phase = TuneProgress::Phase::Done;
@@ -494,9 +182,13 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
     Result<std::vector<TuneResult>> rows = store_->results(fingerprint_, report.key);
     if (!rows.ok()) return rows.error();
     for (TuneResult& row : *rows) {
+      // Rows measured while the device was disturbed are measured again.
+      if (row.message.find(kDisturbedNote) != std::string::npos) continue;
       auto at = std::find(configs.begin(), configs.end(), row.config);
       if (at != configs.end()) results[at - configs.begin()] = std::move(row);
     }
+  }
+  if (store_ != nullptr) {  // resumed, or kept when this run's timings are unstable
     Result<std::optional<TuneChoice>> choice = store_->choice(fingerprint_, report.key);
     if (!choice.ok()) return choice.error();
     stored_choice = choice.value();
@@ -551,10 +243,28 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
   int step = 0;
   for (size_t i : order) {
     progress.step = step;
+    if (!results[i] && fault_of(report.key, configs[i]) != nullptr) {
+      TuneResult failed;
+      failed.config = configs[i];
+      failed.is_default = i == default_index;
+      failed.status = TuneStatus::LaunchFailed;
+      failed.message = "a tuning worker died running it: " + fault_of(report.key, configs[i])->why;
+      FLASHJIT_TRY(record(report.key, failed));
+      results[i] = std::move(failed);
+    }
     if (!results[i]) {
       std::shared_ptr<Slot> s = slot(problem, configs[i]);
+      mark_inflight(report.key, &configs[i]);
       Result<TuneResult> prepared = prepare_kernel(*s, problem, progress);
-      if (!prepared.ok()) return prepared.error();
+      if (!prepared.ok()) {  // the device is unusable after its verification launch
+        TuneResult failed;
+        failed.config = configs[i];
+        failed.is_default = i == default_index;
+        failed.status = TuneStatus::LaunchFailed;
+        failed.message = "left the device unusable: " + prepared.error().describe();
+        FLASHJIT_TRY(record(report.key, failed));
+        return prepared.error();
+      }
       TuneResult result = std::move(prepared.value());
       result.is_default = i == default_index;
       if (result.status == TuneStatus::Timed) {
@@ -563,6 +273,8 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
         Rotation rotation(*s->kernel, problem, sets);
         const std::function<Status()> work = std::ref(rotation);
         Measurement m;
+        Result<DeviceLock::Guard> held = hold_device();
+        if (!held.ok()) return held.error();
         Result<int> reps = warm_up(backend_, work, options_.warmup_ms, batch_ms);
         Status status = reps.ok() ? ok_status() : Status(reps.error());
         if (reps.ok()) m.reps = *reps;
@@ -585,10 +297,16 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
             break;
           }
         }
+        held->release();
         if (!status.ok()) {
-          FLASHJIT_TRY(device_health(configs[i].to_string() + " failed to launch"));
           result.status = TuneStatus::LaunchFailed;
           result.message = "timing: " + status.error().describe();
+          if (Status health = device_health(configs[i].to_string() + " failed to launch");
+              !health.ok()) {
+            append_note(result.message, "left the device unusable");
+            FLASHJIT_TRY(record(report.key, result));
+            return health.error();
+          }
         } else {
           result.median_ms = median_of(m.samples);
           result.min_ms = *std::min_element(m.samples.begin(), m.samples.end());
@@ -625,7 +343,9 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
     candidates.push_back(default_index);
   }
   std::vector<size_t> retimed;  // candidates with re-timed samples
-  if (candidates.size() >= 2) {
+  // One re-time: the candidates' batches round-robin, holding the device.
+  auto retime = [&]() -> Status {
+    retimed.clear();
     TuneProgress retiming = progress;
     retiming.phase = TuneProgress::Phase::Retiming;
     notify(retiming);
@@ -645,6 +365,7 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
       Candidate run;
       run.index = i;
       run.slot = slot(problem, configs[i]);
+      mark_inflight(report.key, &configs[i]);
       Result<TuneResult> prepared = prepare_kernel(*run.slot, problem, progress);
       if (!prepared.ok()) return prepared.error();
       if (prepared->status != TuneStatus::Timed) {  // recorded as timed, fails now
@@ -658,7 +379,10 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
       run.work = std::ref(*run.rotation);
       runs.push_back(std::move(run));
     }
+    Result<DeviceLock::Guard> held = hold_device();
+    if (!held.ok()) return held.error();
     for (Candidate& run : runs) {
+      mark_inflight(report.key, &configs[run.index]);
       Result<int> reps = warm_up(backend_, run.work, options_.warmup_ms, batch_ms);
       if (reps.ok()) {
         run.reps = *reps;
@@ -703,6 +427,48 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
       }
       FLASHJIT_TRY(record(report.key, result));
     }
+    return ok_status();
+  };
+  if (candidates.size() >= 2) {
+    // The disturbance check: the default's median against its previous one (first pass or
+    // store, then the previous re-time).
+    double previous_ms = default_timed ? results[default_index]->median_ms : 0;
+    std::vector<double> previous_samples = samples[default_index];
+    std::string medians = previous_ms > 0 ? std::to_string(previous_ms) : "";
+    bool stable = false;
+    for (int round = 0; round < options_.max_retimes && !stable; ++round) {
+      FLASHJIT_TRY(retime());
+      const bool checked = previous_ms > 0 && std::find(retimed.begin(), retimed.end(),
+                                                        default_index) != retimed.end();
+      if (!checked) {
+        stable = true;
+        break;
+      }
+      const double now_ms = results[default_index]->median_ms;
+      const double noise = std::max({options_.disturbance_tolerance * previous_ms,
+                                     interquartile_range(previous_samples),
+                                     interquartile_range(samples[default_index])});
+      medians += ", " + std::to_string(now_ms);
+      stable = std::abs(now_ms - previous_ms) <= noise;
+      previous_ms = now_ms;
+      previous_samples = samples[default_index];
+    }
+    if (!stable) {
+      report.disturbed = true;
+      report.note =
+          "timings unstable (something else used " + backend_.device().name + "): the default " +
+          configs[default_index].to_string() + " measured " + medians + " ms; " +
+          (stored_choice ? "the stored choice " + stored_choice->config.to_string() + " is kept"
+                         : std::string("the default is stored as the choice")) +
+          "; tune again when the device is quiet";
+      message("flashjit tune: " + problem.to_string() + ": " + report.note);
+      // Every timing of this problem is suspect: the next run measures them again.
+      for (auto& result : results) {
+        if (result->status != TuneStatus::Timed) continue;
+        append_note(result->message, kDisturbedNote);
+        FLASHJIT_TRY(record(report.key, *result));
+      }
+    }
   }
 
   // The decision: the fastest re-timed config (measured side by side), else the fastest.
@@ -733,6 +499,22 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
   } else {
     report.note =
         "the default config " + report.default_config.to_string() + " " + to_string(def.status);
+  }
+  if (report.disturbed) {
+    // No choice from noise: the stored one stays, or the default is stored. The rows noted
+    // "disturbed" are measured again by the next run (resume skips them).
+    if (stored_choice) {
+      report.choice = stored_choice;
+    } else {
+      TuneChoice fallback;
+      fallback.config = configs[default_index];
+      fallback.median_ms = report.default_ms;
+      fallback.default_ms = report.default_ms;
+      if (store_ != nullptr) FLASHJIT_TRY(store_->choose(fingerprint_, report.key, fallback));
+      report.choice = fallback;
+    }
+    report.kept_default = false;
+    return finish();
   }
   TuneChoice choice;
   choice.config = configs[chosen];

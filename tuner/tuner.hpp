@@ -39,6 +39,18 @@
 // by tune()/tune_all() are fatal ones only: an invalid problem, a device that stopped working
 // (a kernel fault leaves the CUDA context unusable), a store that cannot be written.
 //
+// One timer per device (tuner/device_lock.hpp): each config's timing and the re-time take the
+// device's lock, so tuners in other processes on the same device (Backend::timing_device_id) do
+// not time at the same moment; compiles and verification stay parallel. A tuner that must wait
+// says so (options.on_message: "waiting for <device>: held by pid N").
+//
+// Disturbance check: the default is timed first and again in the re-time. When the two medians
+// differ by more than the noise (max(disturbance_tolerance x the first, either's interquartile
+// range)), something else used the device: the re-time runs again, and the decision is taken from
+// it if it agrees with the previous re-time. If it still does not, the timings are unstable: the
+// results are recorded with the note "disturbed" (the next run measures them again), the previous
+// stored choice is kept (or the default is stored as the choice) and TuneReport::disturbed is set.
+//
 // Resume (options.resume, with a store): configs already recorded for (device, generator version,
 // key) are not measured again; a key that has a choice and a row for every legal config is taken
 // from the store as it is (TuneReport::resumed).
@@ -63,6 +75,7 @@
 #include "runtime/binary_cache.hpp"
 #include "runtime/runtime.hpp"
 #include "runtime/tuning_store.hpp"
+#include "tuner/device_lock.hpp"
 #include "tuner/workload.hpp"
 
 namespace flashjit {
@@ -108,7 +121,23 @@ struct TuneOptions {
                                     // (0: gradient_tolerance(dtype), tuner/reference.hpp)
   bool resume = true;               // skip what the store already has for this device
   bool verbose = false;  // results' messages also carry registers, spills and verification errors
+  bool serialize_timing = true;         // take the device's timing lock (tuner/device_lock.hpp)
+  std::string lock_dir;                 // its folder; empty: DeviceLock::default_dir()
+  double disturbance_tolerance = 0.05;  // the default's two medians may differ by this fraction
+  int max_retimes = 2;                  // re-time rounds when the default's medians disagree
+  // Crash isolation (tuner/supervisor.hpp): where to write the config about to be launched
+  // ("<key>\t<config>"; empty: nowhere), and the configs a previous worker died running, recorded
+  // as LaunchFailed without a launch.
+  std::string inflight_path;
+  struct Fault {
+    std::string key;     // ProblemKey::to_string()
+    std::string config;  // AttentionConfig::to_string()
+    std::string why;     // "killed by signal 11 (Segmentation fault)"
+  };
+  std::vector<Fault> faulted;
   std::function<void(const TuneProgress&)> on_progress;
+  // Waiting for the device, a lock that cannot be used, unstable timings; null: stderr.
+  std::function<void(const std::string&)> on_message;
 };
 
 // The outcome of tuning one problem.
@@ -122,6 +151,7 @@ struct TuneReport {
   double noise_ms = 0;        // the margin a winner had to beat the default by
   bool kept_default = false;  // a faster config was within the noise, so the default stays
   bool resumed = false;       // taken from the store without measuring anything
+  bool disturbed = false;     // the default's re-timed medians never agreed: no choice from them
   double seconds = 0;         // wall time spent on this problem
   std::string note;           // why there is no choice, or other remarks
 
@@ -173,12 +203,20 @@ class Tuner {
   Status device_health(const std::string& after) const;
   Status record(const ProblemKey& key, const TuneResult& result);
   void notify(TuneProgress progress) const;
+  void message(const std::string& text) const;
+  // Writes "<key>\t<config>" to options.inflight_path (config null: empties it).
+  void mark_inflight(const ProblemKey& key, const AttentionConfig* config) const;
+  const TuneOptions::Fault* fault_of(const ProblemKey& key, const AttentionConfig& config) const;
+  // Holds the device for a timing phase (an empty Guard when timing is not serialized).
+  Result<DeviceLock::Guard> hold_device() const;
 
   const Backend& backend_;
   const BinaryCache* cache_;
   TuningStore* store_;
   TuneOptions options_;
   DeviceFingerprint fingerprint_;
+  std::optional<DeviceLock> device_lock_;  // when options.serialize_timing and it could be opened
+  mutable long last_holder_pid_ = -1;      // the holder the last "waiting for" message named
 
   // Compile pool: slots keyed by signature + config; a queue of slots to compile.
   mutable std::mutex mutex_;
@@ -201,5 +239,12 @@ class Tuner {
 // runtime's backend with `options`, recorded in runtime.user_store() (if any) and served with the
 // chosen config. One Tuner is kept for the runtime's life, so later misses reuse its compiles.
 void install_tune_on_miss(Runtime& runtime, TuneOptions options = {});
+
+// True for the fatal error of tune()/tune_all() after which the device cannot be used in this
+// process (a kernel fault): a new process can go on (tuner/supervisor.hpp).
+bool is_device_lost(const Error& error);
+
+// The note on results measured while the device was disturbed (resume measures them again).
+extern const char* const kDisturbedNote;
 
 }  // namespace flashjit

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <initializer_list>
 #include <mutex>
 #include <utility>
 
@@ -72,6 +73,52 @@ const HostTarget& host_target() {
   return target;
 }
 
+const char* to_string(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::Sse:
+      return "sse";
+    case CpuIsa::Avx2:
+      return "avx2";
+    case CpuIsa::Avx512:
+      return "avx512";
+    case CpuIsa::Avx512Bf16:
+      return "avx512bf16";
+  }
+  return "?";
+}
+
+HostTarget isa_target(CpuIsa isa) {
+  HostTarget t;
+  t.triple = host_target().triple;
+  t.cpu = isa == CpuIsa::Sse ? "x86-64" : isa == CpuIsa::Avx2 ? "x86-64-v3" : "x86-64-v4";
+  if (isa == CpuIsa::Avx512Bf16) t.features = "+avx512bf16";
+  return t;
+}
+
+bool host_runs(CpuIsa isa) {
+  const HostTarget& host = host_target();
+  if (!llvm::StringRef(host.triple).startswith("x86_64")) return false;
+  auto has = [&](std::initializer_list<const char*> names) {
+    for (const char* name : names)
+      if (("," + host.features + ",").find(std::string(",+") + name + ",") == std::string::npos)
+        return false;
+    return true;
+  };
+  const bool avx2 = has({"avx2", "fma", "f16c", "bmi2", "movbe"});
+  const bool avx512 = avx2 && has({"avx512f", "avx512bw", "avx512dq", "avx512vl"});
+  switch (isa) {
+    case CpuIsa::Sse:
+      return true;
+    case CpuIsa::Avx2:
+      return avx2;
+    case CpuIsa::Avx512:
+      return avx512;
+    case CpuIsa::Avx512Bf16:
+      return avx512 && has({"avx512bf16"});
+  }
+  return false;
+}
+
 std::string clang_version() { return std::string("clang ") + LLVM_VERSION_STRING; }
 
 std::string compiler_identity() {
@@ -94,9 +141,10 @@ std::string compiler_identity() {
 }
 
 Result<ClangOutput> compile_cpp(const std::string& source, const std::string& file_name,
-                                EmitKind kind) {
+                                EmitKind kind, const HostTarget* target_override) {
   const auto start = std::chrono::steady_clock::now();
-  const HostTarget& target = host_target();
+  initialize_llvm();
+  const HostTarget& target = target_override != nullptr ? *target_override : host_target();
 
   std::string diagnostics;
   llvm::raw_string_ostream diagnostics_stream(diagnostics);
@@ -125,7 +173,7 @@ Result<ClangOutput> compile_cpp(const std::string& source, const std::string& fi
                                    "-fno-rtti",
                                    "-Wall",
                                    file_name};
-  for (size_t begin = 0; begin < target.features.size();) {
+  for (size_t begin = 0; begin < target.features.size();) {  // none: the CPU's own
     size_t end = target.features.find(',', begin);
     if (end == std::string::npos) end = target.features.size();
     args.insert(args.end() - 1, {"-target-feature", target.features.substr(begin, end - begin)});

@@ -23,6 +23,19 @@ struct HostTarget {
 };
 const HostTarget& host_target();
 
+// The x86-64 ISA levels of the CPU templates (templates/cpu/common.hpp picks its register tiles
+// and conversions from the target's macros), as targets to compile for on any x86-64 host: the
+// tests compile every level and run those the host can execute.
+//   Sse       "x86-64" (SSE2): 16 xmm, f32x16 in four
+//   Avx2      "x86-64-v3": AVX2, FMA, F16C (16 ymm)
+//   Avx512    "x86-64-v4": AVX-512 F/BW/DQ/VL (32 zmm)
+//   Avx512Bf16  "x86-64-v4" + AVX512_BF16 (vdpbf16ps for bf16 storage)
+enum class CpuIsa { Sse, Avx2, Avx512, Avx512Bf16 };
+const char* to_string(CpuIsa isa);
+HostTarget isa_target(CpuIsa isa);
+// Whether the host can run code compiled for `isa` (its CPU features include the level's).
+bool host_runs(CpuIsa isa);
+
 // "clang 14.0.6"
 std::string clang_version();
 // Cache and fingerprint identity of the compiler and target: "clang 14.0.6 x86_64-pc-linux-gnu
@@ -37,10 +50,12 @@ struct ClangOutput {
   double seconds = 0;
 };
 
-// Compiles `source` (C++17) named `file_name` in diagnostics. Error CompileFailed with clang's
-// diagnostics (file:line:col: error: ...) when it does not compile. Thread-safe.
+// Compiles `source` (C++17) named `file_name` in diagnostics, for the host (target null) or for
+// `target`. Error CompileFailed with clang's diagnostics (file:line:col: error: ...) when it does
+// not compile. Thread-safe.
 Result<ClangOutput> compile_cpp(const std::string& source, const std::string& file_name,
-                                EmitKind kind = EmitKind::Object);
+                                EmitKind kind = EmitKind::Object,
+                                const HostTarget* target = nullptr);
 
 // One loaded object file: its own LLJIT instance, alive as long as this is.
 class JitModule {

@@ -290,6 +290,16 @@ std::string CudaBackend::compiler_fingerprint() const {
   return nvrtc_version() + " sm_" + std::to_string(device_.arch);
 }
 
+std::string CudaBackend::timing_device_id() const {
+  char bus[64] = {};
+  if (driver_->cuDeviceGetPCIBusId != nullptr &&
+      driver_->cuDeviceGetPCIBusId(bus, static_cast<int>(sizeof bus) - 1, device_handle_) ==
+          CUDA_SUCCESS) {
+    return std::string("cuda pci ") + bus;
+  }
+  return fingerprint().to_string() + "|device " + std::to_string(device_handle_);
+}
+
 DeviceFingerprint CudaBackend::fingerprint() const {
   DeviceFingerprint fingerprint;
   fingerprint.backend = name();

@@ -25,6 +25,8 @@ class CudaBackend final : public CudaTemplateBackend {
   const DeviceSpec& device() const override { return device_; }
   std::string compiler_fingerprint() const override;
   DeviceFingerprint fingerprint() const override;
+  // "cuda pci 0000:19:00.0" (the fingerprint and the device ordinal without cuDeviceGetPCIBusId).
+  std::string timing_device_id() const override;
 
   Result<KernelSource> render(const AttentionProblem& problem,
                               const AttentionConfig& config) const override;

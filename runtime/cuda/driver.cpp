@@ -113,6 +113,8 @@ Result<const Driver*> load_driver() {
       resolve(library, table.cuEventElapsedTime, {"cuEventElapsedTime_v2", "cuEventElapsedTime"}));
   FLASHJIT_TRY(resolve(library, table.cuStreamSynchronize, {"cuStreamSynchronize"}));
   // Optional: a driver without it still runs every family but -ws (its launch says why).
+  table.cuDeviceGetPCIBusId =
+      reinterpret_cast<decltype(table.cuDeviceGetPCIBusId)>(dlsym(library, "cuDeviceGetPCIBusId"));
   table.cuTensorMapEncodeTiled = reinterpret_cast<decltype(table.cuTensorMapEncodeTiled)>(
       dlsym(library, "cuTensorMapEncodeTiled"));
 

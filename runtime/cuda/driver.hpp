@@ -42,6 +42,9 @@ struct Driver {
   CUresult (*cuEventSynchronize)(CUevent);
   CUresult (*cuEventElapsedTime)(float*, CUevent, CUevent);
   CUresult (*cuStreamSynchronize)(CUstream);
+  // Optional (null when absent): the PCI bus id that names a GPU across processes, whatever
+  // CUDA_VISIBLE_DEVICES numbers it (the tuners' timing lock).
+  CUresult (*cuDeviceGetPCIBusId)(char*, int, CUdevice);
   // Optional (CUDA 12+ drivers; null when absent): TMA tensor maps for the -ws kernels.
   CUresult (*cuTensorMapEncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
                                      const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,

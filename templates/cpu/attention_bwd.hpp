@@ -98,92 +98,6 @@ struct BwdTraits {
       3 * (i64)HeadDim * BlockM + 2 * (i64)BlockN * HeadDim + 2 * (i64)BlockN * BlockM;
 };
 
-// ---- the two tile shapes (fp32 FMAs, then bf16 pairs) ------------------------------------------
-// L lanes in the owned block (LV vectors of them per tile), rows of length D in the streamed one.
-
-// out[r0 + a][g + 16 v] = sum_{c < D} a[r0 + a][c] * bt[c][g + 16 v]     (a < RT, v < LV)
-// a: [rows][D], bt: [D][L], out: [rows][L].
-template <int D, int L, int RT, int LV>
-__attribute__((noinline)) void scores_tile(const float* __restrict a, const float* __restrict bt,
-                                           float* __restrict out, int r0, int g) {
-  f32x16 acc[RT][LV];
-  for (int r = 0; r < RT; ++r)
-    for (int v = 0; v < LV; ++v) acc[r][v] = 0.0f;
-  for (int c = 0; c < D; ++c) {
-    f32x16 b[LV];
-    for (int v = 0; v < LV; ++v) b[v] = load(bt + c * L + g + v * kLanes);
-    for (int r = 0; r < RT; ++r) {
-      const float x = a[(r0 + r) * D + c];
-      for (int v = 0; v < LV; ++v) acc[r][v] += x * b[v];
-    }
-  }
-  for (int r = 0; r < RT; ++r)
-    for (int v = 0; v < LV; ++v) store(out + (r0 + r) * L + g + v * kLanes, acc[r][v]);
-}
-
-// acc[c0 + a][g + 16 v] += sum_{r < rows} a(r, c0 + a) * y[r][g + 16 v]     (a < CT, v < LV)
-// a(r, c) = a[r * AR + c * AC] (AR = D, AC = 1: a row-major [rows][D]; AR = 1, AC = BN: dS
-// [BM][BN] read as dS^T), y: [rows][YS], acc: [..][CS].
-template <int AR, int AC, int YS, int CS, int CT, int LV>
-__attribute__((noinline)) void accumulate_tile(const float* __restrict a, const float* __restrict y,
-                                               float* __restrict acc_t, int rows, int c0, int g) {
-  f32x16 acc[CT][LV];
-  for (int c = 0; c < CT; ++c)
-    for (int v = 0; v < LV; ++v) acc[c][v] = load(acc_t + (c0 + c) * CS + g + v * kLanes);
-  for (int r = 0; r < rows; ++r) {
-    f32x16 b[LV];
-    for (int v = 0; v < LV; ++v) b[v] = load(y + r * YS + g + v * kLanes);
-    for (int c = 0; c < CT; ++c) {
-      const float x = a[r * AR + (c0 + c) * AC];
-      for (int v = 0; v < LV; ++v) acc[c][v] += x * b[v];
-    }
-  }
-  for (int c = 0; c < CT; ++c)
-    for (int v = 0; v < LV; ++v) store(acc_t + (c0 + c) * CS + g + v * kLanes, acc[c][v]);
-}
-
-// As scores_tile over the bf16 pairs (c, c + 1): a's rows read in place (a_rows[r], bf16), bt
-// packed as pairs btp[c / 2][x].
-template <int D, int L, int RT, int LV>
-__attribute__((noinline)) void scores_tile_dot(const u16* const* a_rows, const u32* __restrict btp,
-                                               float* __restrict out, int r0, int g) {
-  f32x16 acc[RT][LV];
-  for (int r = 0; r < RT; ++r)
-    for (int v = 0; v < LV; ++v) acc[r][v] = 0.0f;
-  for (int c = 0; c < D; c += 2) {
-    i32x16 b[LV];
-    for (int v = 0; v < LV; ++v) b[v] = load_pairs(btp + (c / 2) * L + g + v * kLanes);
-    for (int r = 0; r < RT; ++r) {
-      const i32x16 x = (int)pair_at(a_rows[r] + c);
-      for (int v = 0; v < LV; ++v) acc[r][v] = dot_bf16_pairs(acc[r][v], b[v], x);
-    }
-  }
-  for (int r = 0; r < RT; ++r)
-    for (int v = 0; v < LV; ++v) store(out + (r0 + r) * L + g + v * kLanes, acc[r][v]);
-}
-
-// As accumulate_tile over the bf16 pairs of rows (r, r + 1): ap(r / 2, c) =
-// ap[(r / 2) * AR + c * AC], yp[r / 2][x] (row length YS).
-template <int AR, int AC, int YS, int CS, int CT, int LV>
-__attribute__((noinline)) void accumulate_tile_dot(const u32* __restrict ap,
-                                                   const u32* __restrict yp,
-                                                   float* __restrict acc_t, int row_pairs, int c0,
-                                                   int g) {
-  f32x16 acc[CT][LV];
-  for (int c = 0; c < CT; ++c)
-    for (int v = 0; v < LV; ++v) acc[c][v] = load(acc_t + (c0 + c) * CS + g + v * kLanes);
-  for (int rr = 0; rr < row_pairs; ++rr) {
-    i32x16 b[LV];
-    for (int v = 0; v < LV; ++v) b[v] = load_pairs(yp + rr * YS + g + v * kLanes);
-    for (int c = 0; c < CT; ++c) {
-      const i32x16 x = (int)ap[rr * AR + (c0 + c) * AC];
-      for (int v = 0; v < LV; ++v) acc[c][v] = dot_bf16_pairs(acc[c][v], b[v], x);
-    }
-  }
-  for (int c = 0; c < CT; ++c)
-    for (int v = 0; v < LV; ++v) store(acc_t + (c0 + c) * CS + g + v * kLanes, acc[c][v]);
-}
-
 template <class T>
 struct Backward {
   static constexpr int D = T::kHeadDim;
@@ -192,19 +106,12 @@ struct Backward {
   static constexpr bool kDot = T::kDotBf16;
   typedef typename StorageElement<T::kStorage>::type Element;
 
-  // Register tiles of each work item (common.hpp sizes them for the host's registers): up to
-  // kTileLaneVectors lane vectors of the owned block (64 rows with AVX-512, 16 with AVX2) times
-  // kTileVectors / lane vectors streamed rows (scores) or head dims (accumulators, at most 8):
-  // 16 accumulators with AVX-512 as in the forward, 6 with AVX2. Tiles whose rows or dims do
-  // not divide the block's are followed by tiles of 2 (for_each_tile).
-  static constexpr int lane_vectors(int rows) {
-    return rows / kLanes >= kTileLaneVectors ? kTileLaneVectors : rows / kLanes;
-  }
-  static constexpr int tile_dims(int vectors) {
-    return kTileVectors / vectors >= 8 ? 8 : kTileVectors / vectors;
-  }
-  static constexpr int KV = lane_vectors(BN);  // dK/dV: key vectors
-  static constexpr int QV = lane_vectors(BM);  // dQ: query vectors
+  // Register tiles of each work item, sized for the host's registers (common.hpp's
+  // tile_lane_vectors, tile_dims): lane vectors of the owned block times streamed rows or head
+  // dims; tiles whose rows or dims do not divide the block's are followed by tiles of 2
+  // (for_each_tile).
+  static constexpr int KV = tile_lane_vectors(BN);  // dK/dV: key vectors
+  static constexpr int QV = tile_lane_vectors(BM);  // dQ: query vectors
   static constexpr int kKeyRows = kTileVectors / KV, kKeyDims = tile_dims(KV);
   static constexpr int kQueryRows = kTileVectors / QV, kQueryDims = tile_dims(QV);
   // The fused dQ product: lanes along the head dim (DL of them, DV vectors per tile: the most
@@ -222,18 +129,6 @@ struct Backward {
   static_assert(kKeyRows % 2 == 0 && kKeyDims % 2 == 0 && kQueryRows % 2 == 0 &&
                     kQueryDims % 2 == 0 && kDqRows % 2 == 0,
                 "tiles must be even: the rest of a block is done in tiles of 2");
-
-  // f(start, Int<size>()) over [0, count) (count even): tiles of Big, then at most one of 4 (when
-  // Big > 4), then tiles of 2.
-  template <int Big, class F>
-  static void for_each_tile(int count, F f) {
-    int start = 0;
-    for (; start + Big <= count; start += Big) f(start, Int<Big>());
-    if constexpr (Big > 4) {
-      if (start + 4 <= count) f(start, Int<4>()), start += 4;
-    }
-    for (; start < count; start += 2) f(start, Int<2>());
-  }
 
   static constexpr float kLog2e = 1.4426950408889634f;
 
@@ -408,8 +303,8 @@ struct Backward {
             const Element* q_row = q + (i64)(q0 + (in ? i : 0)) * p.q_seq_stride;
             const Element* do_row = d_o + (i64)(q0 + (in ? i : 0)) * p.do_seq_stride;
             const float keep = in ? 1.0f : 0.0f;
-            for (int c = 0; c < D; ++c) qa[i * D + c] = to_float<T::kStorage>(q_row[c]) * keep;
-            for (int c = 0; c < D; ++c) da[i * D + c] = to_float<T::kStorage>(do_row[c]) * keep;
+            convert_row<T::kStorage, D>(q_row, qa + i * D, keep);
+            convert_row<T::kStorage, D>(do_row, da + i * D, keep);
           }
           // A column slice of K^T (V^T) stays in L1 while the rows of Q (dO) pass.
           for (int g = 0; g < BN; g += KV * kLanes)
@@ -599,8 +494,8 @@ struct Backward {
           const Element* k_row = k + (i64)(n0 + (in ? j : 0)) * p.k_seq_stride;
           const Element* v_row = v + (i64)(n0 + (in ? j : 0)) * p.v_seq_stride;
           const float keep = in ? 1.0f : 0.0f;
-          for (int c = 0; c < D; ++c) ka[j * D + c] = to_float<T::kStorage>(k_row[c]) * keep;
-          for (int c = 0; c < D; ++c) va[j * D + c] = to_float<T::kStorage>(v_row[c]) * keep;
+          convert_row<T::kStorage, D>(k_row, ka + j * D, keep);
+          convert_row<T::kStorage, D>(v_row, va + j * D, keep);
         }
         for (int g = 0; g < BM; g += QV * kLanes)
           for_each_tile<kQueryRows>(2 * key_pairs, [&](int r0, auto tile) {

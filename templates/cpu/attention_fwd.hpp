@@ -53,15 +53,16 @@ struct Traits {
   static_assert(StorageType == kF16 || StorageType == kBF16 || StorageType == kF32,
                 "storage must be fp16, bf16 or fp32");
 
-  // Register tiles: kQueryVecs vectors of queries (up to 64 queries) times kKeyTile keys (S^T)
-  // or kDimTile head dims (O^T): 16 accumulators, enough independent FMAs to cover the FMA
-  // latency on two pipes, with room left in 32 vector registers for the operands.
-  static constexpr int kQueryVecs = BlockM / kLanes >= 4 ? 4 : BlockM / kLanes;
-  static constexpr int kKeyTile = 16 / kQueryVecs;
-  static constexpr int kDimTile = kQueryVecs == 4 ? 4 : 8;
+  // Register tiles, sized for the host's registers (common.hpp): kQueryVecs vectors of 16
+  // queries times kKeyTile keys (S^T) or kDimTile head dims (O^T). AVX-512: 4 x 4 (16 zmm
+  // accumulators); AVX2: 1 x 6 (12 ymm; f32x16 is two ymm); the rest of a block in tiles of 4
+  // and 2 (for_each_tile).
+  static constexpr int kQueryVecs = tile_lane_vectors(BlockM);
+  static constexpr int kKeyTile = kTileVectors / kQueryVecs;
+  static constexpr int kDimTile = tile_dims(kQueryVecs);
   static_assert(BlockM % (kQueryVecs * kLanes) == 0, "query groups must tile block_m");
-  static_assert(BlockN % kKeyTile == 0, "key tiles must tile block_n");
-  static_assert(HeadDim % kDimTile == 0, "dim tiles must tile head_dim");
+  static_assert(kKeyTile % 2 == 0 && kDimTile % 2 == 0,
+                "tiles must be even: the rest of a block is done in tiles of 2");
 
   // bf16 storage on a host with AVX512_BF16: both products as bf16 dot products (see
   // dot_bf16_pairs), P rounded to bf16 for P V as on the GPU. Otherwise fp32 FMAs.
@@ -84,89 +85,6 @@ struct Kernel {
   static constexpr bool kDot = T::kDotBf16;
   static constexpr int kGroup = QV * kLanes;  // queries of one register tile
   typedef typename StorageElement<T::kStorage>::type Element;
-
-  // ---- fp32 arithmetic (fp16, fp32 storage; bf16 without AVX512_BF16) ----
-
-  // S^T[j0 + a][g + 16 v] = sum_c K[j0 + a][c] * Q^T[c][g + 16 v]   (a < KT, v < QV)
-  static void qk_tile(const float* __restrict kb, const float* __restrict qt, float* __restrict st,
-                      int j0, int g) {
-    f32x16 acc[KT][QV];
-    for (int a = 0; a < KT; ++a)
-      for (int v = 0; v < QV; ++v) acc[a][v] = 0.0f;
-    for (int c = 0; c < D; ++c) {
-      f32x16 q[QV];
-      for (int v = 0; v < QV; ++v) q[v] = load(qt + c * BM + g + v * kLanes);
-      for (int a = 0; a < KT; ++a) {
-        const float k = kb[(j0 + a) * D + c];
-        for (int v = 0; v < QV; ++v) acc[a][v] += k * q[v];
-      }
-    }
-    for (int a = 0; a < KT; ++a)
-      for (int v = 0; v < QV; ++v) store(st + (j0 + a) * BM + g + v * kLanes, acc[a][v]);
-  }
-
-  // O^T[c0 + a][g + 16 v] = O^T[..] * alpha[g + 16 v] + sum_{j < keys} V[j][c0 + a] P^T[j][..]
-  static void pv_tile(const float* __restrict vb, const float* __restrict pt,
-                      const float* __restrict alpha, float* __restrict ot, int keys, int c0,
-                      int g) {
-    f32x16 acc[DT][QV];
-    for (int v = 0; v < QV; ++v) {
-      const f32x16 scale = load(alpha + g + v * kLanes);
-      for (int a = 0; a < DT; ++a) acc[a][v] = load(ot + (c0 + a) * BM + g + v * kLanes) * scale;
-    }
-    for (int j = 0; j < keys; ++j) {
-      f32x16 p[QV];
-      for (int v = 0; v < QV; ++v) p[v] = load(pt + j * BM + g + v * kLanes);
-      for (int a = 0; a < DT; ++a) {
-        const float x = vb[j * D + c0 + a];
-        for (int v = 0; v < QV; ++v) acc[a][v] += x * p[v];
-      }
-    }
-    for (int v = 0; v < QV; ++v)
-      for (int a = 0; a < DT; ++a) store(ot + (c0 + a) * BM + g + v * kLanes, acc[a][v]);
-  }
-
-  // ---- bf16 dot products (bf16 storage on a host with AVX512_BF16) ----
-
-  // As qk_tile, over the bf16 pairs (c, c + 1): K's pair is broadcast straight from the input
-  // row k_rows[a], Q's pairs were packed once per work item (qp[c / 2][query]).
-  static void qk_tile_dot(const u16* const* k_rows, const u32* __restrict qp, float* __restrict st,
-                          int j0, int g) {
-    f32x16 acc[KT][QV];
-    for (int a = 0; a < KT; ++a)
-      for (int v = 0; v < QV; ++v) acc[a][v] = 0.0f;
-    for (int c = 0; c < D; c += 2) {
-      i32x16 q[QV];
-      for (int v = 0; v < QV; ++v) q[v] = load_pairs(qp + (c / 2) * BM + g + v * kLanes);
-      for (int a = 0; a < KT; ++a) {
-        const i32x16 k = (int)pair_at(k_rows[a] + c);
-        for (int v = 0; v < QV; ++v) acc[a][v] = dot_bf16_pairs(acc[a][v], q[v], k);
-      }
-    }
-    for (int a = 0; a < KT; ++a)
-      for (int v = 0; v < QV; ++v) store(st + (j0 + a) * BM + g + v * kLanes, acc[a][v]);
-  }
-
-  // As pv_tile, over the bf16 pairs of keys (j, j + 1): vp[j / 2][dim] and pp[j / 2][query].
-  static void pv_tile_dot(const u32* __restrict vp, const u32* __restrict pp,
-                          const float* __restrict alpha, float* __restrict ot, int key_pairs,
-                          int c0, int g) {
-    f32x16 acc[DT][QV];
-    for (int v = 0; v < QV; ++v) {
-      const f32x16 scale = load(alpha + g + v * kLanes);
-      for (int a = 0; a < DT; ++a) acc[a][v] = load(ot + (c0 + a) * BM + g + v * kLanes) * scale;
-    }
-    for (int jj = 0; jj < key_pairs; ++jj) {
-      i32x16 p[QV];
-      for (int v = 0; v < QV; ++v) p[v] = load_pairs(pp + jj * BM + g + v * kLanes);
-      for (int a = 0; a < DT; ++a) {
-        const i32x16 x = (int)vp[jj * D + c0 + a];
-        for (int v = 0; v < QV; ++v) acc[a][v] = dot_bf16_pairs(acc[a][v], p[v], x);
-      }
-    }
-    for (int v = 0; v < QV; ++v)
-      for (int a = 0; a < DT; ++a) store(ot + (c0 + a) * BM + g + v * kLanes, acc[a][v]);
-  }
 
   // One work item: query rows [m_block * BM, +BM) of (batch b, head h).
   static void block(const FlashjitAttentionParams& p, int b, int h, int m_block, float* scratch) {
@@ -223,8 +141,7 @@ struct Kernel {
     for (int n0 = 0; n0 < kv_end; n0 += BN) {
 #endif
       const int cols = min_int(BN, p.seqlen_k - n0);
-      const int key_tiles = (cols + KT - 1) / KT;
-      const int key_pairs = (cols + 1) / 2;
+      const int key_pairs = (cols + 1) / 2;  // S^T's tiles cover 2 * key_pairs keys
 
       // S^T = K Q^T, after packing this block of K and V (rows past seqlen_k are zero, never
       // garbage: 0 * NaN would be NaN).
@@ -235,24 +152,27 @@ struct Kernel {
           const u16* v1 = second ? v0 + p.v_seq_stride : v0;
           for (int c = 0; c < D; ++c) vp[jj * D + c] = v0[c] | (second ? (u32)v1[c] << 16 : 0u);
         }
-        for (int g = 0; g < BM; g += kGroup)
-          for (int t = 0; t < key_tiles; ++t) {
-            const u16* k_rows[KT];  // keys past seqlen_k repeat the last one (scores unused)
-            for (int a = 0; a < KT; ++a)
-              k_rows[a] = k + (i64)(n0 + min_int(t * KT + a, cols - 1)) * p.k_seq_stride;
-            qk_tile_dot(k_rows, qp, st, t * KT, g);
-          }
+        for_each_tile<KT>(2 * key_pairs, [&](int j0, auto tile) {
+          constexpr int RT = decltype(tile)::value;
+          const u16* k_rows[RT];  // keys past seqlen_k repeat the last one (scores unused)
+          for (int a = 0; a < RT; ++a)
+            k_rows[a] = k + (i64)(n0 + min_int(j0 + a, cols - 1)) * p.k_seq_stride;
+          for (int g = 0; g < BM; g += kGroup)
+            scores_tile_dot<D, BM, RT, QV>(k_rows, qp, st, j0, g);
+        });
       } else {
-        for (int j = 0; j < key_tiles * KT; ++j) {
+        for (int j = 0; j < 2 * key_pairs; ++j) {
           const bool in = j < cols;
           const Element* k_row = k + (i64)(n0 + (in ? j : 0)) * p.k_seq_stride;
           const Element* v_row = v + (i64)(n0 + (in ? j : 0)) * p.v_seq_stride;
           const float keep = in ? 1.0f : 0.0f;
-          for (int c = 0; c < D; ++c) kb[j * D + c] = to_float<T::kStorage>(k_row[c]) * keep;
-          for (int c = 0; c < D; ++c) vb[j * D + c] = to_float<T::kStorage>(v_row[c]) * keep;
+          convert_row<T::kStorage, D>(k_row, kb + j * D, keep);
+          convert_row<T::kStorage, D>(v_row, vb + j * D, keep);
         }
         for (int g = 0; g < BM; g += kGroup)
-          for (int t = 0; t < key_tiles; ++t) qk_tile(kb, qt, st, t * KT, g);
+          for_each_tile<KT>(2 * key_pairs, [&](int j0, auto tile) {
+            scores_tile<D, BM, decltype(tile)::value, QV>(kb, qt, st, j0, g);
+          });
       }
 
       // Online softmax, 16 queries at a time, over the cols keys of the block (the loops stop at
@@ -331,12 +251,13 @@ struct Kernel {
 
       // O^T = O^T * alpha + V^T P^T.
       for (int g = 0; g < BM; g += kGroup)
-        for (int c0 = 0; c0 < D; c0 += DT) {
+        for_each_tile<DT>(D, [&](int c0, auto tile) {
+          constexpr int CT = decltype(tile)::value;
           if constexpr (kDot)
-            pv_tile_dot(vp, pp, alpha, ot, key_pairs, c0, g);
+            accumulate_tile_dot<D, 1, BM, BM, CT, QV>(vp, pp, ot, key_pairs, c0, g, alpha);
           else
-            pv_tile(vb, st, alpha, ot, cols, c0, g);
-        }
+            accumulate_tile<D, 1, BM, BM, CT, QV>(vb, st, ot, cols, c0, g, alpha);
+        });
     }
 
     // O = acc / l in the storage type; lse in natural log.

@@ -39,9 +39,9 @@ constexpr int kLanes = 16;  // floats per f32x16 (one AVX-512 register, two AVX2
 #define FLASHJIT_CPU_DOT_BF16 0
 #endif
 
-// Register tiles for the host's vector registers (the backward's; the forward keeps its own 4 x 4
-// for AVX-512): kTileVectors f32x16 accumulators in rows of kTileLaneVectors, with the operands
-// of one step (a row of lane vectors and a broadcast) beside them:
+// Register tiles for the host's vector registers (the forward's and the backward's): kTileVectors
+// f32x16 accumulators in rows of kTileLaneVectors, with the operands of one step (a row of lane
+// vectors and a broadcast) beside them:
 //   AVX-512  32 zmm: 16 accumulators, rows of 4 vectors (64 lanes): 16 + 4 + 1 registers;
 //   AVX2     16 ymm: 6 accumulators of 1 vector (12 ymm, 1.5x the 8 FMAs in flight that a
 //            4-cycle latency on 2 pipes needs), + 2 + 1;
@@ -56,6 +56,17 @@ constexpr int kTileLaneVectors = 1;
 constexpr int kTileVectors = 2;
 constexpr int kTileLaneVectors = 1;
 #endif
+
+// The lane vectors of a register tile over a block of `rows` lanes (up to kTileLaneVectors: 64
+// rows with AVX-512, 16 with AVX2), and the streamed rows or head dims that go with `vectors` of
+// them (kTileVectors accumulators in all, at most 8 rows): AVX-512 4 x 4, AVX2 1 x 6 (16 lanes in
+// two ymm: the 6 x 16 tile of an AVX2 GEMM kernel, 12 accumulators + 2 + 1 of 16 ymm).
+constexpr int tile_lane_vectors(int rows) {
+  return rows / kLanes >= kTileLaneVectors ? kTileLaneVectors : rows / kLanes;
+}
+constexpr int tile_dims(int vectors) {
+  return kTileVectors / vectors >= 8 ? 8 : kTileVectors / vectors;
+}
 
 // A compile-time int as a value (tile sizes through generic lambdas).
 template <int N>
@@ -136,6 +147,29 @@ inline typename StorageElement<S>::type from_float(float value) {
     return float_to_bf16(value);
   else
     return float_to_fp16(value);
+}
+
+// dst[c] = src[c] * scale for c < N (a multiple of 8): one row of K, V, Q or dO converted to
+// fp32 when packed. fp16 on a host with F16C: vcvtph2ps, 8 at a time (exact, as fp16_to_float;
+// a signaling NaN comes out quiet); otherwise to_float, which the loop vectorizes.
+template <int S, int N>
+inline void convert_row(const typename StorageElement<S>::type* __restrict src,
+                        float* __restrict dst, float scale) {
+  static_assert(N % 8 == 0, "rows are a multiple of 8 elements");
+#if defined(__F16C__)
+  if constexpr (S == kF16) {
+    typedef short i16x8 __attribute__((ext_vector_type(8)));
+    typedef float f32x8 __attribute__((ext_vector_type(8)));
+    for (int c = 0; c < N; c += 8) {
+      i16x8 h;
+      __builtin_memcpy(&h, src + c, sizeof(h));
+      const f32x8 f = __builtin_ia32_vcvtph2ps256(h) * scale;
+      __builtin_memcpy(dst + c, &f, sizeof(f));
+    }
+    return;
+  }
+#endif
+  for (int c = 0; c < N; ++c) dst[c] = to_float<S>(src[c]) * scale;
 }
 
 // 2^x for x <= 0 (the softmax's only range), 16 lanes; exactly 0 from -126.5 down and for -inf,
@@ -238,6 +272,120 @@ inline i32x16 pack_bf16_row(f32x16 lo, f32x16 hi) {
   (void)lo, (void)hi;
   return 0;
 #endif
+}
+
+// ---- the two tile shapes (fp32 FMAs, then bf16 pairs) ------------------------------------------
+// L lanes in the owned block (LV vectors of them per tile), rows of length D in the streamed one.
+
+// out[r0 + a][g + 16 v] = sum_{c < D} a[r0 + a][c] * bt[c][g + 16 v]     (a < RT, v < LV)
+// a: [rows][D], bt: [D][L], out: [rows][L].
+template <int D, int L, int RT, int LV>
+__attribute__((noinline)) void scores_tile(const float* __restrict a, const float* __restrict bt,
+                                           float* __restrict out, int r0, int g) {
+  f32x16 acc[RT][LV];
+  for (int r = 0; r < RT; ++r)
+    for (int v = 0; v < LV; ++v) acc[r][v] = 0.0f;
+  // Pointers stepped along c (the rows' offsets are constants: no index arithmetic in the loop).
+  const float* a_c = a + (i64)r0 * D;
+  const float* b_c = bt + g;
+  for (int c = 0; c < D; ++c, ++a_c, b_c += L) {
+    f32x16 b[LV];
+    for (int v = 0; v < LV; ++v) b[v] = load(b_c + v * kLanes);
+    for (int r = 0; r < RT; ++r) {
+      const float x = a_c[r * D];
+      for (int v = 0; v < LV; ++v) acc[r][v] += x * b[v];
+    }
+  }
+  for (int r = 0; r < RT; ++r)
+    for (int v = 0; v < LV; ++v) store(out + (r0 + r) * L + g + v * kLanes, acc[r][v]);
+}
+
+// acc[c0 + a][g + 16 v] = acc[..] * scale[g + 16 v] + sum_{r < rows} a(r, c0 + a) * y[r][g + 16 v]
+// (a < CT, v < LV; scale = 1 when row_scale is null: the forward's O rescale by alpha, fused)
+// a(r, c) = a[r * AR + c * AC] (AR = D, AC = 1: a row-major [rows][D]; AR = 1, AC = BN: dS
+// [BM][BN] read as dS^T), y: [rows][YS], acc: [..][CS].
+template <int AR, int AC, int YS, int CS, int CT, int LV>
+__attribute__((noinline)) void accumulate_tile(const float* __restrict a, const float* __restrict y,
+                                               float* __restrict acc_t, int rows, int c0, int g,
+                                               const float* __restrict row_scale = nullptr) {
+  f32x16 acc[CT][LV];
+  for (int c = 0; c < CT; ++c)
+    for (int v = 0; v < LV; ++v) acc[c][v] = load(acc_t + (c0 + c) * CS + g + v * kLanes);
+  if (row_scale)
+    for (int v = 0; v < LV; ++v)
+      for (int c = 0; c < CT; ++c) acc[c][v] *= load(row_scale + g + v * kLanes);
+  const float* a_r = a + (i64)c0 * AC;  // stepped along r, as y_r
+  const float* y_r = y + g;
+  for (int r = 0; r < rows; ++r, a_r += AR, y_r += YS) {
+    f32x16 b[LV];
+    for (int v = 0; v < LV; ++v) b[v] = load(y_r + v * kLanes);
+    for (int c = 0; c < CT; ++c) {
+      const float x = a_r[c * AC];
+      for (int v = 0; v < LV; ++v) acc[c][v] += x * b[v];
+    }
+  }
+  for (int c = 0; c < CT; ++c)
+    for (int v = 0; v < LV; ++v) store(acc_t + (c0 + c) * CS + g + v * kLanes, acc[c][v]);
+}
+
+// As scores_tile over the bf16 pairs (c, c + 1): a's rows read in place (a_rows[r], bf16), bt
+// packed as pairs btp[c / 2][x].
+template <int D, int L, int RT, int LV>
+__attribute__((noinline)) void scores_tile_dot(const u16* const* a_rows, const u32* __restrict btp,
+                                               float* __restrict out, int r0, int g) {
+  f32x16 acc[RT][LV];
+  for (int r = 0; r < RT; ++r)
+    for (int v = 0; v < LV; ++v) acc[r][v] = 0.0f;
+  for (i64 c = 0; c < D; c += 2) {
+    i32x16 b[LV];
+    for (int v = 0; v < LV; ++v) b[v] = load_pairs(btp + (c / 2) * L + g + v * kLanes);
+    for (int r = 0; r < RT; ++r) {
+      const i32x16 x = (int)pair_at(a_rows[r] + c);
+      for (int v = 0; v < LV; ++v) acc[r][v] = dot_bf16_pairs(acc[r][v], b[v], x);
+    }
+  }
+  for (int r = 0; r < RT; ++r)
+    for (int v = 0; v < LV; ++v) store(out + (r0 + r) * L + g + v * kLanes, acc[r][v]);
+}
+
+// As accumulate_tile over the bf16 pairs of rows (r, r + 1): ap(r / 2, c) =
+// ap[(r / 2) * AR + c * AC], yp[r / 2][x] (row length YS).
+template <int AR, int AC, int YS, int CS, int CT, int LV>
+__attribute__((noinline)) void accumulate_tile_dot(const u32* __restrict ap,
+                                                   const u32* __restrict yp,
+                                                   float* __restrict acc_t, int row_pairs, int c0,
+                                                   int g,
+                                                   const float* __restrict row_scale = nullptr) {
+  f32x16 acc[CT][LV];
+  for (int c = 0; c < CT; ++c)
+    for (int v = 0; v < LV; ++v) acc[c][v] = load(acc_t + (c0 + c) * CS + g + v * kLanes);
+  if (row_scale)
+    for (int v = 0; v < LV; ++v)
+      for (int c = 0; c < CT; ++c) acc[c][v] *= load(row_scale + g + v * kLanes);
+  const u32* a_r = ap + (i64)c0 * AC;  // stepped along rr, as y_r
+  const u32* y_r = yp + g;
+  for (int rr = 0; rr < row_pairs; ++rr, a_r += AR, y_r += YS) {
+    i32x16 b[LV];
+    for (int v = 0; v < LV; ++v) b[v] = load_pairs(y_r + v * kLanes);
+    for (int c = 0; c < CT; ++c) {
+      const i32x16 x = (int)a_r[c * AC];
+      for (int v = 0; v < LV; ++v) acc[c][v] = dot_bf16_pairs(acc[c][v], b[v], x);
+    }
+  }
+  for (int c = 0; c < CT; ++c)
+    for (int v = 0; v < LV; ++v) store(acc_t + (c0 + c) * CS + g + v * kLanes, acc[c][v]);
+}
+
+// f(start, Int<size>()) over [0, count) (count even): tiles of Big, then at most one of 4 (when
+// Big > 4), then tiles of 2.
+template <int Big, class F>
+inline void for_each_tile(int count, F f) {
+  int start = 0;
+  for (; start + Big <= count; start += Big) f(start, Int<Big>());
+  if constexpr (Big > 4) {
+    if (start + 4 <= count) f(start, Int<4>()), start += 4;
+  }
+  for (; start < count; start += 2) f(start, Int<2>());
 }
 
 }  // namespace flashjit_cpu

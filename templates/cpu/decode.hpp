@@ -126,8 +126,8 @@ struct Decode {
             key_row(p.k, p.k_batch_stride, p.k_seq_stride, p.k_head_stride, p, b, hk, n0 + j);
         const Element* v_row =
             key_row(p.v, p.v_batch_stride, p.v_seq_stride, p.v_head_stride, p, b, hk, n0 + j);
-        for (int c = 0; c < D; ++c) kb[j * D + c] = to_float<T::kStorage>(k_row[c]);
-        for (int c = 0; c < D; ++c) vb[j * D + c] = to_float<T::kStorage>(v_row[c]);
+        convert_row<T::kStorage, D>(k_row, kb + j * D, 1.0f);
+        convert_row<T::kStorage, D>(v_row, vb + j * D, 1.0f);
       }
       for (int r = 0; r < rows; ++r) {
         // The last visible key of this row, relative to n0.

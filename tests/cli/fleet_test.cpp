@@ -58,8 +58,9 @@ TEST(FleetTest, ShardsOfAnArrayJobMergeIntoTheKeysOfOneFullRun) {
   const fs::path scripts = fs::path(FLASHJIT_SOURCE_DIR) / "examples" / "slurm";
   const std::string env =
       "env -u FLASHJIT_SYSTEM_DB FLASHJIT_DB=none FLASHJIT_CACHE_DIR=" + quoted(dir / "cache") +
-      " TMPDIR=" + quoted(dir / "tmp") + " OUT_DIR=" + quoted(out) +
-      " FLASHJIT=" + FLASHJIT_CLI_PATH + " FLASHJIT_TUNE_ARGS='" + kGrid + "' ";
+      " TMPDIR=" + quoted(dir / "tmp") + " FLASHJIT_LOCK_DIR=" + quoted(dir / "locks") +
+      " OUT_DIR=" + quoted(out) + " FLASHJIT=" + FLASHJIT_CLI_PATH + " FLASHJIT_TUNE_ARGS='" +
+      kGrid + "' ";
 
   const fs::path full = dir / "full.db";
   const CommandOutcome single =

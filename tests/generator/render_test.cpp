@@ -56,6 +56,18 @@ TEST(Render, TemplatesAreEmbeddedAndVersioned) {
   EXPECT_TRUE(templates::text("no/such/file").empty());
   EXPECT_EQ(generator_version().size(), 16u);
   EXPECT_EQ(generator_version(), generator_version());
+  // One version per backend: each differs from the others and from the all-templates one; a
+  // device of no known backend gets the all-templates version.
+  const std::string& cuda = generator_version_of("cuda|NVIDIA H100 80GB HBM3|sm90");
+  const std::string& hip = generator_version_of("hip|AMD Instinct MI250X|gfx90a");
+  const std::string& cpu = generator_version_of("cpu|AMD EPYC|2cores");
+  EXPECT_EQ(cuda.size(), 16u);
+  EXPECT_NE(cuda, hip);
+  EXPECT_NE(cuda, cpu);
+  EXPECT_NE(hip, cpu);
+  EXPECT_NE(cuda, generator_version());
+  EXPECT_EQ(generator_version_of("fake|Fake GPU"), generator_version());
+  EXPECT_EQ(generator_version_of("cuda|"), cuda);
 }
 
 }  // namespace

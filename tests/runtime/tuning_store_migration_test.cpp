@@ -116,8 +116,14 @@ std::vector<FixtureChoice> choices_in_v1(const fs::path& path) {
 // so this build's staleness rule hides them from choice(). Tests that look a fixture key up
 // re-stamp the rows with this build's version first (plain SQL, works on either schema).
 void restamp_generator(const fs::path& path) {
-  query(path, "UPDATE results SET generator = '" + generator_version() + "'");
-  query(path, "UPDATE choices SET generator = '" + generator_version() + "'");
+  for (const char* table : {"results", "choices"}) {
+    query(path, std::string("UPDATE ") + table + " SET generator = '" + generator_version() + "'");
+    for (const char* backend : {"cuda", "hip", "cpu"}) {
+      const std::string prefix = std::string(backend) + "|";
+      query(path, std::string("UPDATE ") + table + " SET generator = '" +
+                      generator_version_of(prefix) + "' WHERE device LIKE '" + prefix + "%'");
+    }
+  }
 }
 
 class TuningStoreMigrationTest : public ::testing::Test {

@@ -14,11 +14,15 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -26,13 +30,15 @@
 
 #include "support/gpu.hpp"
 #include "tuner/reference.hpp"
+#include "tuner/supervisor.hpp"
 
 namespace flashjit {
 namespace {
 
 namespace fs = std::filesystem;
 
-enum class Behavior { Good, CompileFails, LaunchFails, WrongResult, NaN };
+// Crash: the launch kills the process (as a CPU kernel's segfault would).
+enum class Behavior { Good, CompileFails, LaunchFails, WrongResult, NaN, Crash };
 
 class FakeBackend;
 
@@ -128,7 +134,9 @@ class FakeBackend final : public CudaTemplateBackend {
     const double base = found != times.end() ? found->second : default_ms;
     // Each config's samples alternate above and below its base: the spread is 2 * jitter.
     const double sign = (sample_counters[last_launched.to_string()]++ % 2 == 0) ? 1.0 : -1.0;
-    return base * (1.0 + sign * jitter);
+    // Another job on the device: a factor by the number of batches timed so far.
+    const double disturbed = disturbance ? disturbance(timed_batches.load()) : 1.0;
+    return base * (1.0 + sign * jitter) * disturbed;
   }
 
   // A backward config space of the test's choosing (the first is the default), instead of the
@@ -165,6 +173,7 @@ class FakeBackend final : public CudaTemplateBackend {
   bool device_lost_after_launch_failure = false;
   bool shares_device = false;  // compiles_share_the_device(), as the CPU backend's
   bool slow_compiles = false;
+  std::function<double(int)> disturbance;  // factor on every time, by batches timed so far
 
   mutable std::atomic<int> compiling{0};
   mutable std::atomic<int> timed_while_compiling{0};
@@ -183,6 +192,7 @@ class FakeBackend final : public CudaTemplateBackend {
 Status FakeKernel::launch(const AttentionProblem& problem, const AttentionArgs& args, void*) const {
   ++backend_.launches;
   const Behavior behavior = backend_.behavior(config_);
+  if (behavior == Behavior::Crash) std::abort();
   if (behavior == Behavior::LaunchFails) {
     if (backend_.device_lost_after_launch_failure) backend_.device_lost = true;
     return make_error(ErrorCode::LaunchFailed, "fake launch failure");
@@ -461,6 +471,108 @@ TEST_F(TunerTest, LostDeviceStopsTheRun) {
   EXPECT_EQ(report.error().code, ErrorCode::DriverError);
   EXPECT_NE(report.error().message.find(others_[0].to_string()), std::string::npos)
       << report.error().message;
+  EXPECT_TRUE(is_device_lost(report.error()));
+}
+
+// The config whose launch left the device unusable is in the store as failed, so that the run
+// resumed in a new process (tuner/supervisor.hpp) does not launch it again.
+TEST_F(TunerTest, LostDeviceRecordsTheConfigThatLostIt) {
+  std::unique_ptr<TuningStore> store = open_store();
+  ASSERT_NE(store, nullptr);
+  backend_.behaviors[others_[0].to_string()] = Behavior::LaunchFails;
+  backend_.device_lost_after_launch_failure = true;
+  {
+    Tuner tuner(backend_, nullptr, store.get(), fast_options());
+    ASSERT_FALSE(tuner.tune(problem_).ok());
+  }
+  Result<std::vector<TuneResult>> rows =
+      store->results(backend_.fingerprint(), ProblemKey::of(problem_));
+  ASSERT_TRUE(rows.ok());
+  bool found = false;
+  for (const TuneResult& row : *rows) {
+    if (row.config != others_[0]) continue;
+    found = true;
+    EXPECT_EQ(row.status, TuneStatus::LaunchFailed);
+    EXPECT_NE(row.message.find("unusable"), std::string::npos) << row.message;
+  }
+  EXPECT_TRUE(found) << "the config that lost the device is not recorded";
+
+  // A new process (a fresh backend) resumes without launching it.
+  backend_.device_lost = false;
+  backend_.device_lost_after_launch_failure = false;
+  const int launches = backend_.launches;
+  Tuner again(backend_, nullptr, store.get(), fast_options());
+  Result<TuneReport> report = again.tune(problem_);
+  ASSERT_TRUE(report.ok()) << report.error().describe();
+  EXPECT_EQ(report->result_of(others_[0])->status, TuneStatus::LaunchFailed);
+  EXPECT_GT(backend_.launches, launches);
+}
+
+// The worker side of SupervisedRunSurvivesAKernelThatKillsItsProcess: runs only when that test
+// starts this program as its worker (FLASHJIT_TUNER_TEST_DB set).
+TEST(TunerWorker, TunesIntoTheStoreItIsGiven) {
+  const char* db = std::getenv("FLASHJIT_TUNER_TEST_DB");
+  const char* crash = std::getenv("FLASHJIT_TUNER_TEST_CRASH");
+  if (db == nullptr || crash == nullptr) GTEST_SKIP() << "the worker of a supervisor test";
+  FakeBackend backend;
+  backend.behaviors[crash] = Behavior::Crash;
+  TuneOptions options = fast_options();
+  ASSERT_TRUE(apply_worker_environment(options)) << "not started as a tuning worker";
+  Result<std::unique_ptr<TuningStore>> store = TuningStore::open(db);
+  ASSERT_TRUE(store.ok()) << store.error().describe();
+  Tuner tuner(backend, nullptr, store->get(), options);
+  Result<TuneReport> report = tuner.tune(test_problem());
+  ASSERT_TRUE(report.ok()) << report.error().describe();
+  ASSERT_TRUE(report->choice);
+}
+
+// A kernel that kills its process (here: abort() in a launch) does not end the run: the
+// supervisor records it as failed and a new worker finishes the problem from the store.
+TEST_F(TunerTest, SupervisedRunSurvivesAKernelThatKillsItsProcess) {
+  const std::string crash = others_[1].to_string();
+  const fs::path db = dir_ / "tuning.db";
+  setenv("FLASHJIT_TUNER_TEST_DB", db.c_str(), 1);
+  setenv("FLASHJIT_TUNER_TEST_CRASH", crash.c_str(), 1);
+  SupervisedRun run;
+  run.argv = {"/proc/self/exe", "--gtest_filter=TunerWorker.TunesIntoTheStoreItIsGiven"};
+  std::vector<std::string> messages;
+  run.on_message = [&](const std::string& m) { messages.push_back(m); };
+  Result<int> status = run_supervised(run);
+  unsetenv("FLASHJIT_TUNER_TEST_DB");
+  unsetenv("FLASHJIT_TUNER_TEST_CRASH");
+  ASSERT_TRUE(status.ok()) << status.error().describe();
+  EXPECT_EQ(*status, 0) << "the second worker did not finish";
+  ASSERT_EQ(messages.size(), 1u) << "one worker died, once";
+  EXPECT_NE(messages[0].find("killed by signal " + std::to_string(SIGABRT)), std::string::npos)
+      << messages[0];
+  EXPECT_NE(messages[0].find(crash), std::string::npos) << messages[0];
+
+  std::unique_ptr<TuningStore> store = open_store();
+  ASSERT_NE(store, nullptr);
+  const ProblemKey key = ProblemKey::of(test_problem());
+  Result<std::vector<TuneResult>> rows = store->results(backend_.fingerprint(), key);
+  ASSERT_TRUE(rows.ok());
+  EXPECT_EQ(rows->size(), configs_.size()) << "a finished result was lost";
+  for (const TuneResult& row : *rows) {
+    if (row.config.to_string() == crash) {
+      EXPECT_EQ(row.status, TuneStatus::LaunchFailed);
+      EXPECT_NE(row.message.find("died"), std::string::npos) << row.message;
+    } else {
+      EXPECT_NE(row.status, TuneStatus::LaunchFailed) << row.config.to_string();
+    }
+  }
+  Result<std::optional<TuneChoice>> choice = store->choice(backend_.fingerprint(), key);
+  ASSERT_TRUE(choice.ok() && choice->has_value());
+  EXPECT_NE((*choice)->config.to_string(), crash);
+
+  // A worker that dies with nothing in flight is not restarted forever.
+  SupervisedRun broken;
+  broken.argv = {"/bin/sh", "-c", "kill -9 $$"};
+  broken.on_message = [](const std::string&) {};
+  Result<int> gave_up = run_supervised(broken);
+  ASSERT_FALSE(gave_up.ok());
+  EXPECT_NE(gave_up.error().message.find("no config in flight"), std::string::npos)
+      << gave_up.error().message;
 }
 
 TEST_F(TunerTest, ProblemsSharingKernelsCompileOnce) {
@@ -690,6 +802,147 @@ TEST_F(TunerTest, BackwardConfigsAreVerifiedOnGradientsTimedAndStored) {
 
 // --- On a GPU
 // -------------------------------------------------------------------------------------
+
+// The default is timed first and again in the re-time; a neighbour that slowed the first pass's
+// default down makes them disagree: the re-time runs again, agrees with itself, and the decision
+// comes from the quiet re-time (no 3x "gain" from the disturbed first measurement).
+TEST_F(TunerTest, DisturbedFirstPassIsRetimedAndDecidedOnQuietTimings) {
+  backend_.times[others_[0].to_string()] = 0.9;  // a real 10% win
+  int default_batches = -1;
+  backend_.disturbance = [&](int batch) {
+    if (default_batches < 0 && backend_.last_launched == default_) return 3.0;  // first pass
+    if (default_batches < 0) default_batches = batch;
+    return 1.0;
+  };
+  TuneOptions options = fast_options();
+  int retimes = 0;
+  options.on_progress = [&](const TuneProgress& p) {
+    if (p.phase == TuneProgress::Phase::Retiming) ++retimes;
+  };
+  std::vector<std::string> messages;
+  options.on_message = [&](const std::string& m) { messages.push_back(m); };
+  options.lock_dir = (dir_ / "locks").string();
+  Tuner tuner(backend_, nullptr, nullptr, options);
+  Result<TuneReport> report = tuner.tune(problem_);
+  ASSERT_TRUE(report.ok()) << report.error().describe();
+  EXPECT_EQ(retimes, 2) << "the disagreeing default was not re-timed again";
+  EXPECT_FALSE(report->disturbed) << report->note;
+  ASSERT_TRUE(report->choice);
+  EXPECT_EQ(report->choice->config, others_[0]);
+  EXPECT_NEAR(report->default_ms, 1.0, 0.01) << "the decision used the disturbed first pass";
+  EXPECT_NEAR(report->gain(), 1.0 / 0.9, 0.02);
+  EXPECT_TRUE(messages.empty()) << messages.front();
+}
+
+// A device that never settles (every batch 3% slower than the last): no choice is taken from the
+// noise. Without a stored choice the default is stored; with one, it stays. The disturbed rows
+// are measured again by the next run.
+TEST_F(TunerTest, UnstableTimingsKeepThePreviousChoice) {
+  std::unique_ptr<TuningStore> store = open_store();
+  ASSERT_NE(store, nullptr);
+  backend_.times[others_[0].to_string()] = 0.8;
+  TuneOptions options = fast_options();
+  options.lock_dir = (dir_ / "locks").string();
+  std::vector<std::string> messages;
+  options.on_message = [&](const std::string& m) { messages.push_back(m); };
+  options.resume = false;
+  const ProblemKey key = ProblemKey::of(problem_);
+  const DeviceFingerprint fingerprint = backend_.fingerprint();
+
+  backend_.disturbance = [](int batch) { return std::pow(1.03, batch); };
+  {
+    Tuner tuner(backend_, nullptr, store.get(), options);
+    Result<TuneReport> report = tuner.tune(problem_);
+    ASSERT_TRUE(report.ok()) << report.error().describe();
+    EXPECT_TRUE(report->disturbed);
+    EXPECT_NE(report->note.find("timings unstable"), std::string::npos) << report->note;
+    EXPECT_NE(report->note.find("the default is stored"), std::string::npos) << report->note;
+    ASSERT_TRUE(report->choice);
+    EXPECT_EQ(report->choice->config, default_) << "a choice taken from noise";
+    Result<std::optional<TuneChoice>> stored = store->choice(fingerprint, key);
+    ASSERT_TRUE(stored.ok() && stored->has_value());
+    EXPECT_EQ((*stored)->config, default_) << "a choice from unstable timings was stored";
+    Result<std::vector<TuneResult>> rows = store->results(fingerprint, key);
+    ASSERT_TRUE(rows.ok());
+    EXPECT_EQ(rows->size(), configs_.size()) << "the measured results are kept";
+    int marked = 0;
+    for (const TuneResult& row : *rows)
+      marked += row.message.find("disturbed") != std::string::npos;
+    EXPECT_GE(marked, 2);
+    ASSERT_FALSE(messages.empty());
+    EXPECT_NE(messages.back().find("timings unstable"), std::string::npos);
+  }
+
+  // A quiet run (resuming) measures the disturbed rows again and stores others_[0]; an unstable
+  // run later keeps it.
+  backend_.disturbance = nullptr;
+  {
+    TuneOptions resuming = options;
+    resuming.resume = true;
+    const int batches = backend_.timed_batches;
+    Tuner tuner(backend_, nullptr, store.get(), resuming);
+    Result<TuneReport> report = tuner.tune(problem_);
+    ASSERT_TRUE(report.ok()) << report.error().describe();
+    EXPECT_FALSE(report->disturbed) << report->note;
+    EXPECT_FALSE(report->resumed) << "disturbed rows were taken as measured";
+    EXPECT_GT(backend_.timed_batches, batches);
+    ASSERT_TRUE(report->choice);
+    EXPECT_EQ(report->choice->config, others_[0]);
+  }
+  backend_.times[others_[1].to_string()] = 0.5;  // what a disturbed run might think
+  const int start = backend_.timed_batches;
+  backend_.disturbance = [start](int batch) { return std::pow(1.03, batch - start); };
+  {
+    Tuner tuner(backend_, nullptr, store.get(), options);
+    Result<TuneReport> report = tuner.tune(problem_);
+    ASSERT_TRUE(report.ok()) << report.error().describe();
+    EXPECT_TRUE(report->disturbed);
+    ASSERT_TRUE(report->choice);
+    EXPECT_EQ(report->choice->config, others_[0]) << "the stored choice was not kept";
+    Result<std::optional<TuneChoice>> stored = store->choice(fingerprint, key);
+    ASSERT_TRUE(stored.ok() && stored->has_value());
+    EXPECT_EQ((*stored)->config, others_[0]);
+  }
+}
+
+// Two tuners on one device take turns: the second waits while the first holds the device (here
+// the test holds it) and says so.
+TEST_F(TunerTest, TimingWaitsForTheDeviceAndSaysWhoHoldsIt) {
+  const fs::path locks = dir_ / "locks";
+  Result<DeviceLock> lock = DeviceLock::open(locks, backend_.timing_device_id());
+  ASSERT_TRUE(lock.ok()) << lock.error().describe();
+  Result<DeviceLock::Guard> held = lock->acquire();
+  ASSERT_TRUE(held.ok() && held->held());
+
+  TuneOptions options = fast_options();
+  options.lock_dir = locks.string();
+  std::mutex mutex;
+  std::vector<std::string> messages;
+  options.on_message = [&](const std::string& m) {
+    std::lock_guard<std::mutex> guard(mutex);
+    messages.push_back(m);
+  };
+  std::atomic<bool> done{false};
+  std::thread tuning([&] {
+    Tuner tuner(backend_, nullptr, nullptr, options);
+    Result<TuneReport> report = tuner.tune(problem_);
+    EXPECT_TRUE(report.ok());
+    done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(done) << "timed while the device was held";
+  EXPECT_EQ(backend_.timed_batches, 0);
+  held->release();
+  tuning.join();
+  EXPECT_TRUE(done);
+  EXPECT_GT(backend_.timed_batches, 0);
+  std::lock_guard<std::mutex> guard(mutex);
+  ASSERT_FALSE(messages.empty());
+  EXPECT_NE(messages.front().find("waiting for " + backend_.timing_device_id()), std::string::npos)
+      << messages.front();
+  EXPECT_NE(messages.front().find("pid " + std::to_string(getpid())), std::string::npos)
+      << messages.front();
+}
 
 TEST(TunerGpu, TunesOneSmallProblemEndToEnd) {
   FLASHJIT_REQUIRE_GPU();

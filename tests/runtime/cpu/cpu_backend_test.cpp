@@ -1,5 +1,6 @@
-// The CPU backend (Clang/LLVM 14 + ORC JIT) against the fp64 reference: every legal config for
-// d 64 and 128 (the default for d 96 and 256) x fp16/bf16/fp32 x causal, over the shapes of the GPU
+// The CPU backend (Clang/LLVM 14 + ORC JIT) against the fp64 reference: every legal config (the
+// tuner's candidates) for d 64 and 128, two accepted non-candidates at d 64 (the default for d 96
+// and 256) x fp16/bf16/fp32 x causal, over the shapes of the GPU
 // tests (seqlen 1, 17, 1000, seqlen_q != seqlen_k both ways, GQA, MQA, padded BSHD, BHSD); clang
 // diagnostics in compile errors; tune -> store -> a new process's attention(). Skips in a build
 // without the CPU backend.
@@ -66,6 +67,31 @@ TEST(CpuConfig, BudgetArithmetic) {
   const std::string plan = explain_cpu_plan(p, cpu);
   EXPECT_NE(plan.find("16384 / (4 * 64) = 64"), std::string::npos) << plan;
   EXPECT_EQ(legal_cpu_configs(p, small).size() < legal_cpu_configs(p, cpu).size(), true);
+
+  // Tuning candidates: block_m >= 32 and the S^T block within the L1d (32 KiB): m32n32..m32n256,
+  // m64n32..m64n128, m128n32, m128n64. The others stay legal for check_cpu_config.
+  EXPECT_EQ(legal_cpu_configs(p, cpu).size(), 9u);
+  EXPECT_TRUE(check_cpu_config({16, 64, 1, 1}, p, cpu).ok());
+  EXPECT_FALSE(cpu_forward_candidate({16, 64, 1, 1}, cpu));
+  EXPECT_FALSE(cpu_forward_candidate({128, 128, 1, 1}, cpu));
+  EXPECT_TRUE(cpu_forward_candidate({128, 64, 1, 1}, cpu));
+  EXPECT_TRUE(cpu_forward_candidate({32, 256, 1, 1}, cpu));
+  EXPECT_NE(explain_cpu_plan(p, cpu).find("legal, no candidate"), std::string::npos);
+  CpuSpec no_l1 = cpu;  // an unknown L1d: every config that fits the L2 is a candidate
+  no_l1.l1d_bytes = 0;
+  EXPECT_EQ(legal_cpu_configs(p, no_l1).size(), 16u);
+  // The register file and tile by ISA level.
+  EXPECT_EQ(cpu_vector_registers(cpu), 16);
+  EXPECT_EQ(cpu_vector_lanes(cpu), 8);
+  EXPECT_EQ(cpu_tile_queries(cpu), 16);
+  CpuSpec avx512 = cpu;
+  avx512.avx512f = true;
+  EXPECT_EQ(cpu_vector_registers(avx512), 32);
+  EXPECT_EQ(cpu_vector_lanes(avx512), 16);
+  EXPECT_EQ(cpu_tile_queries(avx512), 64);
+  CpuSpec sse = cpu;
+  sse.avx2 = sse.fma = false;
+  EXPECT_EQ(cpu_vector_lanes(sse), 4);
 }
 
 #if FLASHJIT_HAVE_CPU_BACKEND
@@ -161,6 +187,11 @@ TEST(CpuAttention, EveryLegalConfigMatchesTheReference) {
         if (d == 64 || d == 128) {
           for (const AttentionConfig& c : cpu.legal_configs(probe))
             variants.push_back({d, dtype, causal, c, c == def});
+          // Configs check_config accepts that are no tuning candidate (cpu_forward_candidate):
+          // a single lane vector of queries, and S^T blocks over the L1d.
+          for (const AttentionConfig c : {AttentionConfig{16, 256, 1, 1}, {128, 128, 1, 1}})
+            if (d == 64 && cpu.check_config(c, probe).ok())
+              variants.push_back({d, dtype, causal, c, false});
         } else {
           variants.push_back({d, dtype, causal, def, false});
         }

@@ -1,0 +1,90 @@
+// The tuner's private pieces shared by tuner.cpp (the tuning loop) and tuner_kernels.cpp (the
+// compile pool, verification and timing inputs): constants, small helpers and the Slot/Buffers
+// state. Not part of the library's interface.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tuner/tuner.hpp"
+
+namespace flashjit::tuner_detail {
+
+constexpr int64_t kVerifyHeadsKv = 2;
+constexpr int64_t kVerifySeqlenQ = 257;
+constexpr int64_t kVerifySeqlenK = 300;
+constexpr uint64_t kVerifySeed = 0x5EED0001;
+constexpr uint64_t kTimingSeed = 0x5EED0002;
+constexpr size_t kMaxInputSets = 64;
+constexpr int kAbandonAfterSamples = 3;
+constexpr int kMinSamplesOfLongLaunches = 3;  // TuneOptions::max_time_ms
+constexpr size_t kFallbackL2Bytes = size_t{50} << 20;
+
+inline double tflops_of(const AttentionProblem& problem, double ms) {
+  return ms > 0 ? problem.flops() / (ms * 1e-3) / 1e12 : 0;
+}
+
+inline std::string signature_key(const AttentionProblem& problem) {
+  return ProblemSignature::of(problem).to_string();
+}
+
+inline std::string slot_key(const AttentionProblem& problem, const AttentionConfig& config) {
+  std::string key = signature_key(problem);
+  key += "-";
+  key += config.to_string();
+  return key;
+}
+
+inline TuneResult failed(const AttentionConfig& config, TuneStatus status, std::string message) {
+  TuneResult result;
+  result.config = config;
+  result.status = status;
+  result.message = std::move(message);
+  return result;
+}
+
+// Appends `note` to `message`, separated by "; ".
+inline void append_note(std::string& message, const std::string& note) {
+  if (note.empty()) return;
+  if (!message.empty()) message += "; ";
+  message += note;
+}
+
+}  // namespace flashjit::tuner_detail
+
+namespace flashjit {
+
+// ---------------------------------------------------------------------------------------------
+// State the tuner keeps between problems.
+
+// One kernel: compiled by a pool thread, then loaded and verified by the tuning thread.
+struct Tuner::Slot {
+  AttentionProblem problem;  // the first problem that needed it (render input)
+  AttentionConfig config;
+
+  bool done = false;  // guarded by Tuner::mutex_; the fields below are the pool's until then
+  std::optional<std::string> compile_error;
+  KernelSource source;
+  Binary binary;
+
+  // Tuning thread only.
+  bool load_tried = false;
+  std::shared_ptr<Kernel> kernel;
+  std::string load_error;
+  std::map<int64_t, TuneResult> verified;  // by GQA ratio; status Timed means it passed
+};
+
+// Timing inputs: `sets` copies of one call's tensors (tuner/workload.hpp), each at least as large
+// as `specs` says (the largest problem of this dtype and pass yet).
+struct Tuner::Buffers {
+  std::vector<DeviceTensors> sets;
+  std::vector<TensorSpec> specs;
+  DType dtype = DType::BF16;
+  Pass pass = Pass::Forward;
+};
+
+}  // namespace flashjit
