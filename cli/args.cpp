@@ -57,6 +57,17 @@ std::vector<Flag> problem_flags() {
       {"page-size", "N",
        "paged K/V cache (the -decode family): keys per page, a multiple of 16 in [16, 256]; "
        "one cache holding every sequence's pages, key counts per sequence (seqlens_k)"},
+      {"window", "L,R",
+       "sliding window: keys up to L before and R after the (bottom-right) diagonal; -1 for "
+       "an unbounded side (with --causal R is 0)"},
+      {"softcap", "C", "soft-capping: scores become C * tanh(score / C); C finite and > 0"},
+      {"alibi", "", "ALiBi: score += slope[head] * (kv_idx - q_idx), the standard slopes"},
+      {"prefix", "P", "prefix-LM: keys [0, P) visible to every query"},
+      {"score-mod", "EXPR",
+       "a C++ float expression over score, batch, head, q_idx, kv_idx, compiled into the kernel "
+       "(e.g. 'score - 0.1f * abs(q_idx - kv_idx)')"},
+      {"mask-mod", "EXPR",
+       "a C++ bool expression over batch, head, q_idx, kv_idx: which keys a query sees"},
   };
 }
 
@@ -207,6 +218,48 @@ Result<int64_t> integer_flag(const ParsedFlags& flags, std::string_view name, in
   return value;
 }
 
+namespace {
+
+// --window L,R --softcap C --alibi --prefix P --score-mod EXPR --mask-mod EXPR into `variant`
+// (the values' ranges are validate()'s to check).
+Status apply_variant_flags(const ParsedFlags& flags, Variant& variant) {
+  if (auto text = flags.get("window")) {
+    const size_t comma = text->find(',');
+    int64_t sides[2] = {0, 0};
+    bool ok = comma != std::string::npos;
+    for (int i = 0; ok && i < 2; ++i) {
+      const char* begin = text->data() + (i == 0 ? 0 : comma + 1);
+      const char* end = text->data() + (i == 0 ? comma : text->size());
+      auto [ptr, ec] = std::from_chars(begin, end, sides[i]);
+      ok = ec == std::errc() && ptr == end && sides[i] >= -1 && sides[i] <= kMaxInt32;
+    }
+    if (!ok)
+      return flag_error("window", *text,
+                        "must be L,R: keys before and after the diagonal, each -1 (unbounded) or "
+                        "an integer in [0, 2147483647]");
+    variant.window_left = sides[0];
+    variant.window_right = sides[1];
+  }
+  if (auto text = flags.get("softcap")) {
+    float cap = 0;
+    auto [ptr, ec] = std::from_chars(text->data(), text->data() + text->size(), cap);
+    if (ec != std::errc() || ptr != text->data() + text->size() || !std::isfinite(cap) || cap <= 0)
+      return flag_error("softcap", *text, "must be a finite number > 0");
+    variant.softcap = cap;
+  }
+  variant.alibi = flags.has("alibi");
+  if (flags.get("prefix")) {
+    auto prefix = integer_flag(flags, "prefix", 0, 0, kMaxInt32);
+    FLASHJIT_TRY(prefix);
+    variant.prefix = *prefix;
+  }
+  if (auto text = flags.get("score-mod")) variant.score_mod = *text;
+  if (auto text = flags.get("mask-mod")) variant.mask_mod = *text;
+  return ok_status();
+}
+
+}  // namespace
+
 Result<AttentionProblem> problem_from_flags(const ParsedFlags& flags) {
   auto batch = integer_flag(flags, "batch", kDefaultBatch, 1, kMaxInt32);
   FLASHJIT_TRY(batch);
@@ -281,6 +334,8 @@ Result<AttentionProblem> problem_from_flags(const ParsedFlags& flags) {
     const int64_t pages_per_sequence = (problem.seqlen_k + *page - 1) / *page;
     problem = problem.with_paged_kv(static_cast<int>(*page), problem.batch * pages_per_sequence);
   }
+
+  FLASHJIT_TRY(apply_variant_flags(flags, problem.variant));
 
   if (auto text = flags.get("scale")) {
     float scale = 0;

@@ -31,6 +31,7 @@
 #include "generator/hip_config.hpp"
 #include "generator/problem.hpp"
 #include "generator/render.hpp"
+#include "generator/variant.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/cpu/cpu_info.hpp"
 #include "runtime/cuda/cuda_backend.hpp"
@@ -258,6 +259,7 @@ int run_show(const ParsedFlags& flags) {
     if (!source.ok()) return report("show", source.error());
     std::cerr << "// flashjit show: " << problem->to_string() << " | config " << config->to_string()
               << " | cpu " << cpu.to_string() << " | " << entries_text(*source) << "\n";
+    std::cerr << describe_expression_lines(source->text);
     std::cout << source->text;
     if (!source->text.empty() && source->text.back() != '\n') std::cout << "\n";
     return kExitOk;
@@ -270,6 +272,7 @@ int run_show(const ParsedFlags& flags) {
   if (!source.ok()) return report("show", source.error());
   std::cerr << "// flashjit show: " << problem->to_string() << " | config " << config->to_string()
             << " | device " << device_summary(*device) << " | " << entries_text(*source) << "\n";
+  std::cerr << describe_expression_lines(source->text);  // where --score-mod / --mask-mod landed
   std::cout << source->text;
   if (!source->text.empty() && source->text.back() != '\n') std::cout << "\n";
   return kExitOk;

@@ -31,6 +31,7 @@ constexpr int kMaxCopiesPerThreadWgmma = 16;
 // whether it matters, and docs/PERFORMANCE.md has the numbers.
 constexpr int kRegisterAllowance = 32;
 constexpr int kRegistersPerMTile = 8;
+constexpr int kUserExpressionRegisters = 48;
 constexpr int kSmemReservedPerCta = 1024;  // the driver reserves 1 KB per CTA on sm80+
 
 using knobs::contains;
@@ -109,7 +110,12 @@ int estimated_registers(const AttentionConfig& c, const AttentionProblem& p) {
   const int m_tiles = std::max(1, c.rows_per_warp() / 16);
   const int o_accumulator = m_tiles * 16 * padded_head_dim(p.head_dim) / 32;
   const int s_accumulator = m_tiles * 16 * c.block_n / 32;
-  return o_accumulator + s_accumulator + kRegisterAllowance + kRegistersPerMTile * m_tiles;
+  // A user score_mod / mask_mod runs per score with temporaries of its own: at d128 the tiles of
+  // 32 rows per warp spilled with one (m128n64w4s2: 164 bytes with a mask_mod against 36 plain;
+  // m64n32w2s2: 24 with a score_mod against 0), so they are left out.
+  const bool user_expression = !p.variant.score_mod.empty() || !p.variant.mask_mod.empty();
+  return o_accumulator + s_accumulator + kRegisterAllowance + kRegistersPerMTile * m_tiles +
+         (user_expression ? kUserExpressionRegisters : 0);
 }
 
 ResourceUse resource_use(const AttentionConfig& c, const AttentionProblem& p,
@@ -192,6 +198,11 @@ Status check_config(const AttentionConfig& c, const AttentionProblem& p, const D
   if (c.family == KernelFamily::Decode) return check_decode_config(c, p, device);
   if (needs_decode_family(p)) return illegal(c, decode_only_reason(p));
   if (c.splits != 0) return illegal(c, "-split<N> is a knob of the -decode family only");
+  if (p.variant.active() && c.family != KernelFamily::Mma)
+    return illegal(c,
+                   "attention variants (" + p.variant.key() +
+                       ") are in the mma family only so far (not -wgmma, -ws)",
+                   ErrorCode::Unsupported);
   if (c.family == KernelFamily::Ws) return check_ws_config(c, p, device);
   if (c.family == KernelFamily::Wgmma) {
     FLASHJIT_TRY(check_wgmma_shape(c, device));
@@ -282,8 +293,9 @@ Result<AttentionConfig> default_config(const AttentionProblem& p, const DeviceSp
   if (is_decode_problem(p)) return default_decode_config(p, device);
   // sm90: the -ws tile where it measured faster than the wgmma default (ws_is_default).
   if (device.arch == 90)
-    if (Result<AttentionConfig> ws = default_ws_config(p, device); ws.ok() && ws_is_default(*ws, p))
-      return *ws;
+    if (Result<AttentionConfig> ws = default_ws_config(p, device);
+        ws.ok() && ws_is_default(*ws, p) && check_config(*ws, p, device).ok())
+      return *ws;  // (check_config: a problem the -ws family cannot run, e.g. a variant's, not)
   // Otherwise the formula picks block_m within the device's best template family: wgmma where
   // the device has it (sm90), mma.sync elsewhere.
   std::vector<AttentionConfig> legal = legal_configs(p, device);

@@ -39,7 +39,7 @@ std::string decode_only_reason(const AttentionProblem& p) {
 }
 
 bool is_decode_problem(const AttentionProblem& p) {
-  if (p.is_backward()) return false;
+  if (p.is_backward() || p.variant.active()) return false;  // variants: the prefill families
   return needs_decode_family(p) ||
          (p.seqlen_q <= kMaxDecodeSeqlenQ && p.seqlen_k >= kMinDecodeSeqlenK);
 }
@@ -94,6 +94,9 @@ Status check_decode_config(const AttentionConfig& c, const AttentionProblem& p,
                            const DeviceSpec& device) {
   if (c.family != KernelFamily::Decode) return illegal(c, "not a -decode config");
   if (p.is_backward()) return illegal(c, "the -decode family is a forward kernel");
+  if (p.variant.active())
+    return illegal(c, "the -decode family has no attention variants (" + p.variant.key() + ") yet",
+                   ErrorCode::Unsupported);
   if (!needs_decode_family(p) && p.seqlen_q > kMaxDecodeSeqlenQ)
     return illegal(c, "seqlen_q = " + str(p.seqlen_q) + ": -decode configs take at most " +
                           str(kMaxDecodeSeqlenQ) +
@@ -275,6 +278,9 @@ Status check_cpu_decode_config(const AttentionConfig& c, const AttentionProblem&
                                const CpuSpec& cpu) {
   if (c.family != KernelFamily::Decode) return illegal(c, "not a -decode config");
   if (p.is_backward()) return illegal(c, "the -decode family is a forward kernel");
+  if (p.variant.active())
+    return illegal(c, "the -decode family has no attention variants (" + p.variant.key() + ") yet",
+                   ErrorCode::Unsupported);
   if (!needs_decode_family(p) && p.seqlen_q > kMaxDecodeSeqlenQ)
     return illegal(c, "seqlen_q = " + str(p.seqlen_q) + ": -decode configs take at most " +
                           str(kMaxDecodeSeqlenQ) +

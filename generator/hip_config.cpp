@@ -106,6 +106,9 @@ Status check_hip_config(const AttentionConfig& c, const AttentionProblem& p,
   FLASHJIT_TRY(check_ws_knobs(c));
   if (p.is_backward()) return check_hip_backward_config(c, p, device);
   FLASHJIT_TRY(check_hip_dtype(c, p.dtype));
+  if (p.variant.active())
+    return illegal(c, "attention variants (" + p.variant.key() + ") have no HIP template yet",
+                   ErrorCode::Unsupported);
   // The decode family (split-KV, paged K/V) has no HIP template yet (issue 18, stage 2).
   if (c.family == KernelFamily::Decode || needs_decode_family(p))
     return illegal(c, "the -decode family (split-KV, paged K/V) has no HIP template yet",

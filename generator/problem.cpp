@@ -5,6 +5,7 @@
 #include <cctype>
 #include <climits>
 #include <cmath>
+#include <cstdio>
 #include <sstream>
 
 namespace flashjit {
@@ -217,7 +218,118 @@ Status check_kv_cache(const AttentionProblem& p) {
   return ok_status();
 }
 
+// A float in the shortest text that reads back as the same float.
+std::string float_text(float value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.9g", static_cast<double>(value));
+  return text;
+}
+
+// 64-bit FNV-1a of a user expression, in hex: its part of the variant key.
+std::string expression_hash(const std::string& text) {
+  uint64_t hash = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 1099511628211ull;
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
+  return hex;
+}
+
+bool is_identifier_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_';
+}
+
+// The variant's fields (window, softcap, prefix, the expressions); forward only, contiguous
+// K/V only (stage 1).
+Status check_variant(const AttentionProblem& p) {
+  const Variant& v = p.variant;
+  auto invalid = [](const std::string& message) {
+    return Status(make_error(ErrorCode::InvalidArgument, message));
+  };
+  const std::pair<const char*, int64_t> sides[] = {{"window_left", v.window_left},
+                                                   {"window_right", v.window_right}};
+  for (auto [name, value] : sides)
+    if (value < -1 || value > INT_MAX)
+      return invalid(std::string(name) + " = " + str(value) +
+                     ": must be -1 (unbounded) or a key count in [0, 2^31 - 1]");
+  if (v.softcap && !(std::isfinite(*v.softcap) && *v.softcap > 0.f))
+    return invalid("softcap = " + float_text(*v.softcap) + ": must be finite and > 0");
+  if (v.prefix < 0 || v.prefix > INT_MAX)
+    return invalid("prefix = " + str(v.prefix) + ": must be in [0, 2^31 - 1]");
+  FLASHJIT_TRY(check_variant_expression("score_mod", v.score_mod));
+  FLASHJIT_TRY(check_variant_expression("mask_mod", v.mask_mod));
+  if (!v.active()) return ok_status();
+  if (p.pass != Pass::Forward)
+    return make_error(ErrorCode::Unsupported,
+                      "attention variants (" + v.key() +
+                          ") have a forward kernel only so far: this problem is " +
+                          to_string(p.pass));
+  if (p.kv.paged() || p.kv.seqlens_k)
+    return make_error(ErrorCode::Unsupported,
+                      "attention variants (" + v.key() +
+                          ") take contiguous K/V without per-sequence lengths so far");
+  return ok_status();
+}
+
 }  // namespace
+
+Status check_variant_expression(const char* what, const std::string& expression) {
+  if (expression.empty()) return ok_status();  // none
+  auto refuse = [&](const std::string& why) {
+    return Status(make_error(ErrorCode::InvalidArgument, std::string(what) + " = \"" + expression +
+                                                             "\": " + why +
+                                                             " (one C++ expression is expected)"));
+  };
+  if (expression.size() > kMaxVariantExpression)
+    return refuse("longer than " + std::to_string(kMaxVariantExpression) + " characters");
+  if (expression.find_first_not_of(" \t\n\r") == std::string::npos) return refuse("empty");
+  int depth = 0;  // parentheses and brackets together
+  for (size_t i = 0; i < expression.size(); ++i) {
+    const char c = expression[i];
+    if (c == ';' || c == '{' || c == '}' || c == '#' || c == '"' || c == '\'' || c == '\\')
+      return refuse(std::string("'") + c + "' at offset " + std::to_string(i) + " is not allowed");
+    if (c == '/' && i + 1 < expression.size() &&
+        (expression[i + 1] == '/' || expression[i + 1] == '*'))
+      return refuse("a comment at offset " + std::to_string(i) + " is not allowed");
+    if (static_cast<unsigned char>(c) < 0x20 && c != ' ' && c != '\t' && c != '\n' && c != '\r')
+      return refuse("control character at offset " + std::to_string(i));
+    if (static_cast<unsigned char>(c) >= 0x80)
+      return refuse("non-ASCII character at offset " + std::to_string(i));
+    if (c == '(' || c == '[') ++depth;
+    if (c == ')' || c == ']') {
+      if (--depth < 0)
+        return refuse(std::string("unbalanced '") + c + "' at offset " + std::to_string(i));
+    }
+  }
+  if (depth != 0) return refuse("unbalanced parentheses: " + std::to_string(depth) + " left open");
+  // Keywords that make a statement or leave the function, as whole words.
+  for (const char* keyword : {"return", "asm", "__asm__", "goto"}) {
+    const std::string word = keyword;
+    for (size_t at = expression.find(word); at != std::string::npos;
+         at = expression.find(word, at + 1)) {
+      const bool starts = at == 0 || !is_identifier_char(expression[at - 1]);
+      const size_t end = at + word.size();
+      const bool ends = end == expression.size() || !is_identifier_char(expression[end]);
+      if (starts && ends) return refuse("'" + word + "' is not allowed");
+    }
+  }
+  return ok_status();
+}
+
+std::string Variant::key() const {
+  if (!active()) return "";
+  std::string key;
+  auto add = [&](const std::string& part) { key += (key.empty() ? "" : " ") + part; };
+  if (has_window()) add("window(" + str(window_left) + "," + str(window_right) + ")");
+  if (softcap) add("softcap" + float_text(*softcap));
+  if (alibi) add("alibi");
+  if (prefix > 0) add("prefix" + str(prefix));
+  if (!score_mod.empty()) add("score_mod#" + expression_hash(score_mod));
+  if (!mask_mod.empty()) add("mask_mod#" + expression_hash(mask_mod));
+  return key;
+}
 
 int64_t AttentionProblem::q_span() const {
   return span(q_strides, batch, seqlen_q, heads_q, head_dim);
@@ -255,6 +367,7 @@ std::string AttentionProblem::to_string() const {
     out << ", page_size=" << kv.page_size << ", num_pages=" << kv.num_pages
         << ", max_pages=" << kv.max_pages;
   if (kv.seqlens_k) out << ", seqlens_k";
+  if (variant.active()) out << ", " << variant.key();
   out << ")";
   return out.str();
 }
@@ -282,6 +395,7 @@ Status validate(const AttentionProblem& p) {
     return invalid("softmax_scale = " + std::to_string(*p.softmax_scale) + ": must be finite");
   FLASHJIT_TRY(check_strides("q", p.q_strides, p.batch, p.seqlen_q, p.heads_q, p.head_dim, false));
   FLASHJIT_TRY(check_kv_cache(p));
+  FLASHJIT_TRY(check_variant(p));
   const int64_t kv_outer = p.kv.paged() ? p.kv.num_pages : p.batch;
   const int64_t kv_rows = p.kv.paged() ? p.kv.page_size : p.seqlen_k;
   FLASHJIT_TRY(check_strides("k", p.k_strides, kv_outer, kv_rows, p.heads_kv, p.head_dim, false));

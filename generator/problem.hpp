@@ -92,6 +92,63 @@ struct KvCache {
 inline constexpr int kMinPageSize = 16;
 inline constexpr int kMaxPageSize = 256;
 
+// Attention variants (issue 17; forward only in stage 1): what changes which keys a query sees
+// and what its scores are. All default: plain attention (active() is false), whose kernels are
+// exactly those of before variants existed. Indices are 0-based positions in the sequence
+// (q_idx in [0, seqlen_q), kv_idx in [0, seqlen_k)); `score` is the scaled score scale * q . k.
+//
+// Which keys query i sees (diagonal = seqlen_k - seqlen_q, bottom-right aligned as causal):
+//   visible(i, j) = j < prefix
+//                   || (causal => j <= i + diagonal)
+//                      && (left  == -1 || j >= i + diagonal - left)
+//                      && (right == -1 || j <= i + diagonal + right)
+//   and then also mask_mod(batch, head, i, j) when a mask_mod is given.
+// The score of a visible key, in this order:
+//   s = scale * q . k;  s = softcap * tanh(s / softcap);  s += slopes[head] * (j - i);
+//   s = score_mod(s, batch, head, i, j)
+// A row that sees no key (or whose every score is -inf) has o = 0 and lse = +inf.
+struct Variant {
+  // Sliding window around the diagonal: keys up to `window_left` before and `window_right` after
+  // it; -1: that side unbounded. Causal additionally caps the right side at 0.
+  int64_t window_left = -1;
+  int64_t window_right = -1;
+  // Soft-capping of the scores (Gemma 2: 50 for attention); unset: none. Must be > 0, finite.
+  std::optional<float> softcap;
+  // ALiBi: a per-head slope (float32 [heads_q], AttentionArgs::alibi_slopes), the bias
+  // slope * (kv_idx - q_idx) added to each score.
+  bool alibi = false;
+  // Prefix-LM: keys [0, prefix) are visible to every query (whatever causal and the window say).
+  int64_t prefix = 0;
+  // User expressions, rendered into the kernel source (empty: none). score_mod: a float
+  // expression over (score, batch, head, q_idx, kv_idx), e.g. "score - 0.1f * abs(q_idx -
+  // kv_idx)"; mask_mod: a bool expression over (batch, head, q_idx, kv_idx), e.g.
+  // "(q_idx / 64) == (kv_idx / 64)". One C++ expression each: validate() refuses ';', braces,
+  // '#', comments, quotes, backslashes, unbalanced parentheses and `return` before anything is
+  // compiled. Available in them: abs, min, max, tanh, exp, exp2, log, log2, sqrt, floor
+  // (templates/attention_variant.h).
+  std::string score_mod;
+  std::string mask_mod;
+
+  bool has_window() const { return window_left >= 0 || window_right >= 0; }
+  // Anything set at all: false for plain attention.
+  bool active() const {
+    return has_window() || softcap.has_value() || alibi || prefix > 0 || !score_mod.empty() ||
+           !mask_mod.empty();
+  }
+  // "" for plain attention; else what is compiled into the kernel, e.g. "window(128,0) softcap50
+  // alibi prefix16 score_mod#0123456789abcdef mask_mod#..." (a user expression by a 64-bit hash
+  // of its text): part of ProblemSignature and of the tuning key.
+  std::string key() const;
+  bool operator==(const Variant&) const = default;
+};
+
+// Longest user expression accepted (characters).
+inline constexpr size_t kMaxVariantExpression = 4096;
+
+// Why `expression` is not one C++ expression we accept (see Variant::score_mod), quoting it;
+// `what` names it in the message ("score_mod", "mask_mod").
+Status check_variant_expression(const char* what, const std::string& expression);
+
 struct AttentionProblem {
   int64_t batch = 1;
   int64_t heads_q = 1;
@@ -115,6 +172,9 @@ struct AttentionProblem {
   // Forward only: a paged K/V cache and/or per-sequence key counts (default: neither). Only the
   // decode family (generator/decode_config.hpp) reads them.
   KvCache kv;
+
+  // Forward only (stage 1): sliding window, soft-capping, ALiBi, prefix-LM, user score/mask mods.
+  Variant variant;
 
   // A problem with all its tensors contiguous in `layout` (the gradients too).
   static AttentionProblem make(int64_t batch, int64_t heads_q, int64_t heads_kv, int64_t seqlen_q,

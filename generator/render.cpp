@@ -10,6 +10,7 @@
 #include "generator/cpu_config.hpp"
 #include "generator/hip_config.hpp"
 #include "generator/render_decode.hpp"
+#include "generator/variant.hpp"
 #include "templates/embedded.hpp"
 
 namespace flashjit {
@@ -116,11 +117,18 @@ Result<KernelSource> assemble(std::initializer_list<const char*> template_paths,
                         std::string(path) + " is not embedded in this build");
     kernel += std::string(part) + "\n";
   }
+  // "" for plain attention: its sources are exactly those of before variants.
+  Result<std::string> variant = render_variant_prelude(problem);
+  if (!variant.ok()) return variant.error();
   KernelSource source;
   source.entries = std::move(entries);
   source.label = std::string(kind) + " d" + std::to_string(problem.head_dim) + " " +
                  to_string(problem.dtype) + (problem.causal ? " causal " : " ") +
                  config.to_string();
+  if (problem.variant.active()) {  // appended: gcc 12 warns falsely (-Wrestrict)
+    source.label += " ";
+    source.label += problem.variant.key();
+  }
   std::ostringstream text;
   // The version of the backend these templates are (the first path with a folder names it).
   std::string backend;
@@ -134,7 +142,7 @@ Result<KernelSource> assemble(std::initializer_list<const char*> template_paths,
   text << "// flashjit " << source.label << " (generator " << generator_version_of(backend + "|")
        << ")\n"
        << params << "\n"
-       << kernel << "// ---- instantiation ----\n"
+       << *variant << kernel << "// ---- instantiation ----\n"
        << instantiation;
   source.text = text.str();
   return source;

@@ -60,6 +60,9 @@ struct AttentionArgs {
   // launch with more than one split also uses `workspace` (else the kernel's own, per stream).
   const int32_t* block_table = nullptr;
   const int32_t* seqlens_k = nullptr;
+  // ALiBi (problem.variant.alibi): the fp32 slope of each query head [heads_q], a device
+  // pointer, 4-byte aligned; required then, ignored otherwise.
+  const float* alibi_slopes = nullptr;
 };
 
 // The problem fields that are compiled into a kernel; everything else is a launch argument.
@@ -72,10 +75,12 @@ struct ProblemSignature {
   // whether the key counts come per sequence from seqlens_k.
   int page_size = 0;
   bool seqlens_k = false;
+  // The attention variant (Variant::key(): "" for plain attention), compiled in too.
+  std::string variant;
   bool operator==(const ProblemSignature&) const = default;
   static ProblemSignature of(const AttentionProblem& problem) {
-    return {problem.head_dim, problem.dtype,        problem.causal,
-            problem.pass,     problem.kv.page_size, problem.kv.seqlens_k};
+    return {problem.head_dim,     problem.dtype,        problem.causal,       problem.pass,
+            problem.kv.page_size, problem.kv.seqlens_k, problem.variant.key()};
   }
   // "d128 bf16 causal" (forward), "bwd d128 bf16 non-causal", "d128 bf16 causal paged16"
   std::string to_string() const {
@@ -86,6 +91,10 @@ struct ProblemSignature {
     text += causal ? " causal" : " non-causal";
     if (page_size > 0) text += " paged" + std::to_string(page_size);
     if (seqlens_k) text += " seqlens_k";
+    if (!variant.empty()) {  // appended: gcc 12 warns falsely (-Wrestrict) on " " + string
+      text += " ";
+      text += variant;
+    }
     return text;
   }
 };

@@ -100,6 +100,15 @@ inline Status check_attention_launch(const AttentionProblem& problem, const Atte
                       "lse is null: the backward pass needs the forward's log-sum-exp "
                       "([batch, heads_q, seqlen_q] fp32, from a forward call with lse)");
   }
+  if (problem.variant.alibi &&
+      (args.alibi_slopes == nullptr ||
+       reinterpret_cast<uintptr_t>(args.alibi_slopes) % alignof(float) != 0)) {
+    return make_error(
+        ErrorCode::InvalidArgument,
+        "alibi_slopes = " + pointer_text(args.alibi_slopes) +
+            ": an ALiBi problem needs the fp32 slope of each query head ([heads_q] = " +
+            std::to_string(problem.heads_q) + "), a 4-byte aligned device pointer");
+  }
   if (reinterpret_cast<uintptr_t>(args.lse) % alignof(float) != 0) {
     return make_error(ErrorCode::InvalidArgument, "lse = " + pointer_text(args.lse) +
                                                       ": must be 4-byte aligned" +
@@ -161,6 +170,7 @@ inline FlashjitAttentionParams make_launch_params(const AttentionProblem& proble
   params.seqlen_k = static_cast<int>(problem.seqlen_k);
   params.scale = problem.scale();
   params.scale_log2 = params.scale * 1.4426950408889634f;  // log2(e): the kernels use exp2
+  params.alibi_slopes = problem.variant.alibi ? args.alibi_slopes : nullptr;
   if (problem.is_backward()) {
     params.d_o = args.d_o;
     params.dq = args.dq;

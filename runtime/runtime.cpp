@@ -11,6 +11,7 @@
 #include <system_error>
 #include <utility>
 
+#include "generator/variant.hpp"
 #include "runtime/cuda/cuda_backend.hpp"
 #if FLASHJIT_HAVE_CPU_BACKEND
 #include "runtime/cpu/cpu_backend.hpp"
@@ -164,7 +165,8 @@ Result<std::shared_ptr<Kernel>> build_kernel(const Backend& backend, const Binar
   }
 
   Result<Binary> binary = backend.compile(source.value());
-  if (!binary.ok()) return binary.error();
+  // A user score_mod / mask_mod that does not compile: the error quotes it.
+  if (!binary.ok()) return explain_variant_compile_error(problem, source->text, binary.error());
   if (path != nullptr) *path = BuildPath::Compiled;
   if (cache != nullptr) {
     // Not fatal: the kernel works without the cache entry (read-only or full disk).

@@ -52,6 +52,7 @@ ProblemKey ProblemKey::of(const AttentionProblem& problem) {
   key.batch_heads_bucket = size_bucket(problem.batch * problem.heads_q);
   key.page_size = problem.kv.page_size;
   key.seqlens_k = problem.kv.seqlens_k;
+  key.variant = problem.variant.key();
   return key;
 }
 
@@ -80,6 +81,10 @@ std::string ProblemKey::to_string() const {
   out += std::to_string(batch_heads_bucket);
   if (page_size > 0) out += " paged" + std::to_string(page_size);
   if (seqlens_k) out += " seqlens_k";
+  if (!variant.empty()) {  // appended: gcc 12 warns falsely (-Wrestrict) on " " + string
+    out += " ";
+    out += variant;
+  }
   return out;
 }
 
@@ -251,7 +256,8 @@ namespace {
 Status not_stored(const ProblemKey& key) {
   return make_error(ErrorCode::Unsupported,
                     "tuning DB: no rows for " + key.to_string() +
-                        " yet: paged K/V caches and seqlens_k are not part of schema version 2");
+                        " yet: paged K/V caches, seqlens_k and attention variants are not part of "
+                        "schema version 2");
 }
 }  // namespace
 

@@ -49,7 +49,10 @@ struct ProblemKey {
   // them, lookups find nothing), so such problems are served their default.
   int page_size = 0;
   bool seqlens_k = false;
-  bool is_stored() const { return page_size == 0 && !seqlens_k; }
+  // The attention variant (Variant::key(); "" for plain attention): like the two above, part of
+  // the in-memory key but not yet a DB column, so a variant problem is served its default.
+  std::string variant;
+  bool is_stored() const { return page_size == 0 && !seqlens_k && variant.empty(); }
 
   static ProblemKey of(const AttentionProblem& problem);
   // "fwd", "bwd" or "bwd-det": which operation the key's rows are for.

@@ -61,6 +61,9 @@ struct FlashjitAttentionParams {
   // num_splits > 1 (workspace, fp32, rows = (b * heads_q + h) * seqlen_q + s):
   float* partial_o;    // [num_splits, rows, head_dim]: each range's normalized O
   float* partial_lse;  // [num_splits, rows]: each range's LSE in base 2 (-inf: no key)
+
+  // ---- attention variants (templates/attention_variant.h; plain kernels ignore these) ----
+  const float* alibi_slopes;  // ALiBi: fp32 [heads_q]; null without ALiBi
 };
 
 // The warp-specialized Hopper forward (configs "-ws", templates/cuda/ws/) takes a second

@@ -182,6 +182,13 @@ void set_element(uint16_t* storage, int64_t index, float value, DType dtype) {
   storage[index] = float_to_half(value, dtype);
 }
 
+std::vector<float> standard_alibi_slopes(int64_t heads) {
+  std::vector<float> slopes(static_cast<size_t>(std::max<int64_t>(heads, 0)));
+  for (int64_t h = 0; h < heads; ++h)
+    slopes[h] = std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(heads));
+  return slopes;
+}
+
 HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed) {
   std::mt19937_64 engine(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -203,6 +210,7 @@ HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed) {
     for (size_t i = 0; i < inputs.block_table.size(); ++i)
       inputs.block_table[i] = pages[i % pages.size()];
   }
+  if (problem.variant.alibi) inputs.alibi_slopes = standard_alibi_slopes(problem.heads_q);
   if (problem.kv.seqlens_k)
     inputs.seqlens_k.assign(static_cast<size_t>(problem.batch),
                             static_cast<int32_t>(problem.seqlen_k));
@@ -275,7 +283,32 @@ Reference reference_per_sequence(const AttentionProblem& p, const HostInputs& in
 
 }  // namespace
 
-Reference reference_attention(const AttentionProblem& problem, const HostInputs& inputs) {
+double variant_score(const AttentionProblem& problem, const VariantFunctions& functions,
+                     int64_t batch, int64_t head, int64_t i, int64_t j, double score,
+                     double slope) {
+  constexpr double kMinusInfinity = -std::numeric_limits<double>::infinity();
+  const Variant& v = problem.variant;
+  const int64_t diagonal = problem.seqlen_k - problem.seqlen_q;
+  if (j >= problem.seqlen_k) return kMinusInfinity;
+  const bool in_band = (!problem.causal || j <= i + diagonal) &&
+                       (v.window_left < 0 || j >= i + diagonal - v.window_left) &&
+                       (v.window_right < 0 || j <= i + diagonal + v.window_right);
+  if (!(j < v.prefix || in_band)) return kMinusInfinity;
+  if (!v.mask_mod.empty()) {
+    if (!functions.mask_mod) return std::numeric_limits<double>::quiet_NaN();
+    if (!functions.mask_mod(batch, head, i, j)) return kMinusInfinity;
+  }
+  if (v.softcap) score = *v.softcap * std::tanh(score / *v.softcap);
+  if (v.alibi) score += slope * static_cast<double>(j - i);
+  if (!v.score_mod.empty()) {
+    if (!functions.score_mod) return std::numeric_limits<double>::quiet_NaN();
+    score = functions.score_mod(score, batch, head, i, j);
+  }
+  return score;
+}
+
+Reference reference_attention(const AttentionProblem& problem, const HostInputs& inputs,
+                              const VariantFunctions& functions) {
   if (problem.kv.paged() || problem.kv.seqlens_k) return reference_per_sequence(problem, inputs);
   if (problem.is_backward()) {
     Reference reference = reference_attention(problem.with_pass(Pass::Forward), inputs);
@@ -292,10 +325,20 @@ Reference reference_attention(const AttentionProblem& problem, const HostInputs&
   const std::vector<double>& q = dense.q;
   const std::vector<double>& k = dense.k;
   const std::vector<double>& v = dense.v;
+  const bool variant = problem.variant.active();
 
   Reference reference;
   reference.o.assign(static_cast<size_t>(batch * seqlen_q * heads_q * d), 0.0);
   reference.lse.assign(static_cast<size_t>(batch * heads_q * seqlen_q), 0.0);
+  if ((!problem.variant.score_mod.empty() && !functions.score_mod) ||
+      (!problem.variant.mask_mod.empty() && !functions.mask_mod) ||
+      (problem.variant.alibi && inputs.alibi_slopes.size() != static_cast<size_t>(heads_q))) {
+    // A user expression without its host function, or ALiBi without slopes: nothing to compare
+    // against, and nothing may pass.
+    std::fill(reference.o.begin(), reference.o.end(), std::numeric_limits<double>::quiet_NaN());
+    std::fill(reference.lse.begin(), reference.lse.end(), std::numeric_limits<double>::quiet_NaN());
+    return reference;
+  }
 
   // Work items: (batch, head, block of kRowsPerTask query rows), so that one long head is spread
   // over all threads too. Inside an item, kRowBlock rows share each streamed K/V row.
@@ -310,6 +353,7 @@ Reference reference_attention(const AttentionProblem& problem, const HostInputs&
     const double* q_head = &q[static_cast<size_t>((b * heads_q + h) * seqlen_q * d)];
     const double* k_head = &k[static_cast<size_t>((b * heads_kv + h_kv) * seqlen_k * d)];
     const double* v_head = &v[static_cast<size_t>((b * heads_kv + h_kv) * seqlen_k * d)];
+    const double slope = problem.variant.alibi ? inputs.alibi_slopes[h] : 0.0;
 
     std::vector<double> q_transposed(static_cast<size_t>(d) * kRowBlock);   // [d][row]
     std::vector<double> scores(static_cast<size_t>(kRowBlock * seqlen_k));  // [row][key]
@@ -322,7 +366,8 @@ Reference reference_attention(const AttentionProblem& problem, const HostInputs&
       int64_t limits[kRowBlock];
       int64_t max_limit = 0;
       for (int r = 0; r < kRowBlock; ++r) {
-        limits[r] = r < rows ? visible_keys(problem, row0 + r) : 0;
+        // A variant: every key is a candidate, variant_score hides the invisible ones.
+        limits[r] = r >= rows ? 0 : variant ? problem.seqlen_k : visible_keys(problem, row0 + r);
         max_limit = std::max(max_limit, limits[r]);
         for (int c = 0; c < d; ++c) {
           q_transposed[c * kRowBlock + r] = r < rows ? q_head[(row0 + r) * d + c] : 0.0;
@@ -338,6 +383,10 @@ Reference reference_attention(const AttentionProblem& problem, const HostInputs&
           for (int r = 0; r < kRowBlock; ++r) dots[r] += q_transposed[c * kRowBlock + r] * kc;
         }
         for (int r = 0; r < kRowBlock; ++r) scores[r * seqlen_k + j] = scale * dots[r];
+        if (variant)
+          for (int r = 0; r < rows; ++r)
+            scores[r * seqlen_k + j] = variant_score(problem, functions, b, h, row0 + r, j,
+                                                     scores[r * seqlen_k + j], slope);
       }
 
       // Softmax weights in place, then O = P V.
@@ -347,6 +396,10 @@ Reference reference_attention(const AttentionProblem& problem, const HostInputs&
         row_max[r] = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < limits[r]; ++j) row_max[r] = std::max(row_max[r], s[j]);
         row_sum[r] = 0;
+        if (row_max[r] == -std::numeric_limits<double>::infinity()) {
+          limits[r] = 0;  // every key hidden: a row with no key
+          continue;
+        }
         for (int64_t j = 0; j < limits[r]; ++j) {
           s[j] = std::exp(s[j] - row_max[r]);
           row_sum[r] += s[j];
@@ -358,6 +411,7 @@ Reference reference_attention(const AttentionProblem& problem, const HostInputs&
         for (int r = 0; r < rows; ++r) {
           if (j >= limits[r]) continue;
           const double p = scores[r * seqlen_k + j];
+          if (p == 0) continue;  // a hidden key adds nothing (its v may be anything, even NaN)
           double* out = &accum[static_cast<size_t>(r) * d];
           for (int c = 0; c < d; ++c) out[c] += p * v_row[c];
         }

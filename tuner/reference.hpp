@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -54,13 +55,19 @@ struct HostInputs {
   std::vector<int32_t> block_table;
   // Per-sequence key counts (problem.kv.seqlens_k): [batch], int32, each <= seqlen_k.
   std::vector<int32_t> seqlens_k;
+  // ALiBi (problem.variant.alibi): the slope of each query head [heads_q], fp32.
+  std::vector<float> alibi_slopes;
 };
+
+// ALiBi's standard slopes, 2^(-8 (h + 1) / heads) for head h: every head's different.
+std::vector<float> standard_alibi_slopes(int64_t heads);
 
 // Normal(0, 1) values rounded to the problem's dtype, over the whole span of every tensor
 // (padding between strided rows too, so a kernel that reads padding gets garbage, not zeros).
 // A paged cache: each sequence's max_pages pages distinct and shuffled over the cache (when
 // num_pages holds them all; else shuffled and reused); seqlens_k: seqlen_k for every sequence
 // (callers that want other lengths set them: tests/support/decode_cases.hpp).
+// ALiBi: standard_alibi_slopes(heads_q).
 // For a backward problem also d_o (random) and o, lse from the fp64 forward of q, k, v (o's
 // padding random too), as a forward kernel would have left them.
 HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed);
@@ -73,13 +80,33 @@ struct Reference {
   std::vector<double> dq, dk, dv;
 };
 
+// Host versions of a problem's user expressions (Variant::score_mod, mask_mod) for the reference,
+// which cannot evaluate C++ text: the caller states the same function, in fp64. Without one, the
+// reference of a problem that has the expression is all NaN (nothing can pass against it).
+struct VariantFunctions {
+  std::function<double(double score, int64_t batch, int64_t head, int64_t q_idx, int64_t kv_idx)>
+      score_mod;
+  std::function<bool(int64_t batch, int64_t head, int64_t q_idx, int64_t kv_idx)> mask_mod;
+};
+
+// The variant's score of key j for query row i (problem.variant; generator/problem.hpp defines
+// it): -inf when row i does not see key j, else `score` (= scale * q . k) soft-capped, biased by
+// ALiBi (`slope`: the head's) and through the user's score_mod. Plain problems: `score`, or
+// -inf past the causal diagonal.
+double variant_score(const AttentionProblem& problem, const VariantFunctions& functions,
+                     int64_t batch, int64_t head, int64_t i, int64_t j, double score, double slope);
+
 // fp64 attention over the rounded inputs, multithreaded. A row with no visible key (causal with
 // seqlen_q > seqlen_k) has o = 0 and lse = +inf (and contributes no gradient). For a backward
 // problem the gradients too (o and lse as for the forward).
 // A paged cache or per-sequence lengths (problem.kv): each sequence's seqlens_k[b] keys are
 // gathered (through the block table) and attended as a problem of their own; a sequence of 0
 // keys has o = 0 and lse = +inf.
-Reference reference_attention(const AttentionProblem& problem, const HostInputs& inputs);
+// A variant (problem.variant, forward): scores through variant_score; a row whose every score is
+// -inf has o = 0 and lse = +inf like a row with no key. `functions` must give the problem's user
+// expressions (else NaN, see VariantFunctions).
+Reference reference_attention(const AttentionProblem& problem, const HostInputs& inputs,
+                              const VariantFunctions& functions = {});
 
 struct Comparison {
   double o_rel_error = 0;        // ||o - ref|| / ||ref|| (L2); ||o - ref|| when ref is all 0

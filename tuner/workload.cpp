@@ -50,6 +50,9 @@ void bind(AttentionArgs& args, TensorRole role, void* pointer) {
     case TensorRole::SeqlensK:
       args.seqlens_k = static_cast<const int32_t*>(pointer);
       break;
+    case TensorRole::AlibiSlopes:
+      args.alibi_slopes = static_cast<const float*>(pointer);
+      break;
   }
 }
 
@@ -75,6 +78,8 @@ std::pair<const void*, size_t> host_input(const HostInputs& inputs, TensorRole r
       return {inputs.block_table.data(), inputs.block_table.size() * sizeof(int32_t)};
     case TensorRole::SeqlensK:
       return {inputs.seqlens_k.data(), inputs.seqlens_k.size() * sizeof(int32_t)};
+    case TensorRole::AlibiSlopes:
+      return {inputs.alibi_slopes.data(), inputs.alibi_slopes.size() * sizeof(float)};
     default:
       return {nullptr, 0};
   }
@@ -135,6 +140,8 @@ const char* to_string(TensorRole role) {
       return "block_table";
     case TensorRole::SeqlensK:
       return "seqlens_k";
+    case TensorRole::AlibiSlopes:
+      return "alibi_slopes";
   }
   return "?";
 }
@@ -171,6 +178,9 @@ std::vector<TensorSpec> tensor_specs(const AttentionProblem& p) {
     if (p.kv.seqlens_k)
       specs.push_back(
           {TensorRole::SeqlensK, static_cast<size_t>(p.batch) * sizeof(int32_t), false});
+    if (p.variant.alibi)
+      specs.push_back(
+          {TensorRole::AlibiSlopes, static_cast<size_t>(p.heads_q) * sizeof(float), false});
     return specs;
   }
   const size_t d_o = static_cast<size_t>(p.do_span()) * e;
@@ -213,6 +223,7 @@ Status fill_for_timing(const Backend& backend, const AttentionProblem& problem,
   // The int32 tensors of a paged cache hold what random_inputs makes (pages, full lengths).
   const HostInputs indices = [&] {
     HostInputs none;
+    if (problem.variant.alibi) none.alibi_slopes = standard_alibi_slopes(problem.heads_q);
     if (!problem.kv.paged() && !problem.kv.seqlens_k) return none;
     AttentionProblem small = problem;  // the indices only: no K/V data needed
     HostInputs made;
@@ -231,7 +242,8 @@ Status fill_for_timing(const Backend& backend, const AttentionProblem& problem,
     if (spec.output) continue;
     const DeviceBuffer* buffer = tensors.find(spec.role);
     if (buffer == nullptr) continue;
-    if (spec.role == TensorRole::BlockTable || spec.role == TensorRole::SeqlensK) {
+    if (spec.role == TensorRole::BlockTable || spec.role == TensorRole::SeqlensK ||
+        spec.role == TensorRole::AlibiSlopes) {
       const auto [host, bytes] = host_input(indices, spec.role);
       FLASHJIT_TRY(backend.copy_to_device(buffer->get(), host, std::min(bytes, buffer->bytes())));
       continue;

@@ -6,7 +6,7 @@
 //   forward   reads q, k, v            writes o, lse
 //   backward  reads q, k, v, o, lse, dO   writes dq, dk, dv   (+ the kernel's own workspace)
 //   (forward with a paged K/V cache or per-sequence lengths also reads the int32 block table
-//   and seqlens_k)
+//   and seqlens_k; with ALiBi, the fp32 slopes [heads_q])
 #pragma once
 
 #include <cstddef>
@@ -22,8 +22,8 @@
 
 namespace flashjit {
 
-enum class TensorRole { Q, K, V, O, Lse, DO, DQ, DK, DV, BlockTable, SeqlensK };
-// "q", "k", ..., "do", "dq", "dk", "dv", "block_table", "seqlens_k"
+enum class TensorRole { Q, K, V, O, Lse, DO, DQ, DK, DV, BlockTable, SeqlensK, AlibiSlopes };
+// "q", "k", ..., "do", "dq", "dk", "dv", "block_table", "seqlens_k", "alibi_slopes"
 const char* to_string(TensorRole role);
 
 struct TensorSpec {

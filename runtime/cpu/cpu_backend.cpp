@@ -173,6 +173,13 @@ class CpuKernel final : public Kernel {
     if (reinterpret_cast<uintptr_t>(args.lse) % alignof(float) != 0) {
       return make_error(ErrorCode::InvalidArgument, "lse: must be 4-byte aligned (or null)");
     }
+    if (problem.variant.alibi &&
+        (args.alibi_slopes == nullptr || reinterpret_cast<uintptr_t>(args.alibi_slopes) % 4 != 0)) {
+      return make_error(ErrorCode::InvalidArgument,
+                        "alibi_slopes: an ALiBi problem needs the fp32 slope of each query head "
+                        "([heads_q] = " +
+                            std::to_string(problem.heads_q) + "), a 4-byte aligned host pointer");
+    }
     const int64_t m_blocks = (problem.seqlen_q + config_.block_m - 1) / config_.block_m;
     const int64_t items = problem.batch * problem.heads_q * m_blocks;
     if (items > INT32_MAX || problem.seqlen_q > INT32_MAX || problem.seqlen_k > INT32_MAX) {

@@ -31,7 +31,9 @@
 //
 // Nothing is included: the host's aligned_alloc/free and log2f are resolved by the JIT from the
 // process. The rendered source prepends attention_params.h and cpu/common.hpp (storage
-// conversions, vectors, exp2, bf16 pairs) and appends one Traits instantiation.
+// conversions, vectors, exp2, bf16 pairs) and appends one Traits instantiation. A problem with
+// an attention variant gets templates/attention_variant.h (FLASHJIT_VARIANT) before them: its key
+// blocks replace the causal range, and its scores and mask are applied per element.
 
 namespace flashjit_cpu {
 
@@ -127,7 +129,17 @@ struct Kernel {
     if (T::kCausal) kv_end = min_int(kv_end, q0 + rows - 1 + diag + 1);
     const i32x16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
+#ifdef FLASHJIT_VARIANT
+    // The variant's key blocks (templates/attention_variant.h): hidden blocks are never packed.
+    namespace fv = flashjit_variant;
+    const fv::KeyBlocks key_blocks = fv::key_blocks(p, diag, q0, rows, BN);
+    const float slope = fv::alibi_slope(p, h);
+    (void)kv_end;
+    for (int t = 0; t < key_blocks.count(); ++t) {
+      const int n0 = key_blocks.at(t) * BN;
+#else
     for (int n0 = 0; n0 < kv_end; n0 += BN) {
+#endif
       const int cols = min_int(BN, p.seqlen_k - n0);
       const int key_pairs = (cols + 1) / 2;  // S^T's tiles cover 2 * key_pairs keys
 
@@ -166,10 +178,36 @@ struct Kernel {
       // Online softmax, 16 queries at a time, over the cols keys of the block (the loops stop at
       // cols, so keys past seqlen_k need no mask). Causal: mask the block that crosses the
       // diagonal. The dot-product path scales the scores here (its Q is not pre-scaled).
+#ifdef FLASHJIT_VARIANT
+      // The variant masks (causal included) and modifies the scores, per element, in the blocks
+      // that need it.
+      const bool crosses_diagonal = false;
+      const bool all_visible = fv::block_fully_visible(p, diag, q0, rows, n0, cols);
+      const bool variant_block = fv::kModifiesScores || !all_visible;
+#else
       const bool crosses_diagonal = T::kCausal && n0 + cols - 1 > q0 + diag;
+#endif
       for (int i = 0; i < BM; i += kLanes) {
         f32x16 block_max = kNegInf;
-        if (crosses_diagonal || kDot) {
+#ifdef FLASHJIT_VARIANT
+        if (variant_block) {
+          // st * to_score is the scaled score scale * q . k (the fp32 path's Q carries
+          // scale * log2(e), the dot path's nothing); through the variant, back in log2 units.
+          const float to_score = kDot ? p.scale : 0.6931471805599453f;
+          for (int j = 0; j < cols; ++j) {
+            float* scores = st + j * BM + i;
+            for (int lane_index = 0; lane_index < kLanes; ++lane_index) {
+              const int row = q0 + i + lane_index, key = n0 + j;
+              const float score = fv::score(scores[lane_index] * to_score, slope, b, h, row, key);
+              scores[lane_index] = all_visible || fv::visible(p, diag, b, h, row, key)
+                                       ? score * 1.4426950408889634f
+                                       : kNegInf;
+            }
+            block_max = vmax(block_max, load(scores));
+          }
+        } else
+#endif
+            if (crosses_diagonal || kDot) {
           // Query q0 + i + lane sees key n0 + j iff j <= q0 + i + lane + diag - n0.
           const i32x16 last = q0 + i + diag - n0 + lane;
           const float scale = kDot ? p.scale_log2 : 1.0f;

@@ -22,8 +22,13 @@
 // clang-format on
 //
 // Each warp owns kRowsPerWarp = 16 * kMTiles query rows end to end, so warps synchronize only
-// around the shared K/V buffers. Shared tiles are cuda/tiles.cuh's: row-major, the 16-byte chunks
-// of each row XOR-swizzled by (row % 8).
+// around the shared K/V buffers.
+//
+// An attention variant (FLASHJIT_VARIANT: templates/attention_variant.h, rendered before this
+// file) changes three things: the K/V blocks visited come from its key-block range (hidden blocks
+// are never loaded), its mask replaces the causal one, and when it modifies the scores every
+// score passes through it as scale * q . k (the softmax then works with log2(e) alone). Shared
+// tiles are cuda/tiles.cuh's: row-major, the 16-byte chunks of each row XOR-swizzled by (row % 8).
 
 namespace flashjit_kernel {
 
@@ -64,6 +69,9 @@ struct Traits {
 template <class K>
 __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams& p) {
   namespace fa = flashjit_attention;
+#ifdef FLASHJIT_VARIANT
+  namespace fv = flashjit_variant;
+#endif
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   constexpr int kMTiles = K::kMTiles, kNTiles = K::kNTiles, kDTiles = K::kDTiles;
   constexpr int kDp = K::kHeadDimPadded;  // elements per row of every shared tile
@@ -98,7 +106,22 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
 
   // Causal, bottom-right aligned: row i sees keys j <= i + diagonal.
   const int diagonal = fa::diagonal(p);
+#ifdef FLASHJIT_VARIANT
+  // The variant's key blocks: the t-th block visited is key_blocks.at(t).
+  const fv::KeyBlocks key_blocks = fv::key_blocks(p, diagonal, m0, kBlockM, kBlockN);
+  const int n_blocks = key_blocks.count();
+#define FLASHJIT_KEY_BLOCK(t) key_blocks.at(t)
+  const float slope = fv::alibi_slope(p, head);
+  // Modified scores are scaled scores: the softmax's factor is log2(e) alone.
+  const float variant_scale_log2 = fv::kModifiesScores ? 1.4426950408889634f : p.scale_log2;
+#define FLASHJIT_SCALE_LOG2 variant_scale_log2
+#else
   const int n_blocks = fa::key_blocks<K::kCausal>(p, diagonal, m0, kBlockM, kBlockN);
+#define FLASHJIT_KEY_BLOCK(t) (t)
+// (A macro rather than a local copy: plain kernels compile exactly as before variants, and a
+// local copy of the parameter changed the causal kernels' code.)
+#define FLASHJIT_SCALE_LOG2 p.scale_log2
+#endif
 
   // Fragment layout of an m16n8 accumulator: lane holds rows lane/4 and lane/4 + 8,
   // columns 2 * (lane % 4) + {0, 1}.
@@ -131,11 +154,11 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < n_blocks) {
         const u32 k_tile = kv_tiles + (2 * s) * kTileBytes;
+        const int n0 = FLASHJIT_KEY_BLOCK(s) * kBlockN;
+        load_tile_async<K::kThreads, kBlockN, kDp, K::kHeadDim>(k_tile, k + n0 * p.k_seq_stride,
+                                                                p.k_seq_stride, p.seqlen_k - n0);
         load_tile_async<K::kThreads, kBlockN, kDp, K::kHeadDim>(
-            k_tile, k + s * kBlockN * p.k_seq_stride, p.k_seq_stride, p.seqlen_k - s * kBlockN);
-        load_tile_async<K::kThreads, kBlockN, kDp, K::kHeadDim>(
-            k_tile + kTileBytes, v + s * kBlockN * p.v_seq_stride, p.v_seq_stride,
-            p.seqlen_k - s * kBlockN);
+            k_tile + kTileBytes, v + n0 * p.v_seq_stride, p.v_seq_stride, p.seqlen_k - n0);
       }
       cp_async_commit();
     }
@@ -148,12 +171,11 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
       const int next = j + kStages - 1;  // refill the buffer block j - 1 used
       if (next < n_blocks) {
         const u32 k_tile = kv_tiles + 2 * (next % kStages) * kTileBytes;
+        const int n0 = FLASHJIT_KEY_BLOCK(next) * kBlockN;
+        load_tile_async<K::kThreads, kBlockN, kDp, K::kHeadDim>(k_tile, k + n0 * p.k_seq_stride,
+                                                                p.k_seq_stride, p.seqlen_k - n0);
         load_tile_async<K::kThreads, kBlockN, kDp, K::kHeadDim>(
-            k_tile, k + next * kBlockN * p.k_seq_stride, p.k_seq_stride,
-            p.seqlen_k - next * kBlockN);
-        load_tile_async<K::kThreads, kBlockN, kDp, K::kHeadDim>(
-            k_tile + kTileBytes, v + next * kBlockN * p.v_seq_stride, p.v_seq_stride,
-            p.seqlen_k - next * kBlockN);
+            k_tile + kTileBytes, v + n0 * p.v_seq_stride, p.v_seq_stride, p.seqlen_k - n0);
       }
       cp_async_commit();
     }
@@ -186,9 +208,32 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
       }
     }
 
+    const int n0 = FLASHJIT_KEY_BLOCK(j) * kBlockN;
+#ifdef FLASHJIT_VARIANT
+    // The variant's scores and mask, per element, in the blocks that need either.
+    const bool all_visible = fv::block_fully_visible(p, diagonal, m0, kBlockM, n0, kBlockN);
+    if (fv::kModifiesScores || !all_visible) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = m0 + warp_row0 + mt * 16 + frag_row + half * 8;
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int key = n0 + nt * 8 + frag_col + e;
+              float& score = s[mt][nt][2 * half + e];
+              if (fv::kModifiesScores)
+                score = fv::score(score * p.scale, slope, batch, head, row, key);
+              if (!all_visible && !fv::visible(p, diagonal, batch, head, row, key))
+                score = minus_infinity();
+            }
+        }
+    }
+#else
     // Mask keys past seqlen_k and, when causal, above the diagonal. Only blocks that cross one of
     // those edges pay for it.
-    const int n0 = j * kBlockN;
     if (fa::block_needs_mask<K::kCausal>(p, diagonal, m0, n0, kBlockN)) {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
@@ -204,6 +249,7 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
               if (nt * 8 + e > limit) s[mt][nt][2 * half + e] = minus_infinity();
         }
     }
+#endif
 
     // Online softmax, base 2, scale folded into one FMA per score. P is packed to 16 bits as soon
     // as it exists: the fp32 scores die here, which halves what stays live through P V.
@@ -219,8 +265,8 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
         block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
         block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
         // A row that has seen no key yet has max -inf; subtract 0 instead so exp2 gives 0, not NaN.
-        const float max_scaled = fa::scaled_row_max(block_max, p.scale_log2);
-        const float correction = fast_exp2(row_max[mt][half] * p.scale_log2 - max_scaled);
+        const float max_scaled = fa::scaled_row_max(block_max, FLASHJIT_SCALE_LOG2);
+        const float correction = fast_exp2(row_max[mt][half] * FLASHJIT_SCALE_LOG2 - max_scaled);
         row_max[mt][half] = block_max;
         row_sum[mt][half] *= correction;
 #pragma unroll
@@ -230,8 +276,9 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
         }
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt) {
-          const float p0 = fast_exp2(fmaf(s[mt][nt][2 * half], p.scale_log2, -max_scaled));
-          const float p1 = fast_exp2(fmaf(s[mt][nt][2 * half + 1], p.scale_log2, -max_scaled));
+          const float p0 = fast_exp2(fmaf(s[mt][nt][2 * half], FLASHJIT_SCALE_LOG2, -max_scaled));
+          const float p1 =
+              fast_exp2(fmaf(s[mt][nt][2 * half + 1], FLASHJIT_SCALE_LOG2, -max_scaled));
           row_sum[mt][half] += p0 + p1;
           p_packed[mt][nt][half] = pack2<K::kIsBf16>(p0, p1);
         }
@@ -280,8 +327,8 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
         *reinterpret_cast<u32*>(q_tile + swizzled_offset<kDp>(row, dt * 8 + frag_col)) = packed;
       }
       if (lse && lane % 4 == 0 && m0 + row < p.seqlen_q) {
-        lse[m0 + row] =
-            fa::row_lse(row_max[mt][half], p.scale_log2, sum, [](float x) { return fast_log2(x); });
+        lse[m0 + row] = fa::row_lse(row_max[mt][half], FLASHJIT_SCALE_LOG2, sum,
+                                    [](float x) { return fast_log2(x); });
       }
     }
   __syncwarp();
@@ -296,6 +343,8 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
           *reinterpret_cast<const Vec16*>(q_tile + swizzled_offset<kDp>(row, col));
     }
   }
+#undef FLASHJIT_KEY_BLOCK
+#undef FLASHJIT_SCALE_LOG2
 }
 
 }  // namespace flashjit_kernel

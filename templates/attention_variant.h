@@ -1,0 +1,197 @@
+// Attention variants (issue 17): sliding window, soft-capping, ALiBi, prefix-LM and the user's
+// score_mod / mask_mod, as every forward template applies them: which keys a query row sees,
+// what its scores become, and which key blocks a tile of query rows must visit at all.
+// AttentionProblem::variant (generator/problem.hpp) defines the semantics; tuner/reference.cpp
+// is the fp64 oracle of the same definition.
+//
+// The renderer (generator/variant.cpp) includes this file only for a problem with a variant, after
+// attention_params.h, preceded by the variant's constants:
+//   #define FLASHJIT_VARIANT 1
+//   #define FLASHJIT_VARIANT_CAUSAL 0|1         the problem's causal flag
+//   #define FLASHJIT_VARIANT_WINDOW_LEFT  L     -1: unbounded
+//   #define FLASHJIT_VARIANT_WINDOW_RIGHT R     -1: unbounded
+//   #define FLASHJIT_VARIANT_PREFIX P           keys [0, P) visible to all (0: none)
+//   #define FLASHJIT_VARIANT_SOFTCAP C          only when soft-capping (a float literal)
+//   #define FLASHJIT_VARIANT_ALIBI 0|1
+//   #define FLASHJIT_VARIANT_SCORE_MOD 0|1      a user score_mod follows this file
+//   #define FLASHJIT_VARIANT_MASK_MOD 0|1       a user mask_mod follows this file
+// and followed by the user's expressions as the bodies of user_score_mod / user_mask_mod.
+// Plain attention renders none of this: its kernels are exactly those of before variants.
+//
+// Scalar code only, so that it means the same under NVRTC, Clang (the CPU backend) and a host
+// compiler (the templates' emulation tests).
+#ifndef FLASHJIT_ATTENTION_VARIANT_H
+#define FLASHJIT_ATTENTION_VARIANT_H
+
+#ifndef FLASHJIT_DEVICE
+#if defined(__CUDACC__) || defined(__HIP__)
+#define FLASHJIT_DEVICE __device__ __forceinline__
+#else
+#define FLASHJIT_DEVICE inline
+#endif
+#endif
+
+namespace flashjit_variant {
+
+// ---- what a user expression may call (the expressions are compiled in this namespace) -------
+
+FLASHJIT_DEVICE int abs(int x) { return x < 0 ? -x : x; }
+FLASHJIT_DEVICE long long abs(long long x) { return x < 0 ? -x : x; }
+template <class A, class B>
+FLASHJIT_DEVICE auto min(A a, B b) -> decltype(a + b) {
+  return a < b ? a : b;
+}
+template <class A, class B>
+FLASHJIT_DEVICE auto max(A a, B b) -> decltype(a + b) {
+  return a < b ? b : a;
+}
+#if defined(__CUDACC__)
+#define FLASHJIT_VARIANT_MATH(name, f32, f64)              \
+  FLASHJIT_DEVICE float name(float x) { return ::f32(x); } \
+  FLASHJIT_DEVICE double name(double x) { return ::f64(x); }
+#else
+#define FLASHJIT_VARIANT_MATH(name, f32, f64)                        \
+  FLASHJIT_DEVICE float name(float x) { return __builtin_##f32(x); } \
+  FLASHJIT_DEVICE double name(double x) { return __builtin_##f64(x); }
+#endif
+FLASHJIT_VARIANT_MATH(abs, fabsf, fabs)
+FLASHJIT_VARIANT_MATH(tanh, tanhf, tanh)
+FLASHJIT_VARIANT_MATH(exp, expf, exp)
+FLASHJIT_VARIANT_MATH(exp2, exp2f, exp2)
+FLASHJIT_VARIANT_MATH(log, logf, log)
+FLASHJIT_VARIANT_MATH(log2, log2f, log2)
+FLASHJIT_VARIANT_MATH(sqrt, sqrtf, sqrt)
+FLASHJIT_VARIANT_MATH(floor, floorf, floor)
+#undef FLASHJIT_VARIANT_MATH
+
+// The user's expressions, defined after this file (generator/variant.cpp renders them).
+#if FLASHJIT_VARIANT_SCORE_MOD
+FLASHJIT_DEVICE float user_score_mod(float score, int batch, int head, int q_idx, int kv_idx);
+#endif
+#if FLASHJIT_VARIANT_MASK_MOD
+FLASHJIT_DEVICE bool user_mask_mod(int batch, int head, int q_idx, int kv_idx);
+#endif
+
+// ---- the variant --------------------------------------------------------------------------------
+
+constexpr int kLeft = FLASHJIT_VARIANT_WINDOW_LEFT;  // -1: unbounded
+// Causal caps the window's right side at the diagonal.
+constexpr int kRight = FLASHJIT_VARIANT_CAUSAL ? 0 : FLASHJIT_VARIANT_WINDOW_RIGHT;
+constexpr int kPrefix = FLASHJIT_VARIANT_PREFIX;
+// Something changes the scores (else only the visible set changes).
+#if defined(FLASHJIT_VARIANT_SOFTCAP) || FLASHJIT_VARIANT_ALIBI || FLASHJIT_VARIANT_SCORE_MOD
+constexpr bool kModifiesScores = true;
+#else
+constexpr bool kModifiesScores = false;
+#endif
+
+FLASHJIT_DEVICE int clamp_key(long long key, int seqlen_k) {
+  return key < 0 ? 0 : key > seqlen_k ? seqlen_k : static_cast<int>(key);
+}
+
+// The band of keys [band_begin, band_end) that query row `row` sees by causal and the window,
+// clamped to [0, seqlen_k] (empty when begin >= end); diagonal = seqlen_k - seqlen_q. Both ends
+// grow with the row.
+FLASHJIT_DEVICE int band_begin(int seqlen_k, int diagonal, int row) {
+  return kLeft < 0 ? 0 : clamp_key(static_cast<long long>(row) + diagonal - kLeft, seqlen_k);
+}
+FLASHJIT_DEVICE int band_end(int seqlen_k, int diagonal, int row) {
+  return kRight < 0 ? seqlen_k
+                    : clamp_key(static_cast<long long>(row) + diagonal + kRight + 1, seqlen_k);
+}
+
+// Whether query row `row` sees key `key` (any key index; false past seqlen_k).
+FLASHJIT_DEVICE bool visible(const FlashjitAttentionParams& p, int diagonal, int batch, int head,
+                             int row, int key) {
+  bool seen = key < p.seqlen_k && (key < kPrefix || (key >= band_begin(p.seqlen_k, diagonal, row) &&
+                                                     key < band_end(p.seqlen_k, diagonal, row)));
+#if FLASHJIT_VARIANT_MASK_MOD
+  seen = seen && user_mask_mod(batch, head, row, key);
+#else
+  (void)batch, (void)head;
+#endif
+  return seen;
+}
+
+// The ALiBi slope of a head (0 without ALiBi): load it once per tile, pass it to score().
+FLASHJIT_DEVICE float alibi_slope(const FlashjitAttentionParams& p, int head) {
+#if FLASHJIT_VARIANT_ALIBI
+  return p.alibi_slopes[head];
+#else
+  (void)p, (void)head;
+  return 0.f;
+#endif
+}
+
+// A visible key's score from the scaled score s = scale * q . k: soft-capped, ALiBi's bias added,
+// then the user's score_mod.
+FLASHJIT_DEVICE float score(float s, float slope, int batch, int head, int row, int key) {
+#ifdef FLASHJIT_VARIANT_SOFTCAP
+  s = FLASHJIT_VARIANT_SOFTCAP * tanh(s * (1.f / FLASHJIT_VARIANT_SOFTCAP));
+#endif
+#if FLASHJIT_VARIANT_ALIBI
+  s += slope * static_cast<float>(key - row);
+#else
+  (void)slope;
+#endif
+#if FLASHJIT_VARIANT_SCORE_MOD
+  s = user_score_mod(s, batch, head, row, key);
+#else
+  (void)batch, (void)head, (void)row, (void)key;
+#endif
+  return s;
+}
+
+// The key blocks a tile of query rows [m0, m0 + block_m) visits, in order: the prefix's blocks
+// [0, prefix_end) then the band's [band_first, band_last) (disjoint, the band starting at or
+// after prefix_end). Every other block is hidden from every row of the tile and never loaded.
+// With a user mask_mod nothing is known about the hidden blocks: every block is visited.
+struct KeyBlocks {
+  int prefix_end;
+  int band_first;
+  int band_last;
+  FLASHJIT_DEVICE int count() const { return prefix_end + band_last - band_first; }
+  // The t-th block visited, t in [0, count()).
+  FLASHJIT_DEVICE int at(int t) const { return t < prefix_end ? t : band_first + t - prefix_end; }
+};
+
+FLASHJIT_DEVICE KeyBlocks key_blocks(const FlashjitAttentionParams& p, int diagonal, int m0,
+                                     int block_m, int block_n) {
+  const int all = (p.seqlen_k + block_n - 1) / block_n;
+#if FLASHJIT_VARIANT_MASK_MOD
+  (void)diagonal, (void)m0, (void)block_m;
+  return KeyBlocks{all, all, all};
+#else
+  const int prefix_keys = kPrefix < p.seqlen_k ? kPrefix : p.seqlen_k;
+  const int prefix_end = (prefix_keys + block_n - 1) / block_n;
+  // The band of the tile's first row starts first, its last row's ends last (rows past
+  // seqlen_q included: their results are discarded).
+  const int begin = band_begin(p.seqlen_k, diagonal, m0);
+  const int end = band_end(p.seqlen_k, diagonal, m0 + block_m - 1);
+  int first = begin / block_n;
+  int last = begin < end ? (end + block_n - 1) / block_n : first;
+  if (first < prefix_end) first = prefix_end;
+  if (last < first) last = first;
+  (void)all;
+  return KeyBlocks{prefix_end, first, last};
+#endif
+}
+
+// True when every row of the tile sees every key of block [n0, n0 + block_n): no per-element
+// mask needed (the scores may still be modified).
+FLASHJIT_DEVICE bool block_fully_visible(const FlashjitAttentionParams& p, int diagonal, int m0,
+                                         int block_m, int n0, int block_n) {
+#if FLASHJIT_VARIANT_MASK_MOD
+  (void)p, (void)diagonal, (void)m0, (void)block_m, (void)n0, (void)block_n;
+  return false;
+#else
+  if (n0 + block_n > p.seqlen_k) return false;
+  if (n0 + block_n <= kPrefix) return true;
+  return band_begin(p.seqlen_k, diagonal, m0 + block_m - 1) <= n0 &&
+         n0 + block_n <= band_end(p.seqlen_k, diagonal, m0);
+#endif
+}
+
+}  // namespace flashjit_variant
+
+#endif

@@ -1,0 +1,53 @@
+// See variant_cases.hpp.
+#include "support/variant_cases.hpp"
+
+#include <cmath>
+
+namespace flashjit::testing {
+
+namespace {
+Variant window(int64_t left, int64_t right) {
+  Variant v;
+  v.window_left = left;
+  v.window_right = right;
+  return v;
+}
+}  // namespace
+
+std::vector<VariantCase> variant_cases() {
+  std::vector<VariantCase> out;
+  out.push_back({"sliding_window_causal", true, window(37, 0), {}});
+  out.push_back({"window_both_sides", false, window(16, 23), {}});
+  out.push_back({"window_right_only", false, window(-1, 8), {}});
+  out.push_back({"empty_windows", false, window(0, 0), {}});  // q_longer: rows with no key
+  Variant softcap;
+  softcap.softcap = 0.75f;  // small enough to bite on N(0, 1) scores
+  out.push_back({"softcap", false, softcap, {}});
+  Variant alibi;
+  alibi.alibi = true;
+  out.push_back({"alibi_causal", true, alibi, {}});
+  Variant prefix = window(8, 0);
+  prefix.prefix = 20;
+  out.push_back({"prefix_lm", true, prefix, {}});
+  Variant combined = window(32, 0);
+  combined.softcap = 1.5f;
+  combined.alibi = true;
+  out.push_back({"window_softcap_alibi_causal", true, combined, {}});
+  Variant score;
+  score.score_mod = "score - 0.1f * abs(q_idx - kv_idx) + (head == 1 ? 0.5f : 0.f)";
+  VariantFunctions score_f;
+  score_f.score_mod = [](double s, int64_t, int64_t h, int64_t i, int64_t j) {
+    return s - 0.1 * std::abs(static_cast<double>(i - j)) + (h == 1 ? 0.5 : 0.0);
+  };
+  out.push_back({"score_mod", false, score, score_f});
+  Variant mask;
+  mask.mask_mod = "(q_idx / 16) == (kv_idx / 16) || batch == 1";
+  VariantFunctions mask_f;
+  mask_f.mask_mod = [](int64_t b, int64_t, int64_t i, int64_t j) {
+    return i / 16 == j / 16 || b == 1;
+  };
+  out.push_back({"mask_mod_causal", true, mask, mask_f});
+  return out;
+}
+
+}  // namespace flashjit::testing

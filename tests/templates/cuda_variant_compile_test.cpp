@@ -1,0 +1,160 @@
+// The CUDA mma forward with attention variants compiles with NVRTC for sm80 and sm90 without
+// spilling more than the same plain config does (nothing, at these tiles), for each variant kind
+// and a combination, at the default tile and (user expressions) at the register-heaviest legal
+// tile; and a user expression
+// that does not compile is a CompileFailed error quoting it and NVRTC's first message. No GPU
+// needed (NVRTC only).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "generator/config.hpp"
+#include "generator/device.hpp"
+#include "generator/render.hpp"
+#include "generator/variant.hpp"
+#include "runtime/cuda/nvrtc_compiler.hpp"
+#include "support/parallel.hpp"
+
+namespace flashjit {
+namespace {
+
+struct Named {
+  const char* name;
+  Variant variant;
+};
+
+std::vector<Named> variants() {
+  std::vector<Named> out;
+  Variant v;
+  v.window_left = 1024;
+  v.window_right = 0;
+  out.push_back({"window", v});
+  v = Variant();
+  v.softcap = 50.f;
+  v.alibi = true;
+  out.push_back({"softcap_alibi", v});
+  v = Variant();
+  v.prefix = 100;
+  v.window_left = 256;
+  out.push_back({"prefix", v});
+  v = Variant();
+  v.score_mod = "score - 0.1f * abs(q_idx - kv_idx)";
+  out.push_back({"score_mod", v});
+  v = Variant();
+  v.mask_mod = "(q_idx / 64) == (kv_idx / 64)";
+  out.push_back({"mask_mod", v});
+  v = Variant();
+  v.window_left = 512;
+  v.softcap = 30.f;
+  v.alibi = true;
+  v.prefix = 16;
+  v.score_mod = "score * 0.5f + tanh(score)";
+  v.mask_mod = "kv_idx % 3 != 1";
+  out.push_back({"everything", v});
+  return out;
+}
+
+struct Job {
+  std::string label;
+  AttentionProblem problem;
+  AttentionConfig config;
+  int arch;
+};
+
+cuda::PtxasReport compile(const Job& job, std::string* error) {
+  Result<KernelSource> source = render_cuda_attention(job.problem, job.config);
+  if (!source.ok()) {
+    *error = source.error().describe();
+    return {};
+  }
+  Result<Binary> binary = cuda::nvrtc_compile(source.value(), job.arch);
+  if (!binary.ok()) {
+    *error = binary.error().describe();
+    return {};
+  }
+  return cuda::parse_ptxas_report(binary->compile_log);
+}
+
+// The default tile and the register-heaviest legal one of `problem` (the mma family's).
+std::vector<AttentionConfig> tiles_of(const AttentionProblem& problem, const DeviceSpec& device) {
+  std::vector<AttentionConfig> legal = legal_configs(problem, device);
+  std::erase_if(legal, [](const AttentionConfig& c) { return c.family != KernelFamily::Mma; });
+  if (legal.empty()) return {};
+  const AttentionConfig heaviest = *std::max_element(
+      legal.begin(), legal.end(), [&](const AttentionConfig& a, const AttentionConfig& b) {
+        return estimated_registers(a, problem) < estimated_registers(b, problem);
+      });
+  const AttentionConfig def = default_config(problem, device).value();
+  if (def == heaviest) return {def};
+  return {def, heaviest};
+}
+
+TEST(CudaVariantCompile, EveryVariantCompilesWithoutNewSpills) {
+  const AttentionProblem plain =
+      AttentionProblem::make(1, 16, 16, 4096, 4096, 128, DType::BF16, /*causal=*/true);
+  std::vector<Job> jobs;  // the plain baselines (one per arch and tile) first, then the variants
+  std::vector<Job> variant_jobs;
+  for (int arch : {80, 90}) {
+    const DeviceSpec device = known_device("sm" + std::to_string(arch)).value();
+    // sm80: every variant at its default tile, the heaviest tile too for the user expressions;
+    // sm90 (the same template): the combination at its default tile.
+    for (const Named& named : variants()) {
+      const std::string name = named.name;
+      if (arch == 90 && name != "everything") continue;
+      AttentionProblem p = plain;
+      p.variant = named.variant;
+      std::vector<AttentionConfig> tiles = tiles_of(p, device);
+      ASSERT_FALSE(tiles.empty()) << named.name;
+      if (arch == 90 || (name != "everything" && name != "mask_mod")) tiles.resize(1);
+      for (const AttentionConfig& tile : tiles) {
+        variant_jobs.push_back({named.name, p, tile, arch});
+        const bool seen = std::any_of(jobs.begin(), jobs.end(), [&](const Job& j) {
+          return j.arch == arch && j.config == tile;
+        });
+        if (!seen) jobs.push_back({"plain", plain, tile, arch});
+      }
+    }
+  }
+  const size_t baselines = jobs.size();
+  jobs.insert(jobs.end(), variant_jobs.begin(), variant_jobs.end());
+  std::vector<std::string> errors(jobs.size());
+  const std::vector<cuda::PtxasReport> reports = testing::parallel_map<cuda::PtxasReport>(
+      jobs.size(), [&](size_t i) { return compile(jobs[i], &errors[i]); });
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const std::string where =
+        jobs[i].label + " sm" + std::to_string(jobs[i].arch) + " " + jobs[i].config.to_string();
+    ASSERT_EQ(errors[i], "") << where;
+    ASSERT_GE(reports[i].spill_store_bytes, 0) << where << ": no ptxas report";
+    if (i < baselines) continue;
+    size_t base = 0;
+    while (!(jobs[base].arch == jobs[i].arch && jobs[base].config == jobs[i].config)) ++base;
+    EXPECT_LE(reports[i].spill_store_bytes, reports[base].spill_store_bytes) << where;
+    std::printf("  %-10s sm%d %-14s %3d registers, %3d bytes spilled (plain: %3d, %3d)\n",
+                jobs[i].label.c_str(), jobs[i].arch, jobs[i].config.to_string().c_str(),
+                reports[i].registers, reports[i].spill_store_bytes, reports[base].registers,
+                reports[base].spill_store_bytes);
+  }
+}
+
+TEST(CudaVariantCompile, AnExpressionThatDoesNotCompileIsQuoted) {
+  AttentionProblem p = AttentionProblem::make(1, 4, 4, 256, 256, 64, DType::F16, false);
+  p.variant.mask_mod = "q_idx >= kv_idx && undefined_name";
+  const AttentionConfig config{64, 64, 4, 2};
+  Result<KernelSource> source = render_cuda_attention(p, config);
+  ASSERT_TRUE(source.ok()) << source.error().describe();
+  Result<Binary> binary = cuda::nvrtc_compile(source.value(), 80);
+  ASSERT_FALSE(binary.ok());
+  const Error error = explain_variant_compile_error(p, source->text, binary.error());
+  EXPECT_EQ(error.code, ErrorCode::CompileFailed);
+  EXPECT_EQ(error.message.rfind("mask_mod = \"q_idx >= kv_idx && undefined_name\" does not "
+                                "compile: ",
+                                0),
+            0u)
+      << error.message;
+  EXPECT_NE(error.message.find("undefined_name"), std::string::npos) << error.message;
+}
+
+}  // namespace
+}  // namespace flashjit

@@ -1,0 +1,146 @@
+// The CUDA mma forward template (templates/cuda/attention_fwd.cuh) with an attention variant
+// (templates/attention_variant.h) run on the host through the device-primitive emulator
+// (tests/support/cuda_emulator.hpp) against the fp64 reference: causal sliding window + prefix-LM
+// + soft-capping + ALiBi + a user score_mod at once, so that key-block skipping, per-element
+// masking and every score modification run. Hidden key blocks hold NaN: a kernel that loads one
+// fails. The variant is compiled in (one per translation unit): the defines below are what the
+// generator renders for kVariantProblem, which the first test checks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "generator/problem.hpp"
+#include "generator/variant.hpp"
+#include "runtime/launch_params.hpp"
+#include "support/attention_cases.hpp"
+#include "support/reference.hpp"
+#include "templates/attention_params.h"
+// clang-format off: the order matters (as the renderer assembles the source)
+#include "support/cuda_emulator.hpp"
+#define FLASHJIT_VARIANT 1
+#define FLASHJIT_VARIANT_CAUSAL 1
+#define FLASHJIT_VARIANT_WINDOW_LEFT (40)
+#define FLASHJIT_VARIANT_WINDOW_RIGHT (-1)
+#define FLASHJIT_VARIANT_PREFIX 24
+#define FLASHJIT_VARIANT_SOFTCAP 2.000000000e+00f
+#define FLASHJIT_VARIANT_ALIBI 1
+#define FLASHJIT_VARIANT_SCORE_MOD 1
+#define FLASHJIT_VARIANT_MASK_MOD 0
+#include "templates/attention_variant.h"
+namespace flashjit_variant {
+FLASHJIT_DEVICE float user_score_mod(float score, int batch, int head, int q_idx, int kv_idx) {
+  return static_cast<float>(score - 0.05f * abs(q_idx - kv_idx) + 0.25f * head - batch);
+}
+}  // namespace flashjit_variant
+#include "templates/attention_common.h"
+// (tiles before the kernel)
+#include "templates/cuda/tiles.cuh"
+// (the kernel last)
+#include "templates/cuda/attention_fwd.cuh"
+// clang-format on
+
+namespace flashjit {
+namespace {
+
+namespace ft = ::flashjit::testing;
+
+Variant variant() {
+  Variant v;
+  v.window_left = 40;
+  v.softcap = 2.0f;
+  v.alibi = true;
+  v.prefix = 24;
+  v.score_mod = "score - 0.05f * abs(q_idx - kv_idx) + 0.25f * head - batch";
+  return v;
+}
+VariantFunctions functions() {
+  VariantFunctions f;
+  f.score_mod = [](double s, int64_t b, int64_t h, int64_t i, int64_t j) {
+    return s - 0.05 * std::abs(static_cast<double>(i - j)) + 0.25 * h - b;
+  };
+  return f;
+}
+
+TEST(CudaVariantEmulation, TheDefinesAreWhatTheGeneratorRenders) {
+  AttentionProblem p = AttentionProblem::make(1, 1, 1, 16, 16, 64, DType::BF16, true);
+  p.variant = variant();
+  const std::string prelude = render_variant_prelude(p).value();
+  for (const char* line :
+       {"#define FLASHJIT_VARIANT_CAUSAL 1\n", "#define FLASHJIT_VARIANT_WINDOW_LEFT (40)\n",
+        "#define FLASHJIT_VARIANT_WINDOW_RIGHT (-1)\n", "#define FLASHJIT_VARIANT_PREFIX 24\n",
+        "#define FLASHJIT_VARIANT_SOFTCAP 2.000000000e+00f\n", "#define FLASHJIT_VARIANT_ALIBI 1\n",
+        "#define FLASHJIT_VARIANT_SCORE_MOD 1\n", "#define FLASHJIT_VARIANT_MASK_MOD 0\n",
+        "  return static_cast<float>(score - 0.05f * abs(q_idx - kv_idx) + 0.25f * head - "
+        "batch);"})
+    EXPECT_NE(prelude.find(line), std::string::npos) << line;
+}
+
+template <class K>
+std::string run_forward(const AttentionProblem& problem, const ft::HostInputs& inputs,
+                        std::vector<uint16_t>* o, std::vector<float>* lse) {
+  o->assign(problem.o_span(), ft::kPoisonBits);
+  lse->assign(problem.lse_elements(), std::numeric_limits<float>::quiet_NaN());
+  AttentionArgs args{inputs.q.data(), inputs.k.data(), inputs.v.data(), o->data(), lse->data()};
+  args.alibi_slopes = inputs.alibi_slopes.data();
+  const FlashjitAttentionParams params = make_launch_params(problem, args);
+  ft::clear_globals();
+  for (const std::vector<uint16_t>* tensor : {&inputs.q, &inputs.k, &inputs.v})
+    ft::register_global(tensor->data(), tensor->size() * sizeof(uint16_t));
+  ft::register_global(inputs.alibi_slopes.data(), inputs.alibi_slopes.size() * sizeof(float));
+  ft::CudaGrid grid;
+  grid.x = static_cast<int>((problem.seqlen_q + K::kBlockM - 1) / K::kBlockM);
+  grid.y = static_cast<int>(problem.heads_q);
+  grid.z = static_cast<int>(problem.batch);
+  return ft::emulate_cuda(grid, K::kThreads, K::kSmemElements * 2,
+                          [&] { flashjit_kernel::attention_forward<K>(params); });
+}
+
+struct Case {
+  ft::Shape shape;
+  int64_t nan_keys_begin = 0, nan_keys_end = 0;  // keys no query sees, set to NaN
+};
+
+template <class K>
+void check(DType dtype, int head_dim) {
+  const Case cases[] = {
+      {{1, 1, 1, 1, 1}},
+      {{2, 2, 1, 70, 150}},  // GQA, more keys, ragged blocks; batch 1 shifts the score_mod
+      {{1, 2, 2, 100, 40}},  // more queries: the first 60 rows see only the prefix
+      // diagonal 260: row 0 sees [220, 260] and the prefix [0, 24): keys [block_n, 192) are in
+      // blocks no row sees (the prefix's one block is read whole, masked per element).
+      {{1, 2, 1, 40, 300}, K::kBlockN, 192},
+  };
+  uint64_t seed = 7;
+  for (const Case& c : cases) {
+    AttentionProblem problem = ft::make_problem(c.shape, head_dim, dtype, true, Pass::Forward);
+    problem.variant = variant();
+    ASSERT_TRUE(validate(problem).ok()) << validate(problem).error().describe();
+    ft::HostInputs inputs = ft::random_inputs(problem, seed++);
+    for (int64_t j = c.nan_keys_begin; j < c.nan_keys_end; ++j)
+      for (int64_t h = 0; h < problem.heads_kv; ++h)
+        for (int col = 0; col < head_dim; ++col) {
+          const int64_t k_at = j * problem.k_strides.seq + h * problem.k_strides.head + col;
+          const int64_t v_at = j * problem.v_strides.seq + h * problem.v_strides.head + col;
+          ft::set_element(inputs.k.data(), k_at, NAN, dtype);
+          ft::set_element(inputs.v.data(), v_at, NAN, dtype);
+        }
+    std::vector<uint16_t> o;
+    std::vector<float> lse;
+    ASSERT_EQ(run_forward<K>(problem, inputs, &o, &lse), "") << c.shape.to_string();
+    EXPECT_TRUE(ft::matches_reference(
+        ft::compare(problem, o, lse, ft::reference_attention(problem, inputs, functions()))))
+        << c.shape.to_string();
+  }
+}
+
+TEST(CudaVariantEmulation, MatchesTheFp64Reference) {
+  check<flashjit_kernel::Traits<64, 64, 32, 4, 2, true, true>>(DType::BF16, 64);
+  check<flashjit_kernel::Traits<128, 128, 64, 4, 3, false, true>>(DType::F16, 128);
+}
+
+}  // namespace
+}  // namespace flashjit
