@@ -30,7 +30,8 @@
 #          with its own log (gpu-<test>.log) and a pass/fail line in gpu-tests.log: the forward
 #          and backward all-configs sweeps, padded head dims, the probes, the backend, runtime,
 #          README example, tuner and CLI tests. A second argument is a gtest filter for all of
-#          them (default: everything).
+#          them (default: everything). The variant and decode tests run first, the two long
+#          sweeps last (~3 and ~4.5 minutes), so a call cut off still reports the rest.
 #   decode the decode family (issue 18: split-KV, paged K/V) in one call: builds only what it
 #          needs (runtime_cuda_decode_test, decode_bench), runs the decode GPU tests (every legal
 #          tile of d 128 bf16 paged, the defaults of other groups, a CUDA-graph capture replayed
@@ -304,9 +305,11 @@ if [[ "$what" == gpu-tests ]]; then
   echo "== GPU tests (each test executable directly, FLASHJIT_EXPECT_GPU=1)"
   : >"$OUT/gpu-tests.log"
   for test in runtime_cuda_tma_probe_test runtime_cuda_wgmma_probe_test \
+      runtime_cuda_variant_test runtime_cuda_decode_test \
       runtime_cuda_cuda_backend_test runtime_cuda_nvrtc_compiler_test runtime_runtime_test \
-      runtime_readme_example_test tuner_tuner_test cli_tune_command_test \
-      cli_backward_commands_test runtime_cuda_attention_test runtime_cuda_backward_test; do
+      runtime_readme_example_test tuner_tuner_test tuner_tuner_reliability_test \
+      cli_tune_command_test cli_backward_commands_test runtime_cuda_attention_test \
+      runtime_cuda_backward_test; do
     [[ -x "build-device/tests/$test" ]] || { echo "MISSING $test" | tee -a "$OUT/gpu-tests.log"; status=1; continue; }
     test_start=$SECONDS
     if timeout 300 "build-device/tests/$test" --gtest_filter="${ctest_regex:-*}" \
