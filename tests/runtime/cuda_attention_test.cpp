@@ -239,17 +239,21 @@ TEST_F(CudaAttentionApi, PaddedHeadDimsMatchReference) {
   for (int head_dim : {8, 72, 96, 200}) {
     for (bool causal : {false, true}) {
       const auto probe = AttentionProblem::make(1, 1, 1, 64, 64, head_dim, DType::BF16, causal);
-      for (const AttentionConfig& config :
-           ft::selected_families(legal_configs(probe, backend_->device()))) {
-        Result<std::shared_ptr<Kernel>> kernel = build_kernel(*backend_, nullptr, probe, config);
-        ASSERT_TRUE(kernel.ok()) << kernel.error().describe();
+      // Every legal config (the -ws schedules make ~30 at some head dims), compiled concurrently.
+      ft::TestCache cache;
+      for (const ft::BuiltKernel& built :
+           ft::build_all(*backend_, cache.get(), probe,
+                         ft::selected_families(legal_configs(probe, backend_->device())))) {
+        const AttentionConfig& config = built.config;
+        ASSERT_TRUE(built.kernel) << config.to_string() << ": " << built.error;
+        const std::shared_ptr<Kernel>& kernel = built.kernel;
         for (const Shape& shape :
              {Shape{1, 2, 2, 77, 77}, Shape{2, 4, 2, 130, 61, Storage::kBshdPadded}}) {
           const AttentionProblem problem = make_problem(shape, head_dim, DType::BF16, causal);
           const ft::HostInputs inputs = ft::random_inputs(problem, 11 + head_dim);
           Result<DeviceTensors> tensors = upload(*backend_, problem, inputs);
           ASSERT_TRUE(tensors.ok()) << tensors.error().describe();
-          RunOutput out = run_poisoned(*backend_, **kernel, problem, tensors.value());
+          RunOutput out = run_poisoned(*backend_, *kernel, problem, tensors.value());
           ASSERT_TRUE(out.status.ok()) << out.status.error().describe();
           EXPECT_TRUE(ft::matches_reference(
               ft::compare(problem, out.o, out.lse, ft::reference_attention(problem, inputs)),
