@@ -80,18 +80,25 @@ Result<std::vector<int64_t>> integer_list_flag(const ParsedFlags& flags, std::st
   return values;
 }
 
-Result<double> positive_number_flag(const ParsedFlags& flags, std::string_view name,
-                                    double fallback) {
+// A finite number > 0 (>= 0 with zero_allowed).
+Result<double> number_flag(const ParsedFlags& flags, std::string_view name, double fallback,
+                           bool zero_allowed = false) {
   std::optional<std::string> text = flags.get(name);
   if (!text) return fallback;
   double value = 0;
   const char* end = text->data() + text->size();
   auto [ptr, ec] = std::from_chars(text->data(), end, value);
-  if (ec != std::errc() || ptr != end || !std::isfinite(value) || value <= 0) {
-    return flag_error(name, *text, "must be a finite number > 0");
+  if (ec != std::errc() || ptr != end || !std::isfinite(value) || value < 0 ||
+      (value == 0 && !zero_allowed)) {
+    return flag_error(
+        name, *text, zero_allowed ? "must be a finite number >= 0" : "must be a finite number > 0");
   }
   return value;
 }
+
+// `flashjit tune --hang-timeout`'s default: no single load, verification or timed batch of a
+// working kernel comes near it.
+constexpr double kDefaultHangSeconds = 120;
 
 int usage_error(const Error& error) {
   std::cerr << "flashjit tune: " << error.describe() << "\n";
@@ -149,6 +156,9 @@ const Command& tune_command() {
           {"no-isolate", "",
            "tune in this process (a kernel that faults then ends the run; default: in a worker "
            "process, started anew when a kernel kills it)"},
+          {"hang-timeout", "S",
+           "a config in flight this long without progress is a hung kernel: its worker is "
+           "killed, the config recorded as failed, the run goes on (default 120; 0: never)"},
           {"help", "", "print this help and exit"},
       }};
   return kCommand;
@@ -354,7 +364,7 @@ int run_tune_command(const std::vector<std::string>& args) {
   auto shard = shard_from_flags(*flags);
   if (!shard.ok()) return usage_error(shard.error());
   TuneOptions options;
-  auto min_time = positive_number_flag(*flags, "min-time-ms", options.min_time_ms);
+  auto min_time = number_flag(*flags, "min-time-ms", options.min_time_ms);
   if (!min_time.ok()) return usage_error(min_time.error());
   options.min_time_ms = *min_time;
   auto retime_top = integer_flag(*flags, "retime-top", options.retime_top, 0, 64);
@@ -365,10 +375,13 @@ int run_tune_command(const std::vector<std::string>& args) {
   options.max_compile_threads = static_cast<int>(*jobs);
   options.resume = !flags->has("retune");
   options.verbose = flags->has("verbose");
+  auto hang = number_flag(*flags, "hang-timeout", kDefaultHangSeconds, /*zero_allowed=*/true);
+  if (!hang.ok()) return usage_error(hang.error());
   const bool worker = apply_worker_environment(options);
   if (!worker && !flags->has("no-isolate") && !worker_executable().empty()) {
     // Crash isolation: the same command in a worker process, restarted when a kernel kills it.
     SupervisedRun run;
+    run.hang_seconds = *hang;
     run.argv = {worker_executable(), "tune"};
     run.argv.insert(run.argv.end(), args.begin(), args.end());
     Result<int> status = run_supervised(run);

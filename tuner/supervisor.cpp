@@ -4,12 +4,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 namespace flashjit {
 namespace {
@@ -58,6 +60,50 @@ Result<pid_t> start(const std::vector<std::string>& argv,
   return pid;
 }
 
+// The in-flight file as the supervisor last saw it: a change of contents or modification time is
+// the worker's heartbeat.
+struct Heartbeat {
+  std::string contents;
+  fs::file_time_type written{};
+  std::chrono::steady_clock::time_point seen = std::chrono::steady_clock::now();
+
+  // Seconds the current config has been in flight without a heartbeat (0 with nothing in flight).
+  double stalled_seconds(const fs::path& inflight) {
+    std::error_code error;
+    const fs::file_time_type now_written = fs::last_write_time(inflight, error);
+    std::string now_contents = read_all(inflight);
+    const auto now = std::chrono::steady_clock::now();
+    if (now_contents != contents || (!error && now_written != written)) {
+      contents = std::move(now_contents);
+      written = now_written;
+      seen = now;
+    }
+    if (contents.empty()) return 0;
+    return std::chrono::duration<double>(now - seen).count();
+  }
+};
+
+// Waits for the worker; kills it when its in-flight config stalls past hang_seconds (> 0).
+// The wait status, and whether it was killed for hanging.
+Result<std::pair<int, bool>> wait_for(pid_t pid, const fs::path& inflight, double hang_seconds) {
+  Heartbeat heartbeat;
+  bool hung = false;
+  for (;;) {
+    int status = 0;
+    const pid_t done = waitpid(pid, &status, hang_seconds > 0 ? WNOHANG : 0);
+    if (done == pid) return std::make_pair(status, hung);
+    if (done < 0 && errno != EINTR) {
+      return make_error(ErrorCode::IoError,
+                        std::string("waiting for the tuning worker: ") + std::strerror(errno));
+    }
+    if (done == 0 && !hung && heartbeat.stalled_seconds(inflight) > hang_seconds) {
+      hung = true;
+      kill(pid, SIGKILL);
+    }
+    if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
 }  // namespace
 
 Result<int> run_supervised(const SupervisedRun& run) {
@@ -90,18 +136,17 @@ Result<int> run_supervised(const SupervisedRun& run) {
     { std::ofstream(inflight, std::ios::trunc); }
     Result<pid_t> pid = start(run.argv, env);
     if (!pid.ok()) return pid.error();
-    int status = 0;
-    while (waitpid(*pid, &status, 0) < 0) {
-      if (errno != EINTR) {
-        return make_error(ErrorCode::IoError,
-                          std::string("waiting for the tuning worker: ") + std::strerror(errno));
-      }
-    }
+    Result<std::pair<int, bool>> waited = wait_for(*pid, inflight, run.hang_seconds);
+    if (!waited.ok()) return waited.error();
+    const auto [status, hung] = *waited;
     std::string why;
-    if (WIFSIGNALED(status) && !fault_signal(WTERMSIG(status))) {
+    if (hung) {
+      char seconds[32];
+      std::snprintf(seconds, sizeof seconds, "%g", run.hang_seconds);
+      why = std::string("hung (no progress for ") + seconds + " s; killed)";
+    } else if (WIFSIGNALED(status) && !fault_signal(WTERMSIG(status))) {
       return 128 + WTERMSIG(status);  // interrupted or killed from outside: not a kernel's fault
-    }
-    if (WIFSIGNALED(status)) {
+    } else if (WIFSIGNALED(status)) {
       why = std::string("killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
             strsignal(WTERMSIG(status)) + ")";
     } else if (WIFEXITED(status) && WEXITSTATUS(status) == kExitWorkerLost) {

@@ -12,7 +12,14 @@
 // device it cannot use any more), the supervisor appends that config to FLASHJIT_TUNE_FAULTS
 // ("<key>\t<config>\t<why>") and starts a new worker with FLASHJIT_TUNE_RESUME=1; the new worker
 // records each listed config as LaunchFailed without launching it (TuneOptions::faulted) and
-// resumes the rest. Not handled yet: a kernel that hangs (the worker is not killed on a deadline).
+// resumes the rest.
+//
+// A kernel that hangs: the worker writes the in-flight file only while it loads, verifies or
+// times a config (never while it waits for a compile or the device's lock), and again before each
+// timed batch, so the file's contents and modification time are its heartbeat. When a config has
+// been in flight for hang_seconds without a new write, the supervisor kills the worker (SIGKILL:
+// the driver tears down its context and the hung kernel with it), records the config as failed
+// ("hung: ...") and starts a new worker, as for a fault.
 #pragma once
 
 #include <functional>
@@ -30,6 +37,8 @@ constexpr int kExitWorkerLost = 75;
 struct SupervisedRun {
   std::vector<std::string> argv;  // the worker: argv[0] is the executable's path
   int max_restarts = 16;          // workers started after the first, at most
+  double hang_seconds = 0;        // a config in flight this long without a heartbeat: killed
+                                  // (0: no deadline)
   std::function<void(const std::string&)> on_message;  // null: stderr
 };
 

@@ -254,9 +254,9 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
     }
     if (!results[i]) {
       std::shared_ptr<Slot> s = slot(problem, configs[i]);
-      mark_inflight(report.key, &configs[i]);
-      Result<TuneResult> prepared = prepare_kernel(*s, problem, progress);
-      if (!prepared.ok()) {  // the device is unusable after its verification launch
+      Result<TuneResult> prepared = prepare_kernel(*s, problem, progress, report.key);
+      if (!prepared.ok()) {  // the device is unusable after its verification launch (the in-flight
+                             // mark stays, for the supervisor)
         TuneResult failed;
         failed.config = configs[i];
         failed.is_default = i == default_index;
@@ -265,6 +265,7 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
         FLASHJIT_TRY(record(report.key, failed));
         return prepared.error();
       }
+      mark_inflight(report.key, nullptr);  // waits follow: compiles, the device's lock
       TuneResult result = std::move(prepared.value());
       result.is_default = i == default_index;
       if (result.status == TuneStatus::Timed) {
@@ -275,6 +276,7 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
         Measurement m;
         Result<DeviceLock::Guard> held = hold_device();
         if (!held.ok()) return held.error();
+        mark_inflight(report.key, &configs[i]);
         Result<int> reps = warm_up(backend_, work, options_.warmup_ms, batch_ms);
         Status status = reps.ok() ? ok_status() : Status(reps.error());
         if (reps.ok()) m.reps = *reps;
@@ -317,6 +319,7 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
           samples[i] = std::move(m.samples);
           if (best_ms == 0 || result.median_ms < best_ms) best_ms = result.median_ms;
         }
+        mark_inflight(report.key, nullptr);
       }
       FLASHJIT_TRY(record(report.key, result));
       results[i] = std::move(result);
@@ -365,9 +368,9 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
       Candidate run;
       run.index = i;
       run.slot = slot(problem, configs[i]);
-      mark_inflight(report.key, &configs[i]);
-      Result<TuneResult> prepared = prepare_kernel(*run.slot, problem, progress);
+      Result<TuneResult> prepared = prepare_kernel(*run.slot, problem, progress, report.key);
       if (!prepared.ok()) return prepared.error();
+      mark_inflight(report.key, nullptr);
       if (prepared->status != TuneStatus::Timed) {  // recorded as timed, fails now
         TuneResult result = std::move(prepared.value());
         result.is_default = i == default_index;
@@ -398,6 +401,7 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
       bool long_enough = round + 1 >= kMinSamplesOfLongLaunches;  // samples after this round
       for (Candidate& run : runs) {
         if (run.failed) continue;
+        mark_inflight(report.key, &configs[run.index]);
         Result<double> sample = backend_.time_ms(run.work, run.reps);
         if (!sample.ok()) {
           FLASHJIT_TRY(device_health(configs[run.index].to_string() + " failed to launch"));
@@ -413,6 +417,7 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
       }
       if (enough || long_enough) break;
     }
+    mark_inflight(report.key, nullptr);
     for (Candidate& run : runs) {
       TuneResult& result = *results[run.index];
       if (!run.failed && !run.samples.empty()) {

@@ -125,7 +125,7 @@ struct TuneOptions {
   std::string lock_dir;                 // its folder; empty: DeviceLock::default_dir()
   double disturbance_tolerance = 0.05;  // the default's two medians may differ by this fraction
   int max_retimes = 2;                  // re-time rounds when the default's medians disagree
-  // Crash isolation (tuner/supervisor.hpp): where to write the config about to be launched
+  // Crash isolation (tuner/supervisor.hpp): where to write the config being launched
   // ("<key>\t<config>"; empty: nowhere), and the configs a previous worker died running, recorded
   // as LaunchFailed without a launch.
   std::string inflight_path;
@@ -196,15 +196,19 @@ class Tuner {
   // failure as a TuneResult status (Timed = usable); an Error only when the device is unusable.
   // Blocks until every queued compile has finished (backends whose compiles share the device).
   void wait_for_compiles();
+  // The config is marked in flight (mark_inflight) from the end of the compile wait on: the caller
+  // clears the mark before it waits for anything else (compiles, the device's lock).
   Result<TuneResult> prepare_kernel(Slot& slot, const AttentionProblem& problem,
-                                    const TuneProgress& progress);
+                                    const TuneProgress& progress, const ProblemKey& key);
   Result<TuneResult> verify(Slot& slot, const AttentionProblem& problem);
   Status ensure_buffers(const AttentionProblem& problem);
   Status device_health(const std::string& after) const;
   Status record(const ProblemKey& key, const TuneResult& result);
   void notify(TuneProgress progress) const;
   void message(const std::string& text) const;
-  // Writes "<key>\t<config>" to options.inflight_path (config null: empties it).
+  // Writes "<key>\t<config>" to options.inflight_path (config null: empties it). Marked only
+  // while the config's kernel is loaded, verified or timed (never while waiting for a compile or
+  // the device's lock): each write is also the worker's heartbeat for the supervisor's deadline.
   void mark_inflight(const ProblemKey& key, const AttentionConfig* config) const;
   const TuneOptions::Fault* fault_of(const ProblemKey& key, const AttentionConfig& config) const;
   // Holds the device for a timing phase (an empty Guard when timing is not serialized).

@@ -173,7 +173,7 @@ void Tuner::wait_for_compiles() {
 }
 
 Result<TuneResult> Tuner::prepare_kernel(Slot& slot, const AttentionProblem& problem,
-                                         const TuneProgress& progress) {
+                                         const TuneProgress& progress, const ProblemKey& key) {
   {
     std::unique_lock<std::mutex> lock(mutex_);
     while (!slot.done) {
@@ -189,6 +189,7 @@ Result<TuneResult> Tuner::prepare_kernel(Slot& slot, const AttentionProblem& pro
   if (slot.compile_error) {
     return failed(slot.config, TuneStatus::CompileFailed, *slot.compile_error);
   }
+  mark_inflight(key, &slot.config);  // loading and verifying it launch it
 
   if (!slot.load_tried) {
     slot.load_tried = true;

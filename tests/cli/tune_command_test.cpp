@@ -292,6 +292,8 @@ TEST(TuneCommand, BadFlagsExitTwoWithOneLine) {
       {"--shard", "2/2"},
       {"--causal"},
       {"--min-time-ms", "-1"},
+      {"--hang-timeout", "-1"},
+      {"--no-isolate", "--hang-timeout", "soon"},
       {"--retime-top", "x"},
       {"--recorded", "--head-dims", "64"},
       {"--recorded", "--pass", "bwd"},

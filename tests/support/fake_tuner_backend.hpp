@@ -30,8 +30,9 @@ namespace flashjit::testing_fake {
 
 namespace fs = std::filesystem;
 
-// Crash: the launch kills the process (as a CPU kernel's segfault would).
-enum class Behavior { Good, CompileFails, LaunchFails, WrongResult, NaN, Crash };
+// Crash: the launch kills the process (as a CPU kernel's segfault would); Hang: the launch never
+// returns (as a kernel stuck in a spin loop).
+enum class Behavior { Good, CompileFails, LaunchFails, WrongResult, NaN, Crash, Hang };
 
 class FakeBackend;
 
@@ -187,6 +188,7 @@ inline Status FakeKernel::launch(const AttentionProblem& problem, const Attentio
   ++backend_.launches;
   const Behavior behavior = backend_.behavior(config_);
   if (behavior == Behavior::Crash) std::abort();
+  while (behavior == Behavior::Hang) std::this_thread::sleep_for(std::chrono::seconds(1));
   if (behavior == Behavior::LaunchFails) {
     if (backend_.device_lost_after_launch_failure) backend_.device_lost = true;
     return make_error(ErrorCode::LaunchFailed, "fake launch failure");

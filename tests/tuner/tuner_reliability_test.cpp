@@ -59,14 +59,18 @@ TEST_F(TunerTest, LostDeviceRecordsTheConfigThatLostIt) {
   EXPECT_GT(backend_.launches, launches);
 }
 
-// The worker side of SupervisedRunSurvivesAKernelThatKillsItsProcess: runs only when that test
-// starts this program as its worker (FLASHJIT_TUNER_TEST_DB set).
+// The worker side of the SupervisedRun tests: runs only when one of them starts this program as
+// its worker (FLASHJIT_TUNER_TEST_DB set, and the config that crashes or hangs).
 TEST(TunerWorker, TunesIntoTheStoreItIsGiven) {
   const char* db = std::getenv("FLASHJIT_TUNER_TEST_DB");
   const char* crash = std::getenv("FLASHJIT_TUNER_TEST_CRASH");
-  if (db == nullptr || crash == nullptr) GTEST_SKIP() << "the worker of a supervisor test";
+  const char* hang = std::getenv("FLASHJIT_TUNER_TEST_HANG");
+  if (db == nullptr || (crash == nullptr && hang == nullptr)) {
+    GTEST_SKIP() << "the worker of a supervisor test";
+  }
   FakeBackend backend;
-  backend.behaviors[crash] = Behavior::Crash;
+  if (crash != nullptr) backend.behaviors[crash] = Behavior::Crash;
+  if (hang != nullptr) backend.behaviors[hang] = Behavior::Hang;
   TuneOptions options = fast_options();
   ASSERT_TRUE(apply_worker_environment(options)) << "not started as a tuning worker";
   Result<std::unique_ptr<TuningStore>> store = TuningStore::open(db);
@@ -132,6 +136,73 @@ TEST_F(TunerTest, SupervisedRunSurvivesAKernelThatKillsItsProcess) {
   ASSERT_FALSE(gave_up.ok());
   EXPECT_NE(gave_up.error().message.find("no config in flight"), std::string::npos)
       << gave_up.error().message;
+}
+
+// A kernel that hangs (its launch never returns) does not hang the run: the supervisor kills the
+// worker once the config has been in flight past the deadline, records it as failed ("hung") and
+// a new worker finishes the problem.
+TEST_F(TunerTest, SupervisedRunKillsAWorkerWhoseKernelHangs) {
+  const std::string hang = others_[2].to_string();
+  const fs::path db = dir_ / "tuning.db";
+  setenv("FLASHJIT_TUNER_TEST_DB", db.c_str(), 1);
+  setenv("FLASHJIT_TUNER_TEST_HANG", hang.c_str(), 1);
+  setenv("FLASHJIT_LOCK_DIR", (dir_ / "locks").c_str(), 1);
+  SupervisedRun run;
+  run.argv = {"/proc/self/exe", "--gtest_filter=TunerWorker.TunesIntoTheStoreItIsGiven"};
+  run.hang_seconds = 1.0;
+  std::vector<std::string> messages;
+  run.on_message = [&](const std::string& m) { messages.push_back(m); };
+  const auto start = std::chrono::steady_clock::now();
+  Result<int> status = run_supervised(run);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(status.ok()) << status.error().describe();
+  EXPECT_EQ(*status, 0) << "the second worker did not finish";
+  ASSERT_EQ(messages.size(), 1u) << "one worker hung, once";
+  EXPECT_NE(messages[0].find("hung (no progress for 1 s; killed)"), std::string::npos)
+      << messages[0];
+  EXPECT_NE(messages[0].find(hang), std::string::npos) << messages[0];
+  EXPECT_LT(seconds, 60) << "the hung worker was not killed on the deadline";
+
+  std::unique_ptr<TuningStore> store = open_store();
+  ASSERT_NE(store, nullptr);
+  Result<std::vector<TuneResult>> rows =
+      store->results(backend_.fingerprint(), ProblemKey::of(test_problem()));
+  ASSERT_TRUE(rows.ok());
+  EXPECT_EQ(rows->size(), configs_.size()) << "a finished result was lost";
+  for (const TuneResult& row : *rows) {
+    if (row.config.to_string() == hang) {
+      EXPECT_EQ(row.status, TuneStatus::LaunchFailed);
+      EXPECT_NE(row.message.find("hung"), std::string::npos) << row.message;
+    } else {
+      EXPECT_NE(row.status, TuneStatus::LaunchFailed) << row.config.to_string();
+    }
+  }
+
+  // Waiting is not hanging: a worker that waits 3 s for the device's timing lock (held here) with
+  // a 0.5 s deadline is not killed, because nothing is in flight while it waits.
+  std::error_code ignored;
+  fs::remove(db, ignored);
+  setenv("FLASHJIT_TUNER_TEST_HANG", "no such config", 1);
+  Result<DeviceLock> lock = DeviceLock::open(dir_ / "locks", backend_.timing_device_id());
+  ASSERT_TRUE(lock.ok()) << lock.error().describe();
+  Result<DeviceLock::Guard> held = lock->acquire();
+  ASSERT_TRUE(held.ok() && held->held());
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    held->release();
+  });
+  SupervisedRun waiting = run;
+  waiting.hang_seconds = 0.5;
+  messages.clear();
+  Result<int> waited = run_supervised(waiting);
+  releaser.join();
+  unsetenv("FLASHJIT_TUNER_TEST_DB");
+  unsetenv("FLASHJIT_TUNER_TEST_HANG");
+  unsetenv("FLASHJIT_LOCK_DIR");
+  ASSERT_TRUE(waited.ok()) << waited.error().describe();
+  EXPECT_EQ(*waited, 0);
+  EXPECT_TRUE(messages.empty()) << messages.front();
 }
 
 // The default is timed first and again in the re-time; a neighbour that slowed the first pass's
