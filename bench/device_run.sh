@@ -47,6 +47,12 @@
 #   ws-tests, ws-bench  the two halves of ws alone
 #   ws-sanitize  the same build, then compute-sanitizer racecheck and synccheck on the -ws
 #          tile of each head dim, plain and -pp-persist, causal and not: sanitizer.log
+#   sanitize  issue 15's sweep: compute-sanitizer memcheck, racecheck and synccheck (8 at a time)
+#          over one config of every CUDA family x head dim 64/128/256 x causal or not: the
+#          forward's mma, wgmma, -ws and -ws-pp-persist configs, the backward's mma and wgmma
+#          defaults (with the forward before them), the paged decode, and the mma forward with
+#          window + softcap + ALiBi; each run's last lines in sanitize/<case>.log and a
+#          PASSED/FAILED line per case in sanitize.log. About 5-8 minutes on an H100.
 #   py-tests   the Python module: pip install --no-build-isolation --target build-device/pysite .
 #              (the machine's python3 with torch, nanobind, scikit-build-core; no C++ build), then
 #              the Python tests on the GPU (tests/python, FLASHJIT_EXPECT_GPU=1): ~3 minutes
@@ -90,9 +96,9 @@ what="${1:-all}"
 DTYPES="${DTYPES:-bf16}"
 ctest_regex="${2:-}"
 case "$what" in
-  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|py|py-tests|py-bench|py-torch|decode|concurrent) ;;
+  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|sanitize|py|py-tests|py-bench|py-torch|decode|concurrent) ;;
   *) echo "usage: bench/device_run.sh [tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|" \
-       "ws-sanitize|decode|concurrent|py|py-tests|py-bench|py-torch] [CTEST_REGEX]" >&2
+       "ws-sanitize|sanitize|decode|concurrent|py|py-tests|py-bench|py-torch] [CTEST_REGEX]" >&2
      exit 2 ;;
 esac
 
@@ -307,7 +313,7 @@ if [[ "$what" == gpu-tests ]]; then
   for test in runtime_cuda_tma_probe_test runtime_cuda_wgmma_probe_test \
       runtime_cuda_variant_test runtime_cuda_decode_test \
       runtime_cuda_cuda_backend_test runtime_cuda_nvrtc_compiler_test runtime_runtime_test \
-      runtime_readme_example_test tuner_tuner_test tuner_tuner_reliability_test \
+      runtime_readme_example_test tuner_tuner_test tuner_tuner_reliability_test tuner_tuner_gpu_fault_test \
       cli_tune_command_test cli_backward_commands_test runtime_cuda_attention_test \
       runtime_cuda_backward_test; do
     [[ -x "build-device/tests/$test" ]] || { echo "MISSING $test" | tee -a "$OUT/gpu-tests.log"; status=1; continue; }
@@ -426,6 +432,73 @@ if [[ "$what" == ws-sanitize ]]; then
     done
   done
   echo "== ws-sanitize done at $((SECONDS - start)) s"
+fi
+
+if [[ "$what" == sanitize ]]; then
+  echo "== compute-sanitizer memcheck, racecheck, synccheck: one config per family x d x causal"
+  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  mkdir -p "$OUT/sanitize"
+  cases="build-device/sanitize-cases.txt"
+  : >"$cases"
+  small="--batch 1 --heads 4 --seqlen 300"
+  for d in 64 128 256; do
+    fwd_plan=$(build-device/flashjit plan --arch sm90 --head-dim "$d")
+    bwd_plan=$(build-device/flashjit plan --arch sm90 --head-dim "$d" --pass bwd)
+    first_legal() {  # first_legal PLAN SUFFIX_REGEX: the first legal config whose suffix matches
+      awk -v re="$2" '$NF == "legal" && $1 ~ /^m[0-9]+n[0-9]+w[0-9]+s[0-9]+/ {
+        name = $1; sub(/^m[0-9]+n[0-9]+w[0-9]+s[0-9]+/, "", name); if (name ~ re) { print $1; exit } }' <<<"$1"
+    }
+    mma=$(first_legal "$fwd_plan" '^$')
+    wgmma=$(first_legal "$fwd_plan" '^-wgmma$')
+    ws=$(sed -n 's/^-ws tile: \([^ ]*\).*/\1/p' <<<"$fwd_plan")
+    bwd_mma=$(first_legal "$bwd_plan" '^(-[a-z]+)?$')
+    bwd_wgmma=$(first_legal "$bwd_plan" '^-wgmma')
+    for causal in "" --causal; do
+      tag="d$d${causal:+-causal}"
+      for tool in memcheck racecheck synccheck; do
+        [[ -n "$mma" ]] && echo "$tool fwd-mma-$tag --config $mma --head-dim $d $small $causal"
+        [[ -n "$wgmma" ]] && echo "$tool fwd-wgmma-$tag --config $wgmma --head-dim $d $small $causal"
+        # 18 heads x 1000 rows: more tiles than 132 SMs, so persistent CTAs walk two.
+        [[ -n "$ws" ]] && echo "$tool fwd-ws-$tag --config $ws --head-dim $d --batch 1 --heads 18 --seqlen 1000 $causal"
+        [[ -n "$ws" ]] && echo "$tool fwd-ws-pp-persist-$tag --config $ws-pp-persist --head-dim $d --batch 1 --heads 18 --seqlen 1000 $causal"
+        [[ -n "$bwd_mma" ]] && echo "$tool bwd-mma-$tag --pass bwd --config $bwd_mma --head-dim $d $small $causal"
+        [[ -n "$bwd_wgmma" ]] && echo "$tool bwd-wgmma-$tag --pass bwd --config $bwd_wgmma --head-dim $d $small $causal"
+      done
+    done
+    for tool in memcheck racecheck synccheck; do
+      echo "$tool decode-paged-d$d --head-dim $d --batch 3 --heads 8 --kv-heads 2 --seqlen-q 1 --seqlen-k 3000 --page-size 64"
+      echo "$tool fwd-mma-variant-d$d --config $mma --head-dim $d $small --causal --window 100,-1 --softcap 30 --alibi"
+    done
+  done >>"$cases"
+  echo "$(wc -l <"$cases") sanitizer runs"
+  run_case() {  # run_case TOOL NAME FLAGS...: one sanitizer run, its verdict line
+    local tool=$1 name=$2
+    shift 2
+    if timeout 300 "$sanitizer" --tool "$tool" --error-exitcode 3 build-device/flashjit run --reps 1 "$@" \
+        >"$OUT/sanitize/$tool-$name.full" 2>&1; then
+      echo "PASSED $tool $name"
+    else
+      echo "FAILED (exit $?) $tool $name: $*"
+    fi
+    tail -n 4 "$OUT/sanitize/$tool-$name.full" >"$OUT/sanitize/$tool-$name.log"
+    rm -f "$OUT/sanitize/$tool-$name.full"
+  }
+  export -f run_case
+  export sanitizer OUT
+  # First each config once without a sanitizer (fills the kernel cache: no NVRTC under the tools).
+  awk '{ $1 = ""; $2 = ""; print }' "$cases" | sort -u | while read -r flags; do
+    # shellcheck disable=SC2086  # flags is a list
+    build-device/flashjit run --reps 1 $flags >/dev/null 2>&1 || echo "plain run failed: $flags"
+  done
+  echo "== kernel cache filled at $((SECONDS - start)) s"
+  xargs -P 8 -L 1 bash -c 'run_case "$@"' _ <"$cases" | tee "$OUT/sanitize.log"
+  if grep -q '^FAILED' "$OUT/sanitize.log"; then
+    status=1
+    echo "== sanitizer findings or failures: $(grep -c '^FAILED' "$OUT/sanitize.log")"
+  fi
+  echo "== $(grep -c '^PASSED' "$OUT/sanitize.log") of $(wc -l <"$cases") clean;" \
+       "sanitize done at $((SECONDS - start)) s"
+  tar czf "$OUT/sanitize-logs.tgz" -C "$OUT" sanitize && rm -rf "$OUT/sanitize"
 fi
 
 if [[ "$what" == tune ]]; then
