@@ -47,7 +47,7 @@
 #   ws-tests, ws-bench  the two halves of ws alone
 #   ws-sanitize  the same build, then compute-sanitizer racecheck and synccheck on the -ws
 #          tile of each head dim, plain and -pp-persist, causal and not: sanitizer.log
-#   sanitize  issue 15's sweep: compute-sanitizer memcheck, racecheck and synccheck (8 at a time)
+#   sanitize  issue 15's sweep: compute-sanitizer memcheck, racecheck and synccheck (12 at a time)
 #          over one config of every CUDA family x head dim 64/128/256 x causal or not: the
 #          forward's mma, wgmma, -ws and -ws-pp-persist configs, the backward's mma and wgmma
 #          defaults (with the forward before them), the paged decode, and the mma forward with
@@ -486,12 +486,11 @@ if [[ "$what" == sanitize ]]; then
   export -f run_case
   export sanitizer OUT
   # First each config once without a sanitizer (fills the kernel cache: no NVRTC under the tools).
-  awk '{ $1 = ""; $2 = ""; print }' "$cases" | sort -u | while read -r flags; do
-    # shellcheck disable=SC2086  # flags is a list
-    build-device/flashjit run --reps 1 $flags >/dev/null 2>&1 || echo "plain run failed: $flags"
-  done
+  awk '{ $1 = ""; $2 = ""; print }' "$cases" | sort -u |
+    xargs -P 16 -L 1 bash -c 'build-device/flashjit run --reps 1 "$@" >/dev/null 2>&1 ||
+      echo "plain run failed: $*"' _
   echo "== kernel cache filled at $((SECONDS - start)) s"
-  xargs -P 8 -L 1 bash -c 'run_case "$@"' _ <"$cases" | tee "$OUT/sanitize.log"
+  xargs -P 12 -L 1 bash -c 'run_case "$@"' _ <"$cases" | tee "$OUT/sanitize.log"
   if grep -q '^FAILED' "$OUT/sanitize.log"; then
     status=1
     echo "== sanitizer findings or failures: $(grep -c '^FAILED' "$OUT/sanitize.log")"

@@ -31,7 +31,8 @@ namespace fs = std::filesystem;
 std::string fault_statement(const std::string& kind) {
   if (kind == "address") return "*reinterpret_cast<volatile int*>(0x10) = 1;";
   if (kind == "trap") return "__trap();";
-  if (kind == "hang") return "for (volatile int spin = 0; spin == 0;) {}";
+  // The sleep is what keeps the loop: an empty endless loop may be deleted (forward progress).
+  if (kind == "hang") return "for (;;) __nanosleep(100000);";
   return "";
 }
 
