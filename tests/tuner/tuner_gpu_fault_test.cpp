@@ -32,7 +32,7 @@ std::string fault_statement(const std::string& kind) {
   if (kind == "address") return "*reinterpret_cast<volatile int*>(0x10) = 1;";
   if (kind == "trap") return "__trap();";
   // The sleep is what keeps the loop: an empty endless loop may be deleted (forward progress).
-  if (kind == "hang") return "for (;;) __nanosleep(100000);";
+  if (kind == "hang") return "for (;;) asm volatile(\"nanosleep.u32 100000;\");";
   return "";
 }
 
