@@ -469,7 +469,7 @@ if [[ "$what" == sanitize ]]; then
       echo "$tool decode-paged-d$d --head-dim $d --batch 3 --heads 8 --kv-heads 2 --seqlen-q 1 --seqlen-k 3000 --page-size 64"
       echo "$tool fwd-mma-variant-d$d --config $mma --head-dim $d $small --causal --window 100,-1 --softcap 30 --alibi"
     done
-  done >>"$cases"
+  done | sed 's/ *$//' >>"$cases"  # xargs -L continues a line that ends in a blank
   echo "$(wc -l <"$cases") sanitizer runs"
   run_case() {  # run_case TOOL NAME FLAGS...: one sanitizer run, its verdict line
     local tool=$1 name=$2
@@ -477,10 +477,11 @@ if [[ "$what" == sanitize ]]; then
     if timeout 300 "$sanitizer" --tool "$tool" --error-exitcode 3 build-device/flashjit run --reps 1 "$@" \
         >"$OUT/sanitize/$tool-$name.full" 2>&1; then
       echo "PASSED $tool $name"
+      tail -n 4 "$OUT/sanitize/$tool-$name.full" >"$OUT/sanitize/$tool-$name.log"
     else
       echo "FAILED (exit $?) $tool $name: $*"
+      head -n 400 "$OUT/sanitize/$tool-$name.full" >"$OUT/sanitize/$tool-$name.log"
     fi
-    tail -n 4 "$OUT/sanitize/$tool-$name.full" >"$OUT/sanitize/$tool-$name.log"
     rm -f "$OUT/sanitize/$tool-$name.full"
   }
   export -f run_case
