@@ -308,6 +308,10 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
     }
   }
   cp_async_wait<0>();
+  // Every lane's ldmatrix reads of the Q tile are done before any lane overwrites them with O
+  // (a warp's lanes are not ordered without it; compute-sanitizer racecheck flagged the causal
+  // m32n32 tiles, where the masking branches precede the epilogue).
+  __syncwarp();
 
   // Epilogue: O = acc / l into this warp's own rows of the Q tile (no other warp reads them),
   // then 16-byte coalesced stores. LSE from the lanes that own column 0 of each row.
