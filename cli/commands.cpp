@@ -168,24 +168,57 @@ void print_device(const DeviceSpec& device) {
   std::printf("  L2                    %d B\n", device.l2_bytes);
 }
 
-// The config to use: --config, else the default for the device. A --config the template
-// rejects is an error; one that only exceeds the device's budget gets a warning on stderr, so
-// that its source and compile report can still be looked at.
+// What choosing a config needs of a target (a GPU or this CPU): its default, its template (does
+// it render the config?) and its budget (is the config legal there?).
+struct ConfigTarget {
+  std::string name;  // "sm_90", "this CPU": for the warning
+  std::function<Result<AttentionConfig>(const AttentionProblem&)> default_config;
+  std::function<Status(const AttentionProblem&, const AttentionConfig&)> renders;
+  std::function<Status(const AttentionConfig&, const AttentionProblem&)> legal;
+};
+
+ConfigTarget gpu_target(const DeviceSpec& device) {
+  return {device.arch_name(),
+          [&device](const AttentionProblem& problem) { return default_for(problem, device); },
+          [&device](const AttentionProblem& problem, const AttentionConfig& config) -> Status {
+            FLASHJIT_TRY(render_for(problem, config, device));
+            return ok_status();
+          },
+          [&device](const AttentionConfig& config, const AttentionProblem& problem) {
+            return check_for(config, problem, device);
+          }};
+}
+
+ConfigTarget cpu_target(const CpuSpec& cpu) {
+  return {"this CPU",
+          [&cpu](const AttentionProblem& problem) { return default_cpu_config(problem, cpu); },
+          [](const AttentionProblem& problem, const AttentionConfig& config) -> Status {
+            FLASHJIT_TRY(render_cpu_attention(problem, config));
+            return ok_status();
+          },
+          [&cpu](const AttentionConfig& config, const AttentionProblem& problem) {
+            return check_cpu_config(config, problem, cpu);
+          }};
+}
+
+// The config to use: --config, else the target's default. A --config the template rejects is an
+// error; one that only exceeds the target's budget gets a warning on stderr, so that its source
+// and compile report can still be looked at.
 Result<AttentionConfig> choose_config(const ParsedFlags& flags, const AttentionProblem& problem,
-                                      const DeviceSpec& device, std::string_view command) {
+                                      const ConfigTarget& target, std::string_view command) {
   auto given = config_from_flags(flags);
   FLASHJIT_TRY(given);
   if (!*given) {
-    Result<AttentionConfig> def = default_for(problem, device);
+    Result<AttentionConfig> def = target.default_config(problem);
     if (def.ok()) FLASHJIT_TRY(apply_splits_flag(flags, *def));
     return def;
   }
   FLASHJIT_TRY(apply_splits_flag(flags, **given));
-  FLASHJIT_TRY(render_for(problem, **given, device));
-  Status legal = check_for(**given, problem, device);
+  FLASHJIT_TRY(target.renders(problem, **given));
+  Status legal = target.legal(**given, problem);
   if (!legal.ok()) {
     std::cerr << "flashjit " << command << ": warning: " << (*given)->to_string()
-              << " is not legal on " << device.arch_name() << ": " << legal.error().message << "\n";
+              << " is not legal on " << target.name << ": " << legal.error().message << "\n";
   }
   return **given;
 }
@@ -208,26 +241,6 @@ Result<bool> plans_for_cpu(const ParsedFlags& flags) {
   }
   if (flags.has("arch") || flags.has("device")) return false;
   return cuda::device_count() == 0 && gpu_device_count("hip") == 0;
-}
-
-// The CPU config to use: --config (a warning if it exceeds the cache budget), else the default.
-Result<AttentionConfig> choose_cpu_config(const ParsedFlags& flags, const AttentionProblem& problem,
-                                          const CpuSpec& cpu, std::string_view command) {
-  auto given = config_from_flags(flags);
-  FLASHJIT_TRY(given);
-  if (!*given) {
-    Result<AttentionConfig> def = default_cpu_config(problem, cpu);
-    if (def.ok()) FLASHJIT_TRY(apply_splits_flag(flags, *def));
-    return def;
-  }
-  FLASHJIT_TRY(apply_splits_flag(flags, **given));
-  FLASHJIT_TRY(render_cpu_attention(problem, **given));
-  Status legal = check_cpu_config(**given, problem, cpu);
-  if (!legal.ok()) {
-    std::cerr << "flashjit " << command << ": warning: " << (*given)->to_string()
-              << " is not legal on this CPU: " << legal.error().message << "\n";
-  }
-  return **given;
 }
 
 int run_plan(const ParsedFlags& flags) {
@@ -253,7 +266,7 @@ int run_show(const ParsedFlags& flags) {
   if (!on_cpu.ok()) return report("show", on_cpu.error());
   if (*on_cpu) {
     const CpuSpec cpu = cpu::host_cpu();
-    auto config = choose_cpu_config(flags, *problem, cpu, "show");
+    auto config = choose_config(flags, *problem, cpu_target(cpu), "show");
     if (!config.ok()) return report("show", config.error());
     auto source = render_cpu_attention(*problem, *config);
     if (!source.ok()) return report("show", source.error());
@@ -266,7 +279,7 @@ int run_show(const ParsedFlags& flags) {
   }
   auto device = resolve_device(flags);
   if (!device.ok()) return report("show", device.error());
-  auto config = choose_config(flags, *problem, *device, "show");
+  auto config = choose_config(flags, *problem, gpu_target(*device), "show");
   if (!config.ok()) return report("show", config.error());
   auto source = render_for(*problem, *config, *device);
   if (!source.ok()) return report("show", source.error());
@@ -381,7 +394,7 @@ int run_compile(const ParsedFlags& flags) {
                                               device->arch_name()));
     }
   } else {
-    auto config = choose_config(flags, *problem, *device, "compile");
+    auto config = choose_config(flags, *problem, gpu_target(*device), "compile");
     if (!config.ok()) return report("compile", config.error());
     configs.push_back(*config);
   }
@@ -687,9 +700,8 @@ int dispatch(const std::vector<std::string>& args) {
   }
   if (name == "--version") {
     std::cout << "flashjit " << FLASHJIT_VERSION << "\n"
-              << "generator " << generator_version() << " (tuning rows: cuda "
-              << generator_version_of("cuda|") << ", hip " << generator_version_of("hip|")
-              << ", cpu " << generator_version_of("cpu|") << ")\n"
+              << "generator " << generator_version()
+              << " (tuning rows: " << backend_generator_versions() << ")\n"
               << cuda::nvrtc_version() << "\n"
 #if FLASHJIT_HAVE_CPU_BACKEND
               << cpu::clang_version() << " (CPU backend)\n"

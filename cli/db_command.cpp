@@ -329,9 +329,7 @@ int run_ls(const Invocation& in, std::ostream& out, std::ostream& err) {
       << " choices";
   if (!shown.empty()) out << " (" << pass_counts(shown) << ")";
   if (device) out << " (this machine's)";
-  if (!all)
-    out << " (current generators: cuda " << generator_version_of("cuda|") << ", hip "
-        << generator_version_of("hip|") << ", cpu " << generator_version_of("cpu|") << ")";
+  if (!all) out << " (current generators: " << backend_generator_versions() << ")";
   out << "\n";
   std::string last_device;
   for (const TuningStore::Entry& entry : shown) {

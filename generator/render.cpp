@@ -88,14 +88,29 @@ const std::string& generator_version() {
 }
 
 const std::string& generator_version_of(std::string_view device) {
-  static const std::string cuda = version_of_templates("cuda");
-  static const std::string hip = version_of_templates("hip");
-  static const std::string cpu = version_of_templates("cpu");
+  static const std::array<std::string, kTemplateBackends.size()> versions = [] {
+    std::array<std::string, kTemplateBackends.size()> each;
+    for (size_t i = 0; i < kTemplateBackends.size(); ++i) {
+      each[i] = version_of_templates(kTemplateBackends[i]);
+    }
+    return each;
+  }();
   const std::string_view backend = device.substr(0, device.find('|'));
-  if (backend == "cuda") return cuda;
-  if (backend == "hip") return hip;
-  if (backend == "cpu") return cpu;
+  for (size_t i = 0; i < kTemplateBackends.size(); ++i) {
+    if (backend == kTemplateBackends[i]) return versions[i];
+  }
   return generator_version();
+}
+
+std::string backend_generator_versions() {
+  std::string text;
+  for (std::string_view backend : kTemplateBackends) {
+    if (!text.empty()) text += ", ";
+    text += backend;
+    text += ' ';
+    text += generator_version_of(std::string(backend) + "|");
+  }
+  return text;
 }
 
 namespace detail {

@@ -2,6 +2,7 @@
 // Pure text work; no device or compiler is touched here.
 #pragma once
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -133,5 +134,10 @@ Result<KernelSource> render_cpu_attention_backward(const AttentionProblem& probl
 // backends' tuned rows current; devices of another backend (test fakes) get generator_version().
 const std::string& generator_version();
 const std::string& generator_version_of(std::string_view device);
+// The backends with a template folder (and so a version) of their own: the first field of their
+// devices' strings ("cuda|...").
+inline constexpr std::array<std::string_view, 3> kTemplateBackends = {"cuda", "hip", "cpu"};
+// "cuda <version>, hip <version>, cpu <version>", as `flashjit --version` and `db ls` print them.
+std::string backend_generator_versions();
 
 }  // namespace flashjit

@@ -199,7 +199,7 @@ Status restamp_same_templates(const Database& impl) {
   Transaction transaction(impl);
   FLASHJIT_TRY(transaction.begin());
   for (const char* table : {"results", "choices"}) {
-    for (const char* backend : {"cuda", "hip", "cpu"}) {
+    for (std::string_view backend : kTemplateBackends) {
       const std::string prefix = std::string(backend) + "|";
       if (generator_version_of(prefix) == generator_version()) continue;
       std::string sql = "UPDATE OR IGNORE ";
@@ -659,7 +659,7 @@ Status TuningStore::clear(bool stale_only) {
   if (stale_only) {
     // Stale: not the generator version of the row's backend (generator_version_of).
     for (const char* table : {"results", "choices"}) {
-      for (const char* backend : {"cuda", "hip", "cpu"}) {
+      for (std::string_view backend : kTemplateBackends) {
         std::string sql = "DELETE FROM ";
         sql += table;
         sql += " WHERE substr(device, 1, ?) = ? AND generator != ?";
