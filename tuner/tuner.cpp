@@ -140,364 +140,401 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
   FLASHJIT_TRY(backend_.check_problem(problem));
   const DeviceSpec& device = backend_.device();
 
-  TuneReport report;
+  ProblemRun run{problem};
+  TuneReport& report = run.report;
   report.problem = problem;
   report.key = ProblemKey::of(problem);
-  const std::vector<AttentionConfig> configs = backend_.legal_configs(problem);
+  run.configs = backend_.legal_configs(problem);
   Result<AttentionConfig> default_cfg = backend_.default_config(problem);
 
-  TuneProgress progress;
-  progress.problem = &problem;
-  progress.problem_index = index;
-  progress.problem_count = count;
-  progress.steps = static_cast<int>(configs.size()) + 1;
+  run.progress.problem = &problem;
+  run.progress.problem_index = index;
+  run.progress.problem_count = count;
+  run.progress.steps = static_cast<int>(run.configs.size()) + 1;
   auto finish = [&]() {
     mark_inflight(report.key, nullptr);
     report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    TuneProgress done = progress;
+    TuneProgress done = run.progress;
     done.phase = TuneProgress::Phase::Done;
     done.step = done.steps;
     done.report = &report;
     notify(done);
-    return report;
+    return std::move(report);
   };
-  if (configs.empty() || !default_cfg.ok()) {
+  if (run.configs.empty() || !default_cfg.ok()) {
     report.note = "no legal config on " + device.name;
     if (!default_cfg.ok()) report.note += ": " + default_cfg.error().message;
     return finish();
   }
   report.default_config = *default_cfg;
-  const size_t default_index =
-      std::find(configs.begin(), configs.end(), *default_cfg) - configs.begin();
-  if (default_index == configs.size()) {  // an invariant of the generator
+  run.default_index =
+      std::find(run.configs.begin(), run.configs.end(), *default_cfg) - run.configs.begin();
+  if (run.default_index == run.configs.size()) {  // an invariant of the generator
     return make_error(ErrorCode::Unsupported, "default config " + default_cfg->to_string() +
                                                   " is not among the legal configs of " +
                                                   problem.to_string());
   }
 
-  // Results so far: from the store (resume), then measured.
-  std::vector<std::optional<TuneResult>> results(configs.size());
-  std::optional<TuneChoice> stored_choice;
-  if (store_ != nullptr && options_.resume) {
-    Result<std::vector<TuneResult>> rows = store_->results(fingerprint_, report.key);
-    if (!rows.ok()) return rows.error();
-    for (TuneResult& row : *rows) {
-      // Rows measured while the device was disturbed are measured again.
-      if (row.message.find(kDisturbedNote) != std::string::npos) continue;
-      auto at = std::find(configs.begin(), configs.end(), row.config);
-      if (at != configs.end()) results[at - configs.begin()] = std::move(row);
-    }
-  }
-  if (store_ != nullptr) {  // resumed, or kept when this run's timings are unstable
-    Result<std::optional<TuneChoice>> choice = store_->choice(fingerprint_, report.key);
-    if (!choice.ok()) return choice.error();
-    stored_choice = choice.value();
-  }
-  for (size_t i = 0; i < configs.size(); ++i) {
-    if (results[i]) results[i]->is_default = i == default_index;
-  }
-  const bool all_recorded =
-      std::all_of(results.begin(), results.end(), [](const auto& r) { return r.has_value(); });
-  if (stored_choice && all_recorded) {
-    report.resumed = true;
-    for (auto& result : results) report.results.push_back(*result);
-    report.choice = stored_choice;
-    const TuneResult& def = report.results[default_index];
-    report.default_ms = def.status == TuneStatus::Timed ? def.median_ms : stored_choice->default_ms;
-    report.kept_default = false;
-    if (stored_choice->config == *default_cfg) {
-      for (const TuneResult& r : report.results) {
-        if (r.status == TuneStatus::Timed && r.median_ms < report.default_ms) {
-          report.kept_default = true;
-        }
-      }
-    }
-    report.note = "from the store";
-    return finish();
-  }
+  FLASHJIT_TRY(load_stored(run));
+  if (resumed(run)) return finish();
 
   // Compiles for this problem (tune_all queued them already; this is a no-op then).
   slot(problem, *default_cfg);
-  for (size_t i = 0; i < configs.size(); ++i) {
-    if (!results[i]) slot(problem, configs[i]);
+  for (size_t i = 0; i < run.configs.size(); ++i) {
+    if (!run.results[i]) slot(problem, run.configs[i]);
   }
-
   FLASHJIT_TRY(ensure_buffers(problem));
-  std::vector<AttentionArgs> sets;
-  for (const DeviceTensors& set : buffers_->sets) sets.push_back(set.args);
+  for (const DeviceTensors& set : buffers_->sets) run.sets.push_back(set.args);
+  run.batch_ms = options_.min_time_ms / options_.min_samples;
+  run.samples.resize(run.configs.size());
 
-  const double batch_ms = options_.min_time_ms / options_.min_samples;
-  std::vector<std::vector<double>> samples(configs.size());
-  double best_ms = 0;
-  for (const auto& r : results) {
-    if (r && r->status == TuneStatus::Timed && (best_ms == 0 || r->median_ms < best_ms)) {
-      best_ms = r->median_ms;
+  FLASHJIT_TRY(first_pass(run));
+  const std::vector<size_t> candidates = retime_candidates(run);
+  if (candidates.size() >= 2) FLASHJIT_TRY(retime_until_stable(run, candidates));
+  FLASHJIT_TRY(decide(run));
+  return finish();
+}
+
+// Results so far from the store (resume; rows measured while the device was disturbed are
+// measured again), and the stored choice (resumed, or kept when this run's timings are unstable).
+Status Tuner::load_stored(ProblemRun& run) {
+  run.results.assign(run.configs.size(), std::nullopt);
+  if (store_ == nullptr) return ok_status();
+  if (options_.resume) {
+    Result<std::vector<TuneResult>> rows = store_->results(fingerprint_, run.report.key);
+    if (!rows.ok()) return rows.error();
+    for (TuneResult& row : *rows) {
+      if (row.message.find(kDisturbedNote) != std::string::npos) continue;
+      auto at = std::find(run.configs.begin(), run.configs.end(), row.config);
+      if (at != run.configs.end()) run.results[at - run.configs.begin()] = std::move(row);
     }
   }
+  Result<std::optional<TuneChoice>> choice = store_->choice(fingerprint_, run.report.key);
+  if (!choice.ok()) return choice.error();
+  run.stored_choice = choice.value();
+  for (size_t i = 0; i < run.configs.size(); ++i) {
+    if (run.results[i]) run.results[i]->is_default = i == run.default_index;
+  }
+  for (const auto& r : run.results) {
+    if (r && r->status == TuneStatus::Timed && (run.best_ms == 0 || r->median_ms < run.best_ms)) {
+      run.best_ms = r->median_ms;
+    }
+  }
+  return ok_status();
+}
 
-  // Default first (it is the yardstick of the abandon rule), then the legal order.
-  std::vector<size_t> order{default_index};
-  for (size_t i = 0; i < configs.size(); ++i) {
-    if (i != default_index) order.push_back(i);
+// True when the store has every config's result and a choice: the report is made from them.
+bool Tuner::resumed(ProblemRun& run) const {
+  const bool all_recorded = std::all_of(run.results.begin(), run.results.end(),
+                                        [](const auto& r) { return r.has_value(); });
+  if (!run.stored_choice || !all_recorded) return false;
+  TuneReport& report = run.report;
+  report.resumed = true;
+  for (auto& result : run.results) report.results.push_back(*result);
+  report.choice = run.stored_choice;
+  const TuneResult& def = report.results[run.default_index];
+  report.default_ms =
+      def.status == TuneStatus::Timed ? def.median_ms : run.stored_choice->default_ms;
+  report.kept_default = false;
+  if (run.stored_choice->config == report.default_config) {
+    for (const TuneResult& r : report.results) {
+      if (r.status == TuneStatus::Timed && r.median_ms < report.default_ms) {
+        report.kept_default = true;
+      }
+    }
+  }
+  report.note = "from the store";
+  return true;
+}
+
+// Every config not yet measured, verified then timed: the default first (it is the yardstick of
+// the abandon rule), then the legal order. Each result is recorded as it is measured.
+Status Tuner::first_pass(ProblemRun& run) {
+  std::vector<size_t> order{run.default_index};
+  for (size_t i = 0; i < run.configs.size(); ++i) {
+    if (i != run.default_index) order.push_back(i);
   }
   int step = 0;
   for (size_t i : order) {
-    progress.step = step;
-    if (!results[i] && fault_of(report.key, configs[i]) != nullptr) {
-      TuneResult failed;
-      failed.config = configs[i];
-      failed.is_default = i == default_index;
-      failed.status = TuneStatus::LaunchFailed;
-      failed.message = "a tuning worker died running it: " + fault_of(report.key, configs[i])->why;
-      FLASHJIT_TRY(record(report.key, failed));
-      results[i] = std::move(failed);
-    }
-    if (!results[i]) {
-      std::shared_ptr<Slot> s = slot(problem, configs[i]);
-      Result<TuneResult> prepared = prepare_kernel(*s, problem, progress, report.key);
-      if (!prepared.ok()) {  // the device is unusable after its verification launch (the in-flight
-                             // mark stays, for the supervisor)
-        TuneResult failed;
-        failed.config = configs[i];
-        failed.is_default = i == default_index;
-        failed.status = TuneStatus::LaunchFailed;
-        failed.message = "left the device unusable: " + prepared.error().describe();
-        FLASHJIT_TRY(record(report.key, failed));
-        return prepared.error();
-      }
-      mark_inflight(report.key, nullptr);  // waits follow: compiles, the device's lock
-      TuneResult result = std::move(prepared.value());
-      result.is_default = i == default_index;
-      if (result.status == TuneStatus::Timed) {
-        // On the CPU the compiler would take a core from the kernel being timed.
-        if (backend_.compiles_share_the_device()) wait_for_compiles();
-        Rotation rotation(*s->kernel, problem, sets);
-        const std::function<Status()> work = std::ref(rotation);
-        Measurement m;
-        Result<DeviceLock::Guard> held = hold_device();
-        if (!held.ok()) return held.error();
-        mark_inflight(report.key, &configs[i]);
-        Result<int> reps = warm_up(backend_, work, options_.warmup_ms, batch_ms);
-        Status status = reps.ok() ? ok_status() : Status(reps.error());
-        if (reps.ok()) m.reps = *reps;
-        double total_ms = 0;
-        while (status.ok()) {
-          Result<double> sample = backend_.time_ms(work, m.reps);
-          if (!sample.ok()) {
-            status = sample.error();
-            break;
-          }
-          m.samples.push_back(*sample);
-          total_ms += *sample * m.reps;
-          const int n = static_cast<int>(m.samples.size());
-          if (n >= options_.max_samples) break;
-          if (n >= options_.min_samples && total_ms >= options_.min_time_ms) break;
-          if (n >= kMinSamplesOfLongLaunches && total_ms >= options_.max_time_ms) break;
-          if (n >= kAbandonAfterSamples && best_ms > 0 && options_.abandon_factor > 0 &&
-              median_of(m.samples) > options_.abandon_factor * best_ms) {
-            m.abandoned = true;
-            break;
-          }
-        }
-        held->release();
-        if (!status.ok()) {
-          result.status = TuneStatus::LaunchFailed;
-          result.message = "timing: " + status.error().describe();
-          if (Status health = device_health(configs[i].to_string() + " failed to launch");
-              !health.ok()) {
-            append_note(result.message, "left the device unusable");
-            FLASHJIT_TRY(record(report.key, result));
-            return health.error();
-          }
-        } else {
-          result.median_ms = median_of(m.samples);
-          result.min_ms = *std::min_element(m.samples.begin(), m.samples.end());
-          result.max_ms = *std::max_element(m.samples.begin(), m.samples.end());
-          result.repetitions = static_cast<int>(m.samples.size()) * m.reps;
-          result.tflops = tflops_of(problem, result.median_ms);
-          if (m.abandoned) append_note(result.message, "stopped early: slower than the best");
-          samples[i] = std::move(m.samples);
-          if (best_ms == 0 || result.median_ms < best_ms) best_ms = result.median_ms;
-        }
-        mark_inflight(report.key, nullptr);
-      }
-      FLASHJIT_TRY(record(report.key, result));
-      results[i] = std::move(result);
-    }
-    progress.step = ++step;
-    TuneProgress timed = progress;
+    run.progress.step = step;
+    if (!run.results[i]) FLASHJIT_TRY(measure(run, i));
+    run.progress.step = ++step;
+    TuneProgress timed = run.progress;
     timed.phase = TuneProgress::Phase::Timing;
-    timed.result = &*results[i];
+    timed.result = &*run.results[i];
     notify(timed);
   }
+  return ok_status();
+}
 
-  // Re-time the top configs and the default, interleaved.
-  std::vector<size_t> timed;
-  for (size_t i = 0; i < configs.size(); ++i) {
-    if (results[i]->status == TuneStatus::Timed) timed.push_back(i);
+// One config of the first pass: a config a previous worker died running is recorded failed
+// without a launch; else verified, then timed alone on the device. An Error only when the device
+// is unusable (after recording the config that made it so).
+Status Tuner::measure(ProblemRun& run, size_t i) {
+  const AttentionConfig& config = run.configs[i];
+  const ProblemKey& key = run.report.key;
+  if (const TuneOptions::Fault* fault = fault_of(key, config)) {
+    TuneResult died =
+        failed(config, TuneStatus::LaunchFailed, "a tuning worker died running it: " + fault->why);
+    died.is_default = i == run.default_index;
+    FLASHJIT_TRY(record(key, died));
+    run.results[i] = std::move(died);
+    return ok_status();
   }
-  std::sort(timed.begin(), timed.end(),
-            [&](size_t a, size_t b) { return results[a]->median_ms < results[b]->median_ms; });
-  std::vector<size_t> candidates(
-      timed.begin(), timed.begin() + std::min<size_t>(timed.size(), options_.retime_top));
-  const bool default_timed = results[default_index]->status == TuneStatus::Timed;
-  if (default_timed &&
-      std::find(candidates.begin(), candidates.end(), default_index) == candidates.end()) {
-    candidates.push_back(default_index);
+  std::shared_ptr<Slot> s = slot(run.problem, config);
+  Result<TuneResult> prepared = prepare_kernel(*s, run.problem, run.progress, key);
+  if (!prepared.ok()) {  // the device is unusable after its verification launch (the in-flight
+                         // mark stays, for the supervisor)
+    TuneResult lost = failed(config, TuneStatus::LaunchFailed,
+                             "left the device unusable: " + prepared.error().describe());
+    lost.is_default = i == run.default_index;
+    FLASHJIT_TRY(record(key, lost));
+    return prepared.error();
   }
-  std::vector<size_t> retimed;  // candidates with re-timed samples
-  // One re-time: the candidates' batches round-robin, holding the device.
-  auto retime = [&]() -> Status {
-    retimed.clear();
-    TuneProgress retiming = progress;
-    retiming.phase = TuneProgress::Phase::Retiming;
-    notify(retiming);
-
-    struct Candidate {
-      size_t index;
-      std::shared_ptr<Slot> slot;
-      std::unique_ptr<Rotation> rotation;
-      std::function<Status()> work;
-      int reps = 1;
-      std::vector<double> samples;
-      double total_ms = 0;
-      bool failed = false;
-    };
-    std::vector<Candidate> runs;
-    for (size_t i : candidates) {
-      Candidate run;
-      run.index = i;
-      run.slot = slot(problem, configs[i]);
-      Result<TuneResult> prepared = prepare_kernel(*run.slot, problem, progress, report.key);
-      if (!prepared.ok()) return prepared.error();
-      mark_inflight(report.key, nullptr);
-      if (prepared->status != TuneStatus::Timed) {  // recorded as timed, fails now
-        TuneResult result = std::move(prepared.value());
-        result.is_default = i == default_index;
-        FLASHJIT_TRY(record(report.key, result));
-        results[i] = std::move(result);
-        continue;
-      }
-      run.rotation = std::make_unique<Rotation>(*run.slot->kernel, problem, sets);
-      run.work = std::ref(*run.rotation);
-      runs.push_back(std::move(run));
-    }
+  mark_inflight(key, nullptr);  // waits follow: compiles, the device's lock
+  TuneResult result = std::move(prepared.value());
+  result.is_default = i == run.default_index;
+  if (result.status == TuneStatus::Timed) {
+    // On the CPU the compiler would take a core from the kernel being timed.
+    if (backend_.compiles_share_the_device()) wait_for_compiles();
+    Rotation rotation(*s->kernel, run.problem, run.sets);
+    const std::function<Status()> work = std::ref(rotation);
+    Measurement m;
     Result<DeviceLock::Guard> held = hold_device();
     if (!held.ok()) return held.error();
-    for (Candidate& run : runs) {
-      mark_inflight(report.key, &configs[run.index]);
-      Result<int> reps = warm_up(backend_, run.work, options_.warmup_ms, batch_ms);
-      if (reps.ok()) {
-        run.reps = *reps;
-      } else {
-        FLASHJIT_TRY(device_health(configs[run.index].to_string() + " failed to launch"));
-        run.failed = true;
-        results[run.index]->status = TuneStatus::LaunchFailed;
-        results[run.index]->message = "re-time: " + reps.error().describe();
-      }
-    }
-    for (int round = 0; round < options_.max_samples; ++round) {
-      bool enough = round >= options_.min_samples;
-      bool long_enough = round + 1 >= kMinSamplesOfLongLaunches;  // samples after this round
-      for (Candidate& run : runs) {
-        if (run.failed) continue;
-        mark_inflight(report.key, &configs[run.index]);
-        Result<double> sample = backend_.time_ms(run.work, run.reps);
-        if (!sample.ok()) {
-          FLASHJIT_TRY(device_health(configs[run.index].to_string() + " failed to launch"));
-          run.failed = true;
-          results[run.index]->status = TuneStatus::LaunchFailed;
-          results[run.index]->message = "re-time: " + sample.error().describe();
-          continue;
-        }
-        run.samples.push_back(*sample);
-        run.total_ms += *sample * run.reps;
-        if (run.total_ms < options_.min_time_ms) enough = false;
-        if (run.total_ms < options_.max_time_ms) long_enough = false;
-      }
-      if (enough || long_enough) break;
-    }
-    mark_inflight(report.key, nullptr);
-    for (Candidate& run : runs) {
-      TuneResult& result = *results[run.index];
-      if (!run.failed && !run.samples.empty()) {
-        result.median_ms = median_of(run.samples);
-        result.min_ms = *std::min_element(run.samples.begin(), run.samples.end());
-        result.max_ms = *std::max_element(run.samples.begin(), run.samples.end());
-        result.repetitions = static_cast<int>(run.samples.size()) * run.reps;
-        result.tflops = tflops_of(problem, result.median_ms);
-        append_note(result.message, "re-timed");
-        samples[run.index] = std::move(run.samples);
-        retimed.push_back(run.index);
-      }
-      FLASHJIT_TRY(record(report.key, result));
-    }
-    return ok_status();
-  };
-  if (candidates.size() >= 2) {
-    // The disturbance check: the default's median against its previous one (first pass or
-    // store, then the previous re-time).
-    double previous_ms = default_timed ? results[default_index]->median_ms : 0;
-    std::vector<double> previous_samples = samples[default_index];
-    std::string medians = previous_ms > 0 ? std::to_string(previous_ms) : "";
-    bool stable = false;
-    for (int round = 0; round < options_.max_retimes && !stable; ++round) {
-      FLASHJIT_TRY(retime());
-      const bool checked = previous_ms > 0 && std::find(retimed.begin(), retimed.end(),
-                                                        default_index) != retimed.end();
-      if (!checked) {
-        stable = true;
+    mark_inflight(key, &config);
+    Result<int> reps = warm_up(backend_, work, options_.warmup_ms, run.batch_ms);
+    Status status = reps.ok() ? ok_status() : Status(reps.error());
+    if (reps.ok()) m.reps = *reps;
+    double total_ms = 0;
+    while (status.ok()) {
+      Result<double> sample = backend_.time_ms(work, m.reps);
+      if (!sample.ok()) {
+        status = sample.error();
         break;
       }
-      const double now_ms = results[default_index]->median_ms;
-      const double noise = std::max({options_.disturbance_tolerance * previous_ms,
-                                     interquartile_range(previous_samples),
-                                     interquartile_range(samples[default_index])});
-      medians += ", " + std::to_string(now_ms);
-      stable = std::abs(now_ms - previous_ms) <= noise;
-      previous_ms = now_ms;
-      previous_samples = samples[default_index];
-    }
-    if (!stable) {
-      report.disturbed = true;
-      report.note =
-          "timings unstable (something else used " + backend_.device().name + "): the default " +
-          configs[default_index].to_string() + " measured " + medians + " ms; " +
-          (stored_choice ? "the stored choice " + stored_choice->config.to_string() + " is kept"
-                         : std::string("the default is stored as the choice")) +
-          "; tune again when the device is quiet";
-      message("flashjit tune: " + problem.to_string() + ": " + report.note);
-      // Every timing of this problem is suspect: the next run measures them again.
-      for (auto& result : results) {
-        if (result->status != TuneStatus::Timed) continue;
-        append_note(result->message, kDisturbedNote);
-        FLASHJIT_TRY(record(report.key, *result));
+      m.samples.push_back(*sample);
+      total_ms += *sample * m.reps;
+      const int n = static_cast<int>(m.samples.size());
+      if (n >= options_.max_samples) break;
+      if (n >= options_.min_samples && total_ms >= options_.min_time_ms) break;
+      if (n >= kMinSamplesOfLongLaunches && total_ms >= options_.max_time_ms) break;
+      if (n >= kAbandonAfterSamples && run.best_ms > 0 && options_.abandon_factor > 0 &&
+          median_of(m.samples) > options_.abandon_factor * run.best_ms) {
+        m.abandoned = true;
+        break;
       }
     }
+    held->release();
+    if (!status.ok()) {
+      result.status = TuneStatus::LaunchFailed;
+      result.message = "timing: " + status.error().describe();
+      if (Status health = device_health(config.to_string() + " failed to launch"); !health.ok()) {
+        append_note(result.message, "left the device unusable");
+        FLASHJIT_TRY(record(key, result));
+        return health.error();
+      }
+    } else {
+      result.median_ms = median_of(m.samples);
+      result.min_ms = *std::min_element(m.samples.begin(), m.samples.end());
+      result.max_ms = *std::max_element(m.samples.begin(), m.samples.end());
+      result.repetitions = static_cast<int>(m.samples.size()) * m.reps;
+      result.tflops = tflops_of(run.problem, result.median_ms);
+      if (m.abandoned) append_note(result.message, "stopped early: slower than the best");
+      run.samples[i] = std::move(m.samples);
+      if (run.best_ms == 0 || result.median_ms < run.best_ms) run.best_ms = result.median_ms;
+    }
+    mark_inflight(key, nullptr);
   }
+  FLASHJIT_TRY(record(key, result));
+  run.results[i] = std::move(result);
+  return ok_status();
+}
 
-  // The decision: the fastest re-timed config (measured side by side), else the fastest.
-  std::optional<size_t> best;
-  for (size_t i = 0; i < configs.size(); ++i) {
-    if (results[i]->status != TuneStatus::Timed) continue;
-    if (!retimed.empty() && std::find(retimed.begin(), retimed.end(), i) == retimed.end()) continue;
-    if (!best || results[i]->median_ms < results[*best]->median_ms) best = i;
+// The configs re-timed side by side: the fastest retime_top of the first pass and the default.
+std::vector<size_t> Tuner::retime_candidates(const ProblemRun& run) const {
+  std::vector<size_t> timed;
+  for (size_t i = 0; i < run.configs.size(); ++i) {
+    if (run.results[i]->status == TuneStatus::Timed) timed.push_back(i);
   }
-  for (auto& result : results) report.results.push_back(std::move(*result));
+  std::sort(timed.begin(), timed.end(), [&](size_t a, size_t b) {
+    return run.results[a]->median_ms < run.results[b]->median_ms;
+  });
+  std::vector<size_t> candidates(
+      timed.begin(), timed.begin() + std::min<size_t>(timed.size(), options_.retime_top));
+  if (run.results[run.default_index]->status == TuneStatus::Timed &&
+      std::find(candidates.begin(), candidates.end(), run.default_index) == candidates.end()) {
+    candidates.push_back(run.default_index);
+  }
+  return candidates;
+}
+
+// One re-time: the candidates' batches round-robin, holding the device; their results replaced
+// by the re-timed medians (run.retimed: the candidates that got samples).
+Status Tuner::retime(ProblemRun& run, const std::vector<size_t>& candidates) {
+  const ProblemKey& key = run.report.key;
+  run.retimed.clear();
+  TuneProgress retiming = run.progress;
+  retiming.phase = TuneProgress::Phase::Retiming;
+  notify(retiming);
+
+  struct Candidate {
+    size_t index;
+    std::shared_ptr<Slot> slot;
+    std::unique_ptr<Rotation> rotation;
+    std::function<Status()> work;
+    int reps = 1;
+    std::vector<double> samples;
+    double total_ms = 0;
+    bool failed = false;
+  };
+  std::vector<Candidate> runs;
+  for (size_t i : candidates) {
+    Candidate candidate;
+    candidate.index = i;
+    candidate.slot = slot(run.problem, run.configs[i]);
+    Result<TuneResult> prepared = prepare_kernel(*candidate.slot, run.problem, run.progress, key);
+    if (!prepared.ok()) return prepared.error();
+    mark_inflight(key, nullptr);
+    if (prepared->status != TuneStatus::Timed) {  // recorded as timed, fails now
+      TuneResult result = std::move(prepared.value());
+      result.is_default = i == run.default_index;
+      FLASHJIT_TRY(record(key, result));
+      run.results[i] = std::move(result);
+      continue;
+    }
+    candidate.rotation = std::make_unique<Rotation>(*candidate.slot->kernel, run.problem, run.sets);
+    candidate.work = std::ref(*candidate.rotation);
+    runs.push_back(std::move(candidate));
+  }
+  Result<DeviceLock::Guard> held = hold_device();
+  if (!held.ok()) return held.error();
+  for (Candidate& c : runs) {
+    mark_inflight(key, &run.configs[c.index]);
+    Result<int> reps = warm_up(backend_, c.work, options_.warmup_ms, run.batch_ms);
+    if (reps.ok()) {
+      c.reps = *reps;
+    } else {
+      FLASHJIT_TRY(device_health(run.configs[c.index].to_string() + " failed to launch"));
+      c.failed = true;
+      run.results[c.index]->status = TuneStatus::LaunchFailed;
+      run.results[c.index]->message = "re-time: " + reps.error().describe();
+    }
+  }
+  for (int round = 0; round < options_.max_samples; ++round) {
+    bool enough = round >= options_.min_samples;
+    bool long_enough = round + 1 >= kMinSamplesOfLongLaunches;  // samples after this round
+    for (Candidate& c : runs) {
+      if (c.failed) continue;
+      mark_inflight(key, &run.configs[c.index]);
+      Result<double> sample = backend_.time_ms(c.work, c.reps);
+      if (!sample.ok()) {
+        FLASHJIT_TRY(device_health(run.configs[c.index].to_string() + " failed to launch"));
+        c.failed = true;
+        run.results[c.index]->status = TuneStatus::LaunchFailed;
+        run.results[c.index]->message = "re-time: " + sample.error().describe();
+        continue;
+      }
+      c.samples.push_back(*sample);
+      c.total_ms += *sample * c.reps;
+      if (c.total_ms < options_.min_time_ms) enough = false;
+      if (c.total_ms < options_.max_time_ms) long_enough = false;
+    }
+    if (enough || long_enough) break;
+  }
+  mark_inflight(key, nullptr);
+  for (Candidate& c : runs) {
+    TuneResult& result = *run.results[c.index];
+    if (!c.failed && !c.samples.empty()) {
+      result.median_ms = median_of(c.samples);
+      result.min_ms = *std::min_element(c.samples.begin(), c.samples.end());
+      result.max_ms = *std::max_element(c.samples.begin(), c.samples.end());
+      result.repetitions = static_cast<int>(c.samples.size()) * c.reps;
+      result.tflops = tflops_of(run.problem, result.median_ms);
+      append_note(result.message, "re-timed");
+      run.samples[c.index] = std::move(c.samples);
+      run.retimed.push_back(c.index);
+    }
+    FLASHJIT_TRY(record(key, result));
+  }
+  return ok_status();
+}
+
+// The disturbance check: re-times until the default's median agrees with its previous one (first
+// pass or store, then the previous re-time) within the noise, at most max_retimes times. When it
+// never does, the report says so and every timing is noted "disturbed" (measured again next run).
+Status Tuner::retime_until_stable(ProblemRun& run, const std::vector<size_t>& candidates) {
+  const size_t d = run.default_index;
+  const bool default_timed = run.results[d]->status == TuneStatus::Timed;
+  double previous_ms = default_timed ? run.results[d]->median_ms : 0;
+  std::vector<double> previous_samples = run.samples[d];
+  std::string medians = previous_ms > 0 ? std::to_string(previous_ms) : "";
+  bool stable = false;
+  for (int round = 0; round < options_.max_retimes && !stable; ++round) {
+    FLASHJIT_TRY(retime(run, candidates));
+    const bool checked = previous_ms > 0 &&
+                         std::find(run.retimed.begin(), run.retimed.end(), d) != run.retimed.end();
+    if (!checked) {
+      stable = true;
+      break;
+    }
+    const double now_ms = run.results[d]->median_ms;
+    const double noise =
+        std::max({options_.disturbance_tolerance * previous_ms,
+                  interquartile_range(previous_samples), interquartile_range(run.samples[d])});
+    medians += ", " + std::to_string(now_ms);
+    stable = std::abs(now_ms - previous_ms) <= noise;
+    previous_ms = now_ms;
+    previous_samples = run.samples[d];
+  }
+  if (stable) return ok_status();
+  TuneReport& report = run.report;
+  report.disturbed = true;
+  report.note =
+      "timings unstable (something else used " + backend_.device().name + "): the default " +
+      run.configs[d].to_string() + " measured " + medians + " ms; " +
+      (run.stored_choice ? "the stored choice " + run.stored_choice->config.to_string() + " is kept"
+                         : std::string("the default is stored as the choice")) +
+      "; tune again when the device is quiet";
+  message("flashjit tune: " + run.problem.to_string() + ": " + report.note);
+  // Every timing of this problem is suspect: the next run measures them again.
+  for (auto& result : run.results) {
+    if (result->status != TuneStatus::Timed) continue;
+    append_note(result->message, kDisturbedNote);
+    FLASHJIT_TRY(record(report.key, *result));
+  }
+  return ok_status();
+}
+
+// The decision: the fastest re-timed config (measured side by side), else the fastest; the
+// default unless the winner beats it beyond the noise; no choice from disturbed timings (the
+// stored one stays, or the default is stored).
+Status Tuner::decide(ProblemRun& run) {
+  TuneReport& report = run.report;
+  const size_t d = run.default_index;
+  std::optional<size_t> best;
+  for (size_t i = 0; i < run.configs.size(); ++i) {
+    if (run.results[i]->status != TuneStatus::Timed) continue;
+    if (!run.retimed.empty() &&
+        std::find(run.retimed.begin(), run.retimed.end(), i) == run.retimed.end())
+      continue;
+    if (!best || run.results[i]->median_ms < run.results[*best]->median_ms) best = i;
+  }
+  for (auto& result : run.results) report.results.push_back(std::move(*result));
   if (!best) {
     report.note = "no config passed verification and timing";
-    return finish();
+    return ok_status();
   }
   size_t chosen = *best;
-  const TuneResult& def = report.results[default_index];
+  const TuneResult& def = report.results[d];
   if (def.status == TuneStatus::Timed) {
     report.default_ms = def.median_ms;
-    if (chosen != default_index) {
+    if (chosen != d) {
       report.noise_ms =
-          std::max({options_.min_gain * def.median_ms, interquartile_range(samples[chosen]),
-                    interquartile_range(samples[default_index])});
+          std::max({options_.min_gain * def.median_ms, interquartile_range(run.samples[chosen]),
+                    interquartile_range(run.samples[d])});
       if (def.median_ms - report.results[chosen].median_ms <= report.noise_ms) {
-        chosen = default_index;
+        chosen = d;
         report.kept_default = true;
       }
     }
@@ -505,29 +542,23 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
     report.note =
         "the default config " + report.default_config.to_string() + " " + to_string(def.status);
   }
-  if (report.disturbed) {
-    // No choice from noise: the stored one stays, or the default is stored. The rows noted
-    // "disturbed" are measured again by the next run (resume skips them).
-    if (stored_choice) {
-      report.choice = stored_choice;
-    } else {
-      TuneChoice fallback;
-      fallback.config = configs[default_index];
-      fallback.median_ms = report.default_ms;
-      fallback.default_ms = report.default_ms;
-      if (store_ != nullptr) FLASHJIT_TRY(store_->choose(fingerprint_, report.key, fallback));
-      report.choice = fallback;
-    }
-    report.kept_default = false;
-    return finish();
-  }
   TuneChoice choice;
-  choice.config = configs[chosen];
-  choice.median_ms = report.results[chosen].median_ms;
+  if (report.disturbed) {
+    report.kept_default = false;
+    if (run.stored_choice) {
+      report.choice = run.stored_choice;
+      return ok_status();
+    }
+    choice.config = run.configs[d];
+    choice.median_ms = report.default_ms;
+  } else {
+    choice.config = run.configs[chosen];
+    choice.median_ms = report.results[chosen].median_ms;
+  }
   choice.default_ms = report.default_ms;
   if (store_ != nullptr) FLASHJIT_TRY(store_->choose(fingerprint_, report.key, choice));
   report.choice = choice;
-  return finish();
+  return ok_status();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -188,7 +188,19 @@ class Tuner {
   struct Slot;
   struct Buffers;
 
+  struct ProblemRun;
+
+  // One problem: the phases below, in order (tuner.cpp).
   Result<TuneReport> tune_one(const AttentionProblem& problem, size_t index, size_t count);
+  Status load_stored(ProblemRun& run);
+  bool resumed(ProblemRun& run) const;
+  Status first_pass(ProblemRun& run);
+  Status measure(ProblemRun& run, size_t index);
+  std::vector<size_t> retime_candidates(const ProblemRun& run) const;
+  Status retime(ProblemRun& run, const std::vector<size_t>& candidates);
+  Status retime_until_stable(ProblemRun& run, const std::vector<size_t>& candidates);
+  Status decide(ProblemRun& run);
+
   std::shared_ptr<Slot> slot(const AttentionProblem& problem, const AttentionConfig& config);
   void compile_loop();
   void compile(Slot& slot);

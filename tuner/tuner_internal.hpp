@@ -61,6 +61,22 @@ namespace flashjit {
 // ---------------------------------------------------------------------------------------------
 // State the tuner keeps between problems.
 
+// One problem's tuning: what Tuner::tune_one's phases share.
+struct Tuner::ProblemRun {
+  const AttentionProblem& problem;
+  TuneReport report;
+  std::vector<AttentionConfig> configs;            // legal, in the generator's order
+  size_t default_index = 0;                        // of the default in configs
+  std::vector<std::optional<TuneResult>> results;  // by config: from the store, or measured
+  std::vector<std::vector<double>> samples;        // by config: this run's timed samples
+  std::optional<TuneChoice> stored_choice;
+  std::vector<AttentionArgs> sets;  // timing inputs, rotated between launches
+  double batch_ms = 0;              // the length of one timed batch
+  double best_ms = 0;               // the fastest median so far (the abandon rule's yardstick)
+  std::vector<size_t> retimed;      // configs the last re-time measured side by side
+  TuneProgress progress;
+};
+
 // One kernel: compiled by a pool thread, then loaded and verified by the tuning thread.
 struct Tuner::Slot {
   AttentionProblem problem;  // the first problem that needed it (render input)
