@@ -118,15 +118,22 @@ TEST(Variant, KeyNamesEverythingCompiledIn) {
   EXPECT_FALSE(ProblemKey::of(windowed).is_stored());  // not a DB column yet: the default
 }
 
-TEST(Variant, OnlyTheMmaFamilyAndTheCpuTakeVariants) {
+TEST(Variant, TheMmaAndWgmmaFamiliesAndTheCpuTakeVariants) {
   Variant v;
   v.window_left = 256;
   const AttentionProblem p = problem_with(v);
   const DeviceSpec h100 = known_device("sm90").value();
   const std::vector<AttentionConfig> legal = legal_configs(p, h100);
   ASSERT_FALSE(legal.empty());
-  for (const AttentionConfig& c : legal) EXPECT_EQ(c.family, KernelFamily::Mma) << c.to_string();
-  EXPECT_EQ(default_config(p, h100).value().family, KernelFamily::Mma);
+  bool wgmma = false;
+  for (const AttentionConfig& c : legal) {
+    EXPECT_TRUE(c.family == KernelFamily::Mma || c.family == KernelFamily::Wgmma) << c.to_string();
+    wgmma = wgmma || c.family == KernelFamily::Wgmma;
+  }
+  EXPECT_TRUE(wgmma);
+  // The wgmma family is sm90's default for variants as for plain problems (-ws aside).
+  EXPECT_EQ(default_config(p, h100).value().family, KernelFamily::Wgmma);
+  EXPECT_EQ(default_config(p, known_device("sm80").value()).value().family, KernelFamily::Mma);
   const Status ws = check_config(AttentionConfig::parse("m128n128w12s2-ws").value(), p, h100);
   ASSERT_FALSE(ws.ok());
   EXPECT_EQ(ws.error().code, ErrorCode::Unsupported);
@@ -173,10 +180,17 @@ TEST(Variant, PlainSourcesAreUnchangedAndVariantsOnlyAddTheirPrelude) {
   }
   EXPECT_EQ(without_prelude(cuda_variant->text, variant), cuda_plain->text);
   EXPECT_EQ(without_prelude(cpu_variant->text, variant), cpu_plain->text);
-  // The other families' and the backward's plain sources carry no variant either.
+  // The wgmma family likewise.
+  const AttentionConfig wgmma = AttentionConfig::parse("m128n64w8s2-wgmma").value();
+  const Result<KernelSource> wgmma_plain = render_cuda_attention(plain, wgmma);
+  const Result<KernelSource> wgmma_variant = render_cuda_attention(variant, wgmma);
+  ASSERT_TRUE(wgmma_plain.ok() && wgmma_variant.ok());
+  EXPECT_EQ(wgmma_plain->text.find("#define FLASHJIT_VARIANT"), std::string::npos);
+  EXPECT_EQ(without_prelude(wgmma_variant->text, variant), wgmma_plain->text);
+  // The -ws family's and the backward's plain sources carry no variant either.
   const DeviceSpec h100 = known_device("sm90").value();
   for (const AttentionConfig& c : legal_configs(plain, h100)) {
-    if (c.family == KernelFamily::Mma) continue;
+    if (c.family != KernelFamily::Ws) continue;
     const Result<KernelSource> s = render_cuda_attention(plain, c);
     ASSERT_TRUE(s.ok()) << c.to_string();
     EXPECT_EQ(s->text.find("FLASHJIT_VARIANT"), std::string::npos) << c.to_string();
