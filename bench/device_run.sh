@@ -314,7 +314,7 @@ fi
 
 if [[ "$what" == variants ]]; then
   echo "== variant GPU tests (runtime_cuda_variant_test${ctest_regex:+, filter $ctest_regex})"
-  if ! timeout 150 build-device/tests/runtime_cuda_variant_test \
+  if ! timeout 120 build-device/tests/runtime_cuda_variant_test \
       ${ctest_regex:+--gtest_filter="$ctest_regex"} >"$OUT/variants-tests.log" 2>&1; then
     status=1
     echo "== variant tests FAILED"
@@ -323,7 +323,7 @@ if [[ "$what" == variants ]]; then
   echo "== variant tests done at $((SECONDS - start)) s"
   echo "== variants_bench.py (flashjit vs torch.compile'd FlexAttention and torch SDPA, same run)"
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
-  if ! COMMIT="${commit:-unknown}" timeout 240 "$py" bench/variants_bench.py --out-dir "$OUT" \
+  if ! COMMIT="${commit:-unknown}" timeout 300 "$py" bench/variants_bench.py --out-dir "$OUT" \
       ${BENCH_ARGS:-} 2>&1 | tee "$OUT/variants-bench.log"; then
     status=1
     echo "== variants bench FAILED"
