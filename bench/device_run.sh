@@ -41,12 +41,13 @@
 #          decode.svg, decode-bench.log). Took ~1.5 minutes on an H100.
 #   variants  attention variants (issue 17) in one call: builds runtime_cuda_variant_test and the
 #          Python module (as py-tests installs it), runs the variant GPU tests (every variant on
-#          the mma and wgmma configs against the fp64 reference, under `timeout`:
-#          variants-tests.log), then bench/variants_bench.py: flashjit vs torch.compile'd
+#          the mma, wgmma and -ws configs against the fp64 reference, under `timeout`:
+#          variants-tests.log; a second argument is a gtest filter, FLASHJIT_TEST_FAMILIES a
+#          family list), then bench/variants_bench.py: flashjit vs torch.compile'd
 #          FlexAttention and torch SDPA, d 128 bf16 causal, N 8k and 16k: window 1024, documents
 #          (equal lengths, a mask_mod), softcap 50, ALiBi, plain causal with and without the
 #          variant machinery (variants.md, variants.json, variants-bench.log). Sized for ~5
-#          minutes on an H100.
+#          minutes on an H100 (not yet measured: BENCH_ARGS=--quick halves the bench).
 #   concurrent  issue 15's test: the flashjit CLI, then bench/concurrent_tune.py: a lone `flashjit
 #          tune` of 4 problems (d 128, N 1024/4096, causal both), then 4 processes tuning them
 #          into one DB at once (timing lock + disturbance check); each must end with the lone
@@ -314,7 +315,7 @@ fi
 
 if [[ "$what" == variants ]]; then
   echo "== variant GPU tests (runtime_cuda_variant_test${ctest_regex:+, filter $ctest_regex})"
-  if ! timeout 120 build-device/tests/runtime_cuda_variant_test \
+  if ! timeout 150 build-device/tests/runtime_cuda_variant_test \
       ${ctest_regex:+--gtest_filter="$ctest_regex"} >"$OUT/variants-tests.log" 2>&1; then
     status=1
     echo "== variant tests FAILED"

@@ -201,14 +201,17 @@ Status check_config(const AttentionConfig& c, const AttentionProblem& p, const D
   if (c.family == KernelFamily::Decode) return check_decode_config(c, p, device);
   if (needs_decode_family(p)) return illegal(c, decode_only_reason(p));
   if (c.splits != 0) return illegal(c, "-split<N> is a knob of the -decode family only");
-  if (p.variant.active() && c.family == KernelFamily::Ws)
-    return illegal(c,
-                   "attention variants (" + p.variant.key() +
-                       ") are in the mma and wgmma families only so far (not -ws)",
-                   ErrorCode::Unsupported);
   if (c.family == KernelFamily::Ws) return check_ws_config(c, p, device);
   if (c.family == KernelFamily::Wgmma) {
     FLASHJIT_TRY(check_wgmma_shape(c, device));
+    // With a user mask_mod (per-element masking of every block, over the variant's block range)
+    // ptxas serializes the kernel's wgmmas at every legal d128 tile (NVRTC 13.0; correct, but the
+    // tensor cores idle): the -ws and mma families take such problems.
+    if (!p.variant.mask_mod.empty())
+      return illegal(c,
+                     "a mask_mod makes ptxas serialize the wgmma family's tensor-core ops; the "
+                     "-ws and mma families take it",
+                     ErrorCode::Unsupported);
   } else {
     // Template constraints (mirrored by static_asserts in templates/cuda/attention_fwd.cuh).
     if (!contains(kBlockMChoices, c.block_m))
@@ -298,7 +301,7 @@ Result<AttentionConfig> default_config(const AttentionProblem& p, const DeviceSp
   if (device.arch == 90)
     if (Result<AttentionConfig> ws = default_ws_config(p, device);
         ws.ok() && ws_is_default(*ws, p) && check_config(*ws, p, device).ok())
-      return *ws;  // (check_config: a problem the -ws family cannot run, e.g. a variant's, not)
+      return *ws;  // (check_config: a tile the problem cannot run, e.g. past the registers, not)
   // Otherwise the formula picks block_m within the device's best template family: wgmma where
   // the device has it (sm90), mma.sync elsewhere.
   std::vector<AttentionConfig> legal = legal_configs(p, device);

@@ -113,6 +113,13 @@ FLASHJIT_DEVICE bool visible(const FlashjitAttentionParams& p, int diagonal, int
   return seen;
 }
 
+// The softmax's base-2 factor: modified scores are scaled scores already (score() takes
+// scale * q . k), so log2(e) alone; unmodified ones are raw q . k, so the problem's
+// scale * log2(e).
+FLASHJIT_DEVICE float softmax_scale_log2(const FlashjitAttentionParams& p) {
+  return kModifiesScores ? 1.4426950408889634f : p.scale_log2;
+}
+
 // The ALiBi slope of a head (0 without ALiBi): load it once per tile, pass it to score().
 FLASHJIT_DEVICE float alibi_slope(const FlashjitAttentionParams& p, int head) {
 #if FLASHJIT_VARIANT_ALIBI

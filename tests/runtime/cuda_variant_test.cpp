@@ -1,11 +1,11 @@
 // GPU correctness of the CUDA forward with attention variants (the mma family everywhere, the
-// wgmma family on sm90: the families that take them): every legal config of d64 fp16 and d128
-// bf16 for each case of tests/support/variant_cases.hpp, over the GPU test shapes (a single row,
-// ragged tails, seqlen_q != seqlen_k both ways, GQA/MQA, padded strides, BHSD), against the fp64
-// reference with poisoned outputs; hidden key blocks set to NaN on a long-key shape (a window, and
-// a window with a mask_mod). $FLASHJIT_TEST_FAMILIES ("mma", "wgmma") restricts the configs.
-// Skips, with the reason, where there is no CUDA GPU (FLASHJIT_EXPECT_GPU=1 makes that a
-// failure).
+// wgmma and -ws families on sm90): every legal config of d64 fp16 and d128 bf16 for each case of
+// tests/support/variant_cases.hpp (of the -ws family: each tile in its plain schedule, and the
+// default tile in all four), over the GPU test shapes (a single row, ragged tails,
+// seqlen_q != seqlen_k both ways, GQA/MQA, padded strides, BHSD), against the fp64 reference with
+// poisoned outputs; hidden key blocks set to NaN on a long-key shape (a window, and a window with
+// a mask_mod). $FLASHJIT_TEST_FAMILIES ("mma", "wgmma", "ws") restricts the configs. Skips, with
+// the reason, where there is no CUDA GPU (FLASHJIT_EXPECT_GPU=1 makes that a failure).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -31,6 +31,22 @@ namespace ft = ::flashjit::testing;
 constexpr double kMaxOutputRelError = 1e-2;
 constexpr double kMaxLseAbsError = 1e-3;
 
+// The configs to run for `problem`: the legal ones of the selected families, the -ws family's
+// schedules (-pp, -persist: the same tile code, walked differently; the -ws emulation test runs
+// them all with variants) only at the default tile.
+std::vector<AttentionConfig> configs_to_run(const cuda::CudaBackend& backend,
+                                            const AttentionProblem& problem) {
+  const Result<AttentionConfig> chosen = backend.default_config(problem);
+  std::vector<AttentionConfig> configs = ft::selected_families(backend.legal_configs(problem));
+  std::erase_if(configs, [&](const AttentionConfig& c) {
+    const bool same_tile = chosen.ok() && chosen->family == c.family &&
+                           chosen->block_m == c.block_m && chosen->block_n == c.block_n &&
+                           chosen->stages == c.stages;
+    return c.family == KernelFamily::Ws && (c.pingpong || c.persistent) && !same_tile;
+  });
+  return configs;
+}
+
 class CudaVariant : public ::testing::TestWithParam<ft::VariantCase> {
  protected:
   void SetUp() override { FLASHJIT_REQUIRE_GPU(); }
@@ -43,8 +59,7 @@ TEST_P(CudaVariant, EveryLegalConfigMatchesTheReference) {
     AttentionProblem probe =
         ft::make_problem(ft::gpu_test_shapes()[0], head_dim, dtype, c.causal, Pass::Forward);
     probe.variant = c.variant;
-    const std::vector<AttentionConfig> configs =
-        ft::selected_families(backend.legal_configs(probe));
+    const std::vector<AttentionConfig> configs = configs_to_run(backend, probe);
     if (configs.empty()) GTEST_SKIP() << "no config of the selected families";
     using Built = std::optional<Result<std::shared_ptr<Kernel>>>;
     const std::vector<Built> kernels = ft::parallel_map<Built>(configs.size(), [&](size_t i) {
@@ -102,7 +117,7 @@ void check_hidden_blocks(bool mask_mod) {
   const ft::Reference reference = ft::reference_attention(problem, inputs, functions);
   Result<ft::DeviceTensors> tensors = ft::upload(backend, problem, inputs);
   ASSERT_TRUE(tensors.ok()) << tensors.error().describe();
-  for (const AttentionConfig& config : ft::selected_families(backend.legal_configs(problem))) {
+  for (const AttentionConfig& config : configs_to_run(backend, problem)) {
     Result<std::shared_ptr<Kernel>> kernel = build_kernel(backend, nullptr, problem, config);
     ASSERT_TRUE(kernel.ok()) << kernel.error().describe();
     const ft::RunOutput out = ft::run_poisoned(backend, **kernel, problem, *tensors);
