@@ -83,7 +83,7 @@ def run_case(device, dtype, variant, layout, batch=2, seqlen_q=67, seqlen_k=67, 
     assert relative_error(plain, ref) > 5 * MAX_REL, f"{name}: the variant changes nothing here"
 
 
-# ---- CPU backend ---------------------------------------------------------------------------------
+# ---- CPU backend -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=[v[0] for v in VARIANTS])
 def test_cpu_eager_matches_reference(variant):
@@ -184,7 +184,7 @@ def test_torch_compile_fullgraph_runs_the_variant_operator():
                                                                heads_slopes)
 
 
-# ---- CUDA ------------------------------------------------------------------------------------------
+# ---- CUDA ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 @pytest.mark.parametrize("variant", VARIANTS, ids=[v[0] for v in VARIANTS])
