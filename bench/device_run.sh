@@ -39,6 +39,15 @@
 #          decode-tests.log), then bench/decode_bench.py: flashjit contiguous + paged beside torch
 #          SDPA flash + cuDNN and the device-to-device copy, same run (decode.md, decode.json,
 #          decode.svg, decode-bench.log). Took ~1.5 minutes on an H100.
+#   variants  attention variants (issue 17) in one call: builds runtime_cuda_variant_test and the
+#          Python module (as py-tests installs it), runs the variant GPU tests (every variant on
+#          the mma, wgmma and -ws configs against the fp64 reference, under `timeout`:
+#          variants-tests.log; a second argument is a gtest filter, FLASHJIT_TEST_FAMILIES a
+#          family list), then bench/variants_bench.py: flashjit vs torch.compile'd
+#          FlexAttention and torch SDPA, d 128 bf16 causal, N 8k and 16k: window 1024, documents
+#          (equal lengths, a mask_mod), softcap 50, ALiBi, plain causal with and without the
+#          variant machinery (variants.md, variants.json, variants-bench.log). Sized for ~5
+#          minutes on an H100 (not yet measured: BENCH_ARGS=--quick halves the bench).
 #   concurrent  issue 15's test: the flashjit CLI, then bench/concurrent_tune.py: a lone `flashjit
 #          tune` of 4 problems (d 128, N 1024/4096, causal both), then 4 processes tuning them
 #          into one DB at once (timing lock + disturbance check); each must end with the lone
@@ -96,9 +105,9 @@ what="${1:-all}"
 DTYPES="${DTYPES:-bf16}"
 ctest_regex="${2:-}"
 case "$what" in
-  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|sanitize|py|py-tests|py-bench|py-torch|decode|concurrent) ;;
+  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|sanitize|py|py-tests|py-bench|py-torch|decode|concurrent|variants) ;;
   *) echo "usage: bench/device_run.sh [tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|" \
-       "ws-sanitize|sanitize|decode|concurrent|py|py-tests|py-bench|py-torch] [CTEST_REGEX]" >&2
+       "ws-sanitize|sanitize|decode|concurrent|variants|py|py-tests|py-bench|py-torch] [CTEST_REGEX]" >&2
      exit 2 ;;
 esac
 
@@ -143,6 +152,9 @@ if [[ "$what" != py* ]]; then
   if [[ "$what" == concurrent ]]; then
     targets=(--target flashjit_cli)
   fi
+  if [[ "$what" == variants ]]; then
+    targets=(--target runtime_cuda_variant_test)
+  fi
   if ! cmake --build build-device -j16 "${targets[@]}" >build-device/build.log 2>&1; then
     tail -n 80 build-device/build.log
     echo "== build FAILED"
@@ -152,7 +164,7 @@ if [[ "$what" != py* ]]; then
   echo "== built in $((SECONDS - start)) s"
 fi
 
-if [[ "$what" == py* ]]; then
+if [[ "$what" == py* || "$what" == variants ]]; then
   # The Python module, installed into a folder of its own (not the system's site-packages, which
   # Ubuntu marks externally managed): PYTHONPATH points there for every later step. CMake finds
   # .deps/sqlite by itself (CMakeLists.txt) when /usr/include/sqlite3.h is missing.
@@ -305,6 +317,25 @@ if [[ "$what" == decode ]]; then
     echo "== decode bench FAILED"
   fi
   echo "== decode done at $((SECONDS - start)) s"
+fi
+
+if [[ "$what" == variants ]]; then
+  echo "== variant GPU tests (runtime_cuda_variant_test${ctest_regex:+, filter $ctest_regex})"
+  if ! timeout 150 build-device/tests/runtime_cuda_variant_test \
+      ${ctest_regex:+--gtest_filter="$ctest_regex"} >"$OUT/variants-tests.log" 2>&1; then
+    status=1
+    echo "== variant tests FAILED"
+  fi
+  grep -E '^\[ *(OK|FAILED|SKIPPED|PASSED) *\]|Failure' "$OUT/variants-tests.log" | tail -n 40 || true
+  echo "== variant tests done at $((SECONDS - start)) s"
+  echo "== variants_bench.py (flashjit vs torch.compile'd FlexAttention and torch SDPA, same run)"
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
+  if ! COMMIT="${commit:-unknown}" timeout 300 "$py" bench/variants_bench.py --out-dir "$OUT" \
+      ${BENCH_ARGS:-} 2>&1 | tee "$OUT/variants-bench.log"; then
+    status=1
+    echo "== variants bench FAILED"
+  fi
+  echo "== variants done at $((SECONDS - start)) s"
 fi
 
 if [[ "$what" == gpu-tests ]]; then

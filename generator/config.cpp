@@ -101,21 +101,24 @@ int smem_bytes(const AttentionConfig& c, const AttentionProblem& p) {
 int estimated_registers(const AttentionConfig& c, const AttentionProblem& p) {
   if (c.family == KernelFamily::Ws) return ws_resources(c, p).consumer_estimate;
   if (c.family == KernelFamily::Decode) return decode_resources(c, p).registers;
+  // A user score_mod / mask_mod runs per score with temporaries of its own: at d128 the tiles of
+  // 32 rows per warp spilled with one (m128n64w4s2: 164 bytes with a mask_mod against 36 plain;
+  // m64n32w2s2: 24 with a score_mod against 0), and so did the wgmma tile with the widest S
+  // (m64n128w4s2-wgmma: 144 bytes with both and the built-in variants, against 0 plain), so
+  // they are left out.
+  const bool user_expression = !p.variant.score_mod.empty() || !p.variant.mask_mod.empty();
+  const int expression = user_expression ? kUserExpressionRegisters : 0;
   if (c.family == KernelFamily::Wgmma) {
     // Per thread of a warpgroup: O (64 x d / 128 threads) and S (64 x block_n / 128) in fp32,
     // P of two blocks in flight (16-bit pairs: block_n / 4 each), plus the same allowance.
     return padded_head_dim(p.head_dim) / 2 + c.block_n / 2 + c.block_n / 2 + kRegisterAllowance +
-           kRegistersPerMTile;
+           kRegistersPerMTile + expression;
   }
   const int m_tiles = std::max(1, c.rows_per_warp() / 16);
   const int o_accumulator = m_tiles * 16 * padded_head_dim(p.head_dim) / 32;
   const int s_accumulator = m_tiles * 16 * c.block_n / 32;
-  // A user score_mod / mask_mod runs per score with temporaries of its own: at d128 the tiles of
-  // 32 rows per warp spilled with one (m128n64w4s2: 164 bytes with a mask_mod against 36 plain;
-  // m64n32w2s2: 24 with a score_mod against 0), so they are left out.
-  const bool user_expression = !p.variant.score_mod.empty() || !p.variant.mask_mod.empty();
   return o_accumulator + s_accumulator + kRegisterAllowance + kRegistersPerMTile * m_tiles +
-         (user_expression ? kUserExpressionRegisters : 0);
+         expression;
 }
 
 ResourceUse resource_use(const AttentionConfig& c, const AttentionProblem& p,
@@ -198,14 +201,17 @@ Status check_config(const AttentionConfig& c, const AttentionProblem& p, const D
   if (c.family == KernelFamily::Decode) return check_decode_config(c, p, device);
   if (needs_decode_family(p)) return illegal(c, decode_only_reason(p));
   if (c.splits != 0) return illegal(c, "-split<N> is a knob of the -decode family only");
-  if (p.variant.active() && c.family != KernelFamily::Mma)
-    return illegal(c,
-                   "attention variants (" + p.variant.key() +
-                       ") are in the mma family only so far (not -wgmma, -ws)",
-                   ErrorCode::Unsupported);
   if (c.family == KernelFamily::Ws) return check_ws_config(c, p, device);
   if (c.family == KernelFamily::Wgmma) {
     FLASHJIT_TRY(check_wgmma_shape(c, device));
+    // With a user mask_mod (per-element masking of every block, over the variant's block range)
+    // ptxas serializes the kernel's wgmmas at every legal d128 tile (NVRTC 13.0; correct, but the
+    // tensor cores idle): the -ws and mma families take such problems.
+    if (!p.variant.mask_mod.empty())
+      return illegal(c,
+                     "a mask_mod makes ptxas serialize the wgmma family's tensor-core ops; the "
+                     "-ws and mma families take it",
+                     ErrorCode::Unsupported);
   } else {
     // Template constraints (mirrored by static_asserts in templates/cuda/attention_fwd.cuh).
     if (!contains(kBlockMChoices, c.block_m))
@@ -295,7 +301,7 @@ Result<AttentionConfig> default_config(const AttentionProblem& p, const DeviceSp
   if (device.arch == 90)
     if (Result<AttentionConfig> ws = default_ws_config(p, device);
         ws.ok() && ws_is_default(*ws, p) && check_config(*ws, p, device).ok())
-      return *ws;  // (check_config: a problem the -ws family cannot run, e.g. a variant's, not)
+      return *ws;  // (check_config: a tile the problem cannot run, e.g. past the registers, not)
   // Otherwise the formula picks block_m within the device's best template family: wgmma where
   // the device has it (sm90), mma.sync elsewhere.
   std::vector<AttentionConfig> legal = legal_configs(p, device);

@@ -113,6 +113,13 @@ FLASHJIT_DEVICE bool visible(const FlashjitAttentionParams& p, int diagonal, int
   return seen;
 }
 
+// The softmax's base-2 factor: modified scores are scaled scores already (score() takes
+// scale * q . k), so log2(e) alone; unmodified ones are raw q . k, so the problem's
+// scale * log2(e).
+FLASHJIT_DEVICE float softmax_scale_log2(const FlashjitAttentionParams& p) {
+  return kModifiesScores ? 1.4426950408889634f : p.scale_log2;
+}
+
 // The ALiBi slope of a head (0 without ALiBi): load it once per tile, pass it to score().
 FLASHJIT_DEVICE float alibi_slope(const FlashjitAttentionParams& p, int head) {
 #if FLASHJIT_VARIANT_ALIBI
@@ -145,7 +152,8 @@ FLASHJIT_DEVICE float score(float s, float slope, int batch, int head, int row, 
 // The key blocks a tile of query rows [m0, m0 + block_m) visits, in order: the prefix's blocks
 // [0, prefix_end) then the band's [band_first, band_last) (disjoint, the band starting at or
 // after prefix_end). Every other block is hidden from every row of the tile and never loaded.
-// With a user mask_mod nothing is known about the hidden blocks: every block is visited.
+// A user mask_mod only hides more (visible() ands it in): its blocks are the same, each masked
+// per element (block_fully_visible is false), since nothing is known of where it hides keys.
 struct KeyBlocks {
   int prefix_end;
   int band_first;
@@ -157,11 +165,6 @@ struct KeyBlocks {
 
 FLASHJIT_DEVICE KeyBlocks key_blocks(const FlashjitAttentionParams& p, int diagonal, int m0,
                                      int block_m, int block_n) {
-  const int all = (p.seqlen_k + block_n - 1) / block_n;
-#if FLASHJIT_VARIANT_MASK_MOD
-  (void)diagonal, (void)m0, (void)block_m;
-  return KeyBlocks{all, all, all};
-#else
   const int prefix_keys = kPrefix < p.seqlen_k ? kPrefix : p.seqlen_k;
   const int prefix_end = (prefix_keys + block_n - 1) / block_n;
   // The band of the tile's first row starts first, its last row's ends last (rows past
@@ -172,9 +175,7 @@ FLASHJIT_DEVICE KeyBlocks key_blocks(const FlashjitAttentionParams& p, int diago
   int last = begin < end ? (end + block_n - 1) / block_n : first;
   if (first < prefix_end) first = prefix_end;
   if (last < first) last = first;
-  (void)all;
   return KeyBlocks{prefix_end, first, last};
-#endif
 }
 
 // True when every row of the tile sees every key of block [n0, n0 + block_n): no per-element

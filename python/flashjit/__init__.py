@@ -48,6 +48,21 @@ Inputs the kernels cannot read in place (a non-contiguous last axis, other strid
 of 8 elements, misaligned data) are copied first. out=, lse= and stream= are for calls without
 autograd.
 
+Attention variants (forward only): attention() and sdpa() take window=(left, right) (a sliding
+window around the diagonal, -1: that side unbounded; with causal the right side is 0),
+softcap=c (scores become c * tanh(s / c)), alibi_slopes= (float32 (heads,) on q's device: the
+bias slope * (kv_idx - q_idx)), prefix=P (keys 0..P-1 visible to every query: prefix-LM), and
+score_mod= / mask_mod=, one C++ expression each over (score, batch, head, q_idx, kv_idx), e.g.
+``score_mod="score - 0.1f * abs(q_idx - kv_idx)"``, ``mask_mod="(q_idx / 2048) == (kv_idx /
+2048)"`` (the mask is and-ed with causal and the window). They are compiled into the kernel (the
+variant is part of its cache key). Indices are positions in the sequences as given, causal
+bottom-right aligned as above. A variant has no backward yet: with autograd (q, k, v or the slopes
+requiring grad) it raises UnsupportedError; call under torch.no_grad() or on detached tensors.
+Bad values (window sides < -1, softcap <= 0 or not finite, slopes of another shape, dtype or
+device, an expression that is not one expression or does not compile) raise
+InvalidArgumentError (a compile failure: flashjit.Error with code CompileFailed, quoting the
+expression and the compiler's first message).
+
 Backward: attention_backward() takes the forward's o and lse (attention(..., return_lse=True))
 and the gradient of the output, do, and returns dq, dk, dv (dk, dv summed over the query heads
 of each key/value head for GQA). ``deterministic=True`` asks for bitwise reproducible gradients
@@ -173,8 +188,67 @@ def _lse_shape(q, layout):
     return (shape[0], shape[2], shape[1]) if layout == "bshd" else (shape[0], shape[1], shape[2])
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _integer(name, value):
+    """value as an int (TypeError if it is not an integer), saturated to int64: the library
+    checks the range and names the value."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{name}: expected an int, got {type(value).__qualname__} {value!r}")
+    return min(max(value.__index__(), _INT64_MIN), _INT64_MAX)
+
+
+def _variant_spec(window, softcap, prefix, score_mod, mask_mod):
+    """The variant arguments as the extension takes them: None for plain attention, else
+    (window_left, window_right, softcap or None, prefix, score_mod, mask_mod) with Python types
+    (TypeError for a wrong type); the extension validates the values. Hashable (a cache key)."""
+    if window is None:
+        left, right = -1, -1
+    else:
+        if isinstance(window, (str, bytes)) or not hasattr(window, "__len__") or len(window) != 2:
+            raise TypeError(f"window: expected None or (left, right), got {window!r}")
+        left, right = _integer("window[0]", window[0]), _integer("window[1]", window[1])
+    if softcap is not None:
+        if isinstance(softcap, bool):
+            raise TypeError(f"softcap: expected a float, got {softcap!r}")
+        try:
+            softcap = float(softcap)
+        except (TypeError, ValueError):
+            raise TypeError(f"softcap: expected None or a float, got {type(softcap).__qualname__} "
+                            f"{softcap!r}") from None
+    prefix = _integer("prefix", prefix)
+    for name, expression in (("score_mod", score_mod), ("mask_mod", mask_mod)):
+        if expression is not None and not isinstance(expression, str):
+            raise TypeError(f"{name}: expected None or a str (one C++ expression), got "
+                            f"{type(expression).__qualname__}")
+    spec = (left, right, softcap, prefix, score_mod or "", mask_mod or "")
+    return None if spec == (-1, -1, None, 0, "", "") else spec
+
+
+def _variant_text(spec, alibi_slopes):
+    """The variant's arguments as a call would spell them (for messages)."""
+    parts = []
+    if spec is not None:
+        left, right, softcap, prefix, score_mod, mask_mod = spec
+        if (left, right) != (-1, -1):
+            parts.append(f"window=({left}, {right})")
+        if softcap is not None:
+            parts.append(f"softcap={softcap}")
+        if prefix:
+            parts.append(f"prefix={prefix}")
+        if score_mod:
+            parts.append(f"score_mod={score_mod!r}")
+        if mask_mod:
+            parts.append(f"mask_mod={mask_mod!r}")
+    if alibi_slopes is not None:
+        parts.append("alibi_slopes")
+    return ", ".join(parts)
+
+
 def attention(q, k, v, *, causal=False, scale=None, layout="bshd", out=None, return_lse=False,
-              lse=None, config=None, stream=None, deterministic=None):
+              lse=None, config=None, stream=None, deterministic=None, window=None, softcap=None,
+              alibi_slopes=None, prefix=0, score_mod=None, mask_mod=None):
     """Attention forward: softmax(scale * q k^T + causal mask) v, per head.
 
     q: (batch, seqlen_q, heads, head_dim) for layout="bshd" (the default), or
@@ -189,13 +263,20 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", out=None, ret
     stream: CUDA stream override (int handle, torch.cuda.Stream, cupy Stream).
     deterministic: torch autograd only: the backward's bitwise reproducible variant (default:
        torch.are_deterministic_algorithms_enabled()).
+    window, softcap, alibi_slopes, prefix, score_mod, mask_mod: an attention variant (forward
+       only; see the module's documentation): window=(left, right) with -1 for an unbounded
+       side, softcap=float > 0, alibi_slopes=float32 (heads,) array on q's device, prefix=int,
+       score_mod= / mask_mod= one C++ expression each.
     Returns out, or (out, lse) when return_lse. For torch tensors the call is differentiable
-    (see the module's documentation) unless out=, lse= or stream= is given.
+    (see the module's documentation) unless out=, lse= or stream= is given or it is a variant.
     """
+    variant = _variant_spec(window, softcap, prefix, score_mod, mask_mod)
+    if alibi_slopes is not None:
+        _check_array("alibi_slopes", alibi_slopes)
     kind = _framework(q)
     if kind == "torch" and out is None and lse is None and stream is None:
         return _torch_module().attention(q, k, v, causal, scale, layout, return_lse,
-                                         deterministic, config)
+                                         deterministic, config, variant, alibi_slopes)
     if deterministic:
         raise InvalidArgumentError(
             "deterministic= applies to the backward of torch autograd calls (torch tensors "
@@ -207,11 +288,14 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", out=None, ret
     synchronize = False
     if kind == "torch":
         torch = _sys.modules["torch"]
-        if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in (q, k, v)):
+        if torch.is_grad_enabled() and any(
+                getattr(x, "requires_grad", False) for x in (q, k, v, alibi_slopes)):
             raise InvalidArgumentError(
-                "out=, lse= and stream= do not support autograd, and q, k or v requires grad: "
-                "leave them out for a differentiable call, or call under torch.no_grad()")
+                "out=, lse= and stream= do not support autograd, and q, k, v or alibi_slopes "
+                "requires grad: leave them out for a differentiable call, or call under "
+                "torch.no_grad()")
         q, k, v = (_detached(x) for x in (q, k, v))
+        alibi_slopes = None if alibi_slopes is None else _detached(alibi_slopes)
         if out is None:
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         if return_lse and lse is None:
@@ -253,7 +337,8 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", out=None, ret
     # frameworks numpy arrays on the CPU and DLPack capsules on CUDA devices.
     made_out, made_lse = _C.attention(
         q, k, v, out, lse, want_lse, bool(causal), scale, layout, config,
-        0 if handle is None else handle, synchronize, "jax" if kind == "jax" else "numpy")
+        0 if handle is None else handle, synchronize, "jax" if kind == "jax" else "numpy", variant,
+        alibi_slopes)
     if made_out is not None:
         out = made_out
     if made_lse is not None:
@@ -329,7 +414,8 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, layout=
 
 
 def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-         enable_gqa=False):
+         enable_gqa=False, *, window=None, softcap=None, alibi_slopes=None, prefix=0,
+         score_mod=None, mask_mod=None):
     """A drop-in for torch.nn.functional.scaled_dot_product_attention on torch tensors: the same
     signature, (batch, heads, seqlen, head_dim) layout and semantics (scale default
     1/sqrt(head_dim); is_causal with seqlen_q != seqlen_k aligned top-left, as SDPA's; GQA with
@@ -339,22 +425,32 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
 
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)   # before
         y = flashjit.sdpa(q, k, v, is_causal=True)                    # after
+
+    window=, softcap=, alibi_slopes=, prefix=, score_mod=, mask_mod=: an attention variant, as
+    for attention() (forward only); with is_causal they need seqlen_q == seqlen_k (SDPA's
+    top-left causal alignment has no variant kernel).
     """
+    variant = _variant_spec(window, softcap, prefix, score_mod, mask_mod)
     return _torch_module().sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale,
-                                enable_gqa)
+                                enable_gqa, variant, alibi_slopes)
 
 
 def config_for(q, k, v, *, causal=False, scale=None, layout="bshd", config=None, pass_="fwd",
-               deterministic=False):
+               deterministic=False, window=None, softcap=None, alibi_slopes=None, prefix=0,
+               score_mod=None, mask_mod=None):
     """The config attention(q, k, v, ...) (pass_="fwd") or attention_backward(q, k, v, ...)
     (pass_="bwd", with its deterministic=) would launch, without launching: a dict with config
     ("m128n64w4s2"), source ("exact" / "nearest" from the tuning DB, "default", or "given"),
-    device ("cuda:0", "cpu") and problem."""
+    device ("cuda:0", "cpu") and problem (the variant arguments as for attention())."""
+    variant = _variant_spec(window, softcap, prefix, score_mod, mask_mod)
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_array(name, x)
+    if alibi_slopes is not None:
+        _check_array("alibi_slopes", alibi_slopes)
+        alibi_slopes = _detached(alibi_slopes)
     q, k, v = (_detached(x) for x in (q, k, v))
     return _C.config_for(q, k, v, bool(causal), scale, layout, config, str(pass_),
-                         bool(deterministic))
+                         bool(deterministic), variant, alibi_slopes)
 
 
 def show(*, head_dim=128, seqlen=4096, seqlen_q=None, seqlen_k=None, batch=2, heads=16,

@@ -20,6 +20,11 @@ of 8 elements, data not 16-byte aligned) are copied contiguous first.
 
 The forward saves only q, k, v, its output and the log-sum-exp (as FlashAttention does); the
 backward recomputes the probabilities. The log-sum-exp output is not differentiable.
+
+Attention variants (window, softcap, ALiBi, prefix, score_mod / mask_mod: flashjit._variant_spec's
+tuple plus the slopes tensor) run the forward on the same three paths; they have no backward yet,
+so a variant call that autograd would differentiate raises UnsupportedError (_refuse_autograd)
+rather than record a node whose gradient would be plain attention's.
 """
 import atexit
 from typing import Optional, Tuple
@@ -114,13 +119,23 @@ def _aligned(*tensors):
     return True
 
 
-def _forward(q, k, v, causal, scale, layout, config):
+def _slopes_key(alibi_slopes):
+    """What the prepared checks of ALiBi's slopes depend on (None: no ALiBi)."""
+    if alibi_slopes is None:
+        return None
+    return (alibi_slopes.shape, alibi_slopes.stride(), alibi_slopes.dtype, alibi_slopes.device)
+
+
+def _forward(q, k, v, causal, scale, layout, config, variant=None, alibi_slopes=None):
     """(o, lse, plan, (q, k, v, o) as launched): the forward on torch tensors, fast path. o is in
     q's memory order (as the fake implementation's); the launched tensors are those the plan's
     kernel read and wrote (copies where q, k or v were unreadable or misaligned): the eager
-    backward, keyed on the plan, reads them."""
+    backward, keyed on the plan, reads them. variant, alibi_slopes: an attention variant
+    (flashjit._variant_spec's tuple, the slopes tensor), forward only."""
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype,
            v.dtype, q.device, k.device, v.device, causal, scale, layout, config)
+    if variant is not None or alibi_slopes is not None:  # (plain calls keep their short key)
+        key += (variant, _slopes_key(alibi_slopes))
     plan = _PLANS.get(key)
     # o in the memory order of q as given (copied or not): what the fake implementation says.
     o = _new_like(q)
@@ -128,17 +143,19 @@ def _forward(q, k, v, causal, scale, layout, config):
         copies = tuple(not _readable(x) for x in (q, k, v))
         q, k, v = (_copy(x) if c else x for x, c in zip((q, k, v), copies))
         lse_shape = _lse_shape(q.shape, layout)
-        prepared = _C.prepare_attention(q, k, v, o, None, causal, scale, layout, config)
+        prepared = _C.prepare_attention(q, k, v, o, None, causal, scale, layout, config, variant,
+                                        alibi_slopes)
         plan = _PLANS[key] = _Plan(prepared, copies, lse_shape)
     elif True in plan.copies:
         q, k, v = (_copy(x) if c else x for x, c in zip((q, k, v), plan.copies))
     if not _aligned(q, k, v):  # rare: realigned copies, the output copied into o's order
         q, k, v = (x if x.data_ptr() & 15 == 0 else _copy(x) for x in (q, k, v))
-        aligned_o, lse, plan, launched = _forward(q, k, v, causal, scale, layout, config)
+        aligned_o, lse, plan, launched = _forward(q, k, v, causal, scale, layout, config, variant,
+                                                  alibi_slopes)
         return o.copy_(aligned_o), lse, plan, launched
     lse = _new_lse(q, plan.lse_shape)
     plan.prepared.forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
-                          _stream(q))
+                          0 if alibi_slopes is None else alibi_slopes.data_ptr(), _stream(q))
     return o, lse, plan, (q, k, v, o)
 
 
@@ -201,17 +218,36 @@ class _Attention(torch.autograd.Function):
 
 # --- custom operators (torch.compile, torch.export) -------------------------------------------
 
+# The variant travels through the operator as its fields (a schema has no mixed tuples):
+# window_left, window_right, softcap, prefix, score_mod, mask_mod, then the slopes tensor.
+_PLAIN_FIELDS = (-1, -1, None, 0, "", "")
+
+
+def _variant_fields(variant):
+    return _PLAIN_FIELDS if variant is None else variant
+
+
+def _variant_of(fields):
+    return None if tuple(fields) == _PLAIN_FIELDS else tuple(fields)
+
+
 @torch.library.custom_op("flashjit::attention", mutates_args=())
 def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                  scale: Optional[float], layout: str, deterministic: bool,
-                 config: Optional[str]) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(o, lse): flashjit's forward. deterministic is for the backward (register_autograd)."""
-    o, lse, _, _ = _forward(q, k, v, causal, scale, layout, config)
+                 config: Optional[str], window_left: int = -1, window_right: int = -1,
+                 softcap: Optional[float] = None, prefix: int = 0, score_mod: str = "",
+                 mask_mod: str = "", alibi_slopes: Optional[torch.Tensor] = None
+                 ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(o, lse): flashjit's forward. deterministic is for the backward (register_autograd); the
+    fields after config are the attention variant's (forward only)."""
+    variant = _variant_of((window_left, window_right, softcap, prefix, score_mod, mask_mod))
+    o, lse, _, _ = _forward(q, k, v, causal, scale, layout, config, variant, alibi_slopes)
     return o, lse
 
 
 @attention_op.register_fake
-def _(q, k, v, causal, scale, layout, deterministic, config):
+def _(q, k, v, causal, scale, layout, deterministic, config, window_left=-1, window_right=-1,
+      softcap=None, prefix=0, score_mod="", mask_mod="", alibi_slopes=None):
     return _new_like(q), _new_lse(q, _lse_shape(q.shape, layout))
 
 
@@ -230,17 +266,23 @@ def _(do, q, k, v, o, lse, causal, scale, layout, deterministic):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, layout, deterministic, _config = inputs
+    q, k, v, causal, scale, layout, deterministic, _config = inputs[:8]
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.options = (causal, scale, layout, deterministic)
+    fields = tuple(inputs[8:14]) + _PLAIN_FIELDS[len(inputs[8:14]):]  # (defaults left out)
+    ctx.variant = (_variant_of(fields), inputs[14] if len(inputs) > 14 else None)
     ctx.mark_non_differentiable(lse)
 
 
 def _op_backward(ctx, do, _dlse):
+    # attention() refuses autograd for variants before tracing; this is for direct callers of
+    # the operator, whose gradient would otherwise be plain attention's.
+    if ctx.variant != (None, None):
+        _refuse_autograd(*ctx.variant)
     q, k, v, o, lse = ctx.saved_tensors
     dq, dk, dv = attention_backward_op(do, q, k, v, o, lse, *ctx.options)
-    return dq, dk, dv, None, None, None, None, None
+    return (dq, dk, dv) + (None,) * 12
 
 
 attention_op.register_autograd(_op_backward, setup_context=_setup_context)
@@ -267,18 +309,40 @@ def _check_cuda_dtype(q):
             "float32 runs on the CPU backend only")
 
 
-def attention(q, k, v, causal, scale, layout, return_lse, deterministic, config):
-    """flashjit.attention for torch tensors without out=, lse= or stream=: differentiable."""
+def _refuse_autograd(variant, alibi_slopes):
+    """UnsupportedError for a variant call that needs a gradient (no variant backward yet)."""
+    from . import _variant_text
+
+    raise _C.UnsupportedError(
+        f"attention variants have no backward yet ({_variant_text(variant, alibi_slopes)}), and "
+        f"q, k, v or alibi_slopes requires grad: run the forward under torch.no_grad() or on "
+        f"detached tensors, or leave the variant out for a differentiable call")
+
+
+def attention(q, k, v, causal, scale, layout, return_lse, deterministic, config, variant=None,
+              alibi_slopes=None):
+    """flashjit.attention for torch tensors without out=, lse= or stream=: differentiable (plain
+    attention; a variant is forward only)."""
     q, k, v = _autocast(q, k, v)
     _check_cuda_dtype(q)
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or
+                                              v.requires_grad)
+    if variant is not None or alibi_slopes is not None:
+        if alibi_slopes is not None and not isinstance(alibi_slopes, torch.Tensor):
+            raise TypeError(f"alibi_slopes: expected a torch.Tensor with torch inputs, got "
+                            f"{type(alibi_slopes).__module__}.{type(alibi_slopes).__qualname__}")
+        if needs_grad or (torch.is_grad_enabled() and alibi_slopes is not None and
+                          alibi_slopes.requires_grad):
+            _refuse_autograd(variant, alibi_slopes)
     if torch.compiler.is_compiling():
-        o, lse = attention_op(q, k, v, causal, scale, layout, deterministic, config)
-    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        o, lse = attention_op(q, k, v, causal, scale, layout, deterministic, config,
+                              *_variant_fields(variant), alibi_slopes)
+    elif needs_grad:
         o, lse = _Attention.apply(q, k, v, causal, scale, layout, deterministic, config)
     else:
-        o, lse, _, _ = _forward(q, k, v, causal, scale, layout, config)
+        o, lse, _, _ = _forward(q, k, v, causal, scale, layout, config, variant, alibi_slopes)
     return (o, lse) if return_lse else o
 
 
@@ -290,7 +354,7 @@ def attention_backward(q, k, v, o, lse, do, causal, scale, layout, deterministic
 
 
 def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-         enable_gqa=False):
+         enable_gqa=False, variant=None, alibi_slopes=None):
     """torch.nn.functional.scaled_dot_product_attention's signature and semantics on flashjit
     (flashjit/__init__.py documents it)."""
     if attn_mask is not None:
@@ -319,10 +383,18 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
     seqlen_q, seqlen_k = query.shape[2], key.shape[2]
 
     def run(q, k, v, causal):
-        return attention(q, k, v, causal, scale, "bhsd", False, None, None)
+        return attention(q, k, v, causal, scale, "bhsd", False, None, None, variant, alibi_slopes)
 
     if not is_causal or seqlen_q == seqlen_k:
         return run(query, key, value, is_causal)
+    if variant is not None or alibi_slopes is not None:
+        from . import _variant_text
+
+        raise _C.UnsupportedError(
+            f"flashjit.sdpa: is_causal with seqlen_q = {seqlen_q} != seqlen_k = {seqlen_k} and an "
+            f"attention variant ({_variant_text(variant, alibi_slopes)}): SDPA aligns that causal "
+            f"mask top-left, flashjit's variants bottom-right; use flashjit.attention(..., "
+            f"causal=True, layout='bhsd') for the bottom-right alignment")
     # SDPA's causal mask with seqlen_q != seqlen_k is aligned top-left (query i sees keys
     # 0..i); flashjit's bottom-right. Top-left is bottom-right on the square top-left block of
     # the scores, and full attention for the rows below it.

@@ -194,11 +194,50 @@ void check_lse(const Array& lse, const TensorView& q, const Place& place) {
   if (!contiguous) raise(ErrorCode::InvalidArgument, "lse must be contiguous");
 }
 
+// ALiBi's slopes: float32 [heads_q], contiguous, on q's device (the kernels read slopes[head]).
+void check_alibi_slopes(const InArray& slopes, const TensorView& q, const Place& place) {
+  if (!is_float(slopes.dtype(), 32)) {
+    raise(ErrorCode::InvalidArgument, "alibi_slopes.dtype = " + dtype_name(slopes.dtype()) +
+                                          ": must be float32 (one slope per query head)");
+  }
+  if (slopes.ndim() != 1 || static_cast<int64_t>(slopes.shape(0)) != q.heads) {
+    raise(ErrorCode::InvalidArgument, "alibi_slopes.shape = " + shape_text(slopes) +
+                                          ": must be (heads_q,) = (" + std::to_string(q.heads) +
+                                          ",), one slope per query head");
+  }
+  if (q.heads > 1 && slopes.stride(0) != 1)
+    raise(ErrorCode::InvalidArgument,
+          "alibi_slopes must be contiguous (stride " + std::to_string(slopes.stride(0)) + ")");
+  const Place at = place_of("alibi_slopes", slopes);
+  if (!(at == place)) {
+    raise(ErrorCode::InvalidArgument,
+          "alibi_slopes is on " + at.to_string() + ": must be on q's device, " + place.to_string());
+  }
+}
+
 }  // namespace
+
+Variant variant_of(const std::optional<nb::tuple>& spec) {
+  Variant variant;
+  if (!spec) return variant;
+  if (spec->size() != 6) {
+    raise(ErrorCode::InvalidArgument,
+          "variant: expected (window_left, window_right, softcap, prefix, score_mod, mask_mod), "
+          "got a tuple of " +
+              std::to_string(spec->size()));
+  }
+  variant.window_left = nb::cast<int64_t>((*spec)[0]);
+  variant.window_right = nb::cast<int64_t>((*spec)[1]);
+  if (!(*spec)[2].is_none()) variant.softcap = static_cast<float>(nb::cast<double>((*spec)[2]));
+  variant.prefix = nb::cast<int64_t>((*spec)[3]);
+  variant.score_mod = nb::cast<std::string>((*spec)[4]);
+  variant.mask_mod = nb::cast<std::string>((*spec)[5]);
+  return variant;
+}
 
 Call prepare(const InArray& q, const InArray& k, const InArray& v, const OutArray* out,
              const OutArray* lse, bool causal, std::optional<double> scale,
-             const std::string& layout_name) {
+             const std::string& layout_name, const Variant& variant, const InArray* alibi_slopes) {
   const Layout layout = parse_layout(layout_name);
   const DType dtype = element_type("q", q.dtype());
   for (const auto& [name, array] : {std::pair<const char*, const InArray*>{"k", &k}, {"v", &v}}) {
@@ -254,6 +293,9 @@ Call prepare(const InArray& q, const InArray& k, const InArray& v, const OutArra
 
   if (out != nullptr) problem.o_strides = strides_like("out", *out, "q", q, place, layout);
   if (lse != nullptr) check_lse(*lse, qv, place);
+  problem.variant = variant;
+  problem.variant.alibi = alibi_slopes != nullptr;
+  if (alibi_slopes != nullptr) check_alibi_slopes(*alibi_slopes, qv, place);
   check(validate(problem));
   return {place, problem};
 }

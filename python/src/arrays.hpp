@@ -34,11 +34,21 @@ struct Call {
   AttentionProblem problem;
 };
 
+// The attention variant of a call as python/flashjit/__init__.py passes it (_variant_spec): None
+// for plain attention, else the tuple (window_left, window_right, softcap or None, prefix,
+// score_mod, mask_mod), each already of its Python type (int, float, str). ALiBi comes from the
+// slopes array, not from the tuple. The values are checked by validate() with the problem.
+Variant variant_of(const std::optional<nb::tuple>& spec);
+
 // Validates q, k, v (and out, lse when given) against each other and builds the forward problem
-// (o's strides: out's, else q's; the caller sets them for an output it allocates).
+// (o's strides: out's, else q's; the caller sets them for an output it allocates). `variant` (see
+// above) and `alibi_slopes` (fp32 [heads_q], contiguous, on q's device; sets variant.alibi) make
+// it an attention variant; validate() checks the variant's values (window sides, softcap, prefix,
+// the expressions) with the library's messages.
 Call prepare(const InArray& q, const InArray& k, const InArray& v, const OutArray* out,
              const OutArray* lse, bool causal, std::optional<double> scale,
-             const std::string& layout_name);
+             const std::string& layout_name, const Variant& variant = {},
+             const InArray* alibi_slopes = nullptr);
 
 // The backward's arrays: o and do with q's shape and dtype, lse float32 (batch, heads_q,
 // seqlen_q) contiguous (required: the error says where it comes from), dq with q's shape and

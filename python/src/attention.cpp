@@ -56,11 +56,12 @@ void Prepared::launch(const AttentionArgs& args, uintptr_t stream, bool synchron
 }
 
 void Prepared::forward(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse,
-                       uintptr_t stream) const {
-  launch(
-      {reinterpret_cast<const void*>(q), reinterpret_cast<const void*>(k),
-       reinterpret_cast<const void*>(v), reinterpret_cast<void*>(o), reinterpret_cast<float*>(lse)},
-      stream);
+                       uintptr_t alibi_slopes, uintptr_t stream) const {
+  AttentionArgs args{reinterpret_cast<const void*>(q), reinterpret_cast<const void*>(k),
+                     reinterpret_cast<const void*>(v), reinterpret_cast<void*>(o),
+                     reinterpret_cast<float*>(lse)};
+  args.alibi_slopes = reinterpret_cast<const float*>(alibi_slopes);
+  launch(args, stream);
 }
 
 void Prepared::backward(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse,
@@ -78,8 +79,11 @@ void Prepared::backward(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uint
 
 Prepared prepare_attention(InArray q, InArray k, InArray v, OutArray out,
                            std::optional<OutArray> lse, bool causal, std::optional<double> scale,
-                           const std::string& layout, std::optional<std::string> config) {
-  return prepared(prepare(q, k, v, &out, lse ? &*lse : nullptr, causal, scale, layout), config);
+                           const std::string& layout, std::optional<std::string> config,
+                           std::optional<nb::tuple> variant, std::optional<InArray> alibi_slopes) {
+  return prepared(prepare(q, k, v, &out, lse ? &*lse : nullptr, causal, scale, layout,
+                          variant_of(variant), alibi_slopes ? &*alibi_slopes : nullptr),
+                  config);
 }
 
 Prepared prepare_attention_backward(InArray q, InArray k, InArray v, InArray o, InArray lse,
@@ -115,8 +119,10 @@ nb::tuple attention(InArray q, InArray k, InArray v, std::optional<OutArray> out
                     std::optional<OutArray> lse, bool want_lse, bool causal,
                     std::optional<double> scale, const std::string& layout,
                     std::optional<std::string> config, uintptr_t stream, bool synchronize,
-                    const std::string& framework) {
-  Call call = prepare(q, k, v, out ? &*out : nullptr, lse ? &*lse : nullptr, causal, scale, layout);
+                    const std::string& framework, std::optional<nb::tuple> variant,
+                    std::optional<InArray> alibi_slopes) {
+  Call call = prepare(q, k, v, out ? &*out : nullptr, lse ? &*lse : nullptr, causal, scale, layout,
+                      variant_of(variant), alibi_slopes ? &*alibi_slopes : nullptr);
   std::shared_ptr<Runtime> runtime = runtimes().get(call.place);
 
   nb::object out_object = nb::none(), lse_object = nb::none();
@@ -144,8 +150,9 @@ nb::tuple attention(InArray q, InArray k, InArray v, std::optional<OutArray> out
     lse_data = static_cast<float*>(allocated.data);
   }
 
-  prepared(call, config)
-      .launch({q.data(), k.data(), v.data(), out_data, lse_data}, stream, synchronize);
+  AttentionArgs args{q.data(), k.data(), v.data(), out_data, lse_data};
+  if (alibi_slopes) args.alibi_slopes = static_cast<const float*>(alibi_slopes->data());
+  prepared(call, config).launch(args, stream, synchronize);
   return nb::make_tuple(out_object, lse_object);
 }
 
@@ -186,8 +193,10 @@ nb::tuple attention_backward(InArray q, InArray k, InArray v, InArray o, std::op
 
 nb::dict config_for(InArray q, InArray k, InArray v, bool causal, std::optional<double> scale,
                     const std::string& layout, std::optional<std::string> config,
-                    const std::string& pass, bool deterministic) {
-  Call call = prepare(q, k, v, nullptr, nullptr, causal, scale, layout);
+                    const std::string& pass, bool deterministic, std::optional<nb::tuple> variant,
+                    std::optional<InArray> alibi_slopes) {
+  Call call = prepare(q, k, v, nullptr, nullptr, causal, scale, layout, variant_of(variant),
+                      alibi_slopes ? &*alibi_slopes : nullptr);
   AttentionProblem& p = call.problem;
   p.pass = unwrap(parse_pass(pass));
   if (deterministic && !p.is_backward()) {

@@ -31,9 +31,10 @@ class Prepared {
   // Enqueues the kernel(s) on `stream` (CUDA; ignored by the CPU backend, whose launches return
   // when done); with `synchronize`, waits for the stream. Releases the GIL.
   void launch(const AttentionArgs& args, uintptr_t stream, bool synchronize = false) const;
-  // The forward with q, k, v, o and lse (0: none) as data pointers.
+  // The forward with q, k, v, o, lse (0: none) and ALiBi's slopes (0: none; required by an ALiBi
+  // problem) as data pointers.
   void forward(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse,
-               uintptr_t stream) const;
+               uintptr_t alibi_slopes, uintptr_t stream) const;
   // The backward with q, k, v, o, lse, do, dq, dk and dv as data pointers.
   void backward(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse, uintptr_t d_o,
                 uintptr_t dq, uintptr_t dk, uintptr_t dv, uintptr_t stream) const;
@@ -49,10 +50,13 @@ class Prepared {
 };
 
 // The forward of q, k, v into out (and lse, when given), prepared: every array checked as
-// attention() checks them, the kernel built (config as for resolve_config).
+// attention() checks them, the kernel built (config as for resolve_config). `variant` and
+// `alibi_slopes`: the attention variant (variant_of, arrays.hpp); the slopes given here are only
+// checked, each launch passes its own pointer.
 Prepared prepare_attention(InArray q, InArray k, InArray v, OutArray out,
                            std::optional<OutArray> lse, bool causal, std::optional<double> scale,
-                           const std::string& layout, std::optional<std::string> config);
+                           const std::string& layout, std::optional<std::string> config,
+                           std::optional<nb::tuple> variant, std::optional<InArray> alibi_slopes);
 
 // The backward of q, k, v, o, lse, do into dq, dk, dv, prepared likewise.
 Prepared prepare_attention_backward(InArray q, InArray k, InArray v, InArray o, InArray lse,
@@ -66,7 +70,8 @@ nb::tuple attention(InArray q, InArray k, InArray v, std::optional<OutArray> out
                     std::optional<OutArray> lse, bool want_lse, bool causal,
                     std::optional<double> scale, const std::string& layout,
                     std::optional<std::string> config, uintptr_t stream, bool synchronize,
-                    const std::string& framework);
+                    const std::string& framework, std::optional<nb::tuple> variant,
+                    std::optional<InArray> alibi_slopes);
 
 // The backward pass: writes dq, dk, dv from q, k, v, o, lse and do. Returns (dq, dk, dv) as
 // allocated here: None for each the caller passed. The kernel's fp32 workspace is its own (per
@@ -82,7 +87,8 @@ nb::tuple attention_backward(InArray q, InArray k, InArray v, InArray o, std::op
 // and where it comes from: {config, source, device, problem}.
 nb::dict config_for(InArray q, InArray k, InArray v, bool causal, std::optional<double> scale,
                     const std::string& layout, std::optional<std::string> config,
-                    const std::string& pass, bool deterministic);
+                    const std::string& pass, bool deterministic, std::optional<nb::tuple> variant,
+                    std::optional<InArray> alibi_slopes);
 
 // Where a kernel's config came from ("exact", "nearest", "default", "given") and the config:
 // nullopt = the runtime's selection (tuning DBs, then the SRAM-formula default); "default" = the

@@ -51,7 +51,7 @@ NB_MODULE(_flashjit, m) {
   m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out").none(),
         nb::arg("lse").none(), nb::arg("want_lse"), nb::arg("causal"), nb::arg("scale").none(),
         nb::arg("layout"), nb::arg("config").none(), nb::arg("stream"), nb::arg("synchronize"),
-        nb::arg("framework"));
+        nb::arg("framework"), nb::arg("variant").none(), nb::arg("alibi_slopes").none());
   m.def("attention_backward", &attention_backward, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("o"), nb::arg("lse").none(), nb::arg("do"), nb::arg("dq").none(),
         nb::arg("dk").none(), nb::arg("dv").none(), nb::arg("causal"), nb::arg("scale").none(),
@@ -60,7 +60,7 @@ NB_MODULE(_flashjit, m) {
   // Prepared calls (python/flashjit/_torch.py keeps one per shapes/strides/dtypes/device/options).
   nb::class_<Prepared>(m, "Prepared")
       .def("forward", &Prepared::forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"),
-           nb::arg("lse"), nb::arg("stream"))
+           nb::arg("lse"), nb::arg("alibi_slopes"), nb::arg("stream"))
       .def("backward", &Prepared::backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"),
            nb::arg("lse"), nb::arg("do"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
            nb::arg("stream"))
@@ -69,14 +69,15 @@ NB_MODULE(_flashjit, m) {
       .def_prop_ro("problem", [](const Prepared& p) { return p.problem().to_string(); });
   m.def("prepare_attention", &prepare_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::arg("lse").none(), nb::arg("causal"), nb::arg("scale").none(),
-        nb::arg("layout"), nb::arg("config").none());
+        nb::arg("layout"), nb::arg("config").none(), nb::arg("variant").none(),
+        nb::arg("alibi_slopes").none());
   m.def("prepare_attention_backward", &prepare_attention_backward, nb::arg("q"), nb::arg("k"),
         nb::arg("v"), nb::arg("o"), nb::arg("lse"), nb::arg("do"), nb::arg("dq"), nb::arg("dk"),
         nb::arg("dv"), nb::arg("causal"), nb::arg("scale").none(), nb::arg("layout"),
         nb::arg("deterministic"), nb::arg("config").none());
   m.def("config_for", &config_for, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("causal"),
         nb::arg("scale").none(), nb::arg("layout"), nb::arg("config").none(), nb::arg("pass_"),
-        nb::arg("deterministic"));
+        nb::arg("deterministic"), nb::arg("variant").none(), nb::arg("alibi_slopes").none());
   m.def("show", &show, nb::arg("batch"), nb::arg("heads"), nb::arg("kv_heads").none(),
         nb::arg("seqlen_q"), nb::arg("seqlen_k"), nb::arg("head_dim"), nb::arg("dtype"),
         nb::arg("causal"), nb::arg("scale").none(), nb::arg("layout"), nb::arg("config").none(),

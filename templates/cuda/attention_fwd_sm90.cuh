@@ -26,6 +26,12 @@
 // Shared tiles use wgmma's 128-byte swizzled layout (cuda/sm90_tiles.cuh):
 // Q and K are K-major operands as stored; V, stored the same way, is the N-major ("transposed")
 // B operand of P V.
+//
+// An attention variant (FLASHJIT_VARIANT: templates/attention_variant.h, rendered before this
+// file) changes what it changes in the mma family (cuda/attention_fwd.cuh), through the same
+// functions: the j-th block visited is the variant's key_blocks.at(j) (hidden blocks are never
+// loaded), its mask replaces the causal one in softmax(), and when it modifies the scores every
+// score passes through it as scale * q . k (the softmax then works with log2(e) alone).
 
 namespace flashjit_kernel {
 
@@ -101,7 +107,22 @@ __device__ __forceinline__ void attention_forward_sm90(const FlashjitAttentionPa
   // Causal, bottom-right aligned: row i sees keys j <= i + diagonal (attention_common.h).
   namespace fa = flashjit_attention;
   const int diagonal = fa::diagonal(p);
+#ifdef FLASHJIT_VARIANT
+  namespace fv = flashjit_variant;
+  // The variant's key blocks: the t-th block visited is key_blocks.at(t).
+  const fv::KeyBlocks key_blocks = fv::key_blocks(p, diagonal, m0, kBlockM, kBlockN);
+  const int n_blocks = key_blocks.count();
+#define FLASHJIT_KEY_BLOCK(t) key_blocks.at(t)
+  const float slope = fv::alibi_slope(p, head);
+  // Modified scores are scaled scores: the softmax's factor is log2(e) alone.
+  const float variant_scale_log2 = fv::kModifiesScores ? 1.4426950408889634f : p.scale_log2;
+#define FLASHJIT_SCALE_LOG2 variant_scale_log2
+#else
   const int n_blocks = fa::key_blocks<K::kCausal>(p, diagonal, m0, kBlockM, kBlockN);
+#define FLASHJIT_KEY_BLOCK(t) (t)
+// (Macros, as in the mma family: plain kernels compile exactly as before variants.)
+#define FLASHJIT_SCALE_LOG2 p.scale_log2
+#endif
 
   // Accumulator layout (per warp, as mma.sync m16n8 tiles): lane holds rows lane/4 and
   // lane/4 + 8, columns 2 * (lane % 4) + {0, 1} of each 8-column tile.
@@ -130,14 +151,18 @@ __device__ __forceinline__ void attention_forward_sm90(const FlashjitAttentionPa
 
   // Load group g carries K_g and V_{g-1} (what iteration g reads); group 0 also carries Q.
   auto load_group = [&](int g) {
-    if (g < n_blocks)
+    if (g < n_blocks) {
+      const int n0 = FLASHJIT_KEY_BLOCK(g) * kBlockN;
       wg_load_tile_async<K::kThreads, K::kHeadDim, kBlockN>(
-          k_tiles + (g % kStages) * K::kKvTileBytes, k + g * kBlockN * p.k_seq_stride,
-          p.k_seq_stride, p.seqlen_k - g * kBlockN);
-    if (g >= 1 && g - 1 < n_blocks)
+          k_tiles + (g % kStages) * K::kKvTileBytes, k + n0 * p.k_seq_stride, p.k_seq_stride,
+          p.seqlen_k - n0);
+    }
+    if (g >= 1 && g - 1 < n_blocks) {
+      const int n0 = FLASHJIT_KEY_BLOCK(g - 1) * kBlockN;
       wg_load_tile_async<K::kThreads, K::kHeadDim, kBlockN>(
-          v_tiles + ((g - 1) % kStages) * K::kKvTileBytes, v + (g - 1) * kBlockN * p.v_seq_stride,
-          p.v_seq_stride, p.seqlen_k - (g - 1) * kBlockN);
+          v_tiles + ((g - 1) % kStages) * K::kKvTileBytes, v + n0 * p.v_seq_stride, p.v_seq_stride,
+          p.seqlen_k - n0);
+    }
     cp_async_commit();
   };
   if (n_blocks > 0) {
@@ -186,8 +211,29 @@ __device__ __forceinline__ void attention_forward_sm90(const FlashjitAttentionPa
   u32 p_next[kBlockN / 16][4];
   float correction[2];
   auto softmax = [&](int j) {
+    const int n0 = FLASHJIT_KEY_BLOCK(j) * kBlockN;
+#ifdef FLASHJIT_VARIANT
+    // The variant's scores and mask, per element, in the blocks that need either.
+    const bool all_visible = fv::block_fully_visible(p, diagonal, m0, kBlockM, n0, kBlockN);
+    if (fv::kModifiesScores || !all_visible) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = m0 + warp_row0 + frag_row + half * 8;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = n0 + nt * 8 + frag_col + e;
+            float& score = s[nt * 4 + 2 * half + e];
+            if (fv::kModifiesScores)
+              score = fv::score(score * p.scale, slope, batch, head, row, key);
+            if (!all_visible && !fv::visible(p, diagonal, batch, head, row, key))
+              score = minus_infinity();
+          }
+      }
+    }
+#else
     // Keys past seqlen_k and, when causal, above the diagonal: only blocks crossing an edge.
-    const int n0 = j * kBlockN;
     if (fa::block_needs_mask<K::kCausal>(p, diagonal, m0, n0, kBlockN)) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
@@ -200,6 +246,7 @@ __device__ __forceinline__ void attention_forward_sm90(const FlashjitAttentionPa
             if (nt * 8 + e > limit) s[nt * 4 + 2 * half + e] = minus_infinity();
       }
     }
+#endif
     // Online softmax, base 2, scale folded into one FMA per score; P packed to 16 bits.
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -210,14 +257,15 @@ __device__ __forceinline__ void attention_forward_sm90(const FlashjitAttentionPa
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
       // A row that has seen no key yet has max -inf; subtract 0 instead so exp2 gives 0, not NaN.
-      const float max_scaled = fa::scaled_row_max(block_max, p.scale_log2);
-      correction[half] = fast_exp2(row_max[half] * p.scale_log2 - max_scaled);
+      const float max_scaled = fa::scaled_row_max(block_max, FLASHJIT_SCALE_LOG2);
+      correction[half] = fast_exp2(row_max[half] * FLASHJIT_SCALE_LOG2 - max_scaled);
       row_max[half] = block_max;
       float sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt) {
-        const float p0 = fast_exp2(fmaf(s[nt * 4 + 2 * half], p.scale_log2, -max_scaled));
-        const float p1 = fast_exp2(fmaf(s[nt * 4 + 2 * half + 1], p.scale_log2, -max_scaled));
+        const float p0 = fast_exp2(fmaf(s[nt * 4 + 2 * half], FLASHJIT_SCALE_LOG2, -max_scaled));
+        const float p1 =
+            fast_exp2(fmaf(s[nt * 4 + 2 * half + 1], FLASHJIT_SCALE_LOG2, -max_scaled));
         sum += p0 + p1;
         // Key tiles (2t, 2t + 1) form k-step t's A fragment: {row, row + 8} x {tile 2t, 2t + 1}.
         p_next[nt / 2][(nt % 2) * 2 + half] = pack2<K::kIsBf16>(p0, p1);
@@ -287,8 +335,8 @@ __device__ __forceinline__ void attention_forward_sm90(const FlashjitAttentionPa
         *reinterpret_cast<u32*>(q_tile_pointer + wg_tile_offset<kBlockM>(row, col)) = packed;
       }
     if (lse && lane % 4 == 0 && m0 + row < p.seqlen_q) {
-      lse[m0 + row] =
-          fa::row_lse(row_max[half], p.scale_log2, sum, [](float x) { return fast_log2(x); });
+      lse[m0 + row] = fa::row_lse(row_max[half], FLASHJIT_SCALE_LOG2, sum,
+                                  [](float x) { return fast_log2(x); });
     }
   }
   __syncwarp();
@@ -303,6 +351,8 @@ __device__ __forceinline__ void attention_forward_sm90(const FlashjitAttentionPa
           *reinterpret_cast<const Vec16*>(q_tile_pointer + wg_tile_offset<kBlockM>(row, col));
     }
   }
+#undef FLASHJIT_KEY_BLOCK
+#undef FLASHJIT_SCALE_LOG2
 }
 
 }  // namespace flashjit_kernel

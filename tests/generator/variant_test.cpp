@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <limits>
+#include <set>
 #include <string>
 
 #include "generator/config.hpp"
@@ -118,18 +119,29 @@ TEST(Variant, KeyNamesEverythingCompiledIn) {
   EXPECT_FALSE(ProblemKey::of(windowed).is_stored());  // not a DB column yet: the default
 }
 
-TEST(Variant, OnlyTheMmaFamilyAndTheCpuTakeVariants) {
+TEST(Variant, TheCudaPrefillFamiliesAndTheCpuTakeVariants) {
   Variant v;
   v.window_left = 256;
   const AttentionProblem p = problem_with(v);
   const DeviceSpec h100 = known_device("sm90").value();
   const std::vector<AttentionConfig> legal = legal_configs(p, h100);
   ASSERT_FALSE(legal.empty());
-  for (const AttentionConfig& c : legal) EXPECT_EQ(c.family, KernelFamily::Mma) << c.to_string();
-  EXPECT_EQ(default_config(p, h100).value().family, KernelFamily::Mma);
-  const Status ws = check_config(AttentionConfig::parse("m128n128w12s2-ws").value(), p, h100);
-  ASSERT_FALSE(ws.ok());
-  EXPECT_EQ(ws.error().code, ErrorCode::Unsupported);
+  std::set<KernelFamily> families;
+  for (const AttentionConfig& c : legal) families.insert(c.family);
+  EXPECT_EQ(families,
+            (std::set<KernelFamily>{KernelFamily::Mma, KernelFamily::Wgmma, KernelFamily::Ws}));
+  // The defaults are the plain problem's (sm90 d128: the -ws tile).
+  EXPECT_EQ(default_config(p, h100).value(), default_config(problem_with(Variant()), h100).value());
+  EXPECT_EQ(default_config(p, h100).value().family, KernelFamily::Ws);
+  EXPECT_EQ(default_config(p, known_device("sm80").value()).value().family, KernelFamily::Mma);
+  // A mask_mod: not the wgmma family (ptxas serializes its wgmmas with one), the others.
+  Variant masked = v;
+  masked.mask_mod = "(q_idx / 64) == (kv_idx / 64)";
+  const AttentionProblem m = problem_with(masked);
+  const Status wgmma = check_config(AttentionConfig::parse("m128n64w8s2-wgmma").value(), m, h100);
+  ASSERT_FALSE(wgmma.ok());
+  EXPECT_EQ(wgmma.error().code, ErrorCode::Unsupported);
+  EXPECT_EQ(default_config(m, h100).value().family, KernelFamily::Ws);
   // A decode-shaped problem: no -decode configs for a variant.
   AttentionProblem decode = AttentionProblem::make(4, 32, 8, 1, 4096, 128, DType::BF16, false);
   decode.variant = v;
@@ -173,14 +185,14 @@ TEST(Variant, PlainSourcesAreUnchangedAndVariantsOnlyAddTheirPrelude) {
   }
   EXPECT_EQ(without_prelude(cuda_variant->text, variant), cuda_plain->text);
   EXPECT_EQ(without_prelude(cpu_variant->text, variant), cpu_plain->text);
-  // The other families' and the backward's plain sources carry no variant either.
-  const DeviceSpec h100 = known_device("sm90").value();
-  for (const AttentionConfig& c : legal_configs(plain, h100)) {
-    if (c.family == KernelFamily::Mma) continue;
-    const Result<KernelSource> s = render_cuda_attention(plain, c);
-    ASSERT_TRUE(s.ok()) << c.to_string();
-    EXPECT_EQ(s->text.find("FLASHJIT_VARIANT"), std::string::npos) << c.to_string();
-    break;
+  // The wgmma and -ws families likewise.
+  for (const char* name : {"m128n64w8s2-wgmma", "m128n128w12s2-ws-pp-persist"}) {
+    const AttentionConfig config = AttentionConfig::parse(name).value();
+    const Result<KernelSource> family_plain = render_cuda_attention(plain, config);
+    const Result<KernelSource> family_variant = render_cuda_attention(variant, config);
+    ASSERT_TRUE(family_plain.ok() && family_variant.ok()) << name;
+    EXPECT_EQ(family_plain->text.find("#define FLASHJIT_VARIANT"), std::string::npos) << name;
+    EXPECT_EQ(without_prelude(family_variant->text, variant), family_plain->text) << name;
   }
   // The user's expression lands on one marked line of the variant's source.
   const std::string line = "return static_cast<float>(score - 0.1f * abs(q_idx - kv_idx));  " +

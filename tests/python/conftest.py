@@ -291,3 +291,57 @@ def require_cpu_backward():
         if backward_unavailable(error):
             pytest.skip(f"not merged yet: {error}")
         raise
+
+
+def reference_variant_attention(q, k, v, causal=False, scale=None, layout="bshd", window=None,
+                                softcap=None, alibi_slopes=None, prefix=0, score_mod=None,
+                                mask_mod=None):
+    """fp64 attention with an attention variant (numpy), as generator/problem.hpp's Variant and
+    tuner/reference.cpp define it: (o in `layout`, lse (batch, heads_q, seqlen_q)).
+
+    Query row i sees key j iff j < seqlen_k and (j < prefix or j lies in the band
+    [i + diagonal - left, i + diagonal + right] (diagonal = seqlen_k - seqlen_q; -1 = that side
+    unbounded; causal makes right 0)) and mask_mod(b, h, i, j). A seen key's score is
+    s = scale * q . k, then softcap * tanh(s / softcap), + slope[h] * (j - i), then
+    score_mod(s, b, h, i, j). score_mod / mask_mod are numpy-vectorized Python equivalents of the
+    C++ expressions (broadcast arrays b, h, i, j of shape (batch, heads, seqlen_q, seqlen_k)).
+    Rows that see no key: o = 0, lse = +inf."""
+    q, k, v = (to_bshd(np.asarray(x, dtype=np.float64), layout) for x in (q, k, v))
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    group = heads_q // heads_kv
+    k = np.repeat(k, group, axis=2)
+    v = np.repeat(v, group, axis=2)
+    scale = 1.0 / np.sqrt(head_dim) if scale is None else scale
+    s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    b = np.arange(batch)[:, None, None, None]
+    h = np.arange(heads_q)[None, :, None, None]
+    i = np.arange(seqlen_q)[None, None, :, None]
+    j = np.arange(seqlen_k)[None, None, None, :]
+    left, right = (-1, -1) if window is None else window
+    right = 0 if causal else right
+    diagonal = seqlen_k - seqlen_q
+    in_band = np.ones(s.shape, dtype=bool)
+    if left >= 0:
+        in_band &= j >= i + diagonal - left
+    if right >= 0:
+        in_band &= j <= i + diagonal + right
+    visible = in_band | (j < prefix)
+    if mask_mod is not None:
+        visible = visible & np.broadcast_to(mask_mod(b, h, i, j), s.shape)
+    if softcap is not None:
+        s = softcap * np.tanh(s / softcap)
+    if alibi_slopes is not None:
+        s = s + np.asarray(alibi_slopes, dtype=np.float64)[None, :, None, None] * (j - i)
+    if score_mod is not None:
+        s = np.broadcast_to(score_mod(s, b, h, i, j), s.shape)
+    s = np.where(visible, s, -np.inf)
+    empty = ~visible.any(axis=-1, keepdims=True)  # (batch, heads, seqlen_q, 1)
+    row_max = np.where(empty, 0.0, s.max(axis=-1, keepdims=True))
+    p = np.exp(s - row_max)
+    total = p.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.where(empty, 0.0, p / np.where(total > 0, total, 1.0))
+        lse = np.where(empty[..., 0], np.inf, np.log(total[..., 0]) + row_max[..., 0])
+    o = np.einsum("bhqk,bkhd->bqhd", p, v)
+    return to_bshd(o, layout), lse

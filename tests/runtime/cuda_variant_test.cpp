@@ -1,9 +1,11 @@
-// GPU correctness of the CUDA forward with attention variants (the mma family, the one that takes
-// them in stage 1): every legal config of d64 fp16 and d128 bf16 for each case of
-// tests/support/variant_cases.hpp, over the GPU test shapes (a single row, ragged tails,
+// GPU correctness of the CUDA forward with attention variants (the mma family everywhere, the
+// wgmma and -ws families on sm90): every legal config of d64 fp16 and d128 bf16 for each case of
+// tests/support/variant_cases.hpp (of the -ws family: each tile in its plain schedule, and the
+// default tile in all four), over the GPU test shapes (a single row, ragged tails,
 // seqlen_q != seqlen_k both ways, GQA/MQA, padded strides, BHSD), against the fp64 reference with
-// poisoned outputs; hidden key blocks set to NaN on a long-key shape. Skips, with the reason,
-// where there is no CUDA GPU (FLASHJIT_EXPECT_GPU=1 makes that a failure).
+// poisoned outputs; hidden key blocks set to NaN on a long-key shape (a window, and a window with
+// a mask_mod). $FLASHJIT_TEST_FAMILIES ("mma", "wgmma", "ws") restricts the configs. Skips, with
+// the reason, where there is no CUDA GPU (FLASHJIT_EXPECT_GPU=1 makes that a failure).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -29,6 +31,22 @@ namespace ft = ::flashjit::testing;
 constexpr double kMaxOutputRelError = 1e-2;
 constexpr double kMaxLseAbsError = 1e-3;
 
+// The configs to run for `problem`: the legal ones of the selected families, the -ws family's
+// schedules (-pp, -persist: the same tile code, walked differently; the -ws emulation test runs
+// them all with variants) only at the default tile.
+std::vector<AttentionConfig> configs_to_run(const cuda::CudaBackend& backend,
+                                            const AttentionProblem& problem) {
+  const Result<AttentionConfig> chosen = backend.default_config(problem);
+  std::vector<AttentionConfig> configs = ft::selected_families(backend.legal_configs(problem));
+  std::erase_if(configs, [&](const AttentionConfig& c) {
+    const bool same_tile = chosen.ok() && chosen->family == c.family &&
+                           chosen->block_m == c.block_m && chosen->block_n == c.block_n &&
+                           chosen->stages == c.stages;
+    return c.family == KernelFamily::Ws && (c.pingpong || c.persistent) && !same_tile;
+  });
+  return configs;
+}
+
 class CudaVariant : public ::testing::TestWithParam<ft::VariantCase> {
  protected:
   void SetUp() override { FLASHJIT_REQUIRE_GPU(); }
@@ -41,8 +59,8 @@ TEST_P(CudaVariant, EveryLegalConfigMatchesTheReference) {
     AttentionProblem probe =
         ft::make_problem(ft::gpu_test_shapes()[0], head_dim, dtype, c.causal, Pass::Forward);
     probe.variant = c.variant;
-    const std::vector<AttentionConfig> configs = backend.legal_configs(probe);
-    ASSERT_FALSE(configs.empty());
+    const std::vector<AttentionConfig> configs = configs_to_run(backend, probe);
+    if (configs.empty()) GTEST_SKIP() << "no config of the selected families";
     using Built = std::optional<Result<std::shared_ptr<Kernel>>>;
     const std::vector<Built> kernels = ft::parallel_map<Built>(configs.size(), [&](size_t i) {
       return Built(build_kernel(backend, nullptr, probe, configs[i]));
@@ -75,11 +93,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaVariant, ::testing::ValuesIn(ft::variant_cas
                            return std::string(info.param.name);
                          });
 
-// Key blocks a causal window hides from every query are never loaded: seqlen_q 64, seqlen_k 4096
-// (diagonal 4032), window 32: no query sees a key below 4000, so keys [0, 3840) (whole blocks of
-// every block_n) are NaN; a kernel that loads one writes NaN.
-TEST(CudaVariantBlocks, HiddenKeyBlocksAreNeverLoaded) {
-  FLASHJIT_REQUIRE_GPU();
+// One problem of HiddenKeyBlocksAreNeverLoaded (below).
+void check_hidden_blocks(bool mask_mod) {
   const cuda::CudaBackend& backend = *ft::gpu_backend();
   AttentionProblem problem = AttentionProblem::make(2, 4, 2, 64, 4096, 128, DType::BF16, true);
   problem.variant.window_left = 32;
@@ -94,16 +109,33 @@ TEST(CudaVariantBlocks, HiddenKeyBlocksAreNeverLoaded) {
           ft::set_element(inputs.k.data(), at, NAN, problem.dtype);
           ft::set_element(inputs.v.data(), at, NAN, problem.dtype);
         }
-  const ft::Reference reference = ft::reference_attention(problem, inputs);
+  VariantFunctions functions;
+  if (mask_mod) {
+    problem.variant.mask_mod = "(q_idx + kv_idx) % 3 != 0";
+    functions.mask_mod = [](int64_t, int64_t, int64_t i, int64_t j) { return (i + j) % 3 != 0; };
+  }
+  const ft::Reference reference = ft::reference_attention(problem, inputs, functions);
   Result<ft::DeviceTensors> tensors = ft::upload(backend, problem, inputs);
   ASSERT_TRUE(tensors.ok()) << tensors.error().describe();
-  for (const AttentionConfig& config : backend.legal_configs(problem)) {
+  for (const AttentionConfig& config : configs_to_run(backend, problem)) {
     Result<std::shared_ptr<Kernel>> kernel = build_kernel(backend, nullptr, problem, config);
     ASSERT_TRUE(kernel.ok()) << kernel.error().describe();
     const ft::RunOutput out = ft::run_poisoned(backend, **kernel, problem, *tensors);
     ASSERT_TRUE(out.status.ok()) << out.status.error().describe();
     EXPECT_TRUE(ft::matches_reference(ft::compare(problem, out.o, out.lse, reference)))
         << config.to_string();
+  }
+}
+
+// Key blocks a causal window hides from every query are never loaded: seqlen_q 64, seqlen_k 4096
+// (diagonal 4032), window 32: no query sees a key below 4000, so keys [0, 3840) (whole blocks of
+// every block_n) are NaN; a kernel that loads one writes NaN. The same with a user mask_mod and
+// the window (a mask_mod only hides more: the window's blocks are still all that is visited).
+TEST(CudaVariantBlocks, HiddenKeyBlocksAreNeverLoaded) {
+  FLASHJIT_REQUIRE_GPU();
+  for (const bool mask_mod : {false, true}) {
+    SCOPED_TRACE(mask_mod ? "window + mask_mod" : "window");
+    check_hidden_blocks(mask_mod);
   }
 }
 

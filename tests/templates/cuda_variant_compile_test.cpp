@@ -1,12 +1,14 @@
-// The CUDA mma forward with attention variants compiles with NVRTC for sm80 and sm90 without
-// spilling more than the same plain config does (nothing, at these tiles), for each variant kind
-// and a combination, at the default tile and (user expressions) at the register-heaviest legal
-// tile; and a user expression
-// that does not compile is a CompileFailed error quoting it and NVRTC's first message. No GPU
-// needed (NVRTC only).
+// The CUDA forward with attention variants compiles with NVRTC without spilling more than the
+// same plain config does (nothing, at these tiles), for each variant kind and a combination: the
+// mma family for sm80 (and the combination for sm90), the wgmma and -ws families for sm90a, at
+// the default tile and (user expressions, the built-in ones together) at the register-heaviest
+// legal tile, the wgmmas never serialized by ptxas and (-ws) setmaxnreg never ignored; and a user
+// expression that does not compile is a CompileFailed error quoting it and NVRTC's first message.
+// No GPU needed (NVRTC only).
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -63,7 +65,14 @@ struct Job {
   int arch;
 };
 
-cuda::PtxasReport compile(const Job& job, std::string* error) {
+// ptxas's report of a job, and whether it serialized the wgmmas (its log says so).
+struct Outcome {
+  cuda::PtxasReport report;
+  bool wgmma_serialized = false;
+  bool setmaxnreg_warning = false;  // ptxas ignored or warned about setmaxnreg (-ws)
+};
+
+Outcome compile(const Job& job, std::string* error) {
   Result<KernelSource> source = render_cuda_attention(job.problem, job.config);
   if (!source.ok()) {
     *error = source.error().describe();
@@ -74,21 +83,34 @@ cuda::PtxasReport compile(const Job& job, std::string* error) {
     *error = binary.error().describe();
     return {};
   }
-  return cuda::parse_ptxas_report(binary->compile_log);
+  const std::string& log = binary->compile_log;
+  return {cuda::parse_ptxas_report(log),
+          log.find("wgmma.mma_async instructions are serialized") != std::string::npos,
+          log.find("setmaxnreg") != std::string::npos || log.find("C7508") != std::string::npos};
 }
 
-// The default tile and the register-heaviest legal one of `problem` (the mma family's).
-std::vector<AttentionConfig> tiles_of(const AttentionProblem& problem, const DeviceSpec& device) {
+// The default tile of `family` (the formula's pick among its legal tiles when the device's
+// default is of another family) and its register-heaviest legal tile.
+std::vector<AttentionConfig> tiles_of(const AttentionProblem& problem, const DeviceSpec& device,
+                                      KernelFamily family) {
   std::vector<AttentionConfig> legal = legal_configs(problem, device);
-  std::erase_if(legal, [](const AttentionConfig& c) { return c.family != KernelFamily::Mma; });
+  std::erase_if(legal, [&](const AttentionConfig& c) { return c.family != family; });
   if (legal.empty()) return {};
   const AttentionConfig heaviest = *std::max_element(
       legal.begin(), legal.end(), [&](const AttentionConfig& a, const AttentionConfig& b) {
         return estimated_registers(a, problem) < estimated_registers(b, problem);
       });
-  const AttentionConfig def = default_config(problem, device).value();
+  AttentionConfig def = default_config(problem, device).value();
+  if (def.family != family) def = legal.front();
   if (def == heaviest) return {def};
   return {def, heaviest};
+}
+
+// FLASHJIT_COMPILE_ALL=1: every variant of the list below (the GPU session's run), else CI's
+// subset.
+bool compile_all() {
+  const char* all = std::getenv("FLASHJIT_COMPILE_ALL");
+  return all != nullptr && std::string(all) == "1";
 }
 
 TEST(CudaVariantCompile, EveryVariantCompilesWithoutNewSpills) {
@@ -96,18 +118,47 @@ TEST(CudaVariantCompile, EveryVariantCompilesWithoutNewSpills) {
       AttentionProblem::make(1, 16, 16, 4096, 4096, 128, DType::BF16, /*causal=*/true);
   std::vector<Job> jobs;  // the plain baselines (one per arch and tile) first, then the variants
   std::vector<Job> variant_jobs;
-  for (int arch : {80, 90}) {
+  struct Target {
+    int arch;
+    KernelFamily family;
+  };
+  for (const Target target : {Target{80, KernelFamily::Mma}, Target{90, KernelFamily::Mma},
+                              Target{90, KernelFamily::Wgmma}, Target{90, KernelFamily::Ws}}) {
+    const int arch = target.arch;
+    const bool mma90 = arch == 90 && target.family == KernelFamily::Mma;
     const DeviceSpec device = known_device("sm" + std::to_string(arch)).value();
-    // sm80: every variant at its default tile, the heaviest tile too for the user expressions;
-    // sm90 (the same template): the combination at its default tile.
+    // mma on sm80, wgmma and -ws on sm90: every variant at its default tile, the heaviest tile
+    // too for the user expressions (mma) or the combinations (wgmma, -ws); mma on sm90 (the same
+    // template as on sm80): the combination at its default tile. CI (without
+    // FLASHJIT_COMPILE_ALL=1) compiles a third of that: each family's register-heaviest
+    // variants (sm80 for the mma template).
     for (const Named& named : variants()) {
       const std::string name = named.name;
-      if (arch == 90 && name != "everything") continue;
+      if (mma90 && name != "everything") continue;
+      const bool in_ci =
+          target.family == KernelFamily::Mma
+              ? !mma90 && (name == "everything" || name == "mask_mod")
+              : name == "softcap_alibi" ||
+                    name == (target.family == KernelFamily::Ws ? "everything" : "score_mod");
+      if (!compile_all() && !in_ci) continue;
       AttentionProblem p = plain;
       p.variant = named.variant;
-      std::vector<AttentionConfig> tiles = tiles_of(p, device);
+      std::vector<AttentionConfig> tiles = tiles_of(p, device, target.family);
+      if (target.family == KernelFamily::Wgmma && !p.variant.mask_mod.empty()) {
+        // Refused (ptxas serializes the wgmmas with one): config.cpp.
+        EXPECT_TRUE(tiles.empty()) << named.name;
+        const Status refused =
+            check_config(AttentionConfig::parse("m128n64w8s2-wgmma").value(), p, device);
+        ASSERT_FALSE(refused.ok());
+        EXPECT_EQ(refused.error().code, ErrorCode::Unsupported);
+        continue;
+      }
       ASSERT_FALSE(tiles.empty()) << named.name;
-      if (arch == 90 || (name != "everything" && name != "mask_mod")) tiles.resize(1);
+      const bool heaviest_too =
+          target.family != KernelFamily::Mma
+              ? name == "everything" || name == "softcap_alibi" || name == "score_mod"
+              : !mma90 && (name == "everything" || name == "mask_mod");
+      if (!heaviest_too) tiles.resize(1);
       for (const AttentionConfig& tile : tiles) {
         variant_jobs.push_back({named.name, p, tile, arch});
         const bool seen = std::any_of(jobs.begin(), jobs.end(), [&](const Job& j) {
@@ -120,13 +171,17 @@ TEST(CudaVariantCompile, EveryVariantCompilesWithoutNewSpills) {
   const size_t baselines = jobs.size();
   jobs.insert(jobs.end(), variant_jobs.begin(), variant_jobs.end());
   std::vector<std::string> errors(jobs.size());
-  const std::vector<cuda::PtxasReport> reports = testing::parallel_map<cuda::PtxasReport>(
+  const std::vector<Outcome> outcomes = testing::parallel_map<Outcome>(
       jobs.size(), [&](size_t i) { return compile(jobs[i], &errors[i]); });
+  std::vector<cuda::PtxasReport> reports;
+  for (const Outcome& outcome : outcomes) reports.push_back(outcome.report);
   for (size_t i = 0; i < jobs.size(); ++i) {
     const std::string where =
         jobs[i].label + " sm" + std::to_string(jobs[i].arch) + " " + jobs[i].config.to_string();
     ASSERT_EQ(errors[i], "") << where;
     ASSERT_GE(reports[i].spill_store_bytes, 0) << where << ": no ptxas report";
+    EXPECT_FALSE(outcomes[i].wgmma_serialized) << where << ": ptxas serialized the wgmmas";
+    EXPECT_FALSE(outcomes[i].setmaxnreg_warning) << where << ": ptxas ignored setmaxnreg";
     if (i < baselines) continue;
     size_t base = 0;
     while (!(jobs[base].arch == jobs[i].arch && jobs[base].config == jobs[i].config)) ++base;

@@ -31,9 +31,14 @@ __device__ __forceinline__ void attention_forward_ws(const FlashjitAttentionPara
 
   const int diagonal = fa::diagonal(p);
   const int warpgroup = threadIdx.x / 128;
-  // The query block's key blocks (0 for a causal block above a seqlen_q > seqlen_k diagonal).
+  // The query block's key blocks (none for a causal block above a seqlen_q > seqlen_k
+  // diagonal; an attention variant's: its range, ws/mainloop.cuh).
   auto key_blocks = [&](int m0) {
-    return fa::key_blocks<K::kCausal>(p, diagonal, m0, K::kBlockM, K::kBlockN);
+#ifdef FLASHJIT_VARIANT
+    return flashjit_variant::key_blocks(p, diagonal, m0, K::kBlockM, K::kBlockN);
+#else
+    return WsKeyBlocks{fa::key_blocks<K::kCausal>(p, diagonal, m0, K::kBlockM, K::kBlockN)};
+#endif
   };
 
   if (threadIdx.x == 0) {
@@ -65,10 +70,10 @@ __device__ __forceinline__ void attention_forward_ws(const FlashjitAttentionPara
     WsReads<K> at;
     for (WsTile tile; tiles.next(tile);) {
       const int m0 = tile.m_block * K::kBlockM;
-      const int n_blocks = key_blocks(m0);
+      const WsKeyBlocks blocks = key_blocks(m0);
       WsAccumulators<K> acc;
-      ws_consume<K>(p, smem, turns, consumer, m0, n_blocks, diagonal, at, acc);
-      ws_epilogue<K>(p, maps, smem, tile, consumer, m0, n_blocks, acc);
+      ws_consume<K>(p, smem, turns, consumer, tile, m0, blocks, diagonal, at, acc);
+      ws_epilogue<K>(p, maps, smem, tile, consumer, m0, blocks.count(), acc);
     }
   }
 }

@@ -50,7 +50,12 @@ __device__ __forceinline__ void ws_epilogue(const FlashjitAttentionParams& p,
     const int row = tile_row0 + 8 * half;
     const float sum = acc.softmax.row_total(half);
     if (lse && lane % 4 == 0 && m0 + row < p.seqlen_q) {
-      lse[m0 + row] = flashjit_attention::row_lse(acc.softmax.row_max[half], p.scale_log2, sum,
+#ifdef FLASHJIT_VARIANT
+      const float scale_log2 = flashjit_variant::softmax_scale_log2(p);
+#else
+      const float scale_log2 = p.scale_log2;
+#endif
+      lse[m0 + row] = flashjit_attention::row_lse(acc.softmax.row_max[half], scale_log2, sum,
                                                   [](float x) { return fast_log2(x); });
     }
     if (n_blocks == 0) continue;

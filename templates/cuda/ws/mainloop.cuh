@@ -25,8 +25,23 @@
 // The pipelines' positions and the Q rounds carry over from tile to tile (a persistent CTA walks
 // several): WsLoads and WsReads hold them. A tile with no key (causal, seqlen_q > seqlen_k) loads
 // nothing and counts no Q round.
+//
+// The key blocks of a tile come as a WsKeyBlocks: count() of them, the t-th visited being block
+// at(t). Plain attention visits blocks 0 .. n-1; an attention variant (FLASHJIT_VARIANT,
+// templates/attention_variant.h) its key-block range (hidden blocks are never loaded), its mask
+// and scores replacing the causal mask (as in the mma and wgmma families).
 
 namespace flashjit_kernel {
+
+#ifdef FLASHJIT_VARIANT
+using WsKeyBlocks = flashjit_variant::KeyBlocks;
+#else
+struct WsKeyBlocks {
+  int n;
+  __device__ __forceinline__ int count() const { return n; }
+  __device__ __forceinline__ int at(int t) const { return t; }
+};
+#endif
 
 // The producer's position: the next buffer of each pipeline, and the Q tiles loaded so far.
 template <class K>
@@ -40,7 +55,9 @@ struct WsLoads {
 template <class K>
 __device__ __forceinline__ void ws_load(const WsShared<K>& smem,
                                         const FlashjitForwardTensorMaps& maps, const WsTile& tile,
-                                        int m0, int kv_head, int n_blocks, WsLoads<K>& at) {
+                                        int m0, int kv_head, const WsKeyBlocks& blocks,
+                                        WsLoads<K>& at) {
+  const int n_blocks = blocks.count();
   if (n_blocks == 0) return;  // no key: the consumers write O = 0 without waiting for anything
   // Block `block` of K or V into the next buffer of its pipeline.
   auto load = [&](const Pipeline<K::kStages>& pipe, PipelineState<K::kStages>& state, u32 tiles,
@@ -53,7 +70,7 @@ __device__ __forceinline__ void ws_load(const WsShared<K>& smem,
                   block * K::kBlockN, kv_head, tile.batch);
     state.advance();
   };
-  load(smem.k_pipe, at.k, smem.k, &maps.k, 0);  // K_0 first: it does not wait for the epilogue
+  load(smem.k_pipe, at.k, smem.k, &maps.k, blocks.at(0));  // K_0 first: no wait for the epilogue
   // Q: one box of 64 columns x kBlockM rows per 64-column block of the tile, once the previous
   // tile's O stores have read the buffer (Q empty's round q_rounds - 1).
   if (at.q_rounds > 0) mbarrier_wait(smem.q_empty, (at.q_rounds - 1) & 1);
@@ -64,10 +81,10 @@ __device__ __forceinline__ void ws_load(const WsShared<K>& smem,
                 tile.batch);
   ++at.q_rounds;
   for (int j = 1; j < n_blocks; ++j) {
-    load(smem.k_pipe, at.k, smem.k, &maps.k, j);
-    load(smem.v_pipe, at.v, smem.v, &maps.v, j - 1);
+    load(smem.k_pipe, at.k, smem.k, &maps.k, blocks.at(j));
+    load(smem.v_pipe, at.v, smem.v, &maps.v, blocks.at(j - 1));
   }
-  load(smem.v_pipe, at.v, smem.v, &maps.v, n_blocks - 1);
+  load(smem.v_pipe, at.v, smem.v, &maps.v, blocks.at(n_blocks - 1));
 }
 
 // The producer, after its last tile: waits until the consumers released every buffer (the
@@ -97,8 +114,10 @@ struct WsAccumulators {
 template <class K>
 __device__ __forceinline__ void ws_consume(const FlashjitAttentionParams& p,
                                            const WsShared<K>& smem, const WsTurns<K>& turns,
-                                           int consumer, int m0, int n_blocks, int diagonal,
-                                           WsReads<K>& at, WsAccumulators<K>& out) {
+                                           int consumer, const WsTile& tile, int m0,
+                                           const WsKeyBlocks& blocks, int diagonal, WsReads<K>& at,
+                                           WsAccumulators<K>& out) {
+  const int n_blocks = blocks.count();
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kDp = K::kHeadDimPadded;
   constexpr int kPvChunk = K::kPvChunk, kPvChunks = K::kPvChunks;
   const int warp = (threadIdx.x / 32) % 4;  // within the warpgroup
@@ -147,10 +166,20 @@ __device__ __forceinline__ void ws_consume(const FlashjitAttentionParams& p,
             advance(v_desc, t * 16 * 128 + c * (kPvChunk / 64) * kBlockN * 128), 1);
     wgmma_commit();
   };
+#ifdef FLASHJIT_VARIANT
+  const float slope = flashjit_variant::alibi_slope(p, tile.head);
+  auto softmax = [&](int j) {  // S_j -> the variant's scores, masked; exponentials; m, l; corr.
+    out.softmax.variant(s, p, diagonal, first_row, row, blocks.at(j) * kBlockN, tile.batch,
+                        tile.head, slope);
+    out.softmax.update(s, flashjit_variant::softmax_scale_log2(p), correction);
+  };
+#else
+  (void)tile;
   auto softmax = [&](int j) {  // S_j -> its exponentials; m, l; correction
     out.softmax.mask(s, p, diagonal, first_row, row, j * kBlockN);
     out.softmax.update(s, p.scale_log2, correction);
   };
+#endif
 
   mbarrier_wait(smem.q_full, at.q_rounds & 1);
   ++at.q_rounds;

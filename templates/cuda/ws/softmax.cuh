@@ -43,6 +43,34 @@ struct WsSoftmax {
     }
   }
 
+#ifdef FLASHJIT_VARIANT
+  // The attention variant's scores and mask (templates/attention_variant.h) in key block
+  // [n0, n0 + BLOCK_N), instead of mask(): each score becomes the variant's score of
+  // scale * q . k (update() then takes softmax_scale_log2(p)), hidden keys -inf. Blocks every
+  // row of the warpgroup (64 from `first_row`) sees whole, with unmodified scores, pay one test.
+  __device__ __forceinline__ void variant(float (&s)[kNTiles * 4], const FlashjitAttentionParams& p,
+                                          int diagonal, int first_row, int row, int n0, int batch,
+                                          int head, float slope) const {
+    namespace fv = flashjit_variant;
+    const bool all_visible = fv::block_fully_visible(p, diagonal, first_row, 64, n0, BLOCK_N);
+    if (!fv::kModifiesScores && all_visible) return;
+    const int col = n0 + 2 * (threadIdx.x % 4);
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = col + nt * 8 + e;
+          float& x = s[nt * 4 + 2 * half + e];
+          if (fv::kModifiesScores)
+            x = fv::score(x * p.scale, slope, batch, head, row + 8 * half, key);
+          if (!all_visible && !fv::visible(p, diagonal, batch, head, row + 8 * half, key))
+            x = minus_infinity();
+        }
+  }
+#endif
+
   // Folds S_j into m and l: s <- exp2(s * scale_log2 - m_new * scale_log2) in place;
   // correction[half] = exp2((m_old - m_new) * scale_log2), the factor O and l are rescaled by.
   __device__ __forceinline__ void update(float (&s)[kNTiles * 4], float scale_log2,

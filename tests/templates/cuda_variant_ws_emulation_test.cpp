@@ -1,0 +1,181 @@
+// The warp-specialized forward (templates/cuda/ws/, configs "-ws") with an attention variant
+// (templates/attention_variant.h) run on the host through the sm_90a emulator
+// (tests/support/sm90_emulator.hpp: TMA loads landing when the scheduler chooses, mbarrier
+// phases, setmaxnreg checked against the launch, wgmma with late execution, TMA stores) against
+// the fp64 reference: causal sliding window + prefix-LM + soft-capping + ALiBi + a user score_mod
+// and mask_mod at once, so that the producer's block order, the consumers' masking and score
+// modification and the epilogue's LSE all run the variant. Hidden key blocks hold NaN: a kernel
+// that loads one fails. The variant is compiled in (one per translation unit); its defines are
+// those of cuda_variant_sm90_emulation_test.cpp, which checks them against the generator.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "generator/config.hpp"
+#include "generator/device.hpp"
+#include "generator/forward_config_ws.hpp"
+#include "generator/problem.hpp"
+#include "runtime/launch_params.hpp"
+#include "runtime/tensor_map_spec.hpp"
+#include "support/attention_cases.hpp"
+#include "support/reference.hpp"
+// The order matters (as the renderer assembles the source):
+// clang-format off
+#include "templates/attention_params.h"
+// (the emulated primitives before the templates)
+#include "support/sm90_emulator.hpp"
+#define FLASHJIT_VARIANT 1
+#define FLASHJIT_VARIANT_CAUSAL 1
+#define FLASHJIT_VARIANT_WINDOW_LEFT (40)
+#define FLASHJIT_VARIANT_WINDOW_RIGHT (-1)
+#define FLASHJIT_VARIANT_PREFIX 24
+#define FLASHJIT_VARIANT_SOFTCAP 2.000000000e+00f
+#define FLASHJIT_VARIANT_ALIBI 1
+#define FLASHJIT_VARIANT_SCORE_MOD 1
+#define FLASHJIT_VARIANT_MASK_MOD 1
+#include "templates/attention_variant.h"
+namespace flashjit_variant {
+FLASHJIT_DEVICE float user_score_mod(float score, int batch, int head, int q_idx, int kv_idx) {
+  return static_cast<float>(score - 0.05f * abs(q_idx - kv_idx) + 0.25f * head - batch);
+}
+FLASHJIT_DEVICE bool user_mask_mod(int batch, int head, int q_idx, int kv_idx) {
+  return static_cast<bool>((kv_idx + head + batch) % 5 != 0 || q_idx < 8);
+}
+}  // namespace flashjit_variant
+#include "templates/attention_common.h"
+// (tiles, then the -ws pieces in the renderer's order)
+#include "templates/cuda/sm90_tiles.cuh"
+#include "templates/cuda/ws/pipeline.cuh"
+#include "templates/cuda/ws/traits.cuh"
+#include "templates/cuda/ws/tile_scheduler.cuh"
+#include "templates/cuda/ws/pingpong.cuh"
+#include "templates/cuda/ws/softmax.cuh"
+#include "templates/cuda/ws/mainloop.cuh"
+#include "templates/cuda/ws/epilogue.cuh"
+#include "templates/cuda/ws/attention_fwd_ws.cuh"
+// clang-format on
+
+namespace flashjit {
+namespace {
+
+namespace ft = ::flashjit::testing;
+
+// The grid of a persistent config in the emulation (the device's is one CTA per SM slot).
+constexpr int kPersistentCtas = 2;
+
+Variant variant() {
+  Variant v;
+  v.window_left = 40;
+  v.softcap = 2.0f;
+  v.alibi = true;
+  v.prefix = 24;
+  v.score_mod = "score - 0.05f * abs(q_idx - kv_idx) + 0.25f * head - batch";
+  v.mask_mod = "(kv_idx + head + batch) % 5 != 0 || q_idx < 8";
+  return v;
+}
+VariantFunctions functions() {
+  VariantFunctions f;
+  f.score_mod = [](double s, int64_t b, int64_t h, int64_t i, int64_t j) {
+    return s - 0.05 * std::abs(static_cast<double>(i - j)) + 0.25 * h - b;
+  };
+  f.mask_mod = [](int64_t b, int64_t h, int64_t i, int64_t j) {
+    return (j + h + b) % 5 != 0 || i < 8;
+  };
+  return f;
+}
+
+template <class K>
+std::string run_forward(const AttentionProblem& problem, const AttentionConfig& config,
+                        const ft::HostInputs& inputs, const ft::Sm90Options& options,
+                        std::vector<uint16_t>* o, std::vector<float>* lse) {
+  o->assign(problem.o_span(), ft::kPoisonBits);
+  lse->assign(problem.lse_elements(), std::numeric_limits<float>::quiet_NaN());
+  AttentionArgs args{inputs.q.data(), inputs.k.data(), inputs.v.data(), o->data(), lse->data()};
+  args.alibi_slopes = inputs.alibi_slopes.data();
+  const FlashjitAttentionParams params = make_launch_params(problem, args);
+  Result<ForwardTensorMapSpecs> specs =
+      forward_tensor_map_specs(params, problem.head_dim, problem.dtype, config);
+  if (!specs.ok()) return specs.error().describe();
+  FlashjitForwardTensorMaps maps;
+  ft::encode_tensor_map(specs->q, &maps.q);
+  ft::encode_tensor_map(specs->k, &maps.k);
+  ft::encode_tensor_map(specs->v, &maps.v);
+  ft::encode_tensor_map(specs->o, &maps.o);
+  const LaunchShape launch = forward_launch(
+      problem, config, {K::kThreads, K::kSmemBytes, K::kPersistent ? kPersistentCtas : 0});
+  const ft::Sm90Grid grid{static_cast<int>(launch.grid_x), static_cast<int>(launch.grid_y),
+                          static_cast<int>(launch.grid_z)};
+  return ft::emulate_sm90(
+      grid, K::kThreads, K::kSmemBytes,
+      [&] { flashjit_kernel::attention_forward_ws<K>(params, maps); }, options);
+}
+
+struct Case {
+  ft::Shape shape;
+  int64_t nan_keys_begin = 0, nan_keys_end = 0;  // keys no query sees, set to NaN
+};
+
+// One config: WsTraits<HEAD_DIM, BLOCK_M, BLOCK_N, WARPS, STAGES, BF16, CAUSAL, PP, PERSIST>.
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int STAGES, bool BF16, bool PINGPONG,
+          bool PERSISTENT>
+void check() {
+  constexpr int kWarps = BLOCK_M / 16 + 4;
+  using K = flashjit_kernel::WsTraits<HEAD_DIM, BLOCK_M, BLOCK_N, kWarps, STAGES, BF16, true,
+                                      PINGPONG, PERSISTENT>;
+  AttentionConfig config{BLOCK_M, BLOCK_N, kWarps, STAGES, KernelFamily::Ws};
+  config.pingpong = PINGPONG;
+  config.persistent = PERSISTENT;
+  const DType dtype = BF16 ? DType::BF16 : DType::F16;
+  const Case cases[] = {
+      {{1, 1, 1, 1, 1}},
+      {{2, 2, 1, 70, 150}},  // GQA, more keys, ragged blocks; batch 1 shifts both mods
+      {{1, 2, 2, 100, 40}},  // more queries: the first 60 rows see only the prefix
+      // diagonal 260: row 0 sees [220, 260] and the prefix [0, 24): with 64-key blocks, keys
+      // [64, 192) are in blocks no row sees; with 128-key blocks none is hidden.
+      {{1, 2, 1, 40, 300}, BLOCK_N, BLOCK_N == 64 ? 192 : BLOCK_N},
+  };
+  uint64_t seed = 23;
+  for (const Case& c : cases) {
+    AttentionProblem problem = ft::make_problem(c.shape, HEAD_DIM, dtype, true, Pass::Forward);
+    problem.variant = variant();
+    ASSERT_TRUE(validate(problem).ok()) << validate(problem).error().describe();
+    ASSERT_TRUE(check_config(config, problem, *known_device("sm90")).ok()) << config.to_string();
+    ft::HostInputs inputs = ft::random_inputs(problem, seed++);
+    for (int64_t j = c.nan_keys_begin; j < c.nan_keys_end; ++j)
+      for (int64_t h = 0; h < problem.heads_kv; ++h)
+        for (int col = 0; col < HEAD_DIM; ++col) {
+          const int64_t k_at = j * problem.k_strides.seq + h * problem.k_strides.head + col;
+          const int64_t v_at = j * problem.v_strides.seq + h * problem.v_strides.head + col;
+          ft::set_element(inputs.k.data(), k_at, NAN, dtype);
+          ft::set_element(inputs.v.data(), v_at, NAN, dtype);
+        }
+    const ft::Reference reference = ft::reference_attention(problem, inputs, functions());
+    for (bool early : {false, true}) {
+      ft::Sm90Options options;
+      options.seed = seed;
+      options.early_landing = early;
+      options.late_wgmma = early;
+      options.launch_registers = K::kLaunchRegisters;
+      std::vector<uint16_t> o;
+      std::vector<float> lse;
+      const std::string where = config.to_string() + " " + c.shape.to_string() +
+                                (early ? " (loads early, wgmma waits late)" : " (loads late)");
+      ASSERT_EQ(run_forward<K>(problem, config, inputs, options, &o, &lse), "") << where;
+      EXPECT_TRUE(ft::matches_reference(ft::compare(problem, o, lse, reference))) << where;
+    }
+  }
+}
+
+TEST(CudaVariantWsEmulation, MatchesTheFp64Reference) {
+  // One consumer warpgroup, n64, 2 stages; two consumers taking turns (-pp), persistent (each
+  // CTA walks several tiles), n128, 3 stages.
+  check<64, 64, 64, 2, true, false, false>();
+  check<128, 128, 128, 3, false, true, true>();
+}
+
+}  // namespace
+}  // namespace flashjit
