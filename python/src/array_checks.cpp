@@ -1,5 +1,6 @@
 #include "array_checks.hpp"
 
+#include <algorithm>
 #include <limits>
 #include <utility>
 
@@ -48,16 +49,17 @@ Result<Layout> check_layout(const std::string& text) {
 
 Result<size_t> array_bytes(const std::vector<size_t>& shape, int bits) {
   size_t elements = 1;
-  for (size_t extent : shape) {
-    if (__builtin_mul_overflow(elements, extent, &elements)) elements = SIZE_MAX;
-  }
-  const size_t bytes_per_element = static_cast<size_t>(bits) / 8;
-  if (bytes_per_element > 0 && elements > SIZE_MAX / bytes_per_element) {
+  size_t total_bits = 0;
+  bool overflow = false;
+  for (size_t extent : shape)
+    overflow = overflow || __builtin_mul_overflow(elements, extent, &elements);
+  overflow = overflow || __builtin_mul_overflow(elements, static_cast<size_t>(bits), &total_bits);
+  if (overflow) {
     return make_error(ErrorCode::InvalidArgument,
                       "an output of " + std::to_string(shape.size()) + " axes of " +
                           std::to_string(bits) + "-bit elements is larger than memory can hold");
   }
-  return std::max<size_t>(1, elements * bytes_per_element);
+  return std::max<size_t>(1, total_bits / 8);
 }
 
 namespace {
