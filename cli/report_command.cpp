@@ -311,8 +311,10 @@ Result<std::string> peers_section(const fs::path& path) {
         for (const auto& [impl, name, color] : impls()) {
           std::optional<double> value = tflops_of(*row, impl);
           if (!value) continue;
+          // Clang 14 cannot capture a structured binding in a lambda (C++20, P1091).
+          const auto& series_name = name;
           auto series = std::find_if(panel.series.begin(), panel.series.end(),
-                                     [&](const svg::Series& s) { return s.name == name; });
+                                     [&](const svg::Series& s) { return s.name == series_name; });
           if (series == panel.series.end()) {
             panel.series.push_back({name, color, {}});
             series = panel.series.end() - 1;

@@ -6,7 +6,9 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <sstream>
+#include <utility>
 
 namespace flashjit {
 
@@ -128,6 +130,21 @@ int64_t span(const Strides& s, int64_t batch, int64_t seqlen, int64_t heads, int
   return (batch - 1) * s.batch + (seqlen - 1) * s.seq + (heads - 1) * s.head + head_dim;
 }
 
+// span() of extents >= 1 and strides >= 0 not yet validated (from a caller's arrays: any int64),
+// or nullopt when it does not fit an int64_t.
+std::optional<int64_t> checked_span(const Strides& s, int64_t batch, int64_t seqlen, int64_t heads,
+                                    int64_t head_dim) {
+  int64_t total = head_dim;
+  for (auto [extent, stride] : {std::pair{batch, s.batch}, {seqlen, s.seq}, {heads, s.head}}) {
+    int64_t term = 0;
+    if (__builtin_mul_overflow(extent - 1, stride, &term) ||
+        __builtin_add_overflow(total, term, &total)) {
+      return std::nullopt;
+    }
+  }
+  return total;
+}
+
 std::string str(int64_t v) { return std::to_string(v); }
 
 // The tensor's elements must not alias: sort the axes by stride and require each stride to
@@ -174,7 +191,8 @@ Status check_strides(const char* name, const Strides& s, int64_t batch, int64_t 
               ": must be a non-negative multiple of 8 elements (16-byte aligned rows)");
     }
   }
-  if (span(s, batch, seqlen, heads, head_dim) > (int64_t{1} << 62)) {
+  const std::optional<int64_t> spanned = checked_span(s, batch, seqlen, heads, head_dim);
+  if (!spanned || *spanned > (int64_t{1} << 62)) {
     return make_error(ErrorCode::InvalidArgument,
                       std::string(name) + " strides span more than 2^62 elements");
   }

@@ -159,6 +159,19 @@ Result<std::optional<std::string>> version_text(const Database& db, const char* 
   has_meta += ".sqlite_master WHERE type = 'table' AND name = 'meta'";
   Result<std::optional<std::string>> meta = db.query_text(has_meta, "reading the schema");
   if (!meta.ok() || !meta->has_value()) return meta;
+  // The tables flashjit reads must be tables: a view under one of their names (a file made to
+  // look like a tuning DB) could run any query, one that never ends included, on each read.
+  std::string not_table = "SELECT type || ' ' || name FROM ";
+  not_table += schema;
+  not_table +=
+      ".sqlite_master WHERE name IN ('meta', 'devices', 'results', 'choices', "
+      "'recorded_problems') AND type <> 'table'";
+  Result<std::optional<std::string>> odd = db.query_text(not_table, "reading the schema");
+  if (!odd.ok()) return odd.error();
+  if (odd->has_value()) {
+    return make_error(ErrorCode::IoError,
+                      "tuning DB " + db.path.string() + ": '" + **odd + "' is not a table");
+  }
   std::string sql = "SELECT value FROM ";
   sql += schema;
   sql += ".meta WHERE key = 'schema_version'";

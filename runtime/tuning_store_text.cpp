@@ -123,6 +123,38 @@ Status write_text(const Database& db, const fs::path& file) {
   return ok_status();
 }
 
+namespace {
+
+// A line of the text form is one INSERT of literals: a few hundred SQLite VM instructions. Any
+// INSERT passes the line check, though, including one that selects from a recursive CTE that
+// never ends; SQLite interrupts a statement past this many instructions (the line's error then
+// says so).
+constexpr int kProgressStep = 1000;        // instructions between progress callbacks
+constexpr int kMaxProgressSteps = 10'000;  // 10 million instructions per line
+
+struct LineBudget {
+  int steps = 0;
+  static int tick(void* self) {
+    return ++static_cast<LineBudget*>(self)->steps > kMaxProgressSteps;
+  }
+};
+
+// Installs the budget on `db` for the life of this object.
+class ProgressGuard {
+ public:
+  ProgressGuard(sqlite3* db, LineBudget& budget) : db_(db) {
+    sqlite3_progress_handler(db_, kProgressStep, &LineBudget::tick, &budget);
+  }
+  ~ProgressGuard() { sqlite3_progress_handler(db_, 0, nullptr, nullptr); }
+  ProgressGuard(const ProgressGuard&) = delete;
+  ProgressGuard& operator=(const ProgressGuard&) = delete;
+
+ private:
+  sqlite3* db_;
+};
+
+}  // namespace
+
 Status read_text(const Database& db, const fs::path& file) {
   std::ifstream in(file, std::ios::binary);
   if (!in) {
@@ -147,7 +179,10 @@ Status read_text(const Database& db, const fs::path& file) {
   }
   Transaction transaction(db);
   FLASHJIT_TRY(transaction.begin());
+  LineBudget budget;
+  const ProgressGuard guard(db.db, budget);
   while (std::getline(in, line)) {
+    budget.steps = 0;
     ++number;
     if (line.empty() || line.compare(0, 2, "--") == 0) continue;
     bool known = false;
@@ -170,6 +205,11 @@ Status read_text(const Database& db, const fs::path& file) {
       return line_error(file, number, "more than one statement on the line");
     }
     if (sqlite3_step(stmt.get()) != SQLITE_DONE) {
+      if (budget.steps > kMaxProgressSteps) {
+        return line_error(file, number,
+                          "the statement ran past " + std::to_string(kMaxProgressSteps) +
+                              " thousand SQLite instructions (one INSERT of values is expected)");
+      }
       return line_error(file, number, sqlite3_errmsg(db.db));
     }
   }

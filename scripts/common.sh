@@ -183,6 +183,7 @@ install_torch() {
 }
 
 # configure_and_build <ON|OFF: tests> [cmake --build args...]
+# CMAKE_EXTRA_ARGS (an array, optional): more -D arguments for the configure step.
 configure_and_build() {
   local tests="$1"
   shift
@@ -193,6 +194,7 @@ configure_and_build() {
     extra+=(-DFLASHJIT_SQLITE3_INCLUDE_DIR="${REPO_ROOT}/.deps/sqlite")
   fi
   if [[ -n "${PYTEST_PYTHON:-}" ]]; then extra+=(-DFLASHJIT_PYTEST_PYTHON="${PYTEST_PYTHON}"); fi
+  if declare -p CMAKE_EXTRA_ARGS >/dev/null 2>&1; then extra+=("${CMAKE_EXTRA_ARGS[@]}"); fi
   cmake -S "${REPO_ROOT}" -B "${BUILD_DIR}" -DCMAKE_BUILD_TYPE=Release \
     -DCUDAToolkit_ROOT="${CUDA_HOME}" -DFLASHJIT_BUILD_TESTS="${tests}" "${extra[@]}" >/dev/null
   log "building with ${JOBS} jobs"

@@ -3,10 +3,40 @@
 # machine without a GPU. The Python tests (pip install . and torch into build/pyenv, then pytest
 # tests/python) run as the ctest tests python_tests and python_torch_tests. CI reads ctest's
 # closing "N% tests passed, M tests failed out of T".
+#
+#   scripts/test.sh              the job CI runs (build/)
+#   scripts/test.sh --sanitize   the C++ suite built with AddressSanitizer + UndefinedBehavior-
+#                                Sanitizer (g++, -fno-sanitize-recover=undefined) into build-asan/
+#                                and run by ctest, without the tests SANITIZE_EXCLUDE names (why:
+#                                docs/RELIABILITY.md). A finding fails its test. Without Python.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 start=${SECONDS}
+if [[ "${1:-}" == "--sanitize" ]]; then
+  # cli_package_test: builds examples/cpp_consumer, without the sanitizer flags, against the
+  # installed (instrumented) library: its link cannot resolve the sanitizer runtime.
+  SANITIZE_EXCLUDE="${SANITIZE_EXCLUDE:-^cli_package_test$}"
+  BUILD_DIR="${BUILD_DIR_ASAN:-${REPO_ROOT}/build-asan}"
+  sanitize="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+  # --as-needed after the sanitizers: g++ links libasan with --no-as-needed, which would keep
+  # the CUDA driver stub (named by CUDA::nvrtc) as a dependency: libcuda.so.1 is dlopen'ed and
+  # absent on machines without a GPU, so the binaries would not start.
+  link="-fsanitize=address,undefined -Wl,--as-needed"
+  CMAKE_EXTRA_ARGS=(-DCMAKE_CXX_FLAGS="${sanitize}" -DCMAKE_C_FLAGS="${sanitize}"
+    -DCMAKE_EXE_LINKER_FLAGS="${link}" -DCMAKE_SHARED_LINKER_FLAGS="${link}"
+    -DFLASHJIT_BUILD_BENCH=OFF)
+  if command -v ccache >/dev/null; then CMAKE_EXTRA_ARGS+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
+  install_test_tools
+  configure_and_build ON
+  log "sanitizer build done in $((SECONDS - start)) s"
+  # Leaks are findings too; a sanitizer report ends the test with a failure.
+  export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1}"
+  export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+  ctest --test-dir "${BUILD_DIR}" --output-on-failure -j "${CTEST_JOBS:-2}" -E "${SANITIZE_EXCLUDE}"
+  log "sanitizer job done in $((SECONDS - start)) s"
+  exit 0
+fi
 install_test_tools
 prepare_python_tests || exit 1
 log "Python package installed in $((SECONDS - start)) s"

@@ -2,7 +2,9 @@
 // __dlpack__ or the buffer protocol) read without copies, checked against each other (dtype,
 // shape, place, a contiguous last axis) and turned into the AttentionProblem of the call, for the
 // forward (q, k, v, out, lse) and the backward (q, k, v, o, lse, do, dq, dk, dv). Errors name the
-// array and what is allowed. Also the outputs the module allocates itself.
+// array and what is allowed. The checks themselves are python/src/array_checks.hpp (pure C++,
+// fuzzed by tests/fuzz/python_arrays.cpp); here they are applied to nb::ndarrays and their errors
+// raised. Also the outputs the module allocates itself.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -16,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "array_checks.hpp"
 #include "errors.hpp"
 #include "generator/problem.hpp"
 #include "runtime/runtime.hpp"
@@ -27,12 +30,7 @@ using InArray = nb::ndarray<nb::ro>;
 using OutArray = nb::ndarray<>;
 
 std::string dtype_name(const nb::dlpack::dtype& dtype);  // "float16", "bfloat16", "int8", ...
-Layout parse_layout(const std::string& text);
-
-struct Call {
-  Place place;
-  AttentionProblem problem;
-};
+Layout parse_layout(const std::string& text);            // check_layout, raising its error
 
 // The attention variant of a call as python/flashjit/__init__.py passes it (_variant_spec): None
 // for plain attention, else the tuple (window_left, window_right, softcap or None, prefix,
@@ -40,20 +38,18 @@ struct Call {
 // slopes array, not from the tuple. The values are checked by validate() with the problem.
 Variant variant_of(const std::optional<nb::tuple>& spec);
 
-// Validates q, k, v (and out, lse when given) against each other and builds the forward problem
-// (o's strides: out's, else q's; the caller sets them for an output it allocates). `variant` (see
-// above) and `alibi_slopes` (fp32 [heads_q], contiguous, on q's device; sets variant.alibi) make
-// it an attention variant; validate() checks the variant's values (window sides, softcap, prefix,
-// the expressions) with the library's messages.
+// check_forward_arrays of the arrays' DLPack descriptions, raising its error: validates q, k, v
+// (and out, lse when given) against each other and builds the forward problem (o's strides:
+// out's, else q's; the caller sets them for an output it allocates); `variant` and
+// `alibi_slopes` as check_forward_arrays takes them.
 Call prepare(const InArray& q, const InArray& k, const InArray& v, const OutArray* out,
              const OutArray* lse, bool causal, std::optional<double> scale,
              const std::string& layout_name, const Variant& variant = {},
              const InArray* alibi_slopes = nullptr);
 
-// The backward's arrays: o and do with q's shape and dtype, lse float32 (batch, heads_q,
-// seqlen_q) contiguous (required: the error says where it comes from), dq with q's shape and
-// dk, dv with k's when given (contiguous in the layout when not: the caller allocates them so),
-// all on q's device. Builds the backward problem with every array's strides.
+// check_backward_arrays, raising its error: o and do with q's shape and dtype, lse float32
+// (batch, heads_q, seqlen_q) contiguous (required), dq with q's shape and dk, dv with k's when
+// given (contiguous in the layout when not: the caller allocates them so), all on q's device.
 Call prepare_backward(const InArray& q, const InArray& k, const InArray& v, const InArray& o,
                       const std::optional<InArray>& lse, const InArray& d_o, const OutArray* dq,
                       const OutArray* dk, const OutArray* dv, bool causal,

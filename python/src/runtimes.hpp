@@ -7,8 +7,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <tuple>
 
+#include "array_checks.hpp"
 #include "runtime/cuda/driver.hpp"
 #include "runtime/runtime.hpp"
 
@@ -27,22 +27,6 @@ class CudaContextGuard {
  private:
   const cuda::Driver* driver_ = nullptr;
   CUcontext saved_ = nullptr;
-};
-
-// Where arrays live and which backend runs them: ("cpu", 0) or ("cuda", ordinal).
-struct Place {
-  std::string backend;
-  int device = 0;
-  bool operator<(const Place& other) const {
-    return std::tie(backend, device) < std::tie(other.backend, other.device);
-  }
-  bool operator==(const Place& other) const {
-    return backend == other.backend && device == other.device;
-  }
-  bool cuda() const { return backend == "cuda"; }
-  std::string to_string() const {
-    return cuda() ? "cuda:" + std::to_string(device) : std::string("cpu");
-  }
 };
 
 // One Runtime per place, created on first use. Never destroyed at exit (deliberately leaked):

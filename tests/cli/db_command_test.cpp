@@ -298,6 +298,42 @@ TEST_F(DbCommandTest, TextFormRoundTripsEveryRowAndAcceptsNothingElse) {
   EXPECT_NE(missing.err.find("no such file"), std::string::npos) << missing.err;
 }
 
+// Files made to keep a reader busy forever (found while fuzzing the import path,
+// tests/fuzz/tuning_db.cpp): an INSERT of the text form that selects from a recursive query
+// without end, and a DB whose results table is a view over one. Each is an error within a
+// bounded time; the DB merged into keeps its rows.
+TEST_F(DbCommandTest, FilesThatWouldNeverFinishAreErrors) {
+  const fs::path out = dir_ / "out.db";
+  make_db(out, 1024, AttentionConfig{64, 64, 4, 2});
+  const auto rows = [&] { return flashjit::testing::query(out, "SELECT count(*) FROM results"); };
+  const std::vector<std::string> before = rows();
+
+  const fs::path text = dir_ / "forever.sql";
+  std::ofstream(text)
+      << "-- flashjit tuning DB, text form; schema_version 2\n"
+      << "INSERT INTO devices (device, backend, name, arch, sm_count, smem_per_block_optin, "
+         "l2_bytes, driver_version, compiler) WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT "
+         "x + 1 FROM c) SELECT 'd' || x, 'cuda', 'n', 90, 1, 1, 1, 1, 'c' FROM c WHERE (x < 0);\n";
+  Outcome endless = run({"merge", out.string(), text.string()});
+  EXPECT_EQ(endless.status, 2) << endless.err;
+  EXPECT_NE(endless.err.find(":2: the statement ran past"), std::string::npos) << endless.err;
+
+  const fs::path view = dir_ / "view.db";
+  make_db(view, 4096, AttentionConfig{128, 64, 4, 2});
+  flashjit::testing::query(view, "ALTER TABLE results RENAME TO results_real");
+  flashjit::testing::query(view,
+                           "CREATE VIEW results AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL "
+                           "SELECT x + 1 FROM c) SELECT * FROM results_real WHERE (SELECT "
+                           "count(*) FROM c) > 0");
+  Outcome merged = run({"merge", out.string(), view.string()});
+  EXPECT_EQ(merged.status, 1) << merged.err;
+  EXPECT_NE(merged.err.find("'view results' is not a table"), std::string::npos) << merged.err;
+  Outcome listed = run({"ls", "--db", view.string()});
+  EXPECT_EQ(listed.status, 1) << listed.err;
+  EXPECT_NE(listed.err.find("'view results' is not a table"), std::string::npos) << listed.err;
+  EXPECT_EQ(rows(), before);
+}
+
 TEST_F(DbCommandTest, ListingsNameThePass) {
   const fs::path path = dir_ / "passes.db";
   make_db(path, 1024, AttentionConfig{64, 64, 4, 2});  // forward

@@ -71,6 +71,23 @@ TEST(Problem, RejectsMisalignedAndOverlappingStrides) {
   expect_invalid(p, "o strides");
 }
 
+// Strides whose span does not fit an int64 (found by tests/fuzz/python_arrays.cpp: the span was
+// computed with a signed overflow) are an error, as are spans just past 2^62 elements.
+TEST(Problem, RejectsStridesWhoseSpanOverflows) {
+  auto p = valid_problem();
+  p.q_strides.seq = int64_t{1} << 60;  // 99 rows x 2^60: past int64
+  expect_invalid(p, "q strides span more than 2^62 elements");
+  p = valid_problem();
+  p.k_strides = {INT64_MAX - 7, 0, 0};  // batch 2: one step of ~2^63
+  expect_invalid(p, "k strides span more than 2^62 elements");
+  p = valid_problem();
+  p.o_strides.head = ((int64_t{1} << 62) / 7 + 8) / 8 * 8;  // 7 steps: just past 2^62
+  expect_invalid(p, "o strides span more than 2^62 elements");
+  // Within 2^62 and without overlap: 2^61 + 7 * 2^58 + 99 * 1024 + 128 elements.
+  p.o_strides = {int64_t{1} << 61, 8 * 128, int64_t{1} << 58};
+  EXPECT_TRUE(validate(p).ok()) << validate(p).error().message;
+}
+
 TEST(Problem, PaddedStridesAreAccepted) {
   auto p = AttentionProblem::make(2, 4, 4, 33, 33, 64, DType::F16, false);
   p.q_strides = {33 * (4 * 64 + 24), 4 * 64 + 24, 64};

@@ -331,7 +331,17 @@ TEST_F(TunerTest, TimingWaitsForTheDeviceAndSaysWhoHoldsIt) {
     EXPECT_TRUE(report.ok());
     done = true;
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // Until the tuner reaches its timing phase and says it waits (compiling and verifying come
+  // first: seconds under the sanitizers or a loaded machine), or a minute at most.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!done && std::chrono::steady_clock::now() < deadline) {
+    {
+      std::lock_guard<std::mutex> guard(mutex);
+      if (!messages.empty()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // still waiting, not timing
   EXPECT_FALSE(done) << "timed while the device was held";
   EXPECT_EQ(backend_.timed_batches, 0);
   held->release();
