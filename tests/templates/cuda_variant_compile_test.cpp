@@ -91,17 +91,23 @@ Outcome compile(const Job& job, std::string* error) {
 
 // The default tile of `family` (the formula's pick among its legal tiles when the device's
 // default is of another family) and its register-heaviest legal tile.
+// (The plain problem's configs that check_config accepts for the variant: legal_configs does not
+// offer the sm90 families for variants until they have run on a GPU, generator/config.cpp.)
 std::vector<AttentionConfig> tiles_of(const AttentionProblem& problem, const DeviceSpec& device,
                                       KernelFamily family) {
-  std::vector<AttentionConfig> legal = legal_configs(problem, device);
-  std::erase_if(legal, [&](const AttentionConfig& c) { return c.family != family; });
+  AttentionProblem plain = problem;
+  plain.variant = Variant();
+  std::vector<AttentionConfig> legal = legal_configs(plain, device);
+  std::erase_if(legal, [&](const AttentionConfig& c) {
+    return c.family != family || !check_config(c, problem, device).ok();
+  });
   if (legal.empty()) return {};
   const AttentionConfig heaviest = *std::max_element(
       legal.begin(), legal.end(), [&](const AttentionConfig& a, const AttentionConfig& b) {
         return estimated_registers(a, problem) < estimated_registers(b, problem);
       });
-  AttentionConfig def = default_config(problem, device).value();
-  if (def.family != family) def = legal.front();
+  AttentionConfig def = default_config(plain, device).value();
+  if (def.family != family || !check_config(def, problem, device).ok()) def = legal.front();
   if (def == heaviest) return {def};
   return {def, heaviest};
 }
