@@ -50,4 +50,34 @@ std::vector<VariantCase> variant_cases() {
   return out;
 }
 
+VariantCase emulated_variant(bool with_mask_mod) {
+  VariantCase c{with_mask_mod ? "emulated_with_mask_mod" : "emulated", true, {}, {}};
+  c.variant.window_left = 40;
+  c.variant.softcap = 2.0f;
+  c.variant.alibi = true;
+  c.variant.prefix = 24;
+  c.variant.score_mod = "score - 0.05f * abs(q_idx - kv_idx) + 0.25f * head - batch";
+  c.functions.score_mod = [](double s, int64_t b, int64_t h, int64_t i, int64_t j) {
+    return s - 0.05 * std::abs(static_cast<double>(i - j)) + 0.25 * h - b;
+  };
+  if (with_mask_mod) {
+    c.variant.mask_mod = "(kv_idx + head + batch) % 5 != 0 || q_idx < 8";
+    c.functions.mask_mod = [](int64_t b, int64_t h, int64_t i, int64_t j) {
+      return (j + h + b) % 5 != 0 || i < 8;
+    };
+  }
+  return c;
+}
+
+void poison_keys(const AttentionProblem& problem, HostInputs& inputs, int64_t begin, int64_t end) {
+  for (int64_t j = begin; j < end; ++j)
+    for (int64_t h = 0; h < problem.heads_kv; ++h)
+      for (int col = 0; col < problem.head_dim; ++col) {
+        const int64_t k_at = j * problem.k_strides.seq + h * problem.k_strides.head + col;
+        const int64_t v_at = j * problem.v_strides.seq + h * problem.v_strides.head + col;
+        set_element(inputs.k.data(), k_at, NAN, problem.dtype);
+        set_element(inputs.v.data(), v_at, NAN, problem.dtype);
+      }
+}
+
 }  // namespace flashjit::testing

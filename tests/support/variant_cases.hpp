@@ -21,4 +21,13 @@ struct VariantCase {
 // the batch (causal).
 std::vector<VariantCase> variant_cases();
 
+// The variant the CUDA host emulation tests compile in (tests/support/emulated_variant.h holds its
+// rendered prelude): causal, window (40, -1), prefix 24, softcap 2, ALiBi, a score_mod using the
+// distance, head and batch and, with_mask_mod, a mask_mod using all four indices.
+VariantCase emulated_variant(bool with_mask_mod);
+
+// Sets keys [begin, end) of k and v to NaN in every key/value head: the keys of blocks no query
+// sees, so that a kernel that loads such a block fails its comparison.
+void poison_keys(const AttentionProblem& problem, HostInputs& inputs, int64_t begin, int64_t end);
+
 }  // namespace flashjit::testing

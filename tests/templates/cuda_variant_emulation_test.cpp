@@ -4,7 +4,7 @@
 // + soft-capping + ALiBi + a user score_mod at once, so that key-block skipping, per-element
 // masking and every score modification run. Hidden key blocks hold NaN: a kernel that loads one
 // fails. The variant is compiled in (one per translation unit): the defines below are what the
-// generator renders for kVariantProblem, which the first test checks.
+// generator renders for emulated_variant(), which the first test checks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,24 +18,12 @@
 #include "runtime/launch_params.hpp"
 #include "support/attention_cases.hpp"
 #include "support/reference.hpp"
+#include "support/variant_cases.hpp"
 #include "templates/attention_params.h"
 // clang-format off: the order matters (as the renderer assembles the source)
 #include "support/cuda_emulator.hpp"
-#define FLASHJIT_VARIANT 1
-#define FLASHJIT_VARIANT_CAUSAL 1
-#define FLASHJIT_VARIANT_WINDOW_LEFT (40)
-#define FLASHJIT_VARIANT_WINDOW_RIGHT (-1)
-#define FLASHJIT_VARIANT_PREFIX 24
-#define FLASHJIT_VARIANT_SOFTCAP 2.000000000e+00f
-#define FLASHJIT_VARIANT_ALIBI 1
-#define FLASHJIT_VARIANT_SCORE_MOD 1
 #define FLASHJIT_VARIANT_MASK_MOD 0
-#include "templates/attention_variant.h"
-namespace flashjit_variant {
-FLASHJIT_DEVICE float user_score_mod(float score, int batch, int head, int q_idx, int kv_idx) {
-  return static_cast<float>(score - 0.05f * abs(q_idx - kv_idx) + 0.25f * head - batch);
-}
-}  // namespace flashjit_variant
+#include "support/emulated_variant.h"
 #include "templates/attention_common.h"
 // (tiles before the kernel)
 #include "templates/cuda/tiles.cuh"
@@ -48,26 +36,12 @@ namespace {
 
 namespace ft = ::flashjit::testing;
 
-Variant variant() {
-  Variant v;
-  v.window_left = 40;
-  v.softcap = 2.0f;
-  v.alibi = true;
-  v.prefix = 24;
-  v.score_mod = "score - 0.05f * abs(q_idx - kv_idx) + 0.25f * head - batch";
-  return v;
-}
-VariantFunctions functions() {
-  VariantFunctions f;
-  f.score_mod = [](double s, int64_t b, int64_t h, int64_t i, int64_t j) {
-    return s - 0.05 * std::abs(static_cast<double>(i - j)) + 0.25 * h - b;
-  };
-  return f;
-}
+// The variant compiled in above (support/emulated_variant.h) and its host expressions.
+const ft::VariantCase kVariant = ft::emulated_variant(/*with_mask_mod=*/false);
 
 TEST(CudaVariantEmulation, TheDefinesAreWhatTheGeneratorRenders) {
   AttentionProblem p = AttentionProblem::make(1, 1, 1, 16, 16, 64, DType::BF16, true);
-  p.variant = variant();
+  p.variant = kVariant.variant;
   const std::string prelude = render_variant_prelude(p).value();
   for (const char* line :
        {"#define FLASHJIT_VARIANT_CAUSAL 1\n", "#define FLASHJIT_VARIANT_WINDOW_LEFT (40)\n",
@@ -117,22 +91,15 @@ void check(DType dtype, int head_dim) {
   uint64_t seed = 7;
   for (const Case& c : cases) {
     AttentionProblem problem = ft::make_problem(c.shape, head_dim, dtype, true, Pass::Forward);
-    problem.variant = variant();
+    problem.variant = kVariant.variant;
     ASSERT_TRUE(validate(problem).ok()) << validate(problem).error().describe();
     ft::HostInputs inputs = ft::random_inputs(problem, seed++);
-    for (int64_t j = c.nan_keys_begin; j < c.nan_keys_end; ++j)
-      for (int64_t h = 0; h < problem.heads_kv; ++h)
-        for (int col = 0; col < head_dim; ++col) {
-          const int64_t k_at = j * problem.k_strides.seq + h * problem.k_strides.head + col;
-          const int64_t v_at = j * problem.v_strides.seq + h * problem.v_strides.head + col;
-          ft::set_element(inputs.k.data(), k_at, NAN, dtype);
-          ft::set_element(inputs.v.data(), v_at, NAN, dtype);
-        }
+    ft::poison_keys(problem, inputs, c.nan_keys_begin, c.nan_keys_end);
     std::vector<uint16_t> o;
     std::vector<float> lse;
     ASSERT_EQ(run_forward<K>(problem, inputs, &o, &lse), "") << c.shape.to_string();
     EXPECT_TRUE(ft::matches_reference(
-        ft::compare(problem, o, lse, ft::reference_attention(problem, inputs, functions()))))
+        ft::compare(problem, o, lse, ft::reference_attention(problem, inputs, kVariant.functions))))
         << c.shape.to_string();
   }
 }
