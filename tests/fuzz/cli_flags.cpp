@@ -14,16 +14,11 @@
 
 using namespace flashjit;
 using namespace flashjit::cli;
+using flashjit::fuzz::checked;
 using flashjit::fuzz::require;
 using flashjit::fuzz::require_message;
 
 namespace {
-
-template <class R>
-bool checked(const R& result, const char* where) {
-  if (!result.ok()) require_message(result.error(), where);
-  return result.ok();
-}
 
 // Problems a grid names (the tune command's product of lists), without building them.
 size_t grid_size(const ProblemGrid& grid) {

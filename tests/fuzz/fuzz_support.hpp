@@ -28,6 +28,12 @@ inline void require(bool condition, const std::string& what) {
 inline void require_message(const Error& error, const char* where) {
   require(!error.message.empty(), std::string(where) + ": an error without a message");
 }
+// True when `result` (a Result or a Status) is ok; an error must have a message.
+template <class R>
+bool checked(const R& result, const char* where) {
+  if (!result.ok()) require_message(result.error(), where);
+  return result.ok();
+}
 
 // Consumes the fuzzer's bytes front to back; past the end every read is 0 / empty.
 class ByteReader {

@@ -23,16 +23,11 @@
 #include "runtime/tuning_store.hpp"
 
 using namespace flashjit;
+using flashjit::fuzz::checked;
 using flashjit::fuzz::require;
 using flashjit::fuzz::require_message;
 
 namespace {
-
-template <class R>
-bool checked(const R& result, const char* where) {
-  if (!result.ok()) require_message(result.error(), where);
-  return result.ok();
-}
 
 void check_rendered(const Result<KernelSource>& source, const AttentionConfig& config,
                     const AttentionProblem& problem, const char* backend) {

@@ -21,6 +21,7 @@
 
 using namespace flashjit;
 using namespace flashjit::python;
+using flashjit::fuzz::checked;
 using flashjit::fuzz::require;
 using flashjit::fuzz::require_message;
 
@@ -69,12 +70,6 @@ FuzzedArray read_array(fuzz::ByteReader& in, const std::vector<size_t>& base) {
   const uint8_t offset = in.byte();
   array.byte_offset = offset < 128 ? 0 : offset < 250 ? offset : in.u64();
   return array;
-}
-
-template <class R>
-bool checked(const R& result, const char* where) {
-  if (!result.ok()) require_message(result.error(), where);
-  return result.ok();
 }
 
 // Fake, well-aligned base addresses, one per array; the checks never dereference them.

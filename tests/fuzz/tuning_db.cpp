@@ -21,17 +21,12 @@
 #include "runtime/tuning_store.hpp"
 
 using namespace flashjit;
+using flashjit::fuzz::checked;
 using flashjit::fuzz::require;
 using flashjit::fuzz::require_message;
 namespace fs = std::filesystem;
 
 namespace {
-
-template <class R>
-bool checked(const R& result, const char* where) {
-  if (!result.ok()) require_message(result.error(), where);
-  return result.ok();
-}
 
 DeviceFingerprint test_device() {
   DeviceFingerprint device;
