@@ -78,30 +78,7 @@ def reference_attention(q, k, v, causal=False, scale=None, layout="bshd"):
     GQA by head counts; causal aligned bottom-right (query i sees key j iff
     j <= i + seqlen_k - seqlen_q); a row that sees no key has o = 0 and lse = +inf, as the
     library's reference (tuner/reference.cpp)."""
-    q, k, v = (to_bshd(np.asarray(x, dtype=np.float64), layout) for x in (q, k, v))
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
-    group = heads_q // heads_kv
-    k = np.repeat(k, group, axis=2)
-    v = np.repeat(v, group, axis=2)
-    scale = 1.0 / np.sqrt(head_dim) if scale is None else scale
-    s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
-    visible = np.ones((seqlen_q, seqlen_k), dtype=bool)
-    if causal:
-        i = np.arange(seqlen_q)[:, None]
-        j = np.arange(seqlen_k)[None, :]
-        visible = j <= i + seqlen_k - seqlen_q
-    s = np.where(visible, s, -np.inf)
-    row_max = s.max(axis=-1, keepdims=True)
-    empty = ~visible.any(axis=-1)  # (seqlen_q,)
-    row_max = np.where(np.isfinite(row_max), row_max, 0.0)
-    p = np.exp(s - row_max)
-    total = p.sum(axis=-1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        o = np.einsum("bhqk,bkhd->bqhd", p / np.where(total > 0, total, 1.0), v)
-        lse = np.where(total[..., 0] > 0, np.log(total[..., 0]) + row_max[..., 0], np.inf)
-    o[:, empty, :, :] = 0.0
-    return to_bshd(o, layout), lse
+    return reference_variant_attention(q, k, v, causal=causal, scale=scale, layout=layout)
 
 
 def relative_error(out, ref):
