@@ -308,6 +308,7 @@ Status Tuner::measure(ProblemRun& run, size_t i) {
     if (reps.ok()) m.reps = *reps;
     double total_ms = 0;
     while (status.ok()) {
+      mark_inflight(key, &config);  // each batch a heartbeat: only a batch that never ends hangs
       Result<double> sample = backend_.time_ms(work, m.reps);
       if (!sample.ok()) {
         status = sample.error();
