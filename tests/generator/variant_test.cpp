@@ -128,12 +128,12 @@ TEST(Variant, TheCudaPrefillFamiliesAndTheCpuTakeVariants) {
   ASSERT_FALSE(legal.empty());
   std::set<KernelFamily> families;
   for (const AttentionConfig& c : legal) families.insert(c.family);
-  // Until the wgmma and -ws variant kernels have run on a GPU (kSm90VariantsVerifiedOnGpu in
-  // generator/config.cpp), a variant is offered the mma family alone; their configs, named,
-  // still pass check_config (below: the render and compile tests use them). When that is lifted:
-  // {Mma, Wgmma, Ws}, and the defaults are the plain problem's (sm90 d128: the -ws tile).
-  EXPECT_EQ(families, (std::set<KernelFamily>{KernelFamily::Mma}));
-  EXPECT_EQ(default_config(p, h100).value().family, KernelFamily::Mma);
+  // The sm90 families take variants (kSm90VariantsVerifiedOnGpu in generator/config.cpp): the
+  // families and the default are the plain problem's (sm90 d128: the -ws tile).
+  EXPECT_EQ(families, (std::set<KernelFamily>{KernelFamily::Mma, KernelFamily::Wgmma,
+                                              KernelFamily::Ws}));
+  EXPECT_EQ(default_config(p, h100).value(), default_config(problem_with(Variant()), h100).value());
+  EXPECT_EQ(default_config(p, h100).value().family, KernelFamily::Ws);
   EXPECT_TRUE(check_config(AttentionConfig::parse("m128n64w8s2-wgmma").value(), p, h100).ok());
   EXPECT_TRUE(check_config(default_config(problem_with(Variant()), h100).value(), p, h100).ok());
   EXPECT_EQ(default_config(p, known_device("sm80").value()).value().family, KernelFamily::Mma);
@@ -144,7 +144,9 @@ TEST(Variant, TheCudaPrefillFamiliesAndTheCpuTakeVariants) {
   const Status wgmma = check_config(AttentionConfig::parse("m128n64w8s2-wgmma").value(), m, h100);
   ASSERT_FALSE(wgmma.ok());
   EXPECT_EQ(wgmma.error().code, ErrorCode::Unsupported);
-  EXPECT_EQ(default_config(m, h100).value().family, KernelFamily::Mma);
+  EXPECT_EQ(default_config(m, h100).value().family, KernelFamily::Ws);
+  for (const AttentionConfig& c : legal_configs(m, h100))
+    EXPECT_NE(c.family, KernelFamily::Wgmma) << c.to_string();
   // A decode-shaped problem: no -decode configs for a variant.
   AttentionProblem decode = AttentionProblem::make(4, 32, 8, 1, 4096, 128, DType::BF16, false);
   decode.variant = v;
