@@ -158,6 +158,13 @@ def _check_array(name, x):
         ) from None
 
 
+def _all_torch(q, *others):
+    """Whether q and the others are torch tensors on q's device: the autograd paths take those
+    only; a mix of frameworks or devices goes the DLPack way, whose checks name the odd one out."""
+    return _framework(q) == "torch" and all(
+        _framework(x) == "torch" and x.device == q.device for x in others)
+
+
 def _detached(x):
     """x without autograd: torch's __dlpack__ refuses tensors that require grad (the DLPack paths
     are not autograd operations: attention_backward(), config_for(), attention() with out=, lse=
@@ -274,7 +281,7 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", out=None, ret
     if alibi_slopes is not None:
         _check_array("alibi_slopes", alibi_slopes)
     kind = _framework(q)
-    if kind == "torch" and out is None and lse is None and stream is None:
+    if _all_torch(q, k, v) and out is None and lse is None and stream is None:
         return _torch_module().attention(q, k, v, causal, scale, layout, return_lse,
                                          deterministic, config, variant, alibi_slopes)
     if deterministic:
@@ -288,7 +295,8 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", out=None, ret
     synchronize = False
     if kind == "torch":
         torch = _sys.modules["torch"]
-        if torch.is_grad_enabled() and any(
+        explicit = out is not None or lse is not None or stream is not None
+        if explicit and torch.is_grad_enabled() and any(
                 getattr(x, "requires_grad", False) for x in (q, k, v, alibi_slopes)):
             raise InvalidArgumentError(
                 "out=, lse= and stream= do not support autograd, and q, k, v or alibi_slopes "
@@ -367,8 +375,8 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, layout=
     Returns (dq, dk, dv).
     """
     kind = _framework(q)
-    if (kind == "torch" and lse is not None and dq is None and dk is None and dv is None and
-            config is None and stream is None):
+    if (lse is not None and _all_torch(q, k, v, o, lse, do) and dq is None and dk is None and
+            dv is None and config is None and stream is None):
         return _torch_module().attention_backward(q, k, v, o, lse, do, causal, scale, layout,
                                                   bool(deterministic))
     for name, x in (("q", q), ("k", k), ("v", v), ("o", o), ("do", do)):

@@ -39,8 +39,13 @@ def test_float32_on_cuda_is_the_backends_unsupported_error():
     import torch
 
     q, k, v = (torch.from_numpy(x).cuda() for x in arrays(dtype=np.float32))
+    error = raises(flashjit.UnsupportedError, "q.dtype = float32 on cuda:0: flashjit's CUDA kernels "
+                   "take bfloat16 or float16. Run the model under torch.autocast", q, k, v)
+    assert error.code == "Unsupported"
+    # The DLPack path (out= given) reaches the backend's own check.
     error = raises(flashjit.UnsupportedError,
-                   "dtype = f32: the CUDA backend supports f16 and bf16 storage only", q, k, v)
+                   "dtype = f32: the CUDA backend supports f16 and bf16 storage only", q, k, v,
+                   out=torch.empty_like(q))
     assert error.code == "Unsupported"
 
 
