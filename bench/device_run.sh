@@ -46,8 +46,9 @@
 #          family list), then bench/variants_bench.py: flashjit vs torch.compile'd
 #          FlexAttention and torch SDPA, d 128 bf16 causal, N 8k and 16k: window 1024, documents
 #          (equal lengths, a mask_mod), softcap 50, ALiBi, plain causal with and without the
-#          variant machinery (variants.md, variants.json, variants-bench.log). Sized for ~5
-#          minutes on an H100 (not yet measured: BENCH_ARGS=--quick halves the bench).
+#          variant machinery (variants.md, variants.json, variants-bench.log). ~8 minutes on an
+#          H100 (build 40 s, pip 60 s, tests 270 s, bench 60 s + 10 s per --try-configs name:
+#          BENCH_ARGS="--quick --try-configs A,B" fits one call).
 #   concurrent  issue 15's test: the flashjit CLI, then bench/concurrent_tune.py: a lone `flashjit
 #          tune` of 4 problems (d 128, N 1024/4096, causal both), then 4 processes tuning them
 #          into one DB at once (timing lock + disturbance check); each must end with the lone
@@ -321,7 +322,8 @@ fi
 
 if [[ "$what" == variants ]]; then
   echo "== variant GPU tests (runtime_cuda_variant_test${ctest_regex:+, filter $ctest_regex})"
-  if ! timeout 150 build-device/tests/runtime_cuda_variant_test \
+  # ~270 s on an H100 (ce92b31, mma + wgmma + -ws configs; NVRTC compiles dominate).
+  if ! timeout 400 build-device/tests/runtime_cuda_variant_test \
       ${ctest_regex:+--gtest_filter="$ctest_regex"} >"$OUT/variants-tests.log" 2>&1; then
     status=1
     echo "== variant tests FAILED"

@@ -198,7 +198,8 @@ struct Kernel {
             float* scores = st + j * BM + i;
             for (int lane_index = 0; lane_index < kLanes; ++lane_index) {
               const int row = q0 + i + lane_index, key = n0 + j;
-              const float score = fv::score(scores[lane_index] * to_score, slope, b, h, row, key);
+              const float score = fv::score(scores[lane_index] * to_score, slope, b, h, row, key,
+                                            static_cast<float>(key - row));
               scores[lane_index] = all_visible || fv::visible(p, diag, b, h, row, key)
                                        ? score * 1.4426950408889634f
                                        : kNegInf;

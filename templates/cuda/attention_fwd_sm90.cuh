@@ -219,6 +219,7 @@ __device__ __forceinline__ void attention_forward_sm90(const FlashjitAttentionPa
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int row = m0 + warp_row0 + frag_row + half * 8;
+        const float distance0 = static_cast<float>(n0 + frag_col - row);  // key - row at nt, e 0
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
@@ -226,7 +227,8 @@ __device__ __forceinline__ void attention_forward_sm90(const FlashjitAttentionPa
             const int key = n0 + nt * 8 + frag_col + e;
             float& score = s[nt * 4 + 2 * half + e];
             if (fv::kModifiesScores)
-              score = fv::score(score * p.scale, slope, batch, head, row, key);
+              score = fv::score(score * p.scale, slope, batch, head, row, key,
+                                distance0 + static_cast<float>(nt * 8 + e));
             if (!all_visible && !fv::visible(p, diagonal, batch, head, row, key))
               score = minus_infinity();
           }

@@ -56,7 +56,8 @@ struct WsSoftmax {
     if (!fv::kModifiesScores && all_visible) return;
     const int col = n0 + 2 * (threadIdx.x % 4);
 #pragma unroll
-    for (int half = 0; half < 2; ++half)
+    for (int half = 0; half < 2; ++half) {
+      const float distance0 = static_cast<float>(col - row - 8 * half);  // key - row at nt, e 0
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
@@ -64,10 +65,12 @@ struct WsSoftmax {
           const int key = col + nt * 8 + e;
           float& x = s[nt * 4 + 2 * half + e];
           if (fv::kModifiesScores)
-            x = fv::score(x * p.scale, slope, batch, head, row + 8 * half, key);
+            x = fv::score(x * p.scale, slope, batch, head, row + 8 * half, key,
+                          distance0 + static_cast<float>(nt * 8 + e));
           if (!all_visible && !fv::visible(p, diagonal, batch, head, row + 8 * half, key))
             x = minus_infinity();
         }
+    }
   }
 #endif
 
