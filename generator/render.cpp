@@ -1,10 +1,12 @@
 #include "generator/render.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <initializer_list>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "generator/backward_config.hpp"
 #include "generator/cpu_config.hpp"
@@ -61,10 +63,13 @@ Status check_hip_template_constraints(const AttentionProblem& problem,
 
 namespace {
 
-// The hash of the epoch and the templates `backend` is made of ("": all of them).
-std::string version_of_templates(std::string_view backend) {
+// The hash of the epoch and the templates `backend` is made of ("": all of them). Plain: only
+// what a kernel without an attention variant is compiled from (plain_kernel_text; the variant
+// header left out), so that work on variants leaves the tuned rows of plain problems current.
+std::string version_of_templates(std::string_view backend, bool plain) {
   uint64_t hash = fnv1a("epoch " + std::to_string(kGeneratorEpoch));
   if (!backend.empty()) hash = fnv1a(backend, hash);
+  if (plain) hash = fnv1a("plain", hash);
   int count = 0;
   const std::string_view* paths = templates::paths(&count);
   for (int i = 0; i < count; ++i) {
@@ -72,8 +77,9 @@ std::string version_of_templates(std::string_view backend) {
     const size_t slash = path.find('/');
     const bool shared = slash == std::string_view::npos;
     if (!backend.empty() && !shared && path.substr(0, slash) != backend) continue;
+    if (plain && path == kVariantHeader) continue;
     hash = fnv1a(path, hash);
-    hash = fnv1a(templates::text(path), hash);
+    hash = fnv1a(plain ? plain_kernel_text(templates::text(path)) : templates::text(path), hash);
   }
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
@@ -82,24 +88,89 @@ std::string version_of_templates(std::string_view backend) {
 
 }  // namespace
 
+std::string plain_kernel_text(std::string_view text) {
+  // Per open conditional: whether it is an `#ifdef FLASHJIT_VARIANT` and whether its current
+  // branch is the variant's (dropped).
+  struct Open {
+    bool variant;
+    bool dropping;
+  };
+  std::vector<Open> open;
+  std::string out;
+  out.reserve(text.size());
+  size_t begin = 0;
+  while (begin < text.size()) {
+    size_t end = text.find('\n', begin);
+    end = end == std::string_view::npos ? text.size() : end + 1;
+    const std::string_view line = text.substr(begin, end - begin);
+    begin = end;
+    const size_t first = line.find_first_not_of(" \t");
+    const std::string_view directive = first == std::string_view::npos || line[first] != '#'
+                                           ? std::string_view()
+                                           : line.substr(first + 1);
+    auto is = [&](std::string_view word) {
+      const size_t at = directive.find_first_not_of(" \t");
+      return at != std::string_view::npos && directive.substr(at, word.size()) == word;
+    };
+    if (is("ifdef FLASHJIT_VARIANT") &&
+        directive.find_first_not_of(" \t\r\n", directive.find("FLASHJIT_VARIANT") + 16) ==
+            std::string_view::npos) {
+      open.push_back({true, true});
+      continue;
+    }
+    if (is("if")) {  // #if, #ifdef, #ifndef of anything else
+      open.push_back({false, false});
+    } else if ((is("else") || is("elif")) && !open.empty() && open.back().variant) {
+      open.back().dropping = false;  // the plain branch
+      continue;
+    } else if (is("endif") && !open.empty()) {
+      const bool variant = open.back().variant;
+      open.pop_back();
+      if (variant) continue;
+    }
+    if (std::none_of(open.begin(), open.end(), [](const Open& o) { return o.dropping; }))
+      out += line;
+  }
+  return out;
+}
+
 const std::string& generator_version() {
-  static const std::string version = version_of_templates("");
+  static const std::string version = version_of_templates("", false);
   return version;
 }
+
+namespace {
+
+// Index of the device string's backend in kTemplateBackends; -1 for none of them.
+int backend_index(std::string_view device) {
+  const std::string_view backend = device.substr(0, device.find('|'));
+  for (size_t i = 0; i < kTemplateBackends.size(); ++i)
+    if (backend == kTemplateBackends[i]) return static_cast<int>(i);
+  return -1;
+}
+
+}  // namespace
 
 const std::string& generator_version_of(std::string_view device) {
   static const std::array<std::string, kTemplateBackends.size()> versions = [] {
     std::array<std::string, kTemplateBackends.size()> each;
-    for (size_t i = 0; i < kTemplateBackends.size(); ++i) {
-      each[i] = version_of_templates(kTemplateBackends[i]);
-    }
+    for (size_t i = 0; i < kTemplateBackends.size(); ++i)
+      each[i] = version_of_templates(kTemplateBackends[i], true);
     return each;
   }();
-  const std::string_view backend = device.substr(0, device.find('|'));
-  for (size_t i = 0; i < kTemplateBackends.size(); ++i) {
-    if (backend == kTemplateBackends[i]) return versions[i];
-  }
-  return generator_version();
+  const int i = backend_index(device);
+  return i < 0 ? generator_version() : versions[i];
+}
+
+const std::string& variant_generator_version_of(std::string_view device) {
+  static const std::array<std::string, kTemplateBackends.size()> versions = [] {
+    std::array<std::string, kTemplateBackends.size()> each;
+    for (size_t i = 0; i < kTemplateBackends.size(); ++i)
+      each[i] = version_of_templates(kTemplateBackends[i], false);
+    return each;
+  }();
+  const int i = backend_index(device);
+  return i < 0 ? generator_version() : versions[i];
 }
 
 std::string backend_generator_versions() {

@@ -128,12 +128,19 @@ Result<KernelSource> render_cpu_attention_backward(const AttentionProblem& probl
 
 // Changes whenever a template or the generator's output changes: a hash of the embedded template
 // texts plus a manual epoch. generator_version(): every template (what `flashjit --version`
-// prints). generator_version_of(device): the version the tuning DB keys a device's rows with:
-// the templates of that device's backend alone (its folder, templates/cuda, hip or cpu, and the
-// shared top-level headers), so that a change to one backend's templates leaves the other
-// backends' tuned rows current; devices of another backend (test fakes) get generator_version().
+// prints). generator_version_of(device): the version the tuning DB keys a device's plain rows
+// with: the templates of that device's backend alone (its folder, templates/cuda, hip or cpu, and
+// the shared top-level headers) as a kernel without an attention variant sees them
+// (plain_kernel_text, the variant header left out), so that a change to one backend's templates
+// leaves the other backends' tuned rows current and a change to variant code leaves plain rows
+// current. variant_generator_version_of(device): the same templates whole, for rows of problems
+// with a variant. Devices of another backend (test fakes) get generator_version() from both.
 const std::string& generator_version();
 const std::string& generator_version_of(std::string_view device);
+const std::string& variant_generator_version_of(std::string_view device);
+// A template's text without the branches a plain kernel does not compile: the body of each
+// `#ifdef FLASHJIT_VARIANT` up to its #else (kept) or #endif, and those directives.
+std::string plain_kernel_text(std::string_view text);
 // The backends with a template folder (and so a version) of their own: the first field of their
 // devices' strings ("cuda|...").
 inline constexpr std::array<std::string_view, 3> kTemplateBackends = {"cuda", "hip", "cpu"};

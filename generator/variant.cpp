@@ -44,9 +44,10 @@ int first_error_line(const std::string& log, std::string& message) {
 Result<std::string> render_variant_prelude(const AttentionProblem& problem) {
   const Variant& v = problem.variant;
   if (!v.active()) return std::string();
-  const std::string_view header = templates::text("attention_variant.h");
+  const std::string_view header = templates::text(kVariantHeader);
   if (header.empty())
-    return make_error(ErrorCode::Unsupported, "attention_variant.h is not embedded in this build");
+    return make_error(ErrorCode::Unsupported,
+                      std::string(kVariantHeader) + " is not embedded in this build");
   std::ostringstream out;
   out << "// ---- attention variant: " << v.key() << " ----\n"
       << "#define FLASHJIT_VARIANT 1\n"

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "generator/error.hpp"
 #include "generator/problem.hpp"
@@ -14,6 +15,9 @@ namespace flashjit {
 // a compiler's message about that line names the expression (explain_variant_compile_error) and
 // `flashjit show` can point at it.
 inline constexpr const char* kVariantExpressionMarker = "// flashjit:";
+
+// The template only variant kernels include (the prelude below renders it in).
+inline constexpr std::string_view kVariantHeader = "attention_variant.h";
 
 // What the renderer inserts after attention_params.h for `problem`: "" for plain attention (so
 // that its sources are exactly those of before variants); else the FLASHJIT_VARIANT_* defines,

@@ -68,6 +68,44 @@ TEST(Render, TemplatesAreEmbeddedAndVersioned) {
   EXPECT_NE(cuda, generator_version());
   EXPECT_EQ(generator_version_of("fake|Fake GPU"), generator_version());
   EXPECT_EQ(generator_version_of("cuda|"), cuda);
+  // Rows of variant problems: the whole templates (variant code included), another version.
+  EXPECT_NE(variant_generator_version_of("cuda|"), cuda);
+  EXPECT_EQ(variant_generator_version_of("fake|Fake GPU"), generator_version());
+}
+
+TEST(Render, PlainKernelTextDropsTheVariantBranchesOnly) {
+  const std::string text =
+      "a\n"
+      "#ifdef FLASHJIT_VARIANT\n"
+      "variant 1\n"
+      "#if X\n"
+      "nested in variant\n"
+      "#endif\n"
+      "#else\n"
+      "plain 1\n"
+      "#ifdef FLASHJIT_VARIANT_SOFTCAP\n"  // another macro: kept whole
+      "softcap\n"
+      "#endif\n"
+      "#endif\n"
+      "  #  ifdef FLASHJIT_VARIANT\n"
+      "variant 2\n"
+      "#endif\n"
+      "#ifndef Y\n"
+      "b\n"
+      "#else\n"
+      "c\n"
+      "#endif";
+  EXPECT_EQ(plain_kernel_text(text),
+            "a\nplain 1\n#ifdef FLASHJIT_VARIANT_SOFTCAP\nsoftcap\n#endif\n"
+            "#ifndef Y\nb\n#else\nc\n#endif");
+  // The shipped templates: no variant code left, the plain code intact.
+  const std::string ws = plain_kernel_text(templates::text("cuda/ws/softmax.cuh"));
+  EXPECT_EQ(ws.find("FLASHJIT_VARIANT"), std::string::npos);
+  EXPECT_EQ(ws.find("fv::score"), std::string::npos);
+  EXPECT_NE(ws.find("void update("), std::string::npos);
+  const std::string fwd = plain_kernel_text(templates::text("cuda/attention_fwd.cuh"));
+  EXPECT_EQ(fwd.find("fv::"), std::string::npos);
+  EXPECT_NE(fwd.find("block_needs_mask"), std::string::npos);
 }
 
 }  // namespace
