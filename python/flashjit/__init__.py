@@ -95,6 +95,12 @@ from ._flashjit import (  # noqa: F401  (re-exported)
     have_cpu_backend,
 )
 
+# An error raised by this package's Python code carries the same .code as the library's: its
+# class's (the library's instances set their own).
+InvalidArgumentError.code = "InvalidArgument"
+UnsupportedError.code = "Unsupported"
+NoDeviceError.code = "NoDevice"
+
 __all__ = [
     "attention",
     "attention_backward",

@@ -32,6 +32,15 @@ def test_exception_hierarchy():
     assert issubclass(flashjit.NoDeviceError, flashjit.Error)
 
 
+def test_errors_raised_in_python_carry_their_code():
+    q, k, v = arrays()
+    with pytest.raises(flashjit.InvalidArgumentError) as info:
+        flashjit.attention(q, k, v, deterministic=True)
+    assert info.value.code == "InvalidArgument"
+    assert flashjit.UnsupportedError("x").code == "Unsupported"
+    assert flashjit.NoDeviceError("x").code == "NoDevice"
+
+
 def test_float32_on_cuda_is_the_backends_unsupported_error():
     from conftest import require_gpu
 
