@@ -210,9 +210,10 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
 
     const int n0 = FLASHJIT_KEY_BLOCK(j) * kBlockN;
 #ifdef FLASHJIT_VARIANT
-    // The variant's scores and mask, per element, in the blocks that need either.
+    // The variant's scores and mask, per element, in the blocks that need either: two loops
+    // (one loop testing all_visible per score was if-converted, visible() paid in every block).
     const bool all_visible = fv::block_fully_visible(p, diagonal, m0, kBlockM, n0, kBlockN);
-    if (fv::kModifiesScores || !all_visible) {
+    auto apply = [&](bool masked) {  // called with a constant: one loop per case
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -228,11 +229,15 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
               if (fv::kModifiesScores)
                 score = fv::score(score * p.scale, slope, batch, head, row, key,
                                   distance0 + static_cast<float>(nt * 8 + e));
-              if (!all_visible && !fv::visible(p, diagonal, batch, head, row, key))
+              if (masked && !fv::visible(p, diagonal, batch, head, row, key))
                 score = minus_infinity();
             }
         }
-    }
+    };
+    if (!all_visible)
+      apply(true);
+    else if (fv::kModifiesScores)
+      apply(false);
 #else
     // Mask keys past seqlen_k and, when causal, above the diagonal. Only blocks that cross one of
     // those edges pay for it.

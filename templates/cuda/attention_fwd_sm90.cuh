@@ -213,7 +213,8 @@ __device__ __forceinline__ void attention_forward_sm90(const FlashjitAttentionPa
   auto softmax = [&](int j) {
     const int n0 = FLASHJIT_KEY_BLOCK(j) * kBlockN;
 #ifdef FLASHJIT_VARIANT
-    // The variant's scores and mask, per element, in the blocks that need either.
+    // The variant's scores and mask, per element, in the blocks that need either. (One loop: the
+    // mma and -ws families' two, masked and not, spilled here with softcap + ALiBi at m64n128.)
     const bool all_visible = fv::block_fully_visible(p, diagonal, m0, kBlockM, n0, kBlockN);
     if (fv::kModifiesScores || !all_visible) {
 #pragma unroll

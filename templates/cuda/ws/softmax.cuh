@@ -53,24 +53,29 @@ struct WsSoftmax {
                                           int head, float slope) const {
     namespace fv = flashjit_variant;
     const bool all_visible = fv::block_fully_visible(p, diagonal, first_row, 64, n0, BLOCK_N);
-    if (!fv::kModifiesScores && all_visible) return;
     const int col = n0 + 2 * (threadIdx.x % 4);
+    auto apply = [&](bool masked) {  // called with a constant: one loop per case
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const float distance0 = static_cast<float>(col - row - 8 * half);  // key - row at nt, e 0
+      for (int half = 0; half < 2; ++half) {
+        const float distance0 = static_cast<float>(col - row - 8 * half);  // key - row at nt, e 0
 #pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
+        for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int key = col + nt * 8 + e;
-          float& x = s[nt * 4 + 2 * half + e];
-          if (fv::kModifiesScores)
-            x = fv::score(x * p.scale, slope, batch, head, row + 8 * half, key,
-                          distance0 + static_cast<float>(nt * 8 + e));
-          if (!all_visible && !fv::visible(p, diagonal, batch, head, row + 8 * half, key))
-            x = minus_infinity();
-        }
-    }
+          for (int e = 0; e < 2; ++e) {
+            const int key = col + nt * 8 + e;
+            float& x = s[nt * 4 + 2 * half + e];
+            if (fv::kModifiesScores)
+              x = fv::score(x * p.scale, slope, batch, head, row + 8 * half, key,
+                            distance0 + static_cast<float>(nt * 8 + e));
+            if (masked && !fv::visible(p, diagonal, batch, head, row + 8 * half, key))
+              x = minus_infinity();
+          }
+      }
+    };
+    if (!all_visible)
+      apply(true);
+    else if (fv::kModifiesScores)
+      apply(false);
   }
 #endif
 
