@@ -63,7 +63,7 @@ for part in "${parts[@]}"; do
   if [[ "$part" == export ]]; then
     rm -f "$OUT/$slug.sql"
     "$flashjit" db export --db "$FLASHJIT_DB" "$OUT/$slug.sql"
-    "$flashjit" db ls --db "$FLASHJIT_DB" | head -n 3
+    "$flashjit" db ls --db "$FLASHJIT_DB" | sed -n 1,3p
     echo "== $OUT/$slug.sql: $(grep -c '^INSERT INTO choices' "$OUT/$slug.sql") choices;" \
       "copy it to data/tuning/$slug.sql and commit it"
     continue
