@@ -104,6 +104,7 @@ NoDeviceError.code = "NoDevice"
 __all__ = [
     "attention",
     "attention_backward",
+    "decode",
     "sdpa",
     "config_for",
     "show",
@@ -176,6 +177,56 @@ def _detached(x):
     are not autograd operations: attention_backward(), config_for(), attention() with out=, lse=
     or stream=). Anything else as it is."""
     return x.detach() if getattr(x, "requires_grad", False) else x
+
+
+def _forward_outputs(kind, q, inputs, out, lse, return_lse, layout, stream):
+    """The DLPack forward's outputs in q's framework: out (q's shape and dtype) and, with
+    return_lse, lse when not given (None where the extension allocates: jax, other frameworks),
+    the stream handle (the framework's current stream when not given) and whether the call must
+    synchronize (jax). Returns (inputs without autograd, out, lse, handle, synchronize)."""
+    handle = None if stream is None else _stream_handle(stream)
+    synchronize = False
+    if kind == "torch":
+        torch = _sys.modules["torch"]
+        inputs = tuple(_detached(x) for x in inputs)
+        if out is None:
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        if return_lse and lse is None:
+            shape = _lse_shape(q, layout)
+            if shape is not None:
+                lse = torch.empty(shape, dtype=torch.float32, device=q.device)
+        if handle is None:
+            handle = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
+    elif kind == "numpy":
+        np = _sys.modules["numpy"]
+        if out is None:
+            out = np.empty(q.shape, dtype=q.dtype)
+        if return_lse and lse is None:
+            shape = _lse_shape(q, layout)
+            if shape is not None:
+                lse = np.empty(shape, dtype=np.float32)
+    elif kind == "cupy":
+        cupy = _sys.modules["cupy"]
+        with cupy.cuda.Device(q.device.id):
+            if out is None:
+                out = cupy.empty(q.shape, dtype=q.dtype)
+            if return_lse and lse is None:
+                shape = _lse_shape(q, layout)
+                if shape is not None:
+                    lse = cupy.empty(shape, dtype=cupy.float32)
+            if handle is None:
+                handle = cupy.cuda.get_current_stream().ptr
+    elif kind == "jax":
+        if out is not None or lse is not None:
+            raise ValueError("out= and lse= are not supported for jax arrays (immutable); "
+                             "flashjit allocates the outputs")
+        jax = _sys.modules.get("jax")
+        if jax is not None:
+            # jax runs asynchronously on its own streams: the inputs must be ready, and the
+            # result is complete when the call returns (synchronize below).
+            jax.block_until_ready(inputs)
+        synchronize = True
+    return inputs, out, lse, handle, synchronize
 
 
 def _stream_handle(stream):
@@ -297,8 +348,6 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", out=None, ret
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_array(name, x)
     want_lse = bool(return_lse) or lse is not None
-    handle = None if stream is None else _stream_handle(stream)
-    synchronize = False
     if kind == "torch":
         torch = _sys.modules["torch"]
         explicit = out is not None or lse is not None or stream is not None
@@ -308,51 +357,62 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", out=None, ret
                 "out=, lse= and stream= do not support autograd, and q, k, v or alibi_slopes "
                 "requires grad: leave them out for a differentiable call, or call under "
                 "torch.no_grad()")
-        q, k, v = (_detached(x) for x in (q, k, v))
         alibi_slopes = None if alibi_slopes is None else _detached(alibi_slopes)
-        if out is None:
-            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        if return_lse and lse is None:
-            shape = _lse_shape(q, layout)
-            if shape is not None:
-                lse = torch.empty(shape, dtype=torch.float32, device=q.device)
-        if handle is None:
-            handle = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
-    elif kind == "numpy":
-        np = _sys.modules["numpy"]
-        if out is None:
-            out = np.empty(q.shape, dtype=q.dtype)
-        if return_lse and lse is None:
-            shape = _lse_shape(q, layout)
-            if shape is not None:
-                lse = np.empty(shape, dtype=np.float32)
-    elif kind == "cupy":
-        cupy = _sys.modules["cupy"]
-        with cupy.cuda.Device(q.device.id):
-            if out is None:
-                out = cupy.empty(q.shape, dtype=q.dtype)
-            if return_lse and lse is None:
-                shape = _lse_shape(q, layout)
-                if shape is not None:
-                    lse = cupy.empty(shape, dtype=cupy.float32)
-            if handle is None:
-                handle = cupy.cuda.get_current_stream().ptr
-    elif kind == "jax":
-        if out is not None or lse is not None:
-            raise ValueError("out= and lse= are not supported for jax arrays (immutable); "
-                             "flashjit allocates the outputs")
-        jax = _sys.modules.get("jax")
-        if jax is not None:
-            # jax runs asynchronously on its own streams: the inputs must be ready, and the
-            # result is complete when the call returns (synchronize below).
-            jax.block_until_ready((q, k, v))
-        synchronize = True
+    (q, k, v), out, lse, handle, synchronize = _forward_outputs(
+        kind, q, (q, k, v), out, lse, return_lse, layout, stream)
     # Outputs the extension allocates (out/lse None here): jax arrays for jax; for other
     # frameworks numpy arrays on the CPU and DLPack capsules on CUDA devices.
     made_out, made_lse = _C.attention(
         q, k, v, out, lse, want_lse, bool(causal), scale, layout, config,
         0 if handle is None else handle, synchronize, "jax" if kind == "jax" else "numpy", variant,
         alibi_slopes)
+    if made_out is not None:
+        out = made_out
+    if made_lse is not None:
+        lse = made_lse
+    return (out, lse) if return_lse else out
+
+
+def decode(q, k_cache, v_cache, *, seqlens_k=None, block_table=None, causal=False, scale=None,
+           out=None, lse=None, return_lse=False, config=None, stream=None):
+    """Attention of new queries against a K/V cache (inference): the decode family (split-KV,
+    GQA packing; generator/decode_config.hpp says which problems it takes: a paged cache or
+    per-sequence lengths always) where the problem calls for it, the forward's otherwise; every
+    backend with a decode template (CUDA, CPU).
+
+    q: (batch, seqlen_q, heads_q, head_dim), float16 or bfloat16 (float32 on the CPU).
+    The cache, either contiguous: k_cache, v_cache (batch, seqlen_k, heads_kv, head_dim), with
+       seqlens_k (optional) the keys each sequence has (the first seqlens_k[b] rows of its cache);
+    or paged (vLLM / FlashInfer layout): k_cache, v_cache (num_pages, page_size, heads_kv,
+       head_dim) with page_size a multiple of 16 in [16, 256], block_table int32 (batch,
+       max_pages) (row b: the pages of sequence b in order, each in [0, num_pages)) and seqlens_k
+       (required).
+    seqlens_k: int32 (batch,), each at most the cache's keys per sequence (seqlen_k, or
+       max_pages * page_size). block_table and seqlens_k are read on the device: their values
+       are not checked (an index out of range reads out of bounds), so a call can be captured in
+       a CUDA graph and replayed with new tables and lengths.
+    causal: bottom-right aligned per sequence (query i of n sees keys up to seqlens_k - n + i):
+       chunked prefill into a cache. scale: default 1/sqrt(head_dim).
+    out, lse, return_lse, config, stream: as for attention(). Not differentiable.
+    """
+    kind = _framework(q)
+    named = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("seqlens_k", seqlens_k),
+             ("block_table", block_table))
+    for name, x in named:
+        if x is not None:
+            _check_array(name, x)
+    if kind == "torch":
+        torch = _sys.modules["torch"]
+        if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for _, x in named):
+            raise UnsupportedError(
+                "flashjit.decode is not differentiable, and an input requires grad: call it "
+                "under torch.no_grad() / torch.inference_mode()")
+    (q, k_cache, v_cache), out, lse, handle, synchronize = _forward_outputs(
+        kind, q, (q, k_cache, v_cache), out, lse, return_lse, "bshd", stream)
+    made_out, made_lse = _C.decode(
+        q, k_cache, v_cache, block_table, seqlens_k, out, lse, bool(return_lse) or lse is not None,
+        bool(causal), scale, config, 0 if handle is None else handle, synchronize,
+        "jax" if kind == "jax" else "numpy")
     if made_out is not None:
         out = made_out
     if made_lse is not None:

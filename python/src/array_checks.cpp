@@ -1,6 +1,5 @@
 #include "array_checks.hpp"
 
-#include <algorithm>
 #include <limits>
 #include <utility>
 
@@ -229,7 +228,111 @@ Status check_alibi_slopes(const ArrayInfo& slopes, const TensorView& q, const Pl
   return ok_status();
 }
 
+// An int32 array of `shape` (row-major contiguous: the kernels index it so) on `place`; `what`
+// says what it holds, for the messages.
+Status check_int32_table(const char* name, const ArrayInfo& array, const std::vector<size_t>& shape,
+                         const std::string& what, const Place& place) {
+  if (array.dtype.code != kDlpackInt || array.dtype.bits != 32 || array.dtype.lanes != 1) {
+    return invalid(std::string(name) + ".dtype = " + dtype_name(array.dtype) + ": must be int32 (" +
+                   what + ")");
+  }
+  ArrayInfo expected;
+  expected.shape = shape;
+  if (array.shape != shape) {
+    return invalid(std::string(name) + ".shape = " + shape_text(array) + ": must be " +
+                   shape_text(expected) + " (" + what + ")");
+  }
+  int64_t stride = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    if (shape[i] > 1 && array.strides[i] != stride) {
+      return invalid(std::string(name) + " must be contiguous (row-major): stride " +
+                     std::to_string(array.strides[i]) + " on axis " + std::to_string(i) +
+                     ", expected " + std::to_string(stride));
+    }
+    stride *= static_cast<int64_t>(shape[i]);
+  }
+  Result<Place> at = place_of(name, array);
+  FLASHJIT_TRY(at);
+  if (!(*at == place)) {
+    return invalid(std::string(name) + " is on " + at->to_string() + ": must be on q's device, " +
+                   place.to_string());
+  }
+  return ok_status();
+}
+
 }  // namespace
+
+Result<Call> check_decode_arrays(const ArrayInfo& q, const ArrayInfo& k_cache,
+                                 const ArrayInfo& v_cache, const ArrayInfo* block_table,
+                                 const ArrayInfo* seqlens_k, const ArrayInfo* out,
+                                 const ArrayInfo* lse, bool causal, std::optional<double> scale) {
+  if (block_table == nullptr) {  // K and V contiguous (batch, seqlen_k, heads_kv, head_dim)
+    Result<Call> call = check_forward_arrays(q, k_cache, v_cache, out, lse, causal, scale, "bshd");
+    FLASHJIT_TRY(call);
+    if (seqlens_k != nullptr) {
+      FLASHJIT_TRY(check_int32_table(
+          "seqlens_k", *seqlens_k, {static_cast<size_t>(call->problem.batch)},
+          "the key count of each sequence, each <= k_cache.shape[1]", call->place));
+      call->problem.kv.seqlens_k = true;
+      FLASHJIT_TRY(validate(call->problem));
+    }
+    return call;
+  }
+  // Paged: k_cache and v_cache (num_pages, page_size, heads_kv, head_dim). Checked as a
+  // contiguous cache whose batch axis is the pages (same dtype, place, heads and head dims; the
+  // page stride becomes the batch stride, as the paged problem reads it), then made paged.
+  if (seqlens_k == nullptr) {
+    return invalid(
+        "seqlens_k is None: a paged cache (block_table given) needs the key count of each "
+        "sequence, int32 (batch,)");
+  }
+  if (q.ndim() != 4 || k_cache.ndim() != 4) {
+    return invalid("q.shape = " + shape_text(q) + ", k_cache.shape = " + shape_text(k_cache) +
+                   ": a paged decode takes q (batch, seqlen_q, heads_q, head_dim) and k_cache, "
+                   "v_cache (num_pages, page_size, heads_kv, head_dim)");
+  }
+  const size_t num_pages = k_cache.shape[0];
+  if (num_pages == 0) return invalid("k_cache.shape = " + shape_text(k_cache) + ": no pages");
+  ArrayInfo k_view = k_cache, v_view = v_cache;
+  k_view.shape[0] = q.shape[0];
+  if (v_cache.ndim() == 4 && v_cache.shape == k_cache.shape) v_view.shape[0] = q.shape[0];
+  Result<Call> call = check_forward_arrays(q, k_view, v_view, out, lse, causal, scale, "bshd");
+  if (!call.ok() && v_view.shape != k_view.shape) {
+    return invalid("v_cache.shape = " + shape_text(v_cache) +
+                   ": must equal k_cache.shape = " + shape_text(k_cache));
+  }
+  FLASHJIT_TRY(call);
+  AttentionProblem& p = call->problem;
+  if (block_table->ndim() != 2 || block_table->shape[0] != static_cast<size_t>(p.batch)) {
+    return invalid("block_table.shape = " + shape_text(*block_table) +
+                   ": must be (batch, max_pages) = (" + std::to_string(p.batch) +
+                   ", pages per sequence), int32 page indices");
+  }
+  FLASHJIT_TRY(check_int32_table("block_table", *block_table, block_table->shape,
+                                 "page indices into k_cache, in [0, num_pages)", call->place));
+  FLASHJIT_TRY(check_int32_table("seqlens_k", *seqlens_k, {static_cast<size_t>(p.batch)},
+                                 "the key count of each sequence, each <= max_pages * page_size",
+                                 call->place));
+  const int64_t page_size = p.seqlen_k;  // k_view's seqlen axis
+  const int64_t max_pages = static_cast<int64_t>(block_table->shape[1]);
+  int64_t capacity = 0;
+  if (max_pages == 0 || __builtin_mul_overflow(max_pages, page_size, &capacity)) {
+    return invalid("block_table.shape = " + shape_text(*block_table) +
+                   ": needs 1 or more pages per sequence (max_pages * page_size keys)");
+  }
+  if (page_size < kMinPageSize || page_size > kMaxPageSize || page_size % 16 != 0) {
+    return invalid("k_cache.shape = " + shape_text(k_cache) + ": page_size " +
+                   std::to_string(page_size) + " (axis 1) must be a multiple of 16 in [" +
+                   std::to_string(kMinPageSize) + ", " + std::to_string(kMaxPageSize) + "]");
+  }
+  p.seqlen_k = capacity;
+  p.kv.page_size = static_cast<int>(page_size);
+  p.kv.num_pages = static_cast<int64_t>(num_pages);
+  p.kv.max_pages = max_pages;
+  p.kv.seqlens_k = true;
+  FLASHJIT_TRY(validate(p));
+  return call;
+}
 
 Result<Call> check_forward_arrays(const ArrayInfo& q, const ArrayInfo& k, const ArrayInfo& v,
                                   const ArrayInfo* out, const ArrayInfo* lse, bool causal,

@@ -83,6 +83,18 @@ Result<Call> check_backward_arrays(const ArrayInfo& q, const ArrayInfo& k, const
                                    bool causal, std::optional<double> scale,
                                    const std::string& layout_name, bool deterministic);
 
+// A decode call's arrays (flashjit.decode): q (batch, seqlen_q, heads_q, head_dim); either K and V
+// contiguous, k_cache and v_cache (batch, seqlen_k, heads_kv, head_dim) with optional seqlens_k
+// (int32 (batch,): keys of each sequence), or paged, (num_pages, page_size, heads_kv, head_dim)
+// with block_table (int32 (batch, max_pages), contiguous) and seqlens_k (required); all on q's
+// device. Builds the forward problem (kv: the cache's layout; seqlen_k: k_cache.shape[1], or
+// max_pages * page_size when paged). The contents of seqlens_k and block_table are device data
+// and not checked: each length must be <= seqlen_k and each page index in [0, num_pages).
+Result<Call> check_decode_arrays(const ArrayInfo& q, const ArrayInfo& k_cache,
+                                 const ArrayInfo& v_cache, const ArrayInfo* block_table,
+                                 const ArrayInfo* seqlens_k, const ArrayInfo* out,
+                                 const ArrayInfo* lse, bool causal, std::optional<double> scale);
+
 // Bytes of an output of `shape` with elements of `bits` bits (at least 1), or an error when the
 // count does not fit a size_t (the module allocates outputs of this size).
 Result<size_t> array_bytes(const std::vector<size_t>& shape, int bits);

@@ -68,6 +68,17 @@ Call prepare(const InArray& q, const InArray& k, const InArray& v, const OutArra
                                      pointer(slopes_info)));
 }
 
+Call prepare_decode(const InArray& q, const InArray& k_cache, const InArray& v_cache,
+                    const InArray* block_table, const InArray* seqlens_k, const OutArray* out,
+                    const OutArray* lse, bool causal, std::optional<double> scale) {
+  const std::optional<ArrayInfo> table_info = info_of(block_table),
+                                 lengths_info = info_of(seqlens_k), out_info = info_of(out),
+                                 lse_info = info_of(lse);
+  return unwrap(check_decode_arrays(info_of(q), info_of(k_cache), info_of(v_cache),
+                                    pointer(table_info), pointer(lengths_info), pointer(out_info),
+                                    pointer(lse_info), causal, scale));
+}
+
 Call prepare_backward(const InArray& q, const InArray& k, const InArray& v, const InArray& o,
                       const std::optional<InArray>& lse, const InArray& d_o, const OutArray* dq,
                       const OutArray* dk, const OutArray* dv, bool causal,

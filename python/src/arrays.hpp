@@ -50,6 +50,12 @@ Call prepare(const InArray& q, const InArray& k, const InArray& v, const OutArra
 // check_backward_arrays, raising its error: o and do with q's shape and dtype, lse float32
 // (batch, heads_q, seqlen_q) contiguous (required), dq with q's shape and dk, dv with k's when
 // given (contiguous in the layout when not: the caller allocates them so), all on q's device.
+// check_decode_arrays (array_checks.hpp) of these arrays: a decode's problem (contiguous or
+// paged K/V cache, per-sequence key counts).
+Call prepare_decode(const InArray& q, const InArray& k_cache, const InArray& v_cache,
+                    const InArray* block_table, const InArray* seqlens_k, const OutArray* out,
+                    const OutArray* lse, bool causal, std::optional<double> scale);
+
 Call prepare_backward(const InArray& q, const InArray& k, const InArray& v, const InArray& o,
                       const std::optional<InArray>& lse, const InArray& d_o, const OutArray* dq,
                       const OutArray* dk, const OutArray* dv, bool causal,

@@ -115,14 +115,16 @@ std::pair<AttentionConfig, std::string> resolve_config(Runtime& runtime,
   return {parsed, "given"};
 }
 
-nb::tuple attention(InArray q, InArray k, InArray v, std::optional<OutArray> out,
-                    std::optional<OutArray> lse, bool want_lse, bool causal,
-                    std::optional<double> scale, const std::string& layout,
-                    std::optional<std::string> config, uintptr_t stream, bool synchronize,
-                    const std::string& framework, std::optional<nb::tuple> variant,
-                    std::optional<InArray> alibi_slopes) {
-  Call call = prepare(q, k, v, out ? &*out : nullptr, lse ? &*lse : nullptr, causal, scale, layout,
-                      variant_of(variant), alibi_slopes ? &*alibi_slopes : nullptr);
+namespace {
+
+// Launches a forward `call` of q, k, v into out and lse (allocated here in `framework` when not
+// given: out contiguous with q's shape in `layout`, lse when `want_lse`); returns (out, lse) as
+// allocated here (None for those given). `extra` fills the args beyond q, k, v, o, lse.
+template <class Extra>
+nb::tuple run_forward(Call& call, InArray& q, InArray& k, InArray& v, std::optional<OutArray>& out,
+                      std::optional<OutArray>& lse, bool want_lse, Layout layout,
+                      const std::optional<std::string>& config, uintptr_t stream, bool synchronize,
+                      const std::string& framework, Extra extra) {
   std::shared_ptr<Runtime> runtime = runtimes().get(call.place);
 
   nb::object out_object = nb::none(), lse_object = nb::none();
@@ -135,8 +137,8 @@ nb::tuple attention(InArray q, InArray k, InArray v, std::optional<OutArray> out
     Allocated allocated = allocate_array(*runtime, call.place, framework, shape_of(q), q.dtype());
     out_object = allocated.array;
     out_data = allocated.data;
-    call.problem.o_strides = contiguous_strides(parse_layout(layout), call.problem.seqlen_q,
-                                                call.problem.heads_q, call.problem.head_dim);
+    call.problem.o_strides = contiguous_strides(layout, call.problem.seqlen_q, call.problem.heads_q,
+                                                call.problem.head_dim);
   }
   if (lse) {
     lse_data = static_cast<float*>(lse->data());
@@ -151,9 +153,43 @@ nb::tuple attention(InArray q, InArray k, InArray v, std::optional<OutArray> out
   }
 
   AttentionArgs args{q.data(), k.data(), v.data(), out_data, lse_data};
-  if (alibi_slopes) args.alibi_slopes = static_cast<const float*>(alibi_slopes->data());
+  extra(args);
   prepared(call, config).launch(args, stream, synchronize);
   return nb::make_tuple(out_object, lse_object);
+}
+
+}  // namespace
+
+nb::tuple attention(InArray q, InArray k, InArray v, std::optional<OutArray> out,
+                    std::optional<OutArray> lse, bool want_lse, bool causal,
+                    std::optional<double> scale, const std::string& layout,
+                    std::optional<std::string> config, uintptr_t stream, bool synchronize,
+                    const std::string& framework, std::optional<nb::tuple> variant,
+                    std::optional<InArray> alibi_slopes) {
+  Call call = prepare(q, k, v, out ? &*out : nullptr, lse ? &*lse : nullptr, causal, scale, layout,
+                      variant_of(variant), alibi_slopes ? &*alibi_slopes : nullptr);
+  return run_forward(call, q, k, v, out, lse, want_lse, parse_layout(layout), config, stream,
+                     synchronize, framework, [&](AttentionArgs& args) {
+                       if (alibi_slopes)
+                         args.alibi_slopes = static_cast<const float*>(alibi_slopes->data());
+                     });
+}
+
+nb::tuple decode(InArray q, InArray k_cache, InArray v_cache, std::optional<InArray> block_table,
+                 std::optional<InArray> seqlens_k, std::optional<OutArray> out,
+                 std::optional<OutArray> lse, bool want_lse, bool causal,
+                 std::optional<double> scale, std::optional<std::string> config, uintptr_t stream,
+                 bool synchronize, const std::string& framework) {
+  Call call = prepare_decode(q, k_cache, v_cache, block_table ? &*block_table : nullptr,
+                             seqlens_k ? &*seqlens_k : nullptr, out ? &*out : nullptr,
+                             lse ? &*lse : nullptr, causal, scale);
+  return run_forward(call, q, k_cache, v_cache, out, lse, want_lse, Layout::BSHD, config, stream,
+                     synchronize, framework, [&](AttentionArgs& args) {
+                       if (block_table)
+                         args.block_table = static_cast<const int32_t*>(block_table->data());
+                       if (seqlens_k)
+                         args.seqlens_k = static_cast<const int32_t*>(seqlens_k->data());
+                     });
 }
 
 nb::tuple attention_backward(InArray q, InArray k, InArray v, InArray o, std::optional<InArray> lse,

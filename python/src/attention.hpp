@@ -73,6 +73,14 @@ nb::tuple attention(InArray q, InArray k, InArray v, std::optional<OutArray> out
                     const std::string& framework, std::optional<nb::tuple> variant,
                     std::optional<InArray> alibi_slopes);
 
+// A decode (flashjit.decode): attention of q against a K/V cache, contiguous or paged, with
+// per-sequence key counts (check_decode_arrays). Returns (out, lse) as attention() does.
+nb::tuple decode(InArray q, InArray k_cache, InArray v_cache, std::optional<InArray> block_table,
+                 std::optional<InArray> seqlens_k, std::optional<OutArray> out,
+                 std::optional<OutArray> lse, bool want_lse, bool causal,
+                 std::optional<double> scale, std::optional<std::string> config, uintptr_t stream,
+                 bool synchronize, const std::string& framework);
+
 // The backward pass: writes dq, dk, dv from q, k, v, o, lse and do. Returns (dq, dk, dv) as
 // allocated here: None for each the caller passed. The kernel's fp32 workspace is its own (per
 // stream, grown when needed).
