@@ -1,9 +1,9 @@
 // Fuzz target: the Python module's array checks (python/src/array_checks.hpp: what every
-// flashjit.attention / attention_backward call runs on its arrays before anything else) and the
-// launch checks its data pointers then meet (runtime/launch_params.hpp). Input: a few option
-// bytes (pass, layout, causal, scale, which optional arrays are given), then per array its
-// DLPack description: ndim, extents, strides (each either the contiguous one or a fuzzed one),
-// dtype, device and byte offset.
+// flashjit.attention / attention_backward / decode call runs on its arrays before anything else)
+// and the launch checks its data pointers then meet (runtime/launch_params.hpp,
+// runtime/decode_launch.hpp). Input: a few option bytes (pass or decode, layout, causal, scale,
+// which optional arrays are given), then per array its DLPack description: ndim, extents, strides
+// (each either the contiguous one or a fuzzed one), dtype, device and byte offset.
 // Invariants: the checks return a call or an error with a message; a call's problem is valid,
 // its tensors' spans are positive, and a launch check of it with pointers at the arrays' byte
 // offsets returns (ok or a typed error) for the CUDA (16-byte) and CPU (element) alignments.
@@ -17,6 +17,7 @@
 #include "fuzz_support.hpp"
 #include "generator/render.hpp"
 #include "runtime/backend.hpp"
+#include "runtime/decode_launch.hpp"
 #include "runtime/launch_params.hpp"
 
 using namespace flashjit;
@@ -89,7 +90,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool causal = options & 8;
   std::optional<double> scale;
   if (options & 16) scale = static_cast<double>(static_cast<int8_t>(in.byte())) / 8.0;
-  const uint8_t given = in.byte();  // which optional arrays are given
+  const uint8_t given = in.byte();                  // which optional arrays are given
+  const bool decode = !backward && (options & 64);  // flashjit.decode: a K/V cache
 
   // (batch, seqlen, heads, head_dim) as bytes: small shapes, the interesting ones.
   const std::vector<size_t> q_base = {size_t{in.byte()} % 5 + 1, size_t{in.byte()} + 1,
@@ -110,6 +112,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (given & 4) dq = read_array(in, q_base);
   if (given & 8) dk = read_array(in, k_base);
   if (given & 16) dv = read_array(in, k_base);
+  // decode: the block table (paged: k and v are then the pages) and the per-sequence lengths,
+  // int32 unless the byte after each says otherwise.
+  std::optional<FuzzedArray> table, lengths;
+  if (decode && (given & 32)) table = read_array(in, {q_base[0], size_t{in.byte()} % 9});
+  if (decode && (given & 64)) lengths = read_array(in, {q_base[0]});
+  for (std::optional<FuzzedArray>* array : {&table, &lengths})
+    if (*array && in.byte() < 224) (*array)->info.dtype = ArrayDtype{kDlpackInt, 32, 1};
   auto info = [](const std::optional<FuzzedArray>& array) {
     return array ? &array->info : nullptr;
   };
@@ -118,9 +127,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       backward
           ? check_backward_arrays(q.info, k.info, v.info, o->info, info(lse), d_o->info, info(dq),
                                   info(dk), info(dv), causal, scale, layout, (options & 32) != 0)
-          : check_forward_arrays(q.info, k.info, v.info, info(out), info(lse), causal, scale,
-                                 layout);
-  if (!checked(call, backward ? "check_backward_arrays" : "check_forward_arrays")) return 0;
+      : decode ? check_decode_arrays(q.info, k.info, v.info, info(table), info(lengths), info(out),
+                                     info(lse), causal, scale)
+               : check_forward_arrays(q.info, k.info, v.info, info(out), info(lse), causal, scale,
+                                      layout);
+  if (!checked(call, backward ? "check_backward_arrays"
+                     : decode ? "check_decode_arrays"
+                              : "check_forward_arrays"))
+    return 0;
   const AttentionProblem& problem = call->problem;
   require(validate(problem).ok(), "the checks returned an invalid problem: " + problem.to_string());
   require(problem.q_span() > 0 && problem.kv_span() > 0 && problem.o_span() > 0,
@@ -142,10 +156,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     args.dk = const_cast<void*>(pointer_at(7, dk ? &*dk : &allocated));
     args.dv = const_cast<void*>(pointer_at(8, dv ? &*dv : &allocated));
   }
+  args.block_table = static_cast<const int32_t*>(pointer_at(9, table ? &*table : nullptr));
+  args.seqlens_k = static_cast<const int32_t*>(pointer_at(10, lengths ? &*lengths : nullptr));
+  require(!problem.kv.paged() || (table && lengths), "a paged problem without its tables");
   const ProblemSignature signature = ProblemSignature::of(problem);
   for (size_t alignment : {size_t{16}, static_cast<size_t>(dtype_bytes(problem.dtype))}) {
-    (void)checked(check_attention_launch(problem, args, signature, alignment),
-                  "check_attention_launch");
+    (void)checked(check_decode_launch(problem, args, signature, alignment, DecodeWorkspace{}),
+                  "check_decode_launch");
   }
   return 0;
 }
