@@ -249,7 +249,12 @@ Status check_int32_table(const char* name, const ArrayInfo& array, const std::ve
                      std::to_string(array.strides[i]) + " on axis " + std::to_string(i) +
                      ", expected " + std::to_string(stride));
     }
-    stride *= static_cast<int64_t>(shape[i]);
+    const bool fits = shape[i] <= static_cast<size_t>(INT64_MAX) &&
+                      !__builtin_mul_overflow(stride, static_cast<int64_t>(shape[i]), &stride);
+    if (!fits) {
+      return invalid(std::string(name) + ".shape = " + shape_text(array) +
+                     ": more elements than an int64 counts");
+    }
   }
   Result<Place> at = place_of(name, array);
   FLASHJIT_TRY(at);
