@@ -149,28 +149,28 @@ int backend_index(std::string_view device) {
   return -1;
 }
 
+// The version of `device`'s backend: of its templates as plain kernels compile them, or whole.
+const std::string& backend_version(std::string_view device, bool plain) {
+  using Versions = std::array<std::string, kTemplateBackends.size()>;
+  static const std::array<Versions, 2> versions = [] {
+    std::array<Versions, 2> each;  // [0]: whole, [1]: plain
+    for (int kind = 0; kind < 2; ++kind)
+      for (size_t i = 0; i < kTemplateBackends.size(); ++i)
+        each[kind][i] = version_of_templates(kTemplateBackends[i], kind == 1);
+    return each;
+  }();
+  const int i = backend_index(device);
+  return i < 0 ? generator_version() : versions[plain ? 1 : 0][i];
+}
+
 }  // namespace
 
 const std::string& generator_version_of(std::string_view device) {
-  static const std::array<std::string, kTemplateBackends.size()> versions = [] {
-    std::array<std::string, kTemplateBackends.size()> each;
-    for (size_t i = 0; i < kTemplateBackends.size(); ++i)
-      each[i] = version_of_templates(kTemplateBackends[i], true);
-    return each;
-  }();
-  const int i = backend_index(device);
-  return i < 0 ? generator_version() : versions[i];
+  return backend_version(device, true);
 }
 
 const std::string& variant_generator_version_of(std::string_view device) {
-  static const std::array<std::string, kTemplateBackends.size()> versions = [] {
-    std::array<std::string, kTemplateBackends.size()> each;
-    for (size_t i = 0; i < kTemplateBackends.size(); ++i)
-      each[i] = version_of_templates(kTemplateBackends[i], false);
-    return each;
-  }();
-  const int i = backend_index(device);
-  return i < 0 ? generator_version() : versions[i];
+  return backend_version(device, false);
 }
 
 std::string backend_generator_versions() {

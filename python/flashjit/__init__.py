@@ -80,6 +80,7 @@ Errors raise flashjit.Error subclasses carrying the library's message and ``.cod
 InvalidArgumentError and UnsupportedError (both also ValueError), NoDeviceError.
 """
 
+import contextlib as _contextlib
 import json as _json
 import os as _os
 import sys as _sys
@@ -197,25 +198,17 @@ def _forward_outputs(kind, q, inputs, out, lse, return_lse, layout, stream):
                 lse = torch.empty(shape, dtype=torch.float32, device=q.device)
         if handle is None:
             handle = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
-    elif kind == "numpy":
-        np = _sys.modules["numpy"]
-        if out is None:
-            out = np.empty(q.shape, dtype=q.dtype)
-        if return_lse and lse is None:
-            shape = _lse_shape(q, layout)
-            if shape is not None:
-                lse = np.empty(shape, dtype=np.float32)
-    elif kind == "cupy":
-        cupy = _sys.modules["cupy"]
-        with cupy.cuda.Device(q.device.id):
+    elif kind in ("numpy", "cupy"):  # one array API; cupy's on q's device and current stream
+        xp = _sys.modules[kind]
+        with (xp.cuda.Device(q.device.id) if kind == "cupy" else _contextlib.nullcontext()):
             if out is None:
-                out = cupy.empty(q.shape, dtype=q.dtype)
+                out = xp.empty(q.shape, dtype=q.dtype)
             if return_lse and lse is None:
                 shape = _lse_shape(q, layout)
                 if shape is not None:
-                    lse = cupy.empty(shape, dtype=cupy.float32)
-            if handle is None:
-                handle = cupy.cuda.get_current_stream().ptr
+                    lse = xp.empty(shape, dtype=xp.float32)
+            if kind == "cupy" and handle is None:
+                handle = xp.cuda.get_current_stream().ptr
     elif kind == "jax":
         if out is not None or lse is not None:
             raise ValueError("out= and lse= are not supported for jax arrays (immutable); "
