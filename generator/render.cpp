@@ -96,6 +96,7 @@ std::string plain_kernel_text(std::string_view text) {
     bool dropping;
   };
   std::vector<Open> open;
+  bool in_variant_fields = false;  // between the FLASHJIT_VARIANT_FIELDS_ markers
   std::string out;
   out.reserve(text.size());
   size_t begin = 0;
@@ -105,6 +106,11 @@ std::string plain_kernel_text(std::string_view text) {
     const std::string_view line = text.substr(begin, end - begin);
     begin = end;
     const size_t first = line.find_first_not_of(" \t");
+    if (line.find("// FLASHJIT_VARIANT_FIELDS_BEGIN") == first) in_variant_fields = true;
+    if (in_variant_fields) {
+      if (line.find("// FLASHJIT_VARIANT_FIELDS_END") == first) in_variant_fields = false;
+      continue;
+    }
     const std::string_view directive = first == std::string_view::npos || line[first] != '#'
                                            ? std::string_view()
                                            : line.substr(first + 1);

@@ -138,8 +138,11 @@ Result<KernelSource> render_cpu_attention_backward(const AttentionProblem& probl
 const std::string& generator_version();
 const std::string& generator_version_of(std::string_view device);
 const std::string& variant_generator_version_of(std::string_view device);
-// A template's text without the branches a plain kernel does not compile: the body of each
-// `#ifdef FLASHJIT_VARIANT` up to its #else (kept) or #endif, and those directives.
+// A template's text as a plain kernel sees it: without the branches it does not compile (the
+// body of each `#ifdef FLASHJIT_VARIANT` up to its #else, kept, or #endif, and those directives)
+// and without the variant fields of the launch parameters (the lines from a
+// `// FLASHJIT_VARIANT_FIELDS_BEGIN` line to a `// FLASHJIT_VARIANT_FIELDS_END` line, both
+// included), which it compiles but never reads.
 std::string plain_kernel_text(std::string_view text);
 // The backends with a template folder (and so a version) of their own: the first field of their
 // devices' strings ("cuda|...").

@@ -62,8 +62,14 @@ struct FlashjitAttentionParams {
   float* partial_o;    // [num_splits, rows, head_dim]: each range's normalized O
   float* partial_lse;  // [num_splits, rows]: each range's LSE in base 2 (-inf: no key)
 
-  // ---- attention variants (templates/attention_variant.h; plain kernels ignore these) ----
+  // ---- attention variants (templates/attention_variant.h) ----
+  // Plain kernels never read these fields, and the generator version that plain tuning rows are
+  // keyed by leaves the lines between the two markers out (plain_kernel_text in
+  // generator/render.cpp), so that a new variant field does not stale them. They stay the
+  // struct's last fields: no field a plain kernel reads moves when one is added.
+  // FLASHJIT_VARIANT_FIELDS_BEGIN
   const float* alibi_slopes;  // ALiBi: fp32 [heads_q]; null without ALiBi
+  // FLASHJIT_VARIANT_FIELDS_END
 };
 
 // The warp-specialized Hopper forward (configs "-ws", templates/cuda/ws/) takes a second

@@ -94,10 +94,16 @@ TEST(Render, PlainKernelTextDropsTheVariantBranchesOnly) {
       "b\n"
       "#else\n"
       "c\n"
-      "#endif";
+      "#endif\n"
+      "struct P {\n"
+      "  int read;\n"
+      "  // FLASHJIT_VARIANT_FIELDS_BEGIN\n"
+      "  int variant_field;\n"
+      "  // FLASHJIT_VARIANT_FIELDS_END\n"
+      "};";
   EXPECT_EQ(plain_kernel_text(text),
             "a\nplain 1\n#ifdef FLASHJIT_VARIANT_SOFTCAP\nsoftcap\n#endif\n"
-            "#ifndef Y\nb\n#else\nc\n#endif");
+            "#ifndef Y\nb\n#else\nc\n#endif\nstruct P {\n  int read;\n};");
   // The shipped templates: no variant code left, the plain code intact.
   const std::string ws = plain_kernel_text(templates::text("cuda/ws/softmax.cuh"));
   EXPECT_EQ(ws.find("FLASHJIT_VARIANT"), std::string::npos);
@@ -106,6 +112,15 @@ TEST(Render, PlainKernelTextDropsTheVariantBranchesOnly) {
   const std::string fwd = plain_kernel_text(templates::text("cuda/attention_fwd.cuh"));
   EXPECT_EQ(fwd.find("fv::"), std::string::npos);
   EXPECT_NE(fwd.find("block_needs_mask"), std::string::npos);
+  // The launch parameters: the variant fields left out, and they are the struct's last fields
+  // (adding one moves no field a plain kernel reads).
+  const std::string params(templates::text("attention_params.h"));
+  const std::string plain_params = plain_kernel_text(params);
+  EXPECT_EQ(plain_params.find("alibi_slopes"), std::string::npos);
+  EXPECT_NE(plain_params.find("num_splits"), std::string::npos);
+  const size_t end = params.find("// FLASHJIT_VARIANT_FIELDS_END");
+  ASSERT_NE(end, std::string::npos);
+  EXPECT_EQ(params.substr(params.find('\n', end) + 1, 3), "};\n");
 }
 
 }  // namespace
