@@ -4,18 +4,26 @@ processes tuning the same grid into one shared DB at the same time, and the comp
 
 With the device's timing lock (tuner/device_lock.hpp) and the disturbance check, every concurrent
 process must end with the lone run's choices within the noise rule and no gain the lone run does
-not show: for each problem, each process's default TFLOP/s within --tolerance of the lone run's
-(its timing was not disturbed) and its chosen config either the lone run's or one the lone run
-timed within its noise of its choice; a process whose timings were unstable stores no choice
-(`disturbed`), which passes. Exits 1 on a violation, with a table either way.
+not show: for each problem, each process's default time within --tolerance of the range of two
+lone runs, one before and one after the concurrent ones (its timing was not disturbed), and its
+chosen config either the lone run's or one the lone run timed within its noise of its choice; a
+process whose timings were unstable stores no choice (`disturbed`), which passes. The processes must also have taken turns: at least one "waiting for"
+message on a GPU, and on the CPU one from each process but the first (there the whole run holds
+the device: compiles and verification run on its cores too). Exits 1 on a violation, with a table
+either way.
+
+Tolerances: on a GPU the default's time within 10% of the lone runs' and a choice within 2%
+(or the lone run's noise) of the lone choice. On the CPU of a shared 2-vCPU VM the same config's
+time moves by 5-7% between lone runs and by up to 25-30% in a slow stretch of the host, while a
+tuner timing beside another measures 1.3-3x (the negative control, --separate-locks): the
+default within 25%, a choice within 10%.
 
   python3 bench/concurrent_tune.py --flashjit build/flashjit [--backend cuda] [--processes 4]
-      [--out DIR]
+      [--out DIR] [--tolerance 0.10] [--choice-tolerance 0.02 (GPU) / 0.10 (cpu)]
 
 On the GPU machine: bench/device_run.sh concurrent. The grid: --head-dims 128 --seqlens
 1024,4096 --causal both (4 problems) on CUDA; on the CPU backend d 64, N 256, fp32, causal off
-(one problem; the whole CPU is the device there, so the processes' compiles disturb each other's
-timings: the disturbance check is what keeps the choices honest).
+(one problem; CI runs it: tests/CMakeLists.txt, concurrent_tune_cpu).
 """
 import argparse
 import json
@@ -49,32 +57,48 @@ def main():
     parser.add_argument("--flashjit", default="build/flashjit")
     parser.add_argument("--backend", default="cuda")
     parser.add_argument("--processes", type=int, default=4)
-    parser.add_argument("--tolerance", type=float, default=0.10,
-                        help="how far a concurrent run's default time may be from the lone's")
+    parser.add_argument("--tolerance", type=float, default=None,
+                        help="how far a concurrent run's default time may be from the lone "
+                             "runs' (default 0.10, cpu 0.25)")
+    parser.add_argument("--separate-locks", action="store_true",
+                        help="the negative control: each process its own lock folder, so the "
+                             "tuners do not take turns (the check must then fail)")
+    parser.add_argument("--choice-tolerance", type=float, default=None,
+                        help="a choice's band around the lone choice (default 0.02, cpu 0.10)")
     parser.add_argument("--out", default=os.environ.get("OUT", "device-out"))
     args = parser.parse_args()
+    if args.tolerance is None:
+        args.tolerance = 0.25 if args.backend == "cpu" else 0.10
+    if args.choice_tolerance is None:
+        args.choice_tolerance = 0.10 if args.backend == "cpu" else 0.02
     os.makedirs(args.out, exist_ok=True)
     env = dict(os.environ)
     env.setdefault("FLASHJIT_LOCK_DIR", os.path.join(args.out, "locks"))
     tune_args = grid(args.backend)
 
+    def lone_run(name):
+        proc, log = run_tune(args.flashjit, tune_args, os.path.join(args.out, name + ".db"),
+                             os.path.join(args.out, name + ".json"),
+                             os.path.join(args.out, name + ".log"), env)
+        proc.wait()
+        log.close()
+        if proc.returncode != 0:
+            print(open(os.path.join(args.out, name + ".log")).read()[-3000:])
+            sys.exit(f"the {name} tune failed ({proc.returncode})")
+
     start = time.time()
-    proc, log = run_tune(args.flashjit, tune_args, os.path.join(args.out, "lone.db"),
-                         os.path.join(args.out, "lone.json"), os.path.join(args.out, "lone.log"),
-                         env)
-    proc.wait()
-    log.close()
-    if proc.returncode != 0:
-        print(open(os.path.join(args.out, "lone.log")).read()[-3000:])
-        sys.exit(f"the lone tune failed ({proc.returncode})")
+    lone_run("lone")
     lone_s = time.time() - start
 
     start = time.time()
     runs = []
     for i in range(args.processes):
+        own = dict(env)
+        if args.separate_locks:
+            own["FLASHJIT_LOCK_DIR"] = os.path.join(args.out, f"locks-{i}")
         runs.append(run_tune(args.flashjit, tune_args, os.path.join(args.out, "shared.db"),
                              os.path.join(args.out, f"concurrent-{i}.json"),
-                             os.path.join(args.out, f"concurrent-{i}.log"), env))
+                             os.path.join(args.out, f"concurrent-{i}.log"), own))
     failed = []
     for i, (proc, log) in enumerate(runs):
         proc.wait()
@@ -82,14 +106,18 @@ def main():
         if proc.returncode != 0:
             failed.append(i)
     concurrent_s = time.time() - start
+    # A second lone run after them: with the first, it brackets what the device gives a lone
+    # tuner in this stretch of time (a shared host's speed drifts by 10-30% over seconds).
+    lone_run("lone-after")
 
     lone = reports(os.path.join(args.out, "lone.json"))
+    after = reports(os.path.join(args.out, "lone-after.json"))
     violations = []
     waits = 0
     lines = [f"# {args.processes} concurrent tuners vs a lone one ({args.backend})", "",
              f"lone: {lone_s:.0f} s; {args.processes} concurrent: {concurrent_s:.0f} s", "",
-             "| problem | lone default ms | lone choice (gain) | process | default ms "
-             "| choice (gain) | verdict |", "|---|---:|---|---:|---:|---|---|"]
+             "| problem | lone default ms (before, after) | lone choice (gain) | process "
+             "| default ms | choice (gain) | verdict |", "|---|---:|---|---:|---:|---|---|"]
     for i in range(args.processes):
         log_text = open(os.path.join(args.out, f"concurrent-{i}.log")).read()
         waits += log_text.count("waiting for ")
@@ -103,6 +131,8 @@ def main():
                 violations.append(f"process {i}: {key} missing")
                 continue
             ref_default = ref["default"]["ms"]
+            after_default = after[key]["default"]["ms"] if key in after else ref_default
+            low, high = min(ref_default, after_default), max(ref_default, after_default)
             got_default = got["default"]["ms"]
             ref_choice = ref["chosen"]["config"] if ref["chosen"] else None
             got_choice = got["chosen"]["config"] if got["chosen"] else None
@@ -110,24 +140,34 @@ def main():
             if got.get("disturbed"):
                 verdict = "unstable: no choice stored (ok)"
             else:
-                if abs(got_default - ref_default) > args.tolerance * ref_default:
+                if not low * (1 - args.tolerance) <= got_default <= high * (1 + args.tolerance):
                     verdict = "default disturbed"
                 elif got_choice != ref_choice:
-                    # The lone run's time of the concurrent choice must be within its noise.
-                    times = {r["config"]: r.get("median_ms") for r in ref["results"]}
-                    chosen_ms = ref["chosen"]["ms"]
-                    other_ms = times.get(got_choice)
-                    noise = max(ref.get("noise_ms") or 0, 0.02 * chosen_ms)
-                    if other_ms is None or other_ms - chosen_ms > noise:
-                        verdict = f"choice {got_choice} not within the lone run's noise"
-                    else:
+                    # A lone run's time of the concurrent choice must be within that run's noise
+                    # of its own choice (either lone run: each config is timed once per run).
+                    def within(lone_report):
+                        if not lone_report or not lone_report.get("chosen"):
+                            return False
+                        times = {r["config"]: r.get("median_ms") for r in lone_report["results"]}
+                        chosen_ms = lone_report["chosen"]["ms"]
+                        other_ms = times.get(got_choice)
+                        noise = max(lone_report.get("noise_ms") or 0,
+                                    args.choice_tolerance * chosen_ms)
+                        return other_ms is not None and other_ms - chosen_ms <= noise
+                    if within(ref) or within(after.get(key)):
                         verdict = "ok (within noise)"
+                    else:
+                        verdict = f"choice {got_choice} not within the lone runs' noise"
                 if got["gain"] > ref["gain"] * (1 + args.tolerance):
                     verdict = f"gain {got['gain']:.2f}x that the lone run does not show"
             if not verdict.startswith("ok") and not verdict.startswith("unstable"):
                 violations.append(f"process {i}: {key}: {verdict}")
-            lines.append(f"| {key} | {ref_default:.4g} | {ref_choice} ({ref['gain']:.3f}x) | {i} "
+            lines.append(f"| {key} | {ref_default:.4g}, {after_default:.4g} | {ref_choice} ({ref['gain']:.3f}x) | {i} "
                          f"| {got_default:.4g} | {got_choice} ({got['gain']:.3f}x) | {verdict} |")
+    turns = args.processes - 1 if args.backend == "cpu" else 1
+    if args.processes > 1 and waits < turns:
+        violations.append(f"{waits} 'waiting for' messages: the tuners did not take turns "
+                          f"(at least {turns} expected)")
     lines += ["", f"'waiting for' messages: {waits}",
               f"violations: {len(violations)}"] + [f"- {v}" for v in violations]
     text = "\n".join(lines) + "\n"

@@ -94,7 +94,7 @@ const TuneOptions::Fault* Tuner::fault_of(const ProblemKey& key,
 }
 
 Result<DeviceLock::Guard> Tuner::hold_device() const {
-  if (!device_lock_) return DeviceLock::Guard();
+  if (!device_lock_ || run_holds_device_) return DeviceLock::Guard();
   return device_lock_->acquire([this](long pid) {
     // Once per holder: a contended run would otherwise say it before every config.
     if (pid == last_holder_pid_) return;
@@ -114,9 +114,28 @@ Tuner::~Tuner() {
   for (std::thread& thread : threads_) thread.join();
 }
 
-Result<TuneReport> Tuner::tune(const AttentionProblem& problem) { return tune_one(problem, 0, 1); }
+template <class Body>
+auto Tuner::holding_device_for_run(const Body& body) -> decltype(body()) {
+  if (!backend_.compiles_share_the_device() || run_holds_device_) return body();
+  Result<DeviceLock::Guard> held = hold_device();
+  if (!held.ok()) return held.error();
+  run_holds_device_ = held->held();
+  auto result = body();
+  run_holds_device_ = false;
+  return result;
+}
+
+Result<TuneReport> Tuner::tune(const AttentionProblem& problem) {
+  return holding_device_for_run([&] { return tune_one(problem, 0, 1); });
+}
 
 Result<std::vector<TuneReport>> Tuner::tune_all(const std::vector<AttentionProblem>& problems) {
+  return holding_device_for_run(
+      [&]() -> Result<std::vector<TuneReport>> { return tune_problems(problems); });
+}
+
+Result<std::vector<TuneReport>> Tuner::tune_problems(
+    const std::vector<AttentionProblem>& problems) {
   for (size_t i = 0; i < problems.size(); ++i) {
     Status valid = backend_.check_problem(problems[i]);
     if (!valid.ok()) {

@@ -176,7 +176,8 @@ class Tuner {
   Result<std::vector<TuneReport>> tune_all(const std::vector<AttentionProblem>& problems);
 
   // Queues the compiles `problems` will need (tune and tune_all do this themselves). Lets a caller
-  // start compiling while it does something else.
+  // start compiling while it does something else (on a device whose compiles share it, the CPU,
+  // those compiles run before this tuner holds the device: see holding_device_for_run).
   void prefetch(const std::vector<AttentionProblem>& problems);
 
   // Progress steps of one problem: its legal configs + 1 (the re-time).
@@ -190,6 +191,8 @@ class Tuner {
 
   struct ProblemRun;
 
+  // tune_all's work (under holding_device_for_run).
+  Result<std::vector<TuneReport>> tune_problems(const std::vector<AttentionProblem>& problems);
   // One problem: the phases below, in order (tuner.cpp).
   Result<TuneReport> tune_one(const AttentionProblem& problem, size_t index, size_t count);
   Status load_stored(ProblemRun& run);
@@ -223,8 +226,15 @@ class Tuner {
   // the device's lock): each write is also the worker's heartbeat for the supervisor's deadline.
   void mark_inflight(const ProblemKey& key, const AttentionConfig* config) const;
   const TuneOptions::Fault* fault_of(const ProblemKey& key, const AttentionConfig& config) const;
-  // Holds the device for a timing phase (an empty Guard when timing is not serialized).
+  // Holds the device for a timing phase (an empty Guard when timing is not serialized, or when
+  // the whole run holds it already).
   Result<DeviceLock::Guard> hold_device() const;
+  // Runs `body` (a whole tune() or tune_all()) holding the device when its compiles and
+  // verification run on it too (the CPU: another tuner's compiles would take the cores this one
+  // times on, and its timing would slow this one's compiles): concurrent CPU tuners take turns
+  // run by run; GPU tuners share the device and take turns for their timing phases only.
+  template <class Body>
+  auto holding_device_for_run(const Body& body) -> decltype(body());
 
   const Backend& backend_;
   const BinaryCache* cache_;
@@ -233,6 +243,7 @@ class Tuner {
   DeviceFingerprint fingerprint_;
   std::optional<DeviceLock> device_lock_;  // when options.serialize_timing and it could be opened
   mutable long last_holder_pid_ = -1;      // the holder the last "waiting for" message named
+  bool run_holds_device_ = false;          // inside holding_device_for_run's hold
 
   // Compile pool: slots keyed by signature + config; a queue of slots to compile.
   mutable std::mutex mutex_;

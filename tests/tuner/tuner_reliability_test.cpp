@@ -356,5 +356,56 @@ TEST_F(TunerTest, TimingWaitsForTheDeviceAndSaysWhoHoldsIt) {
       << messages.front();
 }
 
+// On a device whose compiles run on it (the CPU), a tuner holds the device for its whole run:
+// nothing is compiled, verified or timed while another holds it, it waits once (its timing phases
+// inside the run do not wait again), and it lets go at the end.
+TEST_F(TunerTest, DeviceWhoseCompilesShareItIsHeldForTheWholeRun) {
+  backend_.shares_device = true;
+  const fs::path locks = dir_ / "locks";
+  Result<DeviceLock> lock = DeviceLock::open(locks, backend_.timing_device_id());
+  ASSERT_TRUE(lock.ok()) << lock.error().describe();
+  Result<DeviceLock::Guard> held = lock->acquire();
+  ASSERT_TRUE(held.ok() && held->held());
+
+  TuneOptions options = fast_options();
+  options.lock_dir = locks.string();
+  std::mutex mutex;
+  std::vector<std::string> messages;
+  options.on_message = [&](const std::string& m) {
+    std::lock_guard<std::mutex> guard(mutex);
+    messages.push_back(m);
+  };
+  std::atomic<bool> done{false};
+  std::thread tuning([&] {
+    Tuner tuner(backend_, nullptr, nullptr, options);
+    Result<std::vector<TuneReport>> reports = tuner.tune_all({problem_});
+    EXPECT_TRUE(reports.ok());
+    done = true;
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!done && std::chrono::steady_clock::now() < deadline) {
+    {
+      std::lock_guard<std::mutex> guard(mutex);
+      if (!messages.empty()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // still waiting
+  EXPECT_FALSE(done);
+  EXPECT_EQ(backend_.compiles, 0) << "compiled while the device was held";
+  EXPECT_EQ(backend_.timed_batches, 0);
+  held->release();
+  tuning.join();
+  EXPECT_GT(backend_.compiles, 0);
+  EXPECT_GT(backend_.timed_batches, 0);
+  {
+    std::lock_guard<std::mutex> guard(mutex);
+    EXPECT_EQ(messages.size(), 1u) << "waited more than once";
+  }
+  Result<DeviceLock::Guard> after = lock->try_acquire();
+  ASSERT_TRUE(after.ok());
+  EXPECT_TRUE(after->held()) << "the tuner kept the device after its run";
+}
+
 }  // namespace
 }  // namespace flashjit
