@@ -59,7 +59,11 @@ int decode_splits(const AttentionConfig& c, const AttentionProblem& p, int proce
   const int64_t blocks = std::max<int64_t>(1, decode_key_blocks(c, p));
   if (c.splits > 0) return static_cast<int>(std::min<int64_t>(c.splits, blocks));
   const int64_t tiles = p.batch * p.heads_kv * decode_row_tiles(c, p);
-  const int64_t wanted = ceil_div(int64_t{std::max(1, processors)} * per_processor, tiles);
+  // Whole waves: as many splits as fit the slots (processors x per_processor) in one wave. A
+  // partial second wave (ceil) would run its CTAs after the first at a fraction of the device's
+  // bandwidth: 288 CTAs on 264 slots take nearly two CTA lifetimes, 256 take one.
+  const int64_t wanted = std::max<int64_t>(
+      1, int64_t{std::max(1, processors)} * per_processor / std::max<int64_t>(1, tiles));
   const int64_t splits =
       std::clamp<int64_t>(wanted, 1, std::min<int64_t>(blocks, kMaxDecodeSplits));
   // Even ranges: as many splits as needed for ceil(blocks / splits) blocks each.
@@ -241,7 +245,7 @@ std::string explain_decode_plan(const AttentionProblem& p, const DeviceSpec& dev
   out << "  Bm in " << list(kDecodeBlockMChoices) << ", Bc in " << list(kDecodeBlockNChoices)
       << ", warps in " << list(kDecodeWarpChoices) << " (Bc / warps keys each, a multiple of 16)"
       << ", stages in " << list(kDecodeStageChoices) << "\n";
-  out << "  splits: auto = ceil(" << device.sm_count << " SMs * " << kSplitsCtasPerSm
+  out << "  splits: auto = floor(" << device.sm_count << " SMs * " << kSplitsCtasPerSm
       << " / (batch * heads_kv * row tiles)) within [1, key blocks], or one of "
       << list(kDecodeSplitChoices) << "\n\n";
   out << "config                   smem(B)  regs~  splits(auto)  status\n";
@@ -357,7 +361,7 @@ std::string explain_cpu_decode_plan(const AttentionProblem& p, const CpuSpec& cp
       << decode_packed_rows(p) << " packed rows per (batch, kv head).\n";
   out << "  scratch = 4 * (2 * Bm * d + 2 * Bc * d + Bm * Bc + 2 * Bm) B <= L2 (" << cpu.l2_bytes
       << " B)\n";
-  out << "  splits: auto = ceil(" << cpu.cores
+  out << "  splits: auto = floor(" << cpu.cores
       << " cores * 2 / (batch * heads_kv * row tiles)) within [1, key blocks]\n\n";
   for (int n : kCpuDecodeBlockNChoices) {
     AttentionConfig c{cpu_block_m_for(p), n, 1, 1, KernelFamily::Decode};

@@ -79,8 +79,8 @@ int64_t decode_row_tiles(const AttentionConfig& config, const AttentionProblem& 
 int64_t decode_key_blocks(const AttentionConfig& config, const AttentionProblem& problem);
 
 // The splits a launch of `config` uses: config.splits clamped to [1, key blocks], or for auto
-// (0) enough CTAs (work items) to give each of the `processors` SMs (cores) `per_processor`
-// of them: ceil(processors * per_processor / (batch * heads_kv * row tiles)), within [1,
+// (0) as many CTAs (work items) as fill the `processors` SMs (cores) with `per_processor` each
+// in one wave: floor(processors * per_processor / (batch * heads_kv * row tiles)), within [1,
 // min(key blocks, kMaxDecodeSplits)], then evened out so that every range has the same number of
 // blocks (ceil(blocks / ceil(blocks / splits))). Depends on the problem's sizes only (never on
 // device lengths): a captured graph keeps its grid.
