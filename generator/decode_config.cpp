@@ -23,7 +23,11 @@ constexpr int kRegistersPerMTile = 8;   // m, l and the fragment rows of a 16-ro
 // spill: 4 B at m16n128w2s2, d = 64 on sm80), or what 16 keys per warp need at the head dim
 // (padded d / 16: 16 at d = 256).
 int max_copies_per_thread(int padded_head_dim) { return std::max(8, padded_head_dim / 16); }
-constexpr int kSplitsCtasPerSm = 2;  // auto splits aim at this many CTAs per SM
+// Auto splits aim at one wave of one CTA per SM. Measured on an H100 (GQA 32:8, d 128, bf16,
+// m16n64w4s3, docs/PERFORMANCE.md): the splits that make ~128 CTAs were the fastest of 1..32 at
+// every batch (1: 16, 2: 8, 4: 4, 8: 2, 16: 1); 256 CTAs (two per SM) were 2-10% slower (shorter
+// CTAs, more partials to combine), 288 or 384 (a partial second wave) slower still.
+constexpr int kSplitsCtasPerSm = 1;
 
 std::string str(int64_t v) { return std::to_string(v); }
 
@@ -203,8 +207,8 @@ std::vector<AttentionConfig> legal_decode_configs(const AttentionProblem& p,
 
 Result<AttentionConfig> default_decode_config(const AttentionProblem& p, const DeviceSpec& device) {
   const int block_m = decode_packed_rows(p) > 16 ? 32 : 16;
-  // Two CTAs per SM (what auto splits aim at) when the smem allows: the most stages that leave
-  // room for a second CTA, else the fewest.
+  // Two CTAs per SM when the smem allows (room for a CTA of the next call or the combine): the
+  // most stages that leave room for a second CTA, else the fewest.
   auto two_per_sm = [&](const AttentionConfig& c) {
     return 2 * (decode_resources(c, p).smem_bytes + 1024) <= device.smem_per_sm;
   };

@@ -128,13 +128,17 @@ TEST(DecodeConfig, TemplateConstraintsAndBudget) {
 
 TEST(DecodeConfig, AutoSplitsFillTheDevice) {
   const AttentionConfig tile{16, 64, 4, 3, KernelFamily::Decode};
-  // batch 1 x 8 kv heads x 1 row tile = 8 CTAs; 132 SMs x 2 = 264 wanted: 33 splits, then even
+  // batch 1 x 8 kv heads x 1 row tile = 8 CTAs; 132 SMs x 2 = 264 slots: 33 splits, then even
   // ranges over the 128 blocks of 8192 keys: ceil(128 / ceil(128 / 33)) = 32.
   EXPECT_EQ(decode_splits(tile, decode(1), 132, 2), 32);
   // Whole waves: batch 4 is 32 CTAs per split, 8 splits fill the 264 slots (9 would make 288: a
   // second wave of 24); batch 16 (128 per split): 2, not 3 (384).
   EXPECT_EQ(decode_splits(tile, decode(4), 132, 2), 8);
   EXPECT_EQ(decode_splits(tile, decode(16), 132, 2), 2);
+  // The CUDA default: one CTA per SM (132 slots): batch 1 16 splits, 4 4, 16 1.
+  EXPECT_EQ(decode_splits(tile, decode(1), sm(90)), 16);
+  EXPECT_EQ(decode_splits(tile, decode(4), sm(90)), 4);
+  EXPECT_EQ(decode_splits(tile, decode(16), sm(90)), 1);
   // batch 64: 512 CTAs already: 1 split.
   EXPECT_EQ(decode_splits(tile, decode(64), 132, 2), 1);
   // Few keys: at most one split per block.
