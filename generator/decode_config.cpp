@@ -23,11 +23,14 @@ constexpr int kRegistersPerMTile = 8;   // m, l and the fragment rows of a 16-ro
 // spill: 4 B at m16n128w2s2, d = 64 on sm80), or what 16 keys per warp need at the head dim
 // (padded d / 16: 16 at d = 256).
 int max_copies_per_thread(int padded_head_dim) { return std::max(8, padded_head_dim / 16); }
-// Auto splits aim at one wave of one CTA per SM. Measured on an H100 (GQA 32:8, d 128, bf16,
-// m16n64w4s3, docs/PERFORMANCE.md): the splits that make ~128 CTAs were the fastest of 1..32 at
-// every batch (1: 16, 2: 8, 4: 4, 8: 2, 16: 1); 256 CTAs (two per SM) were 2-10% slower (shorter
-// CTAs, more partials to combine), 288 or 384 (a partial second wave) slower still.
+// Auto splits aim at one wave of kSplitsCtasPerSm CTAs per SM. Measured on an H100 (GQA 32:8,
+// d 128, bf16, m16n64w4s3, docs/PERFORMANCE.md): contiguous K/V, the splits that make ~128 CTAs
+// were the fastest of 1..32 at every batch (1: 16, 2: 8, 4: 4, 8: 2, 16: 1); 256 CTAs were 2-10%
+// slower (shorter CTAs, more partials to combine), 288 or 384 (a partial second wave) slower
+// still. A paged cache (a block-table load before each page's copies) needs the second CTA per
+// SM to hide that latency: at one it read 80-88% of the contiguous bandwidth, at two 87-98%.
 constexpr int kSplitsCtasPerSm = 1;
+constexpr int kSplitsCtasPerSmPaged = 2;
 
 std::string str(int64_t v) { return std::to_string(v); }
 
@@ -75,7 +78,8 @@ int decode_splits(const AttentionConfig& c, const AttentionProblem& p, int proce
 }
 
 int decode_splits(const AttentionConfig& c, const AttentionProblem& p, const DeviceSpec& device) {
-  return decode_splits(c, p, device.sm_count, kSplitsCtasPerSm);
+  return decode_splits(c, p, device.sm_count,
+                       p.kv.paged() ? kSplitsCtasPerSmPaged : kSplitsCtasPerSm);
 }
 
 // ---- CUDA ---------------------------------------------------------------------------------------
@@ -249,7 +253,8 @@ std::string explain_decode_plan(const AttentionProblem& p, const DeviceSpec& dev
   out << "  Bm in " << list(kDecodeBlockMChoices) << ", Bc in " << list(kDecodeBlockNChoices)
       << ", warps in " << list(kDecodeWarpChoices) << " (Bc / warps keys each, a multiple of 16)"
       << ", stages in " << list(kDecodeStageChoices) << "\n";
-  out << "  splits: auto = floor(" << device.sm_count << " SMs * " << kSplitsCtasPerSm
+  out << "  splits: auto = floor(" << device.sm_count << " SMs * "
+      << (p.kv.paged() ? kSplitsCtasPerSmPaged : kSplitsCtasPerSm)
       << " / (batch * heads_kv * row tiles)) within [1, key blocks], or one of "
       << list(kDecodeSplitChoices) << "\n\n";
   out << "config                   smem(B)  regs~  splits(auto)  status\n";

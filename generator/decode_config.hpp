@@ -86,7 +86,7 @@ int64_t decode_key_blocks(const AttentionConfig& config, const AttentionProblem&
 // device lengths): a captured graph keeps its grid.
 int decode_splits(const AttentionConfig& config, const AttentionProblem& problem, int processors,
                   int per_processor);
-// CUDA: the SM count and one CTA per SM (kSplitsCtasPerSm in decode_config.cpp: measured).
+// CUDA: the SM count and one CTA per SM, two with a paged cache (decode_config.cpp: measured).
 int decode_splits(const AttentionConfig& config, const AttentionProblem& problem,
                   const DeviceSpec& device);
 

@@ -139,6 +139,10 @@ TEST(DecodeConfig, AutoSplitsFillTheDevice) {
   EXPECT_EQ(decode_splits(tile, decode(1), sm(90)), 16);
   EXPECT_EQ(decode_splits(tile, decode(4), sm(90)), 4);
   EXPECT_EQ(decode_splits(tile, decode(16), sm(90)), 1);
+  // A paged cache: two per SM (264 slots).
+  AttentionProblem paged = decode(4);
+  paged.kv.page_size = 16;
+  EXPECT_EQ(decode_splits(tile, paged, sm(90)), 8);
   // batch 64: 512 CTAs already: 1 split.
   EXPECT_EQ(decode_splits(tile, decode(64), 132, 2), 1);
   // Few keys: at most one split per block.
