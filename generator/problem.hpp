@@ -220,7 +220,8 @@ struct AttentionProblem {
   int64_t group_size() const { return heads_q / heads_kv; }
   // FLOPs by the FlashAttention convention: forward 4 * B * Hq * Sq * Sk * d, halved when
   // causal (the exact count of unmasked pairs is not used, to compare with published numbers);
-  // backward 2.5 times the forward (5 matrix products instead of 2).
+  // backward 2.5 times the forward (5 matrix products instead of 2). Varlen: as if every
+  // document had the longest lengths (an upper bound: the lengths are launch data).
   double flops() const;
   // Elements each tensor spans in memory (max offset + 1), for allocation and bounds checks.
   int64_t q_span() const;
