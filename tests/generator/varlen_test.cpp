@@ -13,6 +13,7 @@
 #include "generator/hip_config.hpp"
 #include "generator/render.hpp"
 #include "runtime/backend.hpp"
+#include "runtime/launch_params.hpp"
 #include "templates/embedded.hpp"
 
 namespace flashjit {
@@ -132,6 +133,38 @@ TEST(Varlen, TheMmaFamilyAndTheCpuOnly) {
   EXPECT_NE(source->text.find("flashjit_kernel::attention_forward_varlen<Config>(params);"),
             std::string::npos);
   EXPECT_NE(source->label.find("varlen"), std::string::npos);
+}
+
+// The GPU launch check wants both offsets (device pointers, 4-byte aligned); the launch
+// parameters carry them for a varlen problem only.
+TEST(Varlen, TheLaunchCheckWantsTheOffsets) {
+  const AttentionProblem p = varlen();
+  alignas(16) static unsigned char buffer[64];
+  const int32_t offsets[4] = {0, 1, 2, 3};
+  AttentionArgs args{buffer, buffer, buffer, buffer};
+  const ProblemSignature signature = ProblemSignature::of(p);
+  expect_error(check_attention_launch(p, args, signature), ErrorCode::InvalidArgument,
+               "cu_seqlens_q = 0x0: packed variable-length documents need the int32 row offsets "
+               "of each document ([num_docs + 1] = 4)");
+  args.cu_seqlens_q = offsets;
+  expect_error(check_attention_launch(p, args, signature), ErrorCode::InvalidArgument,
+               "cu_seqlens_k = 0x0");
+  args.cu_seqlens_k = reinterpret_cast<const int32_t*>(buffer + 2);
+  expect_error(check_attention_launch(p, args, signature), ErrorCode::InvalidArgument,
+               "cu_seqlens_k = 0x");
+  args.cu_seqlens_k = offsets;
+  EXPECT_TRUE(check_attention_launch(p, args, signature).ok());
+  const FlashjitAttentionParams params = make_launch_params(p, args);
+  EXPECT_EQ(params.cu_seqlens_q, offsets);
+  EXPECT_EQ(params.cu_seqlens_k, offsets);
+  EXPECT_EQ(params.batch, 3);
+  EXPECT_EQ(params.seqlen_q, 1000);
+  EXPECT_EQ(params.q_batch_stride, 0);
+  // A plain problem's parameters carry none (its kernels never read them).
+  const AttentionProblem plain = AttentionProblem::make(1, 8, 2, 64, 64, 128, DType::BF16, false);
+  const FlashjitAttentionParams plain_params = make_launch_params(plain, args);
+  EXPECT_EQ(plain_params.cu_seqlens_q, nullptr);
+  EXPECT_EQ(plain_params.cu_seqlens_k, nullptr);
 }
 
 // What the varlen code added to the shared templates is all inside `#ifdef FLASHJIT_VARIANT`
