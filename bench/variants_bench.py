@@ -14,9 +14,15 @@ Cases (all causal, bottom-right = top-left here since seqlen_q == seqlen_k):
                   checks that through config_for and says so.)
   window1024      sliding window of 1024 keys to the left of the diagonal
   documents2048   document masking with equal-length documents of 2048 tokens, expressed as the
-                  mask_mod "(q_idx / 2048) == (kv_idx / 2048)" (flashjit has no cu_seqlens
-                  yet: its mask_mod kernel visits every key block of the causal band and masks per
-                  element; FlexAttention's block mask skips the blocks outside the documents)
+                  mask_mod "(q_idx / 2048) == (kv_idx / 2048)" (its mask_mod kernel visits every
+                  key block of the causal band and masks per element; FlexAttention's block mask
+                  skips the blocks outside the documents; documents-varlen below is the cu_seqlens
+                  form)
+  documents-varlen  document masking with random document lengths (uniform in [256, 4096],
+                  seeded, the last cut to fit) packing all B x N tokens: flashjit's packed
+                  variable-length documents (cu_seqlens, q/k/v (total, H, d)) against
+                  FlexAttention's document_id mask_mod + causal over the same documents (one
+                  sequence of B x N tokens, create_block_mask over it); no SDPA
   softcap50       scores 50 * tanh(s / 50)
   alibi           ALiBi with the geometric slopes 2^(-8 (h + 1) / H)
 Shapes: batch x heads from 16k tokens and hidden 2048 (H = 16, B = 16384 / N), as the other
@@ -44,8 +50,47 @@ HEAD_DIM = 128
 WINDOW = 1024
 DOCUMENT = 2048
 SOFTCAP = 50.0
+DOC_MIN, DOC_MAX = 256, 4096  # documents-varlen: document lengths, uniform in [DOC_MIN, DOC_MAX]
 
-CASES = ("causal", "causal-variant", "window1024", "documents2048", "softcap50", "alibi")
+CASES = ("causal", "causal-variant", "window1024", "documents2048", "documents-varlen",
+         "softcap50", "alibi")
+
+
+def document_lengths(total, seed=17):
+    """documents-varlen: lengths uniform in [DOC_MIN, DOC_MAX] (seeded) summing to `total`
+    (the last cut to fit)."""
+    import random
+
+    rng = random.Random(seed)
+    lengths = []
+    while sum(lengths) < total:
+        lengths.append(min(rng.randint(DOC_MIN, DOC_MAX), total - sum(lengths)))
+    return lengths
+
+
+def varlen_inputs(q, k, v):
+    """documents-varlen: q, k, v (B, H, N, d) packed into (B N, H, d) (one sequence of every
+    token), flashjit's varlen arguments and FlexAttention's document mask_mod over them."""
+    import torch
+
+    batch, heads, n, d = q.shape
+    total = batch * n
+    lengths = document_lengths(total)
+    packed = [x.transpose(1, 2).reshape(total, heads, d).contiguous() for x in (q, k, v)]
+    offsets = [0]
+    for length in lengths:
+        offsets.append(offsets[-1] + length)
+    cu = torch.tensor(offsets, dtype=torch.int32, device=q.device)
+    kwargs = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lengths),
+                  max_seqlen_k=max(lengths))
+    document_id = torch.repeat_interleave(
+        torch.arange(len(lengths), device=q.device),
+        torch.tensor(lengths, device=q.device))
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (document_id[q_idx] == document_id[kv_idx])
+
+    return packed, kwargs, mask_mod, lengths
 
 
 def parse_args(argv=None):
@@ -80,9 +125,12 @@ def parse_args(argv=None):
     return args
 
 
-def visible_pairs(case, n):
-    """(query, key) pairs a case computes, exactly (causal: n (n + 1) / 2)."""
+def visible_pairs(case, n, batch=1):
+    """(query, key) pairs a case computes per batch entry, exactly (causal: n (n + 1) / 2;
+    documents-varlen: its documents' over all batch x n tokens, / batch)."""
     causal = n * (n + 1) // 2
+    if case == "documents-varlen":
+        return sum(length * (length + 1) // 2 for length in document_lengths(batch * n)) / batch
     if case == "window1024":  # row i sees keys max(0, i - W) .. i
         w = WINDOW
         return sum(min(i, w) + 1 for i in range(n)) if n < 1 << 20 else causal
@@ -103,6 +151,7 @@ def flashjit_kwargs(case, n, slopes):
         "causal-variant": dict(window=(n, 0)),
         "window1024": dict(window=(WINDOW, 0)),
         "documents2048": dict(mask_mod=f"(q_idx / {DOCUMENT}) == (kv_idx / {DOCUMENT})"),
+        "documents-varlen": {},  # varlen_inputs' arguments, with packed q, k, v
         "softcap50": dict(softcap=SOFTCAP),
         "alibi": dict(alibi_slopes=slopes),
     }[case]
@@ -132,6 +181,7 @@ def flex_mods(case, slopes):
         "causal-variant": (None, causal),
         "window1024": (None, window),
         "documents2048": (None, documents),
+        "documents-varlen": (None, None),  # varlen_inputs' mask_mod
         "softcap50": (softcap, causal),
         "alibi": (alibi, causal),
     }[case]
@@ -143,6 +193,8 @@ def sdpa_mask(case, n, heads, slopes, device):
 
     if case in ("causal", "causal-variant"):
         return None, True
+    if case == "documents-varlen":
+        return None
     i = torch.arange(n, device=device)[:, None]
     j = torch.arange(n, device=device)[None, :]
     if case == "window1024":
@@ -218,8 +270,8 @@ def dry_run(args):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     n, heads, d = 4096 // 16, 2, 64  # scaled down: window and documents as below
-    global WINDOW, DOCUMENT
-    WINDOW, DOCUMENT = 37, 64
+    global WINDOW, DOCUMENT, DOC_MIN, DOC_MAX
+    WINDOW, DOCUMENT, DOC_MIN, DOC_MAX = 37, 64, 1, 80
     print(f"# dry run on the CPU: N={n} H={heads} d={d}, window {WINDOW}, documents {DOCUMENT}")
     print(f"# window=(-1, -1) is plain attention (same problem, same source): "
           f"{plain_renders_plain(flashjit, torch, 'cpu')}")
@@ -229,13 +281,19 @@ def dry_run(args):
     worst = 0.0
     for case in args.cases:
         score_mod, mask_mod = flex_mods(case, slopes)
-        block_mask = create_block_mask(mask_mod, None, None, n, n, device="cpu")
-        theirs = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
-        mine = flashjit.attention(q, k, v, causal=True, layout="bhsd",
-                                  **flashjit_kwargs(case, n, slopes))
+        if case == "documents-varlen":
+            (pq, pk, pv), kwargs, mask_mod, _ = varlen_inputs(q, k, v)
+            block_mask = create_block_mask(mask_mod, None, None, n, n, device="cpu")
+            theirs = flex_attention(q, k, v, block_mask=block_mask)
+            mine = flashjit.attention(pq, pk, pv, causal=True, **kwargs).transpose(0, 1)[None]
+        else:
+            block_mask = create_block_mask(mask_mod, None, None, n, n, device="cpu")
+            theirs = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
+            mine = flashjit.attention(q, k, v, causal=True, layout="bhsd",
+                                      **flashjit_kwargs(case, n, slopes))
         error = relative_l2(mine, theirs)
         worst = max(worst, error)
-        print(f"{case:15s} pairs {visible_pairs(case, n):9d}  |flashjit - flex| / |flex| = "
+        print(f"{case:16s} pairs {int(visible_pairs(case, n)):9d}  |flashjit - flex| / |flex| = "
               f"{error:.2e}")
     if worst > 1e-3:
         sys.exit(f"variants_bench.py --dry-run: flashjit and FlexAttention differ ({worst:.2e})")
@@ -276,13 +334,21 @@ def main(argv=None):
         slopes = torch.tensor(alibi_slopes_list(heads), device=device)
         for case in args.cases:
             row = dict(case=case, N=n, B=batch, H=heads, d=HEAD_DIM)
-            flops = 4.0 * batch * heads * HEAD_DIM * visible_pairs(case, n)
+            flops = 4.0 * batch * heads * HEAD_DIM * visible_pairs(case, n, batch)
             try:
                 kwargs = flashjit_kwargs(case, n, slopes)
-                chosen = flashjit.config_for(q, k, v, causal=True, layout="bhsd", **kwargs)
-                row["flashjit_config"] = chosen["config"]
+                varlen = case == "documents-varlen"
+                if varlen:  # one packed sequence of every token: (1, H, B N, d) for Flex
+                    packed, varlen_kwargs, varlen_mask, lengths = varlen_inputs(q, k, v)
+                    row["documents"] = len(lengths)
+                    row["flashjit_config"] = "varlen (mma default)"
+                else:
+                    chosen = flashjit.config_for(q, k, v, causal=True, layout="bhsd", **kwargs)
+                    row["flashjit_config"] = chosen["config"]
                 with torch.no_grad():
                     def mine():
+                        if varlen:
+                            return flashjit.attention(*packed, causal=True, **varlen_kwargs)
                         return flashjit.attention(q, k, v, causal=True, layout="bhsd", **kwargs)
 
                     started = time.time()
@@ -298,17 +364,23 @@ def main(argv=None):
                                                        config=chosen["config"]),
                             args.reps, args.warmup), 4)
 
-                    best = time_listed_configs(flashjit, torch, args, case, (q, k, v), kwargs,
-                                               out)
+                    best = None if varlen else time_listed_configs(
+                        flashjit, torch, args, case, (q, k, v), kwargs, out)
                     if best:
                         row["best_listed_config"], row["best_listed_ms"] = best
 
                     score_mod, mask_mod = flex_mods(case, slopes)
-                    block_mask = create_block_mask(mask_mod, None, None, n, n, device=device)
+                    flex_qkv, flex_n = (q, k, v), n
+                    if varlen:
+                        mask_mod, flex_n = varlen_mask, batch * n
+                        flex_qkv = tuple(x.transpose(0, 1)[None] for x in packed)
+                        out = out.transpose(0, 1)[None]
+                    block_mask = create_block_mask(mask_mod, None, None, flex_n, flex_n,
+                                                   device=device)
                     row["flex_block_sparsity"] = round(float(block_mask.sparsity()), 1)
 
                     def theirs():
-                        return flex(q, k, v, score_mod=score_mod, block_mask=block_mask)
+                        return flex(*flex_qkv, score_mod=score_mod, block_mask=block_mask)
 
                     reference = theirs()
                     row["flex_ms"] = time_ms(theirs, args.reps, args.warmup)
@@ -357,7 +429,9 @@ def write_outputs(out_dir, header, rows):
         f"{header['head_dim']} bf16, causal, forward, median of {header['reps']} calls, same "
         f"process. TFLOP/s count the visible pairs. speedup = other's ms / flashjit's ms.",
         f"documents{DOCUMENT}: equal-length documents of {DOCUMENT} tokens as the mask_mod "
-        f"`(q_idx / {DOCUMENT}) == (kv_idx / {DOCUMENT})` + causal (flashjit: no cu_seqlens yet). "
+        f"`(q_idx / {DOCUMENT}) == (kv_idx / {DOCUMENT})` + causal. documents-varlen: random "
+        f"document lengths in [{DOC_MIN}, {DOC_MAX}] over all B x N tokens, flashjit's cu_seqlens "
+        f"vs Flex's document_id mask_mod. "
         f"causal-variant: window=(N, 0), the variant kernel computing plain causal attention, "
         f"its cost = its time / plain causal's at the same config; window=(-1, -1) is the plain "
         f"problem and source: {'yes' if header['plain_window_is_plain'] else 'NO'}. "

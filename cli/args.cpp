@@ -1,10 +1,12 @@
 #include "cli/args.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <limits>
 #include <sstream>
 #include <system_error>
+#include <vector>
 
 namespace flashjit::cli {
 namespace {
@@ -68,6 +70,10 @@ std::vector<Flag> problem_flags() {
        "(e.g. 'score - 0.1f * abs(q_idx - kv_idx)')"},
       {"mask-mod", "EXPR",
        "a C++ bool expression over batch, head, q_idx, kv_idx: which keys a query sees"},
+      {"docs", "L1,L2,...",
+       "packed variable-length documents (cu_seqlens) of these lengths, queries and keys alike "
+       "(replaces --batch and --seqlen: num_docs, the longest, the total); run times documents "
+       "of the same count and total split evenly (the offsets are launch data)"},
   };
 }
 
@@ -258,6 +264,41 @@ Status apply_variant_flags(const ParsedFlags& flags, Variant& variant) {
   return ok_status();
 }
 
+// --docs L1,L2,...: `problem` made a problem of packed documents of those lengths (queries and
+// keys alike), its other fields as they are.
+Status apply_docs_flag(const ParsedFlags& flags, AttentionProblem& problem) {
+  std::optional<std::string> text = flags.get("docs");
+  if (!text) return ok_status();
+  if (problem.kv.paged())
+    return make_error(ErrorCode::InvalidArgument, "--docs and --page-size do not combine");
+  std::vector<int64_t> lengths;
+  int64_t total = 0;
+  for (size_t begin = 0; begin <= text->size();) {
+    size_t end = text->find(',', begin);
+    if (end == std::string::npos) end = text->size();
+    int64_t length = -1;
+    auto [ptr, ec] = std::from_chars(text->data() + begin, text->data() + end, length);
+    if (ec != std::errc() || ptr != text->data() + end || length < 0 || length > kMaxInt32 ||
+        (total += length) > kMaxInt32)
+      return flag_error("docs", *text,
+                        "must be document lengths L1,L2,... (integers >= 0, at most 2147483647 "
+                        "in all)");
+    lengths.push_back(length);
+    begin = end + 1;
+  }
+  const int64_t longest = std::max<int64_t>(1, *std::max_element(lengths.begin(), lengths.end()));
+  AttentionProblem packed = AttentionProblem::make_varlen(
+      static_cast<int64_t>(lengths.size()), problem.heads_q, problem.heads_kv, longest, longest,
+      std::max<int64_t>(1, total), std::max<int64_t>(1, total), problem.head_dim, problem.dtype,
+      problem.causal);
+  packed.pass = problem.pass;
+  packed.variant = problem.variant;  // the other variant flags', then the documents'
+  packed.variant.varlen = true;
+  packed.variant.total_q = packed.variant.total_k = std::max<int64_t>(1, total);
+  problem = packed;
+  return ok_status();
+}
+
 }  // namespace
 
 Result<AttentionProblem> problem_from_flags(const ParsedFlags& flags) {
@@ -336,6 +377,7 @@ Result<AttentionProblem> problem_from_flags(const ParsedFlags& flags) {
   }
 
   FLASHJIT_TRY(apply_variant_flags(flags, problem.variant));
+  FLASHJIT_TRY(apply_docs_flag(flags, problem));
 
   if (auto text = flags.get("scale")) {
     float scale = 0;

@@ -201,6 +201,13 @@ Status check_config(const AttentionConfig& c, const AttentionProblem& p, const D
   if (c.family == KernelFamily::Decode) return check_decode_config(c, p, device);
   if (needs_decode_family(p)) return illegal(c, decode_only_reason(p));
   if (c.splits != 0) return illegal(c, "-split<N> is a knob of the -decode family only");
+  // Their TMA boxes would read and write across document boundaries: packed documents run on
+  // the mma family (attention_forward_varlen).
+  if (p.variant.varlen && (c.family == KernelFamily::Ws || c.family == KernelFamily::Wgmma))
+    return illegal(c,
+                   "packed variable-length documents (varlen) run on the mma family only: the "
+                   "wgmma and -ws families' TMA boxes would cross document boundaries",
+                   ErrorCode::Unsupported);
   if (c.family == KernelFamily::Ws) return check_ws_config(c, p, device);
   if (c.family == KernelFamily::Wgmma) {
     FLASHJIT_TRY(check_wgmma_shape(c, device));
@@ -271,7 +278,8 @@ namespace {
 constexpr bool kSm90VariantsVerifiedOnGpu = true;
 
 bool sm90_families_offered(const AttentionProblem& p, const DeviceSpec& device) {
-  return device.arch == 90 && (kSm90VariantsVerifiedOnGpu || !p.variant.active());
+  return device.arch == 90 && (kSm90VariantsVerifiedOnGpu || !p.variant.active()) &&
+         !p.variant.varlen;  // check_config: the mma family only
 }
 
 }  // namespace

@@ -100,6 +100,21 @@ AttentionProblem AttentionProblem::make(int64_t batch, int64_t heads_q, int64_t 
   return p;
 }
 
+AttentionProblem AttentionProblem::make_varlen(int64_t num_docs, int64_t heads_q, int64_t heads_kv,
+                                               int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                               int64_t total_q, int64_t total_k, int head_dim,
+                                               DType dtype, bool causal) {
+  AttentionProblem p = make(num_docs, heads_q, heads_kv, max_seqlen_q, max_seqlen_k, head_dim,
+                            dtype, causal, Layout::BSHD);
+  for (Strides* s : {&p.q_strides, &p.o_strides, &p.k_strides, &p.v_strides, &p.do_strides,
+                     &p.dq_strides, &p.dk_strides, &p.dv_strides})
+    s->batch = 0;  // one packed sequence: each document is a range of rows
+  p.variant.varlen = true;
+  p.variant.total_q = total_q;
+  p.variant.total_k = total_k;
+  return p;
+}
+
 AttentionProblem AttentionProblem::with_paged_kv(int page_size, int64_t num_pages) const {
   AttentionProblem copy = *this;
   copy.kv.page_size = page_size;
@@ -291,7 +306,69 @@ Status check_variant(const AttentionProblem& p) {
   return ok_status();
 }
 
+// Packed variable-length documents (Variant::varlen): the document count and longest lengths
+// (batch, seqlen_q, seqlen_k) named as the varlen API names them, the packed row counts, batch
+// strides 0.
+Status check_varlen(const AttentionProblem& p) {
+  const Variant& v = p.variant;
+  auto invalid = [](const std::string& message) {
+    return Status(make_error(ErrorCode::InvalidArgument, message));
+  };
+  if (!v.varlen) {
+    if (v.total_q != 0 || v.total_k != 0)
+      return invalid("total_q = " + str(v.total_q) + ", total_k = " + str(v.total_k) +
+                     ": packed row counts are for varlen problems only (set varlen or leave 0)");
+    return ok_status();
+  }
+  if (p.batch < 1 || p.batch > 65535)
+    return invalid("num_docs = " + str(p.batch) + ": must be in [1, 65535] (cu_seqlens has " +
+                   "num_docs + 1 entries)");
+  if (p.seqlen_q < 1 || p.seqlen_q > INT_MAX)
+    return invalid("max_seqlen_q = " + str(p.seqlen_q) + ": must be in [1, 2^31 - 1]");
+  if (p.seqlen_k < 1 || p.seqlen_k > INT_MAX)
+    return invalid("max_seqlen_k = " + str(p.seqlen_k) + ": must be in [1, 2^31 - 1]");
+  for (auto [name, value] :
+       {std::pair<const char*, int64_t>{"total_q", v.total_q}, {"total_k", v.total_k}})
+    if (value < 1 || value > INT_MAX)
+      return invalid(std::string(name) + " = " + str(value) +
+                     ": must be in [1, 2^31 - 1] (rows of the packed tensor)");
+  const std::pair<const char*, const Strides*> tensors[] = {
+      {"q", &p.q_strides}, {"k", &p.k_strides}, {"v", &p.v_strides}, {"o", &p.o_strides}};
+  for (auto [name, strides] : tensors)
+    if (strides->batch != 0)
+      return invalid(std::string(name) + ".batch stride = " + str(strides->batch) +
+                     ": must be 0 for packed variable-length documents (a document is a range "
+                     "of rows, through the seq stride)");
+  if (p.kv.paged() || p.kv.seqlens_k)
+    return make_error(ErrorCode::Unsupported,
+                      "packed variable-length documents take contiguous K/V without seqlens_k");
+  return ok_status();
+}
+
 }  // namespace
+
+Status check_cu_seqlens(const char* name, const int32_t* cu, int64_t num_docs, int64_t max_seqlen,
+                        int64_t total) {
+  auto invalid = [&](const std::string& message) {
+    return Status(make_error(ErrorCode::InvalidArgument, std::string(name) + message));
+  };
+  if (cu == nullptr) return invalid(" is null: varlen needs int32 [num_docs + 1] offsets");
+  if (cu[0] != 0) return invalid("[0] = " + str(cu[0]) + ": must be 0");
+  for (int64_t b = 0; b < num_docs; ++b) {
+    const int64_t length = int64_t{cu[b + 1]} - cu[b];
+    if (length < 0)
+      return invalid("[" + str(b + 1) + "] = " + str(cu[b + 1]) + " < " + name + "[" + str(b) +
+                     "] = " + str(cu[b]) + ": the offsets must be non-decreasing");
+    if (length > max_seqlen)
+      return invalid(": document " + str(b) + " has " + str(length) + " rows (" + name + "[" +
+                     str(b + 1) + "] - " + name + "[" + str(b) + "]), more than max_seqlen " +
+                     str(max_seqlen));
+  }
+  if (cu[num_docs] > total)
+    return invalid("[" + str(num_docs) + "] = " + str(cu[num_docs]) +
+                   ": past the packed tensor's " + str(total) + " rows");
+  return ok_status();
+}
 
 Status check_variant_expression(const char* what, const std::string& expression) {
   if (expression.empty()) return ok_status();  // none
@@ -346,20 +423,24 @@ std::string Variant::key() const {
   if (prefix > 0) add("prefix" + str(prefix));
   if (!score_mod.empty()) add("score_mod#" + expression_hash(score_mod));
   if (!mask_mod.empty()) add("mask_mod#" + expression_hash(mask_mod));
+  if (varlen) add("varlen");
   return key;
 }
 
+// Varlen: one packed sequence of total_q query rows / total_k key rows.
 int64_t AttentionProblem::q_span() const {
+  if (variant.varlen) return span(q_strides, 1, variant.total_q, heads_q, head_dim);
   return span(q_strides, batch, seqlen_q, heads_q, head_dim);
 }
 int64_t AttentionProblem::kv_span() const {
   // Paged: pages play the batch's part, keys within a page the sequence's.
-  const int64_t outer = kv.paged() ? kv.num_pages : batch;
-  const int64_t rows = kv.paged() ? kv.page_size : seqlen_k;
+  const int64_t outer = kv.paged() ? kv.num_pages : variant.varlen ? 1 : batch;
+  const int64_t rows = kv.paged() ? kv.page_size : variant.varlen ? variant.total_k : seqlen_k;
   return std::max(span(k_strides, outer, rows, heads_kv, head_dim),
                   span(v_strides, outer, rows, heads_kv, head_dim));
 }
 int64_t AttentionProblem::o_span() const {
+  if (variant.varlen) return span(o_strides, 1, variant.total_q, heads_q, head_dim);
   return span(o_strides, batch, seqlen_q, heads_q, head_dim);
 }
 int64_t AttentionProblem::do_span() const {
@@ -386,6 +467,7 @@ std::string AttentionProblem::to_string() const {
         << ", max_pages=" << kv.max_pages;
   if (kv.seqlens_k) out << ", seqlens_k";
   if (variant.active()) out << ", " << variant.key();
+  if (variant.varlen) out << ", total_q=" << variant.total_q << ", total_k=" << variant.total_k;
   out << ")";
   return out.str();
 }
@@ -395,6 +477,7 @@ Status validate(const AttentionProblem& p) {
     return Status(make_error(ErrorCode::InvalidArgument, message));
   };
   constexpr int64_t kMaxGridDim = 65535;  // heads and batch index grid y/z
+  FLASHJIT_TRY(check_varlen(p));
   if (p.batch < 1 || p.batch > kMaxGridDim)
     return invalid("batch = " + str(p.batch) + ": must be in [1, 65535]");
   if (p.heads_q < 1 || p.heads_q > kMaxGridDim)
@@ -411,14 +494,18 @@ Status validate(const AttentionProblem& p) {
                    str(kMinHeadDim) + ", " + str(kMaxHeadDim) + "]");
   if (p.softmax_scale && !std::isfinite(*p.softmax_scale))
     return invalid("softmax_scale = " + std::to_string(*p.softmax_scale) + ": must be finite");
-  FLASHJIT_TRY(check_strides("q", p.q_strides, p.batch, p.seqlen_q, p.heads_q, p.head_dim, false));
+  // Varlen: one packed sequence of total_q (total_k) rows.
+  const bool varlen = p.variant.varlen;
+  const int64_t q_outer = varlen ? 1 : p.batch;
+  const int64_t q_rows = varlen ? p.variant.total_q : p.seqlen_q;
+  FLASHJIT_TRY(check_strides("q", p.q_strides, q_outer, q_rows, p.heads_q, p.head_dim, false));
   FLASHJIT_TRY(check_kv_cache(p));
   FLASHJIT_TRY(check_variant(p));
-  const int64_t kv_outer = p.kv.paged() ? p.kv.num_pages : p.batch;
-  const int64_t kv_rows = p.kv.paged() ? p.kv.page_size : p.seqlen_k;
+  const int64_t kv_outer = p.kv.paged() ? p.kv.num_pages : varlen ? 1 : p.batch;
+  const int64_t kv_rows = p.kv.paged() ? p.kv.page_size : varlen ? p.variant.total_k : p.seqlen_k;
   FLASHJIT_TRY(check_strides("k", p.k_strides, kv_outer, kv_rows, p.heads_kv, p.head_dim, false));
   FLASHJIT_TRY(check_strides("v", p.v_strides, kv_outer, kv_rows, p.heads_kv, p.head_dim, false));
-  FLASHJIT_TRY(check_strides("o", p.o_strides, p.batch, p.seqlen_q, p.heads_q, p.head_dim, true));
+  FLASHJIT_TRY(check_strides("o", p.o_strides, q_outer, q_rows, p.heads_q, p.head_dim, true));
   if (p.pass != Pass::Backward) return ok_status();
   // o is an input of the backward pass; the gradients are its outputs.
   FLASHJIT_TRY(

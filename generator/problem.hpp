@@ -128,16 +128,34 @@ struct Variant {
   // (templates/attention_variant.h).
   std::string score_mod;
   std::string mask_mod;
+  // Packed variable-length documents (flash_attn's varlen convention, issue 17): q and o are
+  // (total_q, heads_q, d), k and v (total_k, heads_kv, d), through the seq and head strides (the
+  // batch strides must be 0); document b's queries are rows [cu_seqlens_q[b], cu_seqlens_q[b + 1])
+  // and see only its own keys [cu_seqlens_k[b], cu_seqlens_k[b + 1]) (AttentionArgs: int32
+  // [batch + 1] offsets, cu[0] = 0, non-decreasing). The problem's batch is the number of
+  // documents and seqlen_q / seqlen_k the longest document's lengths (max_seqlen_q / _k: they size
+  // the launch); every index above (q_idx, kv_idx, batch, the causal diagonal and the window) is
+  // per document, as if each were a batch entry of its own. lse is packed too: document b's
+  // [heads_q, len_q(b)] block starts at element heads_q * cu_seqlens_q[b] (lse_elements():
+  // heads_q * total_q). The offsets are device data: the GPU kernels do not check them (a
+  // document longer than seqlen_q has its rows past seqlen_q left unwritten; offsets past
+  // total_q / total_k read and write out of bounds); the CPU backend checks them
+  // (check_cu_seqlens) before a launch.
+  bool varlen = false;
+  // Rows of the packed tensors (q.shape[0], k.shape[0]): not compiled in (not part of key()),
+  // for spans and bounds only.
+  int64_t total_q = 0;
+  int64_t total_k = 0;
 
   bool has_window() const { return window_left >= 0 || window_right >= 0; }
   // Anything set at all: false for plain attention.
   bool active() const {
     return has_window() || softcap.has_value() || alibi || prefix > 0 || !score_mod.empty() ||
-           !mask_mod.empty();
+           !mask_mod.empty() || varlen;
   }
   // "" for plain attention; else what is compiled into the kernel, e.g. "window(128,0) softcap50
-  // alibi prefix16 score_mod#0123456789abcdef mask_mod#..." (a user expression by a 64-bit hash
-  // of its text): part of ProblemSignature and of the tuning key.
+  // alibi prefix16 score_mod#0123456789abcdef mask_mod#... varlen" (a user expression by a
+  // 64-bit hash of its text): part of ProblemSignature and of the tuning key.
   std::string key() const;
   bool operator==(const Variant&) const = default;
 };
@@ -184,6 +202,12 @@ struct AttentionProblem {
   // `page_size` keys ([num_pages, page_size, heads_kv, head_dim]), a block table of
   // ceil(seqlen_k / page_size) columns and per-sequence lengths (seqlens_k).
   AttentionProblem with_paged_kv(int page_size, int64_t num_pages) const;
+  // Packed variable-length documents (Variant::varlen): `num_docs` documents of at most
+  // max_seqlen_q queries and max_seqlen_k keys, packed into q, o (total_q, heads_q, head_dim)
+  // and k, v (total_k, heads_kv, head_dim), contiguous.
+  static AttentionProblem make_varlen(int64_t num_docs, int64_t heads_q, int64_t heads_kv,
+                                      int64_t max_seqlen_q, int64_t max_seqlen_k, int64_t total_q,
+                                      int64_t total_k, int head_dim, DType dtype, bool causal);
   // The same problem for another pass (the gradient strides as they are).
   AttentionProblem with_pass(Pass other) const {
     AttentionProblem copy = *this;
@@ -196,7 +220,8 @@ struct AttentionProblem {
   int64_t group_size() const { return heads_q / heads_kv; }
   // FLOPs by the FlashAttention convention: forward 4 * B * Hq * Sq * Sk * d, halved when
   // causal (the exact count of unmasked pairs is not used, to compare with published numbers);
-  // backward 2.5 times the forward (5 matrix products instead of 2).
+  // backward 2.5 times the forward (5 matrix products instead of 2). Varlen: as if every
+  // document had the longest lengths (an upper bound: the lengths are launch data).
   double flops() const;
   // Elements each tensor spans in memory (max offset + 1), for allocation and bounds checks.
   int64_t q_span() const;
@@ -205,7 +230,10 @@ struct AttentionProblem {
   int64_t do_span() const;   // backward: dO
   int64_t dq_span() const;   // backward: dQ
   int64_t dkv_span() const;  // backward: dK and dV
-  int64_t lse_elements() const { return batch * heads_q * seqlen_q; }
+  // [batch, heads_q, seqlen_q]; varlen: heads_q * total_q (see Variant::varlen).
+  int64_t lse_elements() const {
+    return variant.varlen ? heads_q * variant.total_q : batch * heads_q * seqlen_q;
+  }
   // Paged: the block table's elements (batch * max_pages); 0 otherwise.
   int64_t block_table_elements() const { return kv.paged() ? batch * kv.max_pages : 0; }
 
@@ -219,5 +247,12 @@ inline constexpr int kMaxHeadDim = 256;
 // Checks every field (for the backward pass the gradients' strides too); the error names the bad
 // value and what is allowed.
 Status validate(const AttentionProblem& problem);
+
+// Why host offsets `cu` (int32 [num_docs + 1], named `name`: "cu_seqlens_q") do not describe
+// documents of at most `max_seqlen` rows packed into `total` rows: cu[0] must be 0, the offsets
+// non-decreasing, each document at most max_seqlen long, cu[num_docs] <= total. The error names
+// the first bad entry.
+Status check_cu_seqlens(const char* name, const int32_t* cu, int64_t num_docs, int64_t max_seqlen,
+                        int64_t total);
 
 }  // namespace flashjit

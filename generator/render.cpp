@@ -297,7 +297,10 @@ Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
                 << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads, 1)\n"
                 << kAttentionForwardEntry
                 << "(const __grid_constant__ FlashjitAttentionParams params) {\n"
-                << "  flashjit_kernel::" << (wgmma ? "attention_forward_sm90" : "attention_forward")
+                << "  flashjit_kernel::"
+                << (wgmma                    ? "attention_forward_sm90"
+                    : problem.variant.varlen ? "attention_forward_varlen"
+                                             : "attention_forward")
                 << "<Config>(params);\n"
                 << "}\n";
   Result<KernelSource> source =

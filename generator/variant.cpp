@@ -63,6 +63,7 @@ Result<std::string> render_variant_prelude(const AttentionProblem& problem) {
   out << "#define FLASHJIT_VARIANT_ALIBI " << (v.alibi ? 1 : 0) << "\n"
       << "#define FLASHJIT_VARIANT_SCORE_MOD " << (v.score_mod.empty() ? 0 : 1) << "\n"
       << "#define FLASHJIT_VARIANT_MASK_MOD " << (v.mask_mod.empty() ? 0 : 1) << "\n"
+      << "#define FLASHJIT_VARIANT_VARLEN " << (v.varlen ? 1 : 0) << "\n"
       << header << "\n";
   if (!v.score_mod.empty() || !v.mask_mod.empty()) {
     out << "// ---- the user's expressions ----\nnamespace flashjit_variant {\n";

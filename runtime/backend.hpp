@@ -63,6 +63,13 @@ struct AttentionArgs {
   // ALiBi (problem.variant.alibi): the fp32 slope of each query head [heads_q], a device
   // pointer, 4-byte aligned; required then, ignored otherwise.
   const float* alibi_slopes = nullptr;
+  // Packed variable-length documents (problem.variant.varlen): the int32 row offsets of the
+  // documents in q/o and k/v, [batch + 1] each (cu[0] = 0, non-decreasing, each document at
+  // most seqlen_q / seqlen_k rows, the last <= total_q / total_k). Device pointers, 4-byte
+  // aligned, required then, ignored otherwise; the GPU backends do not read them on the host (not
+  // checked there), the CPU backend checks them (check_cu_seqlens) before a launch.
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
 };
 
 // The problem fields that are compiled into a kernel; everything else is a launch argument.

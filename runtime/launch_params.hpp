@@ -109,6 +109,17 @@ inline Status check_attention_launch(const AttentionProblem& problem, const Atte
             ": an ALiBi problem needs the fp32 slope of each query head ([heads_q] = " +
             std::to_string(problem.heads_q) + "), a 4-byte aligned device pointer");
   }
+  if (problem.variant.varlen)
+    for (const auto& [name, cu] :
+         {std::pair<const char*, const int32_t*>{"cu_seqlens_q", args.cu_seqlens_q},
+          {"cu_seqlens_k", args.cu_seqlens_k}})
+      if (cu == nullptr || reinterpret_cast<uintptr_t>(cu) % alignof(int32_t) != 0)
+        return make_error(ErrorCode::InvalidArgument,
+                          std::string(name) + " = " + pointer_text(cu) +
+                              ": packed variable-length documents need the int32 row offsets "
+                              "of each document ([num_docs + 1] = " +
+                              std::to_string(problem.batch + 1) +
+                              "), a 4-byte aligned device pointer");
   if (reinterpret_cast<uintptr_t>(args.lse) % alignof(float) != 0) {
     return make_error(ErrorCode::InvalidArgument, "lse = " + pointer_text(args.lse) +
                                                       ": must be 4-byte aligned" +
@@ -171,6 +182,8 @@ inline FlashjitAttentionParams make_launch_params(const AttentionProblem& proble
   params.scale = problem.scale();
   params.scale_log2 = params.scale * 1.4426950408889634f;  // log2(e): the kernels use exp2
   params.alibi_slopes = problem.variant.alibi ? args.alibi_slopes : nullptr;
+  params.cu_seqlens_q = problem.variant.varlen ? args.cu_seqlens_q : nullptr;
+  params.cu_seqlens_k = problem.variant.varlen ? args.cu_seqlens_k : nullptr;
   if (problem.is_backward()) {
     params.d_o = args.d_o;
     params.dq = args.dq;

@@ -69,6 +69,11 @@ struct FlashjitAttentionParams {
   // struct's last fields: no field a plain kernel reads moves when one is added.
   // FLASHJIT_VARIANT_FIELDS_BEGIN
   const float* alibi_slopes;  // ALiBi: fp32 [heads_q]; null without ALiBi
+  // Packed variable-length documents (Variant::varlen): int32 [batch + 1] row offsets of each
+  // document in the packed q/o and k/v (cu[0] = 0, non-decreasing); null otherwise. The kernels
+  // turn them into one document's view of these params (flashjit_variant::document_view).
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
   // FLASHJIT_VARIANT_FIELDS_END
 };
 

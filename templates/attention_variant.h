@@ -15,6 +15,7 @@
 //   #define FLASHJIT_VARIANT_ALIBI 0|1
 //   #define FLASHJIT_VARIANT_SCORE_MOD 0|1      a user score_mod follows this file
 //   #define FLASHJIT_VARIANT_MASK_MOD 0|1       a user mask_mod follows this file
+//   #define FLASHJIT_VARIANT_VARLEN 0|1         packed variable-length documents (cu_seqlens)
 // and followed by the user's expressions as the bodies of user_score_mod / user_mask_mod.
 // Plain attention renders none of this: its kernels are exactly those of before variants.
 //
@@ -208,6 +209,40 @@ FLASHJIT_DEVICE bool block_fully_visible(const FlashjitAttentionParams& p, int d
          n0 + block_n <= band_end(p.seqlen_k, diagonal, m0);
 #endif
 }
+
+#if FLASHJIT_VARIANT_VARLEN
+// Packed variable-length documents: turns `p` into document `doc`'s view of the params, as if the
+// document were a batch entry of its own: q, k, v, o start at its first rows (cu_seqlens[doc]
+// rows in, through the seq strides; `element_bytes` per element), seqlen_q / seqlen_k are its
+// lengths, and lse points so that the kernels' [batch, heads_q, seqlen_q] index of entry `doc`
+// lands in its packed [heads_q, len_q] block at heads_q * cu_seqlens_q[doc]. Everything after
+// (masks, the causal diagonal, the window's band, tails) is then per document unchanged; the
+// batch index a kernel passes to a mask_mod or score_mod stays `doc`. False when the tile of
+// query rows starting at m0 is past the document's end (nothing to compute or write). The
+// offsets are not checked (device data: generator/problem.hpp, Variant::varlen); a negative
+// length counts as 0.
+FLASHJIT_DEVICE bool document_view(FlashjitAttentionParams& p, int doc, int m0, int element_bytes) {
+  const int q_begin = p.cu_seqlens_q[doc];
+  const int k_begin = p.cu_seqlens_k[doc];
+  const int len_q = p.cu_seqlens_q[doc + 1] - q_begin;
+  int len_k = p.cu_seqlens_k[doc + 1] - k_begin;
+  if (m0 >= len_q) return false;
+  if (len_k < 0) len_k = 0;
+  const long long q_offset = static_cast<long long>(q_begin) * element_bytes;
+  const long long k_offset = static_cast<long long>(k_begin) * element_bytes;
+  p.q = static_cast<const char*>(p.q) + q_offset * p.q_seq_stride;
+  p.o = static_cast<char*>(p.o) + q_offset * p.o_seq_stride;
+  p.k = static_cast<const char*>(p.k) + k_offset * p.k_seq_stride;
+  p.v = static_cast<const char*>(p.v) + k_offset * p.v_seq_stride;
+  p.q_batch_stride = p.o_batch_stride = p.k_batch_stride = p.v_batch_stride = 0;
+  if (p.lse)
+    p.lse += static_cast<long long>(p.heads_q) * q_begin -
+             static_cast<long long>(doc) * p.heads_q * len_q;
+  p.seqlen_q = len_q;
+  p.seqlen_k = len_k;
+  return true;
+}
+#endif
 
 }  // namespace flashjit_variant
 

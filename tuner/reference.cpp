@@ -189,6 +189,23 @@ std::vector<float> standard_alibi_slopes(int64_t heads) {
   return slopes;
 }
 
+std::vector<int32_t> cu_seqlens_of(const std::vector<int64_t>& lengths) {
+  std::vector<int32_t> cu(lengths.size() + 1, 0);
+  for (size_t b = 0; b < lengths.size(); ++b) cu[b + 1] = cu[b] + static_cast<int32_t>(lengths[b]);
+  return cu;
+}
+
+std::vector<int32_t> even_cu_seqlens(int64_t docs, int64_t total, int64_t longest) {
+  std::vector<int64_t> lengths;
+  int64_t left = total;
+  for (int64_t b = 0; b < docs; ++b) {
+    const int64_t docs_left = docs - b;
+    lengths.push_back(std::max<int64_t>(0, std::min(longest, (left + docs_left - 1) / docs_left)));
+    left -= lengths.back();
+  }
+  return cu_seqlens_of(lengths);
+}
+
 HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed) {
   std::mt19937_64 engine(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -211,6 +228,10 @@ HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed) {
       inputs.block_table[i] = pages[i % pages.size()];
   }
   if (problem.variant.alibi) inputs.alibi_slopes = standard_alibi_slopes(problem.heads_q);
+  if (problem.variant.varlen) {
+    inputs.cu_seqlens_q = even_cu_seqlens(problem.batch, problem.variant.total_q, problem.seqlen_q);
+    inputs.cu_seqlens_k = even_cu_seqlens(problem.batch, problem.variant.total_k, problem.seqlen_k);
+  }
   if (problem.kv.seqlens_k)
     inputs.seqlens_k.assign(static_cast<size_t>(problem.batch),
                             static_cast<int32_t>(problem.seqlen_k));
@@ -281,6 +302,63 @@ Reference reference_per_sequence(const AttentionProblem& p, const HostInputs& in
   return out;
 }
 
+// The reference of packed variable-length documents: each document alone, its rows sliced
+// from the packed tensors, its index the batch the user expressions see. All NaN when the
+// offsets do not describe documents of the problem (a reference nothing passes against).
+Reference reference_per_document(const AttentionProblem& p, const HostInputs& inputs,
+                                 const VariantFunctions& functions) {
+  const int64_t dh = p.head_dim, words = storage_words(p.dtype), heads = p.heads_q;
+  const std::vector<int32_t>& cq = inputs.cu_seqlens_q;
+  const std::vector<int32_t>& ck = inputs.cu_seqlens_k;
+  Reference out;
+  const size_t entries = static_cast<size_t>(p.batch + 1);
+  if (cq.size() != entries || ck.size() != entries ||
+      !check_cu_seqlens("cu_seqlens_q", cq.data(), p.batch, p.seqlen_q, p.variant.total_q).ok() ||
+      !check_cu_seqlens("cu_seqlens_k", ck.data(), p.batch, p.seqlen_k, p.variant.total_k).ok()) {
+    out.o.assign(static_cast<size_t>(p.variant.total_q * heads * dh),
+                 std::numeric_limits<double>::quiet_NaN());
+    out.lse.assign(static_cast<size_t>(p.variant.total_q * heads),
+                   std::numeric_limits<double>::quiet_NaN());
+    return out;
+  }
+  const int64_t rows = cq[p.batch];
+  out.o.assign(static_cast<size_t>(rows * heads * dh), 0.0);
+  out.lse.assign(static_cast<size_t>(rows * heads), std::numeric_limits<double>::infinity());
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t len_q = cq[b + 1] - cq[b], len_k = ck[b + 1] - ck[b];
+    if (len_q == 0 || len_k == 0) continue;  // no key: o = 0, lse = +inf
+    AttentionProblem one = p;
+    one.batch = 1;
+    one.seqlen_q = len_q;
+    one.seqlen_k = len_k;
+    one.variant.varlen = false;
+    one.variant.total_q = one.variant.total_k = 0;
+    HostInputs slice;
+    auto rows_of = [&](const std::vector<uint16_t>& packed, int64_t first, int64_t elements) {
+      const auto begin = packed.begin() + first * words;
+      const int64_t available = static_cast<int64_t>(packed.end() - begin);
+      return std::vector<uint16_t>(begin, begin + std::min(elements * words, available));
+    };
+    slice.q = rows_of(inputs.q, cq[b] * p.q_strides.seq, one.q_span());
+    slice.k = rows_of(inputs.k, ck[b] * p.k_strides.seq, one.kv_span());
+    slice.v = rows_of(inputs.v, ck[b] * p.v_strides.seq, one.kv_span());
+    slice.alibi_slopes = inputs.alibi_slopes;
+    VariantFunctions document;  // the user expressions see the document's index as the batch
+    if (functions.score_mod)
+      document.score_mod = [&, b](double s, int64_t, int64_t h, int64_t i, int64_t j) {
+        return functions.score_mod(s, b, h, i, j);
+      };
+    if (functions.mask_mod)
+      document.mask_mod = [&, b](int64_t, int64_t h, int64_t i, int64_t j) {
+        return functions.mask_mod(b, h, i, j);
+      };
+    const Reference r = reference_attention(one, slice, document);
+    std::copy(r.o.begin(), r.o.end(), out.o.begin() + cq[b] * heads * dh);
+    std::copy(r.lse.begin(), r.lse.end(), out.lse.begin() + cq[b] * heads);
+  }
+  return out;
+}
+
 }  // namespace
 
 double variant_score(const AttentionProblem& problem, const VariantFunctions& functions,
@@ -310,6 +388,7 @@ double variant_score(const AttentionProblem& problem, const VariantFunctions& fu
 Reference reference_attention(const AttentionProblem& problem, const HostInputs& inputs,
                               const VariantFunctions& functions) {
   if (problem.kv.paged() || problem.kv.seqlens_k) return reference_per_sequence(problem, inputs);
+  if (problem.variant.varlen) return reference_per_document(problem, inputs, functions);
   if (problem.is_backward()) {
     Reference reference = reference_attention(problem.with_pass(Pass::Forward), inputs);
     add_reference_gradients(problem, inputs, reference);
@@ -506,7 +585,8 @@ void add_reference_gradients(const AttentionProblem& problem, const HostInputs& 
 // One strided output tensor [batch, seqlen, heads, d] in raw storage against its dense
 // reference (same order): relative L2 error, non-finite, poisoned and padding elements.
 TensorComparison compare_tensor(const AttentionProblem& problem, const Strides& strides,
-                                int64_t seqlen, int64_t heads, const std::vector<uint16_t>& bits,
+                                int64_t batch, int64_t seqlen, int64_t heads,
+                                const std::vector<uint16_t>& bits,
                                 const std::vector<double>& reference) {
   TensorComparison result;
   const int d = problem.head_dim;
@@ -521,7 +601,7 @@ TensorComparison compare_tensor(const AttentionProblem& problem, const Strides& 
 
   double diff_squared = 0, ref_squared = 0;
   size_t ref_index = 0;
-  for (int64_t b = 0; b < problem.batch; ++b) {
+  for (int64_t b = 0; b < batch; ++b) {
     for (int64_t s = 0; s < seqlen; ++s) {
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t base = b * strides.batch + s * strides.seq + h * strides.head;
@@ -570,8 +650,13 @@ void describe(std::ostringstream& out, const char* name, const TensorComparison&
 Comparison compare(const AttentionProblem& problem, const std::vector<uint16_t>& o_bits,
                    const std::vector<float>& lse, const Reference& reference) {
   Comparison result;
-  const TensorComparison o = compare_tensor(problem, problem.o_strides, problem.seqlen_q,
-                                            problem.heads_q, o_bits, reference.o);
+  // Varlen: one packed sequence of the rows that belong to a document (reference.o's).
+  const bool varlen = problem.variant.varlen;
+  const int64_t row_elements = problem.heads_q * problem.head_dim;
+  const int64_t rows =
+      varlen ? static_cast<int64_t>(reference.o.size()) / row_elements : problem.seqlen_q;
+  const TensorComparison o = compare_tensor(problem, problem.o_strides, varlen ? 1 : problem.batch,
+                                            rows, problem.heads_q, o_bits, reference.o);
   result.o_rel_error = o.rel_error;
   result.o_nan_count = o.nan_count;
   result.poisoned_left = o.poisoned_left;
@@ -602,12 +687,12 @@ GradientComparison compare_gradients(const AttentionProblem& problem,
                                      const std::vector<uint16_t>& dv_bits,
                                      const Reference& reference) {
   GradientComparison result;
-  result.dq = compare_tensor(problem, problem.dq_strides, problem.seqlen_q, problem.heads_q,
-                             dq_bits, reference.dq);
-  result.dk = compare_tensor(problem, problem.dk_strides, problem.seqlen_k, problem.heads_kv,
-                             dk_bits, reference.dk);
-  result.dv = compare_tensor(problem, problem.dv_strides, problem.seqlen_k, problem.heads_kv,
-                             dv_bits, reference.dv);
+  result.dq = compare_tensor(problem, problem.dq_strides, problem.batch, problem.seqlen_q,
+                             problem.heads_q, dq_bits, reference.dq);
+  result.dk = compare_tensor(problem, problem.dk_strides, problem.batch, problem.seqlen_k,
+                             problem.heads_kv, dk_bits, reference.dk);
+  result.dv = compare_tensor(problem, problem.dv_strides, problem.batch, problem.seqlen_k,
+                             problem.heads_kv, dv_bits, reference.dv);
   return result;
 }
 

@@ -57,7 +57,15 @@ struct HostInputs {
   std::vector<int32_t> seqlens_k;
   // ALiBi (problem.variant.alibi): the slope of each query head [heads_q], fp32.
   std::vector<float> alibi_slopes;
+  // Packed variable-length documents (problem.variant.varlen): the row offsets [batch + 1] of
+  // the documents in q/o and k/v, int32.
+  std::vector<int32_t> cu_seqlens_q, cu_seqlens_k;
 };
+
+// Offsets cu [lengths.size() + 1] of documents of `lengths` rows packed one after the other.
+std::vector<int32_t> cu_seqlens_of(const std::vector<int64_t>& lengths);
+// Offsets of `docs` documents splitting `total` rows as evenly as `longest` rows each allow.
+std::vector<int32_t> even_cu_seqlens(int64_t docs, int64_t total, int64_t longest);
 
 // ALiBi's standard slopes, 2^(-8 (h + 1) / heads) for head h: every head's different.
 std::vector<float> standard_alibi_slopes(int64_t heads);
@@ -68,6 +76,8 @@ std::vector<float> standard_alibi_slopes(int64_t heads);
 // num_pages holds them all; else shuffled and reused); seqlens_k: seqlen_k for every sequence
 // (callers that want other lengths set them: tests/support/decode_cases.hpp).
 // ALiBi: standard_alibi_slopes(heads_q).
+// Varlen: even_cu_seqlens of total_q / total_k over the batch's documents (callers that want
+// other lengths set them, within the totals).
 // For a backward problem also d_o (random) and o, lse from the fp64 forward of q, k, v (o's
 // padding random too), as a forward kernel would have left them.
 HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed);
@@ -75,6 +85,9 @@ HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed);
 struct Reference {
   std::vector<double> o;    // dense [batch, seqlen_q, heads_q, head_dim]
   std::vector<double> lse;  // [batch, heads_q, seqlen_q], natural log; +inf for a row with no key
+  // Varlen (problem.variant.varlen): o is dense [rows, heads_q, head_dim] and lse the packed
+  // [heads_q, len_q(b)] blocks of each document, over the rows = cu_seqlens_q[batch] rows that
+  // belong to a document (rows past them must stay untouched: compare() counts them as padding).
   // Backward problems only: the exact gradients of the rounded inputs (P from the exact forward,
   // D = rowsum(dO * O) with the exact O), dense like o; dk, dv [batch, seqlen_k, heads_kv, d].
   std::vector<double> dq, dk, dv;
@@ -102,6 +115,8 @@ double variant_score(const AttentionProblem& problem, const VariantFunctions& fu
 // A paged cache or per-sequence lengths (problem.kv): each sequence's seqlens_k[b] keys are
 // gathered (through the block table) and attended as a problem of their own; a sequence of 0
 // keys has o = 0 and lse = +inf.
+// Packed documents (problem.variant.varlen): each document alone (its rows sliced through
+// inputs.cu_seqlens_q / _k, its index as the batch the user expressions see).
 // A variant (problem.variant, forward): scores through variant_score; a row whose every score is
 // -inf has o = 0 and lse = +inf like a row with no key. `functions` must give the problem's user
 // expressions (else NaN, see VariantFunctions).

@@ -53,6 +53,12 @@ void bind(AttentionArgs& args, TensorRole role, void* pointer) {
     case TensorRole::AlibiSlopes:
       args.alibi_slopes = static_cast<const float*>(pointer);
       break;
+    case TensorRole::CuSeqlensQ:
+      args.cu_seqlens_q = static_cast<const int32_t*>(pointer);
+      break;
+    case TensorRole::CuSeqlensK:
+      args.cu_seqlens_k = static_cast<const int32_t*>(pointer);
+      break;
   }
 }
 
@@ -80,6 +86,10 @@ std::pair<const void*, size_t> host_input(const HostInputs& inputs, TensorRole r
       return {inputs.seqlens_k.data(), inputs.seqlens_k.size() * sizeof(int32_t)};
     case TensorRole::AlibiSlopes:
       return {inputs.alibi_slopes.data(), inputs.alibi_slopes.size() * sizeof(float)};
+    case TensorRole::CuSeqlensQ:
+      return {inputs.cu_seqlens_q.data(), inputs.cu_seqlens_q.size() * sizeof(int32_t)};
+    case TensorRole::CuSeqlensK:
+      return {inputs.cu_seqlens_k.data(), inputs.cu_seqlens_k.size() * sizeof(int32_t)};
     default:
       return {nullptr, 0};
   }
@@ -142,6 +152,10 @@ const char* to_string(TensorRole role) {
       return "seqlens_k";
     case TensorRole::AlibiSlopes:
       return "alibi_slopes";
+    case TensorRole::CuSeqlensQ:
+      return "cu_seqlens_q";
+    case TensorRole::CuSeqlensK:
+      return "cu_seqlens_k";
   }
   return "?";
 }
@@ -181,6 +195,9 @@ std::vector<TensorSpec> tensor_specs(const AttentionProblem& p) {
     if (p.variant.alibi)
       specs.push_back(
           {TensorRole::AlibiSlopes, static_cast<size_t>(p.heads_q) * sizeof(float), false});
+    if (p.variant.varlen)
+      for (TensorRole role : {TensorRole::CuSeqlensQ, TensorRole::CuSeqlensK})
+        specs.push_back({role, static_cast<size_t>(p.batch + 1) * sizeof(int32_t), false});
     return specs;
   }
   const size_t d_o = static_cast<size_t>(p.do_span()) * e;
@@ -224,6 +241,10 @@ Status fill_for_timing(const Backend& backend, const AttentionProblem& problem,
   const HostInputs indices = [&] {
     HostInputs none;
     if (problem.variant.alibi) none.alibi_slopes = standard_alibi_slopes(problem.heads_q);
+    if (problem.variant.varlen) {  // the documents random_inputs makes (no data needed)
+      none.cu_seqlens_q = even_cu_seqlens(problem.batch, problem.variant.total_q, problem.seqlen_q);
+      none.cu_seqlens_k = even_cu_seqlens(problem.batch, problem.variant.total_k, problem.seqlen_k);
+    }
     if (!problem.kv.paged() && !problem.kv.seqlens_k) return none;
     AttentionProblem small = problem;  // the indices only: no K/V data needed
     HostInputs made;
@@ -243,7 +264,8 @@ Status fill_for_timing(const Backend& backend, const AttentionProblem& problem,
     const DeviceBuffer* buffer = tensors.find(spec.role);
     if (buffer == nullptr) continue;
     if (spec.role == TensorRole::BlockTable || spec.role == TensorRole::SeqlensK ||
-        spec.role == TensorRole::AlibiSlopes) {
+        spec.role == TensorRole::AlibiSlopes || spec.role == TensorRole::CuSeqlensQ ||
+        spec.role == TensorRole::CuSeqlensK) {
       const auto [host, bytes] = host_input(indices, spec.role);
       FLASHJIT_TRY(backend.copy_to_device(buffer->get(), host, std::min(bytes, buffer->bytes())));
       continue;

@@ -22,8 +22,24 @@
 
 namespace flashjit {
 
-enum class TensorRole { Q, K, V, O, Lse, DO, DQ, DK, DV, BlockTable, SeqlensK, AlibiSlopes };
-// "q", "k", ..., "do", "dq", "dk", "dv", "block_table", "seqlens_k", "alibi_slopes"
+enum class TensorRole {
+  Q,
+  K,
+  V,
+  O,
+  Lse,
+  DO,
+  DQ,
+  DK,
+  DV,
+  BlockTable,
+  SeqlensK,
+  AlibiSlopes,
+  CuSeqlensQ,
+  CuSeqlensK
+};
+// "q", "k", ..., "do", "dq", "dk", "dv", "block_table", "seqlens_k", "alibi_slopes",
+// "cu_seqlens_q", "cu_seqlens_k"
 const char* to_string(TensorRole role);
 
 struct TensorSpec {

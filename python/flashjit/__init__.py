@@ -305,7 +305,8 @@ def _variant_text(spec, alibi_slopes):
 
 def attention(q, k, v, *, causal=False, scale=None, layout="bshd", out=None, return_lse=False,
               lse=None, config=None, stream=None, deterministic=None, window=None, softcap=None,
-              alibi_slopes=None, prefix=0, score_mod=None, mask_mod=None):
+              alibi_slopes=None, prefix=0, score_mod=None, mask_mod=None, cu_seqlens_q=None,
+              cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
     """Attention forward: softmax(scale * q k^T + causal mask) v, per head.
 
     q: (batch, seqlen_q, heads, head_dim) for layout="bshd" (the default), or
@@ -324,12 +325,27 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", out=None, ret
        only; see the module's documentation): window=(left, right) with -1 for an unbounded
        side, softcap=float > 0, alibi_slopes=float32 (heads,) array on q's device, prefix=int,
        score_mod= / mask_mod= one C++ expression each.
+    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: packed variable-length documents
+       (flash_attn's varlen convention): q (total_q, heads, head_dim), k and v (total_k, heads_kv,
+       head_dim); cu_seqlens_q / _k int32 (num_docs + 1,) on q's device (cu[0] = 0,
+       non-decreasing): document b's queries are rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] and see
+       only its keys cu_seqlens_k[b]:cu_seqlens_k[b + 1], every index (causal's diagonal, the
+       window, the variant's q_idx / kv_idx / batch = b) per document. max_seqlen_q / _k: the
+       longest document's lengths (size the launch; computed from the offsets when None, which
+       waits for a GPU). The offsets are checked on the CPU backend, not on a GPU (a document
+       longer than max_seqlen_q is not fully computed there). out: (total_q, heads, head_dim);
+       lse: float32 (heads * total_q,), document b's (heads, len_q(b)) block at
+       heads * cu_seqlens_q[b]. Forward only (layout "bshd"): autograd raises UnsupportedError.
     Returns out, or (out, lse) when return_lse. For torch tensors the call is differentiable
     (see the module's documentation) unless out=, lse= or stream= is given or it is a variant.
     """
     variant = _variant_spec(window, softcap, prefix, score_mod, mask_mod)
     if alibi_slopes is not None:
         _check_array("alibi_slopes", alibi_slopes)
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        return _attention_varlen(q, k, v, causal, scale, layout, out, return_lse, lse, config,
+                                 stream, deterministic, variant, alibi_slopes, cu_seqlens_q,
+                                 cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     kind = _framework(q)
     if _all_torch(q, k, v) and out is None and lse is None and stream is None:
         return _torch_module().attention(q, k, v, causal, scale, layout, return_lse,
@@ -364,6 +380,77 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", out=None, ret
     if made_lse is not None:
         lse = made_lse
     return (out, lse) if return_lse else out
+
+
+def _longest(name, cu_seqlens):
+    """The longest document of offsets `cu_seqlens` (max of the differences; waits for a GPU)."""
+    if len(cu_seqlens) < 2:
+        raise InvalidArgumentError(f"{name}: expected (num_docs + 1,) offsets with num_docs >= 1, "
+                                   f"got {len(cu_seqlens)} entries")
+    return max(1, int((cu_seqlens[1:] - cu_seqlens[:-1]).max()))
+
+
+def _attention_varlen(q, k, v, causal, scale, layout, out, return_lse, lse, config, stream,
+                      deterministic, variant, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                      max_seqlen_q, max_seqlen_k):
+    """attention() of packed variable-length documents: the extension's forward over the
+    (1, total, heads, head_dim) views of q, k, v with the offsets (forward only)."""
+    for name, x in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if x is None:
+            raise InvalidArgumentError(
+                f"{name} is None: packed variable-length documents need both cu_seqlens_q and "
+                f"cu_seqlens_k (int32 (num_docs + 1,) row offsets)")
+        _check_array(name, x)
+    if layout != "bshd":
+        raise InvalidArgumentError(f"layout = {layout!r}: packed variable-length documents are "
+                                   f"(total, heads, head_dim) arrays (layout 'bshd')")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_array(name, x)
+        if len(x.shape) != 3:
+            raise InvalidArgumentError(
+                f"{name}.shape = {tuple(x.shape)}: packed variable-length documents take "
+                f"(total, heads, head_dim) arrays")
+    if deterministic:
+        raise InvalidArgumentError("deterministic= applies to the backward, which packed "
+                                   "variable-length documents do not have yet")
+    kind = _framework(q)
+    if kind == "torch":
+        torch = _sys.modules["torch"]
+        if torch.is_grad_enabled() and any(
+                getattr(x, "requires_grad", False) for x in (q, k, v, alibi_slopes)):
+            raise UnsupportedError(
+                "packed variable-length documents (cu_seqlens) have no backward yet, and q, k, "
+                "v or alibi_slopes requires grad: run the forward under torch.no_grad() or on "
+                "detached tensors")
+        alibi_slopes = None if alibi_slopes is None else _detached(alibi_slopes)
+    max_seqlen_q = (_longest("cu_seqlens_q", cu_seqlens_q) if max_seqlen_q is None
+                    else _integer("max_seqlen_q", max_seqlen_q))
+    max_seqlen_k = (_longest("cu_seqlens_k", cu_seqlens_k) if max_seqlen_k is None
+                    else _integer("max_seqlen_k", max_seqlen_k))
+    if out is not None:
+        _check_array("out", out)
+        if tuple(out.shape) != tuple(q.shape):
+            raise InvalidArgumentError(f"out.shape = {tuple(out.shape)}: must be q's, "
+                                       f"{tuple(q.shape)}")
+        out = out[None]
+    if lse is not None:
+        _check_array("lse", lse)
+        expected = q.shape[0] * q.shape[1]
+        if len(lse.shape) != 1 or lse.shape[0] != expected:
+            raise InvalidArgumentError(f"lse.shape = {tuple(lse.shape)}: must be "
+                                       f"(heads * total_q,) = ({expected},)")
+        lse = lse.reshape(1, q.shape[1], q.shape[0])
+    want_lse = bool(return_lse) or lse is not None
+    (q, k, v), out, lse, handle, synchronize = _forward_outputs(
+        kind, q[None], (q[None], k[None], v[None]), out, lse, return_lse, "bshd", stream)
+    made_out, made_lse = _C.attention(
+        q, k, v, out, lse, want_lse, bool(causal), scale, "bshd", config,
+        0 if handle is None else handle, synchronize, "jax" if kind == "jax" else "numpy", variant,
+        alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    out = (made_out if made_out is not None else out)[0]
+    if made_lse is not None:
+        lse = made_lse
+    return (out, None if lse is None else lse.reshape(-1)) if return_lse else out
 
 
 def decode(q, k_cache, v_cache, *, seqlens_k=None, block_table=None, causal=False, scale=None,

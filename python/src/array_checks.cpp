@@ -267,6 +267,32 @@ Status check_int32_table(const char* name, const ArrayInfo& array, const std::ve
 
 }  // namespace
 
+Status make_varlen_call(Call& call, const ArrayInfo& cu_seqlens_q, const ArrayInfo& cu_seqlens_k,
+                        int64_t max_seqlen_q, int64_t max_seqlen_k) {
+  AttentionProblem& p = call.problem;
+  if (p.batch != 1 || p.variant.varlen)
+    return invalid("cu_seqlens_q: packed variable-length documents take q, k, v of 3 axes " +
+                   std::string("(total, heads, head_dim)"));
+  if (cu_seqlens_q.ndim() != 1 || cu_seqlens_q.shape[0] < 2)
+    return invalid("cu_seqlens_q.shape = " + shape_text(cu_seqlens_q) +
+                   ": must be (num_docs + 1,) with num_docs >= 1");
+  const size_t entries = cu_seqlens_q.shape[0];
+  FLASHJIT_TRY(check_int32_table("cu_seqlens_q", cu_seqlens_q, {entries},
+                                 "the row offsets of the documents in q", call.place));
+  FLASHJIT_TRY(check_int32_table("cu_seqlens_k", cu_seqlens_k, {entries},
+                                 "the row offsets of the documents in k and v, as many as "
+                                 "cu_seqlens_q's",
+                                 call.place));
+  p.variant.varlen = true;
+  p.variant.total_q = p.seqlen_q;
+  p.variant.total_k = p.seqlen_k;
+  p.batch = static_cast<int64_t>(entries) - 1;
+  p.seqlen_q = max_seqlen_q;
+  p.seqlen_k = max_seqlen_k;
+  for (Strides* s : {&p.q_strides, &p.k_strides, &p.v_strides, &p.o_strides}) s->batch = 0;
+  return validate(p);
+}
+
 Result<Call> check_decode_arrays(const ArrayInfo& q, const ArrayInfo& k_cache,
                                  const ArrayInfo& v_cache, const ArrayInfo* block_table,
                                  const ArrayInfo* seqlens_k, const ArrayInfo* out,

@@ -68,6 +68,12 @@ Call prepare(const InArray& q, const InArray& k, const InArray& v, const OutArra
                                      pointer(slopes_info)));
 }
 
+void make_varlen(Call& call, const InArray& cu_seqlens_q, const InArray& cu_seqlens_k,
+                 int64_t max_seqlen_q, int64_t max_seqlen_k) {
+  check(make_varlen_call(call, info_of(cu_seqlens_q), info_of(cu_seqlens_k), max_seqlen_q,
+                         max_seqlen_k));
+}
+
 Call prepare_decode(const InArray& q, const InArray& k_cache, const InArray& v_cache,
                     const InArray* block_table, const InArray* seqlens_k, const OutArray* out,
                     const OutArray* lse, bool causal, std::optional<double> scale) {

@@ -47,6 +47,11 @@ Call prepare(const InArray& q, const InArray& k, const InArray& v, const OutArra
              const std::string& layout_name, const Variant& variant = {},
              const InArray* alibi_slopes = nullptr);
 
+// make_varlen_call, raising its error: `call` (from prepare() over the (1, total, heads, d) views
+// of packed q, k, v) becomes a varlen problem of the documents of cu_seqlens_q / _k.
+void make_varlen(Call& call, const InArray& cu_seqlens_q, const InArray& cu_seqlens_k,
+                 int64_t max_seqlen_q, int64_t max_seqlen_k);
+
 // check_backward_arrays, raising its error: o and do with q's shape and dtype, lse float32
 // (batch, heads_q, seqlen_q) contiguous (required), dq with q's shape and dk, dv with k's when
 // given (contiguous in the layout when not: the caller allocates them so), all on q's device.

@@ -139,15 +139,20 @@ nb::tuple run_forward(Call& call, InArray& q, InArray& k, InArray& v, std::optio
     out_data = allocated.data;
     call.problem.o_strides = contiguous_strides(layout, call.problem.seqlen_q, call.problem.heads_q,
                                                 call.problem.head_dim);
+    if (call.problem.variant.varlen) call.problem.o_strides.batch = 0;  // one packed sequence
   }
   if (lse) {
     lse_data = static_cast<float*>(lse->data());
   } else if (want_lse) {
-    Allocated allocated = allocate_array(
-        *runtime, call.place, framework,
-        {static_cast<size_t>(call.problem.batch), static_cast<size_t>(call.problem.heads_q),
-         static_cast<size_t>(call.problem.seqlen_q)},
-        nb::dtype<float>());
+    // Varlen: the documents' packed [heads_q, len_q] blocks, heads_q * total_q in all.
+    const std::vector<size_t> shape =
+        call.problem.variant.varlen
+            ? std::vector<size_t>{static_cast<size_t>(call.problem.lse_elements())}
+            : std::vector<size_t>{static_cast<size_t>(call.problem.batch),
+                                  static_cast<size_t>(call.problem.heads_q),
+                                  static_cast<size_t>(call.problem.seqlen_q)};
+    Allocated allocated =
+        allocate_array(*runtime, call.place, framework, shape, nb::dtype<float>());
     lse_object = allocated.array;
     lse_data = static_cast<float*>(allocated.data);
   }
@@ -165,13 +170,25 @@ nb::tuple attention(InArray q, InArray k, InArray v, std::optional<OutArray> out
                     std::optional<double> scale, const std::string& layout,
                     std::optional<std::string> config, uintptr_t stream, bool synchronize,
                     const std::string& framework, std::optional<nb::tuple> variant,
-                    std::optional<InArray> alibi_slopes) {
+                    std::optional<InArray> alibi_slopes, std::optional<InArray> cu_seqlens_q,
+                    std::optional<InArray> cu_seqlens_k, int64_t max_seqlen_q,
+                    int64_t max_seqlen_k) {
   Call call = prepare(q, k, v, out ? &*out : nullptr, lse ? &*lse : nullptr, causal, scale, layout,
                       variant_of(variant), alibi_slopes ? &*alibi_slopes : nullptr);
+  if (cu_seqlens_q.has_value() != cu_seqlens_k.has_value())
+    raise(ErrorCode::InvalidArgument,
+          std::string(cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q") +
+              " is None: packed variable-length documents need both cu_seqlens_q and "
+              "cu_seqlens_k");
+  if (cu_seqlens_q) make_varlen(call, *cu_seqlens_q, *cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   return run_forward(call, q, k, v, out, lse, want_lse, parse_layout(layout), config, stream,
                      synchronize, framework, [&](AttentionArgs& args) {
                        if (alibi_slopes)
                          args.alibi_slopes = static_cast<const float*>(alibi_slopes->data());
+                       if (cu_seqlens_q) {
+                         args.cu_seqlens_q = static_cast<const int32_t*>(cu_seqlens_q->data());
+                         args.cu_seqlens_k = static_cast<const int32_t*>(cu_seqlens_k->data());
+                       }
                      });
 }
 

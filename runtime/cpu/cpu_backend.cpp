@@ -180,6 +180,19 @@ class CpuKernel final : public Kernel {
                         "([heads_q] = " +
                             std::to_string(problem.heads_q) + "), a 4-byte aligned host pointer");
     }
+    if (problem.variant.varlen) {  // host arrays here: every offset checked
+      const Variant& v = problem.variant;
+      for (const auto& [name, cu] :
+           {std::pair<const char*, const int32_t*>{"cu_seqlens_q", args.cu_seqlens_q},
+            {"cu_seqlens_k", args.cu_seqlens_k}})
+        if (reinterpret_cast<uintptr_t>(cu) % alignof(int32_t) != 0)
+          return make_error(ErrorCode::InvalidArgument,
+                            std::string(name) + ": must be 4-byte aligned (int32 offsets)");
+      FLASHJIT_TRY(check_cu_seqlens("cu_seqlens_q", args.cu_seqlens_q, problem.batch,
+                                    problem.seqlen_q, v.total_q));
+      FLASHJIT_TRY(check_cu_seqlens("cu_seqlens_k", args.cu_seqlens_k, problem.batch,
+                                    problem.seqlen_k, v.total_k));
+    }
     const int64_t m_blocks = (problem.seqlen_q + config_.block_m - 1) / config_.block_m;
     const int64_t items = problem.batch * problem.heads_q * m_blocks;
     if (items > INT32_MAX || problem.seqlen_q > INT32_MAX || problem.seqlen_k > INT32_MAX) {

@@ -287,6 +287,17 @@ struct Kernel {
       const int m_block = w % m_blocks;
       const int head = (w / m_blocks) % p.heads_q;
       const int batch = w / m_blocks / p.heads_q;
+#ifdef FLASHJIT_VARIANT
+#if FLASHJIT_VARIANT_VARLEN
+      // Packed documents: batch entry `batch` is document `batch`, run on its view of the params
+      // (templates/attention_variant.h); tiles past its queries have nothing to do.
+      FlashjitAttentionParams document = p;
+      if (!flashjit_variant::document_view(document, batch, m_block * BM, (int)sizeof(Element)))
+        continue;
+      block(document, batch, head, m_block, scratch);
+      continue;
+#endif
+#endif
       block(p, batch, head, m_block, scratch);
     }
     free(scratch);

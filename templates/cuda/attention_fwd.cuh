@@ -358,4 +358,20 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
 #undef FLASHJIT_SCALE_LOG2
 }
 
+#ifdef FLASHJIT_VARIANT
+#if FLASHJIT_VARIANT_VARLEN
+// Packed variable-length documents (FA2's varlen): the CTA of (m_block, head, document
+// blockIdx.z) reads the document's offsets, exits when its tile starts past the document's
+// queries, and runs the kernel above on the document's view of the params (q, k, v, o, lse at
+// its rows, its lengths as seqlen_q / seqlen_k): masks, the causal diagonal and the variant's
+// band are per document, and no load or store crosses into another document.
+template <class K>
+__device__ __forceinline__ void attention_forward_varlen(const FlashjitAttentionParams& params) {
+  const int m_block = K::kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // as the kernel's
+  FlashjitAttentionParams document = params;
+  if (!flashjit_variant::document_view(document, blockIdx.z, m_block * K::kBlockM, 2)) return;
+  attention_forward<K>(document);
+}
+#endif
+#endif
 }  // namespace flashjit_kernel

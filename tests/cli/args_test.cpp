@@ -170,6 +170,33 @@ TEST(ProblemFromFlags, BadValuesNameTheFlagAndTheValue) {
   }
 }
 
+// --docs L1,L2,...: packed variable-length documents of those lengths (num_docs, the longest,
+// the total), with the other problem and variant flags.
+TEST(ProblemFromFlags, DocsArePackedDocuments) {
+  auto flags = parse("plan", {"--docs", "1,17,1000,0", "--heads", "8", "--kv-heads", "2",
+                              "--causal", "--window", "64,0", "--head-dim", "64"});
+  ASSERT_TRUE(flags.ok()) << flags.error().message;
+  auto problem = problem_from_flags(*flags);
+  ASSERT_TRUE(problem.ok()) << problem.error().message;
+  EXPECT_TRUE(problem->variant.varlen);
+  EXPECT_EQ(problem->batch, 4);
+  EXPECT_EQ(problem->seqlen_q, 1000);
+  EXPECT_EQ(problem->seqlen_k, 1000);
+  EXPECT_EQ(problem->variant.total_q, 1018);
+  EXPECT_EQ(problem->variant.total_k, 1018);
+  EXPECT_EQ(problem->heads_kv, 2);
+  EXPECT_EQ(problem->head_dim, 64);
+  EXPECT_TRUE(problem->causal);
+  EXPECT_EQ(problem->variant.key(), "window(64,0) varlen");
+  EXPECT_EQ(problem->q_strides.batch, 0);
+  for (const char* bad : {"", "1,,2", "-3", "5,x", "3000000000"})
+    EXPECT_NE(problem_error({"--docs", bad}).find("--docs = '" + std::string(bad) + "'"),
+              std::string::npos)
+        << bad << ": " << problem_error({"--docs", bad});
+  EXPECT_NE(problem_error({"--docs", "4,4", "--pass", "bwd"}).find("forward kernel only"),
+            std::string::npos);
+}
+
 TEST(ProblemFromFlags, PassAndDeterministic) {
   for (const char* command : {"plan", "show", "compile", "run"}) {
     auto defaults = parse(command, {});

@@ -2,8 +2,9 @@
 // flashjit.attention / attention_backward / decode call runs on its arrays before anything else)
 // and the launch checks its data pointers then meet (runtime/launch_params.hpp,
 // runtime/decode_launch.hpp). Input: a few option bytes (pass or decode, layout, causal, scale,
-// which optional arrays are given), then per array its DLPack description: ndim, extents, strides
-// (each either the contiguous one or a fuzzed one), dtype, device and byte offset.
+// which optional arrays are given, varlen), then per array its DLPack description: ndim, extents,
+// strides (each either the contiguous one or a fuzzed one), dtype, device and byte offset; varlen
+// (packed variable-length documents: make_varlen_call) the offsets arrays and max_seqlen_q / _k.
 // Invariants: the checks return a call or an error with a message; a call's problem is valid,
 // its tensors' spans are positive, and a launch check of it with pointers at the arrays' byte
 // offsets returns (ok or a typed error) for the CUDA (16-byte) and CPU (element) alignments.
@@ -90,8 +91,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool causal = options & 8;
   std::optional<double> scale;
   if (options & 16) scale = static_cast<double>(static_cast<int8_t>(in.byte())) / 8.0;
-  const uint8_t given = in.byte();                  // which optional arrays are given
-  const bool decode = !backward && (options & 64);  // flashjit.decode: a K/V cache
+  const uint8_t given = in.byte();                              // which optional arrays are given
+  const bool decode = !backward && (options & 64);              // flashjit.decode: a K/V cache
+  const bool varlen = !backward && !decode && (options & 128);  // cu_seqlens (forward)
 
   // (batch, seqlen, heads, head_dim) as bytes: small shapes, the interesting ones.
   const std::vector<size_t> q_base = {size_t{in.byte()} % 5 + 1, size_t{in.byte()} + 1,
@@ -117,13 +119,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::optional<FuzzedArray> table, lengths;
   if (decode && (given & 32)) table = read_array(in, {q_base[0], size_t{in.byte()} % 9});
   if (decode && (given & 64)) lengths = read_array(in, {q_base[0]});
-  for (std::optional<FuzzedArray>* array : {&table, &lengths})
+  // varlen: cu_seqlens_q and cu_seqlens_k (num_docs + 1 entries), then the longest lengths.
+  std::optional<FuzzedArray> cu_q, cu_k;
+  int64_t max_seqlen_q = 0, max_seqlen_k = 0;
+  if (varlen) {
+    const size_t entries = in.byte() % 6;
+    cu_q = read_array(in, {entries});
+    cu_k = read_array(in, {in.byte() < 240 ? entries : entries + 1});
+    max_seqlen_q = static_cast<int64_t>(in.byte()) - 8;  // 0 and negatives now and then
+    max_seqlen_k = static_cast<int64_t>(in.byte()) - 8;
+  }
+  for (std::optional<FuzzedArray>* array : {&table, &lengths, &cu_q, &cu_k})
     if (*array && in.byte() < 224) (*array)->info.dtype = ArrayDtype{kDlpackInt, 32, 1};
   auto info = [](const std::optional<FuzzedArray>& array) {
     return array ? &array->info : nullptr;
   };
 
-  const Result<Call> call =
+  Result<Call> call =
       backward
           ? check_backward_arrays(q.info, k.info, v.info, o->info, info(lse), d_o->info, info(dq),
                                   info(dk), info(dv), causal, scale, layout, (options & 32) != 0)
@@ -134,6 +146,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!checked(call, backward ? "check_backward_arrays"
                      : decode ? "check_decode_arrays"
                               : "check_forward_arrays"))
+    return 0;
+  if (varlen &&
+      !checked(make_varlen_call(*call, cu_q->info, cu_k->info, max_seqlen_q, max_seqlen_k),
+               "make_varlen_call"))
     return 0;
   const AttentionProblem& problem = call->problem;
   require(validate(problem).ok(), "the checks returned an invalid problem: " + problem.to_string());
@@ -158,6 +174,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   args.block_table = static_cast<const int32_t*>(pointer_at(9, table ? &*table : nullptr));
   args.seqlens_k = static_cast<const int32_t*>(pointer_at(10, lengths ? &*lengths : nullptr));
+  args.cu_seqlens_q = static_cast<const int32_t*>(pointer_at(11, cu_q ? &*cu_q : nullptr));
+  args.cu_seqlens_k = static_cast<const int32_t*>(pointer_at(12, cu_k ? &*cu_k : nullptr));
+  require(!problem.variant.varlen || (varlen && problem.lse_elements() > 0),
+          "a varlen problem without its offsets, or an empty lse: " + problem.to_string());
   require(!problem.kv.paged() || (table && lengths), "a paged problem without its tables");
   const ProblemSignature signature = ProblemSignature::of(problem);
   for (size_t alignment : {size_t{16}, static_cast<size_t>(dtype_bytes(problem.dtype))}) {

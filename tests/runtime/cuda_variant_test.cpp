@@ -4,8 +4,9 @@
 // default tile in all four), over the GPU test shapes (a single row, ragged tails,
 // seqlen_q != seqlen_k both ways, GQA/MQA, padded strides, BHSD), against the fp64 reference with
 // poisoned outputs; hidden key blocks set to NaN on a long-key shape (a window, and a window with
-// a mask_mod). $FLASHJIT_TEST_FAMILIES ("mma", "wgmma", "ws") restricts the configs. Skips, with
-// the reason, where there is no CUDA GPU (FLASHJIT_EXPECT_GPU=1 makes that a failure).
+// a mask_mod); packed variable-length documents on the mma family. $FLASHJIT_TEST_FAMILIES ("mma",
+// "wgmma", "ws") restricts the configs. Skips, with the reason, where there is no CUDA GPU
+// (FLASHJIT_EXPECT_GPU=1 makes that a failure).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -137,6 +138,62 @@ TEST(CudaVariantBlocks, HiddenKeyBlocksAreNeverLoaded) {
     SCOPED_TRACE(mask_mod ? "window + mask_mod" : "window");
     check_hidden_blocks(mask_mod);
   }
+}
+
+// Packed variable-length documents (varlen; the mma family only): every legal config of d64 fp16
+// and d128 bf16, causal or not, plain and with a window + softcap, over documents of 1, 17, ~1000
+// and ~4100 rows, empty ones, seqlen_q != seqlen_k both ways per document, GQA, with spare rows
+// past the last document (poisoned o: each document row written, the spare rows untouched; the
+// spare keys NaN: a tile that reads past its document fails).
+TEST(CudaVarlen, EveryLegalConfigMatchesTheReferencePerDocument) {
+  FLASHJIT_REQUIRE_GPU();
+  const cuda::CudaBackend& backend = *ft::gpu_backend();
+  const std::vector<int64_t> q_lengths = {1, 17, 1000, 0, 5, 4100, 130};
+  const std::vector<int64_t> k_lengths = {1, 40, 900, 3, 0, 4097, 300};
+  const int64_t spare = 11;
+  int64_t total_q = spare, total_k = spare, max_q = 1, max_k = 1;
+  for (size_t b = 0; b < q_lengths.size(); ++b) {
+    total_q += q_lengths[b];
+    total_k += k_lengths[b];
+    max_q = std::max(max_q, q_lengths[b]);
+    max_k = std::max(max_k, k_lengths[b]);
+  }
+  Variant windowed;
+  windowed.window_left = 100;
+  windowed.softcap = 1.5f;
+  for (auto [head_dim, dtype] : {std::pair{64, DType::F16}, std::pair{128, DType::BF16}})
+    for (const bool causal : {false, true})
+      for (const bool window : {false, true}) {
+        AttentionProblem problem =
+            AttentionProblem::make_varlen(static_cast<int64_t>(q_lengths.size()), 4, 2, max_q,
+                                          max_k, total_q, total_k, head_dim, dtype, causal);
+        if (window) {
+          windowed.varlen = true;
+          windowed.total_q = total_q;
+          windowed.total_k = total_k;
+          problem.variant = windowed;
+        }
+        ft::HostInputs inputs = ft::random_inputs(problem, 5);
+        inputs.cu_seqlens_q = cu_seqlens_of(q_lengths);
+        inputs.cu_seqlens_k = cu_seqlens_of(k_lengths);
+        ft::poison_keys(problem, inputs, total_k - spare, total_k);
+        const ft::Reference reference = ft::reference_attention(problem, inputs);
+        Result<ft::DeviceTensors> tensors = ft::upload(backend, problem, inputs);
+        ASSERT_TRUE(tensors.ok()) << tensors.error().describe();
+        const std::vector<AttentionConfig> configs = configs_to_run(backend, problem);
+        ASSERT_FALSE(configs.empty());
+        for (const AttentionConfig& config : configs) {
+          const std::string where = problem.to_string() + " " + config.to_string();
+          EXPECT_EQ(config.family, KernelFamily::Mma) << where;
+          Result<std::shared_ptr<Kernel>> kernel = build_kernel(backend, nullptr, problem, config);
+          ASSERT_TRUE(kernel.ok()) << where << ": " << kernel.error().describe();
+          const ft::RunOutput out = ft::run_poisoned(backend, **kernel, problem, *tensors);
+          ASSERT_TRUE(out.status.ok()) << where << ": " << out.status.error().describe();
+          EXPECT_TRUE(ft::matches_reference(ft::compare(problem, out.o, out.lse, reference),
+                                            kMaxOutputRelError, kMaxLseAbsError))
+              << where;
+        }
+      }
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 // mma family for sm80 (and the combination for sm90), the wgmma and -ws families for sm90a, at
 // the default tile and (user expressions, the built-in ones together) at the register-heaviest
 // legal tile, the wgmmas never serialized by ptxas and (-ws) setmaxnreg never ignored; and a user
-// expression that does not compile is a CompileFailed error quoting it and NVRTC's first message.
+// expression that does not compile is a CompileFailed error quoting it and NVRTC's first message;
+// packed variable-length documents compile on the mma family and are refused by the others.
 // No GPU needed (NVRTC only).
 #include <gtest/gtest.h>
 
@@ -197,6 +198,62 @@ TEST(CudaVariantCompile, EveryVariantCompilesWithoutNewSpills) {
                 reports[i].registers, reports[i].spill_store_bytes, reports[base].registers,
                 reports[base].spill_store_bytes);
   }
+}
+
+// Packed variable-length documents (varlen): the mma family's attention_forward_varlen compiles
+// for sm80 at the default and the register-heaviest tile, alone and with a window + softcap,
+// spilling no more than the plain kernel of the same tile; on sm90 the wgmma and -ws families
+// refuse it (Unsupported), so that the legal configs and the default are mma ones.
+TEST(CudaVariantCompile, VarlenCompilesWithoutNewSpillsOnTheMmaFamilyOnly) {
+  const AttentionProblem plain =
+      AttentionProblem::make(1, 16, 16, 4096, 4096, 128, DType::BF16, /*causal=*/true);
+  AttentionProblem varlen = AttentionProblem::make_varlen(8, 16, 16, 4096, 4096, 20000, 20000, 128,
+                                                          DType::BF16, /*causal=*/true);
+  AttentionProblem windowed = varlen;
+  windowed.variant.window_left = 1024;
+  windowed.variant.softcap = 30.f;
+  const DeviceSpec sm80 = known_device("sm80").value();
+  std::vector<AttentionConfig> tiles = tiles_of(varlen, sm80, KernelFamily::Mma);
+  ASSERT_FALSE(tiles.empty());
+  std::vector<Job> jobs;
+  for (const AttentionConfig& tile : tiles) {
+    jobs.push_back({"plain", plain, tile, 80});
+    jobs.push_back({"varlen", varlen, tile, 80});
+    jobs.push_back({"varlen_window_softcap", windowed, tile, 80});
+  }
+  std::vector<std::string> errors(jobs.size());
+  const std::vector<Outcome> outcomes = testing::parallel_map<Outcome>(
+      jobs.size(), [&](size_t i) { return compile(jobs[i], &errors[i]); });
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const std::string where = jobs[i].label + " " + jobs[i].config.to_string();
+    ASSERT_EQ(errors[i], "") << where;
+    ASSERT_GE(outcomes[i].report.spill_store_bytes, 0) << where << ": no ptxas report";
+    const cuda::PtxasReport& base = outcomes[i / 3 * 3].report;
+    EXPECT_LE(outcomes[i].report.spill_store_bytes, base.spill_store_bytes) << where;
+    // The document's copy of the parameters lives in registers, not in a stack frame.
+    EXPECT_LE(outcomes[i].report.stack_frame_bytes, base.stack_frame_bytes) << where;
+    std::printf(
+        "  %-22s sm80 %-14s %3d registers, %3d bytes spilled, %3d stack (plain: %3d, %3d, "
+        "%3d)\n",
+        jobs[i].label.c_str(), jobs[i].config.to_string().c_str(), outcomes[i].report.registers,
+        outcomes[i].report.spill_store_bytes, outcomes[i].report.stack_frame_bytes, base.registers,
+        base.spill_store_bytes, base.stack_frame_bytes);
+  }
+  Result<KernelSource> source = render_cuda_attention(varlen, tiles.front());
+  ASSERT_TRUE(source.ok());
+  EXPECT_NE(source->text.find("attention_forward_varlen<Config>(params)"), std::string::npos);
+
+  const DeviceSpec sm90 = known_device("sm90").value();
+  for (const char* name : {"m128n64w8s2-wgmma", "m128n128w12s2-ws-pp-persist"}) {
+    const Status refused = check_config(AttentionConfig::parse(name).value(), varlen, sm90);
+    ASSERT_FALSE(refused.ok()) << name;
+    EXPECT_EQ(refused.error().code, ErrorCode::Unsupported) << name;
+    EXPECT_NE(refused.error().message.find("varlen"), std::string::npos) << refused.error().message;
+  }
+  const std::vector<AttentionConfig> legal = legal_configs(varlen, sm90);
+  ASSERT_FALSE(legal.empty());
+  for (const AttentionConfig& c : legal) EXPECT_EQ(c.family, KernelFamily::Mma) << c.to_string();
+  EXPECT_EQ(default_config(varlen, sm90).value().family, KernelFamily::Mma);
 }
 
 TEST(CudaVariantCompile, AnExpressionThatDoesNotCompileIsQuoted) {
