@@ -10,6 +10,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -307,16 +308,20 @@ TEST_F(TunerTest, UnstableTimingsKeepThePreviousChoice) {
   }
 }
 
-// Two tuners on one device take turns: the second waits while the first holds the device (here
-// the test holds it) and says so.
-TEST_F(TunerTest, TimingWaitsForTheDeviceAndSaysWhoHoldsIt) {
-  const fs::path locks = dir_ / "locks";
-  Result<DeviceLock> lock = DeviceLock::open(locks, backend_.timing_device_id());
-  ASSERT_TRUE(lock.ok()) << lock.error().describe();
+// Runs `tune` (a tune() or tune_all() with the options it is given) on a thread of its own while
+// this test holds the device's lock in `locks`; once the tuner says it waits (compiling and
+// verifying may come first: seconds under the sanitizers or a loaded machine; a minute at most),
+// and `settle_ms` later, calls `while_held(done)`, then releases the device and joins the run.
+// Returns what the tuner said.
+std::vector<std::string> tune_beside_held_device(
+    const std::string& device, const fs::path& locks, TuneOptions options, int settle_ms,
+    const std::function<void(const TuneOptions&)>& tune,
+    const std::function<void(bool)>& while_held) {
+  Result<DeviceLock> lock = DeviceLock::open(locks, device);
+  EXPECT_TRUE(lock.ok()) << lock.error().describe();
+  if (!lock.ok()) return {};
   Result<DeviceLock::Guard> held = lock->acquire();
-  ASSERT_TRUE(held.ok() && held->held());
-
-  TuneOptions options = fast_options();
+  EXPECT_TRUE(held.ok() && held->held());
   options.lock_dir = locks.string();
   std::mutex mutex;
   std::vector<std::string> messages;
@@ -326,13 +331,9 @@ TEST_F(TunerTest, TimingWaitsForTheDeviceAndSaysWhoHoldsIt) {
   };
   std::atomic<bool> done{false};
   std::thread tuning([&] {
-    Tuner tuner(backend_, nullptr, nullptr, options);
-    Result<TuneReport> report = tuner.tune(problem_);
-    EXPECT_TRUE(report.ok());
+    tune(options);
     done = true;
   });
-  // Until the tuner reaches its timing phase and says it waits (compiling and verifying come
-  // first: seconds under the sanitizers or a loaded machine), or a minute at most.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (!done && std::chrono::steady_clock::now() < deadline) {
     {
@@ -341,14 +342,29 @@ TEST_F(TunerTest, TimingWaitsForTheDeviceAndSaysWhoHoldsIt) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // still waiting, not timing
-  EXPECT_FALSE(done) << "timed while the device was held";
-  EXPECT_EQ(backend_.timed_batches, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms));
+  while_held(done);
   held->release();
   tuning.join();
   EXPECT_TRUE(done);
-  EXPECT_GT(backend_.timed_batches, 0);
   std::lock_guard<std::mutex> guard(mutex);
+  return messages;
+}
+
+// Two tuners on one device take turns: the second waits while the first holds the device (here
+// the test holds it) and says so.
+TEST_F(TunerTest, TimingWaitsForTheDeviceAndSaysWhoHoldsIt) {
+  const std::vector<std::string> messages = tune_beside_held_device(
+      backend_.timing_device_id(), dir_ / "locks", fast_options(), 100,
+      [&](const TuneOptions& options) {
+        Tuner tuner(backend_, nullptr, nullptr, options);
+        EXPECT_TRUE(tuner.tune(problem_).ok());
+      },
+      [&](bool done) {  // still waiting, not timing
+        EXPECT_FALSE(done) << "timed while the device was held";
+        EXPECT_EQ(backend_.timed_batches, 0);
+      });
+  EXPECT_GT(backend_.timed_batches, 0);
   ASSERT_FALSE(messages.empty());
   EXPECT_NE(messages.front().find("waiting for " + backend_.timing_device_id()), std::string::npos)
       << messages.front();
@@ -362,46 +378,22 @@ TEST_F(TunerTest, TimingWaitsForTheDeviceAndSaysWhoHoldsIt) {
 TEST_F(TunerTest, DeviceWhoseCompilesShareItIsHeldForTheWholeRun) {
   backend_.shares_device = true;
   const fs::path locks = dir_ / "locks";
-  Result<DeviceLock> lock = DeviceLock::open(locks, backend_.timing_device_id());
-  ASSERT_TRUE(lock.ok()) << lock.error().describe();
-  Result<DeviceLock::Guard> held = lock->acquire();
-  ASSERT_TRUE(held.ok() && held->held());
-
-  TuneOptions options = fast_options();
-  options.lock_dir = locks.string();
-  std::mutex mutex;
-  std::vector<std::string> messages;
-  options.on_message = [&](const std::string& m) {
-    std::lock_guard<std::mutex> guard(mutex);
-    messages.push_back(m);
-  };
-  std::atomic<bool> done{false};
-  std::thread tuning([&] {
-    Tuner tuner(backend_, nullptr, nullptr, options);
-    Result<std::vector<TuneReport>> reports = tuner.tune_all({problem_});
-    EXPECT_TRUE(reports.ok());
-    done = true;
-  });
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!done && std::chrono::steady_clock::now() < deadline) {
-    {
-      std::lock_guard<std::mutex> guard(mutex);
-      if (!messages.empty()) break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // still waiting
-  EXPECT_FALSE(done);
-  EXPECT_EQ(backend_.compiles, 0) << "compiled while the device was held";
-  EXPECT_EQ(backend_.timed_batches, 0);
-  held->release();
-  tuning.join();
+  const std::vector<std::string> messages = tune_beside_held_device(
+      backend_.timing_device_id(), locks, fast_options(), 200,
+      [&](const TuneOptions& options) {
+        Tuner tuner(backend_, nullptr, nullptr, options);
+        EXPECT_TRUE(tuner.tune_all({problem_}).ok());
+      },
+      [&](bool done) {
+        EXPECT_FALSE(done);
+        EXPECT_EQ(backend_.compiles, 0) << "compiled while the device was held";
+        EXPECT_EQ(backend_.timed_batches, 0);
+      });
   EXPECT_GT(backend_.compiles, 0);
   EXPECT_GT(backend_.timed_batches, 0);
-  {
-    std::lock_guard<std::mutex> guard(mutex);
-    EXPECT_EQ(messages.size(), 1u) << "waited more than once";
-  }
+  EXPECT_EQ(messages.size(), 1u) << "waited more than once";
+  Result<DeviceLock> lock = DeviceLock::open(locks, backend_.timing_device_id());
+  ASSERT_TRUE(lock.ok()) << lock.error().describe();
   Result<DeviceLock::Guard> after = lock->try_acquire();
   ASSERT_TRUE(after.ok());
   EXPECT_TRUE(after->held()) << "the tuner kept the device after its run";
