@@ -298,7 +298,8 @@ Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
                 << kAttentionForwardEntry
                 << "(const __grid_constant__ FlashjitAttentionParams params) {\n"
                 << "  flashjit_kernel::"
-                << (wgmma                    ? "attention_forward_sm90"
+                << (wgmma ? (problem.variant.varlen ? "attention_forward_sm90_varlen"
+                                                    : "attention_forward_sm90")
                     : problem.variant.varlen ? "attention_forward_varlen"
                                              : "attention_forward")
                 << "<Config>(params);\n"

@@ -2,8 +2,9 @@
 max_seqlen_q=, max_seqlen_k=)) on the CPU backend: documents of 1, 17, ~1000 rows, empty ones,
 seqlen_q != seqlen_k both ways, GQA, causal, a window + softcap and a mask_mod reading the
 document index, against the fp64 reference of each document alone (conftest's
-reference_variant_attention on its slices); out poisoned with NaN (every document row written,
-the spare rows past the last document untouched); the packed lse layout; typed errors."""
+reference_variant_attention on its slices);
+out poisoned with NaN(every document row written, the spare rows past the last document untouched);
+the packed lse layout; typed errors."""
 import numpy as np
 import pytest
 
@@ -41,7 +42,7 @@ def reference(q, k, v, cu_q, cu_k, causal, **variant):
 
 
 CASES = [
-    # (id, q lengths, k lengths, spare rows, heads_q, heads_kv, causal, variant)
+#(id, q lengths, k lengths, spare rows, heads_q, heads_kv, causal, variant)
     ("mixed-gqa", [1, 17, 1000, 0, 5, 40], [1, 40, 900, 3, 0, 12], 7, 4, 2, False, {}),
     ("mixed-gqa-causal", [1, 17, 1000, 0, 5, 40], [1, 40, 900, 3, 0, 12], 0, 4, 2, True, {}),
     ("mqa-causal-q>k", [33, 70], [20, 70], 3, 2, 1, True, {}),
@@ -73,7 +74,7 @@ def test_documents_match_the_reference_per_document(case):
     assert relative_error(out[:rows], ref) < MAX_REL
     assert np.all(np.isnan(out[rows:]))  # the spare rows: untouched
     assert lse_error(lse[:heads_q * rows], ref_lse) < MAX_LSE
-    # The documents matter: one document of all the rows is a different answer.
+#The documents matter : one document of all the rows is a different answer.
     if name.startswith("mixed"):
         merged, _ = reference(q, k, v, offsets([rows]), offsets([int(cu_k[-1])]), causal)
         assert relative_error(out[:rows], merged) > 5 * MAX_REL
@@ -105,7 +106,8 @@ def test_defaults_allocate_and_compute_the_longest_document():
     (dict(max_seqlen_k=0), ["max_seqlen_k = 0"]),
     (dict(layout="bhsd"), ["layout = 'bhsd'"]),
 ], ids=lambda x: repr(x)[:40] if isinstance(x, dict) else None)
-def test_bad_arguments_raise_typed_errors(kwargs, words):
+@pytest.mark.parametrize("entry", ["attention", "config_for"])
+def test_bad_arguments_raise_typed_errors(kwargs, words, entry):
     require_cpu_backend()
     q = k = v = np.zeros((8, 2, 64), np.float16)
     call = dict(cu_seqlens_q=offsets([4, 4]), cu_seqlens_k=offsets([4, 4]), max_seqlen_q=4,
@@ -113,10 +115,27 @@ def test_bad_arguments_raise_typed_errors(kwargs, words):
     call.update(kwargs)
     if call["cu_seqlens_k"] is None:
         call.pop("cu_seqlens_k")
+    if entry == "config_for" and any(word.startswith(("cu_seqlens_q[", "past", "document"))
+                                     for word in words):
+        pytest.skip("the offsets' values are checked when a call runs, not by config_for")
     with pytest.raises(flashjit.InvalidArgumentError) as error:
-        flashjit.attention(q, k, v, **call)
+        getattr(flashjit, entry)(q, k, v, **call)
     for word in words:
         assert word in str(error.value)
+
+
+def test_config_for_names_the_config_the_documents_run():
+    require_cpu_backend()
+    rng = np.random.default_rng(seed("varlen-config-for"))
+    q = rng.standard_normal((30, 2, 64)).astype(np.float32)
+    k = v = rng.standard_normal((25, 2, 64)).astype(np.float32)
+    cu_q, cu_k = offsets([10, 20]), offsets([5, 20])
+    chosen = flashjit.config_for(q, k, v, causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    assert chosen["device"] == "cpu" and "varlen" in chosen["problem"], chosen
+    assert chosen["source"] in ("default", "exact", "nearest"), chosen
+    out = flashjit.attention(q, k, v, causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                             config=chosen["config"])
+    assert relative_error(out, reference(q, k, v, cu_q, cu_k, True)[0]) < 1e-4
 
 
 def test_four_axis_arrays_are_refused():
