@@ -3,7 +3,7 @@ in the same process, forward only, d 128 bf16.
 
     python3 bench/variants_bench.py --out-dir DIR [--seqlens 8192,16384] [--reps 30] [--quick]
     python3 bench/variants_bench.py --dry-run     # no GPU: the cases, and each variant checked
-#against FlexAttention at a tiny size on the CPU
+                                                  # against FlexAttention at a tiny size on the CPU
 
 Cases (all causal, bottom-right = top-left here since seqlen_q == seqlen_k):
   causal          plain causal attention
@@ -30,8 +30,8 @@ benches. FlexAttention: flex_attention under torch.compile, its block masks crea
 the timed loop (create_block_mask), score_mods as Python functions, the way a user writes them.
 SDPA: is_causal for plain causal (its flash backend), an explicit attn_mask where one expresses
 the variant (window, documents: boolean; ALiBi: an additive float bias), nothing for softcap.
-Each timing: CUDA events around each call, warm-up first, the median of --reps calls;
-TFLOP / s count the visible(query, key) pairs exactly: 4 * B * H * d * pairs. Ratios are same-run:
+Each timing: CUDA events around each call, warm-up first, the median of --reps calls; TFLOP/s
+count the visible (query, key) pairs exactly: 4 * B * H * d * pairs. Ratios are same-run:
 flex_ms / flashjit_ms (> 1: flashjit faster). Also the relative L2 difference of flashjit's
 output to FlexAttention's (both bf16), which must be small.
 Writes variants.md and variants.json to --out-dir.
@@ -318,8 +318,8 @@ def main(argv=None):
                   softcap=SOFTCAP,
                   plain_window_is_plain=plain_renders_plain(flashjit, torch, device))
     print("# " + json.dumps(header), flush=True)
-#One compiled FlexAttention per(case, N) : more than dynamo's default recompile limit (8),
-#past which it would silently run flex_attention eagerly(materializing the scores).
+    # One compiled FlexAttention per (case, N): more than dynamo's default recompile limit (8),
+    # past which it would silently run flex_attention eagerly (materializing the scores).
     for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
                  "accumulated_recompile_limit"):
         if hasattr(torch._dynamo.config, name):
@@ -357,8 +357,8 @@ def main(argv=None):
                     row["flashjit_first_call_s"] = round(time.time() - started, 2)
                     row["flashjit_ms"] = time_ms(mine, args.reps, args.warmup)
                     if case == "causal-variant":
-#The machinery 's cost: plain causal at the variant' s own config(the
-#plain default may be of a family variants do not run in, e.g.- ws).
+                        # The machinery's cost: plain causal at the variant's own config (the
+                        # plain default may be of a family variants do not run in, e.g. -ws).
                         row["plain_same_config_ms"] = round(time_ms(
                             lambda: flashjit.attention(q, k, v, causal=True, layout="bhsd",
                                                        config=chosen["config"]),
@@ -410,8 +410,8 @@ def main(argv=None):
             print(json.dumps(row), flush=True)
             torch.cuda.empty_cache()
         del q, k, v
-#The no - cost check : the variant kernel computing causal attention against the plain causal
-#kernel of the same config.
+    # The no-cost check: the variant kernel computing causal attention against the plain causal
+    # kernel of the same config.
     for r in rows:
         if r.get("plain_same_config_ms"):
             r["variant_cost_vs_plain"] = round(r["flashjit_ms"] / r["plain_same_config_ms"], 3)

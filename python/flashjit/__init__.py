@@ -19,35 +19,25 @@ torch.nn.functional.scaled_dot_product_attention:
 Arrays: torch tensors, cupy, jax or numpy arrays (anything with ``__dlpack__`` or the buffer
 protocol) are read through DLPack, without copies, where they are. CUDA arrays run on the CUDA
 backend of their device (NVRTC-compiled kernels, the device's primary context, the same one torch
-and cupy use);
-CPU arrays run on the CPU backend(a Clang JIT; present when the build found LLVM / Clang 14)
-    .float16 and bfloat16(numpy has no bfloat16
-                          : float16 there)
-    .
+and cupy use); CPU arrays run on the CPU backend (a Clang JIT; present when the build found
+LLVM/Clang 14). float16 and bfloat16 (numpy has no bfloat16: float16 there).
 
-    Layouts,
-    stated per call with ``layout =``: "bshd"(the default)
-    : (batch, seqlen, heads, head_dim),
-                         flash_attn's convention; "bhsd" : (batch, heads, seqlen, head_dim),
-                         torch SDPA's convention. Any strides work as long as the last(head_dim)
-axis is contiguous and the other strides are multiples
-        of 8 elements(e.g. ``q.transpose(1, 2)`` of a BHSD tensor is a valid BSHD view)
-            .GQA
-    / MQA come from the head counts : k and v may have fewer heads than q,
-    dividing them.Causal masking is aligned bottom - right(FlashAttention - 2)
-    : query i sees key j iff j
-        <= i + seqlen_k -
-               seqlen_q.
+Layouts, stated per call with ``layout=``:
+  "bshd" (the default): (batch, seqlen, heads, head_dim), flash_attn's convention;
+  "bhsd": (batch, heads, seqlen, head_dim), torch SDPA's convention.
+Any strides work as long as the last (head_dim) axis is contiguous and the other strides are
+multiples of 8 elements (e.g. ``q.transpose(1, 2)`` of a BHSD tensor is a valid BSHD view).
+GQA/MQA come from the head counts: k and v may have fewer heads than q, dividing them.
+Causal masking is aligned bottom-right (FlashAttention-2): query i sees key j iff
+j <= i + seqlen_k - seqlen_q.
 
-               Streams : torch CUDA tensors run on torch
-                         's current stream of their device, cupy arrays on cupy' s current stream,
-jax arrays on the default stream with the call returning when the kernel is done;
-``stream =`` overrides(an int handle, a torch.cuda.Stream or a cupy Stream)
-              .CPU calls are synchronous.
+Streams: torch CUDA tensors run on torch's current stream of their device, cupy arrays on cupy's
+current stream, jax arrays on the default stream with the call returning when the kernel is
+done; ``stream=`` overrides (an int handle, a torch.cuda.Stream or a cupy Stream). CPU calls are
+synchronous.
 
-          Autograd(torch tensors)
-    : attention() records a node whose backward is flashjit's backward pass when q,
-k or v requires grad; the forward saves only q, k, v, o and the log-sum-exp
+Autograd (torch tensors): attention() records a node whose backward is flashjit's backward pass
+when q, k or v requires grad; the forward saves only q, k, v, o and the log-sum-exp
 (FlashAttention's memory), and the log-sum-exp (return_lse=True) is not differentiable. Under
 torch.compile / torch.export the call is the custom operator flashjit::attention (with a fake
 implementation and its autograd formula; flashjit::attention_backward for the gradients), so
@@ -106,8 +96,8 @@ from ._flashjit import (  # noqa: F401  (re-exported)
     have_cpu_backend,
 )
 
-#An error raised by this package 's Python code carries the same .code as the library' s : its
-#class 's (the library' s instances set their own).
+# An error raised by this package's Python code carries the same .code as the library's: its
+# class's (the library's instances set their own).
 InvalidArgumentError.code = "InvalidArgument"
 UnsupportedError.code = "Unsupported"
 NoDeviceError.code = "NoDevice"
@@ -132,9 +122,9 @@ __all__ = [
 
 LAYOUTS = ("bshd", "bhsd")
 
-#flashjit._torch(autograd, custom operators, the fast path of torch tensors) : imported with
-#flashjit when torch already is(so torch.compile finds the operators registered), else on the
-#first torch tensor.
+# flashjit._torch (autograd, custom operators, the fast path of torch tensors): imported with
+# flashjit when torch already is (so torch.compile finds the operators registered), else on the
+# first torch tensor.
 _torch_paths = None
 
 
@@ -225,8 +215,8 @@ def _forward_outputs(kind, q, inputs, out, lse, return_lse, layout, stream):
                              "flashjit allocates the outputs")
         jax = _sys.modules.get("jax")
         if jax is not None:
-#jax runs asynchronously on its own streams : the inputs must be ready, and the
-#result is complete when the call returns(synchronize below).
+            # jax runs asynchronously on its own streams: the inputs must be ready, and the
+            # result is complete when the call returns (synchronize below).
             jax.block_until_ready(inputs)
         synchronize = True
     return inputs, out, lse, handle, synchronize
@@ -269,8 +259,7 @@ def _integer(name, value):
 def _variant_spec(window, softcap, prefix, score_mod, mask_mod):
     """The variant arguments as the extension takes them: None for plain attention, else
     (window_left, window_right, softcap or None, prefix, score_mod, mask_mod) with Python types
-    (TypeError for a wrong type);
-the extension validates the values. Hashable (a cache key)."""
+    (TypeError for a wrong type); the extension validates the values. Hashable (a cache key)."""
     if window is None:
         left, right = -1, -1
     else:
@@ -321,11 +310,11 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", out=None, ret
     """Attention forward: softmax(scale * q k^T + causal mask) v, per head.
 
     q: (batch, seqlen_q, heads, head_dim) for layout="bshd" (the default), or
-       (batch, heads, seqlen_q, head_dim) for layout="bhsd";
-k, v likewise with seqlen_k and heads_kv dividing heads(GQA / MQA).float16 or bfloat16,
-    all on one device.causal : bottom - right aligned causal mask.scale
-    : default 1 / sqrt(head_dim).out
-    : optional output array(q's shape, dtype and device; any strides with a contiguous last axis); allocated in q's framework when None (contiguous, q's layout).
+       (batch, heads, seqlen_q, head_dim) for layout="bhsd"; k, v likewise with seqlen_k and
+       heads_kv dividing heads (GQA/MQA). float16 or bfloat16, all on one device.
+    causal: bottom-right aligned causal mask. scale: default 1/sqrt(head_dim).
+    out: optional output array (q's shape, dtype and device; any strides with a contiguous last
+       axis); allocated in q's framework when None (contiguous, q's layout).
     return_lse: also return the log-sum-exp (float32, (batch, heads, seqlen_q), natural log);
        lse: optional array to write it into.
     config: None (tuned selection), "default" (the SRAM-formula default) or a config name.
@@ -380,8 +369,8 @@ k, v likewise with seqlen_k and heads_kv dividing heads(GQA / MQA).float16 or bf
         alibi_slopes = None if alibi_slopes is None else _detached(alibi_slopes)
     (q, k, v), out, lse, handle, synchronize = _forward_outputs(
         kind, q, (q, k, v), out, lse, return_lse, layout, stream)
-#Outputs the extension allocates(out / lse None here) : jax arrays for jax; for other
-#frameworks numpy arrays on the CPU and DLPack capsules on CUDA devices.
+    # Outputs the extension allocates (out/lse None here): jax arrays for jax; for other
+    # frameworks numpy arrays on the CPU and DLPack capsules on CUDA devices.
     made_out, made_lse = _C.attention(
         q, k, v, out, lse, want_lse, bool(causal), scale, layout, config,
         0 if handle is None else handle, synchronize, "jax" if kind == "jax" else "numpy", variant,
@@ -481,8 +470,7 @@ def decode(q, k_cache, v_cache, *, seqlens_k=None, block_table=None, causal=Fals
 
     q: (batch, seqlen_q, heads_q, head_dim), float16 or bfloat16 (float32 on the CPU).
     The cache, either contiguous: k_cache, v_cache (batch, seqlen_k, heads_kv, head_dim), with
-       seqlens_k (optional)
-       the keys each sequence has(the first seqlens_k[b] rows of its cache);
+       seqlens_k (optional) the keys each sequence has (the first seqlens_k[b] rows of its cache);
     or paged (vLLM / FlashInfer layout): k_cache, v_cache (num_pages, page_size, heads_kv,
        head_dim) with page_size a multiple of 16 in [16, 256], block_table int32 (batch,
        max_pages) (row b: the pages of sequence b in order, each in [0, num_pages)) and seqlens_k
@@ -528,15 +516,12 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, layout=
 
     q, k, v: the forward's inputs, as for attention() (same layout, causal and scale).
     o, lse: the forward's output and log-sum-exp: o, lse = attention(q, k, v, ...,
-       return_lse=True);
-    o has q's shape and dtype, lse is float32 (batch, heads, seqlen_q). do : dL / do,
-        with o's shape and dtype (any strides with a contiguous last axis). deterministic
-        : bitwise reproducible
-          gradients(configs with a separate dQ kernel only, no atomics; somewhat slower)
-              .dq,
-        dk,
-        dv : optional arrays to write
-             into(q 's, k' s and v's shape and dtype, any strides with a contiguous last axis); allocated in q's framework when None (contiguous, q's layout).
+       return_lse=True); o has q's shape and dtype, lse is float32 (batch, heads, seqlen_q).
+    do: dL/do, with o's shape and dtype (any strides with a contiguous last axis).
+    deterministic: bitwise reproducible gradients (configs with a separate dQ kernel only, no
+       atomics; somewhat slower).
+    dq, dk, dv: optional arrays to write into (q's, k's and v's shape and dtype, any strides with
+       a contiguous last axis); allocated in q's framework when None (contiguous, q's layout).
        For GQA/MQA dk and dv are summed over the query heads that share a key/value head.
     config: None (the tuning DB's backward config, else the default), "default" or a backward
        config name (e.g. "m64n128w8s2", or "m64n128w8s2-det" with a separate dQ kernel).
@@ -727,10 +712,12 @@ def tune(*, passes=("fwd",), deterministic=False, head_dims=None, dtypes=None, c
                 raise _error(NoDeviceError, "NoDevice", message)
             if status == 2:
                 raise _error(InvalidArgumentError, "InvalidArgument", message)
-    raise _error(Error, "Failed", message) if not _os.path.exists(report_path)
-        : #nothing to tune return {"problems" : [], "geomean_gain" : 1.0, "seconds" : 0.0} with
-          open(report_path)
-    as f : return _json
-               .load(f)
+            raise _error(Error, "Failed", message)
+        if not _os.path.exists(report_path):  # nothing to tune
+            return {"problems": [], "geomean_gain": 1.0, "seconds": 0.0}
+        with open(report_path) as f:
+            return _json.load(f)
 
-                   if "torch" in _sys.modules : _torch_module()
+
+if "torch" in _sys.modules:
+    _torch_module()

@@ -2,9 +2,8 @@
 max_seqlen_q=, max_seqlen_k=)) on the CPU backend: documents of 1, 17, ~1000 rows, empty ones,
 seqlen_q != seqlen_k both ways, GQA, causal, a window + softcap and a mask_mod reading the
 document index, against the fp64 reference of each document alone (conftest's
-reference_variant_attention on its slices);
-out poisoned with NaN(every document row written, the spare rows past the last document untouched);
-the packed lse layout; typed errors."""
+reference_variant_attention on its slices); out poisoned with NaN (every document row written,
+the spare rows past the last document untouched); the packed lse layout; typed errors."""
 import numpy as np
 import pytest
 
@@ -42,7 +41,7 @@ def reference(q, k, v, cu_q, cu_k, causal, **variant):
 
 
 CASES = [
-#(id, q lengths, k lengths, spare rows, heads_q, heads_kv, causal, variant)
+    # (id, q lengths, k lengths, spare rows, heads_q, heads_kv, causal, variant)
     ("mixed-gqa", [1, 17, 1000, 0, 5, 40], [1, 40, 900, 3, 0, 12], 7, 4, 2, False, {}),
     ("mixed-gqa-causal", [1, 17, 1000, 0, 5, 40], [1, 40, 900, 3, 0, 12], 0, 4, 2, True, {}),
     ("mqa-causal-q>k", [33, 70], [20, 70], 3, 2, 1, True, {}),
@@ -74,7 +73,7 @@ def test_documents_match_the_reference_per_document(case):
     assert relative_error(out[:rows], ref) < MAX_REL
     assert np.all(np.isnan(out[rows:]))  # the spare rows: untouched
     assert lse_error(lse[:heads_q * rows], ref_lse) < MAX_LSE
-#The documents matter : one document of all the rows is a different answer.
+    # The documents matter: one document of all the rows is a different answer.
     if name.startswith("mixed"):
         merged, _ = reference(q, k, v, offsets([rows]), offsets([int(cu_k[-1])]), causal)
         assert relative_error(out[:rows], merged) > 5 * MAX_REL

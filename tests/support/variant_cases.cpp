@@ -124,7 +124,7 @@ void check_varlen_emulation(DType dtype, int head_dim, const VarlenRun& run) {
   };
   uint64_t seed = 3;
   for (const VarlenCase& c : cases)
-    for (const auto [heads_q, heads_kv] : {std::pair<int64_t, int64_t>{2, 2}, {4, 1}}) {
+    for (const auto& [heads_q, heads_kv] : {std::pair<int64_t, int64_t>{2, 2}, {4, 1}}) {
       const AttentionProblem problem = varlen_problem(c, heads_q, heads_kv, head_dim, dtype);
       ASSERT_TRUE(validate(problem).ok()) << validate(problem).error().describe();
       HostInputs inputs = random_inputs(problem, seed++);
