@@ -374,5 +374,4 @@ __device__ __forceinline__ void attention_forward_sm90_varlen(
 }
 #endif
 #endif
-
 }  // namespace flashjit_kernel
