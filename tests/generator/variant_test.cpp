@@ -111,12 +111,14 @@ TEST(Variant, KeyNamesEverythingCompiledIn) {
   const AttentionProblem plain = problem_with(Variant());
   EXPECT_EQ(ProblemSignature::of(plain).variant, "");
   EXPECT_EQ(ProblemKey::of(plain).to_string(), "d128 bf16 causal g4 q1024 k1024 bh16");
-  EXPECT_TRUE(ProblemKey::of(plain).is_stored());
+  EXPECT_EQ(ProblemKey::of(plain).generator_version("cuda|"), generator_version_of("cuda|"));
   const AttentionProblem windowed = problem_with(v);
   EXPECT_FALSE(ProblemSignature::of(windowed) == ProblemSignature::of(plain));
   EXPECT_EQ(ProblemKey::of(windowed).to_string(),
             "d128 bf16 causal g4 q1024 k1024 bh16 window(1024,0) softcap50 alibi prefix7");
-  EXPECT_FALSE(ProblemKey::of(windowed).is_stored());  // not a DB column yet: the default
+  // A variant key's rows are stamped with the variant templates' version.
+  EXPECT_EQ(ProblemKey::of(windowed).generator_version("cuda|"),
+            variant_generator_version_of("cuda|"));
 }
 
 TEST(Variant, TheCudaPrefillFamiliesAndTheCpuTakeVariants) {
@@ -130,8 +132,8 @@ TEST(Variant, TheCudaPrefillFamiliesAndTheCpuTakeVariants) {
   for (const AttentionConfig& c : legal) families.insert(c.family);
   // The sm90 families take variants (kSm90VariantsVerifiedOnGpu in generator/config.cpp): the
   // families and the default are the plain problem's (sm90 d128: the -ws tile).
-  EXPECT_EQ(families, (std::set<KernelFamily>{KernelFamily::Mma, KernelFamily::Wgmma,
-                                              KernelFamily::Ws}));
+  EXPECT_EQ(families,
+            (std::set<KernelFamily>{KernelFamily::Mma, KernelFamily::Wgmma, KernelFamily::Ws}));
   EXPECT_EQ(default_config(p, h100).value(), default_config(problem_with(Variant()), h100).value());
   EXPECT_EQ(default_config(p, h100).value().family, KernelFamily::Ws);
   EXPECT_TRUE(check_config(AttentionConfig::parse("m128n64w8s2-wgmma").value(), p, h100).ok());
