@@ -21,6 +21,7 @@
 #include <tuple>
 #include <utility>
 
+#include "generator/decode_config.hpp"
 #include "generator/render.hpp"
 #include "runtime/tuning_store_impl.hpp"
 #include "runtime/tuning_store_schema.hpp"
@@ -105,8 +106,14 @@ const char* to_string(TuneStatus status) {
   return "unknown";
 }
 
+bool ProblemKey::may_run_decode() const {
+  return pass == Pass::Forward && variant.empty() &&
+         (page_size > 0 || seqlens_k || seqlen_q_bucket <= kMaxDecodeSeqlenQ);
+}
+
 const std::string& ProblemKey::generator_version(std::string_view device) const {
-  return variant.empty() ? generator_version_of(device) : variant_generator_version_of(device);
+  if (!variant.empty()) return variant_generator_version_of(device);
+  return may_run_decode() ? decode_generator_version_of(device) : generator_version_of(device);
 }
 
 namespace {
@@ -197,28 +204,46 @@ const fs::path& TuningStore::path() const { return impl_->path; }
 
 namespace {
 
-// Rows written before the generator versions were per backend carry the hash of every template
-// (generator_version()). Where that hash is this build's, their kernels are this build's: they
-// are re-stamped with their backend's version (generator_version_of) so they stay current. A row
-// whose re-stamped twin already exists stays as it is (stale). Only plain rows (variant ''):
-// variant rows came later, stamped per backend from the start. One transaction; idempotent.
+// ProblemKey::may_run_decode as an SQL condition on a results or choices row.
+std::string may_run_decode_sql() {
+  return "(pass = 'fwd' AND variant = '' AND (page_size > 0 OR seqlens_k != 0 OR "
+         "seqlen_q_bucket <= " +
+         std::to_string(kMaxDecodeSeqlenQ) + "))";
+}
+
+// Rows stamped by an older scheme with a hash of this build's templates, re-stamped with the
+// version of their backend and kind (ProblemKey::generator_version) so they stay current:
+//   generator_version()              rows written before the versions were per backend (the
+//                                    hash of every template);
+//   decode_generator_version_of(b)   plain rows written before prefill rows left the decode
+//                                    templates out: the same formula, so equal hashes mean the
+//                                    same templates (prefill rows move to generator_version_of).
+// A row whose re-stamped twin already exists stays as it is (stale). Only plain rows (variant
+// ''): variant rows came later. One transaction; idempotent.
 Status restamp_same_templates(const Database& impl) {
   Transaction transaction(impl);
   FLASHJIT_TRY(transaction.begin());
   for (const char* table : {"results", "choices"}) {
     for (std::string_view backend : kTemplateBackends) {
       const std::string prefix = std::string(backend) + "|";
-      if (generator_version_of(prefix) == generator_version()) continue;
-      std::string sql = "UPDATE OR IGNORE ";
-      sql += table;
-      sql += " SET generator = ? WHERE generator = ? AND substr(device, 1, ?) = ? AND variant = ''";
-      Result<Statement> stmt = impl.prepare(sql);
-      if (!stmt.ok()) return stmt.error();
-      FLASHJIT_TRY(impl.bound(stmt->bind(1, std::string_view(generator_version_of(prefix)))));
-      FLASHJIT_TRY(impl.bound(stmt->bind(2, std::string_view(generator_version()))));
-      FLASHJIT_TRY(impl.bound(stmt->bind(3, static_cast<int64_t>(prefix.size()))));
-      FLASHJIT_TRY(impl.bound(stmt->bind(4, std::string_view(prefix))));
-      FLASHJIT_TRY(impl.run(*stmt, "re-stamping rows with their backend's generator version"));
+      for (const std::string* old_stamp :
+           {&generator_version(), &decode_generator_version_of(prefix)}) {
+        std::string sql = "UPDATE OR IGNORE ";
+        sql += table;
+        sql += " SET generator = CASE WHEN ";
+        sql += may_run_decode_sql();
+        sql +=
+            " THEN ? ELSE ? END WHERE generator = ? AND substr(device, 1, ?) = ? AND variant = ''";
+        Result<Statement> stmt = impl.prepare(sql);
+        if (!stmt.ok()) return stmt.error();
+        FLASHJIT_TRY(
+            impl.bound(stmt->bind(1, std::string_view(decode_generator_version_of(prefix)))));
+        FLASHJIT_TRY(impl.bound(stmt->bind(2, std::string_view(generator_version_of(prefix)))));
+        FLASHJIT_TRY(impl.bound(stmt->bind(3, std::string_view(*old_stamp))));
+        FLASHJIT_TRY(impl.bound(stmt->bind(4, static_cast<int64_t>(prefix.size()))));
+        FLASHJIT_TRY(impl.bound(stmt->bind(5, std::string_view(prefix))));
+        FLASHJIT_TRY(impl.run(*stmt, "re-stamping rows with their backend's generator version"));
+      }
     }
   }
   return transaction.commit();
@@ -650,23 +675,26 @@ Status TuningStore::clear(bool stale_only) {
   Transaction transaction(impl);
   FLASHJIT_TRY(transaction.begin());
   if (stale_only) {
-    // Stale: not the generator version of the row's backend and kind (plain or variant:
+    // Stale: not the generator version of the row's backend and kind (plain, decode or variant:
     // ProblemKey::generator_version).
     for (const char* table : {"results", "choices"}) {
       for (std::string_view backend : kTemplateBackends) {
         std::string sql = "DELETE FROM ";
         sql += table;
         sql +=
-            " WHERE substr(device, 1, ?) = ? AND generator != CASE WHEN variant = '' THEN ? "
-            "ELSE ? END";
+            " WHERE substr(device, 1, ?) = ? AND generator != CASE WHEN variant != '' THEN ? WHEN ";
+        sql += may_run_decode_sql();
+        sql += " THEN ? ELSE ? END";
         Result<Statement> stmt = impl.prepare(sql);
         if (!stmt.ok()) return stmt.error();
         const std::string prefix = std::string(backend) + "|";
         FLASHJIT_TRY(impl.bound(stmt->bind(1, static_cast<int64_t>(prefix.size()))));
         FLASHJIT_TRY(impl.bound(stmt->bind(2, std::string_view(prefix))));
-        FLASHJIT_TRY(impl.bound(stmt->bind(3, std::string_view(generator_version_of(prefix)))));
         FLASHJIT_TRY(
-            impl.bound(stmt->bind(4, std::string_view(variant_generator_version_of(prefix)))));
+            impl.bound(stmt->bind(3, std::string_view(variant_generator_version_of(prefix)))));
+        FLASHJIT_TRY(
+            impl.bound(stmt->bind(4, std::string_view(decode_generator_version_of(prefix)))));
+        FLASHJIT_TRY(impl.bound(stmt->bind(5, std::string_view(generator_version_of(prefix)))));
         FLASHJIT_TRY(impl.run(*stmt, "deleting stale rows"));
       }
       std::string sql = "DELETE FROM ";

@@ -51,10 +51,16 @@ struct ProblemKey {
   // The attention variant (Variant::key(); "" for plain attention), matched exactly.
   std::string variant;
 
-  // The generator version the key's rows on `device` are stamped with and checked against:
-  // generator_version_of(device) for plain attention, variant_generator_version_of(device) for a
-  // variant (generator/render.hpp), so that a change to variant code stales only variant rows.
+  // The generator version the key's rows on `device` are stamped with and checked against
+  // (generator/render.hpp): variant_generator_version_of(device) for a variant,
+  // decode_generator_version_of(device) for a key a decode config may serve (may_run_decode),
+  // generator_version_of(device) for the other plain keys; so that a change to variant code
+  // stales only variant rows, and a change to decode kernels only the keys they may serve.
   const std::string& generator_version(std::string_view device) const;
+  // A plain forward key with a paged cache, per-sequence lengths or at most kMaxDecodeSeqlenQ
+  // queries (its bucket): the problems is_decode_problem may give -decode configs (whatever their
+  // seqlen_k, which the bucket does not pin down).
+  bool may_run_decode() const;
 
   static ProblemKey of(const AttentionProblem& problem);
   // "fwd", "bwd" or "bwd-det": which operation the key's rows are for.

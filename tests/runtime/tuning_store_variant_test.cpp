@@ -153,12 +153,15 @@ TEST_F(TuningStoreVariantTest, EveryKindOfKeyIsStoredUnderItsOwnKey) {
   for (const TuningStore::Entry& entry : *entries) {
     EXPECT_NE(std::find(keys.begin(), keys.end(), entry.key), keys.end()) << entry.key.to_string();
     EXPECT_TRUE(entry.current) << entry.key.to_string();
-    EXPECT_EQ(entry.generator, entry.key.variant.empty()
-                                   ? generator_version_of(entry.device)
-                                   : variant_generator_version_of(entry.device));
+    // A variant's, a key a decode config may serve (paged, per-sequence lengths), a prefill key's.
+    const std::string& expected =
+        !entry.key.variant.empty()   ? variant_generator_version_of(entry.device)
+        : entry.key.may_run_decode() ? decode_generator_version_of(entry.device)
+                                     : generator_version_of(entry.device);
+    EXPECT_EQ(entry.generator, expected) << entry.key.to_string();
   }
   EXPECT_EQ(query(dir_ / "tuning.db", "SELECT count(DISTINCT generator) FROM choices"),
-            std::vector<std::string>{"2"});
+            std::vector<std::string>{"3"});
   // A variant problem of another variant (or none) has no exact or nearest choice.
   Variant other = window_softcap();
   other.window_left = 64;
@@ -202,6 +205,32 @@ TEST_F(TuningStoreVariantTest, VariantRowsGoStaleWithTheVariantTemplatesOnly) {
   Result<std::unique_ptr<TuningStore>> again = TuningStore::open(path);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ((*again)->choice(device, variant)->value().config, choice(128).config);
+}
+
+// Plain rows stamped before prefill rows left the decode templates out carry what is now the
+// decode version (the same formula over the same templates): reopening re-stamps the prefill
+// keys among them with the prefill version and leaves keys a decode config may serve as they are.
+// A row of another stamp (other templates) stays stale.
+TEST_F(TuningStoreVariantTest, OlderPlainStampsOfTheSameTemplatesAreReStampedByKind) {
+  const DeviceFingerprint device = fingerprint();
+  const fs::path path = dir_ / "tuning.db";
+  const ProblemKey decode_key = paged(plain_key(), 16);
+  ASSERT_TRUE(store_->choose(device, plain_key(), choice(64)).ok());
+  ASSERT_TRUE(store_->choose(device, plain_key(2048), choice(32)).ok());
+  ASSERT_TRUE(store_->choose(device, decode_key, choice(16)).ok());
+  store_.reset();
+  query(path, "UPDATE choices SET generator = '" + decode_generator_version_of("cuda|") +
+                  "' WHERE seqlen_q_bucket = 1024 OR page_size > 0");
+  query(path, "UPDATE choices SET generator = '0123456789abcdef' WHERE seqlen_q_bucket = 2048");
+  Result<std::unique_ptr<TuningStore>> again = TuningStore::open(path);
+  ASSERT_TRUE(again.ok()) << again.error().describe();
+  EXPECT_EQ((*again)->choice(device, plain_key())->value().config, choice(64).config);
+  EXPECT_EQ((*again)->choice(device, decode_key)->value().config, choice(16).config);
+  EXPECT_FALSE((*again)->choice(device, plain_key(2048))->has_value());
+  EXPECT_EQ(query(path,
+                  "SELECT generator FROM choices WHERE seqlen_q_bucket = 1024 AND "
+                  "page_size = 0"),
+            std::vector<std::string>{generator_version_of("cuda|")});
 }
 
 TEST_F(TuningStoreVariantTest, RecordedProblemsReplayWithTheirVariantAndLayout) {
