@@ -336,13 +336,15 @@ Result<std::vector<int>> devices_from_flags(const ParsedFlags& flags, int device
 }
 
 namespace {
-std::string& worker_executable() {
-  static std::string path;
-  return path;
+std::vector<std::string>& worker_command() {
+  static std::vector<std::string> command;
+  return command;
 }
 }  // namespace
 
-void set_worker_executable(std::string path) { worker_executable() = std::move(path); }
+void set_worker_command(std::vector<std::string> command) { worker_command() = std::move(command); }
+
+void set_worker_executable(std::string path) { set_worker_command({std::move(path)}); }
 
 int run_tune_command(const std::vector<std::string>& args) {
   const Command& command = tune_command();
@@ -394,11 +396,12 @@ int run_tune_command(const std::vector<std::string>& args) {
   auto hang = number_flag(*flags, "hang-timeout", kDefaultHangSeconds, /*zero_allowed=*/true);
   if (!hang.ok()) return usage_error(hang.error());
   const bool worker = apply_worker_environment(options);
-  if (!worker && !flags->has("no-isolate") && !worker_executable().empty()) {
+  if (!worker && !flags->has("no-isolate") && !worker_command().empty()) {
     // Crash isolation: the same command in a worker process, restarted when a kernel kills it.
     SupervisedRun run;
     run.hang_seconds = *hang;
-    run.argv = {worker_executable(), "tune"};
+    run.argv = worker_command();
+    run.argv.push_back("tune");
     run.argv.insert(run.argv.end(), args.begin(), args.end());
     Result<int> status = run_supervised(run);
     if (!status.ok()) {

@@ -48,8 +48,10 @@ Result<std::vector<int>> devices_from_flags(const ParsedFlags& flags, int device
 int run_tune_command(const std::vector<std::string>& args);
 
 // The program `flashjit tune` re-runs as its worker process (crash isolation,
-// tuner/supervisor.hpp): the flashjit binary sets "/proc/self/exe". Unset (the library and the
-// in-process tests), tuning runs in the calling process.
-void set_worker_executable(std::string path);
+// tuner/supervisor.hpp), as the command line before "tune ...": the flashjit binary sets
+// {"/proc/self/exe"}, the Python module {sys.executable, "-m", "flashjit"}. Unset (the library
+// and the in-process tests), tuning runs in the calling process.
+void set_worker_command(std::vector<std::string> command);
+void set_worker_executable(std::string path);  // set_worker_command({path})
 
 }  // namespace flashjit::cli

@@ -702,6 +702,9 @@ def tune(*, passes=("fwd",), deterministic=False, head_dims=None, dtypes=None, c
         report_path = _os.path.join(folder, "tune.json")
         _sys.stdout.flush()
         _sys.stderr.flush()
+        # Crash isolation: the tuning runs in worker processes of this interpreter
+        # (`python -m flashjit tune ...`), restarted when a candidate kernel kills one.
+        _C.set_tune_worker_command([_sys.executable, "-m", "flashjit"])
         status, errors = _C.tune(args + ["--json", report_path])
         if _torch_paths is not None:  # the tune cleared the runtimes: prepared calls too
             _torch_paths.clear_plans()

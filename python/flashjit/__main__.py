@@ -14,6 +14,8 @@ from flashjit import _flashjit
 def main(argv=None):
     """Runs `flashjit <argv...>` (default: sys.argv[1:]) and returns its exit status."""
     args = sys.argv[1:] if argv is None else argv
+    # `tune` runs its tuning in worker processes of this same command (crash isolation).
+    _flashjit.set_tune_worker_command([sys.executable, "-m", "flashjit"])
     sys.stdout.flush()
     sys.stderr.flush()
     return _flashjit.cli([str(arg) for arg in args])

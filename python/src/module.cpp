@@ -93,5 +93,6 @@ NB_MODULE(_flashjit, m) {
   m.def("devices", &devices);
   m.def("tune", &tune, nb::arg("args"));
   m.def("cli", &cli, nb::arg("args"));
+  m.def("set_tune_worker_command", &set_tune_worker_command, nb::arg("command"));
   m.def("clear_runtimes", [] { runtimes().clear(); });
 }

@@ -180,6 +180,10 @@ nb::list devices() {
   return result;
 }
 
+void set_tune_worker_command(const std::vector<std::string>& command) {
+  cli::set_worker_command(command);
+}
+
 nb::tuple tune(const std::vector<std::string>& args) {
   int status = 0;
   std::string errors;

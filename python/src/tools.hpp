@@ -29,7 +29,13 @@ std::string show(int64_t batch, int64_t heads, std::optional<int64_t> kv_heads, 
 // CUDA devices and the host CPU, as dicts.
 nb::list devices();
 
-// Runs `flashjit tune <args>` in this process; returns (exit status, what it wrote to std::cerr).
+// The command `flashjit tune` starts its workers with (cli::set_worker_command): the module sets
+// {sys.executable, "-m", "flashjit"} so that a kernel that kills its process ends a worker, not
+// the caller's interpreter.
+void set_tune_worker_command(const std::vector<std::string>& command);
+
+// Runs `flashjit tune <args>` from this process (the tuning itself in supervised worker processes
+// once set_tune_worker_command was called); returns (exit status, what it wrote to std::cerr).
 // Forgets the cached runtimes afterwards, so that attention() serves the new results.
 nb::tuple tune(const std::vector<std::string>& args);
 

@@ -1,5 +1,7 @@
 """flashjit.show, flashjit.devices, flashjit.tune and config_for: the functions around
 attention(), on whatever this machine has (sm90 table rendering needs no GPU)."""
+import os
+
 import numpy as np
 import pytest
 
@@ -193,3 +195,57 @@ def test_tune_cpu_backward_then_attention_backward_serves_it(tmp_path, monkeypat
     finally:
         monkeypatch.undo()
         flashjit._clear_runtimes()  # later tests: no DB again
+
+
+# What the tuning worker runs first (sitecustomize, on PYTHONPATH): in the first worker only
+# (the mark file is absent), a thread that aborts the process as soon as the worker names a
+# config in flight - what a candidate kernel that kills its process does.
+_ABORTING_WORKER = """
+import os, threading, time
+mark = os.environ.get("FLASHJIT_TEST_ABORT_MARK")
+inflight = os.environ.get("FLASHJIT_TUNE_INFLIGHT")
+if os.environ.get("FLASHJIT_TUNE_WORKER") == "1" and mark and inflight and not os.path.exists(mark):
+    def watch():
+        while True:
+            try:
+                if os.path.getsize(inflight) > 0:
+                    open(mark, "w").close()
+                    os.abort()
+            except OSError:
+                pass
+            time.sleep(0.0005)
+    threading.Thread(target=watch, daemon=True).start()
+"""
+
+
+def test_tune_survives_a_worker_killed_mid_config(tmp_path, monkeypatch):
+    """flashjit.tune() tunes in worker processes (`python -m flashjit tune`): a worker killed
+    (SIGABRT) while a config is in flight does not end the run or this interpreter; the config
+    is stored as failed, the next worker finishes the problem, no finished result is lost."""
+    require_cpu_backend()
+    import sqlite3
+    import sys
+
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_ABORTING_WORKER)
+    mark = tmp_path / "aborted-once"
+    db = tmp_path / "tuning.db"
+    monkeypatch.setenv("FLASHJIT_DB", str(db))
+    monkeypatch.setenv("FLASHJIT_TEST_ABORT_MARK", str(mark))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hook)] + sys.path))
+    try:
+        report = flashjit.tune(backend="cpu", head_dims=[64], seqlens=[128], causal=False,
+                               batch=1, heads=2, dtypes=["fp16"], min_time_ms=2, retime_top=1)
+        assert mark.exists(), "no worker process ran the tuning"
+        (problem,) = report["problems"]
+        assert problem["chosen"]["config"].startswith("m")
+        with sqlite3.connect(db) as connection:
+            rows = connection.execute("SELECT config, status, message FROM results").fetchall()
+        failed = [row for row in rows if row[1] == "launch-failed"]
+        assert len(failed) == 1, rows
+        assert "signal" in failed[0][2] or "died" in failed[0][2], failed
+        assert sum(row[1] == "timed" for row in rows) >= 1, rows
+    finally:
+        monkeypatch.undo()
+        flashjit._clear_runtimes()
