@@ -88,6 +88,13 @@ inline f32x4 mfma_16x16x16(u32 a_lo, u32 a_hi, u32 b_lo, u32 b_hi, f32x4 c) {
 
 // Lanes run one at a time, so an atomic add is a plain one.
 inline void atomic_add(float* address, float value) { *address += value; }
+inline int atomic_fetch_add(int* address, int value) {
+  const int old_value = *address;
+  *address += value;
+  return old_value;
+}
+// Workgroups run one after another, and lanes one at a time: every write is seen by later reads.
+inline void memory_fence() {}
 
 template <bool IS_BF16>
 inline float to_float(u16 bits) {
