@@ -7,6 +7,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "generator/hip_config.hpp"
 #include "generator/knobs.hpp"
 
 namespace flashjit {
@@ -35,6 +36,31 @@ constexpr int kSplitsCtasPerSmPaged = 2;
 std::string str(int64_t v) { return std::to_string(v); }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// What every backend's decode template refuses alike: another family, the backward pass,
+// variants, too many queries on a contiguous cache.
+Status check_decode_problem(const AttentionConfig& c, const AttentionProblem& p) {
+  if (c.family != KernelFamily::Decode) return illegal(c, "not a -decode config");
+  if (p.is_backward()) return illegal(c, "the -decode family is a forward kernel");
+  if (p.variant.active())
+    return illegal(c, "the -decode family has no attention variants (" + p.variant.key() + ") yet",
+                   ErrorCode::Unsupported);
+  if (!needs_decode_family(p) && p.seqlen_q > kMaxDecodeSeqlenQ)
+    return illegal(c, "seqlen_q = " + str(p.seqlen_q) + ": -decode configs take at most " +
+                          str(kMaxDecodeSeqlenQ) +
+                          " queries per sequence on a contiguous K/V cache (paged: any)");
+  return ok_status();
+}
+
+// The knobs no decode template has, and the split count's range.
+Status check_decode_knobs(const AttentionConfig& c) {
+  if (c.dq != DqMode::Atomic) return illegal(c, "-det exists in the backward pass only");
+  if (c.pingpong || c.persistent) return illegal(c, "-pp and -persist are knobs of -ws only");
+  if (c.splits < 0 || c.splits > kMaxDecodeSplits)
+    return illegal(c, "splits = " + str(c.splits) + ": must be 0 (auto) or in [1, " +
+                          str(kMaxDecodeSplits) + "]");
+  return ok_status();
+}
 
 }  // namespace
 
@@ -104,22 +130,13 @@ DecodeResources decode_resources(const AttentionConfig& c, const AttentionProble
 
 Status check_decode_config(const AttentionConfig& c, const AttentionProblem& p,
                            const DeviceSpec& device) {
-  if (c.family != KernelFamily::Decode) return illegal(c, "not a -decode config");
-  if (p.is_backward()) return illegal(c, "the -decode family is a forward kernel");
-  if (p.variant.active())
-    return illegal(c, "the -decode family has no attention variants (" + p.variant.key() + ") yet",
-                   ErrorCode::Unsupported);
-  if (!needs_decode_family(p) && p.seqlen_q > kMaxDecodeSeqlenQ)
-    return illegal(c, "seqlen_q = " + str(p.seqlen_q) + ": -decode configs take at most " +
-                          str(kMaxDecodeSeqlenQ) +
-                          " queries per sequence on a contiguous K/V cache (paged: any)");
+  FLASHJIT_TRY(check_decode_problem(c, p));
   if (device.is_amd() || device.is_cpu())
-    return illegal(c, "the -decode family's GPU template is CUDA's (HIP: not yet)",
-                   ErrorCode::Unsupported);
+    return illegal(c,
+                   "this is the CUDA budget: the HIP decode template's is check_hip_decode_config");
   if (device.arch < 80)
     return illegal(c, "the -decode family needs sm80 or newer (mma.sync bf16, cp.async)");
-  if (c.dq != DqMode::Atomic) return illegal(c, "-det exists in the backward pass only");
-  if (c.pingpong || c.persistent) return illegal(c, "-pp and -persist are knobs of -ws only");
+  FLASHJIT_TRY(check_decode_knobs(c));
   if (!contains(kDecodeBlockMChoices, c.block_m))
     return illegal(c, "block_m = " + str(c.block_m) + " not in " + list(kDecodeBlockMChoices) +
                           " (packed query rows per CTA)");
@@ -129,9 +146,6 @@ Status check_decode_config(const AttentionConfig& c, const AttentionProblem& p,
     return illegal(c, "warps = " + str(c.warps) + " not in " + list(kDecodeWarpChoices));
   if (!contains(kDecodeStageChoices, c.stages))
     return illegal(c, "stages = " + str(c.stages) + " not in " + list(kDecodeStageChoices));
-  if (c.splits < 0 || c.splits > kMaxDecodeSplits)
-    return illegal(c, "splits = " + str(c.splits) + ": must be 0 (auto) or in [1, " +
-                          str(kMaxDecodeSplits) + "]");
   const int warp_keys = c.block_n / c.warps;
   if (warp_keys % 16 != 0)
     return illegal(c, "block_n / warps = " + str(warp_keys) +
@@ -280,6 +294,176 @@ std::string explain_decode_plan(const AttentionProblem& p, const DeviceSpec& dev
   return out.str();
 }
 
+// ---- HIP ----------------------------------------------------------------------------------------
+
+namespace {
+
+constexpr int kHipRegisterAllowance = 48;  // as the forward's (hip_config.cpp)
+constexpr int kHipVRowPadding = 4;         // elements of padding per V^T row (hip/tiles.hpp)
+// Auto splits: workgroups per CU in one wave. Not measured (no AMD GPU has run the template):
+// the paged CUDA figure, whose second CTA per SM hid the block-table loads.
+constexpr int kHipSplitsPerCu = 2;
+
+int hip_decode_copies(const AttentionConfig& c, const AttentionProblem& p) {
+  return c.block_n * (padded_head_dim(p.head_dim) / 8) / std::max(1, c.warps * kHipWaveSize);
+}
+
+std::vector<AttentionConfig> hip_decode_tiles() {
+  std::vector<AttentionConfig> tiles;
+  for (int m : kHipDecodeBlockMChoices)
+    for (int n : kHipDecodeBlockNChoices)
+      for (int w : kHipDecodeWaveChoices)
+        for (int s : kHipStageChoices) tiles.push_back({m, n, w, s, KernelFamily::Decode});
+  return tiles;
+}
+
+}  // namespace
+
+int hip_decode_lds_bytes(const AttentionConfig& c, const AttentionProblem& p) {
+  const int dp = padded_head_dim(p.head_dim);
+  const int kv = c.stages * (c.block_n * dp + dp * (c.block_n + kHipVRowPadding)) * 2;
+  const int merge = c.warps * c.block_m * (dp + 2) * 4;
+  return std::max(kv, merge);
+}
+
+int hip_decode_estimated_registers(const AttentionConfig& c, const AttentionProblem& p) {
+  const int m_tiles = std::max(1, c.block_m / 16);
+  const int dp = padded_head_dim(p.head_dim);
+  const int wave_keys = c.block_n / std::max(1, c.warps);
+  const int copies = hip_decode_copies(c, p);
+  return m_tiles * (dp / 4 + wave_keys / 4 + wave_keys / 8 + dp / 8) + 2 * copies * 4 +
+         (p.kv.paged() ? 2 * copies : 0) + kHipRegisterAllowance;
+}
+
+int hip_decode_splits(const AttentionConfig& c, const AttentionProblem& p,
+                      const DeviceSpec& device) {
+  return decode_splits(c, p, device.sm_count, kHipSplitsPerCu);
+}
+
+Status check_hip_decode_config(const AttentionConfig& c, const AttentionProblem& p,
+                               const DeviceSpec& device) {
+  FLASHJIT_TRY(check_decode_problem(c, p));
+  if (!device.is_amd())
+    return illegal(c, "this is the HIP budget: " + device.name + " is not an AMD GPU");
+  if (p.dtype != DType::F16 && p.dtype != DType::BF16)
+    return illegal(c, std::string("dtype = ") + to_string(p.dtype) +
+                          ": the HIP templates support f16 and bf16 storage only (MFMA operands)");
+  FLASHJIT_TRY(check_decode_knobs(c));
+  if (!contains(kHipDecodeBlockMChoices, c.block_m))
+    return illegal(c, "block_m = " + str(c.block_m) + " not in " + list(kHipDecodeBlockMChoices) +
+                          " (packed query rows per workgroup)");
+  if (!contains(kHipDecodeBlockNChoices, c.block_n))
+    return illegal(c, "block_n = " + str(c.block_n) + " not in " + list(kHipDecodeBlockNChoices));
+  if (!contains(kHipDecodeWaveChoices, c.warps))
+    return illegal(
+        c, "warps (wavefronts) = " + str(c.warps) + " not in " + list(kHipDecodeWaveChoices));
+  if (!contains(kHipStageChoices, c.stages))
+    return illegal(c,
+                   "stages (LDS buffers) = " + str(c.stages) + " not in " + list(kHipStageChoices));
+  if ((c.block_n / c.warps) % 16 != 0)
+    return illegal(c, "block_n / waves = " + str(c.block_n / c.warps) +
+                          " keys per wave: must be a multiple of 16 (MFMA tiles)");
+  const int accumulator = c.block_m / 16 * padded_head_dim(p.head_dim) / 4;
+  if (accumulator > kHipMaxAccumulatorPerLane)
+    return illegal(c, "the O accumulator takes " + str(accumulator) +
+                          " registers per lane, more than " + str(kHipMaxAccumulatorPerLane) +
+                          " (32 rows at this head dim spill to scratch)");
+  const int threads = c.warps * kHipWaveSize;
+  if (c.block_n * (padded_head_dim(p.head_dim) / 8) % threads != 0)
+    return illegal(c, "K/V tile copies do not divide evenly over " + str(threads) + " threads");
+  const int copies = hip_decode_copies(c, p);
+  if (copies > kHipMaxCopiesPerThread)
+    return illegal(c, str(copies) + " K/V tile copies per thread exceed " +
+                          str(kHipMaxCopiesPerThread) +
+                          " (too few threads for the tile: registers would spill)");
+  if (threads > device.max_threads_per_block)
+    return illegal(c, str(threads) + " threads exceed the device's " +
+                          str(device.max_threads_per_block) + " per workgroup");
+  const int lds = hip_decode_lds_bytes(c, p);
+  if (lds > device.smem_per_block_optin)
+    return illegal(c, "LDS " + str(lds) + " B exceeds the device's " +
+                          str(device.smem_per_block_optin) + " B per workgroup");
+  const int regs = hip_decode_estimated_registers(c, p);
+  const int budget = hip_wave_register_budget(c.warps, device);
+  if (regs > budget)
+    return illegal(c, "estimated " + str(regs) + " registers per lane exceed " + str(budget) +
+                          " (" + str(c.warps) + " waves on " + str(kHipSimdsPerCu) + " SIMDs)");
+  return ok_status();
+}
+
+std::vector<AttentionConfig> legal_hip_decode_configs(const AttentionProblem& p,
+                                                      const DeviceSpec& device) {
+  std::vector<AttentionConfig> out;
+  for (const AttentionConfig& tile : hip_decode_tiles())
+    if (useful_block_m(tile, p) && check_hip_decode_config(tile, p, device).ok())
+      append_splits(tile, p, out);
+  return out;
+}
+
+Result<AttentionConfig> default_hip_decode_config(const AttentionProblem& p,
+                                                  const DeviceSpec& device) {
+  const int block_m = decode_packed_rows(p) > 16 ? 32 : 16;
+  // Not measured (no AMD GPU has run it): room for a second workgroup per CU first (a
+  // memory-bound kernel hides its load latency with more waves in flight), then the most waves,
+  // block_n 64, the most stages.
+  auto rank = [&](const AttentionConfig& c) {
+    const bool two_per_cu = 2 * hip_decode_lds_bytes(c, p) <= device.smem_per_sm;
+    return std::make_tuple(c.block_m == block_m, two_per_cu, c.warps, c.block_n == 64, c.stages);
+  };
+  std::optional<AttentionConfig> best;
+  for (const AttentionConfig& c : hip_decode_tiles())
+    if (check_hip_decode_config(c, p, device).ok() && (!best || rank(c) > rank(*best))) best = c;
+  if (!best)
+    return make_error(ErrorCode::Unsupported, "no legal HIP -decode config for head_dim = " +
+                                                  str(p.head_dim) + " on " + device.name);
+  return *best;
+}
+
+std::string explain_hip_decode_plan(const AttentionProblem& p, const DeviceSpec& device) {
+  std::ostringstream out;
+  const int dp = padded_head_dim(p.head_dim);
+  out << "device:  " << device.to_string() << "\n";
+  out << "problem: " << p.to_string() << "\n\n";
+  out << "Decode (split-KV, flash-decoding): " << p.group_size() << " query heads x " << p.seqlen_q
+      << " queries = " << decode_packed_rows(p)
+      << " packed rows per (batch, kv head); K/V read once per group.\n";
+  out << "Budget of templates/hip/decode.hpp (MFMA 16x16x16, wave" << kHipWaveSize
+      << ", 2-byte elements, head dim padded to " << dp << "):\n";
+  out << "  LDS   = max(stages * (Bc * " << dp << " + " << dp << " * (Bc + " << kHipVRowPadding
+      << ")) * 2, waves * Bm * " << dp + 2 << " * 4) B   <= " << device.smem_per_block_optin
+      << " B per workgroup\n";
+  out << "  regs ~= Bm/16 * (" << dp / 4 << " + 3 * Bc / waves / 8 + " << dp / 8 << ") + 8 * copies"
+      << (p.kv.paged() ? " + 2 * copies (page addresses)" : "") << " + " << kHipRegisterAllowance
+      << "   <= " << device.regs_per_sm / (kHipSimdsPerCu * kHipWaveSize)
+      << " per lane, halved past 4 waves\n";
+  out << "  Bm in " << list(kHipDecodeBlockMChoices) << ", Bc in " << list(kHipDecodeBlockNChoices)
+      << ", waves in " << list(kHipDecodeWaveChoices)
+      << " (Bc / waves keys each, a multiple of 16), stages in " << list(kHipStageChoices) << "\n";
+  out << "  splits: auto = floor(" << device.sm_count << " CUs * " << kHipSplitsPerCu
+      << " / (batch * heads_kv * row tiles)) within [1, key blocks], or one of "
+      << list(kDecodeSplitChoices) << "\n\n";
+  out << "config                   LDS(B)  regs~  splits(auto)  status\n";
+  for (const AttentionConfig& c : hip_decode_tiles()) {
+    if (!useful_block_m(c, p)) continue;
+    char line[512];
+    std::snprintf(line, sizeof line, "%-24s %7d %6d %13d  %s\n", c.to_string().c_str(),
+                  hip_decode_lds_bytes(c, p), hip_decode_estimated_registers(c, p),
+                  hip_decode_splits(c, p, device),
+                  verdict(check_hip_decode_config(c, p, device), c).c_str());
+    out << line;
+  }
+  const std::vector<AttentionConfig> legal = legal_hip_decode_configs(p, device);
+  out << "\n" << legal.size() << " legal -decode configs (tiles x splits)";
+  if (!needs_decode_family(p)) out << ", beside the prefill configs (tuned together)";
+  out << ".";
+  if (auto def = default_hip_decode_config(p, device); def.ok())
+    out << " Default (untuned): " << def->to_string() << " (splits "
+        << hip_decode_splits(*def, p, device) << " here)\n";
+  else
+    out << " " << def.error().message << "\n";
+  return out.str();
+}
+
 // ---- CPU ----------------------------------------------------------------------------------------
 
 int64_t cpu_decode_scratch_bytes(const AttentionConfig& c, const AttentionProblem& p) {
@@ -289,17 +473,8 @@ int64_t cpu_decode_scratch_bytes(const AttentionConfig& c, const AttentionProble
 
 Status check_cpu_decode_config(const AttentionConfig& c, const AttentionProblem& p,
                                const CpuSpec& cpu) {
-  if (c.family != KernelFamily::Decode) return illegal(c, "not a -decode config");
-  if (p.is_backward()) return illegal(c, "the -decode family is a forward kernel");
-  if (p.variant.active())
-    return illegal(c, "the -decode family has no attention variants (" + p.variant.key() + ") yet",
-                   ErrorCode::Unsupported);
-  if (!needs_decode_family(p) && p.seqlen_q > kMaxDecodeSeqlenQ)
-    return illegal(c, "seqlen_q = " + str(p.seqlen_q) + ": -decode configs take at most " +
-                          str(kMaxDecodeSeqlenQ) +
-                          " queries per sequence on a contiguous K/V cache (paged: any)");
-  if (c.dq != DqMode::Atomic) return illegal(c, "-det exists in the backward pass only");
-  if (c.pingpong || c.persistent) return illegal(c, "-pp and -persist are knobs of -ws only");
+  FLASHJIT_TRY(check_decode_problem(c, p));
+  FLASHJIT_TRY(check_decode_knobs(c));
   if (!contains(kCpuDecodeBlockMChoices, c.block_m))
     return illegal(c, "block_m = " + str(c.block_m) + ": the CPU decode template takes one of " +
                           list(kCpuDecodeBlockMChoices) + " (packed query rows per work item)");
@@ -309,9 +484,6 @@ Status check_cpu_decode_config(const AttentionConfig& c, const AttentionProblem&
   if (c.warps != 1 || c.stages != 1)
     return illegal(c, "warps = " + str(c.warps) + ", stages = " + str(c.stages) +
                           ": must be 1 on the CPU (one work item per core, no pipeline)");
-  if (c.splits < 0 || c.splits > kMaxDecodeSplits)
-    return illegal(c, "splits = " + str(c.splits) + ": must be 0 (auto) or in [1, " +
-                          str(kMaxDecodeSplits) + "]");
   const int64_t bytes = cpu_decode_scratch_bytes(c, p);
   if (bytes > cpu.l2_bytes)
     return illegal(c, "working set " + str(bytes) + " B exceeds the L2 (" + str(cpu.l2_bytes) +

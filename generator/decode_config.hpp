@@ -116,6 +116,36 @@ Result<AttentionConfig> default_decode_config(const AttentionProblem& problem,
 // The budget arithmetic and the legal tiles, as `flashjit plan` prints it for decode problems.
 std::string explain_decode_plan(const AttentionProblem& problem, const DeviceSpec& device);
 
+// ---- HIP (templates/hip/decode.hpp) ---------------------------------------------------------
+//
+// The knobs on AMD CDNA: block_m 16 or 32 packed rows (every wave holds all of them: MFMA
+// 16x16x16 tiles), block_n keys per block, `warps` wavefronts of 64 lanes splitting each block
+// (block_n / waves keys each, a multiple of 16), `stages` LDS buffers for K and V^T (1 or 2, as
+// the forward: hip_config.hpp), splits as on CUDA.
+inline constexpr int kHipDecodeBlockMChoices[] = {16, 32};
+inline constexpr int kHipDecodeBlockNChoices[] = {32, 64, 128};
+inline constexpr int kHipDecodeWaveChoices[] = {1, 2, 4};
+
+// LDS: max(the K/V stages, the waves' O, m and l for their merge), 2-byte K/V elements:
+//   lds = max(stages * (Bc * dp + dp * (Bc + 4)) * 2, waves * Bm * (dp + 2) * 4)
+int hip_decode_lds_bytes(const AttentionConfig& config, const AttentionProblem& problem);
+// Registers a lane needs: O and S^T (fp32), P and Q operands (16-bit), the next K/V block in
+// flight, a 64-bit address per paged copy, plus the forward's allowance.
+int hip_decode_estimated_registers(const AttentionConfig& config, const AttentionProblem& problem);
+// Auto splits on an AMD GPU: 2 workgroups per CU (not measured: no AMD GPU has run it yet).
+int hip_decode_splits(const AttentionConfig& config, const AttentionProblem& problem,
+                      const DeviceSpec& device);
+// Why `config` (family Decode) is illegal for `problem` on `device` (an AMD GPU), or ok.
+Status check_hip_decode_config(const AttentionConfig& config, const AttentionProblem& problem,
+                               const DeviceSpec& device);
+std::vector<AttentionConfig> legal_hip_decode_configs(const AttentionProblem& problem,
+                                                      const DeviceSpec& device);
+// block_m = 16 (32 when the packed rows need more), then room for two workgroups per CU in LDS,
+// the most waves, block_n 64, the most stages; auto splits.
+Result<AttentionConfig> default_hip_decode_config(const AttentionProblem& problem,
+                                                  const DeviceSpec& device);
+std::string explain_hip_decode_plan(const AttentionProblem& problem, const DeviceSpec& device);
+
 // ---- CPU (templates/cpu/decode.hpp) ---------------------------------------------------------
 
 // fp32 scratch of one work item: 4 * (block_m*d [Q] + 2*block_n*d [K, V] + block_m*block_n [S]

@@ -12,22 +12,11 @@ namespace flashjit {
 namespace {
 
 constexpr int kMaxMTilesPerWave = 2;  // 16-row MFMA tiles a wave owns (template constraint)
-// 16-byte K (and V) copies per thread per block: the next block waits in registers while the
-// current one is computed, so more copies cost registers one for one (and the template's
-// unrolled copy loops grow).
-constexpr int kMaxCopiesPerThread = 8;
 // Registers beyond the budgeted arrays: tile addresses, loop counters, row max / sum, the K and V
 // operands of the MFMA in flight, masking temporaries.
 constexpr int kRegisterAllowance = 48;
 constexpr int kRegisterGranule = 8;  // CDNA2/3 allocate VGPRs in granules of 8 per lane
-// The fp32 O accumulator of one lane (rows_per_warp x padded d / 64) may take at most this many
-// registers. An empirical cap, from hipRTC's (ROCm 5.2) reports for gfx90a: with 32 rows per
-// wave at d = 256 (128 accumulator registers) every block size spilled to scratch even with all
-// 512 registers of a SIMD, while d = 192 (96) fit. The estimate below cannot see why (the
-// compiler keeps more in flight than the template holds); tests/templates/hip_compile_test.cpp
-// checks that no legal config spills.
-constexpr int kMaxAccumulatorPerLane = 96;
-constexpr int kVRowPadding = 4;  // elements of padding per V^T row (bank conflicts)
+constexpr int kVRowPadding = 4;      // elements of padding per V^T row (bank conflicts)
 
 using knobs::contains;
 using knobs::illegal;
@@ -104,15 +93,14 @@ HipResourceUse hip_resource_use(const AttentionConfig& c, const AttentionProblem
 Status check_hip_config(const AttentionConfig& c, const AttentionProblem& p,
                         const DeviceSpec& device) {
   FLASHJIT_TRY(check_ws_knobs(c));
+  if (c.family == KernelFamily::Decode) return check_hip_decode_config(c, p, device);
   if (p.is_backward()) return check_hip_backward_config(c, p, device);
   FLASHJIT_TRY(check_hip_dtype(c, p.dtype));
   if (p.variant.active())
     return illegal(c, "attention variants (" + p.variant.key() + ") have no HIP template yet",
                    ErrorCode::Unsupported);
-  // The decode family (split-KV, paged K/V) has no HIP template yet (issue 18, stage 2).
-  if (c.family == KernelFamily::Decode || needs_decode_family(p))
-    return illegal(c, "the -decode family (split-KV, paged K/V) has no HIP template yet",
-                   ErrorCode::Unsupported);
+  if (needs_decode_family(p)) return illegal(c, decode_only_reason(p));
+  if (c.splits != 0) return illegal(c, "-split<N> is a knob of the -decode family only");
   if (c.dq != DqMode::Atomic)
     return illegal(c, "-det (a separate dQ kernel) exists in the backward pass only");
   // Template constraints (mirrored by static_asserts in templates/hip/attention_fwd.hpp).
@@ -136,10 +124,10 @@ Status check_hip_config(const AttentionConfig& c, const AttentionProblem& p,
   if ((c.block_n * chunks_per_row) % threads != 0)
     return illegal(
         c, "K/V tile copies do not divide evenly over " + std::to_string(threads) + " threads");
-  if (c.block_n * chunks_per_row / threads > kMaxCopiesPerThread)
+  if (c.block_n * chunks_per_row / threads > kHipMaxCopiesPerThread)
     return illegal(c, std::to_string(c.block_n * chunks_per_row / threads) +
                           " K/V tile copies per thread exceed " +
-                          std::to_string(kMaxCopiesPerThread) +
+                          std::to_string(kHipMaxCopiesPerThread) +
                           " (too few threads for the tile: registers would spill)");
   if (threads > device.max_threads_per_block)
     return illegal(c, std::to_string(threads) + " threads exceed the device's " +
@@ -151,10 +139,10 @@ Status check_hip_config(const AttentionConfig& c, const AttentionProblem& p,
                           std::to_string(device.smem_per_block_optin) + " B per workgroup");
   // Register budget: past it the compiler spills to scratch memory.
   const int accumulator = c.block_m / c.warps / 16 * padded_head_dim(p.head_dim) / 4;
-  if (accumulator > kMaxAccumulatorPerLane)
+  if (accumulator > kHipMaxAccumulatorPerLane)
     return illegal(c, "the O accumulator takes " + std::to_string(accumulator) +
                           " registers per lane, more than " +
-                          std::to_string(kMaxAccumulatorPerLane) +
+                          std::to_string(kHipMaxAccumulatorPerLane) +
                           " (32 rows per wave at this head dim spill to scratch)");
   const int regs = hip_estimated_registers(c, p);
   const int budget = hip_register_budget(c, device);
@@ -176,11 +164,14 @@ std::vector<AttentionConfig> legal_hip_configs(const AttentionProblem& p,
           AttentionConfig c{block_m, block_n, waves, stages};
           if (check_hip_config(c, p, device).ok()) configs.push_back(c);
         }
+  if (is_decode_problem(p))
+    for (const AttentionConfig& c : legal_hip_decode_configs(p, device)) configs.push_back(c);
   return configs;
 }
 
 Result<AttentionConfig> default_hip_config(const AttentionProblem& p, const DeviceSpec& device) {
   if (p.is_backward()) return default_hip_backward_config(p, device);
+  if (is_decode_problem(p)) return default_hip_decode_config(p, device);
   const std::vector<AttentionConfig> legal = legal_hip_configs(p, device);
   if (legal.empty())
     return make_error(
@@ -199,6 +190,7 @@ Result<AttentionConfig> default_hip_config(const AttentionProblem& p, const Devi
 
 std::string explain_hip_plan(const AttentionProblem& p, const DeviceSpec& device) {
   if (p.is_backward()) return explain_hip_backward_plan(p, device);
+  if (is_decode_problem(p)) return explain_hip_decode_plan(p, device);
   std::ostringstream out;
   const int d = p.head_dim, dp = padded_head_dim(d);
   out << "device:  " << device.to_string() << "\n";
@@ -218,7 +210,7 @@ std::string explain_hip_plan(const AttentionProblem& p, const DeviceSpec& device
       << " per lane (VGPRs + AGPRs), halved when 5-8 waves share the " << kHipSimdsPerCu
       << " SIMDs\n"
       << "          (fp32 O and S^T, 16-bit P and Q operands, next K/V block in flight)\n";
-  out << "  O accumulator = Br / waves * " << dp << " / 64 <= " << kMaxAccumulatorPerLane
+  out << "  O accumulator = Br / waves * " << dp << " / 64 <= " << kHipMaxAccumulatorPerLane
       << " per lane (measured: beyond it hipRTC spills)\n";
   out << "  rows per wave = Br / waves in {16, 32}; Br in " << list(kHipBlockMChoices) << ", Bc in "
       << list(kHipBlockNChoices) << ", waves in " << list(kHipWaveChoices)

@@ -31,6 +31,17 @@ inline constexpr int kHipStageChoices[] = {1, 2};
 // Lanes per wavefront on CDNA; SIMDs per CU (each runs whole waves).
 inline constexpr int kHipWaveSize = 64;
 inline constexpr int kHipSimdsPerCu = 4;
+// 16-byte K (and V) copies per thread per block (the forward and decode templates): the next
+// block waits in registers while the current one is computed, so more copies cost registers one
+// for one (and the template's unrolled copy loops grow).
+inline constexpr int kHipMaxCopiesPerThread = 8;
+// The fp32 O accumulator of one lane (rows x padded d / 64) may take at most this many
+// registers. An empirical cap, from hipRTC's (ROCm 5.2) reports for gfx90a: with 32 rows per
+// wave at d = 256 (128 accumulator registers) every block size spilled to scratch even with all
+// 512 registers of a SIMD, while d = 192 (96) fit. The estimates cannot see why (the compiler
+// keeps more in flight than the template holds); tests/templates/hip_compile_test.cpp checks
+// that no legal config spills.
+inline constexpr int kHipMaxAccumulatorPerLane = 96;
 
 // LDS of one workgroup: `stages` K tiles (block_n x padded_head_dim, XOR-swizzled) and `stages`
 // transposed V tiles (padded_head_dim x (block_n + 4): 8 bytes of padding per row), 2-byte

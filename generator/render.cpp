@@ -341,6 +341,7 @@ Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
 Result<KernelSource> render_hip_attention(const AttentionProblem& problem,
                                           const AttentionConfig& config) {
   if (problem.is_backward()) return render_hip_attention_backward(problem, config);
+  if (config.family == KernelFamily::Decode) return render_hip_decode(problem, config);
   FLASHJIT_TRY(validate(problem));
   FLASHJIT_TRY(check_hip_template_constraints(problem, config));
   std::ostringstream instantiation;

@@ -4,6 +4,7 @@
 
 #include "generator/cpu_config.hpp"
 #include "generator/decode_config.hpp"
+#include "generator/hip_config.hpp"
 
 namespace flashjit {
 
@@ -17,6 +18,18 @@ AttentionConfig tile_of(const AttentionConfig& config) {
 }
 
 const char* bool_text(bool value) { return value ? "true" : "false"; }
+
+// The GPU templates' DecodeTraits<...> arguments (CUDA's and HIP's take the same list; `warps`
+// counts waves on HIP).
+std::string gpu_traits_arguments(const AttentionProblem& problem, const AttentionConfig& config) {
+  std::ostringstream text;
+  text << "</*head_dim=*/" << problem.head_dim << ", /*block_m=*/" << config.block_m
+       << ", /*block_n=*/" << config.block_n << ", /*warps=*/" << config.warps << ", /*stages=*/"
+       << config.stages << ", /*bf16=*/" << bool_text(problem.dtype == DType::BF16)
+       << ", /*causal=*/" << bool_text(problem.causal) << ", /*page_size=*/" << problem.kv.page_size
+       << ">";
+  return text.str();
+}
 
 }  // namespace
 
@@ -33,20 +46,40 @@ Result<KernelSource> render_cuda_decode(const AttentionProblem& problem,
   unlimited.max_regs_per_thread = 1 << 30;
   unlimited.max_threads_per_sm = unlimited.max_threads_per_block = 1 << 30;
   FLASHJIT_TRY(check_decode_config(config, problem, unlimited));
-  const bool bf16 = problem.dtype == DType::BF16;
   const char* params = "(const __grid_constant__ FlashjitAttentionParams params) {\n";
   std::ostringstream instantiation;
-  instantiation << "typedef flashjit_kernel::DecodeTraits</*head_dim=*/" << problem.head_dim
-                << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n
-                << ", /*warps=*/" << config.warps << ", /*stages=*/" << config.stages
-                << ", /*bf16=*/" << bool_text(bf16) << ", /*causal=*/" << bool_text(problem.causal)
-                << ", /*page_size=*/" << problem.kv.page_size << "> Config;\n"
+  instantiation << "typedef flashjit_kernel::DecodeTraits" << gpu_traits_arguments(problem, config)
+                << " Config;\n"
                 << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads)\n"
                 << kDecodeSplitEntry << params
                 << "  flashjit_kernel::decode_split<Config>(params);\n}\n";
   return detail::assemble(
       {"attention_common.h", "cuda/common.cuh", "cuda/tiles.cuh", "cuda/decode.cuh"},
       {kDecodeSplitEntry}, "decode", problem, tile_of(config), instantiation.str());
+}
+
+Result<KernelSource> render_hip_decode(const AttentionProblem& problem,
+                                       const AttentionConfig& config) {
+  FLASHJIT_TRY(validate(problem));
+  // An AMD device with no limits to speak of: only the template's own constraints can fail.
+  DeviceSpec unlimited;
+  unlimited.name = "(template constraints only)";
+  unlimited.gcn_arch = "gfx90a";
+  unlimited.warp_size = kHipWaveSize;
+  unlimited.smem_per_block_optin = unlimited.smem_per_sm = 1 << 30;
+  unlimited.regs_per_sm = 1 << 30;
+  unlimited.max_regs_per_thread = 1 << 30;
+  unlimited.max_threads_per_sm = unlimited.max_threads_per_block = 1 << 30;
+  FLASHJIT_TRY(check_hip_decode_config(config, problem, unlimited));
+  std::ostringstream instantiation;
+  instantiation << "typedef flashjit_hip::DecodeTraits" << gpu_traits_arguments(problem, config)
+                << " Config;\n"
+                << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads)\n"
+                << kDecodeSplitEntry << "(FlashjitAttentionParams params) {\n"
+                << "  flashjit_hip::decode_split<Config>(params);\n}\n";
+  return detail::assemble(
+      {"attention_common.h", "hip/primitives.hpp", "hip/tiles.hpp", "hip/decode.hpp"},
+      {kDecodeSplitEntry}, "decode_hip", problem, tile_of(config), instantiation.str());
 }
 
 Result<KernelSource> render_cpu_decode(const AttentionProblem& problem,

@@ -1,8 +1,9 @@
 // Rendering the decode family (generator/decode_config.hpp): its entry points and launch
-// contract, and the sources for CUDA (templates/cuda/decode.cuh) and the CPU
-// (templates/cpu/decode.hpp). render_cuda_attention / render_cpu_attention forward here for
-// configs of family Decode. The split count is a launch parameter (FlashjitAttentionParams::
-// num_splits), not part of the source: every split choice of one tile shares one binary.
+// contract, and the sources for CUDA (templates/cuda/decode.cuh), HIP (templates/hip/decode.hpp)
+// and the CPU (templates/cpu/decode.hpp). render_cuda_attention / render_hip_attention /
+// render_cpu_attention forward here for configs of family Decode. The split count is a launch
+// parameter (FlashjitAttentionParams:: num_splits), not part of the source: every split choice of
+// one tile shares one binary.
 #pragma once
 
 #include <initializer_list>
@@ -33,6 +34,10 @@ inline constexpr const char* kCpuDecodeCombineEntry = "flashjit_decode_combine_c
 Result<KernelSource> render_cuda_decode(const AttentionProblem& problem,
                                         const AttentionConfig& config);
 Result<KernelSource> render_cpu_decode(const AttentionProblem& problem,
+                                       const AttentionConfig& config);
+// HIP (templates/hip/decode.hpp): the same entry and contract as CUDA's, Config::kThreads =
+// waves * 64 threads, hip_decode_lds_bytes of dynamic LDS.
+Result<KernelSource> render_hip_decode(const AttentionProblem& problem,
                                        const AttentionConfig& config);
 
 namespace detail {

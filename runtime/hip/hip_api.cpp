@@ -103,6 +103,7 @@ Result<const Api*> load_api() {
   FLASHJIT_TRY(resolve(h, lib, table.hipFree, "hipFree", code));
   FLASHJIT_TRY(resolve(h, lib, table.hipMemcpy, "hipMemcpy", code));
   FLASHJIT_TRY(resolve(h, lib, table.hipMemset, "hipMemset", code));
+  FLASHJIT_TRY(resolve(h, lib, table.hipMemsetAsync, "hipMemsetAsync", code));
   FLASHJIT_TRY(resolve(h, lib, table.hipEventCreate, "hipEventCreate", code));
   FLASHJIT_TRY(resolve(h, lib, table.hipEventDestroy, "hipEventDestroy", code));
   FLASHJIT_TRY(resolve(h, lib, table.hipEventRecord, "hipEventRecord", code));

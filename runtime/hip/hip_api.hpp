@@ -40,6 +40,7 @@ struct Api {
   hipError_t (*hipFree)(void*);
   hipError_t (*hipMemcpy)(void*, const void*, size_t, hipMemcpyKind);
   hipError_t (*hipMemset)(void*, int, size_t);
+  hipError_t (*hipMemsetAsync)(void*, int, size_t, hipStream_t);
   hipError_t (*hipEventCreate)(hipEvent_t*);
   hipError_t (*hipEventDestroy)(hipEvent_t);
   hipError_t (*hipEventRecord)(hipEvent_t, hipStream_t);

@@ -9,8 +9,10 @@
 #include <utility>
 #include <vector>
 
+#include "generator/decode_config.hpp"
 #include "generator/hip_config.hpp"
 #include "generator/render.hpp"
+#include "runtime/decode_launch.hpp"
 #include "runtime/gpu_launch.hpp"
 #include "runtime/hip/hiprtc_compiler.hpp"
 #include "runtime/launch_params.hpp"
@@ -36,10 +38,13 @@ AttentionProblem representative_problem(const ProblemSignature& signature) {
   return problem;
 }
 
-// Threads and LDS of each entry point of a kernel of `signature` with `config`.
+// Threads and LDS of each entry point of a kernel of `signature` with `config` (a decode kernel:
+// its one entry, render_decode.hpp).
 std::vector<KernelShape> hip_entry_shapes(const ProblemSignature& signature,
                                           const AttentionConfig& config) {
   const AttentionProblem problem = representative_problem(signature);
+  if (config.family == KernelFamily::Decode)
+    return {{config.warps * kHipWaveSize, hip_decode_lds_bytes(config, problem)}};
   return entry_shapes(signature.pass,
                       {config.warps * kHipWaveSize,
                        signature.pass == Pass::Forward ? hip_lds_bytes(config, problem) : 0},
@@ -78,15 +83,17 @@ class EventPair {
   const Api& api_;
 };
 
-// The kernels of one module: one for the forward, three for the backward (render.hpp names and
-// shapes them). Thread-safe to launch: the only mutable state is the backward's workspace cache.
+// The kernels of one module: one for the forward and for decode, three for the backward
+// (render.hpp and render_decode.hpp name and shape them). Thread-safe to launch: the only mutable
+// state is the workspace cache (the backward's, decode's partials).
 class HipKernel final : public Kernel {
  public:
-  HipKernel(const Api* api, int ordinal, hipModule_t module, std::vector<hipFunction_t> functions,
-            std::vector<KernelShape> shapes, ProblemSignature signature, AttentionConfig config,
-            KernelInfo info)
+  HipKernel(const Api* api, int ordinal, const DeviceSpec& device, hipModule_t module,
+            std::vector<hipFunction_t> functions, std::vector<KernelShape> shapes,
+            ProblemSignature signature, AttentionConfig config, KernelInfo info)
       : api_(api),
         ordinal_(ordinal),
+        device_(device),
         module_(module),
         functions_(std::move(functions)),
         shapes_(std::move(shapes)),
@@ -111,30 +118,45 @@ class HipKernel final : public Kernel {
   const KernelInfo& info() const override { return info_; }
 
   size_t workspace_bytes(const AttentionProblem& problem) const override {
+    if (config_.family == KernelFamily::Decode)
+      return gpu_decode_workspace(problem, config_, hip_decode_splits(config_, problem, device_))
+          .bytes;
     return backward_workspace(problem, config_).bytes;
   }
 
-  // The entries in order on `stream` (gpu_launch.hpp: checks, grids, the backward's workspace).
+  // The entries in order on `stream` (gpu_launch.hpp: checks, grids, the backward's workspace;
+  // decode_launch.hpp for the decode family, its split counters zeroed with hipMemsetAsync).
   Status launch(const AttentionProblem& problem, const AttentionArgs& args,
                 void* stream) const override {
-    return launch_gpu_kernel(
-        problem, args, signature_, config_, shapes_, kGridLimits, workspace_, stream,
-        [&](size_t entry, const LaunchShape& shape, FlashjitAttentionParams& params) -> Status {
-          FLASHJIT_TRY(check(api_->hipSetDevice(ordinal_), "hipSetDevice"));
-          void* kernel_args[] = {&params};
-          return check(api_->hipModuleLaunchKernel(
-                           functions_[entry], static_cast<unsigned>(shape.grid_x),
-                           static_cast<unsigned>(shape.grid_y), static_cast<unsigned>(shape.grid_z),
-                           static_cast<unsigned>(shape.threads), 1, 1,
-                           static_cast<unsigned>(shape.smem_bytes),
-                           static_cast<hipStream_t>(stream), kernel_args, nullptr),
-                       "hipModuleLaunchKernel", ErrorCode::LaunchFailed);
-        });
+    auto enqueue = [&](size_t entry, const LaunchShape& shape,
+                       FlashjitAttentionParams& params) -> Status {
+      FLASHJIT_TRY(check(api_->hipSetDevice(ordinal_), "hipSetDevice"));
+      void* kernel_args[] = {&params};
+      return check(
+          api_->hipModuleLaunchKernel(
+              functions_[entry], static_cast<unsigned>(shape.grid_x),
+              static_cast<unsigned>(shape.grid_y), static_cast<unsigned>(shape.grid_z),
+              static_cast<unsigned>(shape.threads), 1, 1, static_cast<unsigned>(shape.smem_bytes),
+              static_cast<hipStream_t>(stream), kernel_args, nullptr),
+          "hipModuleLaunchKernel", ErrorCode::LaunchFailed);
+    };
+    if (config_.family == KernelFamily::Decode) {
+      return launch_gpu_decode(
+          problem, args, signature_, config_, hip_decode_splits(config_, problem, device_), shapes_,
+          kGridLimits, workspace_, stream, enqueue, [&](void* counters, size_t bytes) -> Status {
+            FLASHJIT_TRY(check(api_->hipSetDevice(ordinal_), "hipSetDevice"));
+            return check(api_->hipMemsetAsync(counters, 0, bytes, static_cast<hipStream_t>(stream)),
+                         "hipMemsetAsync", ErrorCode::LaunchFailed);
+          });
+    }
+    return launch_gpu_kernel(problem, args, signature_, config_, shapes_, kGridLimits, workspace_,
+                             stream, enqueue);
   }
 
  private:
   const Api* api_;
   int ordinal_;
+  const DeviceSpec device_;  // the decode family's auto splits need the CU count
   hipModule_t module_;
   std::vector<hipFunction_t> functions_;
   std::vector<KernelShape> shapes_;  // per entry
@@ -147,10 +169,19 @@ class HipKernel final : public Kernel {
 }  // namespace
 
 Result<std::vector<LaunchGrid>> launch_grids(const AttentionProblem& problem,
-                                             const AttentionConfig& config) {
+                                             const AttentionConfig& config,
+                                             const DeviceSpec* device) {
   const std::vector<KernelShape> shapes = hip_entry_shapes(ProblemSignature::of(problem), config);
   std::vector<LaunchShape> launches;
-  if (problem.is_backward()) {
+  if (config.family == KernelFamily::Decode) {
+    if (device == nullptr && config.splits == 0)
+      return make_error(ErrorCode::InvalidArgument,
+                        "config " + config.to_string() +
+                            ": auto splits depend on the device's CU count (pass the device)");
+    const int splits =
+        device ? hip_decode_splits(config, problem, *device) : decode_splits(config, problem, 1, 1);
+    launches = {decode_launch(problem, config, splits, shapes[0]).split};
+  } else if (problem.is_backward()) {
     const BackwardLaunch launch =
         backward_launch(problem, config, BackwardShapes{shapes[0], shapes[1], shapes[2]});
     launches = {launch.preprocess, launch.dkdv, launch.dq};
@@ -259,7 +290,14 @@ Result<std::shared_ptr<Kernel>> HipBackend::load(const Binary& binary, const Ker
     return make_error(ErrorCode::InvalidArgument,
                       "empty binary for '" + source.label + "': nothing to load");
   }
-  FLASHJIT_TRY(check_entry_count(source, signature.pass));
+  if (config.family == KernelFamily::Decode) {
+    if (source.entries.size() != 1)
+      return make_error(ErrorCode::InvalidArgument,
+                        "'" + source.label + "' defines " + std::to_string(source.entries.size()) +
+                            " entry points; a HIP decode kernel has 1 (split, which combines)");
+  } else {
+    FLASHJIT_TRY(check_entry_count(source, signature.pass));
+  }
   const std::vector<KernelShape> shapes = hip_entry_shapes(signature, config);
   for (const KernelShape& shape : shapes) {
     if (shape.smem_bytes > device_.smem_per_block_optin) {
@@ -317,7 +355,7 @@ Result<std::shared_ptr<Kernel>> HipBackend::load(const Binary& binary, const Ker
     functions.push_back(function);
   }
   return std::shared_ptr<Kernel>(std::make_shared<HipKernel>(
-      api_, ordinal_, module, std::move(functions), shapes, signature, config, info));
+      api_, ordinal_, device_, module, std::move(functions), shapes, signature, config, info));
 }
 
 Result<DeviceBuffer> HipBackend::allocate(size_t bytes) const {

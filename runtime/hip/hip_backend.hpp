@@ -21,15 +21,18 @@ namespace flashjit::hip {
 Result<DeviceSpec> query_device(int ordinal);
 
 // The grids of one call's launches for `config`, in order (the forward: x query blocks, y heads,
-// z batch; the backward: its three entries, generator/render.hpp), and whether HIP can run them:
-// error InvalidArgument naming the problem size that is too large.
+// z batch; the backward: its three entries, generator/render.hpp; decode: its split kernel,
+// generator/render_decode.hpp, with the splits on `device`, or without one the config's explicit
+// splits), and whether HIP can run them: error InvalidArgument naming the problem size that is
+// too large.
 struct LaunchGrid {
   unsigned x = 0, y = 0, z = 0;
   unsigned threads = 0;  // per workgroup
   unsigned lds_bytes = 0;
 };
 Result<std::vector<LaunchGrid>> launch_grids(const AttentionProblem& problem,
-                                             const AttentionConfig& config);
+                                             const AttentionConfig& config,
+                                             const DeviceSpec* device = nullptr);
 
 class HipBackend final : public Backend {
  public:

@@ -101,4 +101,17 @@ __device__ __forceinline__ void atomic_add(float* address, float value) {
   __builtin_amdgcn_global_atomic_fadd_f32((__attribute__((address_space(1))) float*)address, value);
 }
 
+// The old value of *address, to which `value` is added atomically in global memory (the decode
+// kernel's split counters; relaxed: memory_fence orders the partials around it).
+__device__ __forceinline__ int atomic_fetch_add(int* address, int value) {
+  return __atomic_fetch_add(address, value, __ATOMIC_RELAXED);
+}
+
+// A fence over the device (agent scope), release and acquire: this thread's global writes before
+// it are visible to every CU before its later ones; global reads after it see what other
+// workgroups wrote before their fence (on CDNA the acquire half invalidates this CU's L1).
+__device__ __forceinline__ void memory_fence() {
+  __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent");
+}
+
 }  // namespace flashjit_hip

@@ -81,4 +81,15 @@ DecodeInputs make_decode_inputs(AttentionProblem problem, const std::vector<int3
   return d;
 }
 
+std::vector<DecodeShape> decode_shapes(int page_size) {
+  const int page = page_size > 0 ? page_size : 64;
+  return {
+      {3, 8, 2, 1, page + 1, {1, page - 1, page + 1}},  // GQA 4:1, one query
+      {2, 2, 2, 3, 2 * page + 5, {0, 2 * page + 5}},    // MHA, a sequence with no key
+      {1, 16, 2, 2, 3 * page, {3 * page - 7}},          // GQA 8:1 x 2 queries = 16 rows
+      {1, 4, 1, 16, page + 17, {page + 17}},            // MQA, 16 queries = 64 rows
+      {2, 2, 1, 21, 2 * page, {2 * page, 12}},          // chunked prefill
+  };
+}
+
 }  // namespace flashjit::testing

@@ -32,6 +32,17 @@ struct DecodeInputs {
 DecodeInputs make_decode_inputs(AttentionProblem problem, const std::vector<int32_t>& lengths,
                                 int page_size, uint64_t seed);
 
+// A problem shape of the decode emulation tests (CUDA's and HIP's), with its sequences' lengths.
+struct DecodeShape {
+  int64_t batch, heads_q, heads_kv, seqlen_q, seqlen_k;
+  std::vector<int32_t> lengths;  // per sequence; the paged cache's page size is the config's
+};
+
+// Small enough to emulate, around every edge: lengths 0, 1, 15..17 (page 16), a page +- 1 of the
+// larger pages, GQA 1:1 .. 8:1, MQA, seqlen_q 1 .. 16, chunked prefill (seqlen_q 21 > keys of
+// the second sequence: causal rows with no key). page_size 0 (contiguous): as for pages of 64.
+std::vector<DecodeShape> decode_shapes(int page_size);
+
 // The fp64 reference of `d.problem` over d.inputs (tuner/reference.hpp's, per sequence): o dense
 // [batch, seqlen_q, heads_q, d] and lse [batch, heads_q, seqlen_q] (a sequence of 0 keys: o = 0,
 // lse = +inf).

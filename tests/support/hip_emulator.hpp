@@ -1,5 +1,5 @@
 // A host emulation of the AMD device primitives that the HIP templates (hip/attention_fwd.hpp,
-// hip/attention_bwd.hpp, hip/tiles.hpp) are written against (the names of
+// hip/attention_bwd.hpp, hip/decode.hpp, hip/tiles.hpp) are written against (the names of
 // templates/hip/primitives.hpp), so that the HIP kernel bodies run on the CPU and their outputs
 // are compared with the fp64 reference where no AMD GPU exists.
 //
@@ -13,7 +13,8 @@
 // What this checks: the kernel's indexing, LDS layout and swizzles, the MFMA operand and result
 // layouts as primitives.hpp documents them (AMD's matrix instruction calculator), masking, the
 // online softmax, GQA, strides and LSE; for the backward also the workspace and the dQ atomics
-// (plain adds here: one lane runs at a time, workgroups one after another). What it cannot
+// (plain adds here: one lane runs at a time, workgroups one after another); for decode the split
+// counters (the last workgroup to count is the last one run; fences are no-ops). What it cannot
 // check: that the hardware matches that documentation, the compiler, timing, and races between
 // waves (or between workgroups' atomics) that this schedule happens to order (waves run in turn,
 // alternating direction at each barrier). LDS starts as NaN bytes so that a read of anything not
@@ -88,6 +89,13 @@ inline f32x4 mfma_16x16x16(u32 a_lo, u32 a_hi, u32 b_lo, u32 b_hi, f32x4 c) {
 
 // Lanes run one at a time, so an atomic add is a plain one.
 inline void atomic_add(float* address, float value) { *address += value; }
+inline int atomic_fetch_add(int* address, int value) {
+  const int old_value = *address;
+  *address += value;
+  return old_value;
+}
+// Workgroups run one after another, and lanes one at a time: every write is seen by later reads.
+inline void memory_fence() {}
 
 template <bool IS_BF16>
 inline float to_float(u16 bits) {

@@ -129,32 +129,13 @@ DecodeCase decode_case() {
           K::kThreads};
 }
 
-struct Shape {
-  int64_t batch, heads_q, heads_kv, seqlen_q, seqlen_k;
-  std::vector<int32_t> lengths;  // per sequence; the paged cache's page size is the config's
-};
-
-// Small enough to emulate, around every edge: lengths 0, 1, 15..17 (page 16), a page +- 1 of the
-// larger pages, GQA 1:1 .. 8:1, MQA, seqlen_q 1 .. 16, chunked prefill (seqlen_q 21 > keys of
-// the second sequence: causal rows with no key).
-std::vector<Shape> shapes(int page_size) {
-  const int page = page_size > 0 ? page_size : 64;
-  return {
-      {3, 8, 2, 1, page + 1, {1, page - 1, page + 1}},  // GQA 4:1, one query
-      {2, 2, 2, 3, 2 * page + 5, {0, 2 * page + 5}},    // MHA, a sequence with no key
-      {1, 16, 2, 2, 3 * page, {3 * page - 7}},          // GQA 8:1 x 2 queries = 16 rows
-      {1, 4, 1, 16, page + 17, {page + 17}},            // MQA, 16 queries = 64 rows
-      {2, 2, 1, 21, 2 * page, {2 * page, 12}},          // chunked prefill
-  };
-}
-
 class CudaDecodeEmulation : public ::testing::TestWithParam<DecodeCase> {};
 
 TEST_P(CudaDecodeEmulation, MatchesTheFp64Reference) {
   const DecodeCase& c = GetParam();
   uint64_t seed = 7;
   int runs = 0;
-  for (const Shape& shape : shapes(c.page_size)) {
+  for (const ft::DecodeShape& shape : ft::decode_shapes(c.page_size)) {
     AttentionProblem problem =
         AttentionProblem::make(shape.batch, shape.heads_q, shape.heads_kv, shape.seqlen_q,
                                shape.seqlen_k, c.head_dim, c.dtype, c.causal);

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "generator/decode_config.hpp"
 #include "generator/device.hpp"
 #include "generator/hip_config.hpp"
 #include "generator/render.hpp"
@@ -180,8 +181,11 @@ void print_table(const std::vector<CompileOutcome>& outcomes, const AttentionPro
       std::printf("  %-14s FAILED\n", o.config.to_string().c_str());
       continue;
     }
+    const bool decode = o.config.family == KernelFamily::Decode;
     std::printf("  %-14s %7d %5d %5d %5d %5d %6d %7zu %6.2f\n", o.config.to_string().c_str(),
-                hip_lds_bytes(o.config, problem), hip_estimated_registers(o.config, problem),
+                decode ? hip_decode_lds_bytes(o.config, problem) : hip_lds_bytes(o.config, problem),
+                decode ? hip_decode_estimated_registers(o.config, problem)
+                       : hip_estimated_registers(o.config, problem),
                 o.resources.vgprs, o.resources.agprs, o.resources.sgprs, o.resources.vgpr_spills,
                 o.code_bytes, o.seconds);
   }
@@ -251,6 +255,69 @@ TEST(HipCompilePaddedHeadDim, DefaultConfigsOfHeadDims96And192Compile) {
                  "gfx90a_d" + std::to_string(head_dim) + "_bf16_causal");
   }
 }
+
+// ---- decode -----------------------------------------------------------------------------------
+
+// Every legal tile of the decode template (templates/hip/decode.hpp; the split count is a launch
+// parameter, so the auto-split config stands for its tile) compiles cleanly: d 64, 128, 256 and
+// a padded 72, bf16 and fp16, causal or not, contiguous (per-sequence lengths) or paged (16 and
+// 256 keys per page: the paged copies' page addresses cost registers).
+struct DecodeCompileGroup {
+  int head_dim;
+  DType dtype;
+  bool causal;
+  int page_size;
+
+  std::string name() const {
+    std::string text = "gfx90a_decode_d";
+    text += std::to_string(head_dim);
+    text += "_";
+    text += to_string(dtype);
+    text += causal ? "_causal" : "_noncausal";
+    text += page_size > 0 ? "_paged" + std::to_string(page_size) : std::string("_seqlens");
+    return text;
+  }
+  AttentionProblem problem() const {
+    // 8:1 GQA x 4 queries: 32 packed rows, so both block_m 16 and 32 are offered.
+    AttentionProblem p = AttentionProblem::make(4, 32, 4, 4, 8192, head_dim, dtype, causal);
+    if (page_size > 0) return p.with_paged_kv(page_size, 4 * 8192 / page_size);
+    p.kv.seqlens_k = true;
+    return p;
+  }
+};
+
+void PrintTo(const DecodeCompileGroup& group, std::ostream* out) { *out << group.name(); }
+
+class HipCompileAllDecodeConfigs : public ::testing::TestWithParam<DecodeCompileGroup> {};
+
+TEST_P(HipCompileAllDecodeConfigs, EveryLegalTileCompilesWithoutSpills) {
+  if (!have_hiprtc()) GTEST_SKIP() << hip::hiprtc_version();
+  const DecodeCompileGroup& group = GetParam();
+  const DeviceSpec device = known_device("gfx90a").value();
+  const AttentionProblem problem = group.problem();
+  std::vector<AttentionConfig> tiles;
+  for (const AttentionConfig& c : legal_hip_configs(problem, device)) {
+    ASSERT_EQ(c.family, KernelFamily::Decode) << c.to_string() << ": " << group.name();
+    if (c.splits == 0) tiles.push_back(c);
+  }
+  ASSERT_FALSE(tiles.empty()) << "no legal decode config for " << group.name();
+  const std::vector<CompileOutcome> outcomes = compile_all(problem, tiles, "gfx90a");
+  print_table(outcomes, problem, device);
+  for (const CompileOutcome& outcome : outcomes)
+    expect_clean(outcome, problem, device, group.name());
+}
+
+std::vector<DecodeCompileGroup> decode_groups() {
+  return {{64, DType::BF16, true, 0},    {64, DType::F16, false, 16}, {72, DType::BF16, false, 0},
+          {128, DType::BF16, false, 16}, {128, DType::F16, true, 0},  {128, DType::BF16, true, 256},
+          {256, DType::BF16, false, 16}, {256, DType::F16, true, 0}};
+}
+
+INSTANTIATE_TEST_SUITE_P(DecodeGroups, HipCompileAllDecodeConfigs,
+                         ::testing::ValuesIn(decode_groups()),
+                         [](const ::testing::TestParamInfo<DecodeCompileGroup>& info) {
+                           return info.param.name();
+                         });
 
 // ---- the backward pass ----------------------------------------------------------------------
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "generator/decode_config.hpp"
 #include "generator/hip_config.hpp"
 #include "runtime/hip/hip_backend.hpp"
 #include "runtime/launch_params.hpp"
@@ -155,6 +156,30 @@ TEST(HipLaunch, BackwardGrids) {
   Result<std::vector<LaunchGrid>> too_many = launch_grids(many_kv_heads, config);
   ASSERT_FALSE(too_many.ok());
   EXPECT_NE(too_many.error().message.find("heads_q = 70000"), std::string::npos);
+}
+
+// The decode family's one launch (render_decode.hpp): (splits x row tiles, kv heads, batch),
+// waves * 64 threads, hip_decode_lds_bytes; auto splits need the device's CU count.
+TEST(HipLaunch, DecodeGrids) {
+  AttentionConfig config{16, 64, 4, 1, KernelFamily::Decode};
+  const auto problem =
+      AttentionProblem::make(3, 32, 8, 5, 4000, 128, DType::BF16, false).with_paged_kv(16, 800);
+  EXPECT_FALSE(launch_grids(problem, config).ok());  // auto splits, no device
+  const DeviceSpec device = known_device("gfx90a").value();
+  Result<std::vector<LaunchGrid>> grids = launch_grids(problem, config, &device);
+  ASSERT_TRUE(grids.ok()) << grids.error().describe();
+  ASSERT_EQ(grids->size(), 1u);
+  const LaunchGrid& split = grids->front();
+  const int splits = hip_decode_splits(config, problem, device);
+  EXPECT_EQ(split.x, 2u * splits);  // 4:1 x 5 queries = 20 packed rows: 2 tiles of 16
+  EXPECT_EQ(split.y, 8u);
+  EXPECT_EQ(split.z, 3u);
+  EXPECT_EQ(split.threads, 256u);
+  EXPECT_EQ(static_cast<int>(split.lds_bytes), hip_decode_lds_bytes(config, problem));
+  config.splits = 7;
+  grids = launch_grids(problem, config);
+  ASSERT_TRUE(grids.ok()) << grids.error().describe();
+  EXPECT_EQ(grids->front().x, 14u);
 }
 
 TEST(HipLaunch, ArgumentChecks) {

@@ -1,0 +1,490 @@
+// flashjit decode for AMD CDNA (gfx90a MI200, gfx942 MI300): split-KV (flash-decoding) with GQA
+// packing over a contiguous or paged K/V cache. The algorithm, its knobs and the launch contract
+// are CUDA's (generator/decode_config.hpp, generator/render_decode.hpp, templates/cuda/decode.cuh):
+// one entry, the split kernel, whose last workgroup per row tile merges the splits (the int32
+// counters right after partial_lse, runtime/decode_launch.hpp's DecodeWorkspace). The renderer
+// prepends attention_params.h, attention_common.h, hip/primitives.hpp and hip/tiles.hpp and
+// appends one instantiation; this file is plain C++ over their names, so that
+// tests/templates/hip_decode_emulation_test.cpp runs it on the host against the fp64 reference.
+//
+// Matrix cores (MFMA 16x16x16), not plain FMA: the forward's transposed formulation
+// (hip/attention_fwd.hpp) carries over unchanged, with its K (swizzled rows) and V^T LDS tiles of
+// hip/tiles.hpp, and a tile of 16 packed rows is exactly one MFMA's 16 columns. FMA over 64 lanes
+// would need the K/V block in LDS all the same (each key is read by every row) and would spend
+// 16x the issue slots per score; the kernel is memory-bound either way, and the MFMA keeps the
+// waves' ALU time far below the time their 16-byte loads take.
+//
+// One workgroup = (split, tile of kBlockM packed rows, kv head hk, batch b); packed row r is query
+// position r / G of query head hk * G + r % G, so the group's heads share every K/V block. Every
+// wave holds all kBlockM rows (Q as MFMA B operands in registers) and takes kWaveKeys of each
+// block's keys:
+//
+// clang-format off
+//   len  = min(seqlens_k[b], seqlen_k) (or seqlen_k);  end = len, causal: min(len, last row's position + len - seqlen_q + 1)
+//   this split's key blocks: [split * per, min((split + 1) * per, blocks)),  per = ceil(blocks / num_splits)
+//   for each K/V block j of the split:  K_j rows, V_j^T in LDS (kStages buffers; block j + 1 is
+//                                       loaded into registers meanwhile, 16-byte loads; paged:
+//                                       each key row through the block table)
+//     wave w takes keys [w * kWaveKeys, +kWaveKeys) of the block:
+//     S_w^T = K_w Q^T, masked (len, causal per row); online softmax (m_w, l_w); O_w^T += V_w^T P_w^T
+//   merge the waves (LDS):              m = max_w m_w;  l = sum_w l_w 2^(m_w - m);  O = sum_w O_w 2^(m_w - m) / l
+//   num_splits == 1: o, lse;  else partial_o = O (fp32), partial_lse = m + log2 l (base 2; -inf: no key)
+//   num_splits > 1:  count this split in (the tile's counter); the tile's last split to finish
+//                    merges every split's partials of the tile's rows into o, lse (one wave per
+//                    row) and sets the counter back to 0 for the next call
+// clang-format on
+//
+// The partials of other workgroups are read after an agent-scope acquire fence (memory_fence),
+// which on CDNA invalidates this CU's L1: the loads see what the other CUs wrote through L2.
+// Keys at or past len are never read (zero in registers and LDS, masked in S), so block-table
+// entries past a sequence's pages may hold anything.
+
+namespace flashjit_hip {
+
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WAVES, int STAGES, bool IS_BF16, bool CAUSAL,
+          int PAGE_SIZE>
+struct DecodeTraits {
+  static constexpr int kHeadDim = HEAD_DIM;
+  static constexpr int kHeadDimPadded = (HEAD_DIM + 63) / 64 * 64;  // whole swizzle groups
+  static constexpr int kBlockM = BLOCK_M;
+  static constexpr int kBlockN = BLOCK_N;
+  static constexpr int kWaves = WAVES;
+  static constexpr int kStages = STAGES;
+  static constexpr bool kIsBf16 = IS_BF16;
+  static constexpr bool kCausal = CAUSAL;
+  static constexpr int kPageSize = PAGE_SIZE;  // 0: contiguous K/V
+
+  static constexpr int kWaveSize = 64;
+  static constexpr int kThreads = kWaves * kWaveSize;
+  static constexpr int kMTiles = kBlockM / 16;         // 16-row tiles (every wave: all rows)
+  static constexpr int kWaveKeys = kBlockN / kWaves;   // keys of a block per wave
+  static constexpr int kWaveNTiles = kWaveKeys / 16;   // 16-key tiles of a wave's S^T
+  static constexpr int kDTiles = kHeadDimPadded / 16;  // 16-dim tiles of O^T (K Q^T k-steps)
+  typedef TileCopy<kBlockN, kHeadDim, kHeadDimPadded, kThreads> KVCopy;
+  static constexpr int kChunksPerRow = KVCopy::kChunksPerRow;
+  static constexpr int kCopies = KVCopy::kCopies;                 // K (and V) chunks per thread
+  static constexpr int kKRowBytes = KVCopy::kRowBytes;            // K tile: [kBlockN][d], swizzled
+  static constexpr int kVRowBytes = KVCopy::kTransposedRowBytes;  // V^T tile: [d][kBlockN + 4]
+  static constexpr int kKTileBytes = KVCopy::kTileBytes;
+  static constexpr int kStageBytes = kKTileBytes + KVCopy::kTransposedTileBytes;
+  static constexpr int kKvBytes = kStages * kStageBytes;
+  // After the last block the K/V buffers hold each wave's O (fp32) and m, l for the merge.
+  static constexpr int kMergeOFloats = kWaves * kBlockM * kHeadDimPadded;
+  static constexpr int kMergeBytes = (kMergeOFloats + 2 * kWaves * kBlockM) * 4;
+  // generator: hip_decode_lds_bytes
+  static constexpr int kLdsBytes = kKvBytes > kMergeBytes ? kKvBytes : kMergeBytes;
+
+  static_assert(kHeadDim % 8 == 0 && kHeadDim >= 8 && kHeadDim <= 256,
+                "head dim: a multiple of 8 in [8, 256]");
+  static_assert(kBlockM == 16 || kBlockM == 32, "16 or 32 packed rows per workgroup");
+  static_assert(kWaves == 1 || kWaves == 2 || kWaves == 4, "1, 2 or 4 waves");
+  static_assert(kWaveKeys % 16 == 0, "each wave takes whole 16-key MFMA tiles of a block");
+  static_assert(kStages == 1 || kStages == 2, "1 or 2 LDS buffers for K/V");
+  static_assert((kBlockN * kChunksPerRow) % kThreads == 0, "K/V tile copies split evenly");
+  static_assert(kLdsBytes <= 65536, "LDS: 64 KiB per workgroup on CDNA");
+  static_assert(kPageSize == 0 || (kPageSize % 16 == 0 && kPageSize >= 16 && kPageSize <= 256),
+                "page size: 0 (contiguous) or a multiple of 16 in [16, 256]");
+};
+
+// Keys [n0, n0 + kBlockN) of one (batch, kv head) of K and V into registers, 16 bytes per copy
+// (hip/tiles.hpp's chunk order). `k` and `v` point at the kv head (and, contiguous, the batch);
+// paged, each key row is found through `table` (one lookup per copy, shared by K and V). Keys at
+// or past `len` and the head dim's padding are zero and never read.
+template <class K>
+FLASHJIT_DEVICE void decode_load_kv(Vec16 (&k_regs)[K::kCopies], Vec16 (&v_regs)[K::kCopies],
+                                    const FlashjitAttentionParams& p, const u16* k, const u16* v,
+                                    const int* table, int n0, int len, int tid) {
+#pragma unroll
+  for (int i = 0; i < K::kCopies; ++i) {
+    const int copy = tid + i * K::kThreads;
+    const int row = copy / K::kChunksPerRow;
+    const int col = copy % K::kChunksPerRow * 8;
+    const int key = n0 + row;
+    k_regs[i] = Vec16{0u, 0u, 0u, 0u};
+    v_regs[i] = Vec16{0u, 0u, 0u, 0u};
+    if (key < len && col < K::kHeadDim) {
+      long long k_offset, v_offset;
+      if constexpr (K::kPageSize > 0) {
+        const long long page = table[key / K::kPageSize];
+        const int in_page = key % K::kPageSize;
+        k_offset = page * p.k_batch_stride + in_page * p.k_seq_stride + col;
+        v_offset = page * p.v_batch_stride + in_page * p.v_seq_stride + col;
+      } else {
+        k_offset = key * p.k_seq_stride + col;
+        v_offset = key * p.v_seq_stride + col;
+      }
+      k_regs[i] = *reinterpret_cast<const Vec16*>(k + k_offset);
+      v_regs[i] = *reinterpret_cast<const Vec16*>(v + v_offset);
+    }
+  }
+}
+
+// ---- the combine ------------------------------------------------------------------------------
+
+// Merges the num_splits partials of row (b * heads_q + h) * seqlen_q + s into o and lse, by the
+// lanes of one wave (every lane must call it):
+//   M = max_s lse_s;  w_s = 2^(lse_s - M);  O = sum_s w_s O_s / sum_s w_s;
+//   lse = (M + log2 sum_s w_s) ln 2;  a row no split saw a key of: O = 0, lse = +inf.
+// The lanes read 64 splits' LSEs at once; each lane loads its columns of kSplitsInFlight splits'
+// partial rows before it sums them (loads in flight rather than a round trip per split).
+template <int HEAD_DIM, bool IS_BF16>
+FLASHJIT_DEVICE void decode_combine_row(const FlashjitAttentionParams& p, long long row, int lane) {
+  constexpr int kPerLane = (HEAD_DIM + 63) / 64;  // columns lane + 64 i
+  constexpr int kSplitsInFlight = 16 / kPerLane;  // 16 loads of partial O per lane
+  const long long rows_total = static_cast<long long>(p.batch) * p.heads_q * p.seqlen_q;
+  const float* lse_of = p.partial_lse + row;  // split s: lse_of[s * rows_total]
+  const int splits = p.num_splits;
+
+  float m = -flashjit_attention::infinity();
+  for (int s = lane; s < splits; s += 64) m = __builtin_fmaxf(m, lse_of[s * rows_total]);
+#pragma unroll
+  for (int offset = 32; offset > 0; offset /= 2) m = __builtin_fmaxf(m, shuffle_xor(m, offset));
+  const bool any_key = m != -flashjit_attention::infinity();  // the same in every lane
+
+  float sum = 0.f, acc[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) acc[i] = 0.f;
+  if (any_key) {
+    for (int s = lane; s < splits; s += 64) sum += fast_exp2(lse_of[s * rows_total] - m);
+#pragma unroll
+    for (int offset = 32; offset > 0; offset /= 2) sum += shuffle_xor(sum, offset);
+    for (int s0 = 0; s0 < splits; s0 += kSplitsInFlight) {
+      float weight[kSplitsInFlight], x[kSplitsInFlight][kPerLane];
+#pragma unroll
+      for (int u = 0; u < kSplitsInFlight; ++u) {
+        // Loads from valid addresses only, selecting values after (a select between a load and a
+        // constant becomes one between addresses, with the constant in scratch memory): past the
+        // last split its weight is 0, past the head dim a column is never stored.
+        const int s = s0 + u < splits ? s0 + u : splits - 1;
+        weight[u] = lse_of[s * rows_total];
+        if (s0 + u >= splits) weight[u] = -flashjit_attention::infinity();
+        const float* partial = p.partial_o + (s * rows_total + row) * HEAD_DIM;
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i)
+          x[u][i] = partial[lane + 64 * i < HEAD_DIM ? lane + 64 * i : HEAD_DIM - 1];
+      }
+#pragma unroll
+      for (int u = 0; u < kSplitsInFlight; ++u) {
+        const float w = fast_exp2(weight[u] - m);  // 0: an empty split, or one too small to count
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) acc[i] += w > 0.f ? w * x[u][i] : 0.f;
+      }
+    }
+  }
+  const float inverse = sum > 0.f ? 1.f / sum : 0.f;
+  const int position = static_cast<int>(row % p.seqlen_q);
+  const int head = static_cast<int>(row / p.seqlen_q % p.heads_q);
+  const int batch = static_cast<int>(row / p.seqlen_q / p.heads_q);
+  u16* out = static_cast<u16*>(p.o) + batch * p.o_batch_stride + position * p.o_seq_stride +
+             head * p.o_head_stride;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i)
+    if (lane + 64 * i < HEAD_DIM)
+      out[lane + 64 * i] = static_cast<u16>(pack2<IS_BF16>(acc[i] * inverse, 0.f) & 0xffffu);
+  if (p.lse && lane == 0)
+    p.lse[row] =
+        sum > 0.f ? (m + fast_log2(sum)) * 0.6931471805599453f : flashjit_attention::infinity();
+}
+
+// ---- the split kernel -------------------------------------------------------------------------
+
+template <class K>
+FLASHJIT_DEVICE void decode_split(const FlashjitAttentionParams& p) {
+  namespace fa = flashjit_attention;
+  constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
+  constexpr int kMTiles = K::kMTiles, kWaveNTiles = K::kWaveNTiles, kDTiles = K::kDTiles;
+  constexpr int kDp = K::kHeadDimPadded;
+  typedef Swizzle<K::kKRowBytes> KSwizzle;
+
+  unsigned char* const lds = lds_base();  // kStages x {K [kBlockN][d], V^T [d][kBlockN + 4]}
+
+  const int tid = thread_index();
+  const int lane = lane_index();
+  const int wave = tid / K::kWaveSize;
+  const int lane_row = lane % 16;    // r: the operand row / result column of this lane
+  const int lane_group = lane / 16;  // g: which 4 of the 16 k (or result rows) this lane holds
+  const int split = block_index_x() % p.num_splits;
+  const int tile = block_index_x() / p.num_splits;
+  const int kv_head = block_index_y();
+  const int batch = block_index_z();
+  const int group = p.group_size;
+  const int packed_rows = group * p.seqlen_q;
+  const int r0 = tile * kBlockM;  // first packed row of the tile
+  // The sequence's keys, at most seqlen_k (the problem's bound). Not `seqlens_k ? seqlens_k[b] :
+  // seqlen_k`: hipRTC turns a select between two loads into a load through a selected address,
+  // which puts the kernel argument in scratch memory.
+  int len = p.seqlen_k;
+  if (p.seqlens_k) {
+    const int keys = p.seqlens_k[batch];
+    if (keys < len) len = keys;
+  }
+  const int diagonal = len - p.seqlen_q;  // causal: position i sees keys j <= i + diagonal
+
+  // This split's blocks of the keys the tile's rows see.
+  const int last_row = (r0 + kBlockM < packed_rows ? r0 + kBlockM : packed_rows) - 1;
+  int end = len;
+  if (K::kCausal && last_row / group + diagonal + 1 < end) end = last_row / group + diagonal + 1;
+  const int blocks = end > 0 ? (end + kBlockN - 1) / kBlockN : 0;
+  const int per_split = (blocks + p.num_splits - 1) / p.num_splits;
+  const int first_block = split * per_split;
+  const int end_block = first_block + per_split < blocks ? first_block + per_split : blocks;
+  const int n_blocks = end_block > first_block ? end_block - first_block : 0;
+
+  const u16* k = static_cast<const u16*>(p.k) + kv_head * p.k_head_stride;
+  const u16* v = static_cast<const u16*>(p.v) + kv_head * p.v_head_stride;
+  if constexpr (K::kPageSize == 0) {
+    k += batch * p.k_batch_stride;
+    v += batch * p.v_batch_stride;
+  }
+  const int* table = K::kPageSize > 0 ? p.block_table + batch * p.block_table_stride : 0;
+
+  // Q as B operands of S^T = K Q^T: q_frag[mt][kk] = Q[packed row r0 + mt*16 + r][dims kk*16 +
+  // 4g .. + 3], gathered (packed row r: position r / G of head hk * G + r % G). Rows past the
+  // packed rows and dims past the head dim are zero (their results are never stored).
+  const u16* q = static_cast<const u16*>(p.q) + batch * p.q_batch_stride;
+  Frag q_frag[kMTiles][kDTiles];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+    const int r = r0 + mt * 16 + lane_row;
+#pragma unroll
+    for (int kk = 0; kk < kDTiles; ++kk) {
+      const int col = kk * 16 + 4 * lane_group;
+      q_frag[mt][kk] = Frag{0u, 0u};
+      if (r < packed_rows && col < K::kHeadDim)
+        q_frag[mt][kk] =
+            *reinterpret_cast<const Frag*>(q + (r / group) * p.q_seq_stride +
+                                           (kv_head * group + r % group) * p.q_head_stride + col);
+    }
+  }
+
+  // This wave's keys of a block, and this lane's operand offsets in the K and V^T tiles.
+  const int wave_key0 = wave * K::kWaveKeys;
+  const int k_lane = KSwizzle::offset(lane_row, lane_group * 8);
+  const int v_lane = lane_row * K::kVRowBytes + lane_group * 8 + wave_key0 * 2;
+
+  f32x4 acc[kMTiles][kDTiles];  // O^T: acc[mt][dt][i] = O[row mt*16 + r][dim dt*16 + 4g + i]
+  float row_max[kMTiles];       // m of row mt*16 + r (the same in all 4 lane groups)
+  float row_sum[kMTiles];       // l, this lane's partial over its keys (reduced at the end)
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt) acc[mt][dt] = f32x4{0.f, 0.f, 0.f, 0.f};
+    row_max[mt] = -fa::infinity();
+    row_sum[mt] = 0.f;
+  }
+
+  Vec16 k_next[K::kCopies];
+  Vec16 v_next[K::kCopies];
+  if (n_blocks > 0) {
+    decode_load_kv<K>(k_next, v_next, p, k, v, table, first_block * kBlockN, len, tid);
+    K::KVCopy::store_rows(lds, k_next, tid);
+    K::KVCopy::store_transposed(lds + K::kKTileBytes, v_next, tid);
+  }
+  barrier();
+
+  for (int j = 0; j < n_blocks; ++j) {
+    const int stage = kStages == 2 ? (j & 1) : 0;
+    const unsigned char* k_tile = lds + stage * K::kStageBytes;
+    const unsigned char* v_tile = k_tile + K::kKTileBytes;
+    const int n0 = (first_block + j) * kBlockN;
+    const bool more = j + 1 < n_blocks;
+    // Block j + 1 travels from global memory while block j is computed.
+    if (more) decode_load_kv<K>(k_next, v_next, p, k, v, table, n0 + kBlockN, len, tid);
+
+    // S_w^T = K_w Q^T: s[mt][nt][i] = S[row mt*16 + r][key n0 + wave_key0 + nt*16 + 4g + i].
+    f32x4 s[kMTiles][kWaveNTiles];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kWaveNTiles; ++nt) s[mt][nt] = f32x4{0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int kk = 0; kk < kDTiles; ++kk) {
+#pragma unroll
+      for (int nt = 0; nt < kWaveNTiles; ++nt) {
+        const Frag k_frag = *reinterpret_cast<const Frag*>(
+            k_tile + KSwizzle::advance(k_lane, wave_key0 + nt * 16, 2 * kk));
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          s[mt][nt] = mfma_16x16x16<K::kIsBf16>(k_frag.lo, k_frag.hi, q_frag[mt][kk].lo,
+                                                q_frag[mt][kk].hi, s[mt][nt]);
+        }
+      }
+    }
+
+    // Mask keys at or past len and, when causal, past each row's diagonal: only blocks that
+    // reach one of those edges pay for it.
+    if (n0 + kBlockN > len || (K::kCausal && n0 + kBlockN - 1 > r0 / group + diagonal)) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        const int r = r0 + mt * 16 + lane_row;
+        int last = len - 1;  // the row's last visible key
+        if (K::kCausal && r / group + diagonal < last) last = r / group + diagonal;
+        const int limit = last - (n0 + wave_key0 + 4 * lane_group);
+#pragma unroll
+        for (int nt = 0; nt < kWaveNTiles; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            if (nt * 16 + i > limit) s[mt][nt][i] = -fa::infinity();
+      }
+    }
+
+    // Online softmax, base 2 (as hip/attention_fwd.hpp). p_frag[mt][nt] is the B operand of
+    // k-step nt of O_w^T += V_w^T P_w^T.
+    Frag p_frag[kMTiles][kWaveNTiles];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      float block_max = row_max[mt];
+#pragma unroll
+      for (int nt = 0; nt < kWaveNTiles; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) block_max = __builtin_fmaxf(block_max, s[mt][nt][i]);
+      // A row's scores are spread over the 4 lane groups (lanes r, r+16, r+32, r+48).
+      block_max = __builtin_fmaxf(block_max, shuffle_xor(block_max, 16));
+      block_max = __builtin_fmaxf(block_max, shuffle_xor(block_max, 32));
+      const float max_scaled = fa::scaled_row_max(block_max, p.scale_log2);
+      const float correction = fast_exp2(row_max[mt] * p.scale_log2 - max_scaled);
+      row_max[mt] = block_max;
+      row_sum[mt] *= correction;
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) acc[mt][dt] *= correction;
+#pragma unroll
+      for (int nt = 0; nt < kWaveNTiles; ++nt) {
+        float e[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          e[i] = fast_exp2(__builtin_fmaf(s[mt][nt][i], p.scale_log2, -max_scaled));
+        row_sum[mt] += (e[0] + e[1]) + (e[2] + e[3]);
+        p_frag[mt][nt].lo = pack2<K::kIsBf16>(e[0], e[1]);
+        p_frag[mt][nt].hi = pack2<K::kIsBf16>(e[2], e[3]);
+      }
+    }
+
+    // O_w^T += V_w^T P_w^T over this wave's keys.
+#pragma unroll
+    for (int nt = 0; nt < kWaveNTiles; ++nt) {
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        const Frag v_frag =
+            *reinterpret_cast<const Frag*>(v_tile + v_lane + dt * 16 * K::kVRowBytes + nt * 32);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          acc[mt][dt] = mfma_16x16x16<K::kIsBf16>(v_frag.lo, v_frag.hi, p_frag[mt][nt].lo,
+                                                  p_frag[mt][nt].hi, acc[mt][dt]);
+        }
+      }
+    }
+
+    // Block j + 1 into LDS: with one buffer once everyone is done reading block j from it; with
+    // two, into the buffer block j - 1 used (everyone passed the barrier after reading it).
+    if (kStages == 1) barrier();
+    if (more) {
+      unsigned char* next_tile = lds + (kStages == 2 ? (stage ^ 1) : 0) * K::kStageBytes;
+      K::KVCopy::store_rows(next_tile, k_next, tid);
+      K::KVCopy::store_transposed(next_tile + K::kKTileBytes, v_next, tid);
+    }
+    barrier();
+  }
+
+  // Every wave is past its last read of the K/V buffers: they hold the merge now. Each wave's O
+  // (unnormalized) [wave][row][d_padded] floats, then [wave][row] pairs (m, l); the row sums are
+  // reduced over the lane groups first, by every lane (shuffles need the whole wave).
+  float* merge_o = reinterpret_cast<float*>(lds);
+  float* merge_ml = merge_o + K::kMergeOFloats;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+    float sum = row_sum[mt];
+    sum += shuffle_xor(sum, 16);
+    sum += shuffle_xor(sum, 32);
+    const int row = mt * 16 + lane_row;
+    float* o_row = merge_o + (wave * kBlockM + row) * kDp + 4 * lane_group;
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt) {
+      *reinterpret_cast<Float4*>(o_row + dt * 16) =
+          Float4{acc[mt][dt][0], acc[mt][dt][1], acc[mt][dt][2], acc[mt][dt][3]};
+    }
+    if (lane_group == 0) {
+      merge_ml[2 * (wave * kBlockM + row)] = row_max[mt];
+      merge_ml[2 * (wave * kBlockM + row) + 1] = sum;
+    }
+  }
+  barrier();
+
+  // Merge the waves and write a row's 8 columns per item: o and lse, or this split's partials.
+  const long long rows_total = static_cast<long long>(p.batch) * p.heads_q * p.seqlen_q;
+  for (int item = tid; item < kBlockM * K::kChunksPerRow; item += K::kThreads) {
+    const int row = item / K::kChunksPerRow;
+    const int col = item % K::kChunksPerRow * 8;
+    const int r = r0 + row;
+    if (r >= packed_rows || col >= K::kHeadDim) continue;
+    float m = -fa::infinity();
+#pragma unroll
+    for (int w = 0; w < K::kWaves; ++w) m = __builtin_fmaxf(m, merge_ml[2 * (w * kBlockM + row)]);
+    const float m_scaled = fa::scaled_row_max(m, p.scale_log2);
+    float l = 0.f, o[8];
+#pragma unroll
+    for (int c = 0; c < 8; ++c) o[c] = 0.f;
+#pragma unroll
+    for (int w = 0; w < K::kWaves; ++w) {
+      const float weight =
+          fast_exp2(merge_ml[2 * (w * kBlockM + row)] * p.scale_log2 - m_scaled);  // 0: no key
+      l += weight * merge_ml[2 * (w * kBlockM + row) + 1];
+      const float* o_w = merge_o + (w * kBlockM + row) * kDp + col;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) o[c] += weight * o_w[c];
+    }
+    const float inverse = l > 0.f ? 1.f / l : 0.f;  // a row with no keys: O = 0
+    const int position = r / group;
+    const int head = kv_head * group + r % group;
+    const long long out_row =
+        (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q + position;
+    if (p.num_splits == 1) {
+      Vec16 packed;
+      packed.x = pack2<K::kIsBf16>(o[0] * inverse, o[1] * inverse);
+      packed.y = pack2<K::kIsBf16>(o[2] * inverse, o[3] * inverse);
+      packed.z = pack2<K::kIsBf16>(o[4] * inverse, o[5] * inverse);
+      packed.w = pack2<K::kIsBf16>(o[6] * inverse, o[7] * inverse);
+      u16* out = static_cast<u16*>(p.o) + batch * p.o_batch_stride + position * p.o_seq_stride +
+                 head * p.o_head_stride + col;
+      *reinterpret_cast<Vec16*>(out) = packed;
+      if (p.lse && col == 0)
+        p.lse[out_row] = fa::row_lse(m, p.scale_log2, l, [](float x) { return fast_log2(x); });
+    } else {
+      float* partial = p.partial_o + (split * rows_total + out_row) * K::kHeadDim + col;
+      *reinterpret_cast<Float4*>(partial) =
+          Float4{o[0] * inverse, o[1] * inverse, o[2] * inverse, o[3] * inverse};
+      *reinterpret_cast<Float4*>(partial + 4) =
+          Float4{o[4] * inverse, o[5] * inverse, o[6] * inverse, o[7] * inverse};
+      if (col == 0)
+        p.partial_lse[split * rows_total + out_row] =
+            l > 0.f ? m_scaled + fast_log2(l) : -fa::infinity();
+    }
+  }
+  if (p.num_splits == 1) return;
+
+  // Count this split in; the tile's last split merges the partials (every writer's release fence
+  // before the count, the last one's acquire fence after it).
+  memory_fence();
+  barrier();                                     // every thread's partials are out; LDS is free
+  int* last_flag = reinterpret_cast<int*>(lds);  // the merge's bytes: read by no one any more
+  if (tid == 0) {
+    const int tiles = grid_size_x() / p.num_splits;
+    int* counter = reinterpret_cast<int*>(p.partial_lse + p.num_splits * rows_total) +
+                   (static_cast<long long>(batch) * p.heads_kv + kv_head) * tiles + tile;
+    const bool last = atomic_fetch_add(counter, 1) == p.num_splits - 1;
+    if (last) *counter = 0;  // every split has counted: ready for the next call
+    *last_flag = last;
+  }
+  barrier();
+  if (!*last_flag) return;
+  memory_fence();
+  for (int row = wave; row < kBlockM; row += K::kWaves) {
+    const int r = r0 + row;
+    if (r >= packed_rows) break;  // wave-uniform
+    const long long out_row =
+        (static_cast<long long>(batch) * p.heads_q + kv_head * group + r % group) * p.seqlen_q +
+        r / group;
+    decode_combine_row<K::kHeadDim, K::kIsBf16>(p, out_row, lane);
+  }
+}
+
+}  // namespace flashjit_hip
