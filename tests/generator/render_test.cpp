@@ -73,6 +73,15 @@ TEST(Render, TemplatesAreEmbeddedAndVersioned) {
   EXPECT_EQ(variant_generator_version_of("fake|Fake GPU"), generator_version());
 }
 
+// The HIP templates' plain version: what the tuning DB keys the HIP rows of plain problems with.
+// The variants in the HIP forward (issue 17) left it as it was (the plain kernels compile from
+// exactly the text they had); a change to what a plain HIP kernel compiles from changes it, and
+// this pin with it (on purpose: the HIP rows tuned before become stale).
+TEST(Render, ThePlainHipVersionIsPinned) {
+  EXPECT_EQ(generator_version_of("hip|"), "fc441e84807e3a61");
+  EXPECT_NE(variant_generator_version_of("hip|"), generator_version_of("hip|"));
+}
+
 TEST(Render, PlainKernelTextDropsTheVariantBranchesOnly) {
   const std::string text =
       "a\n"
@@ -112,6 +121,10 @@ TEST(Render, PlainKernelTextDropsTheVariantBranchesOnly) {
   const std::string fwd = plain_kernel_text(templates::text("cuda/attention_fwd.cuh"));
   EXPECT_EQ(fwd.find("fv::"), std::string::npos);
   EXPECT_NE(fwd.find("block_needs_mask"), std::string::npos);
+  const std::string hip = plain_kernel_text(templates::text("hip/attention_fwd.hpp"));
+  EXPECT_EQ(hip.find("fv::"), std::string::npos);
+  EXPECT_EQ(hip.find("attention_forward_variant"), std::string::npos);
+  EXPECT_NE(hip.find("block_needs_mask"), std::string::npos);
   // The launch parameters: the variant fields left out, and they are the struct's last fields
   // (adding one moves no field a plain kernel reads).
   const std::string params(templates::text("attention_params.h"));
