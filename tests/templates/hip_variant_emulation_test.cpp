@@ -6,7 +6,9 @@
 // per-element masking, fully visible blocks whose scores are modified and every score
 // modification run. Hidden key blocks hold NaN: a kernel that loads one fails. The variant is
 // compiled in (one per translation unit): support/emulated_variant.h holds what the generator
-// renders for emulated_variant(), which the first test checks.
+// renders for emulated_variant(), which the first test checks. Built twice (tests/CMakeLists.txt):
+// templates_hip_variant_mask_mod_emulation_test defines FLASHJIT_EMULATED_MASK_MOD=1, adding the
+// emulated variant's mask_mod (every visited block then masked per element through it).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -26,7 +28,10 @@
 #include "templates/attention_params.h"
 // clang-format off: the order matters (as the renderer assembles the source)
 #include "support/hip_emulator.hpp"
-#define FLASHJIT_VARIANT_MASK_MOD 0
+#ifndef FLASHJIT_EMULATED_MASK_MOD
+#define FLASHJIT_EMULATED_MASK_MOD 0
+#endif
+#define FLASHJIT_VARIANT_MASK_MOD FLASHJIT_EMULATED_MASK_MOD
 #include "support/emulated_variant.h"
 #include "templates/attention_common.h"
 #include "templates/hip/tiles.hpp"
@@ -40,7 +45,7 @@ namespace {
 namespace ft = ::flashjit::testing;
 
 // The variant compiled in above (support/emulated_variant.h) and its host expressions.
-const ft::VariantCase kVariant = ft::emulated_variant(/*with_mask_mod=*/false);
+const ft::VariantCase kVariant = ft::emulated_variant(FLASHJIT_EMULATED_MASK_MOD == 1);
 
 TEST(HipVariantEmulation, TheDefinesAreWhatTheGeneratorRenders) {
   AttentionProblem p = AttentionProblem::make(1, 1, 1, 16, 16, 64, DType::BF16, true);
@@ -50,10 +55,17 @@ TEST(HipVariantEmulation, TheDefinesAreWhatTheGeneratorRenders) {
        {"#define FLASHJIT_VARIANT_CAUSAL 1\n", "#define FLASHJIT_VARIANT_WINDOW_LEFT (40)\n",
         "#define FLASHJIT_VARIANT_WINDOW_RIGHT (-1)\n", "#define FLASHJIT_VARIANT_PREFIX 24\n",
         "#define FLASHJIT_VARIANT_SOFTCAP 2.000000000e+00f\n", "#define FLASHJIT_VARIANT_ALIBI 1\n",
-        "#define FLASHJIT_VARIANT_SCORE_MOD 1\n", "#define FLASHJIT_VARIANT_MASK_MOD 0\n",
+        "#define FLASHJIT_VARIANT_SCORE_MOD 1\n",
+        FLASHJIT_EMULATED_MASK_MOD ? "#define FLASHJIT_VARIANT_MASK_MOD 1\n"
+                                   : "#define FLASHJIT_VARIANT_MASK_MOD 0\n",
         "  return static_cast<float>(score - 0.05f * abs(q_idx - kv_idx) + 0.25f * head - "
         "batch);"})
     EXPECT_NE(prelude.find(line), std::string::npos) << line;
+  if (FLASHJIT_EMULATED_MASK_MOD) {
+    EXPECT_NE(prelude.find("  return static_cast<bool>((kv_idx + head + batch) % 5 != 0 || "
+                           "q_idx < 8);"),
+              std::string::npos);
+  }
   // The rendered HIP source carries that prelude and enters through the variant's entry.
   const std::string source = render_hip_attention(p, AttentionConfig{64, 32, 2, 2}).value().text;
   EXPECT_NE(source.find(prelude), std::string::npos);
