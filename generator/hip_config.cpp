@@ -15,6 +15,9 @@ constexpr int kMaxMTilesPerWave = 2;  // 16-row MFMA tiles a wave owns (template
 // Registers beyond the budgeted arrays: tile addresses, loop counters, row max / sum, the K and V
 // operands of the MFMA in flight, masking temporaries.
 constexpr int kRegisterAllowance = 48;
+// A user score_mod / mask_mod runs per score with temporaries of its own: the allowance of the
+// CUDA budget (generator/config.cpp), for the same expressions.
+constexpr int kUserExpressionRegisters = 48;
 constexpr int kRegisterGranule = 8;  // CDNA2/3 allocate VGPRs in granules of 8 per lane
 constexpr int kVRowPadding = 4;      // elements of padding per V^T row (bank conflicts)
 
@@ -59,7 +62,9 @@ int hip_estimated_registers(const AttentionConfig& c, const AttentionProblem& p)
   const int p_packed = m_tiles * c.block_n / 8;
   const int q_operands = m_tiles * dp / 8;
   const int kv_in_flight = c.block_n * dp / std::max(1, hip_threads(c));  // 2 tiles x 2 B / 4 B
-  return o_accumulator + s_accumulator + p_packed + q_operands + kv_in_flight + kRegisterAllowance;
+  const bool user_expression = !p.variant.score_mod.empty() || !p.variant.mask_mod.empty();
+  return o_accumulator + s_accumulator + p_packed + q_operands + kv_in_flight + kRegisterAllowance +
+         (user_expression ? kUserExpressionRegisters : 0);
 }
 
 int hip_wave_register_budget(int waves, const DeviceSpec& device) {
@@ -96,9 +101,6 @@ Status check_hip_config(const AttentionConfig& c, const AttentionProblem& p,
   if (c.family == KernelFamily::Decode) return check_hip_decode_config(c, p, device);
   if (p.is_backward()) return check_hip_backward_config(c, p, device);
   FLASHJIT_TRY(check_hip_dtype(c, p.dtype));
-  if (p.variant.active())
-    return illegal(c, "attention variants (" + p.variant.key() + ") have no HIP template yet",
-                   ErrorCode::Unsupported);
   if (needs_decode_family(p)) return illegal(c, decode_only_reason(p));
   if (c.splits != 0) return illegal(c, "-split<N> is a knob of the -decode family only");
   if (c.dq != DqMode::Atomic)

@@ -53,7 +53,7 @@ int hip_lds_bytes(const AttentionConfig& config, const AttentionProblem& problem
 // (rows_per_warp x d / 64 lanes), the fp32 S^T tile and its 16-bit P (rows_per_warp x block_n),
 // Q kept as MFMA operands (rows_per_warp x d, 16-bit), the next K/V block in flight
 // (2 x block_n x d / threads, 16-bit), plus a fixed allowance for addresses, loop state, softmax
-// scalars and the K/V operands of one MFMA.
+// scalars and the K/V operands of one MFMA; with a user score_mod / mask_mod, its allowance too.
 int hip_estimated_registers(const AttentionConfig& config, const AttentionProblem& problem);
 
 // Registers a lane may use in a workgroup of `waves` waves (`config.warps`): the waves share the

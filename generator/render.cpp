@@ -352,7 +352,9 @@ Result<KernelSource> render_hip_attention(const AttentionProblem& problem,
                 << ", /*causal=*/" << (problem.causal ? "true" : "false") << "> Config;\n"
                 << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads)\n"
                 << kAttentionForwardEntry << "(FlashjitAttentionParams params) {\n"
-                << "  flashjit_hip::attention_forward<Config>(params);\n"
+                << "  flashjit_hip::"
+                << (problem.variant.active() ? "attention_forward_variant" : "attention_forward")
+                << "<Config>(params);\n"
                 << "}\n";
   return assemble(
       {"attention_common.h", "hip/primitives.hpp", "hip/tiles.hpp", "hip/attention_fwd.hpp"},

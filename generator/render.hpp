@@ -87,8 +87,10 @@ Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
 // HIP (AMD CDNA: gfx90a, gfx942; MFMA builtins) forward kernel, for hipRTC
 // (templates/hip/attention_fwd.hpp). The same entry name as the CUDA kernel, taking
 // FlashjitAttentionParams by value; launch with block (warps * 64) threads and
-// hip_lds_bytes(config, problem) bytes of dynamic LDS. Validates the problem and the config's
-// template constraints (not the device budget: check_hip_config's job).
+// hip_lds_bytes(config, problem) bytes of dynamic LDS. A problem with an attention variant gets
+// the variant prelude and enters through attention_forward_variant (packed documents: grid z is
+// the document). Validates the problem and the config's template constraints (not the device
+// budget: check_hip_config's job).
 Result<KernelSource> render_hip_attention(const AttentionProblem& problem,
                                           const AttentionConfig& config);
 

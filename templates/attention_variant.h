@@ -46,7 +46,9 @@ template <class A, class B>
 FLASHJIT_DEVICE auto max(A a, B b) -> decltype(a + b) {
   return a < b ? b : a;
 }
-#if defined(__CUDACC__)
+// The device math library's functions under NVRTC and hipRTC (there a __builtin_tanhf is a call
+// to a tanhf that no device library defines: the link fails); the builtins elsewhere.
+#if defined(__CUDACC__) || defined(__HIP__)
 #define FLASHJIT_VARIANT_MATH(name, f32, f64)              \
   FLASHJIT_DEVICE float name(float x) { return ::f32(x); } \
   FLASHJIT_DEVICE double name(double x) { return ::f64(x); }

@@ -103,6 +103,14 @@ FLASHJIT_DEVICE void store_kv(unsigned char* k_tile, unsigned char* v_tile,
 template <class K>
 FLASHJIT_DEVICE void attention_forward(const FlashjitAttentionParams& p) {
   namespace fa = flashjit_attention;
+#ifdef FLASHJIT_VARIANT
+  // An attention variant (templates/attention_variant.h, rendered before this file; entered
+  // through attention_forward_variant below, which sets p.scale_log2 to the variant's softmax
+  // factor) changes three things: the K/V blocks visited come from its key-block range (hidden
+  // blocks are never loaded), its mask replaces the causal one, and when it modifies the scores
+  // every score passes through it as scale * q . k.
+  namespace fv = flashjit_variant;
+#endif
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   constexpr int kMTiles = K::kMTiles, kNTiles = K::kNTiles, kDTiles = K::kDTiles;
   typedef Swizzle<K::kKRowBytes> KSwizzle;
@@ -133,7 +141,14 @@ FLASHJIT_DEVICE void attention_forward(const FlashjitAttentionParams& p) {
   float* lse = p.lse ? p.lse + (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q : 0;
 
   const int diagonal = fa::diagonal(p);  // causal: row i sees keys j <= i + diagonal
+#ifdef FLASHJIT_VARIANT
+  // The variant's key blocks: the t-th block visited is key_blocks.at(t).
+  const fv::KeyBlocks key_blocks = fv::key_blocks(p, diagonal, m0, kBlockM, kBlockN);
+  const int n_blocks = key_blocks.count();
+  const float slope = fv::alibi_slope(p, head);
+#else
   const int n_blocks = fa::key_blocks<K::kCausal>(p, diagonal, m0, kBlockM, kBlockN);
+#endif
 
   // Q as B operands of S^T = K Q^T: q_frag[mt][kk] = Q[query mt*16 + r][dims kk*16 + 4g .. + 3].
   // Rows past seqlen_q and dims past the head dim are zero (their results are never stored).
@@ -170,7 +185,12 @@ FLASHJIT_DEVICE void attention_forward(const FlashjitAttentionParams& p) {
   Vec16 k_next[K::kCopies];
   Vec16 v_next[K::kCopies];
   if (n_blocks > 0) {
+#ifdef FLASHJIT_VARIANT
+    load_kv<K>(k_next, v_next, k, v, p.k_seq_stride, p.v_seq_stride, key_blocks.at(0) * kBlockN,
+               p.seqlen_k, tid);
+#else
     load_kv<K>(k_next, v_next, k, v, p.k_seq_stride, p.v_seq_stride, 0, p.seqlen_k, tid);
+#endif
     store_kv<K>(lds, lds + K::kKTileBytes, k_next, v_next, tid);
   }
   barrier();
@@ -179,6 +199,15 @@ FLASHJIT_DEVICE void attention_forward(const FlashjitAttentionParams& p) {
     const int stage = kStages == 2 ? (j & 1) : 0;
     const unsigned char* k_tile = lds + stage * K::kStageBytes;
     const unsigned char* v_tile = k_tile + K::kKTileBytes;
+#ifdef FLASHJIT_VARIANT
+    const int n0 = key_blocks.at(j) * kBlockN;
+    const bool more = j + 1 < n_blocks;
+    // Block j + 1 travels from global memory while block j is computed.
+    if (more) {
+      load_kv<K>(k_next, v_next, k, v, p.k_seq_stride, p.v_seq_stride,
+                 key_blocks.at(j + 1) * kBlockN, p.seqlen_k, tid);
+    }
+#else
     const int n0 = j * kBlockN;
     const bool more = j + 1 < n_blocks;
     // Block j + 1 travels from global memory while block j is computed.
@@ -186,6 +215,7 @@ FLASHJIT_DEVICE void attention_forward(const FlashjitAttentionParams& p) {
       load_kv<K>(k_next, v_next, k, v, p.k_seq_stride, p.v_seq_stride, n0 + kBlockN, p.seqlen_k,
                  tid);
     }
+#endif
 
     // S^T = K Q^T: s[mt][nt][i] = S[query mt*16 + r][key n0 + nt*16 + 4g + i].
     f32x4 s[kMTiles][kNTiles];
@@ -207,6 +237,36 @@ FLASHJIT_DEVICE void attention_forward(const FlashjitAttentionParams& p) {
       }
     }
 
+#ifdef FLASHJIT_VARIANT
+    // The variant's scores and mask, per element, in the blocks that need either: one loop per
+    // case (the CUDA template found a single loop testing all_visible per score if-converted,
+    // visible() paid in every block).
+    const bool all_visible = fv::block_fully_visible(p, diagonal, m0, kBlockM, n0, kBlockN);
+    auto apply = [&](bool masked) {  // called with a constant: one loop per case
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        const int row = m0 + wave_row0 + mt * 16 + lane_row;
+        // key - row at (nt, i) = (0, 0): one conversion per row and block (ALiBi's distance).
+        const float distance0 = static_cast<float>(n0 + 4 * lane_group - row);
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int key = n0 + nt * 16 + 4 * lane_group + i;
+            float score = s[mt][nt][i];  // (a vector element binds to no reference)
+            if (fv::kModifiesScores)
+              score = fv::score(score * p.scale, slope, batch, head, row, key,
+                                distance0 + static_cast<float>(nt * 16 + i));
+            if (masked && !fv::visible(p, diagonal, batch, head, row, key)) score = -fa::infinity();
+            s[mt][nt][i] = score;
+          }
+      }
+    };
+    if (!all_visible)
+      apply(true);
+    else if (fv::kModifiesScores)
+      apply(false);
+#else
     // Mask keys past seqlen_k and, when causal, past each row's diagonal.
     if (fa::block_needs_mask<K::kCausal>(p, diagonal, m0, n0, kBlockN)) {
 #pragma unroll
@@ -221,6 +281,7 @@ FLASHJIT_DEVICE void attention_forward(const FlashjitAttentionParams& p) {
             if (nt * 16 + i > limit) s[mt][nt][i] = -fa::infinity();
       }
     }
+#endif
 
     // Online softmax, base 2. P^T is packed to 16 bits as it is made: p_frag[mt][nt] is the B
     // operand of k-step nt of O^T += V^T P^T.
@@ -306,5 +367,26 @@ FLASHJIT_DEVICE void attention_forward(const FlashjitAttentionParams& p) {
     }
   }
 }
+#ifdef FLASHJIT_VARIANT
+
+// The entry of every variant kernel: the kernel above on a copy of the params whose scale_log2 is
+// the variant's softmax factor (flashjit_variant::softmax_scale_log2: log2(e) alone when score()
+// takes the scaled scores; p.scale stays the problem's, which score() is given), so that its
+// softmax and LSE need no branch of their own. Packed variable-length documents (varlen): the
+// workgroup of (m_block, head, document block_index_z()) reads the document's offsets, returns
+// when its tile starts past the document's queries, and runs on the document's view of the params
+// (q, k, v, o, lse at its rows, its lengths as seqlen_q / seqlen_k): masks, the causal diagonal and
+// the variant's band are per document, and no load or store crosses into another document.
+template <class K>
+FLASHJIT_DEVICE void attention_forward_variant(const FlashjitAttentionParams& params) {
+  FlashjitAttentionParams p = params;
+  p.scale_log2 = flashjit_variant::softmax_scale_log2(params);
+#if FLASHJIT_VARIANT_VARLEN
+  const int m_block = K::kCausal ? grid_size_x() - 1 - block_index_x() : block_index_x();
+  if (!flashjit_variant::document_view(p, block_index_z(), m_block * K::kBlockM, 2)) return;
+#endif
+  attention_forward<K>(p);
+}
+#endif
 
 }  // namespace flashjit_hip

@@ -5,9 +5,12 @@
 #include <algorithm>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "generator/render.hpp"
+#include "generator/variant.hpp"
+#include "support/variant_cases.hpp"
 
 namespace flashjit {
 namespace {
@@ -100,6 +103,64 @@ TEST(HipConfig, RenderNamesTheConfigAndIncludesNothing) {
   EXPECT_NE(source->text.find("namespace flashjit_attention"), std::string::npos);
   EXPECT_EQ(source->text.find("#include"), std::string::npos);
   EXPECT_FALSE(render_hip_attention(p, {128, 64, 4, 3}).ok());  // 3 stages: not in the template
+}
+
+// Attention variants (templates/hip/attention_fwd.hpp's FLASHJIT_VARIANT blocks): every kind, a
+// combination and packed documents get legal HIP configs at every head dim on both targets, each
+// rendering the variant prelude and entering through attention_forward_variant; a user expression
+// adds the CUDA budget's allowance to the register estimate (so its legal set is the plain one's or
+// smaller); plain problems render exactly as before.
+TEST(HipConfig, VariantProblemsGetHipConfigs) {
+  std::vector<std::pair<std::string, Variant>> variants;
+  for (const testing::VariantCase& c : testing::variant_cases())
+    variants.push_back({c.name, c.variant});
+  for (const testing::NamedVariant& n : testing::compile_variants())
+    variants.push_back({n.name, n.variant});
+  for (const char* arch : {"gfx90a", "gfx942"})
+    for (int d : {64, 128, 256}) {
+      const DeviceSpec device = gfx(arch);
+      const AttentionProblem plain = problem(d, /*causal=*/true);
+      const std::vector<AttentionConfig> plain_legal = legal_hip_configs(plain, device);
+      AttentionProblem varlen = AttentionProblem::make_varlen(8, 16, 16, 4096, 4096, 20000, 20000,
+                                                              d, DType::BF16, /*causal=*/true);
+      std::vector<std::pair<std::string, AttentionProblem>> problems = {{"varlen", varlen}};
+      for (const auto& [name, variant] : variants) {
+        AttentionProblem p = plain;
+        p.variant = variant;
+        problems.push_back({name, p});
+      }
+      for (const auto& [name, p] : problems) {
+        const std::string where = name + " " + arch + " d" + std::to_string(d);
+        ASSERT_TRUE(validate(p).ok()) << where << ": " << validate(p).error().describe();
+        const std::vector<AttentionConfig> legal = legal_hip_configs(p, device);
+        ASSERT_FALSE(legal.empty()) << where;
+        const bool user_expression = !p.variant.score_mod.empty() || !p.variant.mask_mod.empty();
+        for (const AttentionConfig& c : legal) {
+          EXPECT_NE(std::find(plain_legal.begin(), plain_legal.end(), c), plain_legal.end())
+              << where << " " << c.to_string();
+          EXPECT_EQ(hip_estimated_registers(c, p),
+                    hip_estimated_registers(c, plain) + (user_expression ? 48 : 0))
+              << where << " " << c.to_string();
+        }
+        if (!user_expression) {
+          EXPECT_EQ(legal, plain_legal) << where;
+        }
+        const AttentionConfig def = default_hip_config(p, device).value();
+        EXPECT_TRUE(check_hip_config(def, p, device).ok()) << where;
+        const Result<KernelSource> source = render_hip_attention(p, def);
+        ASSERT_TRUE(source.ok()) << where << ": " << source.error().describe();
+        EXPECT_NE(source->text.find(render_variant_prelude(p).value()), std::string::npos) << where;
+        EXPECT_NE(source->text.find("flashjit_hip::attention_forward_variant<Config>(params);"),
+                  std::string::npos)
+            << where;
+        EXPECT_NE(source->label.find(p.variant.key()), std::string::npos) << where;
+      }
+    }
+  const Result<KernelSource> plain = render_hip_attention(problem(128, true), {128, 64, 4, 1});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->text.find("#define FLASHJIT_VARIANT"), std::string::npos);
+  EXPECT_NE(plain->text.find("flashjit_hip::attention_forward<Config>(params);"),
+            std::string::npos);
 }
 
 // ---- the backward pass ----------------------------------------------------------------------

@@ -80,6 +80,21 @@ TEST(Render, TemplatesAreEmbeddedAndVersioned) {
   EXPECT_EQ(decode_generator_version_of("fake|Fake GPU"), generator_version());
 }
 
+// The HIP templates' plain version: what the tuning DB keys the HIP rows of plain problems with.
+// The variants in the HIP forward (issue 17) left it as it was (the plain kernels compile from
+// exactly the text they had); a change to what a plain HIP kernel compiles from changes it, and
+// this pin with it (on purpose: the HIP rows tuned before become stale).
+// The HIP forward's variant code is all in its FLASHJIT_VARIANT branches: the plain kernels
+// compile from the text they had (so plain rows stay current), the variant ones from more.
+TEST(Render, ThePlainHipForwardHasNoVariantCode) {
+  const std::string plain = plain_kernel_text(templates::text("hip/attention_fwd.hpp"));
+  ASSERT_FALSE(plain.empty());
+  EXPECT_EQ(plain.find("flashjit_variant"), std::string::npos);
+  EXPECT_EQ(plain.find("FLASHJIT_VARIANT"), std::string::npos);
+  EXPECT_NE(plain, templates::text("hip/attention_fwd.hpp"));
+  EXPECT_NE(variant_generator_version_of("hip|"), generator_version_of("hip|"));
+}
+
 TEST(Render, PlainKernelTextDropsTheVariantBranchesOnly) {
   const std::string text =
       "a\n"
@@ -119,6 +134,10 @@ TEST(Render, PlainKernelTextDropsTheVariantBranchesOnly) {
   const std::string fwd = plain_kernel_text(templates::text("cuda/attention_fwd.cuh"));
   EXPECT_EQ(fwd.find("fv::"), std::string::npos);
   EXPECT_NE(fwd.find("block_needs_mask"), std::string::npos);
+  const std::string hip = plain_kernel_text(templates::text("hip/attention_fwd.hpp"));
+  EXPECT_EQ(hip.find("fv::"), std::string::npos);
+  EXPECT_EQ(hip.find("attention_forward_variant"), std::string::npos);
+  EXPECT_NE(hip.find("block_needs_mask"), std::string::npos);
   // The launch parameters: the variant fields left out, and they are the struct's last fields
   // (adding one moves no field a plain kernel reads).
   const std::string params(templates::text("attention_params.h"));

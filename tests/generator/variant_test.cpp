@@ -135,7 +135,7 @@ TEST(Variant, KeyNamesEverythingCompiledIn) {
   EXPECT_FALSE(ProblemKey::of(problem_with(v)).may_run_decode());
 }
 
-TEST(Variant, TheCudaPrefillFamiliesAndTheCpuTakeVariants) {
+TEST(Variant, TheCudaPrefillFamiliesHipAndTheCpuTakeVariants) {
   Variant v;
   v.window_left = 256;
   const AttentionProblem p = problem_with(v);
@@ -168,9 +168,10 @@ TEST(Variant, TheCudaPrefillFamiliesAndTheCpuTakeVariants) {
   decode.variant = v;
   for (const AttentionConfig& c : legal_configs(decode, h100))
     EXPECT_NE(c.family, KernelFamily::Decode) << c.to_string();
-  // HIP: not yet.
+  // HIP: the plain problem's configs (more: tests/generator/hip_config_test.cpp).
   const DeviceSpec mi250 = known_device("gfx90a").value();
-  EXPECT_TRUE(legal_hip_configs(p, mi250).empty());
+  EXPECT_FALSE(legal_hip_configs(p, mi250).empty());
+  EXPECT_EQ(legal_hip_configs(p, mi250), legal_hip_configs(problem_with(Variant()), mi250));
 }
 
 // The source of a variant problem minus its prelude, with the plain label: the plain source.

@@ -1,8 +1,9 @@
-// The variant prelude the generator renders for emulated_variant() (tests/support/variant_cases.hpp)
-// for the CUDA host emulation tests, which compile the kernel templates in: include it where the
-// renderer puts the prelude (after templates/attention_params.h and the emulator, before
-// templates/attention_common.h), with FLASHJIT_VARIANT_MASK_MOD defined to 0 or 1 first. Each test
-// checks that render_variant_prelude() gives these lines.
+// The variant prelude the generator renders for emulated_variant()
+// (tests/support/variant_cases.hpp) for the CUDA and HIP host emulation tests, which compile the
+// kernel templates in: include it where the renderer puts the prelude (after
+// templates/attention_params.h and the emulator, before templates/attention_common.h), with
+// FLASHJIT_VARIANT_MASK_MOD defined to 0 or 1 first. Each test checks that render_variant_prelude()
+// gives these lines.
 #pragma once
 
 #ifndef FLASHJIT_VARIANT_MASK_MOD

@@ -1,7 +1,7 @@
 // The variant prelude the generator renders for ft::varlen_emulation_problem()
-// (tests/support/variant_cases.hpp: packed documents, causal, window (30, -1)) for the CUDA varlen
-// host emulation tests (mma and wgmma): include it where the renderer puts the prelude (after
-// templates/attention_params.h and the emulator). templates_cuda_varlen_emulation_test checks that
+// (tests/support/variant_cases.hpp: packed documents, causal, window (30, -1)) for the varlen
+// host emulation tests (CUDA mma and wgmma, HIP): include it where the renderer puts the prelude
+// (after templates/attention_params.h and the emulator). Each of those tests checks that
 // render_variant_prelude() gives these lines.
 #pragma once
 

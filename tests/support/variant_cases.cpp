@@ -56,6 +56,37 @@ std::vector<VariantCase> variant_cases() {
   return out;
 }
 
+std::vector<NamedVariant> compile_variants() {
+  std::vector<NamedVariant> out;
+  Variant v;
+  v.window_left = 1024;
+  v.window_right = 0;
+  out.push_back({"window", v});
+  v = Variant();
+  v.softcap = 50.f;
+  v.alibi = true;
+  out.push_back({"softcap_alibi", v});
+  v = Variant();
+  v.prefix = 100;
+  v.window_left = 256;
+  out.push_back({"prefix", v});
+  v = Variant();
+  v.score_mod = "score - 0.1f * abs(q_idx - kv_idx)";
+  out.push_back({"score_mod", v});
+  v = Variant();
+  v.mask_mod = "(q_idx / 64) == (kv_idx / 64)";
+  out.push_back({"mask_mod", v});
+  v = Variant();
+  v.window_left = 512;
+  v.softcap = 30.f;
+  v.alibi = true;
+  v.prefix = 16;
+  v.score_mod = "score * 0.5f + tanh(score)";
+  v.mask_mod = "kv_idx % 3 != 1";
+  out.push_back({"everything", v});
+  return out;
+}
+
 VariantCase emulated_variant(bool with_mask_mod) {
   VariantCase c{with_mask_mod ? "emulated_with_mask_mod" : "emulated", true, {}, {}};
   c.variant.window_left = 40;

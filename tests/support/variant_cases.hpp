@@ -24,9 +24,18 @@ struct VariantCase {
 // the batch (causal).
 std::vector<VariantCase> variant_cases();
 
-// The variant the CUDA host emulation tests compile in (tests/support/emulated_variant.h holds its
-// rendered prelude): causal, window (40, -1), prefix 24, softcap 2, ALiBi, a score_mod using the
-// distance, head and batch and, with_mask_mod, a mask_mod using all four indices.
+// The variants the compile tests build (CUDA with NVRTC, HIP with hipRTC), by name: "window",
+// "softcap_alibi", "prefix" (with a window), "score_mod", "mask_mod" alone, and "everything" (all
+// of them at once, the score_mod calling tanh).
+struct NamedVariant {
+  const char* name;
+  Variant variant;
+};
+std::vector<NamedVariant> compile_variants();
+
+// The variant the CUDA and HIP host emulation tests compile in (tests/support/emulated_variant.h
+// holds its rendered prelude): causal, window (40, -1), prefix 24, softcap 2, ALiBi, a score_mod
+// using the distance, head and batch and, with_mask_mod, a mask_mod using all four indices.
 VariantCase emulated_variant(bool with_mask_mod);
 
 // Sets keys [begin, end) of k and v to NaN in every key/value head: the keys of blocks no query

@@ -20,45 +20,13 @@
 #include "generator/variant.hpp"
 #include "runtime/cuda/nvrtc_compiler.hpp"
 #include "support/parallel.hpp"
+#include "support/variant_cases.hpp"
 
 namespace flashjit {
 namespace {
 
-struct Named {
-  const char* name;
-  Variant variant;
-};
-
-std::vector<Named> variants() {
-  std::vector<Named> out;
-  Variant v;
-  v.window_left = 1024;
-  v.window_right = 0;
-  out.push_back({"window", v});
-  v = Variant();
-  v.softcap = 50.f;
-  v.alibi = true;
-  out.push_back({"softcap_alibi", v});
-  v = Variant();
-  v.prefix = 100;
-  v.window_left = 256;
-  out.push_back({"prefix", v});
-  v = Variant();
-  v.score_mod = "score - 0.1f * abs(q_idx - kv_idx)";
-  out.push_back({"score_mod", v});
-  v = Variant();
-  v.mask_mod = "(q_idx / 64) == (kv_idx / 64)";
-  out.push_back({"mask_mod", v});
-  v = Variant();
-  v.window_left = 512;
-  v.softcap = 30.f;
-  v.alibi = true;
-  v.prefix = 16;
-  v.score_mod = "score * 0.5f + tanh(score)";
-  v.mask_mod = "kv_idx % 3 != 1";
-  out.push_back({"everything", v});
-  return out;
-}
+using testing::compile_variants;
+using Named = testing::NamedVariant;
 
 struct Job {
   std::string label;
@@ -140,7 +108,7 @@ TEST(CudaVariantCompile, EveryVariantCompilesWithoutNewSpills) {
     // template as on sm80): the combination at its default tile. CI (without
     // FLASHJIT_COMPILE_ALL=1) compiles a third of that: each family's register-heaviest
     // variants (sm80 for the mma template).
-    for (const Named& named : variants()) {
+    for (const Named& named : compile_variants()) {
       const std::string name = named.name;
       if (mma90 && name != "everything") continue;
       const bool in_ci =

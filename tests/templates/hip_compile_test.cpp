@@ -2,7 +2,8 @@
 // no scratch memory (no register spills) and at most the registers its wave count allows, every
 // kernel of it (the backward's three entry points each). Needs no GPU (hipRTC only, in worker
 // processes), so it runs in CI: a template or generator change that breaks any corner of the HIP
-// config space fails here, not on an AMD machine later.
+// config space fails here, not on an AMD machine later. Attention variants: every kind and a
+// combination at the default and heaviest tile, and a user expression that does not compile.
 //
 // The forward: one gtest per (head_dim, dtype, causal) group of the standard set. The backward:
 // its legal set does not depend on dtype or causal (checked), so each config of d 64, 128, 256 is
@@ -20,14 +21,17 @@
 #include <mutex>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "generator/decode_config.hpp"
 #include "generator/device.hpp"
 #include "generator/hip_config.hpp"
 #include "generator/render.hpp"
+#include "generator/variant.hpp"
 #include "runtime/hip/hiprtc_compiler.hpp"
 #include "support/parallel.hpp"
+#include "support/variant_cases.hpp"
 
 namespace flashjit {
 namespace {
@@ -383,6 +387,101 @@ INSTANTIATE_TEST_SUITE_P(BackwardGroups, HipCompileAllBackwardConfigs,
                          [](const ::testing::TestParamInfo<BackwardCompileGroup>& info) {
                            return info.param.name();
                          });
+
+// ---- attention variants --------------------------------------------------------------------
+
+// Every variant kind and their combination (support/variant_cases.hpp's compile_variants), and
+// packed documents alone and with a window + softcap, at d = 128 (bf16, causal): each at its
+// default tile and at the legal tile of the most estimated registers, clean as above; the plain
+// kernel of the same tile is compiled beside it for the table.
+TEST(HipCompileVariants, EveryVariantCompilesCleanAtTheDefaultAndHeaviestTile) {
+  if (!have_hiprtc()) GTEST_SKIP() << hip::hiprtc_version();
+  const DeviceSpec device = known_device("gfx90a").value();
+  struct Job {
+    std::string label;
+    AttentionProblem problem;
+    AttentionConfig config;
+  };
+  std::vector<Job> jobs;
+  for (int head_dim : {128, 256}) {
+    const std::string d = "d" + std::to_string(head_dim) + " ";
+    const AttentionProblem plain =
+        AttentionProblem::make(1, 16, 16, 4096, 4096, head_dim, DType::BF16, /*causal=*/true);
+    std::vector<std::pair<std::string, AttentionProblem>> problems;
+    for (const testing::NamedVariant& named : testing::compile_variants()) {
+      AttentionProblem p = plain;
+      p.variant = named.variant;
+      problems.push_back({d + named.name, p});
+    }
+    AttentionProblem varlen = AttentionProblem::make_varlen(8, 16, 16, 4096, 4096, 20000, 20000,
+                                                            head_dim, DType::BF16, /*causal=*/true);
+    problems.push_back({d + "varlen", varlen});
+    varlen.variant.window_left = 1024;
+    varlen.variant.softcap = 30.f;
+    problems.push_back({d + "varlen_window_softcap", varlen});
+    for (const auto& [name, problem] : problems) {
+      const std::vector<AttentionConfig> legal = legal_hip_configs(problem, device);
+      ASSERT_FALSE(legal.empty()) << name;
+      const AttentionConfig def = default_hip_config(problem, device).value();
+      const AttentionConfig heaviest = *std::max_element(
+          legal.begin(), legal.end(), [&](const AttentionConfig& a, const AttentionConfig& b) {
+            return hip_estimated_registers(a, problem) < hip_estimated_registers(b, problem);
+          });
+      for (const AttentionConfig& tile : {def, heaviest}) {
+        auto seen = [&](const std::string& label) {
+          return std::any_of(jobs.begin(), jobs.end(),
+                             [&](const Job& j) { return j.label == label && j.config == tile; });
+        };
+        if (seen(name)) continue;
+        jobs.push_back({name, problem, tile});
+        if (!seen(d + "plain")) jobs.push_back({d + "plain", plain, tile});
+      }
+    }
+  }
+  const Clock::time_point start = Clock::now();
+  const std::vector<CompileOutcome> outcomes = testing::parallel_map<CompileOutcome>(
+      jobs.size(),
+      [&](size_t i) { return compile_one(jobs[i].problem, jobs[i].config, "gfx90a"); });
+  std::printf("  %zu compiles: %.1f s wall\n", jobs.size(), seconds_since(start));
+  std::printf("  %-27s %-14s %5s %5s %5s %6s\n", "variant", "config", "est", "vgpr", "agpr",
+              "spill");
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const CompileOutcome& o = outcomes[i];
+    expect_clean(o, jobs[i].problem, device, jobs[i].label);
+    if (!o.ok) continue;
+    std::printf("  %-27s %-14s %5d %5d %5d %6d\n", jobs[i].label.c_str(),
+                o.config.to_string().c_str(), hip_estimated_registers(o.config, jobs[i].problem),
+                o.resources.vgprs, o.resources.agprs, o.resources.vgpr_spills);
+    if (jobs[i].label.find("plain") != std::string::npos) continue;
+    const Result<KernelSource> source = render_hip_attention(jobs[i].problem, o.config);
+    ASSERT_TRUE(source.ok());
+    EXPECT_NE(source->text.find("flashjit_hip::attention_forward_variant<Config>(params);"),
+              std::string::npos)
+        << jobs[i].label;
+  }
+  std::fflush(stdout);
+}
+
+// A user expression that does not compile is a CompileFailed error quoting it and hipRTC's first
+// message (explain_variant_compile_error reads hipRTC's "file:line:column: error:" lines).
+TEST(HipCompileVariants, AnExpressionThatDoesNotCompileIsQuoted) {
+  if (!have_hiprtc()) GTEST_SKIP() << hip::hiprtc_version();
+  AttentionProblem p = AttentionProblem::make(1, 4, 4, 256, 256, 64, DType::F16, false);
+  p.variant.mask_mod = "q_idx >= kv_idx && undefined_name";
+  const AttentionConfig config{64, 64, 4, 2};
+  Result<KernelSource> source = render_hip_attention(p, config);
+  ASSERT_TRUE(source.ok()) << source.error().describe();
+  Result<Binary> binary = hip::hiprtc_compile(source.value(), "gfx90a");
+  ASSERT_FALSE(binary.ok());
+  const Error error = explain_variant_compile_error(p, source->text, binary.error());
+  EXPECT_EQ(error.code, ErrorCode::CompileFailed);
+  EXPECT_EQ(error.message.rfind("mask_mod = \"q_idx >= kv_idx && undefined_name\" does not "
+                                "compile: ",
+                                0),
+            0u)
+      << error.message;
+  EXPECT_NE(error.message.find("undefined_name"), std::string::npos) << error.message;
+}
 
 }  // namespace
 }  // namespace flashjit
