@@ -206,7 +206,8 @@ std::vector<int32_t> even_cu_seqlens(int64_t docs, int64_t total, int64_t longes
   return cu_seqlens_of(lengths);
 }
 
-HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed) {
+HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed,
+                         const VariantFunctions& functions) {
   std::mt19937_64 engine(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   auto fill = [&](int64_t elements) {
@@ -238,7 +239,8 @@ HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed) {
   if (!problem.is_backward()) return inputs;
   inputs.d_o = fill(problem.do_span());
   inputs.o = fill(problem.o_span());  // random padding; the rows are overwritten below
-  const Reference forward = reference_attention(problem.with_pass(Pass::Forward), inputs);
+  const Reference forward =
+      reference_attention(problem.with_pass(Pass::Forward), inputs, functions);
   size_t index = 0;  // forward.o is dense [b, s, h, d]
   for (int64_t b = 0; b < problem.batch; ++b)
     for (int64_t s = 0; s < problem.seqlen_q; ++s)
@@ -254,7 +256,7 @@ HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed) {
 
 namespace {
 void add_reference_gradients(const AttentionProblem& problem, const HostInputs& inputs,
-                             Reference& reference);
+                             const VariantFunctions& functions, Reference& reference);
 }  // namespace
 
 namespace {
@@ -385,13 +387,37 @@ double variant_score(const AttentionProblem& problem, const VariantFunctions& fu
   return score;
 }
 
+double variant_score_grad(const AttentionProblem& problem, const VariantFunctions& functions,
+                          int64_t batch, int64_t head, int64_t i, int64_t j, double score,
+                          double slope) {
+  const Variant& v = problem.variant;
+  double grad = 1.0;
+  if (v.softcap) {
+    const double t = std::tanh(score / *v.softcap);
+    grad = 1.0 - t * t;
+    score = *v.softcap * t;
+  }
+  if (v.alibi) score += slope * static_cast<double>(j - i);
+  if (!v.score_mod.empty()) {
+    if (!functions.score_mod_grad) return std::numeric_limits<double>::quiet_NaN();
+    grad *= functions.score_mod_grad(score, batch, head, i, j);
+  }
+  return grad;
+}
+
 Reference reference_attention(const AttentionProblem& problem, const HostInputs& inputs,
                               const VariantFunctions& functions) {
   if (problem.kv.paged() || problem.kv.seqlens_k) return reference_per_sequence(problem, inputs);
-  if (problem.variant.varlen) return reference_per_document(problem, inputs, functions);
+  if (problem.variant.varlen) {
+    Reference reference =
+        reference_per_document(problem.with_pass(Pass::Forward), inputs, functions);
+    if (problem.is_backward())  // no backward reference of packed documents yet
+      add_reference_gradients(problem, inputs, functions, reference);
+    return reference;
+  }
   if (problem.is_backward()) {
-    Reference reference = reference_attention(problem.with_pass(Pass::Forward), inputs);
-    add_reference_gradients(problem, inputs, reference);
+    Reference reference = reference_attention(problem.with_pass(Pass::Forward), inputs, functions);
+    add_reference_gradients(problem, inputs, functions, reference);
     return reference;
   }
   const int64_t batch = problem.batch, heads_q = problem.heads_q, heads_kv = problem.heads_kv;
@@ -517,21 +543,30 @@ namespace {
 // The gradients, with the exact forward of the rounded inputs: per (batch, kv head) task, every
 // query head of the group and every row, dS = P * (dP - D) one row at a time.
 void add_reference_gradients(const AttentionProblem& problem, const HostInputs& inputs,
-                             Reference& reference) {
+                             const VariantFunctions& functions, Reference& reference) {
   const int64_t batch = problem.batch, heads_q = problem.heads_q, heads_kv = problem.heads_kv;
   const int64_t seqlen_q = problem.seqlen_q, seqlen_k = problem.seqlen_k;
   const int d = problem.head_dim;
   const int64_t group = heads_q / heads_kv;
   const double scale = problem.scale();
+  // gather_dense is [b, h, s, d]; the outputs are [b, s, h, d].
+  reference.dq.assign(static_cast<size_t>(batch * seqlen_q * heads_q * d), 0.0);
+  reference.dk.assign(static_cast<size_t>(batch * seqlen_k * heads_kv * d), 0.0);
+  reference.dv.assign(static_cast<size_t>(batch * seqlen_k * heads_kv * d), 0.0);
+  const bool variant = problem.variant.active();
+  if (problem.variant.varlen || (!problem.variant.score_mod.empty() && !functions.score_mod_grad) ||
+      (problem.variant.alibi && inputs.alibi_slopes.size() != static_cast<size_t>(heads_q))) {
+    // No backward reference of packed documents; a score_mod without its derivative or ALiBi
+    // without slopes: nothing may pass.
+    for (auto* g : {&reference.dq, &reference.dk, &reference.dv})
+      std::fill(g->begin(), g->end(), std::numeric_limits<double>::quiet_NaN());
+    return;
+  }
   const DenseInputs dense = gather_inputs(problem, inputs);
   const std::vector<double>& q = dense.q;
   const std::vector<double>& k = dense.k;
   const std::vector<double>& v = dense.v;
   const std::vector<double>& d_o = dense.d_o;
-  // gather_dense is [b, h, s, d]; the outputs are [b, s, h, d].
-  reference.dq.assign(static_cast<size_t>(batch * seqlen_q * heads_q * d), 0.0);
-  reference.dk.assign(static_cast<size_t>(batch * seqlen_k * heads_kv * d), 0.0);
-  reference.dv.assign(static_cast<size_t>(batch * seqlen_k * heads_kv * d), 0.0);
 
   parallel_for(batch * heads_kv, [&](int64_t task) {
     const int64_t b = task / heads_kv, h_kv = task % heads_kv;
@@ -540,12 +575,15 @@ void add_reference_gradients(const AttentionProblem& problem, const HostInputs& 
     std::vector<double> dk(static_cast<size_t>(seqlen_k) * d, 0.0), dv(dk.size(), 0.0);
     std::vector<double> ds(static_cast<size_t>(seqlen_k)), p(ds.size());
     for (int64_t h = h_kv * group; h < (h_kv + 1) * group; ++h) {
+      const double slope = problem.variant.alibi ? inputs.alibi_slopes[h] : 0.0;
       const double* q_head = &q[static_cast<size_t>((b * heads_q + h) * seqlen_q * d)];
       const double* do_head = &d_o[static_cast<size_t>((b * heads_q + h) * seqlen_q * d)];
       for (int64_t i = 0; i < seqlen_q; ++i) {
-        const int64_t keys = visible_keys(problem, i);
-        if (keys == 0) continue;  // no key: o = 0, no gradient flows
+        // A variant: every key a candidate, variant_score hides the invisible ones.
+        const int64_t keys = variant ? seqlen_k : visible_keys(problem, i);
         const double lse = reference.lse[static_cast<size_t>((b * heads_q + h) * seqlen_q + i)];
+        if (keys == 0 || lse == std::numeric_limits<double>::infinity())
+          continue;  // no key: o = 0, no gradient flows
         const double* q_row = q_head + i * d;
         const double* do_row = do_head + i * d;
         const double* o_row =
@@ -558,12 +596,25 @@ void add_reference_gradients(const AttentionProblem& problem, const HostInputs& 
             s += q_row[c] * k_head[j * d + c];
             dp += do_row[c] * v_head[j * d + c];
           }
-          p[j] = std::exp(scale * s - lse);
-          ds[j] = p[j] * (dp - delta);
+          if (!variant) {
+            p[j] = std::exp(scale * s - lse);
+            ds[j] = p[j] * (dp - delta);
+            continue;
+          }
+          // dS with respect to the scaled score: through the variant's chain factor.
+          const double t = variant_score(problem, functions, b, h, i, j, scale * s, slope);
+          if (t == -std::numeric_limits<double>::infinity()) {
+            p[j] = ds[j] = 0;  // hidden: no probability, no gradient
+            continue;
+          }
+          p[j] = std::exp(t - lse);
+          ds[j] = p[j] * (dp - delta) *
+                  variant_score_grad(problem, functions, b, h, i, j, scale * s, slope);
         }
         double* dq_row = &reference.dq[static_cast<size_t>(((b * seqlen_q + i) * heads_q + h) * d)];
         for (int64_t j = 0; j < keys; ++j) {
           const double dsj = scale * ds[j], pj = p[j];
+          if (pj == 0) continue;  // a hidden key: its k and v may be anything, even NaN
           for (int c = 0; c < d; ++c) {
             dq_row[c] += dsj * k_head[j * d + c];
             dk[j * d + c] += dsj * q_row[c];
