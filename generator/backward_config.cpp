@@ -343,6 +343,13 @@ Result<const BackwardFamily*> check_common(const AttentionConfig& c, const Atten
     return illegal(c, dtype.error().message, ErrorCode::Unsupported).error();
   const BackwardFamily* family = family_of(c);
   if (family == nullptr) return illegal(c, "unknown kernel family", ErrorCode::Unsupported).error();
+  if (p.variant.active() && c.family != KernelFamily::Mma)
+    return illegal(c,
+                   "attention variants (" + p.variant.key() +
+                       ") in the backward: the mma family only so far (the wgmma backward "
+                       "template has no variants yet)",
+                   ErrorCode::Unsupported)
+        .error();
   if (p.deterministic && c.dq != DqMode::Separate) {
     return illegal(c,
                    "the problem is deterministic: dQ atomics add in a different order every "

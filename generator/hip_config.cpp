@@ -104,11 +104,11 @@ HipResourceUse hip_resource_use(const AttentionConfig& c, const AttentionProblem
 Status check_hip_config(const AttentionConfig& c, const AttentionProblem& p,
                         const DeviceSpec& device) {
   FLASHJIT_TRY(check_ws_knobs(c));
-  if (p.is_backward()) return check_hip_backward_config(c, p, device);
-  FLASHJIT_TRY(check_hip_dtype(c, p.dtype));
-  if (p.variant.active())
+  if (p.variant.active())  // forward or backward
     return illegal(c, "attention variants (" + p.variant.key() + ") have no HIP template yet",
                    ErrorCode::Unsupported);
+  if (p.is_backward()) return check_hip_backward_config(c, p, device);
+  FLASHJIT_TRY(check_hip_dtype(c, p.dtype));
   // The decode family (split-KV, paged K/V) has no HIP template yet (issue 18, stage 2).
   if (c.family == KernelFamily::Decode || needs_decode_family(p))
     return illegal(c, "the -decode family (split-KV, paged K/V) has no HIP template yet",

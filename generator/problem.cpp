@@ -274,8 +274,8 @@ bool is_identifier_char(char c) {
   return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_';
 }
 
-// The variant's fields (window, softcap, prefix, the expressions); forward only, contiguous
-// K/V only (stage 1).
+// The variant's fields (window, softcap, prefix, the expressions); contiguous K/V only; the
+// backward: not of packed documents, a score_mod with its derivative.
 Status check_variant(const AttentionProblem& p) {
   const Variant& v = p.variant;
   auto invalid = [](const std::string& message) {
@@ -293,12 +293,20 @@ Status check_variant(const AttentionProblem& p) {
     return invalid("prefix = " + str(v.prefix) + ": must be in [0, 2^31 - 1]");
   FLASHJIT_TRY(check_variant_expression("score_mod", v.score_mod));
   FLASHJIT_TRY(check_variant_expression("mask_mod", v.mask_mod));
+  FLASHJIT_TRY(check_variant_expression("score_mod_grad", v.score_mod_grad));
+  if (!v.score_mod_grad.empty() && v.score_mod.empty())
+    return invalid("score_mod_grad = \"" + v.score_mod_grad +
+                   "\" without a score_mod: it is the derivative of the score_mod");
   if (!v.active()) return ok_status();
-  if (p.pass != Pass::Forward)
+  if (p.pass == Pass::Backward && v.varlen)
     return make_error(ErrorCode::Unsupported,
                       "attention variants (" + v.key() +
-                          ") have a forward kernel only so far: this problem is " +
-                          to_string(p.pass));
+                          "): packed variable-length documents (varlen) have no backward yet");
+  if (p.pass == Pass::Backward && !v.score_mod.empty() && v.score_mod_grad.empty())
+    return invalid("score_mod = \"" + v.score_mod +
+                   "\" in a backward problem needs score_mod_grad, its derivative d score_mod / "
+                   "d score (same variables; `score` is score_mod's input), e.g. \"1.0f\" for "
+                   "\"score + 0.5f * head\"");
   if (p.kv.paged() || p.kv.seqlens_k)
     return make_error(ErrorCode::Unsupported,
                       "attention variants (" + v.key() +
@@ -423,6 +431,7 @@ std::string Variant::key() const {
   if (prefix > 0) add("prefix" + str(prefix));
   if (!score_mod.empty()) add("score_mod#" + expression_hash(score_mod));
   if (!mask_mod.empty()) add("mask_mod#" + expression_hash(mask_mod));
+  if (!score_mod_grad.empty()) add("score_mod_grad#" + expression_hash(score_mod_grad));
   if (varlen) add("varlen");
   return key;
 }

@@ -14,9 +14,11 @@
 //   #define FLASHJIT_VARIANT_SOFTCAP C          only when soft-capping (a float literal)
 //   #define FLASHJIT_VARIANT_ALIBI 0|1
 //   #define FLASHJIT_VARIANT_SCORE_MOD 0|1      a user score_mod follows this file
+//   #define FLASHJIT_VARIANT_SCORE_MOD_GRAD 0|1 its derivative too (backward problems only)
 //   #define FLASHJIT_VARIANT_MASK_MOD 0|1       a user mask_mod follows this file
 //   #define FLASHJIT_VARIANT_VARLEN 0|1         packed variable-length documents (cu_seqlens)
-// and followed by the user's expressions as the bodies of user_score_mod / user_mask_mod.
+// and followed by the user's expressions as the bodies of user_score_mod / user_mask_mod (and
+// user_score_mod_grad).
 // Plain attention renders none of this: its kernels are exactly those of before variants.
 //
 // Scalar code only, so that it means the same under NVRTC, Clang (the CPU backend) and a host
@@ -71,6 +73,9 @@ FLASHJIT_DEVICE float user_score_mod(float score, int batch, int head, int q_idx
 #endif
 #if FLASHJIT_VARIANT_MASK_MOD
 FLASHJIT_DEVICE bool user_mask_mod(int batch, int head, int q_idx, int kv_idx);
+#endif
+#if FLASHJIT_VARIANT_SCORE_MOD_GRAD
+FLASHJIT_DEVICE float user_score_mod_grad(float score, int batch, int head, int q_idx, int kv_idx);
 #endif
 
 // ---- the variant --------------------------------------------------------------------------------
@@ -166,6 +171,35 @@ FLASHJIT_DEVICE float score(float s, float slope, int batch, int head, int row, 
   return s;
 }
 
+#if !FLASHJIT_VARIANT_SCORE_MOD || FLASHJIT_VARIANT_SCORE_MOD_GRAD
+// The backward's score(): returns score(s, ...) and sets *grad to its derivative d score / d s,
+// the chain factor of dS: the soft-cap's 1 - tanh^2(s / C) (from the same tanh), times the user's
+// score_mod_grad at score_mod's input (ALiBi's bias does not depend on s). Only where the
+// score_mod's derivative is given (a backward problem with a score_mod must have it).
+FLASHJIT_DEVICE float score_and_grad(float s, float slope, int batch, int head, int row, int key,
+                                     float distance, float* grad) {
+  float g = 1.f;
+#ifdef FLASHJIT_VARIANT_SOFTCAP
+  const float t = softcap_tanh(s * (1.f / FLASHJIT_VARIANT_SOFTCAP));
+  s = FLASHJIT_VARIANT_SOFTCAP * t;
+  g = 1.f - t * t;
+#endif
+#if FLASHJIT_VARIANT_ALIBI
+  s += slope * distance;
+#else
+  (void)slope, (void)distance;
+#endif
+#if FLASHJIT_VARIANT_SCORE_MOD
+  g *= user_score_mod_grad(s, batch, head, row, key);
+  s = user_score_mod(s, batch, head, row, key);
+#else
+  (void)batch, (void)head, (void)row, (void)key;
+#endif
+  *grad = g;
+  return s;
+}
+#endif
+
 // The key blocks a tile of query rows [m0, m0 + block_m) visits, in order: the prefix's blocks
 // [0, prefix_end) then the band's [band_first, band_last) (disjoint, the band starting at or
 // after prefix_end). Every other block is hidden from every row of the tile and never loaded.
@@ -193,6 +227,27 @@ FLASHJIT_DEVICE KeyBlocks key_blocks(const FlashjitAttentionParams& p, int diago
   if (first < prefix_end) first = prefix_end;
   if (last < first) last = first;
   return KeyBlocks{prefix_end, first, last};
+}
+
+// The query rows [first, last) that may see a key of block [n0, n0 + block_n) (keys < seqlen_k):
+// the backward's dK/dV loop visits only their query blocks. Every row when the block holds a
+// prefix key; else the rows whose band reaches the block: row i's band holds key j iff
+// j - diagonal - right <= i <= j - diagonal + left. A user mask_mod only hides more.
+struct QueryRows {
+  int first;
+  int last;
+};
+
+FLASHJIT_DEVICE QueryRows query_rows(const FlashjitAttentionParams& p, int diagonal, int n0,
+                                     int block_n) {
+  if (n0 < kPrefix) return QueryRows{0, p.seqlen_q};
+  const int last_key = (n0 + block_n < p.seqlen_k ? n0 + block_n : p.seqlen_k) - 1;
+  const long long first = kRight < 0 ? 0 : static_cast<long long>(n0) - diagonal - kRight;
+  const long long last =
+      kLeft < 0 ? p.seqlen_q : static_cast<long long>(last_key) - diagonal + kLeft + 1;
+  const int f = first < 0 ? 0 : first > p.seqlen_q ? p.seqlen_q : static_cast<int>(first);
+  const int l = last < f ? f : last > p.seqlen_q ? p.seqlen_q : static_cast<int>(last);
+  return QueryRows{f, l};
 }
 
 // True when every row of the tile sees every key of block [n0, n0 + block_n): no per-element

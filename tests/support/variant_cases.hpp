@@ -17,8 +17,8 @@ struct VariantCase {
 };
 
 // Sliding window (causal; both sides; right only; empty windows), softcap, ALiBi (causal),
-// prefix-LM, window + softcap + ALiBi (causal), a score_mod using the head, a mask_mod using
-// the batch (causal).
+// prefix-LM, window + softcap + ALiBi (causal), a score_mod using the head, a nonlinear score_mod
+// over a softcap, a mask_mod using the batch (causal). Each score_mod with its score_mod_grad.
 std::vector<VariantCase> variant_cases();
 
 // The variant the CUDA host emulation tests compile in (tests/support/emulated_variant.h holds its
