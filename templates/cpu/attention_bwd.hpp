@@ -58,13 +58,6 @@
 // Scratch per work item: kDkDvScratchFloats / kDqScratchFloats words, within the L2 budget of
 // generator/cpu_config.hpp. The rendered source prepends attention_params.h and cpu/common.hpp
 // and appends one BwdTraits instantiation with the three extern "C" entry points.
-//
-// An attention variant (FLASHJIT_VARIANT: templates/attention_variant.h before the rest) changes
-// three things, as in the forward: the dK/dV items visit only the query blocks whose rows may see
-// their key block (query_rows) and the dQ items only the key blocks their rows may see
-// (key_blocks); P is recomputed from the variant's scores (score_and_grad, visible()) and the
-// forward's lse in the blocks that need it; and dS = P (dP - D) is multiplied by d score / d s
-// (the soft-cap's 1 - tanh^2, the user's score_mod_grad). Masked entries have P = dS = 0.
 
 namespace flashjit_cpu {
 
@@ -251,8 +244,14 @@ struct Backward {
     const int m_blocks = (p.seqlen_q + BM - 1) / BM;
     const i32x16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 #ifdef FLASHJIT_VARIANT
-    // The variant's query blocks (templates/attention_variant.h): blocks of rows that see no key
-    // of this block are never visited.
+    // An attention variant (templates/attention_variant.h, before the rest; all its code is under
+    // #ifdef FLASHJIT_VARIANT, so that plain kernels compile exactly as before) changes three
+    // things, as in the forward: the dK/dV items visit only the query blocks whose rows may see
+    // their key block (query_rows, here) and the dQ items only the key blocks their rows may see
+    // (key_blocks); P is recomputed from the variant's scores (score_and_grad, visible()) and
+    // the forward's lse in the blocks that need it; and dS = P (dP - D) is multiplied by
+    // d score / d s (the soft-cap's 1 - tanh^2, the user's score_mod_grad). Masked entries have
+    // P = dS = 0.
     namespace fv = flashjit_variant;
     const fv::QueryRows query_rows = fv::query_rows(p, diag, n0, cols);
     const int m_begin = query_rows.first / BM;

@@ -27,13 +27,6 @@
 // head); Q_i, dO_i resident, (K_j, V_j) streamed; per key block S, P, dP and dS as above, then
 // dQ += dS K_j in registers; dQ *= scale, written like dK. No atomics: bitwise reproducible.
 //
-// An attention variant (FLASHJIT_VARIANT: templates/attention_variant.h, rendered before this
-// file): the dK/dV kernel visits the query blocks whose rows may see its keys (query_rows), the dQ
-// kernel the key blocks its rows may see (key_blocks); scores_to_shared recomputes P from the
-// variant's scores (score_and_grad, visible()) against the forward's lse and multiplies dS by
-// d score / d s (the soft-cap's 1 - tanh^2, the user's score_mod_grad). Plain kernels compile
-// exactly as before (the variant code is under #ifdef FLASHJIT_VARIANT).
-//
 // Each product has its own warp tiling (WarpTiling below): S, dP and dS are split over the warps
 // as [kBlockM, kBlockN] blocks, dK and dV as [kBlockN, d], dQ as [kBlockM, d]. P and dS go
 // through shared memory because the products that consume them need them transposed (P^T,
@@ -277,9 +270,14 @@ __device__ __forceinline__ void pipeline_end_reads(int t, int steps, const Load&
 // lse_log2 and delta hold the values of this lane's rows (Sdp::row0 + 16 mt + lane / 4 + 8 half).
 // Rows past seqlen_q need no mask: their lse_log2 is +inf (P = 0) and their dO is zero-filled.
 #ifdef FLASHJIT_VARIANT
-// An attention variant (templates/attention_variant.h): the scores and the mask per element in
-// the blocks that need either, as the forward's, and dS times the scores' derivative
-// (score_and_grad); batch and head for the user's expressions, slope for ALiBi.
+// An attention variant (FLASHJIT_VARIANT: templates/attention_variant.h, rendered before this
+// file; the variant code is all under #ifdef FLASHJIT_VARIANT, so that plain kernels compile
+// exactly as before): the dK/dV kernel visits the query blocks whose rows may see its keys
+// (query_rows), the dQ kernel the key blocks its rows may see (key_blocks); scores_to_shared
+// applies the scores and the mask per element in the blocks that need either, as the forward
+// does, recomputing P against the forward's lse, and multiplies dS by d score / d s
+// (score_and_grad: the soft-cap's 1 - tanh^2, the user's score_mod_grad); batch and head for the
+// user's expressions, slope for ALiBi.
 template <class K, bool STORE_P>
 __device__ __forceinline__ void scores_to_shared(const FlashjitAttentionParams& p, int diagonal,
                                                  int m0, int n0, u32 q_tile, u32 do_tile,
