@@ -203,9 +203,14 @@ std::vector<TensorSpec> tensor_specs(const AttentionProblem& p) {
   const size_t d_o = static_cast<size_t>(p.do_span()) * e;
   const size_t dq = static_cast<size_t>(p.dq_span()) * e;
   const size_t dkv = static_cast<size_t>(p.dkv_span()) * e;
-  return {{TensorRole::Q, q, false},  {TensorRole::K, kv, false},    {TensorRole::V, kv, false},
-          {TensorRole::O, o, false},  {TensorRole::Lse, lse, false}, {TensorRole::DO, d_o, false},
-          {TensorRole::DQ, dq, true}, {TensorRole::DK, dkv, true},   {TensorRole::DV, dkv, true}};
+  std::vector<TensorSpec> specs = {
+      {TensorRole::Q, q, false},  {TensorRole::K, kv, false},    {TensorRole::V, kv, false},
+      {TensorRole::O, o, false},  {TensorRole::Lse, lse, false}, {TensorRole::DO, d_o, false},
+      {TensorRole::DQ, dq, true}, {TensorRole::DK, dkv, true},   {TensorRole::DV, dkv, true}};
+  if (p.variant.alibi)  // the backward of a variant reads the forward's slopes
+    specs.push_back(
+        {TensorRole::AlibiSlopes, static_cast<size_t>(p.heads_q) * sizeof(float), false});
+  return specs;
 }
 
 const DeviceBuffer* DeviceTensors::find(TensorRole role) const {
