@@ -112,6 +112,16 @@ TEST(Render, PlainKernelTextDropsTheVariantBranchesOnly) {
   const std::string fwd = plain_kernel_text(templates::text("cuda/attention_fwd.cuh"));
   EXPECT_EQ(fwd.find("fv::"), std::string::npos);
   EXPECT_NE(fwd.find("block_needs_mask"), std::string::npos);
+  // The backward templates (variants since issue 17's backward stage) likewise.
+  for (const char* path : {"cuda/attention_bwd.cuh", "cpu/attention_bwd.hpp"}) {
+    const std::string bwd = plain_kernel_text(templates::text(path));
+    EXPECT_EQ(bwd.find("FLASHJIT_VARIANT"), std::string::npos) << path;
+    EXPECT_EQ(bwd.find("flashjit_variant"), std::string::npos) << path;
+    EXPECT_EQ(bwd.find("score_and_grad"), std::string::npos) << path;
+    EXPECT_NE(bwd.find(std::string(path).find("cuda") == 0 ? "block_needs_mask" : "kv_end"),
+              std::string::npos)
+        << path;
+  }
   // The launch parameters: the variant fields left out, and they are the struct's last fields
   // (adding one moves no field a plain kernel reads).
   const std::string params(templates::text("attention_params.h"));
