@@ -113,7 +113,8 @@ TEST(Render, PlainKernelTextDropsTheVariantBranchesOnly) {
   EXPECT_EQ(fwd.find("fv::"), std::string::npos);
   EXPECT_NE(fwd.find("block_needs_mask"), std::string::npos);
   // The backward templates (variants since issue 17's backward stage) likewise.
-  for (const char* path : {"cuda/attention_bwd.cuh", "cpu/attention_bwd.hpp"}) {
+  for (const char* path :
+       {"cuda/attention_bwd.cuh", "cuda/attention_bwd_sm90.cuh", "cpu/attention_bwd.hpp"}) {
     const std::string bwd = plain_kernel_text(templates::text(path));
     EXPECT_EQ(bwd.find("FLASHJIT_VARIANT"), std::string::npos) << path;
     EXPECT_EQ(bwd.find("flashjit_variant"), std::string::npos) << path;

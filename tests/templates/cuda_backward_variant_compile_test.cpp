@@ -72,6 +72,7 @@ struct Job {
 struct Outcome {
   std::string error;
   cuda::PtxasReport dkdv, dq;  // dq: the -det mode's kernel (else not reported)
+  bool wgmma_serialized = false;
 };
 
 Outcome compile(const Job& job) {
@@ -89,6 +90,8 @@ Outcome compile(const Job& job) {
   }
   outcome.dkdv = cuda::parse_ptxas_report(binary->compile_log, kBackwardDkDvEntry);
   outcome.dq = cuda::parse_ptxas_report(binary->compile_log, kBackwardDqEntry);
+  outcome.wgmma_serialized =
+      binary->compile_log.find("wgmma.mma_async instructions are serialized") != std::string::npos;
   return outcome;
 }
 
@@ -178,7 +181,58 @@ TEST(CudaBackwardVariantCompile, EveryVariantCompilesOnTheMmaFamily) {
   }
 }
 
-// The wgmma backward template has no variants yet: refused with a typed error, never offered.
+// The wgmma backward template's variant code compiles for sm90a at every legal tile of the plain
+// problem (named configs render; the generator does not offer them for variants until they have
+// run on a GPU), its wgmmas never serialized by ptxas, spilling no more than the plain kernel.
+TEST(CudaBackwardVariantCompile, WgmmaVariantsCompileWithoutSerialization) {
+  const DeviceSpec sm90 = known_device("sm90").value();
+  std::vector<Job> jobs;
+  for (int d : {64, 128}) {
+    const AttentionProblem plain =
+        AttentionProblem::make(1, 16, 16, 4096, 4096, d, DType::BF16, /*causal=*/true)
+            .with_pass(Pass::Backward);
+    std::vector<AttentionConfig> tiles = legal_backward_configs(plain, sm90);
+    std::erase_if(tiles, [](const AttentionConfig& c) { return c.family != KernelFamily::Wgmma; });
+    ASSERT_FALSE(tiles.empty()) << d;
+    for (const AttentionConfig& tile : tiles) {
+      jobs.push_back({"plain", plain, tile, 90});
+      for (const Named& named : variants()) {
+        const std::string name = named.name;
+        if (!compile_all() && name != "everything" && name != "softcap_alibi") continue;
+        AttentionProblem p = plain;
+        p.variant = named.variant;
+        jobs.push_back({named.name, p, tile, 90});
+      }
+    }
+  }
+  const std::vector<Outcome> outcomes =
+      testing::parallel_map<Outcome>(jobs.size(), [&](size_t i) { return compile(jobs[i]); });
+  size_t base = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const std::string where = jobs[i].label + " d" + std::to_string(jobs[i].problem.head_dim) +
+                              " " + jobs[i].config.to_string();
+    ASSERT_EQ(outcomes[i].error, "") << where;
+    ASSERT_GT(outcomes[i].dkdv.registers, 0) << where << ": no ptxas report of dK/dV";
+    EXPECT_FALSE(outcomes[i].wgmma_serialized) << where << ": ptxas serialized the wgmmas";
+    if (jobs[i].label == "plain") {
+      base = i;
+      continue;
+    }
+    EXPECT_LE(outcomes[i].dkdv.spill_store_bytes, outcomes[base].dkdv.spill_store_bytes) << where;
+    EXPECT_LE(outcomes[i].dq.spill_store_bytes, outcomes[base].dq.spill_store_bytes) << where;
+    std::printf(
+        "  %-14s %-22s dK/dV %3d registers, %3d spilled (plain %3d, %3d); dQ %3d, %3d "
+        "(plain %3d, %3d)\n",
+        jobs[i].label.c_str(), where.c_str() + jobs[i].label.size() + 1, outcomes[i].dkdv.registers,
+        outcomes[i].dkdv.spill_store_bytes, outcomes[base].dkdv.registers,
+        outcomes[base].dkdv.spill_store_bytes, outcomes[i].dq.registers,
+        outcomes[i].dq.spill_store_bytes, outcomes[base].dq.registers,
+        outcomes[base].dq.spill_store_bytes);
+  }
+}
+
+// Until the wgmma backward's variant code has run on a GPU it is not offered for variants: a
+// typed error, never a legal config or the default.
 TEST(CudaBackwardVariantCompile, WgmmaFamilyRefusesVariants) {
   AttentionProblem p = AttentionProblem::make(1, 16, 16, 4096, 4096, 128, DType::BF16, true)
                            .with_pass(Pass::Backward);
@@ -197,6 +251,7 @@ TEST(CudaBackwardVariantCompile, WgmmaFamilyRefusesVariants) {
     EXPECT_EQ(refused.error().code, ErrorCode::Unsupported);
     EXPECT_NE(refused.error().message.find("softcap30"), std::string::npos)
         << refused.error().message;
+    EXPECT_TRUE(check_backward_template(c, p).ok()) << c.to_string();  // it still renders
     refused_one = true;
   }
   EXPECT_TRUE(refused_one) << "the plain problem has wgmma backward configs on sm90";
