@@ -70,7 +70,8 @@ expression and the compiler's first message).
 Backward: attention_backward() takes the forward's o and lse (attention(..., return_lse=True))
 and the gradient of the output, do, and returns dq, dk, dv (dk, dv summed over the query heads
 of each key/value head for GQA). ``deterministic=True`` asks for bitwise reproducible gradients
-(a dQ kernel of its own instead of atomics).
+(a dQ kernel of its own instead of atomics). A variant's backward takes the forward's variant
+arguments (and score_mod_grad= with a score_mod).
 
 Configs: attention() uses the config the tuning DB has for the problem on this device (exact, then
 the nearest bucket), else the SRAM-formula default; ``config="default"`` forces the default,
@@ -514,7 +515,9 @@ def decode(q, k_cache, v_cache, *, seqlens_k=None, block_table=None, causal=Fals
 
 
 def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, layout="bshd",
-                       deterministic=False, dq=None, dk=None, dv=None, config=None, stream=None):
+                       deterministic=False, dq=None, dk=None, dv=None, config=None, stream=None,
+                       window=None, softcap=None, alibi_slopes=None, prefix=0, score_mod=None,
+                       mask_mod=None, score_mod_grad=None):
     """Attention backward: the gradients dq, dk, dv of a loss L given do = dL/do, where
     o = attention(q, k, v, causal=causal, scale=scale) (FlashAttention-2's algorithm: the
     probabilities are recomputed from q, k and the forward's log-sum-exp, never stored).
@@ -531,13 +534,19 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, layout=
     config: None (the tuning DB's backward config, else the default), "default" or a backward
        config name (e.g. "m64n128w8s2", or "m64n128w8s2-det" with a separate dQ kernel).
     stream: CUDA stream override, as for attention().
+    window, softcap, alibi_slopes, prefix, score_mod, mask_mod: the forward's attention variant,
+       as for attention(); score_mod_grad: with a score_mod (required), d score_mod / d score.
+       (Packed documents have no backward yet.)
     Returns (dq, dk, dv).
     """
+    variant = _variant_spec(window, softcap, prefix, score_mod, mask_mod, score_mod_grad)
+    if alibi_slopes is not None:
+        _check_array("alibi_slopes", alibi_slopes)
     kind = _framework(q)
     if (lse is not None and _all_torch(q, k, v, o, lse, do) and dq is None and dk is None and
             dv is None and config is None and stream is None):
         return _torch_module().attention_backward(q, k, v, o, lse, do, causal, scale, layout,
-                                                  bool(deterministic))
+                                                  bool(deterministic), variant, alibi_slopes)
     for name, x in (("q", q), ("k", k), ("v", v), ("o", o), ("do", do)):
         _check_array(name, x)
     if lse is not None:
@@ -548,6 +557,7 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, layout=
         torch = _sys.modules["torch"]
         q, k, v, o, do = (_detached(x) for x in (q, k, v, o, do))
         lse = None if lse is None else _detached(lse)
+        alibi_slopes = None if alibi_slopes is None else _detached(alibi_slopes)
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if dq is None else dq
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device) if dk is None else dk
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device) if dv is None else dv
@@ -576,7 +586,8 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, layout=
         synchronize = True
     made = _C.attention_backward(
         q, k, v, o, lse, do, dq, dk, dv, bool(causal), scale, layout, bool(deterministic), config,
-        0 if handle is None else handle, synchronize, "jax" if kind == "jax" else "numpy")
+        0 if handle is None else handle, synchronize, "jax" if kind == "jax" else "numpy", variant,
+        alibi_slopes)
     return tuple(given if fresh is None else fresh for fresh, given in zip(made, (dq, dk, dv)))
 
 

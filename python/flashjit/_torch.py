@@ -392,11 +392,15 @@ def attention(q, k, v, causal, scale, layout, return_lse, deterministic, config,
     return (o, lse) if return_lse else o
 
 
-def attention_backward(q, k, v, o, lse, do, causal, scale, layout, deterministic):
+def attention_backward(q, k, v, o, lse, do, causal, scale, layout, deterministic, variant=None,
+                       alibi_slopes=None):
     """flashjit.attention_backward for torch tensors without dq=, dk=, dv=, config= or stream=
     (lse given)."""
     q, k, v, o, lse, do = (x.detach() for x in (q, k, v, o, lse, do))
-    return _backward(do, q, k, v, o, lse, causal, scale, layout, deterministic)
+    if alibi_slopes is not None:
+        alibi_slopes = alibi_slopes.detach()
+    return _backward(do, q, k, v, o, lse, causal, scale, layout, deterministic, variant=variant,
+                     alibi_slopes=alibi_slopes)
 
 
 def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,

@@ -218,9 +218,11 @@ nb::tuple attention_backward(InArray q, InArray k, InArray v, InArray o, std::op
                              std::optional<OutArray> dv, bool causal, std::optional<double> scale,
                              const std::string& layout, bool deterministic,
                              std::optional<std::string> config, uintptr_t stream, bool synchronize,
-                             const std::string& framework) {
+                             const std::string& framework, std::optional<nb::tuple> variant,
+                             std::optional<InArray> alibi_slopes) {
   const Call call = prepare_backward(q, k, v, o, lse, d_o, dq ? &*dq : nullptr, dk ? &*dk : nullptr,
-                                     dv ? &*dv : nullptr, causal, scale, layout, deterministic);
+                                     dv ? &*dv : nullptr, causal, scale, layout, deterministic,
+                                     variant_of(variant), alibi_slopes ? &*alibi_slopes : nullptr);
   std::shared_ptr<Runtime> runtime = runtimes().get(call.place);
   // A gradient the caller did not pass: contiguous, with its input's shape (prepare_backward
   // gave the problem those strides).
@@ -244,6 +246,7 @@ nb::tuple attention_backward(InArray q, InArray k, InArray v, InArray o, std::op
   args.dq = data[0];
   args.dk = data[1];
   args.dv = data[2];
+  if (alibi_slopes) args.alibi_slopes = static_cast<const float*>(alibi_slopes->data());
   prepared(call, config).launch(args, stream, synchronize);
   return nb::make_tuple(made[0], made[1], made[2]);
 }

@@ -98,7 +98,9 @@ nb::tuple attention_backward(InArray q, InArray k, InArray v, InArray o, std::op
                              std::optional<OutArray> dv, bool causal, std::optional<double> scale,
                              const std::string& layout, bool deterministic,
                              std::optional<std::string> config, uintptr_t stream, bool synchronize,
-                             const std::string& framework);
+                             const std::string& framework,
+                             std::optional<nb::tuple> variant = std::nullopt,
+                             std::optional<InArray> alibi_slopes = std::nullopt);
 
 // The config attention() (pass_ "fwd") or attention_backward() ("bwd") would launch for q, k, v
 // and where it comes from: {config, source, device, problem}.

@@ -62,7 +62,8 @@ NB_MODULE(_flashjit, m) {
         nb::arg("o"), nb::arg("lse").none(), nb::arg("do"), nb::arg("dq").none(),
         nb::arg("dk").none(), nb::arg("dv").none(), nb::arg("causal"), nb::arg("scale").none(),
         nb::arg("layout"), nb::arg("deterministic"), nb::arg("config").none(), nb::arg("stream"),
-        nb::arg("synchronize"), nb::arg("framework"));
+        nb::arg("synchronize"), nb::arg("framework"), nb::arg("variant").none() = nb::none(),
+        nb::arg("alibi_slopes").none() = nb::none());
   // Prepared calls (python/flashjit/_torch.py keeps one per shapes/strides/dtypes/device/options).
   nb::class_<Prepared>(m, "Prepared")
       .def("forward", &Prepared::forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"),

@@ -162,6 +162,32 @@ def test_slopes_that_require_grad_are_refused():
     assert flashjit.attention(q, k, v, alibi_slopes=torch.ones(2)).requires_grad
 
 
+def test_attention_backward_takes_the_variant():
+    """flashjit.attention_backward with the forward's variant, on torch tensors and on numpy
+    arrays: the variant's gradients."""
+    require_cpu_backend()
+    name, mine, theirs, causal, (seqlen_q, seqlen_k) = CASES[0]
+    generator = torch.Generator().manual_seed(seed("attention-backward-variant"))
+    q = torch.randn(2, seqlen_q, 4, 64, generator=generator)
+    k, v = (torch.randn(2, seqlen_k, 2, 64, generator=generator) for _ in range(2))
+    do = torch.randn(2, seqlen_q, 4, 64, generator=generator)
+    variant = dict(window=mine["window"], softcap=mine["softcap"], alibi_slopes=slopes(4))
+    o, lse = flashjit.attention(q, k, v, causal=causal, return_lse=True, **variant)
+    cpu = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref = reference(*cpu, causal=causal, window=mine["window"], softcap=mine["softcap"],
+                    alibi_slopes=variant["alibi_slopes"])
+    expected = torch.autograd.grad(ref, cpu, do.double())
+    as_torch = flashjit.attention_backward(q, k, v, o, lse, do, causal=causal, **variant)
+    as_numpy = flashjit.attention_backward(
+        q.numpy(), k.numpy(), v.numpy(), o.numpy(), lse.numpy(), do.numpy(), causal=causal,
+        window=mine["window"], softcap=mine["softcap"], alibi_slopes=slopes(4).numpy())
+    for what, a, b, r in zip(("dq", "dk", "dv"), as_torch, as_numpy, expected):
+        assert relative_error(a, r) < 2e-4, what
+        assert relative_error(torch.from_numpy(b), r) < 2e-4, what
+    plain = flashjit.attention_backward(q, k, v, o, lse, do, causal=causal)
+    assert relative_error(plain[0], expected[0]) > 1e-2  # the variant's backward, not plain's
+
+
 def test_torch_compile_backward_of_the_variant_operator():
     """torch.compile(fullgraph=True) traces the custom operators, forward and backward, with the
     variant's fields: the same gradients as the eager path."""
