@@ -275,7 +275,8 @@ FLASHJIT_DEVICE bool block_fully_visible(const FlashjitAttentionParams& p, int d
 // batch index a kernel passes to a mask_mod or score_mod stays `doc`. False when the tile of
 // query rows starting at m0 is past the document's end (nothing to compute or write). The
 // offsets are not checked (device data: generator/problem.hpp, Variant::varlen); a negative
-// length counts as 0.
+// length counts as 0. A backward's dO, dQ, dK and dV (d_o not null) move with q and k; m0 < 0:
+// never past the end (a backward's dK/dV items run for a document without queries too).
 FLASHJIT_DEVICE bool document_view(FlashjitAttentionParams& p, int doc, int m0, int element_bytes) {
   const int q_begin = p.cu_seqlens_q[doc];
   const int k_begin = p.cu_seqlens_k[doc];
@@ -290,6 +291,13 @@ FLASHJIT_DEVICE bool document_view(FlashjitAttentionParams& p, int doc, int m0, 
   p.k = static_cast<const char*>(p.k) + k_offset * p.k_seq_stride;
   p.v = static_cast<const char*>(p.v) + k_offset * p.v_seq_stride;
   p.q_batch_stride = p.o_batch_stride = p.k_batch_stride = p.v_batch_stride = 0;
+  if (p.d_o) {  // the backward's: dO and dQ rows like q's, dK and dV rows like k's
+    p.d_o = static_cast<const char*>(p.d_o) + q_offset * p.do_seq_stride;
+    p.dq = static_cast<char*>(p.dq) + q_offset * p.dq_seq_stride;
+    p.dk = static_cast<char*>(p.dk) + k_offset * p.dk_seq_stride;
+    p.dv = static_cast<char*>(p.dv) + k_offset * p.dv_seq_stride;
+    p.do_batch_stride = p.dq_batch_stride = p.dk_batch_stride = p.dv_batch_stride = 0;
+  }
   if (p.lse)
     p.lse += static_cast<long long>(p.heads_q) * q_begin -
              static_cast<long long>(doc) * p.heads_q * len_q;

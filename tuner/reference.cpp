@@ -239,8 +239,28 @@ HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed,
   if (!problem.is_backward()) return inputs;
   inputs.d_o = fill(problem.do_span());
   inputs.o = fill(problem.o_span());  // random padding; the rows are overwritten below
+  set_forward_outputs(problem, inputs, functions);
+  return inputs;
+}
+
+void set_forward_outputs(const AttentionProblem& problem, HostInputs& inputs,
+                         const VariantFunctions& functions) {
   const Reference forward =
       reference_attention(problem.with_pass(Pass::Forward), inputs, functions);
+  if (problem.variant.varlen) {  // forward.o is dense [rows, h, d], lse the packed blocks
+    const int64_t row = problem.heads_q * problem.head_dim;
+    const int64_t rows = static_cast<int64_t>(forward.o.size()) / row;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t h = 0; h < problem.heads_q; ++h)
+        for (int c = 0; c < problem.head_dim; ++c)
+          set_element(inputs.o.data(), r * problem.o_strides.seq + h * problem.o_strides.head + c,
+                      static_cast<float>(forward.o[r * row + h * problem.head_dim + c]),
+                      problem.dtype);
+    inputs.lse.assign(static_cast<size_t>(problem.lse_elements()),
+                      std::numeric_limits<float>::infinity());
+    std::copy(forward.lse.begin(), forward.lse.end(), inputs.lse.begin());
+    return;
+  }
   size_t index = 0;  // forward.o is dense [b, s, h, d]
   for (int64_t b = 0; b < problem.batch; ++b)
     for (int64_t s = 0; s < problem.seqlen_q; ++s)
@@ -251,7 +271,6 @@ HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed,
           set_element(inputs.o.data(), offset, static_cast<float>(forward.o[index]), problem.dtype);
         }
   inputs.lse.assign(forward.lse.begin(), forward.lse.end());  // +inf stays +inf
-  return inputs;
 }
 
 namespace {
@@ -321,11 +340,22 @@ Reference reference_per_document(const AttentionProblem& p, const HostInputs& in
                  std::numeric_limits<double>::quiet_NaN());
     out.lse.assign(static_cast<size_t>(p.variant.total_q * heads),
                    std::numeric_limits<double>::quiet_NaN());
+    if (p.is_backward()) {
+      out.dq = out.o;
+      out.dk.assign(static_cast<size_t>(p.variant.total_k * p.heads_kv * dh),
+                    std::numeric_limits<double>::quiet_NaN());
+      out.dv = out.dk;
+    }
     return out;
   }
   const int64_t rows = cq[p.batch];
   out.o.assign(static_cast<size_t>(rows * heads * dh), 0.0);
   out.lse.assign(static_cast<size_t>(rows * heads), std::numeric_limits<double>::infinity());
+  if (p.is_backward()) {  // dense [rows, heads, d] like o; dk, dv over the documents' keys
+    out.dq.assign(out.o.size(), 0.0);
+    out.dk.assign(static_cast<size_t>(ck[p.batch] * p.heads_kv * dh), 0.0);
+    out.dv.assign(out.dk.size(), 0.0);
+  }
   for (int64_t b = 0; b < p.batch; ++b) {
     const int64_t len_q = cq[b + 1] - cq[b], len_k = ck[b + 1] - ck[b];
     if (len_q == 0 || len_k == 0) continue;  // no key: o = 0, lse = +inf
@@ -344,6 +374,7 @@ Reference reference_per_document(const AttentionProblem& p, const HostInputs& in
     slice.q = rows_of(inputs.q, cq[b] * p.q_strides.seq, one.q_span());
     slice.k = rows_of(inputs.k, ck[b] * p.k_strides.seq, one.kv_span());
     slice.v = rows_of(inputs.v, ck[b] * p.v_strides.seq, one.kv_span());
+    if (p.is_backward()) slice.d_o = rows_of(inputs.d_o, cq[b] * p.do_strides.seq, one.do_span());
     slice.alibi_slopes = inputs.alibi_slopes;
     VariantFunctions document;  // the user expressions see the document's index as the batch
     if (functions.score_mod)
@@ -357,6 +388,11 @@ Reference reference_per_document(const AttentionProblem& p, const HostInputs& in
     const Reference r = reference_attention(one, slice, document);
     std::copy(r.o.begin(), r.o.end(), out.o.begin() + cq[b] * heads * dh);
     std::copy(r.lse.begin(), r.lse.end(), out.lse.begin() + cq[b] * heads);
+    if (p.is_backward()) {
+      std::copy(r.dq.begin(), r.dq.end(), out.dq.begin() + cq[b] * heads * dh);
+      std::copy(r.dk.begin(), r.dk.end(), out.dk.begin() + ck[b] * p.heads_kv * dh);
+      std::copy(r.dv.begin(), r.dv.end(), out.dv.begin() + ck[b] * p.heads_kv * dh);
+    }
   }
   return out;
 }
@@ -408,13 +444,7 @@ double variant_score_grad(const AttentionProblem& problem, const VariantFunction
 Reference reference_attention(const AttentionProblem& problem, const HostInputs& inputs,
                               const VariantFunctions& functions) {
   if (problem.kv.paged() || problem.kv.seqlens_k) return reference_per_sequence(problem, inputs);
-  if (problem.variant.varlen) {
-    Reference reference =
-        reference_per_document(problem.with_pass(Pass::Forward), inputs, functions);
-    if (problem.is_backward())  // no backward reference of packed documents yet
-      add_reference_gradients(problem, inputs, functions, reference);
-    return reference;
-  }
+  if (problem.variant.varlen) return reference_per_document(problem, inputs, functions);
   if (problem.is_backward()) {
     Reference reference = reference_attention(problem.with_pass(Pass::Forward), inputs, functions);
     add_reference_gradients(problem, inputs, functions, reference);
@@ -554,10 +584,9 @@ void add_reference_gradients(const AttentionProblem& problem, const HostInputs& 
   reference.dk.assign(static_cast<size_t>(batch * seqlen_k * heads_kv * d), 0.0);
   reference.dv.assign(static_cast<size_t>(batch * seqlen_k * heads_kv * d), 0.0);
   const bool variant = problem.variant.active();
-  if (problem.variant.varlen || (!problem.variant.score_mod.empty() && !functions.score_mod_grad) ||
+  if ((!problem.variant.score_mod.empty() && !functions.score_mod_grad) ||
       (problem.variant.alibi && inputs.alibi_slopes.size() != static_cast<size_t>(heads_q))) {
-    // No backward reference of packed documents; a score_mod without its derivative or ALiBi
-    // without slopes: nothing may pass.
+    // A score_mod without its derivative or ALiBi without slopes: nothing may pass.
     for (auto* g : {&reference.dq, &reference.dk, &reference.dv})
       std::fill(g->begin(), g->end(), std::numeric_limits<double>::quiet_NaN());
     return;
@@ -738,11 +767,21 @@ GradientComparison compare_gradients(const AttentionProblem& problem,
                                      const std::vector<uint16_t>& dv_bits,
                                      const Reference& reference) {
   GradientComparison result;
-  result.dq = compare_tensor(problem, problem.dq_strides, problem.batch, problem.seqlen_q,
-                             problem.heads_q, dq_bits, reference.dq);
-  result.dk = compare_tensor(problem, problem.dk_strides, problem.batch, problem.seqlen_k,
+  // Varlen: one packed sequence of the rows that belong to a document (the reference's).
+  const bool varlen = problem.variant.varlen;
+  const int64_t batch = varlen ? 1 : problem.batch;
+  auto rows = [&](const std::vector<double>& reference_rows, int64_t heads, int64_t seqlen) {
+    return varlen ? static_cast<int64_t>(reference_rows.size()) / (heads * problem.head_dim)
+                  : seqlen;
+  };
+  result.dq = compare_tensor(problem, problem.dq_strides, batch,
+                             rows(reference.dq, problem.heads_q, problem.seqlen_q), problem.heads_q,
+                             dq_bits, reference.dq);
+  result.dk = compare_tensor(problem, problem.dk_strides, batch,
+                             rows(reference.dk, problem.heads_kv, problem.seqlen_k),
                              problem.heads_kv, dk_bits, reference.dk);
-  result.dv = compare_tensor(problem, problem.dv_strides, problem.batch, problem.seqlen_k,
+  result.dv = compare_tensor(problem, problem.dv_strides, batch,
+                             rows(reference.dv, problem.heads_kv, problem.seqlen_k),
                              problem.heads_kv, dv_bits, reference.dv);
   return result;
 }

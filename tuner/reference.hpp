@@ -97,6 +97,12 @@ std::vector<float> standard_alibi_slopes(int64_t heads);
 HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed,
                          const VariantFunctions& functions = {});
 
+// A backward problem's o (its rows; padding as it is) and lse from the fp64 forward of the
+// inputs' q, k, v: what random_inputs does last, again after a caller changed the inputs (e.g.
+// packed documents of other lengths).
+void set_forward_outputs(const AttentionProblem& problem, HostInputs& inputs,
+                         const VariantFunctions& functions = {});
+
 struct Reference {
   std::vector<double> o;    // dense [batch, seqlen_q, heads_q, head_dim]
   std::vector<double> lse;  // [batch, heads_q, seqlen_q], natural log; +inf for a row with no key
@@ -134,7 +140,8 @@ double variant_score_grad(const AttentionProblem& problem, const VariantFunction
 // A variant (problem.variant): scores through variant_score; a row whose every score is -inf has
 // o = 0 and lse = +inf like a row with no key (and no gradient). The backward's dS is multiplied
 // by variant_score_grad (hidden keys: none). `functions` must give the problem's user expressions
-// (else NaN, see VariantFunctions); packed documents (varlen) have no backward reference (NaN).
+// (else NaN, see VariantFunctions). Packed documents' gradients: dense [rows, heads, d] over the
+// documents' rows, like o (dk, dv over cu_seqlens_k[batch] key rows).
 Reference reference_attention(const AttentionProblem& problem, const HostInputs& inputs,
                               const VariantFunctions& functions = {});
 

@@ -61,7 +61,8 @@ backend and the CUDA mma family have its backward): a score_mod then needs score
 derivative d score_mod / d score as one C++ expression over the same variables (``score`` is
 score_mod's input; e.g. ``"1.0f"`` for the example above; without it InvalidArgumentError names
 it); ALiBi's slopes get no gradient (slopes that require grad raise UnsupportedError), and
-packed documents (cu_seqlens) have no backward yet (UnsupportedError).
+packed documents (cu_seqlens) have no backward in Python yet (UnsupportedError; the C++ API has it
+on the CPU backend).
 Bad values (window sides < -1, softcap <= 0 or not finite, slopes of another shape, dtype or
 device, an expression that is not one expression or does not compile) raise
 InvalidArgumentError (a compile failure: flashjit.Error with code CompileFailed, quoting the
@@ -433,7 +434,8 @@ def _attention_varlen(q, k, v, causal, scale, layout, out, return_lse, lse, conf
         if torch.is_grad_enabled() and any(
                 getattr(x, "requires_grad", False) for x in (q, k, v, alibi_slopes)):
             raise UnsupportedError(
-                "packed variable-length documents (cu_seqlens) have no backward yet, and q, k, "
+                "packed variable-length documents (cu_seqlens) have no backward in Python yet (the "
+                "C++ API has it on the CPU backend), and q, k, "
                 "v or alibi_slopes requires grad: run the forward under torch.no_grad() or on "
                 "detached tensors")
         alibi_slopes = None if alibi_slopes is None else _detached(alibi_slopes)
@@ -536,7 +538,7 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, layout=
     stream: CUDA stream override, as for attention().
     window, softcap, alibi_slopes, prefix, score_mod, mask_mod: the forward's attention variant,
        as for attention(); score_mod_grad: with a score_mod (required), d score_mod / d score.
-       (Packed documents have no backward yet.)
+       (Packed documents: not in Python yet.)
     Returns (dq, dk, dv).
     """
     variant = _variant_spec(window, softcap, prefix, score_mod, mask_mod, score_mod_grad)

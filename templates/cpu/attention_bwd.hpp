@@ -675,11 +675,34 @@ struct Backward {
 
   // ---- entry points: work items [begin, end), the block index fastest ----------------------
 
+#ifdef FLASHJIT_VARIANT
+  // Packed documents (FLASHJIT_VARIANT_VARLEN): `doc` becomes document b's view of the params
+  // (templates/attention_variant.h, document_view: its rows of every tensor and its lengths,
+  // batch index b of the workspace kept); false when its queries end at or before m0 (m0 < 0:
+  // never). Other variants: the params as they are.
+  static bool view(FlashjitAttentionParams& doc, int b, int m0) {
+#if FLASHJIT_VARIANT_VARLEN
+    return flashjit_variant::document_view(doc, b, m0, (int)sizeof(Element));
+#else
+    (void)doc, (void)b, (void)m0;
+    return true;
+#endif
+  }
+#endif
+
   // batch x heads_q x ceil(seqlen_q / BM).
   static int preprocess(const FlashjitAttentionParams& p, int begin, int end) {
     const int m_blocks = (p.seqlen_q + BM - 1) / BM;
+#ifdef FLASHJIT_VARIANT
+    for (int w = begin; w < end; ++w) {
+      const int b = w / m_blocks / p.heads_q, h = (w / m_blocks) % p.heads_q, m = w % m_blocks;
+      FlashjitAttentionParams doc = p;
+      if (view(doc, b, m * BM)) preprocess_block(doc, b, h, m);
+    }
+#else
     for (int w = begin; w < end; ++w)
       preprocess_block(p, w / m_blocks / p.heads_q, (w / m_blocks) % p.heads_q, w % m_blocks);
+#endif
     return 0;
   }
 
@@ -691,6 +714,19 @@ struct Backward {
     if (!scratch) return 1;
     const int n_blocks = (p.seqlen_k + BN - 1) / BN;
     const int splits = p.dq_accum_splits;
+#ifdef FLASHJIT_VARIANT
+    // (A document without queries still gets its dK = dV = 0 written.)
+    for (int w = begin; w < end; ++w) {
+      const int per = T::kFusedDq ? splits : n_blocks;
+      const int b = w / per / p.heads_kv, hk = (w / per) % p.heads_kv, i = w % per;
+      FlashjitAttentionParams doc = p;
+      view(doc, b, -1);
+      if constexpr (T::kFusedDq)
+        dkdv_split(doc, b, hk, i, scratch);
+      else if (i * BN < doc.seqlen_k)
+        dkdv_block(doc, b, hk, i, scratch, nullptr);
+    }
+#else
     for (int w = begin; w < end; ++w) {
       if constexpr (T::kFusedDq)
         dkdv_split(p, w / splits / p.heads_kv, (w / splits) % p.heads_kv, w % splits, scratch);
@@ -698,6 +734,7 @@ struct Backward {
         dkdv_block(p, w / n_blocks / p.heads_kv, (w / n_blocks) % p.heads_kv, w % n_blocks, scratch,
                    nullptr);
     }
+#endif
     free(scratch);
     return 0;
   }
@@ -705,6 +742,22 @@ struct Backward {
   // batch x heads_q x ceil(seqlen_q / BM). Returns 1 when the scratch could not be allocated.
   static int dq(const FlashjitAttentionParams& p, int begin, int end) {
     const int m_blocks = (p.seqlen_q + BM - 1) / BM;
+#ifdef FLASHJIT_VARIANT
+    float* scratch = T::kFusedDq ? nullptr
+                                 : (float*)aligned_alloc(
+                                       64, (unsigned long)((T::kDqScratchFloats * 4 + 63) & ~63LL));
+    if (!T::kFusedDq && !scratch) return 1;
+    for (int w = begin; w < end; ++w) {
+      const int b = w / m_blocks / p.heads_q, h = (w / m_blocks) % p.heads_q, m = w % m_blocks;
+      FlashjitAttentionParams doc = p;
+      if (!view(doc, b, m * BM)) continue;
+      if constexpr (T::kFusedDq)
+        dq_sum_block(doc, b, h, m);
+      else
+        dq_block(doc, b, h, m, scratch);
+    }
+    free(scratch);
+#else
     if constexpr (T::kFusedDq) {
       for (int w = begin; w < end; ++w)
         dq_sum_block(p, w / m_blocks / p.heads_q, (w / m_blocks) % p.heads_q, w % m_blocks);
@@ -716,6 +769,7 @@ struct Backward {
         dq_block(p, w / m_blocks / p.heads_q, (w / m_blocks) % p.heads_q, w % m_blocks, scratch);
       free(scratch);
     }
+#endif
     return 0;
   }
 };

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "generator/backward_config.hpp"
+#include "generator/device.hpp"
 #include "generator/render.hpp"
 #include "runtime/runtime.hpp"
 #include "support/parallel.hpp"
@@ -42,7 +44,7 @@ AttentionProblem make_problem(int64_t batch, int64_t heads_q, int64_t heads_kv, 
 }
 
 // A backward problem with a score_mod and no score_mod_grad is refused before anything is
-// compiled, naming what is missing; packed documents have no backward yet. (No backend needed.)
+// compiled, naming what is missing; packed documents: the CPU backend only. (No backend needed.)
 TEST(BackwardVariantProblem, TypedRefusals) {
   Case c{"score_mod", false, {}, {}};
   c.variant.score_mod = "score * 2.0f";
@@ -70,15 +72,27 @@ TEST(BackwardVariantProblem, TypedRefusals) {
   status = validate(p);
   ASSERT_FALSE(status.ok());
   EXPECT_EQ(status.error().message.rfind("score_mod_grad = ", 0), 0u) << status.error().message;
-  // Varlen.
+  // Varlen: a valid backward problem (the gradients packed too), not on the CUDA families.
   AttentionProblem varlen =
-      AttentionProblem::make_varlen(2, 2, 2, 16, 16, 32, 32, 64, DType::F32, true)
+      AttentionProblem::make_varlen(2, 2, 2, 16, 16, 32, 32, 64, DType::BF16, true)
           .with_pass(Pass::Backward);
-  status = validate(varlen);
+  EXPECT_TRUE(validate(varlen).ok()) << validate(varlen).error().describe();
+  EXPECT_EQ(varlen.dq_span(), 32 * 2 * 64);
+  AttentionProblem batched = varlen;
+  batched.dk_strides.batch = 16 * 2 * 64;
+  status = validate(batched);
   ASSERT_FALSE(status.ok());
-  EXPECT_EQ(status.error().code, ErrorCode::Unsupported);
-  EXPECT_NE(status.error().message.find("varlen) have no backward"), std::string::npos)
+  EXPECT_NE(status.error().message.find("dk.batch stride"), std::string::npos)
       << status.error().message;
+  for (const char* device : {"sm80", "sm90"}) {
+    EXPECT_TRUE(legal_backward_configs(varlen, known_device(device).value()).empty()) << device;
+    const Status refused = check_backward_config(AttentionConfig::parse("m64n64w4s2").value(),
+                                                 varlen, known_device(device).value());
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.error().code, ErrorCode::Unsupported);
+    EXPECT_NE(refused.error().message.find("CPU backend only"), std::string::npos)
+        << refused.error().message;
+  }
 }
 
 // The rendered backward source: the derivative only in backward kernels, on a marked line.
@@ -290,6 +304,96 @@ TEST(CpuBackwardVariant, SoftcapChainFactorMatters) {
   const GradientComparison wrong = compare_gradients(problem, g->dq, g->dk, g->dv,
                                                      ft::reference_attention(unchained, inputs, f));
   EXPECT_GT(wrong.dq.rel_error, 0.1) << wrong.to_string();
+}
+
+// Packed variable-length documents (varlen): documents of 1, 17, 0, 40 and 5 queries against 3,
+// 17, 4, 0 and 9 keys (empty ones, seqlen_q != seqlen_k both ways, per document), spare rows past
+// the last document (poisoned: left unwritten) and spare keys set to NaN (never read), plain
+// causal and with a window + softcap + ALiBi, GQA, fp32 in both dQ modes; each document's
+// gradients against the reference of that document alone.
+TEST(CpuBackwardVariant, PackedDocumentsMatchTheReferencePerDocument) {
+  const cpu::CpuBackend& cpu = backend();
+  const std::vector<int64_t> q_lengths = {1, 17, 0, 40, 5}, k_lengths = {3, 17, 4, 0, 9};
+  const int64_t spare = 7;
+  const int64_t total_q = 63 + spare, total_k = 33 + spare;
+  for (const bool windowed : {false, true}) {
+    AttentionProblem problem =
+        AttentionProblem::make_varlen(5, 4, 2, 40, 17, total_q, total_k, 64, DType::F32, true)
+            .with_pass(Pass::Backward);
+    if (windowed) {
+      problem.variant.window_left = 6;
+      problem.variant.softcap = 1.5f;
+      problem.variant.alibi = true;
+    }
+    ASSERT_TRUE(validate(problem).ok()) << validate(problem).error().describe();
+    ft::HostInputs inputs = ft::random_inputs(problem, 31);
+    inputs.cu_seqlens_q = cu_seqlens_of(q_lengths);
+    inputs.cu_seqlens_k = cu_seqlens_of(k_lengths);
+    ft::poison_keys(problem, inputs, total_k - spare, total_k);
+    set_forward_outputs(problem, inputs);
+    for (DqMode dq : {DqMode::Atomic, DqMode::Separate}) {
+      AttentionConfig config = cpu.legal_configs(problem).front();
+      config.dq = dq;
+      Result<std::shared_ptr<Kernel>> kernel = build_kernel(cpu, nullptr, problem, config);
+      ASSERT_TRUE(kernel.ok()) << kernel.error().describe();
+      Gradients out{ft::poisoned_storage(problem.dq_span(), problem.dtype),
+                    ft::poisoned_storage(problem.dkv_span(), problem.dtype),
+                    ft::poisoned_storage(problem.dkv_span(), problem.dtype)};
+      std::vector<float> lse = inputs.lse;
+      AttentionArgs args;
+      args.q = inputs.q.data();
+      args.k = inputs.k.data();
+      args.v = inputs.v.data();
+      args.o = inputs.o.data();
+      args.lse = lse.data();
+      args.d_o = inputs.d_o.data();
+      args.dq = out.dq.data();
+      args.dk = out.dk.data();
+      args.dv = out.dv.data();
+      args.alibi_slopes = inputs.alibi_slopes.empty() ? nullptr : inputs.alibi_slopes.data();
+      args.cu_seqlens_q = inputs.cu_seqlens_q.data();
+      args.cu_seqlens_k = inputs.cu_seqlens_k.data();
+      const Status launched = (*kernel)->launch(problem, args);
+      ASSERT_TRUE(launched.ok()) << launched.error().describe();
+      const GradientComparison comparison = compare_gradients(
+          problem, out.dq, out.dk, out.dv, ft::reference_attention(problem, inputs));
+      EXPECT_TRUE(within_tolerance(comparison, gradient_tolerance(problem.dtype)))
+          << (windowed ? "window+softcap+alibi " : "causal ") << config.to_string() << ": "
+          << comparison.to_string();
+      // The spare rows past the last document are left as they were.
+      const int64_t row = problem.heads_q * problem.head_dim;
+      for (int64_t i = 63 * row; i < total_q * row; ++i)
+        ASSERT_EQ(out.dq[2 * i], ft::kPoisonBits) << "dq written past the documents";
+    }
+  }
+  // Offsets that do not describe the documents are a typed error before anything runs.
+  AttentionProblem problem =
+      AttentionProblem::make_varlen(2, 2, 2, 16, 16, 32, 32, 64, DType::F32, false)
+          .with_pass(Pass::Backward);
+  Result<std::shared_ptr<Kernel>> kernel =
+      build_kernel(cpu, nullptr, problem, cpu.default_config(problem).value());
+  ASSERT_TRUE(kernel.ok()) << kernel.error().describe();
+  ft::HostInputs inputs = ft::random_inputs(problem, 5);
+  std::vector<int32_t> bad = {0, 20, 32};  // a document of 20 > max_seqlen_q 16
+  std::vector<uint16_t> dq = ft::poisoned_storage(problem.dq_span(), problem.dtype);
+  std::vector<uint16_t> dk = ft::poisoned_storage(problem.dkv_span(), problem.dtype);
+  std::vector<uint16_t> dv = dk;
+  AttentionArgs args;
+  args.q = inputs.q.data();
+  args.k = inputs.k.data();
+  args.v = inputs.v.data();
+  args.o = inputs.o.data();
+  args.lse = inputs.lse.data();
+  args.d_o = inputs.d_o.data();
+  args.dq = dq.data();
+  args.dk = dk.data();
+  args.dv = dv.data();
+  args.cu_seqlens_q = bad.data();
+  args.cu_seqlens_k = inputs.cu_seqlens_k.data();
+  const Status refused = (*kernel)->launch(problem, args);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("cu_seqlens_q"), std::string::npos)
+      << refused.error().message;
 }
 
 TEST(CpuBackwardVariant, ScoreModGradThatDoesNotCompileIsQuoted) {
