@@ -688,8 +688,8 @@ struct Backward {
     return true;
 #endif
   }
-#endif
 
+#endif
   // batch x heads_q x ceil(seqlen_q / BM).
   static int preprocess(const FlashjitAttentionParams& p, int begin, int end) {
     const int m_blocks = (p.seqlen_q + BM - 1) / BM;
