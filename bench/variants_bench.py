@@ -341,10 +341,10 @@ def main(argv=None):
                 if varlen:  # one packed sequence of every token: (1, H, B N, d) for Flex
                     packed, varlen_kwargs, varlen_mask, lengths = varlen_inputs(q, k, v)
                     row["documents"] = len(lengths)
-                    row["flashjit_config"] = "varlen (mma default)"
+                    chosen = flashjit.config_for(*packed, causal=True, **varlen_kwargs)
                 else:
                     chosen = flashjit.config_for(q, k, v, causal=True, layout="bhsd", **kwargs)
-                    row["flashjit_config"] = chosen["config"]
+                row["flashjit_config"] = chosen["config"]
                 with torch.no_grad():
                     def mine():
                         if varlen:

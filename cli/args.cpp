@@ -227,11 +227,6 @@ Result<int64_t> integer_flag(const ParsedFlags& flags, std::string_view name, in
   return value;
 }
 
-namespace {
-
-// --window L,R --softcap C --alibi --prefix P --score-mod EXPR --mask-mod EXPR
-// --score-mod-grad EXPR into `variant`
-// (the values' ranges are validate()'s to check).
 Status apply_variant_flags(const ParsedFlags& flags, Variant& variant) {
   if (auto text = flags.get("window")) {
     const size_t comma = text->find(',');
@@ -269,6 +264,8 @@ Status apply_variant_flags(const ParsedFlags& flags, Variant& variant) {
   return ok_status();
 }
 
+namespace {
+
 // --docs L1,L2,...: `problem` made a problem of packed documents of those lengths (queries and
 // keys alike), its other fields as they are.
 Status apply_docs_flag(const ParsedFlags& flags, AttentionProblem& problem) {
@@ -305,6 +302,23 @@ Status apply_docs_flag(const ParsedFlags& flags, AttentionProblem& problem) {
 }
 
 }  // namespace
+
+Status apply_page_size_flag(const ParsedFlags& flags, AttentionProblem& problem) {
+  std::optional<std::string> text = flags.get("page-size");
+  if (!text) return ok_status();
+  auto page = integer_flag(flags, "page-size", 0, kMinPageSize, kMaxPageSize);
+  FLASHJIT_TRY(page);
+  if (*page % 16 != 0)
+    return flag_error("page-size", *text,
+                      "must be a multiple of 16 in [" + std::to_string(kMinPageSize) + ", " +
+                          std::to_string(kMaxPageSize) + "]");
+  if (problem.is_backward())
+    return make_error(ErrorCode::InvalidArgument,
+                      "--page-size applies to the forward pass only (a paged K/V cache)");
+  const int64_t pages_per_sequence = (problem.seqlen_k + *page - 1) / *page;
+  problem = problem.with_paged_kv(static_cast<int>(*page), problem.batch * pages_per_sequence);
+  return ok_status();
+}
 
 Result<AttentionProblem> problem_from_flags(const ParsedFlags& flags) {
   auto batch = integer_flag(flags, "batch", kDefaultBatch, 1, kMaxInt32);
@@ -367,20 +381,7 @@ Result<AttentionProblem> problem_from_flags(const ParsedFlags& flags) {
     problem.deterministic = true;
   }
 
-  if (auto text = flags.get("page-size")) {
-    auto page = integer_flag(flags, "page-size", 0, kMinPageSize, kMaxPageSize);
-    FLASHJIT_TRY(page);
-    if (*page % 16 != 0)
-      return flag_error("page-size", *text,
-                        "must be a multiple of 16 in [" + std::to_string(kMinPageSize) + ", " +
-                            std::to_string(kMaxPageSize) + "]");
-    if (problem.is_backward())
-      return make_error(ErrorCode::InvalidArgument,
-                        "--page-size applies to the forward pass only (a paged K/V cache)");
-    const int64_t pages_per_sequence = (problem.seqlen_k + *page - 1) / *page;
-    problem = problem.with_paged_kv(static_cast<int>(*page), problem.batch * pages_per_sequence);
-  }
-
+  FLASHJIT_TRY(apply_page_size_flag(flags, problem));
   FLASHJIT_TRY(apply_variant_flags(flags, problem.variant));
   FLASHJIT_TRY(apply_docs_flag(flags, problem));
 

@@ -64,6 +64,15 @@ inline constexpr int kDefaultHeadDim = 128;
 // the gradients too). Flag errors name the flag; validation errors come from flashjit::validate.
 Result<AttentionProblem> problem_from_flags(const ParsedFlags& flags);
 
+// --window L,R --softcap C --alibi --prefix P --score-mod EXPR --mask-mod EXPR
+// --score-mod-grad EXPR into `variant`
+// (the values' ranges are validate()'s to check).
+Status apply_variant_flags(const ParsedFlags& flags, Variant& variant);
+// --page-size N: `problem` reading K/V from a paged cache of N keys a page (enough pages for every
+// sequence's to be distinct) with per-sequence lengths; nothing when the flag is absent. Errors
+// name the flag; a backward problem is InvalidArgument.
+Status apply_page_size_flag(const ParsedFlags& flags, AttentionProblem& problem);
+
 // --config, or nullopt when absent.
 Result<std::optional<AttentionConfig>> config_from_flags(const ParsedFlags& flags);
 // --splits auto|N into a -decode config (error naming the flag for another family); nothing when

@@ -140,6 +140,15 @@ const Command& tune_command() {
           {"hidden", "N", "hidden size: heads = N / head dim, at least 1 (default 2048)"},
           {"heads", "N", "fixed query heads instead of --hidden"},
           {"kv-heads", "N", "key/value heads (GQA), dividing the query heads (default: equal)"},
+          {"window", "L,R", "sliding window: keys before and after the diagonal (-1: unbounded)"},
+          {"softcap", "C", "soft-capping of the scores (> 0)"},
+          {"alibi", "", "ALiBi biases (standard slopes)"},
+          {"prefix", "P", "prefix-LM: keys [0, P) visible to every query"},
+          {"score-mod", "EXPR",
+           "a score_mod expression (the tuner needs its host function: "
+           "the CLI cannot verify it)"},
+          {"mask-mod", "EXPR", "a mask_mod expression (likewise)"},
+          {"page-size", "N", "forward problems read K/V from a paged cache of N keys a page"},
           {"recorded", "",
            "tune the problems the runtime recorded as untuned in the DB (each with its pass)"},
           {"db", "PATH", "tuning DB (default: $FLASHJIT_DB or ~/.local/share/flashjit/tuning.db)"},
@@ -278,7 +287,14 @@ Result<std::vector<AttentionProblem>> tune_problems_from_flags(const ParsedFlags
                                                                const ProblemGrid& base) {
   Result<ProblemGrid> grid = grid_from_flags(flags, base);
   FLASHJIT_TRY(grid);
-  return grid_problems(*grid);
+  Result<std::vector<AttentionProblem>> problems = grid_problems(*grid);
+  FLASHJIT_TRY(problems);
+  // The variant and K/V layout flags (as plan/show/run take them) apply to every problem.
+  for (AttentionProblem& problem : *problems) {
+    FLASHJIT_TRY(apply_variant_flags(flags, problem.variant));
+    FLASHJIT_TRY(apply_page_size_flag(flags, problem));
+  }
+  return problems;
 }
 
 Result<Shard> shard_from_flags(const ParsedFlags& flags) {

@@ -32,6 +32,11 @@ constexpr int kMaxCopiesPerThreadWgmma = 16;
 constexpr int kRegisterAllowance = 32;
 constexpr int kRegistersPerMTile = 8;
 constexpr int kUserExpressionRegisters = 48;
+// Packed documents (wgmma): the document's view of the params (flashjit_variant::document_view)
+// lives in registers for the whole kernel, where the plain kernel reads the params from the
+// constant bank: m64n128w4s2-wgmma at d128 went from 217 registers to 250, and to 255 plus a
+// spill with a window and softcap besides (NVRTC 13.0), so that tile is left out at d128.
+constexpr int kVarlenRegistersWgmma = 24;
 constexpr int kSmemReservedPerCta = 1024;  // the driver reserves 1 KB per CTA on sm80+
 
 using knobs::contains;
@@ -112,7 +117,7 @@ int estimated_registers(const AttentionConfig& c, const AttentionProblem& p) {
     // Per thread of a warpgroup: O (64 x d / 128 threads) and S (64 x block_n / 128) in fp32,
     // P of two blocks in flight (16-bit pairs: block_n / 4 each), plus the same allowance.
     return padded_head_dim(p.head_dim) / 2 + c.block_n / 2 + c.block_n / 2 + kRegisterAllowance +
-           kRegistersPerMTile + expression;
+           kRegistersPerMTile + expression + (p.variant.varlen ? kVarlenRegistersWgmma : 0);
   }
   const int m_tiles = std::max(1, c.rows_per_warp() / 16);
   const int o_accumulator = m_tiles * 16 * padded_head_dim(p.head_dim) / 32;
@@ -201,12 +206,13 @@ Status check_config(const AttentionConfig& c, const AttentionProblem& p, const D
   if (c.family == KernelFamily::Decode) return check_decode_config(c, p, device);
   if (needs_decode_family(p)) return illegal(c, decode_only_reason(p));
   if (c.splits != 0) return illegal(c, "-split<N> is a knob of the -decode family only");
-  // Their TMA boxes would read and write across document boundaries: packed documents run on
-  // the mma family (attention_forward_varlen).
-  if (p.variant.varlen && (c.family == KernelFamily::Ws || c.family == KernelFamily::Wgmma))
+  // Its TMA boxes (tensor maps over the whole packed tensors, a TMA store of O) would read and
+  // write across document boundaries: packed documents run on the mma and wgmma families
+  // (attention_forward_varlen, attention_forward_sm90_varlen: pointer loads bounded per document).
+  if (p.variant.varlen && c.family == KernelFamily::Ws)
     return illegal(c,
-                   "packed variable-length documents (varlen) run on the mma family only: the "
-                   "wgmma and -ws families' TMA boxes would cross document boundaries",
+                   "packed variable-length documents (varlen) run on the mma and wgmma families "
+                   "only: the -ws family's TMA boxes would cross document boundaries",
                    ErrorCode::Unsupported);
   if (c.family == KernelFamily::Ws) return check_ws_config(c, p, device);
   if (c.family == KernelFamily::Wgmma) {
@@ -278,8 +284,12 @@ namespace {
 constexpr bool kSm90VariantsVerifiedOnGpu = true;
 
 bool sm90_families_offered(const AttentionProblem& p, const DeviceSpec& device) {
-  return device.arch == 90 && (kSm90VariantsVerifiedOnGpu || !p.variant.active()) &&
-         !p.variant.varlen;  // check_config: the mma family only
+  return device.arch == 90 && (kSm90VariantsVerifiedOnGpu || !p.variant.active());
+}
+
+// The -ws family besides: not for packed documents (check_config).
+bool ws_family_offered(const AttentionProblem& p, const DeviceSpec& device) {
+  return sm90_families_offered(p, device) && !p.variant.varlen;
 }
 
 }  // namespace
@@ -301,7 +311,7 @@ std::vector<AttentionConfig> legal_configs(const AttentionProblem& p, const Devi
           AttentionConfig c{block_m, block_n, block_m / 16, stages, KernelFamily::Wgmma};
           if (check_config(c, p, device).ok()) configs.push_back(c);
         }
-  if (sm90_families_offered(p, device))
+  if (ws_family_offered(p, device))
     for (const AttentionConfig& c : ws_candidates())
       if (check_config(c, p, device).ok()) configs.push_back(c);
   if (is_decode_problem(p))
@@ -320,7 +330,7 @@ Result<AttentionConfig> default_config(const AttentionProblem& p, const DeviceSp
   FLASHJIT_TRY(check_cuda_dtype(p.dtype));
   if (is_decode_problem(p)) return default_decode_config(p, device);
   // sm90: the -ws tile where it measured faster than the wgmma default (ws_is_default).
-  if (sm90_families_offered(p, device))
+  if (ws_family_offered(p, device))
     if (Result<AttentionConfig> ws = default_ws_config(p, device);
         ws.ok() && ws_is_default(*ws, p) && check_config(*ws, p, device).ok())
       return *ws;  // (check_config: a tile the problem cannot run, e.g. past the registers, not)

@@ -15,10 +15,11 @@
 //             (CPU: one work item) per (range, row tile, hk, b) runs the online softmax over its
 //             range and writes a partial O (fp32, normalized) and a partial LSE (base 2; -inf
 //             for an empty range), unless splits == 1: then O and LSE directly.
-//   combine   a second kernel merges the ranges of each row by their LSE:
+//   combine   the ranges of each row merge by their LSE:
 //               lse = log2(sum_s 2^lse_s),  O = sum_s 2^(lse_s - lse) O_s
-//             and writes O in the storage type and the natural-log LSE (+inf, O = 0 for a row
-//             that sees no key).
+//             into O in the storage type and the natural-log LSE (+inf, O = 0 for a row that
+//             sees no key): on a GPU by the tile's last split CTA to finish (a counter per tile
+//             in the workspace; one launch per call), on the CPU by work items of its own.
 //   The partials live in a workspace: the caller's (AttentionArgs::workspace) or the kernel's
 //   per-stream cache, sized by the problem (seqlen_k, not the device lengths), so a call
 //   allocates nothing in the steady state and can be captured in a CUDA graph and replayed with
@@ -99,10 +100,6 @@ struct DecodeResources {
   int copies = 0;      // 16-byte K (or V) copies per thread per block
 };
 DecodeResources decode_resources(const AttentionConfig& config, const AttentionProblem& problem);
-
-// The combine kernel: one warp per row, kDecodeCombineThreads threads per CTA, no shared memory.
-inline constexpr int kDecodeCombineThreads = 128;
-inline constexpr int kDecodeCombineRows = kDecodeCombineThreads / 32;
 
 // Why `config` (family Decode) is illegal for `problem` on `device` (a CUDA GPU), or ok: the
 // pass and problem kind, the template's constraints, shared memory, registers.

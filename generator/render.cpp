@@ -63,13 +63,24 @@ Status check_hip_template_constraints(const AttentionProblem& problem,
 
 namespace {
 
+// The decode family's templates (cuda/decode.cuh, cpu/decode.hpp, ...: a backend folder's
+// decode.*): no prefill kernel (forward or backward) is compiled from them.
+bool is_decode_template(std::string_view path) {
+  const size_t slash = path.rfind('/');
+  const std::string_view name = slash == std::string_view::npos ? path : path.substr(slash + 1);
+  return slash != std::string_view::npos && name.substr(0, name.find('.')) == "decode";
+}
+
 // The hash of the epoch and the templates `backend` is made of ("": all of them). Plain: only
 // what a kernel without an attention variant is compiled from (plain_kernel_text; the variant
 // header left out), so that work on variants leaves the tuned rows of plain problems current.
-std::string version_of_templates(std::string_view backend, bool plain) {
+// Without decode: the decode family's templates left out, so that work on decode kernels leaves
+// the tuned rows of prefill problems current.
+std::string version_of_templates(std::string_view backend, bool plain, bool with_decode) {
   uint64_t hash = fnv1a("epoch " + std::to_string(kGeneratorEpoch));
   if (!backend.empty()) hash = fnv1a(backend, hash);
   if (plain) hash = fnv1a("plain", hash);
+  if (!with_decode) hash = fnv1a("prefill", hash);
   int count = 0;
   const std::string_view* paths = templates::paths(&count);
   for (int i = 0; i < count; ++i) {
@@ -78,6 +89,7 @@ std::string version_of_templates(std::string_view backend, bool plain) {
     const bool shared = slash == std::string_view::npos;
     if (!backend.empty() && !shared && path.substr(0, slash) != backend) continue;
     if (plain && path == kVariantHeader) continue;
+    if (!with_decode && is_decode_template(path)) continue;
     hash = fnv1a(path, hash);
     hash = fnv1a(plain ? plain_kernel_text(templates::text(path)) : templates::text(path), hash);
   }
@@ -141,7 +153,7 @@ std::string plain_kernel_text(std::string_view text) {
 }
 
 const std::string& generator_version() {
-  static const std::string version = version_of_templates("", false);
+  static const std::string version = version_of_templates("", false, true);
   return version;
 }
 
@@ -155,28 +167,37 @@ int backend_index(std::string_view device) {
   return -1;
 }
 
-// The version of `device`'s backend: of its templates as plain kernels compile them, or whole.
-const std::string& backend_version(std::string_view device, bool plain) {
+// The versions of `device`'s backend's templates.
+enum class RowKind { Plain, Variant, Decode };
+
+const std::string& backend_version(std::string_view device, RowKind kind) {
   using Versions = std::array<std::string, kTemplateBackends.size()>;
-  static const std::array<Versions, 2> versions = [] {
-    std::array<Versions, 2> each;  // [0]: whole, [1]: plain
-    for (int kind = 0; kind < 2; ++kind)
-      for (size_t i = 0; i < kTemplateBackends.size(); ++i)
-        each[kind][i] = version_of_templates(kTemplateBackends[i], kind == 1);
+  static const std::array<Versions, 3> versions = [] {
+    std::array<Versions, 3> each;  // by RowKind
+    for (size_t i = 0; i < kTemplateBackends.size(); ++i) {
+      const std::string_view backend = kTemplateBackends[i];
+      each[0][i] = version_of_templates(backend, /*plain=*/true, /*with_decode=*/false);
+      each[1][i] = version_of_templates(backend, /*plain=*/false, /*with_decode=*/false);
+      each[2][i] = version_of_templates(backend, /*plain=*/true, /*with_decode=*/true);
+    }
     return each;
   }();
   const int i = backend_index(device);
-  return i < 0 ? generator_version() : versions[plain ? 1 : 0][i];
+  return i < 0 ? generator_version() : versions[static_cast<int>(kind)][i];
 }
 
 }  // namespace
 
 const std::string& generator_version_of(std::string_view device) {
-  return backend_version(device, true);
+  return backend_version(device, RowKind::Plain);
 }
 
 const std::string& variant_generator_version_of(std::string_view device) {
-  return backend_version(device, false);
+  return backend_version(device, RowKind::Variant);
+}
+
+const std::string& decode_generator_version_of(std::string_view device) {
+  return backend_version(device, RowKind::Decode);
 }
 
 std::string backend_generator_versions() {
@@ -298,7 +319,8 @@ Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
                 << kAttentionForwardEntry
                 << "(const __grid_constant__ FlashjitAttentionParams params) {\n"
                 << "  flashjit_kernel::"
-                << (wgmma                    ? "attention_forward_sm90"
+                << (wgmma ? (problem.variant.varlen ? "attention_forward_sm90_varlen"
+                                                    : "attention_forward_sm90")
                     : problem.variant.varlen ? "attention_forward_varlen"
                                              : "attention_forward")
                 << "<Config>(params);\n"

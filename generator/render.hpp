@@ -128,16 +128,21 @@ Result<KernelSource> render_cpu_attention_backward(const AttentionProblem& probl
 
 // Changes whenever a template or the generator's output changes: a hash of the embedded template
 // texts plus a manual epoch. generator_version(): every template (what `flashjit --version`
-// prints). generator_version_of(device): the version the tuning DB keys a device's plain rows
-// with: the templates of that device's backend alone (its folder, templates/cuda, hip or cpu, and
-// the shared top-level headers) as a kernel without an attention variant sees them
-// (plain_kernel_text, the variant header left out), so that a change to one backend's templates
-// leaves the other backends' tuned rows current and a change to variant code leaves plain rows
+// prints). generator_version_of(device): the version the tuning DB keys a device's plain prefill
+// rows with: the templates of that device's backend alone (its folder, templates/cuda, hip or
+// cpu, and the shared top-level headers) but its decode family's (decode.*), as a kernel without
+// an attention variant sees them (plain_kernel_text, the variant header left out), so that a
+// change to one backend's templates leaves the other backends' tuned rows current, a change to
+// variant code leaves plain rows current, and a change to decode kernels leaves prefill rows
 // current. variant_generator_version_of(device): the same templates whole, for rows of problems
-// with a variant. Devices of another backend (test fakes) get generator_version() from both.
+// with a variant (never decode problems). decode_generator_version_of(device): the plain
+// templates with the decode family's, for rows of problems a decode config may serve
+// (ProblemKey::generator_version says which rows). Devices of another backend (test fakes) get
+// generator_version() from all three.
 const std::string& generator_version();
 const std::string& generator_version_of(std::string_view device);
 const std::string& variant_generator_version_of(std::string_view device);
+const std::string& decode_generator_version_of(std::string_view device);
 // A template's text as a plain kernel sees it: without the branches it does not compile (the
 // body of each `#ifdef FLASHJIT_VARIANT` up to its #else, kept, or #endif, and those directives)
 // and without the variant fields of the launch parameters (the lines from a

@@ -43,15 +43,10 @@ Result<KernelSource> render_cuda_decode(const AttentionProblem& problem,
                 << ", /*page_size=*/" << problem.kv.page_size << "> Config;\n"
                 << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads)\n"
                 << kDecodeSplitEntry << params
-                << "  flashjit_kernel::decode_split<Config>(params);\n}\n"
-                << "extern \"C\" __global__ void "
-                   "__launch_bounds__(flashjit_kernel::kDecodeCombineThreads)\n"
-                << kDecodeCombineEntry << params << "  flashjit_kernel::decode_combine<"
-                << problem.head_dim << ", " << bool_text(bf16) << ">(params);\n}\n";
+                << "  flashjit_kernel::decode_split<Config>(params);\n}\n";
   return detail::assemble(
       {"attention_common.h", "cuda/common.cuh", "cuda/tiles.cuh", "cuda/decode.cuh"},
-      {kDecodeSplitEntry, kDecodeCombineEntry}, "decode", problem, tile_of(config),
-      instantiation.str());
+      {kDecodeSplitEntry}, "decode", problem, tile_of(config), instantiation.str());
 }
 
 Result<KernelSource> render_cpu_decode(const AttentionProblem& problem,

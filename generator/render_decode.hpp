@@ -16,16 +16,13 @@
 
 namespace flashjit {
 
-// The GPU entry points of a decode source, launched in this order on one stream, each taking the
-// FlashjitAttentionParams by value:
+// The GPU entry point of a decode source, taking the FlashjitAttentionParams by value:
 //   split    grid (num_splits * row tiles, heads_kv, batch), the split fastest; Config::kThreads
-//            threads (decode_resources), its dynamic shared memory. Writes o and lse when
-//            num_splits == 1, else partial_o and partial_lse.
-//   combine  only when num_splits > 1: grid (ceil(batch * heads_q * seqlen_q /
-//            kDecodeCombineRows)), kDecodeCombineThreads threads (one warp per row), no shared
-//            memory. Writes o and lse.
+//            threads (decode_resources), its dynamic shared memory. Writes o and lse: directly
+//            when num_splits == 1, else each CTA its partial_o and partial_lse, and the last
+//            split CTA of each tile to finish merges the tile's rows (the split counters of
+//            runtime/decode_launch.hpp's DecodeWorkspace: zero before the launch, zero after).
 inline constexpr const char* kDecodeSplitEntry = "flashjit_decode_split";
-inline constexpr const char* kDecodeCombineEntry = "flashjit_decode_combine";
 // The CPU's, each extern "C" int entry(const FlashjitAttentionParams*, int begin, int end):
 //   split    work items batch x heads_kv x row tiles x num_splits (the split fastest)
 //   combine  rows batch x heads_q x seqlen_q (only when num_splits > 1)

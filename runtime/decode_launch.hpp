@@ -24,14 +24,21 @@ namespace flashjit {
 // The fp32 partial results of a call with `splits` > 1, carved from one buffer:
 //   partial_o   [splits, rows, head_dim]   rows = batch * heads_q * seqlen_q
 //   partial_lse [splits, rows]             (kWorkspaceAlign-aligned after partial_o)
-// bytes = 0 when splits == 1 (the split kernel writes o and lse itself).
+//   counters    int32 [tile_groups]        right after partial_lse (where the GPU kernel finds
+//                                          them): the split counters of the fused combine
+//                                          (templates/cuda/decode.cuh), one per (batch, kv head,
+//                                          row tile); zero before a launch, zero after it
+// bytes = 0 when splits == 1 (the split kernel writes o and lse itself). tile_groups = 0: no
+// counters (the CPU combines in work items of its own).
 struct DecodeWorkspace {
   int splits = 1;
   int64_t rows = 0;
-  size_t partial_o_offset = 0, partial_lse_offset = 0, bytes = 0;
+  size_t partial_o_offset = 0, partial_lse_offset = 0, counters_offset = 0, counter_bytes = 0;
+  size_t bytes = 0;
 };
 
-inline DecodeWorkspace decode_workspace(const AttentionProblem& problem, int splits) {
+inline DecodeWorkspace decode_workspace(const AttentionProblem& problem, int splits,
+                                        int64_t tile_groups = 0) {
   DecodeWorkspace w;
   w.splits = splits;
   w.rows = problem.batch * problem.heads_q * problem.seqlen_q;
@@ -41,8 +48,17 @@ inline DecodeWorkspace decode_workspace(const AttentionProblem& problem, int spl
   };
   const size_t partials = static_cast<size_t>(splits) * static_cast<size_t>(w.rows);
   w.partial_lse_offset = align(partials * static_cast<size_t>(problem.head_dim) * sizeof(float));
-  w.bytes = w.partial_lse_offset + partials * sizeof(float);
+  w.counters_offset = w.partial_lse_offset + partials * sizeof(float);
+  w.counter_bytes = static_cast<size_t>(tile_groups) * sizeof(int32_t);
+  w.bytes = w.counters_offset + w.counter_bytes;
   return w;
+}
+
+// The GPU kernels' workspace: with a split counter per (batch, kv head, row tile).
+inline DecodeWorkspace gpu_decode_workspace(const AttentionProblem& problem,
+                                            const AttentionConfig& config, int splits) {
+  return decode_workspace(problem, splits,
+                          decode_row_tiles(config, problem) * problem.heads_kv * problem.batch);
 }
 
 // check_attention_launch (the forward's pointers and sizes) plus the decode family's own: the
@@ -99,58 +115,63 @@ inline void bind_decode(FlashjitAttentionParams& params, const AttentionProblem&
       layout.bytes > 0 ? reinterpret_cast<float*>(base + layout.partial_lse_offset) : nullptr;
 }
 
-// The GPU launches of a call (render_decode.hpp's contract): the split kernel over (splits x
-// row tiles, heads_kv, batch), and the combine kernel over rows when splits > 1 (grid_x 0
-// otherwise: nothing to launch).
+// The GPU launch of a call (render_decode.hpp's contract): the split kernel over (splits x row
+// tiles, heads_kv, batch), which also combines the splits.
 struct DecodeLaunch {
   DecodeWorkspace workspace;
-  LaunchShape split, combine;
+  LaunchShape split;
 };
 
 inline DecodeLaunch decode_launch(const AttentionProblem& problem, const AttentionConfig& config,
-                                  int splits, KernelShape split_block, KernelShape combine_block) {
+                                  int splits, KernelShape split_block) {
   DecodeLaunch launch;
-  launch.workspace = decode_workspace(problem, splits);
-  const int64_t tiles = decode_row_tiles(config, problem);
+  launch.workspace = gpu_decode_workspace(problem, config, splits);
   launch.split =
       row_blocks_launch("group_size * seqlen_q", decode_packed_rows(problem), config.block_m,
                         "heads_kv", problem.heads_kv, problem.batch, split_block);
-  launch.split.grid_x = tiles * splits;
-  launch.combine = row_blocks_launch("batch * heads_q * seqlen_q", launch.workspace.rows,
-                                     kDecodeCombineRows, "(none)", 1, 1, combine_block);
-  if (splits <= 1) launch.combine.grid_x = 0;
+  launch.split.grid_x = decode_row_tiles(config, problem) * splits;
   return launch;
 }
 
-// One call of a loaded GPU decode kernel whose two entries (split, combine) have `shapes`: the
-// checks, the grids within `limits`, the partials' workspace (args.workspace, else `cache`'s
-// buffer for `stream`: the first call of a size allocates, so warm a kernel up before capturing
-// it in a CUDA graph, or pass a workspace), then enqueue(entry, shape, params) for the split
-// entry and, with more than one split, the combine entry.
-template <class Enqueue>
+// One call of a loaded GPU decode kernel whose entry has `shapes[0]`: the checks, the grid
+// within `limits`, the partials' workspace (args.workspace, else `cache`'s buffer for `stream`:
+// the first call of a size allocates, so warm a kernel up before capturing it in a CUDA graph, or
+// pass a workspace), zero(pointer, bytes) of the split counters unless they are known to be zero
+// (the cache's buffer with the previous call's counter region: every call leaves its counters
+// zero; a caller's workspace is zeroed every call), then enqueue(0, shape, params).
+template <class Enqueue, class Zero>
 Status launch_gpu_decode(const AttentionProblem& problem, const AttentionArgs& args,
                          const ProblemSignature& signature, const AttentionConfig& config,
                          int splits, const std::vector<KernelShape>& shapes,
                          const GridLimits& limits, WorkspaceCache& cache, void* stream,
-                         const Enqueue& enqueue) {
-  if (shapes.size() != 2) {
+                         const Enqueue& enqueue, const Zero& zero) {
+  if (shapes.size() != 1) {
     return make_error(ErrorCode::InvalidArgument,
-                      std::to_string(shapes.size()) + " entry shapes for a decode kernel (2)");
+                      std::to_string(shapes.size()) + " entry shapes for a decode kernel (1)");
   }
-  const DecodeLaunch launch = decode_launch(problem, config, splits, shapes[0], shapes[1]);
-  FLASHJIT_TRY(check_decode_launch(problem, args, signature, 16, launch.workspace));
+  const DecodeLaunch launch = decode_launch(problem, config, splits, shapes[0]);
+  const DecodeWorkspace& layout = launch.workspace;
+  FLASHJIT_TRY(check_decode_launch(problem, args, signature, 16, layout));
   FLASHJIT_TRY(check_launch_shape(launch.split, limits));
-  if (launch.combine.grid_x > 0) FLASHJIT_TRY(check_launch_shape(launch.combine, limits));
   FlashjitAttentionParams params = make_launch_params(problem, args);
   void* workspace = args.workspace;
-  if (launch.workspace.bytes > 0 && workspace == nullptr) {
-    Result<void*> cached = cache.get(launch.workspace.bytes, stream);
-    if (!cached.ok()) return cached.error();
-    workspace = cached.value();
+  const bool cached = layout.bytes > 0 && workspace == nullptr;
+  if (cached) {
+    Result<void*> buffer = cache.get(layout.bytes, stream);
+    if (!buffer.ok()) return buffer.error();
+    workspace = buffer.value();
   }
-  bind_decode(params, problem, args, launch.workspace, workspace);
+  bind_decode(params, problem, args, layout, workspace);
+  if (layout.counter_bytes > 0) {
+    void* counters = static_cast<unsigned char*>(workspace) + layout.counters_offset;
+    if (!cached || !cache.same_region_as_last(stream, counters, layout.counter_bytes))
+      FLASHJIT_TRY(zero(counters, layout.counter_bytes));
+  }
   FLASHJIT_TRY(enqueue(size_t{0}, launch.split, params));
-  if (launch.combine.grid_x > 0) FLASHJIT_TRY(enqueue(size_t{1}, launch.combine, params));
+  if (cached && layout.counter_bytes > 0) {
+    cache.remember_region(stream, static_cast<unsigned char*>(workspace) + layout.counters_offset,
+                          layout.counter_bytes);
+  }
   return ok_status();
 }
 

@@ -1,5 +1,5 @@
-// The tuning database on SQLite (C API). The schema (version 2, and how version-1 files are
-// migrated or read) is in runtime/tuning_store_schema.{hpp,cpp} and docs/TUNING_DB.md; the
+// The tuning database on SQLite (C API). The schema (version 3, and how version-1 and -2 files
+// are migrated or read) is in runtime/tuning_store_schema.{hpp,cpp} and docs/TUNING_DB.md; the
 // statement, connection and transaction helpers in runtime/tuning_store_sqlite.{hpp,cpp}.
 //
 // Durability and concurrency:
@@ -21,7 +21,9 @@
 #include <tuple>
 #include <utility>
 
+#include "generator/decode_config.hpp"
 #include "generator/render.hpp"
+#include "runtime/tuning_store_impl.hpp"
 #include "runtime/tuning_store_schema.hpp"
 #include "runtime/tuning_store_sqlite.hpp"
 #include "runtime/tuning_store_text.hpp"
@@ -29,6 +31,8 @@
 namespace flashjit {
 namespace fs = std::filesystem;
 using tuning_db::Database;
+using tuning_db::deterministic_column;
+using tuning_db::kNowSql;
 using tuning_db::Statement;
 using tuning_db::Transaction;
 
@@ -102,10 +106,17 @@ const char* to_string(TuneStatus status) {
   return "unknown";
 }
 
-namespace {
+bool ProblemKey::may_run_decode() const {
+  return pass == Pass::Forward && variant.empty() &&
+         (page_size > 0 || seqlens_k || seqlen_q_bucket <= kMaxDecodeSeqlenQ);
+}
 
-// "now" in UTC with milliseconds; text of this one format sorts chronologically.
-constexpr const char* kNowSql = "strftime('%Y-%m-%d %H:%M:%f','now')";
+const std::string& ProblemKey::generator_version(std::string_view device) const {
+  if (!variant.empty()) return variant_generator_version_of(device);
+  return may_run_decode() ? decode_generator_version_of(device) : generator_version_of(device);
+}
+
+namespace {
 
 TuneStatus parse_status(std::string_view text) {
   if (text == "compile-failed") return TuneStatus::CompileFailed;
@@ -114,30 +125,31 @@ TuneStatus parse_status(std::string_view text) {
   return TuneStatus::Timed;
 }
 
-// The deterministic column: the flag of a backward key (a forward key has none).
-int64_t deterministic_column(Pass pass, bool deterministic) {
-  return pass == Pass::Backward && deterministic ? 1 : 0;
-}
-
-// Binds the eleven key columns of kKeyWhere starting at `index`; returns the next free index.
+// Binds the key columns of kKeyWhere (with_buckets) or kKeyWhereButBuckets starting at `index`;
+// returns the next free index. The generator version is the key's (ProblemKey::generator_version).
 Result<int> bind_key(const Database& impl, Statement& stmt, int index, const std::string& device,
-                     const ProblemKey& key) {
+                     const ProblemKey& key, bool with_buckets = true) {
   FLASHJIT_TRY(impl.bound(stmt.bind(index++, device)));
-  FLASHJIT_TRY(impl.bound(stmt.bind(index++, std::string_view(generator_version_of(device)))));
+  FLASHJIT_TRY(impl.bound(stmt.bind(index++, std::string_view(key.generator_version(device)))));
   FLASHJIT_TRY(impl.bound(stmt.bind(index++, std::string_view(to_string(key.pass)))));
   FLASHJIT_TRY(impl.bound(stmt.bind(index++, deterministic_column(key.pass, key.deterministic))));
   FLASHJIT_TRY(impl.bound(stmt.bind(index++, int64_t{key.head_dim})));
   FLASHJIT_TRY(impl.bound(stmt.bind(index++, std::string_view(to_string(key.dtype)))));
   FLASHJIT_TRY(impl.bound(stmt.bind(index++, int64_t{key.causal ? 1 : 0})));
   FLASHJIT_TRY(impl.bound(stmt.bind(index++, key.group_size)));
-  FLASHJIT_TRY(impl.bound(stmt.bind(index++, key.seqlen_q_bucket)));
-  FLASHJIT_TRY(impl.bound(stmt.bind(index++, key.seqlen_k_bucket)));
-  FLASHJIT_TRY(impl.bound(stmt.bind(index++, key.batch_heads_bucket)));
+  if (with_buckets) {
+    FLASHJIT_TRY(impl.bound(stmt.bind(index++, key.seqlen_q_bucket)));
+    FLASHJIT_TRY(impl.bound(stmt.bind(index++, key.seqlen_k_bucket)));
+    FLASHJIT_TRY(impl.bound(stmt.bind(index++, key.batch_heads_bucket)));
+  }
+  FLASHJIT_TRY(impl.bound(stmt.bind(index++, int64_t{key.page_size})));
+  FLASHJIT_TRY(impl.bound(stmt.bind(index++, int64_t{key.seqlens_k ? 1 : 0})));
+  FLASHJIT_TRY(impl.bound(stmt.bind(index++, key.variant)));
   return index;
 }
 
-// Reads a ProblemKey from columns pass, deterministic, head_dim .. batch_heads_bucket starting at
-// `column`; nullopt for a pass this build does not know (a hand-edited row).
+// Reads a ProblemKey from the columns of kProblemKeyColumns starting at `column`; nullopt for a
+// pass this build does not know (a hand-edited row).
 std::optional<ProblemKey> key_at(const Statement& stmt, int column) {
   Result<Pass> pass = parse_pass(stmt.text_at(column));
   if (!pass.ok()) return std::nullopt;
@@ -152,10 +164,20 @@ std::optional<ProblemKey> key_at(const Statement& stmt, int column) {
   key.seqlen_q_bucket = stmt.int_at(column + 6);
   key.seqlen_k_bucket = stmt.int_at(column + 7);
   key.batch_heads_bucket = stmt.int_at(column + 8);
+  key.page_size = static_cast<int>(stmt.int_at(column + 9));
+  key.seqlens_k = stmt.int_at(column + 10) != 0;
+  key.variant = stmt.text_at(column + 11);
   return key;
 }
 
-Status record_device(const Database& impl, const DeviceFingerprint& device) {
+// log2 of a bucket (floor, for robustness against hand-edited rows).
+int log2_of(int64_t bucket) {
+  return bucket <= 1 ? 0 : std::bit_width(static_cast<uint64_t>(bucket)) - 1;
+}
+
+}  // namespace
+
+Status tuning_db::record_device(const Database& impl, const DeviceFingerprint& device) {
   std::string sql = "INSERT OR IGNORE INTO devices (";
   sql += tuning_db::kDeviceColumns;
   sql += ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)";
@@ -173,15 +195,6 @@ Status record_device(const Database& impl, const DeviceFingerprint& device) {
   return impl.run(*stmt, "recording the device");
 }
 
-// log2 of a bucket (floor, for robustness against hand-edited rows).
-int log2_of(int64_t bucket) {
-  return bucket <= 1 ? 0 : std::bit_width(static_cast<uint64_t>(bucket)) - 1;
-}
-
-}  // namespace
-
-struct TuningStore::Impl : Database {};
-
 // --- TuningStore ---------------------------------------------------------------------------------
 
 TuningStore::TuningStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -191,27 +204,46 @@ const fs::path& TuningStore::path() const { return impl_->path; }
 
 namespace {
 
-// Rows written before the generator versions were per backend carry the hash of every template
-// (generator_version()). Where that hash is this build's, their kernels are this build's: they
-// are re-stamped with their backend's version (generator_version_of) so they stay current. A row
-// whose re-stamped twin already exists stays as it is (stale). One transaction; idempotent.
+// ProblemKey::may_run_decode as an SQL condition on a results or choices row.
+std::string may_run_decode_sql() {
+  return "(pass = 'fwd' AND variant = '' AND (page_size > 0 OR seqlens_k != 0 OR "
+         "seqlen_q_bucket <= " +
+         std::to_string(kMaxDecodeSeqlenQ) + "))";
+}
+
+// Rows stamped by an older scheme with a hash of this build's templates, re-stamped with the
+// version of their backend and kind (ProblemKey::generator_version) so they stay current:
+//   generator_version()              rows written before the versions were per backend (the
+//                                    hash of every template);
+//   decode_generator_version_of(b)   plain rows written before prefill rows left the decode
+//                                    templates out: the same formula, so equal hashes mean the
+//                                    same templates (prefill rows move to generator_version_of).
+// A row whose re-stamped twin already exists stays as it is (stale). Only plain rows (variant
+// ''): variant rows came later. One transaction; idempotent.
 Status restamp_same_templates(const Database& impl) {
   Transaction transaction(impl);
   FLASHJIT_TRY(transaction.begin());
   for (const char* table : {"results", "choices"}) {
     for (std::string_view backend : kTemplateBackends) {
       const std::string prefix = std::string(backend) + "|";
-      if (generator_version_of(prefix) == generator_version()) continue;
-      std::string sql = "UPDATE OR IGNORE ";
-      sql += table;
-      sql += " SET generator = ? WHERE generator = ? AND substr(device, 1, ?) = ?";
-      Result<Statement> stmt = impl.prepare(sql);
-      if (!stmt.ok()) return stmt.error();
-      FLASHJIT_TRY(impl.bound(stmt->bind(1, std::string_view(generator_version_of(prefix)))));
-      FLASHJIT_TRY(impl.bound(stmt->bind(2, std::string_view(generator_version()))));
-      FLASHJIT_TRY(impl.bound(stmt->bind(3, static_cast<int64_t>(prefix.size()))));
-      FLASHJIT_TRY(impl.bound(stmt->bind(4, std::string_view(prefix))));
-      FLASHJIT_TRY(impl.run(*stmt, "re-stamping rows with their backend's generator version"));
+      for (const std::string* old_stamp :
+           {&generator_version(), &decode_generator_version_of(prefix)}) {
+        std::string sql = "UPDATE OR IGNORE ";
+        sql += table;
+        sql += " SET generator = CASE WHEN ";
+        sql += may_run_decode_sql();
+        sql +=
+            " THEN ? ELSE ? END WHERE generator = ? AND substr(device, 1, ?) = ? AND variant = ''";
+        Result<Statement> stmt = impl.prepare(sql);
+        if (!stmt.ok()) return stmt.error();
+        FLASHJIT_TRY(
+            impl.bound(stmt->bind(1, std::string_view(decode_generator_version_of(prefix)))));
+        FLASHJIT_TRY(impl.bound(stmt->bind(2, std::string_view(generator_version_of(prefix)))));
+        FLASHJIT_TRY(impl.bound(stmt->bind(3, std::string_view(*old_stamp))));
+        FLASHJIT_TRY(impl.bound(stmt->bind(4, static_cast<int64_t>(prefix.size()))));
+        FLASHJIT_TRY(impl.bound(stmt->bind(5, std::string_view(prefix))));
+        FLASHJIT_TRY(impl.run(*stmt, "re-stamping rows with their backend's generator version"));
+      }
     }
   }
   return transaction.commit();
@@ -246,29 +278,21 @@ Result<std::unique_ptr<TuningStore>> TuningStore::open_read_only(const fs::path&
   FLASHJIT_TRY(impl->open(path, SQLITE_OPEN_READONLY));
   Result<int> version = tuning_db::schema_version(*impl, "main");
   if (!version.ok()) return version.error();
-  // A version-1 file (a system DB shipped by an older release) is served as it is: its rows are
-  // forward rows. It is never migrated here (that would need a write).
-  if (version.value() == 1) FLASHJIT_TRY(tuning_db::serve_version_1(*impl));
+  // An older file (a system DB shipped by an older release) is served as it is: its rows are
+  // plain rows (and forward rows, version 1). It is never migrated here (that would need a write).
+  if (version.value() < tuning_db::kSchemaVersion)
+    FLASHJIT_TRY(tuning_db::serve_older_version(*impl, version.value()));
   return std::unique_ptr<TuningStore>(new TuningStore(std::move(impl)));
 }
 
-namespace {
-Status not_stored(const ProblemKey& key) {
-  return make_error(ErrorCode::Unsupported,
-                    "tuning DB: no rows for " + key.to_string() +
-                        " yet: paged K/V caches, seqlens_k and attention variants are not part of "
-                        "schema version 2");
-}
-}  // namespace
-
 Status TuningStore::record(const DeviceFingerprint& device, const ProblemKey& key,
                            const TuneResult& result) {
-  if (!key.is_stored()) return not_stored(key);
   std::lock_guard<std::mutex> lock(impl_->mutex);
   const Impl& impl = *impl_;
   std::string sql = "INSERT OR REPLACE INTO results (";
   sql += tuning_db::kResultColumns;
-  sql += ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ";
+  sql +=
+      ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ";
   sql += kNowSql;
   sql += ")";
   Result<Statement> stmt = impl.prepare(sql);
@@ -299,12 +323,11 @@ Status TuningStore::record(const DeviceFingerprint& device, const ProblemKey& ke
 
 Status TuningStore::choose(const DeviceFingerprint& device, const ProblemKey& key,
                            const TuneChoice& choice) {
-  if (!key.is_stored()) return not_stored(key);
   std::lock_guard<std::mutex> lock(impl_->mutex);
   const Impl& impl = *impl_;
   std::string sql = "INSERT OR REPLACE INTO choices (";
   sql += tuning_db::kChoiceColumns;
-  sql += ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ";
+  sql += ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ";
   sql += kNowSql;
   sql += ")";
   Result<Statement> stmt = impl.prepare(sql);
@@ -360,7 +383,6 @@ Result<std::vector<TuneResult>> TuningStore::results(const DeviceFingerprint& de
 
 Result<std::optional<TuneChoice>> TuningStore::choice(const DeviceFingerprint& device,
                                                       const ProblemKey& key) const {
-  if (!key.is_stored()) return std::optional<TuneChoice>();
   std::lock_guard<std::mutex> lock(impl_->mutex);
   const Impl& impl = *impl_;
   std::string sql = "SELECT config, median_ms, default_ms FROM choices WHERE ";
@@ -394,23 +416,16 @@ Result<std::optional<TuneChoice>> TuningStore::choice(const DeviceFingerprint& d
 Result<std::optional<std::pair<ProblemKey, TuneChoice>>> TuningStore::nearest_choice(
     const DeviceFingerprint& device, const ProblemKey& key) const {
   using Found = std::optional<std::pair<ProblemKey, TuneChoice>>;
-  if (!key.is_stored()) return Found();
   std::lock_guard<std::mutex> lock(impl_->mutex);
   const Impl& impl = *impl_;
-  Result<Statement> stmt = impl.prepare(
+  std::string sql =
       "SELECT seqlen_q_bucket, seqlen_k_bucket, batch_heads_bucket, config, median_ms, "
-      "default_ms FROM choices WHERE device = ? AND generator = ? AND pass = ? AND "
-      "deterministic = ? AND head_dim = ? AND dtype = ? AND causal = ? AND group_size = ?");
+      "default_ms FROM choices WHERE ";
+  sql += tuning_db::kKeyWhereButBuckets;
+  Result<Statement> stmt = impl.prepare(sql);
   if (!stmt.ok()) return stmt.error();
-  const std::string device_string = device.to_string();
-  FLASHJIT_TRY(impl.bound(stmt->bind(1, device_string)));
-  FLASHJIT_TRY(impl.bound(stmt->bind(2, std::string_view(generator_version_of(device_string)))));
-  FLASHJIT_TRY(impl.bound(stmt->bind(3, std::string_view(to_string(key.pass)))));
-  FLASHJIT_TRY(impl.bound(stmt->bind(4, deterministic_column(key.pass, key.deterministic))));
-  FLASHJIT_TRY(impl.bound(stmt->bind(5, int64_t{key.head_dim})));
-  FLASHJIT_TRY(impl.bound(stmt->bind(6, std::string_view(to_string(key.dtype)))));
-  FLASHJIT_TRY(impl.bound(stmt->bind(7, int64_t{key.causal ? 1 : 0})));
-  FLASHJIT_TRY(impl.bound(stmt->bind(8, key.group_size)));
+  Result<int> bound = bind_key(impl, *stmt, 1, device.to_string(), key, /*with_buckets=*/false);
+  if (!bound.ok()) return bound.error();
 
   const int q = log2_of(key.seqlen_q_bucket);
   const int k = log2_of(key.seqlen_k_bucket);
@@ -425,7 +440,7 @@ Result<std::optional<std::pair<ProblemKey, TuneChoice>>> TuningStore::nearest_ch
     if (rc.value() == SQLITE_DONE) break;
     Result<AttentionConfig> config = AttentionConfig::parse(stmt->text_at(3));
     if (!config.ok()) continue;
-    ProblemKey candidate = key;  // same pass, flag, head_dim, dtype, causal, group
+    ProblemKey candidate = key;  // same pass, flag, head_dim, dtype, causal, group, layout, variant
     candidate.deterministic = deterministic_column(key.pass, key.deterministic) != 0;
     candidate.seqlen_q_bucket = stmt->int_at(0);
     candidate.seqlen_k_bucket = stmt->int_at(1);
@@ -449,18 +464,18 @@ Result<std::optional<std::pair<ProblemKey, TuneChoice>>> TuningStore::nearest_ch
 Result<std::vector<TuningStore::Entry>> TuningStore::entries() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   const Impl& impl = *impl_;
-  Result<Statement> stmt = impl.prepare(
-      "SELECT device, generator, pass, deterministic, head_dim, dtype, causal, group_size, "
-      "seqlen_q_bucket, seqlen_k_bucket, batch_heads_bucket, config, median_ms, default_ms "
-      "FROM choices ORDER BY chosen_at DESC, device, pass, deterministic, head_dim, dtype, "
-      "causal, group_size, seqlen_q_bucket, seqlen_k_bucket, batch_heads_bucket");
+  std::string sql = "SELECT device, generator, ";
+  sql += tuning_db::kProblemKeyColumns;
+  sql += ", config, median_ms, default_ms FROM choices ORDER BY chosen_at DESC, device, ";
+  sql += tuning_db::kProblemKeyColumns;
+  Result<Statement> stmt = impl.prepare(sql);
   if (!stmt.ok()) return stmt.error();
   std::vector<Entry> entries;
   for (;;) {
     Result<int> rc = impl.step(*stmt, "reading choices");
     if (!rc.ok()) return rc.error();
     if (rc.value() == SQLITE_DONE) break;
-    Result<AttentionConfig> config = AttentionConfig::parse(stmt->text_at(11));
+    Result<AttentionConfig> config = AttentionConfig::parse(stmt->text_at(14));
     std::optional<ProblemKey> key = key_at(*stmt, 2);
     if (!config.ok() || !key) continue;
     Entry entry;
@@ -468,9 +483,9 @@ Result<std::vector<TuningStore::Entry>> TuningStore::entries() const {
     entry.generator = stmt->text_at(1);
     entry.key = *key;
     entry.choice.config = config.value();
-    entry.choice.median_ms = stmt->double_at(12);
-    entry.choice.default_ms = stmt->double_at(13);
-    entry.current = entry.generator == generator_version_of(entry.device);
+    entry.choice.median_ms = stmt->double_at(15);
+    entry.choice.default_ms = stmt->double_at(16);
+    entry.current = entry.generator == entry.key.generator_version(entry.device);
     entries.push_back(std::move(entry));
   }
   return entries;
@@ -480,20 +495,20 @@ Result<std::vector<TuningStore::ResultEntry>> TuningStore::result_entries(
     const std::optional<ProblemKey>& key) const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   const Impl& impl = *impl_;
-  std::string sql =
-      "SELECT device, generator, pass, deterministic, head_dim, dtype, causal, group_size, "
-      "seqlen_q_bucket, seqlen_k_bucket, batch_heads_bucket, config, status, median_ms, min_ms, "
-      "max_ms, repetitions, tflops, is_default, message, recorded_at FROM results";
+  std::string sql = "SELECT device, generator, ";
+  sql += tuning_db::kProblemKeyColumns;
+  sql +=
+      ", config, status, median_ms, min_ms, max_ms, repetitions, tflops, is_default, message, "
+      "recorded_at FROM results";
   if (key) {
     sql +=
         " WHERE pass = ? AND deterministic = ? AND head_dim = ? AND dtype = ? AND causal = ? "
         "AND group_size = ? AND seqlen_q_bucket = ? AND seqlen_k_bucket = ? AND "
-        "batch_heads_bucket = ?";
+        "batch_heads_bucket = ? AND page_size = ? AND seqlens_k = ? AND variant = ?";
   }
-  sql +=
-      " ORDER BY device, generator, pass, deterministic, head_dim, dtype, causal, group_size, "
-      "seqlen_q_bucket, seqlen_k_bucket, batch_heads_bucket, status != 'timed', median_ms, "
-      "config";
+  sql += " ORDER BY device, generator, ";
+  sql += tuning_db::kProblemKeyColumns;
+  sql += ", status != 'timed', median_ms, config";
   Result<Statement> stmt = impl.prepare(sql);
   if (!stmt.ok()) return stmt.error();
   if (key) {
@@ -506,13 +521,16 @@ Result<std::vector<TuningStore::ResultEntry>> TuningStore::result_entries(
     FLASHJIT_TRY(impl.bound(stmt->bind(7, key->seqlen_q_bucket)));
     FLASHJIT_TRY(impl.bound(stmt->bind(8, key->seqlen_k_bucket)));
     FLASHJIT_TRY(impl.bound(stmt->bind(9, key->batch_heads_bucket)));
+    FLASHJIT_TRY(impl.bound(stmt->bind(10, int64_t{key->page_size})));
+    FLASHJIT_TRY(impl.bound(stmt->bind(11, int64_t{key->seqlens_k ? 1 : 0})));
+    FLASHJIT_TRY(impl.bound(stmt->bind(12, key->variant)));
   }
   std::vector<ResultEntry> rows;
   for (;;) {
     Result<int> rc = impl.step(*stmt, "reading results");
     if (!rc.ok()) return rc.error();
     if (rc.value() == SQLITE_DONE) break;
-    Result<AttentionConfig> config = AttentionConfig::parse(stmt->text_at(11));
+    Result<AttentionConfig> config = AttentionConfig::parse(stmt->text_at(14));
     std::optional<ProblemKey> row_key = key_at(*stmt, 2);
     if (!config.ok() || !row_key) continue;
     ResultEntry row;
@@ -520,16 +538,16 @@ Result<std::vector<TuningStore::ResultEntry>> TuningStore::result_entries(
     row.generator = stmt->text_at(1);
     row.key = *row_key;
     row.result.config = config.value();
-    row.result.status = parse_status(stmt->text_at(12));
-    row.result.median_ms = stmt->double_at(13);
-    row.result.min_ms = stmt->double_at(14);
-    row.result.max_ms = stmt->double_at(15);
-    row.result.repetitions = static_cast<int>(stmt->int_at(16));
-    row.result.tflops = stmt->double_at(17);
-    row.result.is_default = stmt->int_at(18) != 0;
-    row.result.message = stmt->text_at(19);
-    row.recorded_at = stmt->text_at(20);
-    row.current = row.generator == generator_version_of(row.device);
+    row.result.status = parse_status(stmt->text_at(15));
+    row.result.median_ms = stmt->double_at(16);
+    row.result.min_ms = stmt->double_at(17);
+    row.result.max_ms = stmt->double_at(18);
+    row.result.repetitions = static_cast<int>(stmt->int_at(19));
+    row.result.tflops = stmt->double_at(20);
+    row.result.is_default = stmt->int_at(21) != 0;
+    row.result.message = stmt->text_at(22);
+    row.recorded_at = stmt->text_at(23);
+    row.current = row.generator == row.key.generator_version(row.device);
     rows.push_back(std::move(row));
   }
   return rows;
@@ -537,7 +555,7 @@ Result<std::vector<TuningStore::ResultEntry>> TuningStore::result_entries(
 
 Status TuningStore::merge_from(const fs::path& other) {
   if (tuning_db::is_text_db(other)) {
-    // The text form: its rows into a scratch DB (a fresh version-2 file), merged from there.
+    // The text form: its rows into a scratch DB (a fresh version-3 file), merged from there.
     std::error_code ec;
     std::string name = (fs::temp_directory_path(ec) / "flashjit-text-db-XXXXXX").string();
     const int fd = mkstemp(name.data());
@@ -589,7 +607,7 @@ Status TuningStore::merge_from(const fs::path& other) {
     ~Detach() { sqlite3_exec(impl.db, "DETACH DATABASE other", nullptr, nullptr, nullptr); }
   } detach{impl};
 
-  // A version-1 file (an older release's) merges too: its rows come in as forward rows.
+  // An older file (an older release's) merges too: its rows come in as plain (forward) rows.
   Result<int> version = tuning_db::schema_version(impl, "other");
   if (!version.ok()) {
     std::string message = version.error().message;
@@ -599,7 +617,7 @@ Status TuningStore::merge_from(const fs::path& other) {
     return make_error(version.error().code, std::move(message));
   }
   auto rows_of = [&](const char* table) {
-    return tuning_db::rows_as_version_2("other", table, version.value());
+    return tuning_db::rows_as_current("other", table, version.value());
   };
 
   // Rows of `other` that are newer than (or absent from) ours replace ours.
@@ -657,18 +675,26 @@ Status TuningStore::clear(bool stale_only) {
   Transaction transaction(impl);
   FLASHJIT_TRY(transaction.begin());
   if (stale_only) {
-    // Stale: not the generator version of the row's backend (generator_version_of).
+    // Stale: not the generator version of the row's backend and kind (plain, decode or variant:
+    // ProblemKey::generator_version).
     for (const char* table : {"results", "choices"}) {
       for (std::string_view backend : kTemplateBackends) {
         std::string sql = "DELETE FROM ";
         sql += table;
-        sql += " WHERE substr(device, 1, ?) = ? AND generator != ?";
+        sql +=
+            " WHERE substr(device, 1, ?) = ? AND generator != CASE WHEN variant != '' THEN ? WHEN ";
+        sql += may_run_decode_sql();
+        sql += " THEN ? ELSE ? END";
         Result<Statement> stmt = impl.prepare(sql);
         if (!stmt.ok()) return stmt.error();
         const std::string prefix = std::string(backend) + "|";
         FLASHJIT_TRY(impl.bound(stmt->bind(1, static_cast<int64_t>(prefix.size()))));
         FLASHJIT_TRY(impl.bound(stmt->bind(2, std::string_view(prefix))));
-        FLASHJIT_TRY(impl.bound(stmt->bind(3, std::string_view(generator_version_of(prefix)))));
+        FLASHJIT_TRY(
+            impl.bound(stmt->bind(3, std::string_view(variant_generator_version_of(prefix)))));
+        FLASHJIT_TRY(
+            impl.bound(stmt->bind(4, std::string_view(decode_generator_version_of(prefix)))));
+        FLASHJIT_TRY(impl.bound(stmt->bind(5, std::string_view(generator_version_of(prefix)))));
         FLASHJIT_TRY(impl.run(*stmt, "deleting stale rows"));
       }
       std::string sql = "DELETE FROM ";
@@ -688,71 +714,6 @@ Status TuningStore::clear(bool stale_only) {
                   "deleting all rows"));
   }
   return transaction.commit();
-}
-
-Status TuningStore::record_miss(const DeviceFingerprint& device, const AttentionProblem& problem) {
-  if (!ProblemKey::of(problem).is_stored())
-    return ok_status();  // not a DB key yet: nothing to tune
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  const Impl& impl = *impl_;
-  std::string sql = "INSERT INTO recorded_problems (";
-  sql += tuning_db::kRecordedColumns;
-  sql += ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ";
-  sql += kNowSql;
-  sql += ", ";
-  sql += kNowSql;
-  sql += ") ON CONFLICT (";
-  sql += tuning_db::kRecordedKey;
-  sql += ") DO UPDATE SET uses = uses + 1, last_seen = excluded.last_seen";
-  Result<Statement> stmt = impl.prepare(sql);
-  if (!stmt.ok()) return stmt.error();
-  FLASHJIT_TRY(impl.bound(stmt->bind(1, device.to_string())));
-  FLASHJIT_TRY(impl.bound(stmt->bind(2, std::string_view(to_string(problem.pass)))));
-  FLASHJIT_TRY(
-      impl.bound(stmt->bind(3, deterministic_column(problem.pass, problem.deterministic))));
-  FLASHJIT_TRY(impl.bound(stmt->bind(4, int64_t{problem.head_dim})));
-  FLASHJIT_TRY(impl.bound(stmt->bind(5, std::string_view(to_string(problem.dtype)))));
-  FLASHJIT_TRY(impl.bound(stmt->bind(6, int64_t{problem.causal ? 1 : 0})));
-  FLASHJIT_TRY(impl.bound(stmt->bind(7, problem.batch)));
-  FLASHJIT_TRY(impl.bound(stmt->bind(8, problem.heads_q)));
-  FLASHJIT_TRY(impl.bound(stmt->bind(9, problem.heads_kv)));
-  FLASHJIT_TRY(impl.bound(stmt->bind(10, problem.seqlen_q)));
-  FLASHJIT_TRY(impl.bound(stmt->bind(11, problem.seqlen_k)));
-
-  Transaction transaction(impl);
-  FLASHJIT_TRY(transaction.begin());
-  FLASHJIT_TRY(record_device(impl, device));
-  FLASHJIT_TRY(impl.run(*stmt, "recording a problem"));
-  return transaction.commit();
-}
-
-Result<std::vector<AttentionProblem>> TuningStore::recorded_problems(
-    const DeviceFingerprint& device) const {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  const Impl& impl = *impl_;
-  Result<Statement> stmt = impl.prepare(
-      "SELECT batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype, causal, pass, "
-      "deterministic FROM recorded_problems WHERE device = ? ORDER BY uses DESC, last_seen DESC");
-  if (!stmt.ok()) return stmt.error();
-  FLASHJIT_TRY(impl.bound(stmt->bind(1, device.to_string())));
-  std::vector<AttentionProblem> problems;
-  for (;;) {
-    Result<int> rc = impl.step(*stmt, "reading recorded problems");
-    if (!rc.ok()) return rc.error();
-    if (rc.value() == SQLITE_DONE) break;
-    Result<DType> dtype = parse_dtype(stmt->text_at(6));
-    Result<Pass> pass = parse_pass(stmt->text_at(8));
-    if (!dtype.ok() || !pass.ok()) continue;
-    AttentionProblem problem =
-        AttentionProblem::make(stmt->int_at(0), stmt->int_at(1), stmt->int_at(2), stmt->int_at(3),
-                               stmt->int_at(4), static_cast<int>(stmt->int_at(5)), dtype.value(),
-                               stmt->int_at(7) != 0)
-            .with_pass(pass.value());
-    problem.deterministic = deterministic_column(problem.pass, stmt->int_at(9) != 0) != 0;
-    if (!validate(problem).ok()) continue;  // a hand-edited row
-    problems.push_back(problem);
-  }
-  return problems;
 }
 
 Status TuningStore::export_to(const fs::path& file) const {

@@ -3,13 +3,13 @@
 // Users run `flashjit tune` per machine and ship the file to identical machines. Rows are keyed by
 // a device fingerprint, the generator version and a problem key (the pass: forward, backward or
 // deterministic backward; exact head dim, dtype, causal, GQA ratio; seqlens and batch*heads in
-// power-of-two buckets). Rows whose fingerprint or generator version differs from the caller's are
-// kept but never used for selection.
+// power-of-two buckets; the K/V cache layout and the attention variant). Rows whose fingerprint or
+// generator version differs from the caller's are kept but never used for selection.
 //
 // Durability: WAL mode, one transaction per recorded result, busy timeout: a killed tuner loses no
 // finished result, and several tuner processes may write one file at once.
-// The schema (version 2; version-1 files of older releases are migrated when opened read-write
-// and read as forward rows when opened read-only) is documented in docs/TUNING_DB.md.
+// The schema (version 3; version-1 and -2 files of older releases are migrated when opened
+// read-write and read as plain rows when opened read-only) is documented in docs/TUNING_DB.md.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "generator/config.hpp"
@@ -44,15 +45,22 @@ struct ProblemKey {
   int64_t seqlen_k_bucket = 0;     // size_bucket(seqlen_k)
   int64_t batch_heads_bucket = 0;  // size_bucket(batch * heads_q)
   // The K/V cache layout (AttentionProblem::kv): keys per page (0: contiguous), per-sequence
-  // lengths. Part of the in-memory selection key; not yet a column of the DB (schema 2): the
-  // store keeps no rows for keys with either set (is_stored() is false; record and choose refuse
-  // them, lookups find nothing), so such problems are served their default.
+  // lengths. Matched exactly, the nearest-bucket scan included.
   int page_size = 0;
   bool seqlens_k = false;
-  // The attention variant (Variant::key(); "" for plain attention): like the two above, part of
-  // the in-memory key but not yet a DB column, so a variant problem is served its default.
+  // The attention variant (Variant::key(); "" for plain attention), matched exactly.
   std::string variant;
-  bool is_stored() const { return page_size == 0 && !seqlens_k && variant.empty(); }
+
+  // The generator version the key's rows on `device` are stamped with and checked against
+  // (generator/render.hpp): variant_generator_version_of(device) for a variant,
+  // decode_generator_version_of(device) for a key a decode config may serve (may_run_decode),
+  // generator_version_of(device) for the other plain keys; so that a change to variant code
+  // stales only variant rows, and a change to decode kernels only the keys they may serve.
+  const std::string& generator_version(std::string_view device) const;
+  // A plain forward key with a paged cache, per-sequence lengths or at most kMaxDecodeSeqlenQ
+  // queries (its bucket): the problems is_decode_problem may give -decode configs (whatever their
+  // seqlen_k, which the bucket does not pin down).
+  bool may_run_decode() const;
 
   static ProblemKey of(const AttentionProblem& problem);
   // "fwd", "bwd" or "bwd-det": which operation the key's rows are for.
@@ -90,32 +98,34 @@ enum class ChoiceSource { Exact, NearestBucket, Default };
 
 class TuningStore {
  public:
-  // Opens (creating if needed) a read-write database. A version-1 file (an older release's) is
-  // migrated to version 2 in place, in one transaction, its rows becoming forward rows; a newer
-  // version is Unsupported. IoError names the path and SQLite's message.
+  // Opens (creating if needed) a read-write database. A version-1 or -2 file (an older
+  // release's) is migrated to version 3 in place, in one transaction, its rows becoming plain
+  // (version 1: forward) rows; a newer version is Unsupported. IoError names the path and
+  // SQLite's message.
   static Result<std::unique_ptr<TuningStore>> open(const std::filesystem::path& path);
   // Opens a read-only database (a shipped system DB); NotFound if the file does not exist. A
-  // version-1 file is read as it is (its rows are forward rows), not migrated.
+  // version-1 or -2 file is read as it is (its rows are plain rows), not migrated.
   static Result<std::unique_ptr<TuningStore>> open_read_only(const std::filesystem::path& path);
   ~TuningStore();
 
   const std::filesystem::path& path() const;
 
-  // Inserts or replaces the row for (device, generator version, key, result.config), in its own
-  // transaction: once this returns ok, the row survives a kill -9.
+  // Inserts or replaces the row for (device, key.generator_version(device), key, result.config), in
+  // its own transaction: once this returns ok, the row survives a kill -9.
   Status record(const DeviceFingerprint& device, const ProblemKey& key, const TuneResult& result);
   // Inserts or replaces the choice for (device, generator version, key).
   Status choose(const DeviceFingerprint& device, const ProblemKey& key, const TuneChoice& choice);
 
-  // All rows for this device + current generator version + key (resume: skip configs present).
+  // All rows for this device + the key's current generator version + key (resume: skip configs
+  // present).
   Result<std::vector<TuneResult>> results(const DeviceFingerprint& device,
                                           const ProblemKey& key) const;
   // The choice for exactly this key, if any.
   Result<std::optional<TuneChoice>> choice(const DeviceFingerprint& device,
                                            const ProblemKey& key) const;
-  // The choice of the nearest key with the same pass, deterministic flag, head_dim, dtype, causal
-  // and group_size: distance is the sum of |log2| differences of the three buckets; ties go to
-  // the larger buckets.
+  // The choice of the nearest key with the same pass, deterministic flag, head_dim, dtype, causal,
+  // group_size, K/V layout and variant: distance is the sum of |log2| differences of the three
+  // buckets; ties go to the larger buckets.
   Result<std::optional<std::pair<ProblemKey, TuneChoice>>> nearest_choice(
       const DeviceFingerprint& device, const ProblemKey& key) const;
 
@@ -125,13 +135,14 @@ class TuningStore {
     std::string generator;  // generator version
     ProblemKey key;
     TuneChoice choice;
-    bool current = false;  // generator version == this build's
+    bool current = false;  // generator == key.generator_version(device)
   };
   Result<std::vector<Entry>> entries() const;
   // Copies every row and choice of `other` into this DB (newer rows win on conflict). `other`
   // is a tuning DB file, or its text form when its name ends in ".sql" (export_to).
   Status merge_from(const std::filesystem::path& other);
-  // Deletes everything, or only rows not from this build's generator version (stale == true).
+  // Deletes everything, or only rows not from this build's generator version of their kind
+  // (ProblemKey::generator_version; stale == true).
   Status clear(bool stale_only);
 
   // --- Added for the runtime and `flashjit db` (not in the first draft of this header). ---
@@ -144,17 +155,19 @@ class TuningStore {
     ProblemKey key;
     TuneResult result;
     std::string recorded_at;  // UTC, "2026-11-22 10:31:07.123"
-    bool current = false;     // generator version == this build's
+    bool current = false;     // generator == key.generator_version(device)
   };
   Result<std::vector<ResultEntry>> result_entries(
       const std::optional<ProblemKey>& key = std::nullopt) const;
 
   // Notes that `problem` was served untuned (nearest bucket or default) on `device`, so that
-  // `flashjit tune --recorded` can tune it later: one row per pass, deterministic flag and exact
-  // problem shape (contiguous BSHD is assumed for the replay), with a use count.
+  // `flashjit tune --recorded` can tune it later: one row per pass, deterministic flag, exact
+  // problem shape, K/V layout and variant (BSHD strides are assumed for the replay), with a use
+  // count (runtime/tuning_store_recorded.cpp).
   Status record_miss(const DeviceFingerprint& device, const AttentionProblem& problem);
-  // The recorded problems of `device`, most used first, with their pass and deterministic flag
-  // (contiguous BSHD, default scale).
+  // The recorded problems of `device`, most used first, with their pass, deterministic flag,
+  // K/V layout (a paged cache: batch * pages-per-sequence pages) and variant (varlen: the recorded
+  // totals), in BSHD layout with the default scale.
   Result<std::vector<AttentionProblem>> recorded_problems(const DeviceFingerprint& device) const;
 
   // A consistent single-file copy (VACUUM INTO, then journal_mode=DELETE so that the copy can

@@ -25,15 +25,19 @@ constexpr const char* kKeyColumnsSql = R"sql(
   seqlen_q_bucket    INTEGER NOT NULL,
   seqlen_k_bucket    INTEGER NOT NULL,
   batch_heads_bucket INTEGER NOT NULL,
+  page_size          INTEGER NOT NULL DEFAULT 0,
+  seqlens_k          INTEGER NOT NULL DEFAULT 0,
+  variant            TEXT NOT NULL DEFAULT '',
   config             TEXT NOT NULL,)sql";
 constexpr const char* kKeyPrimarySql = R"sql(
   PRIMARY KEY (device, generator, pass, deterministic, head_dim, dtype, causal, group_size,
-               seqlen_q_bucket, seqlen_k_bucket, batch_heads_bucket)sql";
+               page_size, seqlens_k, variant, seqlen_q_bucket, seqlen_k_bucket,
+               batch_heads_bucket)sql";
 
-// Version 2. Idempotent: every statement is IF NOT EXISTS. docs/TUNING_DB.md describes each
-// column. The pass and the deterministic flag lead the problem part of every key, so that the
-// exact lookups and the nearest-bucket scan (same pass, flag, head_dim, dtype, causal and
-// group_size) use a prefix of the primary key.
+// Version 3. Idempotent: every statement is IF NOT EXISTS. docs/TUNING_DB.md describes each
+// column. The pass and the deterministic flag lead the problem part of every key and the three
+// buckets end it, so that the exact lookups and the nearest-bucket scan (same pass, flag,
+// head_dim, dtype, causal, group_size, K/V layout and variant) use a prefix of the primary key.
 const std::string& schema_sql() {
   static const std::string sql = std::string(R"sql(
 CREATE TABLE IF NOT EXISTS meta (
@@ -88,17 +92,22 @@ CREATE TABLE IF NOT EXISTS recorded_problems (
   heads_kv      INTEGER NOT NULL,
   seqlen_q      INTEGER NOT NULL,
   seqlen_k      INTEGER NOT NULL,
+  page_size     INTEGER NOT NULL DEFAULT 0,
+  seqlens_k     INTEGER NOT NULL DEFAULT 0,
+  variant       TEXT NOT NULL DEFAULT '',
+  variant_spec  TEXT NOT NULL DEFAULT '',
   uses          INTEGER NOT NULL DEFAULT 1,
   first_seen    TEXT NOT NULL,
   last_seen     TEXT NOT NULL,
   PRIMARY KEY (device, pass, deterministic, head_dim, dtype, causal, batch, heads_q, heads_kv,
-               seqlen_q, seqlen_k)
+               seqlen_q, seqlen_k, page_size, seqlens_k, variant)
 );
 CREATE INDEX IF NOT EXISTS results_by_generator ON results (generator);
 CREATE INDEX IF NOT EXISTS choices_by_generator ON choices (generator);
 CREATE VIEW IF NOT EXISTS best_configs AS
 SELECT c.device, c.generator, c.pass, c.deterministic, c.head_dim, c.dtype, c.causal,
-       c.group_size, c.seqlen_q_bucket, c.seqlen_k_bucket, c.batch_heads_bucket, c.config,
+       c.group_size, c.seqlen_q_bucket, c.seqlen_k_bucket, c.batch_heads_bucket, c.page_size,
+       c.seqlens_k, c.variant, c.config,
        c.median_ms, c.default_ms,
        CASE WHEN c.median_ms > 0 AND c.default_ms > 0 THEN c.default_ms / c.median_ms END
          AS speedup,
@@ -110,15 +119,18 @@ LEFT JOIN results AS r
   return sql;
 }
 
-// The tables whose key gained the pass in version 2 (meta and devices did not change).
+// The tables whose key gained the pass in version 2 and the K/V layout and variant in version 3
+// (meta and devices did not change).
 constexpr const char* kKeyedTables[] = {"results", "choices", "recorded_problems"};
 
-// Version 1 -> 2, inside the open's transaction. The old tables are renamed aside first so that
-// schema_sql() (the one definition of the version-2 tables) creates the new ones; the view and the
-// indexes that refer to the old tables are dropped before, so nothing is left pointing at them
-// (and schema_sql() recreates both). Then every old row is copied as a forward row and the old
+// Version 1 or 2 -> 3, inside the open's transaction. The old tables are renamed aside (to
+// <table>_v<version>) first so that schema_sql() (the one definition of the version-3 tables)
+// creates the new ones; the view and the indexes that refer to the old tables are dropped
+// before, so nothing is left pointing at them (and schema_sql() recreates both). Then every old
+// row is copied (rows_as_current: the columns it lacks get their plain values) and the old
 // tables are dropped.
-std::string migration_from_version_1() {
+std::string migration_from(int version) {
+  const std::string suffix = "_v" + std::to_string(version);
   std::string sql =
       "DROP VIEW IF EXISTS best_configs;\n"
       "DROP INDEX IF EXISTS results_by_generator;\n"
@@ -128,14 +140,15 @@ std::string migration_from_version_1() {
     sql += table;
     sql += " RENAME TO ";
     sql += table;
-    sql += "_v1;\n";
+    sql += suffix;
+    sql += ";\n";
   }
   sql += schema_sql();
   const std::pair<const char*, const char*> copies[] = {{"results", kResultColumns},
                                                         {"choices", kChoiceColumns},
                                                         {"recorded_problems", kRecordedColumns}};
   for (const auto& [table, columns] : copies) {
-    const std::string old_table = std::string(table) + "_v1";
+    const std::string old_table = std::string(table) + suffix;
     sql += "INSERT INTO ";
     sql += table;
     sql += " (";
@@ -143,12 +156,13 @@ std::string migration_from_version_1() {
     sql += ") SELECT ";
     sql += columns;
     sql += " FROM ";
-    sql += rows_as_version_2("main", old_table.c_str(), 1);
+    sql += rows_as_current("main", old_table.c_str(), version);
     sql += ";\nDROP TABLE ";
     sql += old_table;
     sql += ";\n";
   }
-  sql += "UPDATE meta SET value = '2' WHERE key = 'schema_version';\n";
+  sql += "UPDATE meta SET value = '" + std::to_string(kSchemaVersion) +
+         "' WHERE key = 'schema_version';\n";
   return sql;
 }
 
@@ -183,7 +197,7 @@ Error unsupported_version(const Database& db, std::string_view found) {
   message += db.path.string();
   message += ": schema_version = '";
   message += found;
-  message += "': this build reads schema versions 1 and ";
+  message += "': this build reads schema versions 1 to ";
   message += std::to_string(kSchemaVersion);
   message += " (was it written by a newer flashjit?)";
   return make_error(ErrorCode::Unsupported, std::move(message));
@@ -192,11 +206,20 @@ Error unsupported_version(const Database& db, std::string_view found) {
 }  // namespace
 
 std::string key_match(const char* left, const char* right, bool with_config) {
-  static constexpr const char* kNames[] = {
-      "device",          "generator",         "pass",
-      "deterministic",   "head_dim",          "dtype",
-      "causal",          "group_size",        "seqlen_q_bucket",
-      "seqlen_k_bucket", "batch_heads_bucket"};
+  static constexpr const char* kNames[] = {"device",
+                                           "generator",
+                                           "pass",
+                                           "deterministic",
+                                           "head_dim",
+                                           "dtype",
+                                           "causal",
+                                           "group_size",
+                                           "seqlen_q_bucket",
+                                           "seqlen_k_bucket",
+                                           "batch_heads_bucket",
+                                           "page_size",
+                                           "seqlens_k",
+                                           "variant"};
   std::string out;
   for (const char* name : kNames) {
     if (!out.empty()) out += " AND ";
@@ -218,16 +241,20 @@ std::string key_match(const char* left, const char* right, bool with_config) {
   return out;
 }
 
-std::string rows_as_version_2(const char* schema, const char* table, int version) {
+std::string rows_as_current(const char* schema, const char* table, int version) {
   std::string out;
-  // `*` first: should the file become version 2 under a long-lived view (another process
-  // migrates it), its own pass/deterministic columns keep those names and the literals become
-  // "pass:1"/"deterministic:1" (SQLite makes result names unique), so reads stay right.
-  if (version == 1) out += "(SELECT *, 'fwd' AS pass, 0 AS deterministic FROM ";
+  // `*` first: should the file become version 3 under a long-lived view (another process
+  // migrates it), its own columns keep their names and the literals become "pass:1",
+  // "variant:1", ... (SQLite makes result names unique), so reads stay right.
+  if (version < kSchemaVersion) out += "(SELECT *, ";
+  if (version == 1) out += "'fwd' AS pass, 0 AS deterministic, ";
+  if (version < kSchemaVersion) {
+    out += "0 AS page_size, 0 AS seqlens_k, '' AS variant, '' AS variant_spec FROM ";
+  }
   out += schema;
   out += ".";
   out += table;
-  if (version == 1) out += ")";
+  if (version < kSchemaVersion) out += ")";
   return out;
 }
 
@@ -243,8 +270,8 @@ Result<int> schema_version(const Database& db, const char* schema) {
     message += ": no schema_version in its meta table (not a flashjit tuning database?)";
     return make_error(ErrorCode::IoError, std::move(message));
   }
-  if (**version == "1") return 1;
-  if (**version == std::to_string(kSchemaVersion)) return kSchemaVersion;
+  for (int known = 1; known <= kSchemaVersion; ++known)
+    if (**version == std::to_string(known)) return known;
   return unsupported_version(db, **version);
 }
 
@@ -260,8 +287,10 @@ Status prepare_for_writing(const Database& db) {
     meta += std::to_string(kSchemaVersion);
     meta += "')";
     FLASHJIT_TRY(db.exec(meta, "writing the schema version"));
-  } else if (**version == "1") {
-    FLASHJIT_TRY(db.exec(migration_from_version_1(), "migrating schema version 1 to 2"));
+  } else if (**version == "1" || **version == "2") {
+    const std::string what =
+        "migrating schema version " + **version + " to " + std::to_string(kSchemaVersion);
+    FLASHJIT_TRY(db.exec(migration_from(std::stoi(**version)), what));
   } else if (**version == std::to_string(kSchemaVersion)) {
     FLASHJIT_TRY(db.exec(schema_sql(), "checking the schema"));  // a no-op: all IF NOT EXISTS
   } else {
@@ -270,13 +299,13 @@ Status prepare_for_writing(const Database& db) {
   return transaction.commit();
 }
 
-Status serve_version_1(const Database& db) {
+Status serve_older_version(const Database& db, int version) {
   for (const char* table : kKeyedTables) {
     std::string sql = "CREATE TEMP VIEW ";
     sql += table;
     sql += " AS SELECT * FROM ";
-    sql += rows_as_version_2("main", table, 1);
-    std::string what = "reading version-1 ";
+    sql += rows_as_current("main", table, version);
+    std::string what = "reading version-" + std::to_string(version) + " ";
     what += table;
     FLASHJIT_TRY(db.exec(sql, what));
   }

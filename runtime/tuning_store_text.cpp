@@ -23,9 +23,14 @@ struct Table {
   const char* columns;
   const char* order;
 };
+// The primary key's order (plain rows, all page_size 0, seqlens_k 0 and variant '', keep the
+// order of version 2).
 constexpr const char* kKeyOrder =
-    "device, generator, pass, deterministic, head_dim, dtype, causal, group_size, "
-    "seqlen_q_bucket, seqlen_k_bucket, batch_heads_bucket";
+    "device, generator, pass, deterministic, head_dim, dtype, causal, group_size, page_size, "
+    "seqlens_k, variant, seqlen_q_bucket, seqlen_k_bucket, batch_heads_bucket";
+// The oldest text form this build reads: version 2's lines name their columns, and the columns
+// version 3 added (page_size, seqlens_k, variant) take their defaults, those of a plain row.
+constexpr int kOldestTextVersion = 2;
 const Table kTables[] = {
     {"devices", kDeviceColumns, "device"},
     {"results", kResultColumns, nullptr},  // key order + config
@@ -172,10 +177,14 @@ Status read_text(const Database& db, const fs::path& file) {
   }
   ++number;
   const std::string version = line.substr(kHeader.size());
-  if (version != std::to_string(kSchemaVersion)) {
+  bool known_version = false;
+  for (int v = kOldestTextVersion; v <= kSchemaVersion; ++v)
+    known_version = known_version || version == std::to_string(v);
+  if (!known_version) {
     return make_error(ErrorCode::Unsupported,
                       "text tuning DB " + file.string() + ": schema_version " + version +
-                          "; this build reads version " + std::to_string(kSchemaVersion));
+                          "; this build reads versions " + std::to_string(kOldestTextVersion) +
+                          " to " + std::to_string(kSchemaVersion));
   }
   Transaction transaction(db);
   FLASHJIT_TRY(transaction.begin());

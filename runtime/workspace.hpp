@@ -38,11 +38,26 @@ class WorkspaceCache {
       FLASHJIT_TRY(drain_(stream));
       buffer.reset();
     }
+    regions_.erase(stream);
     // Some headroom, so that slowly growing problems do not reallocate every time.
     Result<DeviceBuffer> grown = allocate_(bytes + bytes / 8);
     if (!grown.ok()) return grown.error();
     buffer = std::move(grown.value());
     return buffer.get();
+  }
+
+  // A region of `stream`'s buffer that the kernel's launches leave as they found it (the decode
+  // family's split counters: zero before, zero after): whether the last launch on `stream`
+  // remembered this same region (then it needs no initializing), and remember_region after a
+  // launch that initialized or used it. Growing the buffer forgets it.
+  bool same_region_as_last(void* stream, const void* begin, size_t bytes) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = regions_.find(stream);
+    return found != regions_.end() && found->second.first == begin && found->second.second == bytes;
+  }
+  void remember_region(void* stream, const void* begin, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    regions_[stream] = {begin, bytes};
   }
 
   // Bytes held over all streams.
@@ -58,6 +73,7 @@ class WorkspaceCache {
   Drain drain_;
   mutable std::mutex mutex_;
   std::map<void*, DeviceBuffer> buffers_;
+  std::map<void*, std::pair<const void*, size_t>> regions_;  // same_region_as_last
 };
 
 }  // namespace flashjit

@@ -135,6 +135,10 @@ struct TuneOptions {
     std::string why;     // "killed by signal 11 (Segmentation fault)"
   };
   std::vector<Fault> faulted;
+  // Host (fp64) versions of a variant problem's user score_mod / mask_mod for verification
+  // (tuner/reference.hpp); a problem with an expression and no function here cannot be verified
+  // and is an Unsupported error.
+  VariantFunctions variant_functions;
   std::function<void(const TuneProgress&)> on_progress;
   // Waiting for the device, a lock that cannot be used, unstable timings; null: stderr.
   std::function<void(const std::string&)> on_message;

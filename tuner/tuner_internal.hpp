@@ -101,6 +101,10 @@ struct Tuner::Buffers {
   std::vector<TensorSpec> specs;
   DType dtype = DType::BF16;
   Pass pass = Pass::Forward;
+  // The problem (AttentionProblem::to_string) whose index tensors (block table, seqlens_k, ALiBi
+  // slopes, cu_seqlens: has_index_tensors) the sets hold; "" when they hold none. Another
+  // problem's would point out of its tensors, so they are refilled for each such problem.
+  std::string indices_of;
 };
 
 }  // namespace flashjit

@@ -237,13 +237,10 @@ Result<TuneResult> Tuner::verify(Slot& slot, const AttentionProblem& problem) {
   key += std::to_string(group);
   std::unique_ptr<Verification>& entry = verifications_[key];
   if (!entry) {
-    AttentionProblem small =
-        AttentionProblem::make(1, kVerifyHeadsKv * group, kVerifyHeadsKv, kVerifySeqlenQ,
-                               kVerifySeqlenK, problem.head_dim, problem.dtype, problem.causal);
-    small.pass = problem.pass;
-    small.deterministic = problem.deterministic;
+    const AttentionProblem small =
+        verification_problem(problem, kVerifyHeadsKv, kVerifySeqlenQ, kVerifySeqlenK);
     Result<std::unique_ptr<Verification>> created =
-        Verification::create(backend_, small, kVerifySeed);
+        Verification::create(backend_, small, kVerifySeed, options_.variant_functions);
     if (!created.ok()) return created.error();
     entry = std::move(created.value());
   }
@@ -290,9 +287,20 @@ Status Tuner::ensure_buffers(const AttentionProblem& problem) {
       std::clamp<size_t>((2 * l2 + set_bytes - 1) / set_bytes, 1, kMaxInputSets);
   if (!buffers_) buffers_ = std::make_unique<Buffers>();
   Buffers& b = *buffers_;
-  const bool same_kind = !b.sets.empty() && b.dtype == problem.dtype && b.pass == problem.pass;
+  // Same dtype, pass and tensors (roles in order: a variant or layout adds some).
+  bool same_kind = !b.sets.empty() && b.dtype == problem.dtype && b.pass == problem.pass &&
+                   b.specs.size() == specs.size();
+  for (size_t i = 0; same_kind && i < specs.size(); ++i)
+    same_kind = b.specs[i].role == specs[i].role;
   bool fits = same_kind && b.sets.size() >= needed_sets;
   for (size_t i = 0; fits && i < specs.size(); ++i) fits = b.specs[i].bytes >= specs[i].bytes;
+  const std::string indices = has_index_tensors(problem) ? problem.to_string() : "";
+  if (fits && indices != b.indices_of) {
+    // The sets fit, but their index tensors are another problem's: this one's, into every set.
+    for (DeviceTensors& set : b.sets)
+      FLASHJIT_TRY(fill_for_timing(backend_, problem, set, kTimingSeed));
+    b.indices_of = indices;
+  }
   if (fits) return ok_status();
 
   // Grow to the larger of what is held and what is needed (same dtype and pass), else replace.
@@ -317,6 +325,7 @@ Status Tuner::ensure_buffers(const AttentionProblem& problem) {
   b.specs = std::move(grown);
   b.dtype = problem.dtype;
   b.pass = problem.pass;
+  b.indices_of = indices;
   return ok_status();
 }
 

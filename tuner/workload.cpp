@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <tuple>
 #include <utility>
 
 namespace flashjit {
@@ -213,6 +214,38 @@ std::vector<TensorSpec> tensor_specs(const AttentionProblem& p) {
   return specs;
 }
 
+bool has_index_tensors(const AttentionProblem& p) {
+  return p.kv.paged() || p.kv.seqlens_k || p.variant.alibi || p.variant.varlen;
+}
+
+AttentionProblem verification_problem(const AttentionProblem& problem, int64_t heads_kv,
+                                      int64_t seqlen_q, int64_t seqlen_k) {
+  const int64_t group = problem.group_size();
+  const bool per_sequence = problem.variant.varlen || problem.kv.paged() || problem.kv.seqlens_k;
+  const int64_t batch = per_sequence ? 3 : 1;
+  // Varlen: totals a little short of 3 full documents, so that even_cu_seqlens gives them
+  // uneven lengths, none past the longest.
+  AttentionProblem small =
+      problem.variant.varlen
+          ? AttentionProblem::make_varlen(batch, heads_kv * group, heads_kv, seqlen_q, seqlen_k,
+                                          batch * seqlen_q - 5, batch * seqlen_k - 7,
+                                          problem.head_dim, problem.dtype, problem.causal)
+          : AttentionProblem::make(batch, heads_kv * group, heads_kv, seqlen_q, seqlen_k,
+                                   problem.head_dim, problem.dtype, problem.causal);
+  const Variant documents = small.variant;
+  small.variant = problem.variant;  // the same key: window, softcap, ALiBi, prefix, mods
+  small.variant.total_q = documents.total_q;
+  small.variant.total_k = documents.total_k;
+  small.pass = problem.pass;
+  small.deterministic = problem.deterministic;
+  if (problem.kv.paged()) {
+    const int page = problem.kv.page_size;
+    small = small.with_paged_kv(page, batch * ((seqlen_k + page - 1) / page));
+  }
+  small.kv.seqlens_k = problem.kv.seqlens_k;
+  return small;
+}
+
 const DeviceBuffer* DeviceTensors::find(TensorRole role) const {
   for (const auto& [r, buffer] : buffers)
     if (r == role) return &buffer;
@@ -343,10 +376,30 @@ PoisonedRun launch_poisoned(const Backend& backend, const Kernel& kernel,
 
 Result<std::unique_ptr<Verification>> Verification::create(const Backend& backend,
                                                            const AttentionProblem& problem,
-                                                           uint64_t seed) {
+                                                           uint64_t seed,
+                                                           const VariantFunctions& functions) {
+  // (A backward's score_mod needs its derivative too.)
+  const std::string no_derivative;
+  const std::string& derivative =
+      problem.is_backward() ? problem.variant.score_mod_grad : no_derivative;
+  for (const auto& [name, text, given] :
+       {std::tuple{"score_mod", &problem.variant.score_mod, bool(functions.score_mod)},
+        std::tuple{"mask_mod", &problem.variant.mask_mod, bool(functions.mask_mod)},
+        std::tuple{"score_mod_grad", &derivative, bool(functions.score_mod_grad)}}) {
+    if (text->empty() || given) continue;
+    return make_error(ErrorCode::Unsupported,
+                      std::string("verifying kernels of ") + problem.to_string() + " needs the " +
+                          name + " '" + *text +
+                          "' as a host function for the fp64 reference "
+                          "(TuneOptions::variant_functions); none was given");
+  }
   std::unique_ptr<Verification> v(new Verification(backend, problem));
-  v->inputs_ = random_inputs(problem, seed);
-  v->reference_ = reference_attention(problem, v->inputs_);
+  v->inputs_ = random_inputs(problem, seed, functions);  // (a backward's o, lse: the variant's)
+  for (size_t b = 0; b < v->inputs_.seqlens_k.size(); ++b) {
+    const int64_t len = problem.seqlen_k - static_cast<int64_t>(b % 3) * problem.seqlen_k / 3;
+    v->inputs_.seqlens_k[b] = static_cast<int32_t>(std::max<int64_t>(1, len));
+  }
+  v->reference_ = reference_attention(problem, v->inputs_, functions);
   Result<DeviceTensors> tensors = upload_inputs(backend, problem, v->inputs_);
   if (!tensors.ok()) return tensors.error();
   v->tensors_ = std::move(tensors.value());

@@ -51,6 +51,20 @@ struct TensorSpec {
 // The tensors `problem`'s pass reads and writes, in a fixed order, with their sizes.
 std::vector<TensorSpec> tensor_specs(const AttentionProblem& problem);
 
+// Whether `problem`'s call reads int32/fp32 tensors whose contents depend on its shape (a block
+// table, seqlens_k, ALiBi slopes, cu_seqlens): timing inputs filled for another problem do not
+// serve it.
+bool has_index_tensors(const AttentionProblem& problem);
+
+// The small problem that kernels of `problem`'s ProblemSignature and GQA ratio are verified on:
+// `heads_kv` kv heads, `seqlen_q` queries, `seqlen_k` keys, the same head_dim, dtype, causal,
+// pass, deterministic flag, variant and K/V layout. Batch 1; 3 sequences for a layout or varlen
+// (so that per-sequence lengths and document boundaries are exercised): varlen as 3 packed
+// documents of uneven lengths (the longest seqlen_q / seqlen_k); a paged cache of the same
+// page_size with every sequence's pages distinct (random_inputs shuffles them).
+AttentionProblem verification_problem(const AttentionProblem& problem, int64_t heads_kv,
+                                      int64_t seqlen_q, int64_t seqlen_k);
+
 // Device buffers for every tensor of one call and the AttentionArgs that point at them.
 struct DeviceTensors {
   std::vector<std::pair<TensorRole, DeviceBuffer>> buffers;
@@ -103,10 +117,14 @@ Status fill_for_timing(const Backend& backend, const AttentionProblem& problem,
 // its inputs and fp64 reference on the host, its tensors on the device.
 class Verification {
  public:
-  // Inputs drawn with `seed`, the reference computed, the inputs uploaded.
+  // Inputs drawn with `seed` (seqlens_k: lengths seqlen_k, 2/3 and 1/3 of it over the
+  // sequences, so that a kernel that reads past a sequence's length fails), the reference
+  // computed (a user score_mod / mask_mod through `functions`: required when the problem has
+  // one, else Unsupported naming it), the inputs uploaded.
   static Result<std::unique_ptr<Verification>> create(const Backend& backend,
                                                       const AttentionProblem& problem,
-                                                      uint64_t seed);
+                                                      uint64_t seed,
+                                                      const VariantFunctions& functions = {});
   const AttentionProblem& problem() const { return problem_; }
 
   struct Verdict {

@@ -405,11 +405,10 @@ def _longest(name, cu_seqlens):
     return max(1, int((cu_seqlens[1:] - cu_seqlens[:-1]).max()))
 
 
-def _attention_varlen(q, k, v, causal, scale, layout, out, return_lse, lse, config, stream,
-                      deterministic, variant, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-                      max_seqlen_q, max_seqlen_k):
-    """attention() of packed variable-length documents: the extension's forward over the
-    (1, total, heads, head_dim) views of q, k, v with the offsets (forward only)."""
+def _check_varlen(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """The checks of packed variable-length documents' arguments (attention(), config_for()):
+    both offsets, (total, heads, head_dim) arrays in layout 'bshd'. Returns the longest
+    documents (max_seqlen_q, max_seqlen_k): as given, else from the offsets."""
     for name, x in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if x is None:
             raise InvalidArgumentError(
@@ -425,6 +424,19 @@ def _attention_varlen(q, k, v, causal, scale, layout, out, return_lse, lse, conf
             raise InvalidArgumentError(
                 f"{name}.shape = {tuple(x.shape)}: packed variable-length documents take "
                 f"(total, heads, head_dim) arrays")
+    return ((_longest("cu_seqlens_q", cu_seqlens_q) if max_seqlen_q is None
+             else _integer("max_seqlen_q", max_seqlen_q)),
+            (_longest("cu_seqlens_k", cu_seqlens_k) if max_seqlen_k is None
+             else _integer("max_seqlen_k", max_seqlen_k)))
+
+
+def _attention_varlen(q, k, v, causal, scale, layout, out, return_lse, lse, config, stream,
+                      deterministic, variant, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                      max_seqlen_q, max_seqlen_k):
+    """attention() of packed variable-length documents: the extension's forward over the
+    (1, total, heads, head_dim) views of q, k, v with the offsets (forward only)."""
+    max_seqlen_q, max_seqlen_k = _check_varlen(q, k, v, layout, cu_seqlens_q, cu_seqlens_k,
+                                               max_seqlen_q, max_seqlen_k)
     if deterministic:
         raise InvalidArgumentError("deterministic= applies to the backward, which packed "
                                    "variable-length documents do not have yet")
@@ -439,10 +451,6 @@ def _attention_varlen(q, k, v, causal, scale, layout, out, return_lse, lse, conf
                 "v or alibi_slopes requires grad: run the forward under torch.no_grad() or on "
                 "detached tensors")
         alibi_slopes = None if alibi_slopes is None else _detached(alibi_slopes)
-    max_seqlen_q = (_longest("cu_seqlens_q", cu_seqlens_q) if max_seqlen_q is None
-                    else _integer("max_seqlen_q", max_seqlen_q))
-    max_seqlen_k = (_longest("cu_seqlens_k", cu_seqlens_k) if max_seqlen_k is None
-                    else _integer("max_seqlen_k", max_seqlen_k))
     if out is not None:
         _check_array("out", out)
         if tuple(out.shape) != tuple(q.shape):
@@ -617,12 +625,19 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
 
 def config_for(q, k, v, *, causal=False, scale=None, layout="bshd", config=None, pass_="fwd",
                deterministic=False, window=None, softcap=None, alibi_slopes=None, prefix=0,
-               score_mod=None, mask_mod=None, score_mod_grad=None):
+               score_mod=None, mask_mod=None, cu_seqlens_q=None, cu_seqlens_k=None,
+               max_seqlen_q=None, max_seqlen_k=None, score_mod_grad=None):
     """The config attention(q, k, v, ...) (pass_="fwd") or attention_backward(q, k, v, ...)
     (pass_="bwd", with its deterministic=) would launch, without launching: a dict with config
     ("m128n64w4s2"), source ("exact" / "nearest" from the tuning DB, "default", or "given"),
-    device ("cuda:0", "cpu") and problem (the variant arguments as for attention())."""
+    device ("cuda:0", "cpu") and problem (the variant arguments, packed documents included, as
+    for attention())."""
     variant = _variant_spec(window, softcap, prefix, score_mod, mask_mod, score_mod_grad)
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if varlen:
+        max_seqlen_q, max_seqlen_k = _check_varlen(q, k, v, layout, cu_seqlens_q, cu_seqlens_k,
+                                                   max_seqlen_q, max_seqlen_k)
+        q, k, v = q[None], k[None], v[None]  # one (1, total, heads, head_dim) sequence
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_array(name, x)
     if alibi_slopes is not None:
@@ -630,7 +645,8 @@ def config_for(q, k, v, *, causal=False, scale=None, layout="bshd", config=None,
         alibi_slopes = _detached(alibi_slopes)
     q, k, v = (_detached(x) for x in (q, k, v))
     return _C.config_for(q, k, v, bool(causal), scale, layout, config, str(pass_),
-                         bool(deterministic), variant, alibi_slopes)
+                         bool(deterministic), variant, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                         max_seqlen_q or 0, max_seqlen_k or 0)
 
 
 def show(*, head_dim=128, seqlen=4096, seqlen_q=None, seqlen_k=None, batch=2, heads=16,

@@ -167,6 +167,19 @@ nb::tuple run_forward(Call& call, InArray& q, InArray& k, InArray& v, std::optio
   return nb::make_tuple(out_object, lse_object);
 }
 
+// Packed variable-length documents, when both offsets are given (make_varlen); one alone is an
+// error naming the other.
+void with_documents(Call& call, const std::optional<InArray>& cu_seqlens_q,
+                    const std::optional<InArray>& cu_seqlens_k, int64_t max_seqlen_q,
+                    int64_t max_seqlen_k) {
+  if (cu_seqlens_q.has_value() != cu_seqlens_k.has_value())
+    raise(ErrorCode::InvalidArgument,
+          std::string(cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q") +
+              " is None: packed variable-length documents need both cu_seqlens_q and "
+              "cu_seqlens_k");
+  if (cu_seqlens_q) make_varlen(call, *cu_seqlens_q, *cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+}
+
 }  // namespace
 
 nb::tuple attention(InArray q, InArray k, InArray v, std::optional<OutArray> out,
@@ -179,12 +192,7 @@ nb::tuple attention(InArray q, InArray k, InArray v, std::optional<OutArray> out
                     int64_t max_seqlen_k) {
   Call call = prepare(q, k, v, out ? &*out : nullptr, lse ? &*lse : nullptr, causal, scale, layout,
                       variant_of(variant), alibi_slopes ? &*alibi_slopes : nullptr);
-  if (cu_seqlens_q.has_value() != cu_seqlens_k.has_value())
-    raise(ErrorCode::InvalidArgument,
-          std::string(cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q") +
-              " is None: packed variable-length documents need both cu_seqlens_q and "
-              "cu_seqlens_k");
-  if (cu_seqlens_q) make_varlen(call, *cu_seqlens_q, *cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+  with_documents(call, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   return run_forward(call, q, k, v, out, lse, want_lse, parse_layout(layout), config, stream,
                      synchronize, framework, [&](AttentionArgs& args) {
                        if (alibi_slopes)
@@ -254,9 +262,12 @@ nb::tuple attention_backward(InArray q, InArray k, InArray v, InArray o, std::op
 nb::dict config_for(InArray q, InArray k, InArray v, bool causal, std::optional<double> scale,
                     const std::string& layout, std::optional<std::string> config,
                     const std::string& pass, bool deterministic, std::optional<nb::tuple> variant,
-                    std::optional<InArray> alibi_slopes) {
+                    std::optional<InArray> alibi_slopes, std::optional<InArray> cu_seqlens_q,
+                    std::optional<InArray> cu_seqlens_k, int64_t max_seqlen_q,
+                    int64_t max_seqlen_k) {
   Call call = prepare(q, k, v, nullptr, nullptr, causal, scale, layout, variant_of(variant),
                       alibi_slopes ? &*alibi_slopes : nullptr);
+  with_documents(call, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   AttentionProblem& p = call.problem;
   p.pass = unwrap(parse_pass(pass));
   if (deterministic && !p.is_backward()) {

@@ -103,11 +103,14 @@ nb::tuple attention_backward(InArray q, InArray k, InArray v, InArray o, std::op
                              std::optional<InArray> alibi_slopes = std::nullopt);
 
 // The config attention() (pass_ "fwd") or attention_backward() ("bwd") would launch for q, k, v
+// (packed documents: the (1, total, heads, head_dim) views and both offsets, as attention())
 // and where it comes from: {config, source, device, problem}.
 nb::dict config_for(InArray q, InArray k, InArray v, bool causal, std::optional<double> scale,
                     const std::string& layout, std::optional<std::string> config,
                     const std::string& pass, bool deterministic, std::optional<nb::tuple> variant,
-                    std::optional<InArray> alibi_slopes);
+                    std::optional<InArray> alibi_slopes, std::optional<InArray> cu_seqlens_q,
+                    std::optional<InArray> cu_seqlens_k, int64_t max_seqlen_q,
+                    int64_t max_seqlen_k);
 
 // Where a kernel's config came from ("exact", "nearest", "default", "given") and the config:
 // nullopt = the runtime's selection (tuning DBs, then the SRAM-formula default); "default" = the

@@ -141,7 +141,8 @@ class CudaKernel final : public Kernel {
 
   size_t workspace_bytes(const AttentionProblem& problem) const override {
     if (config_.family == KernelFamily::Decode)
-      return decode_workspace(problem, decode_splits(config_, problem, device_spec_)).bytes;
+      return gpu_decode_workspace(problem, config_, decode_splits(config_, problem, device_spec_))
+          .bytes;
     return backward_workspace(problem, config_).bytes;
   }
 
@@ -155,6 +156,13 @@ class CudaKernel final : public Kernel {
           shapes_, kGridLimits, workspace_, stream,
           [&](size_t entry, const LaunchShape& shape, FlashjitAttentionParams& params) -> Status {
             return enqueue(entry, shape, params, stream);
+          },
+          [&](void* counters, size_t bytes) -> Status {
+            FLASHJIT_TRY(check(driver_->cuCtxSetCurrent(context_), "cuCtxSetCurrent"));
+            return check(
+                driver_->cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(counters), 0,
+                                          bytes / sizeof(int32_t), static_cast<CUstream>(stream)),
+                "cuMemsetD32Async", ErrorCode::LaunchFailed);
           });
     }
     return launch_gpu_kernel(
@@ -334,10 +342,10 @@ Result<std::shared_ptr<Kernel>> CudaBackend::load(const Binary& binary, const Ke
   const bool backward = signature.pass == Pass::Backward;
   const bool decode = config.family == KernelFamily::Decode;
   if (decode) {
-    if (source.entries.size() != 2)
+    if (source.entries.size() != 1)
       return make_error(ErrorCode::InvalidArgument,
                         "'" + source.label + "' defines " + std::to_string(source.entries.size()) +
-                            " entry points; a decode kernel has 2 (split, combine)");
+                            " entry points; a CUDA decode kernel has 1 (split, which combines)");
   } else {
     FLASHJIT_TRY(check_entry_count(source, signature.pass));
   }
@@ -351,8 +359,7 @@ Result<std::shared_ptr<Kernel>> CudaBackend::load(const Binary& binary, const Ke
   const int persistent_ctas =
       !backward && config.persistent ? ws_persistent_ctas(config, problem, device_) : 0;
   const std::vector<KernelShape> shapes =
-      decode ? std::vector<KernelShape>{{decode_use.threads, decode_use.smem_bytes},
-                                        {kDecodeCombineThreads, 0}}
+      decode ? std::vector<KernelShape>{{decode_use.threads, decode_use.smem_bytes}}
              : entry_shapes(
                    signature.pass,
                    {config.threads(), backward ? 0 : smem_bytes(config, problem), persistent_ctas},

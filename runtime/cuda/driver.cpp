@@ -104,6 +104,7 @@ Result<const Driver*> load_driver() {
   FLASHJIT_TRY(resolve(library, table.cuMemcpyHtoD, {"cuMemcpyHtoD_v2"}));
   FLASHJIT_TRY(resolve(library, table.cuMemcpyDtoH, {"cuMemcpyDtoH_v2"}));
   FLASHJIT_TRY(resolve(library, table.cuMemsetD8, {"cuMemsetD8_v2"}));
+  FLASHJIT_TRY(resolve(library, table.cuMemsetD32Async, {"cuMemsetD32Async"}));
   FLASHJIT_TRY(resolve(library, table.cuEventCreate, {"cuEventCreate"}));
   FLASHJIT_TRY(resolve(library, table.cuEventDestroy, {"cuEventDestroy_v2", "cuEventDestroy"}));
   FLASHJIT_TRY(resolve(library, table.cuEventRecord, {"cuEventRecord"}));

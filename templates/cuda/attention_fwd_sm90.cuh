@@ -358,4 +358,20 @@ __device__ __forceinline__ void attention_forward_sm90(const FlashjitAttentionPa
 #undef FLASHJIT_SCALE_LOG2
 }
 
+#ifdef FLASHJIT_VARIANT
+#if FLASHJIT_VARIANT_VARLEN
+// Packed variable-length documents, as the mma family's attention_forward_varlen: the CTA of
+// (m_block, head, document blockIdx.z) runs the kernel above on the document's view of the params
+// (every load and store is a cp.async or a plain access bounded by the document's lengths, so
+// none crosses into another document).
+template <class K>
+__device__ __forceinline__ void attention_forward_sm90_varlen(
+    const FlashjitAttentionParams& params) {
+  const int m_block = K::kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // as the kernel's
+  FlashjitAttentionParams document = params;
+  if (!flashjit_variant::document_view(document, blockIdx.z, m_block * K::kBlockM, 2)) return;
+  attention_forward_sm90<K>(document);
+}
+#endif
+#endif
 }  // namespace flashjit_kernel

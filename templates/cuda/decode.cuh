@@ -18,17 +18,21 @@
 //     S_w = Q K_w^T, masked (len, causal per row); online softmax (m_w, l_w); O_w += P_w V_w
 //   merge the warps (shared memory):    m = max_w m_w;  l = sum_w l_w 2^(m_w - m);  O = sum_w O_w 2^(m_w - m) / l
 //   num_splits == 1: o, lse;  else partial_o = O (fp32), partial_lse = m + log2 l (base 2; -inf: no key)
+//   num_splits > 1:  count this split in (the tile's counter); the tile's last split to finish
+//                    merges every split's partials of the tile's rows into o, lse (one warp per
+//                    row) and sets the counter back to 0 for the next call
 // clang-format on
 //
-// decode_combine then merges the splits of each row (one warp per row).
+// One launch per call: the combine runs in the tail of the split kernel, not as a second kernel
+// (whose launch and ramp cost ~5 us of a ~20 us call at batch 1, 8k keys). The counters are the
+// workspace's (runtime/decode_launch.hpp, DecodeWorkspace): int32 [batch, heads_kv, row tiles]
+// right after partial_lse, zero before the call (the runtime zeroes them when it cannot know they
+// are) and zero again after it, so a CUDA graph replays the call as it is.
 //
 // Keys at or past len are never read (zero-filled in shared memory, masked in S), so block-table
 // entries past a sequence's pages may hold anything.
 
 namespace flashjit_kernel {
-
-constexpr int kDecodeCombineThreads = 128;  // generator/decode_config.hpp's
-constexpr int kDecodeCombineRows = kDecodeCombineThreads / 32;
 
 template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WARPS, int STAGES, bool IS_BF16, bool CAUSAL,
           int PAGE_SIZE>
@@ -112,6 +116,73 @@ __device__ __forceinline__ void decode_load_kv(const FlashjitAttentionParams& p,
     cp_async_16(k_tile + to, k + k_offset, valid ? 16 : 0);
     cp_async_16(v_tile + to, v + v_offset, valid ? 16 : 0);
   }
+}
+
+// ---- the combine
+// ---------------------------------------------------------------------------------
+
+// Merges the num_splits partials of row (b * heads_q + h) * seqlen_q + s into o and lse, by the
+// lanes of one warp:
+//   M = max_s lse_s;  w_s = 2^(lse_s - M);  O = sum_s w_s O_s / sum_s w_s;
+//   lse = (M + log2 sum_s w_s) ln 2;  a row no split saw a key of: O = 0, lse = +inf.
+// It is a chain of memory round trips, so it keeps loads in flight: the lanes read 32 splits'
+// LSEs at once, and each lane loads its columns of kSplitsInFlight splits' partial rows before it
+// sums them (a split-by-split loop waited ~0.6 us per split). The partials were written by other
+// CTAs of this launch: read through L2 (ld.global.cg), never from this SM's L1.
+template <int HEAD_DIM, bool IS_BF16>
+__device__ __forceinline__ void decode_combine_row(const FlashjitAttentionParams& p, long long row,
+                                                   int lane) {
+  constexpr int kPerLane = (HEAD_DIM + 31) / 32;  // columns lane + 32 i
+  constexpr int kSplitsInFlight = 64 / kPerLane;  // 64 loads of partial O per lane
+  const long long rows_total = static_cast<long long>(p.batch) * p.heads_q * p.seqlen_q;
+  const float* lse_of = p.partial_lse + row;  // split s: lse_of[s * rows_total]
+  const int splits = p.num_splits;
+
+  float m = minus_infinity();
+  for (int s = lane; s < splits; s += 32) m = fmaxf(m, __ldcg(lse_of + s * rows_total));
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2)
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  const bool any_key = m != minus_infinity();
+
+  float sum = 0.f, acc[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) acc[i] = 0.f;
+  if (any_key) {
+    for (int s = lane; s < splits; s += 32) sum += fast_exp2(__ldcg(lse_of + s * rows_total) - m);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    for (int s0 = 0; s0 < splits; s0 += kSplitsInFlight) {
+      float weight[kSplitsInFlight], x[kSplitsInFlight][kPerLane];
+#pragma unroll
+      for (int u = 0; u < kSplitsInFlight; ++u) {
+        const int s = s0 + u < splits ? s0 + u : splits - 1;  // past the last: weight 0
+        weight[u] = s0 + u < splits ? __ldcg(lse_of + s * rows_total) : minus_infinity();
+        const float* partial = p.partial_o + (s * rows_total + row) * HEAD_DIM;
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i)
+          x[u][i] = lane + 32 * i < HEAD_DIM ? __ldcg(partial + lane + 32 * i) : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < kSplitsInFlight; ++u) {
+        const float w = fast_exp2(weight[u] - m);  // 0: an empty split, or one too small to count
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) acc[i] += w > 0.f ? w * x[u][i] : 0.f;
+      }
+    }
+  }
+  const float inverse = sum > 0.f ? 1.f / sum : 0.f;
+  const int position = static_cast<int>(row % p.seqlen_q);
+  const int head = static_cast<int>(row / p.seqlen_q % p.heads_q);
+  const int batch = static_cast<int>(row / p.seqlen_q / p.heads_q);
+  u16* out = static_cast<u16*>(p.o) + batch * p.o_batch_stride + position * p.o_seq_stride +
+             head * p.o_head_stride;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i)
+    if (lane + 32 * i < HEAD_DIM)
+      out[lane + 32 * i] = static_cast<u16>(pack2<IS_BF16>(acc[i] * inverse, 0.f) & 0xffffu);
+  if (p.lse && lane == 0)
+    p.lse[row] = sum > 0.f ? (m + fast_log2(sum)) * 0.6931471805599453f : plus_infinity();
 }
 
 // ---- the split kernel ---------------------------------------------------------------------------
@@ -390,73 +461,32 @@ __device__ __forceinline__ void decode_split(const FlashjitAttentionParams& p) {
             l > 0.f ? m_scaled + fast_log2(l) : minus_infinity();
     }
   }
-}
+  if (p.num_splits == 1) return;
 
-// ---- the combine kernel -------------------------------------------------------------------------
-
-// One warp per row (b * heads_q + h) * seqlen_q + s of the num_splits > 1 partials:
-//   M = max_s lse_s;  w_s = 2^(lse_s - M);  O = sum_s w_s O_s / sum_s w_s;
-//   lse = (M + log2 sum_s w_s) ln 2;  a row no split saw a key of: O = 0, lse = +inf.
-// The kernel is a chain of memory round trips (a handful of rows, one warp each), so it keeps
-// loads in flight: the lanes read 32 splits' LSEs at once, and each lane loads its columns of
-// kSplitsInFlight splits' partial rows before it sums them (a split-by-split loop waited ~0.6 us
-// per split: 20 us for 32 splits, more than the split kernel).
-template <int HEAD_DIM, bool IS_BF16>
-__device__ __forceinline__ void decode_combine(const FlashjitAttentionParams& p) {
-  constexpr int kPerLane = (HEAD_DIM + 31) / 32;  // columns lane + 32 i
-  constexpr int kSplitsInFlight = 64 / kPerLane;  // 64 loads of partial O per lane
-  const int lane = threadIdx.x % 32;
-  const long long rows_total = static_cast<long long>(p.batch) * p.heads_q * p.seqlen_q;
-  const long long row = static_cast<long long>(blockIdx.x) * kDecodeCombineRows + threadIdx.x / 32;
-  if (row >= rows_total) return;
-  const float* lse_of = p.partial_lse + row;  // split s: lse_of[s * rows_total]
-  const int splits = p.num_splits;
-
-  float m = minus_infinity();
-  for (int s = lane; s < splits; s += 32) m = fmaxf(m, lse_of[s * rows_total]);
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2)
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-  const bool any_key = m != minus_infinity();
-
-  float sum = 0.f, acc[kPerLane];
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) acc[i] = 0.f;
-  if (any_key) {
-    for (int s = lane; s < splits; s += 32) sum += fast_exp2(lse_of[s * rows_total] - m);
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    for (int s0 = 0; s0 < splits; s0 += kSplitsInFlight) {
-      float weight[kSplitsInFlight], x[kSplitsInFlight][kPerLane];
-#pragma unroll
-      for (int u = 0; u < kSplitsInFlight; ++u) {
-        const int s = s0 + u < splits ? s0 + u : splits - 1;  // past the last: weight 0
-        weight[u] = s0 + u < splits ? lse_of[s * rows_total] : minus_infinity();
-        const float* partial = p.partial_o + (s * rows_total + row) * HEAD_DIM;
-#pragma unroll
-        for (int i = 0; i < kPerLane; ++i)
-          x[u][i] = lane + 32 * i < HEAD_DIM ? partial[lane + 32 * i] : 0.f;
-      }
-#pragma unroll
-      for (int u = 0; u < kSplitsInFlight; ++u) {
-        const float w = fast_exp2(weight[u] - m);  // 0: an empty split, or one too small to count
-#pragma unroll
-        for (int i = 0; i < kPerLane; ++i) acc[i] += w > 0.f ? w * x[u][i] : 0.f;
-      }
-    }
+  // Count this split in; the tile's last split merges the partials (threadFenceReduction's
+  // pattern: every writer fences its partials before the count, the last reader fences after).
+  __threadfence();
+  __syncthreads();
+  int* last_flag = reinterpret_cast<int*>(shared_bytes);  // the Q tile's bytes: free by now
+  if (threadIdx.x == 0) {
+    int* counter =
+        reinterpret_cast<int*>(p.partial_lse + p.num_splits * rows_total) +
+        (static_cast<long long>(batch) * gridDim.y + kv_head) * (gridDim.x / p.num_splits) + tile;
+    const bool last = atomicAdd(counter, 1) == p.num_splits - 1;
+    if (last) *counter = 0;  // every split has counted: ready for the next call
+    *last_flag = last;
   }
-  const float inverse = sum > 0.f ? 1.f / sum : 0.f;
-  const int position = static_cast<int>(row % p.seqlen_q);
-  const int head = static_cast<int>(row / p.seqlen_q % p.heads_q);
-  const int batch = static_cast<int>(row / p.seqlen_q / p.heads_q);
-  u16* out = static_cast<u16*>(p.o) + batch * p.o_batch_stride + position * p.o_seq_stride +
-             head * p.o_head_stride;
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i)
-    if (lane + 32 * i < HEAD_DIM)
-      out[lane + 32 * i] = static_cast<u16>(pack2<IS_BF16>(acc[i] * inverse, 0.f) & 0xffffu);
-  if (p.lse && lane == 0)
-    p.lse[row] = sum > 0.f ? (m + fast_log2(sum)) * 0.6931471805599453f : plus_infinity();
+  __syncthreads();
+  if (!*last_flag) return;
+  __threadfence();
+  for (int row = warp; row < kBlockM; row += K::kWarps) {
+    const int r = r0 + row;
+    if (r >= packed_rows) break;  // warp-uniform
+    const long long out_row =
+        (static_cast<long long>(batch) * p.heads_q + kv_head * group + r % group) * p.seqlen_q +
+        r / group;
+    decode_combine_row<K::kHeadDim, K::kIsBf16>(p, out_row, lane);
+  }
 }
 
 }  // namespace flashjit_kernel

@@ -236,7 +236,7 @@ TEST_F(DbCommandTest, TextFormRoundTripsEveryRowAndAcceptsNothingElse) {
   Outcome exported = run({"export", "--db", a.string(), text.string()});
   ASSERT_EQ(exported.status, 0) << exported.err;
   const std::string written = file_text(text);
-  EXPECT_EQ(written.rfind("-- flashjit tuning DB, text form; schema_version 2\n", 0), 0u);
+  EXPECT_EQ(written.rfind("-- flashjit tuning DB, text form; schema_version 3\n", 0), 0u);
   size_t results = 0, choices = 0, devices = 0;
   std::istringstream lines(written);
   for (std::string line; std::getline(lines, line);) {
@@ -276,7 +276,8 @@ TEST_F(DbCommandTest, TextFormRoundTripsEveryRowAndAcceptsNothingElse) {
     const char* says;
   } bad[] = {
       {"INSERT INTO choices VALUES (1);\n", 2, ":1: not a text tuning DB"},
-      {"-- flashjit tuning DB, text form; schema_version 3\n", 1, "schema_version 3"},
+      {"-- flashjit tuning DB, text form; schema_version 4\n", 1, "schema_version 4"},
+      {"-- flashjit tuning DB, text form; schema_version 1\n", 1, "versions 2 to 3"},
       {header + "DELETE FROM choices;\n", 2, ":2: expected a comment or one 'INSERT INTO"},
       {header + "-- fine\nINSERT INTO recorded_problems (device) VALUES ('x');\n", 2, ":3:"},
       {header + first_choice + " DELETE FROM devices WHERE (1);\n", 2,
@@ -406,7 +407,7 @@ TEST_F(DbCommandTest, ADbOfThePreviousReleaseIsListedMergedAndImported) {
   EXPECT_EQ(testing::query(merged, "SELECT DISTINCT pass || ' ' || deterministic FROM choices"),
             std::vector<std::string>{"fwd 0"});
   EXPECT_EQ(testing::query(merged, "SELECT value FROM meta WHERE key = 'schema_version'"),
-            std::vector<std::string>{"2"});
+            std::vector<std::string>{"3"});
 
   const fs::path user = dir_ / "user.db";
   Outcome import = run({"import", "--db", user.string(), v1.string()});

@@ -1,15 +1,22 @@
-// `flashjit tune` without a GPU: the grid built from flags, shards, devices, worker split, and
-// every bad flag reported as one line naming the flag (exit status 2).
+// `flashjit tune` without a GPU: the grid built from flags (variant and page-size flags
+// included), shards, devices, worker split, every bad flag reported as one line naming the flag
+// (exit status 2), and a variant problem tuned on the CPU backend.
 #include "cli/tune_command.hpp"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "cli/db_command.hpp"
 #include "runtime/cuda/cuda_backend.hpp"
+#include "runtime/runtime.hpp"
+#include "runtime/tuning_store.hpp"
 
 namespace flashjit::cli {
 namespace {
@@ -90,6 +97,37 @@ TEST(TuneGrid, FlagsSelectTheGrid) {
   auto deduplicated = grid({"--head-dims", "64,64", "--seqlens", "512,512", "--causal", "on"});
   ASSERT_TRUE(deduplicated.ok());
   EXPECT_EQ(deduplicated->size(), 1u);
+}
+
+// The variant and K/V layout flags (as plan/show/run take them) apply to every problem.
+TEST(TuneGrid, VariantAndPageSizeFlagsApplyToEveryProblem) {
+  auto problems = grid({"--head-dims", "64", "--seqlens", "512,1024", "--causal", "on", "--window",
+                        "128,0", "--softcap", "30", "--alibi", "--prefix", "4", "--score-mod",
+                        "score * 2", "--mask-mod", "kv_idx != 3"});
+  ASSERT_TRUE(problems.ok()) << problems.error().describe();
+  ASSERT_EQ(problems->size(), 2u);
+  for (const AttentionProblem& p : *problems) {
+    EXPECT_EQ(p.variant.window_left, 128);
+    EXPECT_EQ(p.variant.window_right, 0);
+    EXPECT_EQ(p.variant.softcap, 30.0f);
+    EXPECT_TRUE(p.variant.alibi);
+    EXPECT_EQ(p.variant.prefix, 4);
+    EXPECT_EQ(p.variant.score_mod, "score * 2");
+    EXPECT_EQ(p.variant.mask_mod, "kv_idx != 3");
+    EXPECT_EQ(ProblemKey::of(p).variant, p.variant.key());
+  }
+  auto paged = grid({"--head-dims", "128", "--seqlens", "1000", "--causal", "off", "--batch", "2",
+                     "--page-size", "32"});
+  ASSERT_TRUE(paged.ok()) << paged.error().describe();
+  ASSERT_EQ(paged->size(), 1u);
+  EXPECT_EQ((*paged)[0].kv.page_size, 32);
+  EXPECT_TRUE((*paged)[0].kv.seqlens_k);
+  EXPECT_EQ((*paged)[0].kv.num_pages, 2 * 32);
+  EXPECT_TRUE(validate((*paged)[0]).ok());
+  EXPECT_NE(grid_error({"--page-size", "20"}).find("--page-size = '20'"), std::string::npos);
+  EXPECT_NE(grid_error({"--window", "x"}).find("--window = 'x'"), std::string::npos);
+  EXPECT_NE(grid_error({"--pass", "bwd", "--page-size", "16"}).find("forward pass only"),
+            std::string::npos);
 }
 
 TEST(TuneGrid, BadValuesNameTheFlag) {
@@ -325,6 +363,57 @@ TEST(TuneCommand, HelpExitsZero) {
   EXPECT_NE(out.find("--devices"), std::string::npos) << out;
   EXPECT_NE(out.find("--pass LIST"), std::string::npos) << out;
   EXPECT_NE(out.find("--deterministic"), std::string::npos) << out;
+}
+
+// `flashjit tune --window --softcap` on the CPU: the choice is stored under the variant key,
+// and `flashjit db ls` names it.
+TEST(TuneCommand, TunesAVariantProblemOnTheCpu) {
+  if (!have_cpu_backend()) GTEST_SKIP() << "built without the CPU backend";
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("flashjit-tune-variant-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string db = (dir / "tuning.db").string();
+  const auto [status, err] = run({"--backend",
+                                  "cpu",
+                                  "--no-isolate",
+                                  "--db",
+                                  db,
+                                  "--head-dims",
+                                  "32",
+                                  "--dtypes",
+                                  "fp32",
+                                  "--seqlens",
+                                  "80",
+                                  "--causal",
+                                  "on",
+                                  "--batch",
+                                  "1",
+                                  "--heads",
+                                  "2",
+                                  "--window",
+                                  "16,0",
+                                  "--softcap",
+                                  "20",
+                                  "--min-time-ms",
+                                  "3",
+                                  "--retime-top",
+                                  "1"});
+  EXPECT_EQ(status, 0) << err;
+  Result<std::unique_ptr<TuningStore>> store = TuningStore::open_read_only(db);
+  ASSERT_TRUE(store.ok()) << store.error().describe();
+  Result<std::vector<TuningStore::Entry>> entries = (*store)->entries();
+  ASSERT_TRUE(entries.ok());
+  ASSERT_EQ(entries->size(), 1u);
+  EXPECT_EQ((*entries)[0].key.variant, "window(16,0) softcap20");
+  EXPECT_TRUE((*entries)[0].current);
+  ::testing::internal::CaptureStdout();
+  EXPECT_EQ(run_db_command({"ls", "--db", db}), 0);
+  const std::string listed = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(listed.find("d32 f32 causal g1 q128 k128 bh2 window(16,0) softcap20"),
+            std::string::npos)
+      << listed;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(TuneCommand, NoDeviceExitsTwo) {

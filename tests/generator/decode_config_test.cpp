@@ -165,7 +165,8 @@ TEST(DecodeConfig, RenderContract) {
   AttentionConfig c{16, 64, 4, 3, KernelFamily::Decode};
   Result<KernelSource> a = render_cuda_attention(paged, c);
   ASSERT_TRUE(a.ok()) << a.error().message;
-  EXPECT_EQ(a->entries, (std::vector<std::string>{kDecodeSplitEntry, kDecodeCombineEntry}));
+  // One entry on a GPU: the tile's last split combines (no combine kernel).
+  EXPECT_EQ(a->entries, (std::vector<std::string>{kDecodeSplitEntry}));
   EXPECT_NE(a->text.find("/*page_size=*/32"), std::string::npos);
   // The split count is not in the source: one binary serves every split choice of a tile.
   c.splits = 8;

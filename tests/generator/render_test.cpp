@@ -71,6 +71,13 @@ TEST(Render, TemplatesAreEmbeddedAndVersioned) {
   // Rows of variant problems: the whole templates (variant code included), another version.
   EXPECT_NE(variant_generator_version_of("cuda|"), cuda);
   EXPECT_EQ(variant_generator_version_of("fake|Fake GPU"), generator_version());
+  // Rows a decode config may serve: the plain templates with the decode family's (which the
+  // prefill version leaves out: a change to decode kernels leaves prefill rows current).
+  for (const char* backend : {"cuda|", "cpu|"}) {
+    EXPECT_NE(decode_generator_version_of(backend), generator_version_of(backend)) << backend;
+    EXPECT_NE(decode_generator_version_of(backend), variant_generator_version_of(backend));
+  }
+  EXPECT_EQ(decode_generator_version_of("fake|Fake GPU"), generator_version());
 }
 
 TEST(Render, PlainKernelTextDropsTheVariantBranchesOnly) {

@@ -121,12 +121,28 @@ TEST(Variant, KeyNamesEverythingCompiledIn) {
   const AttentionProblem plain = problem_with(Variant());
   EXPECT_EQ(ProblemSignature::of(plain).variant, "");
   EXPECT_EQ(ProblemKey::of(plain).to_string(), "d128 bf16 causal g4 q1024 k1024 bh16");
-  EXPECT_TRUE(ProblemKey::of(plain).is_stored());
+  EXPECT_EQ(ProblemKey::of(plain).generator_version("cuda|"), generator_version_of("cuda|"));
   const AttentionProblem windowed = problem_with(v);
   EXPECT_FALSE(ProblemSignature::of(windowed) == ProblemSignature::of(plain));
   EXPECT_EQ(ProblemKey::of(windowed).to_string(),
             "d128 bf16 causal g4 q1024 k1024 bh16 window(1024,0) softcap50 alibi prefix7");
-  EXPECT_FALSE(ProblemKey::of(windowed).is_stored());  // not a DB column yet: the default
+  // A variant key's rows are stamped with the variant templates' version.
+  EXPECT_EQ(ProblemKey::of(windowed).generator_version("cuda|"),
+            variant_generator_version_of("cuda|"));
+  // A key a decode config may serve (at most 16 queries, or a paged cache), with the version of
+  // the plain templates and the decode family's; a backward one never.
+  AttentionProblem decode = problem_with(Variant());
+  decode.seqlen_q = 1;
+  EXPECT_TRUE(ProblemKey::of(decode).may_run_decode());
+  EXPECT_EQ(ProblemKey::of(decode).generator_version("cuda|"),
+            decode_generator_version_of("cuda|"));
+  decode.pass = Pass::Backward;
+  EXPECT_FALSE(ProblemKey::of(decode).may_run_decode());
+  EXPECT_EQ(ProblemKey::of(decode).generator_version("cuda|"), generator_version_of("cuda|"));
+  decode.seqlen_q = 17;
+  decode.pass = Pass::Forward;
+  EXPECT_FALSE(ProblemKey::of(decode).may_run_decode());
+  EXPECT_FALSE(ProblemKey::of(problem_with(v)).may_run_decode());
 }
 
 TEST(Variant, TheCudaPrefillFamiliesAndTheCpuTakeVariants) {

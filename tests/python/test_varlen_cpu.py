@@ -105,7 +105,8 @@ def test_defaults_allocate_and_compute_the_longest_document():
     (dict(max_seqlen_k=0), ["max_seqlen_k = 0"]),
     (dict(layout="bhsd"), ["layout = 'bhsd'"]),
 ], ids=lambda x: repr(x)[:40] if isinstance(x, dict) else None)
-def test_bad_arguments_raise_typed_errors(kwargs, words):
+@pytest.mark.parametrize("entry", ["attention", "config_for"])
+def test_bad_arguments_raise_typed_errors(kwargs, words, entry):
     require_cpu_backend()
     q = k = v = np.zeros((8, 2, 64), np.float16)
     call = dict(cu_seqlens_q=offsets([4, 4]), cu_seqlens_k=offsets([4, 4]), max_seqlen_q=4,
@@ -113,10 +114,27 @@ def test_bad_arguments_raise_typed_errors(kwargs, words):
     call.update(kwargs)
     if call["cu_seqlens_k"] is None:
         call.pop("cu_seqlens_k")
+    if entry == "config_for" and any(word.startswith(("cu_seqlens_q[", "past", "document"))
+                                     for word in words):
+        pytest.skip("the offsets' values are checked when a call runs, not by config_for")
     with pytest.raises(flashjit.InvalidArgumentError) as error:
-        flashjit.attention(q, k, v, **call)
+        getattr(flashjit, entry)(q, k, v, **call)
     for word in words:
         assert word in str(error.value)
+
+
+def test_config_for_names_the_config_the_documents_run():
+    require_cpu_backend()
+    rng = np.random.default_rng(seed("varlen-config-for"))
+    q = rng.standard_normal((30, 2, 64)).astype(np.float32)
+    k = v = rng.standard_normal((25, 2, 64)).astype(np.float32)
+    cu_q, cu_k = offsets([10, 20]), offsets([5, 20])
+    chosen = flashjit.config_for(q, k, v, causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    assert chosen["device"] == "cpu" and "varlen" in chosen["problem"], chosen
+    assert chosen["source"] in ("default", "exact", "nearest"), chosen
+    out = flashjit.attention(q, k, v, causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                             config=chosen["config"])
+    assert relative_error(out, reference(q, k, v, cu_q, cu_k, True)[0]) < 1e-4
 
 
 def test_four_axis_arrays_are_refused():

@@ -189,6 +189,46 @@ TEST_F(CudaDecode, DefaultsOfOtherGroupsMatchTheReference) {
   }
 }
 
+// The split counters of the fused combine (zero before and after every launch) when the calls'
+// workspace layouts change: one kernel (5 splits) over problems of batch 2, 8, 2, 8, 3 on its
+// cached per-stream workspace (a call whose counters sit where an earlier call wrote partials
+// must zero them first; one whose layout repeats the last call's must not need to), then twice on
+// a caller's workspace full of 0xFF bytes (zeroed by every call).
+TEST_F(CudaDecode, SplitCountersHoldAcrossLayoutsAndCallerWorkspaces) {
+  const Backend& backend = *ft::gpu_backend();
+  const ft::TestCache cache;
+  AttentionConfig config{16, 64, 4, 3, KernelFamily::Decode};
+  config.splits = 5;
+  auto inputs_of = [](int64_t batch, uint64_t seed) {
+    const AttentionProblem p =
+        AttentionProblem::make(batch, 32, 8, 1, 3000, 128, DType::BF16, false);
+    std::vector<int32_t> lengths(static_cast<size_t>(batch));
+    for (int64_t b = 0; b < batch; ++b) lengths[b] = static_cast<int32_t>(3000 - 371 * b);
+    return ft::make_decode_inputs(p, lengths, 16, seed);
+  };
+  Result<std::shared_ptr<Kernel>> kernel =
+      build_kernel(backend, cache.get(), inputs_of(2, 1).problem, config);
+  ASSERT_TRUE(kernel.ok()) << kernel.error().describe();
+  uint64_t seed = 40;
+  for (int64_t batch : {2, 8, 2, 8, 3}) {
+    const ft::DecodeInputs d = inputs_of(batch, seed++);
+    ASSERT_EQ(decode_splits(config, d.problem, backend.device()), 5);
+    EXPECT_TRUE(run_and_check(backend, **kernel, d)) << "batch " << batch;
+  }
+  for (int call = 0; call < 2; ++call) {
+    Result<Prepared> prepared = prepare(backend, inputs_of(4, seed++));
+    ASSERT_TRUE(prepared.ok()) << prepared.error().describe();
+    const size_t bytes = (*kernel)->workspace_bytes(prepared->inputs.problem);
+    ASSERT_GT(bytes, 0u);
+    Result<DeviceBuffer> workspace = backend.allocate(bytes);
+    ASSERT_TRUE(workspace.ok()) << workspace.error().describe();
+    ASSERT_TRUE(backend.fill_bytes(workspace->get(), 0xFF, bytes).ok());
+    prepared->tensors.args.workspace = workspace->get();
+    prepared->tensors.args.workspace_bytes = bytes;
+    EXPECT_TRUE(run_and_check(backend, **kernel, *prepared)) << "caller workspace, call " << call;
+  }
+}
+
 // The driver's graph API, resolved from the libcuda the backend loaded (flashjit itself never
 // captures: the caller does).
 struct GraphApi {
@@ -221,7 +261,7 @@ struct GraphApi {
   }
 };
 
-// A decode call (paged, auto splits: partials and the combine kernel through the kernel's own
+// A decode call (paged, auto splits: partials and the fused combine through the kernel's own
 // workspace) captured in a CUDA graph once, then replayed with new block tables and lengths
 // written into the same device buffers: every replay matches the reference of its inputs.
 TEST_F(CudaDecode, GraphCaptureReplaysWithNewBlockTablesAndLengths) {

@@ -1,7 +1,7 @@
 // Tuning DBs of schema version 1 (written by the previous release, commit 9131e12: the fixture
-// tests/fixtures/tuning_db_v1.db) opened by this build: migrated in place to version 2 by a
+// tests/fixtures/tuning_db_v1.db) opened by this build: migrated in place to version 3 by a
 // read-write open (every row kept, as a forward row; once, also with concurrent openers in
-// several processes; atomically), read as they are by a read-only open, merged into a version-2
+// several processes; atomically), read as they are by a read-only open, merged into a version-3
 // DB. A newer version stays an error.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -178,7 +178,7 @@ TEST_F(TuningStoreMigrationTest, ReadWriteOpenMigratesEveryRowAsForward) {
   ASSERT_TRUE(opened.ok()) << opened.error().describe();
   TuningStore& store = **opened;
 
-  EXPECT_EQ(schema_version_of(path), "2");
+  EXPECT_EQ(schema_version_of(path), "3");
   EXPECT_EQ(contents_of(path), before);  // no row lost, added or changed
   for (const char* table : {"results", "choices", "recorded_problems"}) {
     EXPECT_EQ(passes_in(path, table), std::vector<std::string>{"fwd 0"}) << table;
@@ -248,7 +248,7 @@ TEST_F(TuningStoreMigrationTest, ReadWriteOpenMigratesEveryRowAsForward) {
   ASSERT_TRUE(again.ok()) << again.error().describe();
   EXPECT_EQ(query(path, "PRAGMA schema_version"), cookie);
   EXPECT_EQ(contents_of(path), migrated);
-  EXPECT_EQ(schema_version_of(path), "2");
+  EXPECT_EQ(schema_version_of(path), "3");
   EXPECT_EQ((*again)->entries()->size(), before.choices.size() + 1);
 }
 
@@ -351,7 +351,7 @@ TEST_F(TuningStoreMigrationTest, ReadOnlyOpenServesTheForwardRowsWithoutMigratin
   // version-2 pass column wins over the view's literal), backward rows included.
   Result<std::unique_ptr<TuningStore>> writer = TuningStore::open(path);
   ASSERT_TRUE(writer.ok()) << writer.error().describe();
-  EXPECT_EQ(schema_version_of(path), "2");
+  EXPECT_EQ(schema_version_of(path), "3");
   ProblemKey backward_key = fixture_choices.front().key;
   backward_key.pass = Pass::Backward;
   TuneChoice backward_choice;
@@ -471,7 +471,7 @@ TEST_F(TuningStoreMigrationTest, ConcurrentOpenersMigrateOnceAndLoseNoRow) {
           << "round " << round << ": an opener failed (3 open, 4 entries, 5 record, 6 choose)";
     }
     EXPECT_EQ(query(path, "PRAGMA integrity_check"), std::vector<std::string>{"ok"});
-    EXPECT_EQ(schema_version_of(path), "2");
+    EXPECT_EQ(schema_version_of(path), "3");
     // The fixture's rows exactly once (the primary keys forbid duplicates, and the counts show
     // none was lost), plus one backward result and choice per opener.
     const std::string count = "SELECT count(*) FROM ";
@@ -501,7 +501,7 @@ TEST_F(TuningStoreMigrationTest, AFailedMigrationLeavesTheVersion1FileIntact) {
   Result<std::unique_ptr<TuningStore>> failed = TuningStore::open(path);
   ASSERT_FALSE(failed.ok());
   EXPECT_EQ(failed.error().code, ErrorCode::IoError);
-  EXPECT_NE(failed.error().message.find("migrating schema version 1 to 2"), std::string::npos)
+  EXPECT_NE(failed.error().message.find("migrating schema version 1 to 3"), std::string::npos)
       << failed.error().message;
   EXPECT_NE(failed.error().message.find(path.string()), std::string::npos);
   // Rolled back as a whole: version 1, every table and row as before.
@@ -515,22 +515,22 @@ TEST_F(TuningStoreMigrationTest, AFailedMigrationLeavesTheVersion1FileIntact) {
   query(path, "DROP TABLE choices_v1");
   Result<std::unique_ptr<TuningStore>> opened = TuningStore::open(path);
   ASSERT_TRUE(opened.ok()) << opened.error().describe();
-  EXPECT_EQ(schema_version_of(path), "2");
+  EXPECT_EQ(schema_version_of(path), "3");
   EXPECT_EQ(contents_of(path), before);
 }
 
 TEST_F(TuningStoreMigrationTest, ANewerVersionStaysAnErrorAndIsNotTouched) {
   const fs::path path = copy_fixture();
-  query(path, "UPDATE meta SET value = '3' WHERE key = 'schema_version'");
+  query(path, "UPDATE meta SET value = '4' WHERE key = 'schema_version'");
   const Contents before = contents_of(path);
   const std::vector<std::string> cookie = query(path, "PRAGMA schema_version");
 
   Result<std::unique_ptr<TuningStore>> read_write = TuningStore::open(path);
   ASSERT_FALSE(read_write.ok());
   EXPECT_EQ(read_write.error().code, ErrorCode::Unsupported);
-  EXPECT_NE(read_write.error().message.find("'3'"), std::string::npos)
+  EXPECT_NE(read_write.error().message.find("'4'"), std::string::npos)
       << read_write.error().message;
-  EXPECT_NE(read_write.error().message.find("1 and 2"), std::string::npos)
+  EXPECT_NE(read_write.error().message.find("1 to 3"), std::string::npos)
       << read_write.error().message;
   Result<std::unique_ptr<TuningStore>> read_only = TuningStore::open_read_only(path);
   ASSERT_FALSE(read_only.ok());
@@ -544,7 +544,7 @@ TEST_F(TuningStoreMigrationTest, ANewerVersionStaysAnErrorAndIsNotTouched) {
   EXPECT_NE(merged.error().message.find(path.string()), std::string::npos);
   EXPECT_TRUE((*target)->entries()->empty());
 
-  EXPECT_EQ(schema_version_of(path), "3");
+  EXPECT_EQ(schema_version_of(path), "4");
   EXPECT_EQ(query(path, "PRAGMA schema_version"), cookie);
   EXPECT_EQ(contents_of(path), before);
 }

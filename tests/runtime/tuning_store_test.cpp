@@ -1,6 +1,8 @@
 // The tuning store (SQLite): schema, round trips, buckets, the pass in the key, nearest selection,
 // staleness, merge, read-only and corrupt files, durability across kill -9 and concurrent writer
-// processes. Version-1 files (migration, read-only, merge): tuning_store_migration_test.cpp.
+// processes. Version-1 files (migration, read-only, merge): tuning_store_migration_test.cpp;
+// version-2 files: tuning_store_migration_v2_test.cpp; variant and K/V layout keys:
+// tuning_store_variant_test.cpp.
 #include "runtime/tuning_store.hpp"
 
 #include <gtest/gtest.h>
@@ -203,7 +205,7 @@ TEST_F(TuningStoreTest, SchemaIsReadableWithPlainSqlite) {
   EXPECT_EQ(query(path, "SELECT name FROM sqlite_master WHERE type = 'view'"),
             std::vector<std::string>{"best_configs"});
   EXPECT_EQ(query(path, "SELECT value FROM meta WHERE key = 'schema_version'"),
-            std::vector<std::string>{"2"});
+            std::vector<std::string>{"3"});
   EXPECT_EQ(query(path, "PRAGMA journal_mode"), std::vector<std::string>{"wal"});
 
   EXPECT_EQ(query(path, "SELECT count(*) FROM results"), std::vector<std::string>{"2"});

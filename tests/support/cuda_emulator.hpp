@@ -103,6 +103,15 @@ inline float __uint_as_float(unsigned bits) {
   std::memcpy(&value, &bits, sizeof value);
   return value;
 }
+// Every thread of the emulation runs on one host thread, one at a time: these are trivially
+// atomic, fences order nothing that is not ordered already, and there is no L1 to bypass.
+inline int atomicAdd(int* address, int value) {
+  const int old = *address;
+  *address = old + value;
+  return old;
+}
+inline void __threadfence() {}
+inline float __ldcg(const float* address) { return *address; }
 struct alignas(16) float4 {
   float x, y, z, w;
 };

@@ -64,5 +64,9 @@ std::vector<DeviceFingerprint> devices_of(const fs::path& path) {
 }
 
 fs::path tuning_db_v1_fixture() { return fs::path(FLASHJIT_TEST_FIXTURES_DIR) / "tuning_db_v1.db"; }
+fs::path shipped_tuning_db_dir() {
+  return fs::path(FLASHJIT_TEST_FIXTURES_DIR).parent_path().parent_path() / "data" / "tuning";
+}
+fs::path tuning_db_v2_fixture() { return fs::path(FLASHJIT_TEST_FIXTURES_DIR) / "tuning_db_v2.db"; }
 
 }  // namespace flashjit::testing

@@ -1,6 +1,7 @@
 // Tuning-DB helpers for tests: plain-SQL access to a DB file (to check what the store wrote, or
 // to set up a file as another program would have), the devices a file holds, and the fixture
-// written by the previous release (tests/fixtures/tuning_db_v1.db, see tests/fixtures/README.md).
+// written by older releases (tests/fixtures/tuning_db_v1.db and _v2.db, see
+// tests/fixtures/README.md).
 #pragma once
 
 #include <filesystem>
@@ -23,5 +24,11 @@ std::vector<DeviceFingerprint> devices_of(const std::filesystem::path& path);
 // `flashjit tune` and `flashjit run` of commit 9131e12 on the CPU backend. Copy it before
 // opening it read-write (that migrates it).
 std::filesystem::path tuning_db_v1_fixture();
+// tests/fixtures/tuning_db_v2.db: a schema-version-2 DB (forward and backward rows, no K/V
+// layout or variant columns) of the decode branch at commit 8af5e71. Copy it before opening it
+// read-write.
+std::filesystem::path tuning_db_v2_fixture();
+// data/tuning in the source tree: the text form of the shipped tuning DBs (*.sql).
+std::filesystem::path shipped_tuning_db_dir();
 
 }  // namespace flashjit::testing

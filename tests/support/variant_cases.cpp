@@ -1,7 +1,13 @@
 // See variant_cases.hpp.
 #include "support/variant_cases.hpp"
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
 #include <cmath>
+#include <limits>
+
+#include "support/reference.hpp"
 
 namespace flashjit::testing {
 
@@ -95,6 +101,60 @@ void poison_keys(const AttentionProblem& problem, HostInputs& inputs, int64_t be
         set_element(inputs.k.data(), k_at, NAN, problem.dtype);
         set_element(inputs.v.data(), v_at, NAN, problem.dtype);
       }
+}
+
+namespace {
+
+struct VarlenCase {
+  std::vector<int64_t> q, k;  // rows of each document
+  int64_t spare;              // rows past the last document
+};
+
+AttentionProblem varlen_problem(const VarlenCase& c, int64_t heads_q, int64_t heads_kv,
+                                int head_dim, DType dtype) {
+  int64_t max_q = 1, max_k = 1, total_q = c.spare, total_k = c.spare;
+  for (size_t b = 0; b < c.q.size(); ++b) {
+    max_q = std::max(max_q, c.q[b]);
+    max_k = std::max(max_k, c.k[b]);
+    total_q += c.q[b];
+    total_k += c.k[b];
+  }
+  AttentionProblem p =
+      AttentionProblem::make_varlen(static_cast<int64_t>(c.q.size()), heads_q, heads_kv, max_q,
+                                    max_k, total_q, total_k, head_dim, dtype, true);
+  p.variant.window_left = kVarlenEmulationWindowLeft;
+  return p;
+}
+
+}  // namespace
+
+AttentionProblem varlen_emulation_problem(DType dtype, int head_dim) {
+  return varlen_problem({{1}, {1}, 0}, 1, 1, head_dim, dtype);
+}
+
+void check_varlen_emulation(DType dtype, int head_dim, const VarlenRun& run) {
+  const VarlenCase cases[] = {
+      {{1}, {1}, 0},
+      // 17 queries of 5 keys (rows that see none), empty documents, more keys than queries.
+      {{17, 0, 3, 100, 1}, {5, 4, 0, 130, 1}, 9},
+      {{70, 40}, {40, 70}, 3},
+  };
+  uint64_t seed = 3;
+  for (const VarlenCase& c : cases)
+    for (const auto& [heads_q, heads_kv] : {std::pair<int64_t, int64_t>{2, 2}, {4, 1}}) {
+      const AttentionProblem problem = varlen_problem(c, heads_q, heads_kv, head_dim, dtype);
+      ASSERT_TRUE(validate(problem).ok()) << validate(problem).error().describe();
+      HostInputs inputs = random_inputs(problem, seed++);
+      inputs.cu_seqlens_q = cu_seqlens_of(c.q);
+      inputs.cu_seqlens_k = cu_seqlens_of(c.k);
+      poison_keys(problem, inputs, inputs.cu_seqlens_k.back(), problem.variant.total_k);
+      std::vector<uint16_t> o(problem.o_span(), kPoisonBits);
+      std::vector<float> lse(problem.lse_elements(), std::numeric_limits<float>::quiet_NaN());
+      ASSERT_EQ(run(problem, inputs, &o, &lse), "") << problem.to_string();
+      const Comparison result = compare(problem, o, lse, reference_attention(problem, inputs));
+      EXPECT_TRUE(matches_reference(result)) << problem.to_string();
+      EXPECT_EQ(result.o_padding_written, 0) << problem.to_string();
+    }
 }
 
 }  // namespace flashjit::testing

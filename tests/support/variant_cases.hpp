@@ -2,6 +2,9 @@
 // and combinations, with the host versions of their user expressions for the fp64 reference.
 #pragma once
 
+#include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "generator/problem.hpp"
@@ -29,5 +32,19 @@ VariantCase emulated_variant(bool with_mask_mod);
 // Sets keys [begin, end) of k and v to NaN in every key/value head: the keys of blocks no query
 // sees, so that a kernel that loads such a block fails its comparison.
 void poison_keys(const AttentionProblem& problem, HostInputs& inputs, int64_t begin, int64_t end);
+
+// The CUDA varlen emulation tests (mma and wgmma): packed documents of 1, 17, ~100 rows, empty
+// ones, seqlen_q != seqlen_k both ways, spare rows past the last document, under GQA 2:2 and
+// 4:1, causal with the sliding window (30, -1) (the diagonal and the band per document) that
+// those tests compile in (kVarlenEmulationWindowLeft). `run` launches the emulated kernel on a
+// problem: o comes poisoned, so every document row must be written and the spare rows left
+// alone; the spare key rows are NaN, so a tile that reads past its document fails. It returns
+// the emulator's error ("" when it ran).
+inline constexpr int kVarlenEmulationWindowLeft = 30;
+using VarlenRun = std::function<std::string(const AttentionProblem&, const HostInputs&,
+                                            std::vector<uint16_t>* o, std::vector<float>* lse)>;
+// One problem of the cases above (the first: a single document of one row), for the defines check.
+AttentionProblem varlen_emulation_problem(DType dtype, int head_dim);
+void check_varlen_emulation(DType dtype, int head_dim, const VarlenRun& run);
 
 }  // namespace flashjit::testing

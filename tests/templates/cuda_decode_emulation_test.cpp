@@ -1,14 +1,15 @@
-// The CUDA decode template (templates/cuda/decode.cuh: split kernel + combine kernel, GQA
+// The CUDA decode template (templates/cuda/decode.cuh: the split kernel and its fused combine, GQA
 // packing, paged or contiguous K/V) run on the host through the CUDA emulation
 // (tests/support/cuda_emulator.hpp) against the fp64 reference, on configs chosen to cover every
 // code path: block_m 16 and 32, 2/4/8 warps (their merge), 2-4 stages, block_n 32..128, bf16 and
 // fp16, causal or not, contiguous and paged (16, 32, 256 keys per page), a padded head dim (72)
-// and d 256; splits 1 (direct write), 3 and auto (the combine kernel, empty splits), lengths 0, 1,
+// and d 256; splits 1 (direct write), 3 and auto (the combine, empty splits), lengths 0, 1,
 // page_size +- 1, GQA 1:1 to 8:1, seqlen_q 1 to 16 and a chunked prefill. Every key and page the
 // kernel must not read is NaN (tests/support/decode_cases.hpp), outputs are poisoned and guarded.
 // No GPU needed: runs in CI.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -36,8 +37,10 @@ namespace ft = ::flashjit::testing;
 
 constexpr size_t kGuardElements = 64;
 
-// The decode launch sequence (render_decode.hpp's contract, as runtime/decode_launch.hpp
-// launches it on a GPU): the split kernel, then with more than one split the combine kernel.
+// The decode launch (render_decode.hpp's contract, as runtime/decode_launch.hpp launches it on a
+// GPU): the split counters zeroed (the workspace is NaN besides), then the split kernel, whose
+// last split per tile combines. The counters must be zero again after it (a CUDA graph replays the
+// launch as it is).
 template <class K>
 std::string run_decode(const ft::DecodeInputs& d, const AttentionConfig& config, int splits,
                        std::vector<uint16_t>* o_out, std::vector<float>* lse_out) {
@@ -45,8 +48,7 @@ std::string run_decode(const ft::DecodeInputs& d, const AttentionConfig& config,
   std::vector<uint16_t> o(p.o_span() + kGuardElements, ft::kPoisonBits);
   std::vector<float> lse(p.lse_elements() + kGuardElements, -1.f);
   std::fill(lse.begin(), lse.begin() + p.lse_elements(), std::numeric_limits<float>::quiet_NaN());
-  const DecodeLaunch launch =
-      decode_launch(p, config, splits, {K::kThreads, K::kSmemBytes}, {kDecodeCombineThreads, 0});
+  const DecodeLaunch launch = decode_launch(p, config, splits, {K::kThreads, K::kSmemBytes});
   std::vector<float> workspace(launch.workspace.bytes / sizeof(float) + 64,
                                std::numeric_limits<float>::quiet_NaN());
   AttentionArgs args{d.inputs.q.data(), d.inputs.k.data(), d.inputs.v.data(), o.data(), lse.data()};
@@ -56,6 +58,13 @@ std::string run_decode(const ft::DecodeInputs& d, const AttentionConfig& config,
   auto* base = reinterpret_cast<unsigned char*>(workspace.data());
   base += (256 - reinterpret_cast<uintptr_t>(base) % 256) % 256;
   bind_decode(params, p, args, launch.workspace, base);
+  int32_t* counters = reinterpret_cast<int32_t*>(base + launch.workspace.counters_offset);
+  const size_t counter_count = launch.workspace.counter_bytes / sizeof(int32_t);
+  if (splits > 1 && reinterpret_cast<const unsigned char*>(counters) !=
+                        reinterpret_cast<const unsigned char*>(params.partial_lse +
+                                                               splits * launch.workspace.rows))
+    return "the counters are not where the kernel looks for them";
+  std::fill(counters, counters + counter_count, 0);
   ft::clear_globals();
   for (const std::vector<uint16_t>* tensor : {&d.inputs.q, &d.inputs.k, &d.inputs.v})
     ft::register_global(tensor->data(), tensor->size() * sizeof(uint16_t));
@@ -66,13 +75,9 @@ std::string run_decode(const ft::DecodeInputs& d, const AttentionConfig& config,
   std::string error = ft::emulate_cuda(grid, K::kThreads, K::kSmemBytes,
                                        [&] { flashjit_kernel::decode_split<K>(params); });
   if (!error.empty()) return "split kernel: " + error;
-  if (launch.combine.grid_x > 0) {
-    const ft::CudaGrid rows{static_cast<int>(launch.combine.grid_x), 1, 1};
-    error = ft::emulate_cuda(rows, kDecodeCombineThreads, 0, [&] {
-      flashjit_kernel::decode_combine<K::kHeadDim, K::kIsBf16>(params);
-    });
-    if (!error.empty()) return "combine kernel: " + error;
-  }
+  for (size_t i = 0; i < counter_count; ++i)
+    if (counters[i] != 0)
+      return "split counter " + std::to_string(i) + " left at " + std::to_string(counters[i]);
   for (size_t i = p.o_span(); i < o.size(); ++i)
     if (o[i] != ft::kPoisonBits) return "o written past its span";
   for (size_t i = p.lse_elements(); i < lse.size(); ++i)
@@ -162,7 +167,7 @@ TEST_P(CudaDecodeEmulation, MatchesTheFp64Reference) {
     EXPECT_EQ(budget.threads, c.threads) << c.name();
     const ft::Reference reference = ft::decode_reference(d);
     // 1: the split kernel writes o; 3: three ranges (some empty for short sequences) merged by
-    // the combine kernel; auto on an H100 (132 SMs): as many as the keys' blocks allow.
+    // the last of each tile; auto on an H100 (132 SMs): as many as the keys' blocks allow.
     for (int splits : {1, 3, decode_splits(c.config, d.problem, 132, 2)}) {
       AttentionConfig config = c.config;
       config.splits = splits;

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "generator/config.hpp"
@@ -200,11 +201,13 @@ TEST(CudaVariantCompile, EveryVariantCompilesWithoutNewSpills) {
   }
 }
 
-// Packed variable-length documents (varlen): the mma family's attention_forward_varlen compiles
-// for sm80 at the default and the register-heaviest tile, alone and with a window + softcap,
-// spilling no more than the plain kernel of the same tile; on sm90 the wgmma and -ws families
-// refuse it (Unsupported), so that the legal configs and the default are mma ones.
-TEST(CudaVariantCompile, VarlenCompilesWithoutNewSpillsOnTheMmaFamilyOnly) {
+// Packed variable-length documents (varlen): the mma family's attention_forward_varlen (sm80) and
+// the wgmma family's attention_forward_sm90_varlen (sm90a) compile at the default and the
+// register-heaviest tile, alone and with a window + softcap, spilling no more than the plain
+// kernel of the same tile, with no stack frame for the document's copy of the params and (wgmma)
+// no serialized wgmma; the -ws family refuses it (Unsupported), so that on sm90 the legal configs
+// are mma and wgmma ones and the default a wgmma one.
+TEST(CudaVariantCompile, VarlenCompilesWithoutNewSpillsOnTheMmaAndWgmmaFamilies) {
   const AttentionProblem plain =
       AttentionProblem::make(1, 16, 16, 4096, 4096, 128, DType::BF16, /*causal=*/true);
   AttentionProblem varlen = AttentionProblem::make_varlen(8, 16, 16, 4096, 4096, 20000, 20000, 128,
@@ -213,47 +216,57 @@ TEST(CudaVariantCompile, VarlenCompilesWithoutNewSpillsOnTheMmaFamilyOnly) {
   windowed.variant.window_left = 1024;
   windowed.variant.softcap = 30.f;
   const DeviceSpec sm80 = known_device("sm80").value();
-  std::vector<AttentionConfig> tiles = tiles_of(varlen, sm80, KernelFamily::Mma);
-  ASSERT_FALSE(tiles.empty());
+  const DeviceSpec sm90 = known_device("sm90").value();
   std::vector<Job> jobs;
-  for (const AttentionConfig& tile : tiles) {
-    jobs.push_back({"plain", plain, tile, 80});
-    jobs.push_back({"varlen", varlen, tile, 80});
-    jobs.push_back({"varlen_window_softcap", windowed, tile, 80});
+  for (const auto& [device, family, arch] :
+       {std::tuple{sm80, KernelFamily::Mma, 80}, std::tuple{sm90, KernelFamily::Wgmma, 90}}) {
+    const std::vector<AttentionConfig> tiles = tiles_of(varlen, device, family);
+    ASSERT_FALSE(tiles.empty()) << "sm" << arch;
+    for (const AttentionConfig& tile : tiles) {
+      jobs.push_back({"plain", plain, tile, arch});
+      jobs.push_back({"varlen", varlen, tile, arch});
+      jobs.push_back({"varlen_window_softcap", windowed, tile, arch});
+    }
   }
   std::vector<std::string> errors(jobs.size());
   const std::vector<Outcome> outcomes = testing::parallel_map<Outcome>(
       jobs.size(), [&](size_t i) { return compile(jobs[i], &errors[i]); });
   for (size_t i = 0; i < jobs.size(); ++i) {
-    const std::string where = jobs[i].label + " " + jobs[i].config.to_string();
+    const std::string where =
+        jobs[i].label + " sm" + std::to_string(jobs[i].arch) + " " + jobs[i].config.to_string();
     ASSERT_EQ(errors[i], "") << where;
     ASSERT_GE(outcomes[i].report.spill_store_bytes, 0) << where << ": no ptxas report";
     const cuda::PtxasReport& base = outcomes[i / 3 * 3].report;
     EXPECT_LE(outcomes[i].report.spill_store_bytes, base.spill_store_bytes) << where;
     // The document's copy of the parameters lives in registers, not in a stack frame.
     EXPECT_LE(outcomes[i].report.stack_frame_bytes, base.stack_frame_bytes) << where;
+    EXPECT_FALSE(outcomes[i].wgmma_serialized) << where << ": ptxas serialized the wgmmas";
     std::printf(
-        "  %-22s sm80 %-14s %3d registers, %3d bytes spilled, %3d stack (plain: %3d, %3d, "
+        "  %-22s sm%d %-16s %3d registers, %3d bytes spilled, %3d stack (plain: %3d, %3d, "
         "%3d)\n",
-        jobs[i].label.c_str(), jobs[i].config.to_string().c_str(), outcomes[i].report.registers,
-        outcomes[i].report.spill_store_bytes, outcomes[i].report.stack_frame_bytes, base.registers,
-        base.spill_store_bytes, base.stack_frame_bytes);
+        jobs[i].label.c_str(), jobs[i].arch, jobs[i].config.to_string().c_str(),
+        outcomes[i].report.registers, outcomes[i].report.spill_store_bytes,
+        outcomes[i].report.stack_frame_bytes, base.registers, base.spill_store_bytes,
+        base.stack_frame_bytes);
   }
-  Result<KernelSource> source = render_cuda_attention(varlen, tiles.front());
-  ASSERT_TRUE(source.ok());
-  EXPECT_NE(source->text.find("attention_forward_varlen<Config>(params)"), std::string::npos);
+  for (const Job& job : jobs) {
+    if (job.label == "plain") continue;
+    Result<KernelSource> source = render_cuda_attention(job.problem, job.config);
+    ASSERT_TRUE(source.ok());
+    const char* entry = job.arch == 90 ? "attention_forward_sm90_varlen<Config>(params)"
+                                       : "attention_forward_varlen<Config>(params)";
+    EXPECT_NE(source->text.find(entry), std::string::npos) << job.config.to_string();
+  }
 
-  const DeviceSpec sm90 = known_device("sm90").value();
-  for (const char* name : {"m128n64w8s2-wgmma", "m128n128w12s2-ws-pp-persist"}) {
-    const Status refused = check_config(AttentionConfig::parse(name).value(), varlen, sm90);
-    ASSERT_FALSE(refused.ok()) << name;
-    EXPECT_EQ(refused.error().code, ErrorCode::Unsupported) << name;
-    EXPECT_NE(refused.error().message.find("varlen"), std::string::npos) << refused.error().message;
-  }
+  const Status refused =
+      check_config(AttentionConfig::parse("m128n128w12s2-ws-pp-persist").value(), varlen, sm90);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, ErrorCode::Unsupported);
+  EXPECT_NE(refused.error().message.find("varlen"), std::string::npos) << refused.error().message;
   const std::vector<AttentionConfig> legal = legal_configs(varlen, sm90);
   ASSERT_FALSE(legal.empty());
-  for (const AttentionConfig& c : legal) EXPECT_EQ(c.family, KernelFamily::Mma) << c.to_string();
-  EXPECT_EQ(default_config(varlen, sm90).value().family, KernelFamily::Mma);
+  for (const AttentionConfig& c : legal) EXPECT_NE(c.family, KernelFamily::Ws) << c.to_string();
+  EXPECT_EQ(default_config(varlen, sm90).value().family, KernelFamily::Wgmma);
 }
 
 TEST(CudaVariantCompile, AnExpressionThatDoesNotCompileIsQuoted) {

@@ -1,0 +1,20 @@
+// The variant prelude the generator renders for ft::varlen_emulation_problem()
+// (tests/support/variant_cases.hpp: packed documents, causal, window (30, -1)) for the CUDA varlen
+// host emulation tests (mma and wgmma): include it where the renderer puts the prelude (after
+// templates/attention_params.h and the emulator). templates_cuda_varlen_emulation_test checks that
+// render_variant_prelude() gives these lines.
+#pragma once
+
+// clang-format off
+#define FLASHJIT_VARIANT 1
+#define FLASHJIT_VARIANT_CAUSAL 1
+#define FLASHJIT_VARIANT_WINDOW_LEFT (30)
+#define FLASHJIT_VARIANT_WINDOW_RIGHT (-1)
+#define FLASHJIT_VARIANT_PREFIX 0
+#define FLASHJIT_VARIANT_ALIBI 0
+#define FLASHJIT_VARIANT_SCORE_MOD 0
+#define FLASHJIT_VARIANT_MASK_MOD 0
+#define FLASHJIT_VARIANT_VARLEN 1
+#include "templates/attention_common.h"
+#include "templates/attention_variant.h"
+// clang-format on
