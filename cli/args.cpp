@@ -70,6 +70,9 @@ std::vector<Flag> problem_flags() {
        "(e.g. 'score - 0.1f * abs(q_idx - kv_idx)')"},
       {"mask-mod", "EXPR",
        "a C++ bool expression over batch, head, q_idx, kv_idx: which keys a query sees"},
+      {"score-mod-grad", "EXPR",
+       "with --score-mod and --pass bwd (required there): d score_mod / d score, a C++ float "
+       "expression over the same variables (score: score_mod's input), e.g. '1.0f'"},
       {"docs", "L1,L2,...",
        "packed variable-length documents (cu_seqlens) of these lengths, queries and keys alike "
        "(replaces --batch and --seqlen: num_docs, the longest, the total); run times documents "
@@ -257,6 +260,7 @@ Status apply_variant_flags(const ParsedFlags& flags, Variant& variant) {
   }
   if (auto text = flags.get("score-mod")) variant.score_mod = *text;
   if (auto text = flags.get("mask-mod")) variant.mask_mod = *text;
+  if (auto text = flags.get("score-mod-grad")) variant.score_mod_grad = *text;
   return ok_status();
 }
 

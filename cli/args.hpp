@@ -64,7 +64,8 @@ inline constexpr int kDefaultHeadDim = 128;
 // the gradients too). Flag errors name the flag; validation errors come from flashjit::validate.
 Result<AttentionProblem> problem_from_flags(const ParsedFlags& flags);
 
-// --window L,R --softcap C --alibi --prefix P --score-mod EXPR --mask-mod EXPR into `variant`
+// --window L,R --softcap C --alibi --prefix P --score-mod EXPR --mask-mod EXPR
+// --score-mod-grad EXPR into `variant`
 // (the values' ranges are validate()'s to check).
 Status apply_variant_flags(const ParsedFlags& flags, Variant& variant);
 // --page-size N: `problem` reading K/V from a paged cache of N keys a page (enough pages for every

@@ -552,7 +552,8 @@ int run_run(const ParsedFlags& flags) {
   Status filled = fill_for_timing(backend, *problem, *tensors, /*seed=*/1);
   if (!filled.ok()) return report("run", filled.error());
   const AttentionArgs args = tensors->args;
-  const AttentionArgs forward_args{args.q, args.k, args.v, args.o, args.lse};
+  AttentionArgs forward_args{args.q, args.k, args.v, args.o, args.lse};
+  forward_args.alibi_slopes = args.alibi_slopes;  // a variant's forward reads them too
   const Kernel& ready = **kernel;
   auto launch = [&]() -> Status { return ready.launch(*problem, args); };
   auto launch_forward = [&]() -> Status { return forward->launch(forward_problem, forward_args); };

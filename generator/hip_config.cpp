@@ -99,6 +99,10 @@ Status check_hip_config(const AttentionConfig& c, const AttentionProblem& p,
                         const DeviceSpec& device) {
   FLASHJIT_TRY(check_ws_knobs(c));
   if (c.family == KernelFamily::Decode) return check_hip_decode_config(c, p, device);
+  if (p.is_backward() && p.variant.active())
+    return illegal(c,
+                   "attention variants (" + p.variant.key() + ") have no HIP backward template yet",
+                   ErrorCode::Unsupported);
   if (p.is_backward()) return check_hip_backward_config(c, p, device);
   FLASHJIT_TRY(check_hip_dtype(c, p.dtype));
   if (needs_decode_family(p)) return illegal(c, decode_only_reason(p));

@@ -274,8 +274,8 @@ bool is_identifier_char(char c) {
   return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_';
 }
 
-// The variant's fields (window, softcap, prefix, the expressions); forward only, contiguous
-// K/V only (stage 1).
+// The variant's fields (window, softcap, prefix, the expressions); contiguous K/V only; the
+// backward: not of packed documents, a score_mod with its derivative.
 Status check_variant(const AttentionProblem& p) {
   const Variant& v = p.variant;
   auto invalid = [](const std::string& message) {
@@ -293,12 +293,16 @@ Status check_variant(const AttentionProblem& p) {
     return invalid("prefix = " + str(v.prefix) + ": must be in [0, 2^31 - 1]");
   FLASHJIT_TRY(check_variant_expression("score_mod", v.score_mod));
   FLASHJIT_TRY(check_variant_expression("mask_mod", v.mask_mod));
+  FLASHJIT_TRY(check_variant_expression("score_mod_grad", v.score_mod_grad));
+  if (!v.score_mod_grad.empty() && v.score_mod.empty())
+    return invalid("score_mod_grad = \"" + v.score_mod_grad +
+                   "\" without a score_mod: it is the derivative of the score_mod");
   if (!v.active()) return ok_status();
-  if (p.pass != Pass::Forward)
-    return make_error(ErrorCode::Unsupported,
-                      "attention variants (" + v.key() +
-                          ") have a forward kernel only so far: this problem is " +
-                          to_string(p.pass));
+  if (p.pass == Pass::Backward && !v.score_mod.empty() && v.score_mod_grad.empty())
+    return invalid("score_mod = \"" + v.score_mod +
+                   "\" in a backward problem needs score_mod_grad, its derivative d score_mod / "
+                   "d score (same variables; `score` is score_mod's input), e.g. \"1.0f\" for "
+                   "\"score + 0.5f * head\"");
   if (p.kv.paged() || p.kv.seqlens_k)
     return make_error(ErrorCode::Unsupported,
                       "attention variants (" + v.key() +
@@ -333,9 +337,10 @@ Status check_varlen(const AttentionProblem& p) {
       return invalid(std::string(name) + " = " + str(value) +
                      ": must be in [1, 2^31 - 1] (rows of the packed tensor)");
   const std::pair<const char*, const Strides*> tensors[] = {
-      {"q", &p.q_strides}, {"k", &p.k_strides}, {"v", &p.v_strides}, {"o", &p.o_strides}};
+      {"q", &p.q_strides},   {"k", &p.k_strides},   {"v", &p.v_strides},   {"o", &p.o_strides},
+      {"do", &p.do_strides}, {"dq", &p.dq_strides}, {"dk", &p.dk_strides}, {"dv", &p.dv_strides}};
   for (auto [name, strides] : tensors)
-    if (strides->batch != 0)
+    if (strides->batch != 0 && (p.is_backward() || name[0] != 'd'))
       return invalid(std::string(name) + ".batch stride = " + str(strides->batch) +
                      ": must be 0 for packed variable-length documents (a document is a range "
                      "of rows, through the seq stride)");
@@ -423,6 +428,7 @@ std::string Variant::key() const {
   if (prefix > 0) add("prefix" + str(prefix));
   if (!score_mod.empty()) add("score_mod#" + expression_hash(score_mod));
   if (!mask_mod.empty()) add("mask_mod#" + expression_hash(mask_mod));
+  if (!score_mod_grad.empty()) add("score_mod_grad#" + expression_hash(score_mod_grad));
   if (varlen) add("varlen");
   return key;
 }
@@ -443,15 +449,20 @@ int64_t AttentionProblem::o_span() const {
   if (variant.varlen) return span(o_strides, 1, variant.total_q, heads_q, head_dim);
   return span(o_strides, batch, seqlen_q, heads_q, head_dim);
 }
+// Varlen: the gradients and dO are packed like q, k, v.
 int64_t AttentionProblem::do_span() const {
+  if (variant.varlen) return span(do_strides, 1, variant.total_q, heads_q, head_dim);
   return span(do_strides, batch, seqlen_q, heads_q, head_dim);
 }
 int64_t AttentionProblem::dq_span() const {
+  if (variant.varlen) return span(dq_strides, 1, variant.total_q, heads_q, head_dim);
   return span(dq_strides, batch, seqlen_q, heads_q, head_dim);
 }
 int64_t AttentionProblem::dkv_span() const {
-  return std::max(span(dk_strides, batch, seqlen_k, heads_kv, head_dim),
-                  span(dv_strides, batch, seqlen_k, heads_kv, head_dim));
+  const int64_t outer = variant.varlen ? 1 : batch;
+  const int64_t rows = variant.varlen ? variant.total_k : seqlen_k;
+  return std::max(span(dk_strides, outer, rows, heads_kv, head_dim),
+                  span(dv_strides, outer, rows, heads_kv, head_dim));
 }
 
 std::string AttentionProblem::to_string() const {
@@ -508,13 +519,12 @@ Status validate(const AttentionProblem& p) {
   FLASHJIT_TRY(check_strides("o", p.o_strides, q_outer, q_rows, p.heads_q, p.head_dim, true));
   if (p.pass != Pass::Backward) return ok_status();
   // o is an input of the backward pass; the gradients are its outputs.
-  FLASHJIT_TRY(
-      check_strides("do", p.do_strides, p.batch, p.seqlen_q, p.heads_q, p.head_dim, false));
-  FLASHJIT_TRY(check_strides("dq", p.dq_strides, p.batch, p.seqlen_q, p.heads_q, p.head_dim, true));
-  FLASHJIT_TRY(
-      check_strides("dk", p.dk_strides, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, true));
-  FLASHJIT_TRY(
-      check_strides("dv", p.dv_strides, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, true));
+  // (Varlen: packed like q and k.)
+  const int64_t k_outer = varlen ? 1 : p.batch, k_rows = varlen ? p.variant.total_k : p.seqlen_k;
+  FLASHJIT_TRY(check_strides("do", p.do_strides, q_outer, q_rows, p.heads_q, p.head_dim, false));
+  FLASHJIT_TRY(check_strides("dq", p.dq_strides, q_outer, q_rows, p.heads_q, p.head_dim, true));
+  FLASHJIT_TRY(check_strides("dk", p.dk_strides, k_outer, k_rows, p.heads_kv, p.head_dim, true));
+  FLASHJIT_TRY(check_strides("dv", p.dv_strides, k_outer, k_rows, p.heads_kv, p.head_dim, true));
   return ok_status();
 }
 

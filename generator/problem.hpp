@@ -92,10 +92,11 @@ struct KvCache {
 inline constexpr int kMinPageSize = 16;
 inline constexpr int kMaxPageSize = 256;
 
-// Attention variants (issue 17; forward only in stage 1): what changes which keys a query sees
-// and what its scores are. All default: plain attention (active() is false), whose kernels are
-// exactly those of before variants existed. Indices are 0-based positions in the sequence
-// (q_idx in [0, seqlen_q), kv_idx in [0, seqlen_k)); `score` is the scaled score scale * q . k.
+// Attention variants (issue 17; forward, and backward on the CPU and the CUDA mma family): what
+// changes which keys a query sees and what its scores are. All default: plain attention (active()
+// is false), whose kernels are exactly those of before variants existed. Indices are 0-based
+// positions in the sequence (q_idx in [0, seqlen_q), kv_idx in [0, seqlen_k)); `score` is the
+// scaled score scale * q . k.
 //
 // Which keys query i sees (diagonal = seqlen_k - seqlen_q, bottom-right aligned as causal):
 //   visible(i, j) = j < prefix
@@ -128,6 +129,11 @@ struct Variant {
   // (templates/attention_variant.h).
   std::string score_mod;
   std::string mask_mod;
+  // The backward of a score_mod: d score_mod / d score, a float expression over the same
+  // variables (`score` is score_mod's input), e.g. "1.0f" for "score - 0.1f * abs(q_idx -
+  // kv_idx)". Required by a backward problem with a score_mod (the error names it); only with a
+  // score_mod; rendered into backward kernels only (part of key() all the same).
+  std::string score_mod_grad;
   // Packed variable-length documents (flash_attn's varlen convention, issue 17): q and o are
   // (total_q, heads_q, d), k and v (total_k, heads_kv, d), through the seq and head strides (the
   // batch strides must be 0); document b's queries are rows [cu_seqlens_q[b], cu_seqlens_q[b + 1])
@@ -151,7 +157,7 @@ struct Variant {
   // Anything set at all: false for plain attention.
   bool active() const {
     return has_window() || softcap.has_value() || alibi || prefix > 0 || !score_mod.empty() ||
-           !mask_mod.empty() || varlen;
+           !mask_mod.empty() || !score_mod_grad.empty() || varlen;
   }
   // "" for plain attention; else what is compiled into the kernel, e.g. "window(128,0) softcap50
   // alibi prefix16 score_mod#0123456789abcdef mask_mod#... varlen" (a user expression by a

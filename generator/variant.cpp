@@ -62,9 +62,11 @@ Result<std::string> render_variant_prelude(const AttentionProblem& problem) {
   }
   out << "#define FLASHJIT_VARIANT_ALIBI " << (v.alibi ? 1 : 0) << "\n"
       << "#define FLASHJIT_VARIANT_SCORE_MOD " << (v.score_mod.empty() ? 0 : 1) << "\n"
-      << "#define FLASHJIT_VARIANT_MASK_MOD " << (v.mask_mod.empty() ? 0 : 1) << "\n"
-      << "#define FLASHJIT_VARIANT_VARLEN " << (v.varlen ? 1 : 0) << "\n"
-      << header << "\n";
+      << "#define FLASHJIT_VARIANT_MASK_MOD " << (v.mask_mod.empty() ? 0 : 1) << "\n";
+  // The score_mod's derivative: backward kernels only (the forward has no use for it).
+  const bool score_mod_grad = problem.is_backward() && !v.score_mod_grad.empty();
+  if (score_mod_grad) out << "#define FLASHJIT_VARIANT_SCORE_MOD_GRAD 1\n";
+  out << "#define FLASHJIT_VARIANT_VARLEN " << (v.varlen ? 1 : 0) << "\n" << header << "\n";
   if (!v.score_mod.empty() || !v.mask_mod.empty()) {
     out << "// ---- the user's expressions ----\nnamespace flashjit_variant {\n";
     if (!v.score_mod.empty())
@@ -76,6 +78,11 @@ Result<std::string> render_variant_prelude(const AttentionProblem& problem) {
       out << "FLASHJIT_DEVICE bool user_mask_mod(int batch, int head, int q_idx, int kv_idx) {\n"
           << "  return static_cast<bool>(" << one_line(v.mask_mod) << ");  "
           << kVariantExpressionMarker << "mask_mod\n}\n";
+    if (score_mod_grad)
+      out << "FLASHJIT_DEVICE float user_score_mod_grad(float score, int batch, int head, "
+             "int q_idx, int kv_idx) {\n"
+          << "  return static_cast<float>(" << one_line(v.score_mod_grad) << ");  "
+          << kVariantExpressionMarker << "score_mod_grad\n}\n";
     out << "}  // namespace flashjit_variant\n";
   }
   out << "// ---- end of the attention variant ----\n";
@@ -100,6 +107,7 @@ Error explain_variant_compile_error(const AttentionProblem& problem, const std::
   const Variant& v = problem.variant;
   if (error.code != ErrorCode::CompileFailed || (v.score_mod.empty() && v.mask_mod.empty()))
     return error;
+  const bool grad = problem.is_backward() && !v.score_mod_grad.empty();
   std::string message;
   const int line = first_error_line(error.message, message);
   std::string source_line;
@@ -108,15 +116,19 @@ Error explain_variant_compile_error(const AttentionProblem& problem, const std::
     for (int i = 0; i < line && std::getline(lines, source_line); ++i) {
     }
   }
-  auto on_line = [&](const char* what) {
-    return source_line.find(std::string(kVariantExpressionMarker) + what) != std::string::npos;
+  auto on_line = [&](const char* what) {  // the line ends in the marker naming `what`
+    const std::string marker = std::string(kVariantExpressionMarker) + what;
+    return source_line.size() >= marker.size() &&
+           source_line.compare(source_line.size() - marker.size(), marker.size(), marker) == 0;
   };
   std::vector<std::pair<const char*, const std::string*>> quoted;
   if (!v.score_mod.empty() && on_line("score_mod")) quoted.push_back({"score_mod", &v.score_mod});
   if (!v.mask_mod.empty() && on_line("mask_mod")) quoted.push_back({"mask_mod", &v.mask_mod});
+  if (grad && on_line("score_mod_grad")) quoted.push_back({"score_mod_grad", &v.score_mod_grad});
   if (quoted.empty()) {  // not on an expression's line: name them all
     if (!v.score_mod.empty()) quoted.push_back({"score_mod", &v.score_mod});
     if (!v.mask_mod.empty()) quoted.push_back({"mask_mod", &v.mask_mod});
+    if (grad) quoted.push_back({"score_mod_grad", &v.score_mod_grad});
   }
   std::string text;
   for (const auto& [what, expression] : quoted)

@@ -24,9 +24,9 @@ using tuning_db::Statement;
 using tuning_db::Transaction;
 
 // The variant as text: "name=value" fields joined by ';' (window=L,R; softcap=C; alibi;
-// prefix=P; score_mod=E; mask_mod=E; varlen=TQ,TK), "" for plain attention. A user expression
-// never holds a ';' (check_variant_expression refuses it), and its value is the rest of the
-// field after the first '=', so it comes back as written.
+// prefix=P; score_mod=E; mask_mod=E; score_mod_grad=E; varlen=TQ,TK), "" for plain attention. A
+// user expression never holds a ';' (check_variant_expression refuses it), and its value is the
+// rest of the field after the first '=', so it comes back as written.
 std::string variant_spec(const Variant& v) {
   if (!v.active()) return "";
   std::string out;
@@ -42,6 +42,7 @@ std::string variant_spec(const Variant& v) {
   if (v.prefix > 0) add("prefix=" + std::to_string(v.prefix));
   if (!v.score_mod.empty()) add("score_mod=" + v.score_mod);
   if (!v.mask_mod.empty()) add("mask_mod=" + v.mask_mod);
+  if (!v.score_mod_grad.empty()) add("score_mod_grad=" + v.score_mod_grad);
   if (v.varlen) add("varlen=" + std::to_string(v.total_q) + "," + std::to_string(v.total_k));
   return out;
 }
@@ -81,6 +82,8 @@ std::optional<Variant> parse_variant_spec(std::string_view spec) {
       v.score_mod = value;
     } else if (name == "mask_mod" && !value.empty()) {
       v.mask_mod = value;
+    } else if (name == "score_mod_grad" && !value.empty()) {
+      v.score_mod_grad = value;
     } else if (name == "varlen") {
       if (!parse_pair(value, v.total_q, v.total_k)) return std::nullopt;
       v.varlen = true;

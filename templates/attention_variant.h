@@ -14,9 +14,11 @@
 //   #define FLASHJIT_VARIANT_SOFTCAP C          only when soft-capping (a float literal)
 //   #define FLASHJIT_VARIANT_ALIBI 0|1
 //   #define FLASHJIT_VARIANT_SCORE_MOD 0|1      a user score_mod follows this file
+//   #define FLASHJIT_VARIANT_SCORE_MOD_GRAD 0|1 its derivative too (backward problems only)
 //   #define FLASHJIT_VARIANT_MASK_MOD 0|1       a user mask_mod follows this file
 //   #define FLASHJIT_VARIANT_VARLEN 0|1         packed variable-length documents (cu_seqlens)
-// and followed by the user's expressions as the bodies of user_score_mod / user_mask_mod.
+// and followed by the user's expressions as the bodies of user_score_mod / user_mask_mod (and
+// user_score_mod_grad).
 // Plain attention renders none of this: its kernels are exactly those of before variants.
 //
 // Scalar code only, so that it means the same under NVRTC, Clang (the CPU backend) and a host
@@ -73,6 +75,9 @@ FLASHJIT_DEVICE float user_score_mod(float score, int batch, int head, int q_idx
 #endif
 #if FLASHJIT_VARIANT_MASK_MOD
 FLASHJIT_DEVICE bool user_mask_mod(int batch, int head, int q_idx, int kv_idx);
+#endif
+#if FLASHJIT_VARIANT_SCORE_MOD_GRAD
+FLASHJIT_DEVICE float user_score_mod_grad(float score, int batch, int head, int q_idx, int kv_idx);
 #endif
 
 // ---- the variant --------------------------------------------------------------------------------
@@ -168,6 +173,35 @@ FLASHJIT_DEVICE float score(float s, float slope, int batch, int head, int row, 
   return s;
 }
 
+#if !FLASHJIT_VARIANT_SCORE_MOD || FLASHJIT_VARIANT_SCORE_MOD_GRAD
+// The backward's score(): returns score(s, ...) and sets *grad to its derivative d score / d s,
+// the chain factor of dS: the soft-cap's 1 - tanh^2(s / C) (from the same tanh), times the user's
+// score_mod_grad at score_mod's input (ALiBi's bias does not depend on s). Only where the
+// score_mod's derivative is given (a backward problem with a score_mod must have it).
+FLASHJIT_DEVICE float score_and_grad(float s, float slope, int batch, int head, int row, int key,
+                                     float distance, float* grad) {
+  float g = 1.f;
+#ifdef FLASHJIT_VARIANT_SOFTCAP
+  const float t = softcap_tanh(s * (1.f / FLASHJIT_VARIANT_SOFTCAP));
+  s = FLASHJIT_VARIANT_SOFTCAP * t;
+  g = 1.f - t * t;
+#endif
+#if FLASHJIT_VARIANT_ALIBI
+  s += slope * distance;
+#else
+  (void)slope, (void)distance;
+#endif
+#if FLASHJIT_VARIANT_SCORE_MOD
+  g *= user_score_mod_grad(s, batch, head, row, key);
+  s = user_score_mod(s, batch, head, row, key);
+#else
+  (void)batch, (void)head, (void)row, (void)key;
+#endif
+  *grad = g;
+  return s;
+}
+#endif
+
 // The key blocks a tile of query rows [m0, m0 + block_m) visits, in order: the prefix's blocks
 // [0, prefix_end) then the band's [band_first, band_last) (disjoint, the band starting at or
 // after prefix_end). Every other block is hidden from every row of the tile and never loaded.
@@ -197,6 +231,27 @@ FLASHJIT_DEVICE KeyBlocks key_blocks(const FlashjitAttentionParams& p, int diago
   return KeyBlocks{prefix_end, first, last};
 }
 
+// The query rows [first, last) that may see a key of block [n0, n0 + block_n) (keys < seqlen_k):
+// the backward's dK/dV loop visits only their query blocks. Every row when the block holds a
+// prefix key; else the rows whose band reaches the block: row i's band holds key j iff
+// j - diagonal - right <= i <= j - diagonal + left. A user mask_mod only hides more.
+struct QueryRows {
+  int first;
+  int last;
+};
+
+FLASHJIT_DEVICE QueryRows query_rows(const FlashjitAttentionParams& p, int diagonal, int n0,
+                                     int block_n) {
+  if (n0 < kPrefix) return QueryRows{0, p.seqlen_q};
+  const int last_key = (n0 + block_n < p.seqlen_k ? n0 + block_n : p.seqlen_k) - 1;
+  const long long first = kRight < 0 ? 0 : static_cast<long long>(n0) - diagonal - kRight;
+  const long long last =
+      kLeft < 0 ? p.seqlen_q : static_cast<long long>(last_key) - diagonal + kLeft + 1;
+  const int f = first < 0 ? 0 : first > p.seqlen_q ? p.seqlen_q : static_cast<int>(first);
+  const int l = last < f ? f : last > p.seqlen_q ? p.seqlen_q : static_cast<int>(last);
+  return QueryRows{f, l};
+}
+
 // True when every row of the tile sees every key of block [n0, n0 + block_n): no per-element
 // mask needed (the scores may still be modified).
 FLASHJIT_DEVICE bool block_fully_visible(const FlashjitAttentionParams& p, int diagonal, int m0,
@@ -222,7 +277,8 @@ FLASHJIT_DEVICE bool block_fully_visible(const FlashjitAttentionParams& p, int d
 // batch index a kernel passes to a mask_mod or score_mod stays `doc`. False when the tile of
 // query rows starting at m0 is past the document's end (nothing to compute or write). The
 // offsets are not checked (device data: generator/problem.hpp, Variant::varlen); a negative
-// length counts as 0.
+// length counts as 0. A backward's dO, dQ, dK and dV (d_o not null) move with q and k; m0 < 0:
+// never past the end (a backward's dK/dV items run for a document without queries too).
 FLASHJIT_DEVICE bool document_view(FlashjitAttentionParams& p, int doc, int m0, int element_bytes) {
   const int q_begin = p.cu_seqlens_q[doc];
   const int k_begin = p.cu_seqlens_k[doc];
@@ -237,6 +293,13 @@ FLASHJIT_DEVICE bool document_view(FlashjitAttentionParams& p, int doc, int m0, 
   p.k = static_cast<const char*>(p.k) + k_offset * p.k_seq_stride;
   p.v = static_cast<const char*>(p.v) + k_offset * p.v_seq_stride;
   p.q_batch_stride = p.o_batch_stride = p.k_batch_stride = p.v_batch_stride = 0;
+  if (p.d_o) {  // the backward's: dO and dQ rows like q's, dK and dV rows like k's
+    p.d_o = static_cast<const char*>(p.d_o) + q_offset * p.do_seq_stride;
+    p.dq = static_cast<char*>(p.dq) + q_offset * p.dq_seq_stride;
+    p.dk = static_cast<char*>(p.dk) + k_offset * p.dk_seq_stride;
+    p.dv = static_cast<char*>(p.dv) + k_offset * p.dv_seq_stride;
+    p.do_batch_stride = p.dq_batch_stride = p.dk_batch_stride = p.dv_batch_stride = 0;
+  }
   if (p.lse)
     p.lse += static_cast<long long>(p.heads_q) * q_begin -
              static_cast<long long>(doc) * p.heads_q * len_q;

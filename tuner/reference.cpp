@@ -206,7 +206,8 @@ std::vector<int32_t> even_cu_seqlens(int64_t docs, int64_t total, int64_t longes
   return cu_seqlens_of(lengths);
 }
 
-HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed) {
+HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed,
+                         const VariantFunctions& functions) {
   std::mt19937_64 engine(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   auto fill = [&](int64_t elements) {
@@ -238,7 +239,28 @@ HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed) {
   if (!problem.is_backward()) return inputs;
   inputs.d_o = fill(problem.do_span());
   inputs.o = fill(problem.o_span());  // random padding; the rows are overwritten below
-  const Reference forward = reference_attention(problem.with_pass(Pass::Forward), inputs);
+  set_forward_outputs(problem, inputs, functions);
+  return inputs;
+}
+
+void set_forward_outputs(const AttentionProblem& problem, HostInputs& inputs,
+                         const VariantFunctions& functions) {
+  const Reference forward =
+      reference_attention(problem.with_pass(Pass::Forward), inputs, functions);
+  if (problem.variant.varlen) {  // forward.o is dense [rows, h, d], lse the packed blocks
+    const int64_t row = problem.heads_q * problem.head_dim;
+    const int64_t rows = static_cast<int64_t>(forward.o.size()) / row;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t h = 0; h < problem.heads_q; ++h)
+        for (int c = 0; c < problem.head_dim; ++c)
+          set_element(inputs.o.data(), r * problem.o_strides.seq + h * problem.o_strides.head + c,
+                      static_cast<float>(forward.o[r * row + h * problem.head_dim + c]),
+                      problem.dtype);
+    inputs.lse.assign(static_cast<size_t>(problem.lse_elements()),
+                      std::numeric_limits<float>::infinity());
+    std::copy(forward.lse.begin(), forward.lse.end(), inputs.lse.begin());
+    return;
+  }
   size_t index = 0;  // forward.o is dense [b, s, h, d]
   for (int64_t b = 0; b < problem.batch; ++b)
     for (int64_t s = 0; s < problem.seqlen_q; ++s)
@@ -249,12 +271,11 @@ HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed) {
           set_element(inputs.o.data(), offset, static_cast<float>(forward.o[index]), problem.dtype);
         }
   inputs.lse.assign(forward.lse.begin(), forward.lse.end());  // +inf stays +inf
-  return inputs;
 }
 
 namespace {
 void add_reference_gradients(const AttentionProblem& problem, const HostInputs& inputs,
-                             Reference& reference);
+                             const VariantFunctions& functions, Reference& reference);
 }  // namespace
 
 namespace {
@@ -319,11 +340,22 @@ Reference reference_per_document(const AttentionProblem& p, const HostInputs& in
                  std::numeric_limits<double>::quiet_NaN());
     out.lse.assign(static_cast<size_t>(p.variant.total_q * heads),
                    std::numeric_limits<double>::quiet_NaN());
+    if (p.is_backward()) {
+      out.dq = out.o;
+      out.dk.assign(static_cast<size_t>(p.variant.total_k * p.heads_kv * dh),
+                    std::numeric_limits<double>::quiet_NaN());
+      out.dv = out.dk;
+    }
     return out;
   }
   const int64_t rows = cq[p.batch];
   out.o.assign(static_cast<size_t>(rows * heads * dh), 0.0);
   out.lse.assign(static_cast<size_t>(rows * heads), std::numeric_limits<double>::infinity());
+  if (p.is_backward()) {  // dense [rows, heads, d] like o; dk, dv over the documents' keys
+    out.dq.assign(out.o.size(), 0.0);
+    out.dk.assign(static_cast<size_t>(ck[p.batch] * p.heads_kv * dh), 0.0);
+    out.dv.assign(out.dk.size(), 0.0);
+  }
   for (int64_t b = 0; b < p.batch; ++b) {
     const int64_t len_q = cq[b + 1] - cq[b], len_k = ck[b + 1] - ck[b];
     if (len_q == 0 || len_k == 0) continue;  // no key: o = 0, lse = +inf
@@ -342,6 +374,7 @@ Reference reference_per_document(const AttentionProblem& p, const HostInputs& in
     slice.q = rows_of(inputs.q, cq[b] * p.q_strides.seq, one.q_span());
     slice.k = rows_of(inputs.k, ck[b] * p.k_strides.seq, one.kv_span());
     slice.v = rows_of(inputs.v, ck[b] * p.v_strides.seq, one.kv_span());
+    if (p.is_backward()) slice.d_o = rows_of(inputs.d_o, cq[b] * p.do_strides.seq, one.do_span());
     slice.alibi_slopes = inputs.alibi_slopes;
     VariantFunctions document;  // the user expressions see the document's index as the batch
     if (functions.score_mod)
@@ -355,6 +388,11 @@ Reference reference_per_document(const AttentionProblem& p, const HostInputs& in
     const Reference r = reference_attention(one, slice, document);
     std::copy(r.o.begin(), r.o.end(), out.o.begin() + cq[b] * heads * dh);
     std::copy(r.lse.begin(), r.lse.end(), out.lse.begin() + cq[b] * heads);
+    if (p.is_backward()) {
+      std::copy(r.dq.begin(), r.dq.end(), out.dq.begin() + cq[b] * heads * dh);
+      std::copy(r.dk.begin(), r.dk.end(), out.dk.begin() + ck[b] * p.heads_kv * dh);
+      std::copy(r.dv.begin(), r.dv.end(), out.dv.begin() + ck[b] * p.heads_kv * dh);
+    }
   }
   return out;
 }
@@ -385,13 +423,31 @@ double variant_score(const AttentionProblem& problem, const VariantFunctions& fu
   return score;
 }
 
+double variant_score_grad(const AttentionProblem& problem, const VariantFunctions& functions,
+                          int64_t batch, int64_t head, int64_t i, int64_t j, double score,
+                          double slope) {
+  const Variant& v = problem.variant;
+  double grad = 1.0;
+  if (v.softcap) {
+    const double t = std::tanh(score / *v.softcap);
+    grad = 1.0 - t * t;
+    score = *v.softcap * t;
+  }
+  if (v.alibi) score += slope * static_cast<double>(j - i);
+  if (!v.score_mod.empty()) {
+    if (!functions.score_mod_grad) return std::numeric_limits<double>::quiet_NaN();
+    grad *= functions.score_mod_grad(score, batch, head, i, j);
+  }
+  return grad;
+}
+
 Reference reference_attention(const AttentionProblem& problem, const HostInputs& inputs,
                               const VariantFunctions& functions) {
   if (problem.kv.paged() || problem.kv.seqlens_k) return reference_per_sequence(problem, inputs);
   if (problem.variant.varlen) return reference_per_document(problem, inputs, functions);
   if (problem.is_backward()) {
-    Reference reference = reference_attention(problem.with_pass(Pass::Forward), inputs);
-    add_reference_gradients(problem, inputs, reference);
+    Reference reference = reference_attention(problem.with_pass(Pass::Forward), inputs, functions);
+    add_reference_gradients(problem, inputs, functions, reference);
     return reference;
   }
   const int64_t batch = problem.batch, heads_q = problem.heads_q, heads_kv = problem.heads_kv;
@@ -517,21 +573,29 @@ namespace {
 // The gradients, with the exact forward of the rounded inputs: per (batch, kv head) task, every
 // query head of the group and every row, dS = P * (dP - D) one row at a time.
 void add_reference_gradients(const AttentionProblem& problem, const HostInputs& inputs,
-                             Reference& reference) {
+                             const VariantFunctions& functions, Reference& reference) {
   const int64_t batch = problem.batch, heads_q = problem.heads_q, heads_kv = problem.heads_kv;
   const int64_t seqlen_q = problem.seqlen_q, seqlen_k = problem.seqlen_k;
   const int d = problem.head_dim;
   const int64_t group = heads_q / heads_kv;
   const double scale = problem.scale();
+  // gather_dense is [b, h, s, d]; the outputs are [b, s, h, d].
+  reference.dq.assign(static_cast<size_t>(batch * seqlen_q * heads_q * d), 0.0);
+  reference.dk.assign(static_cast<size_t>(batch * seqlen_k * heads_kv * d), 0.0);
+  reference.dv.assign(static_cast<size_t>(batch * seqlen_k * heads_kv * d), 0.0);
+  const bool variant = problem.variant.active();
+  if ((!problem.variant.score_mod.empty() && !functions.score_mod_grad) ||
+      (problem.variant.alibi && inputs.alibi_slopes.size() != static_cast<size_t>(heads_q))) {
+    // A score_mod without its derivative or ALiBi without slopes: nothing may pass.
+    for (auto* g : {&reference.dq, &reference.dk, &reference.dv})
+      std::fill(g->begin(), g->end(), std::numeric_limits<double>::quiet_NaN());
+    return;
+  }
   const DenseInputs dense = gather_inputs(problem, inputs);
   const std::vector<double>& q = dense.q;
   const std::vector<double>& k = dense.k;
   const std::vector<double>& v = dense.v;
   const std::vector<double>& d_o = dense.d_o;
-  // gather_dense is [b, h, s, d]; the outputs are [b, s, h, d].
-  reference.dq.assign(static_cast<size_t>(batch * seqlen_q * heads_q * d), 0.0);
-  reference.dk.assign(static_cast<size_t>(batch * seqlen_k * heads_kv * d), 0.0);
-  reference.dv.assign(static_cast<size_t>(batch * seqlen_k * heads_kv * d), 0.0);
 
   parallel_for(batch * heads_kv, [&](int64_t task) {
     const int64_t b = task / heads_kv, h_kv = task % heads_kv;
@@ -540,12 +604,15 @@ void add_reference_gradients(const AttentionProblem& problem, const HostInputs& 
     std::vector<double> dk(static_cast<size_t>(seqlen_k) * d, 0.0), dv(dk.size(), 0.0);
     std::vector<double> ds(static_cast<size_t>(seqlen_k)), p(ds.size());
     for (int64_t h = h_kv * group; h < (h_kv + 1) * group; ++h) {
+      const double slope = problem.variant.alibi ? inputs.alibi_slopes[h] : 0.0;
       const double* q_head = &q[static_cast<size_t>((b * heads_q + h) * seqlen_q * d)];
       const double* do_head = &d_o[static_cast<size_t>((b * heads_q + h) * seqlen_q * d)];
       for (int64_t i = 0; i < seqlen_q; ++i) {
-        const int64_t keys = visible_keys(problem, i);
-        if (keys == 0) continue;  // no key: o = 0, no gradient flows
+        // A variant: every key a candidate, variant_score hides the invisible ones.
+        const int64_t keys = variant ? seqlen_k : visible_keys(problem, i);
         const double lse = reference.lse[static_cast<size_t>((b * heads_q + h) * seqlen_q + i)];
+        if (keys == 0 || lse == std::numeric_limits<double>::infinity())
+          continue;  // no key: o = 0, no gradient flows
         const double* q_row = q_head + i * d;
         const double* do_row = do_head + i * d;
         const double* o_row =
@@ -558,12 +625,25 @@ void add_reference_gradients(const AttentionProblem& problem, const HostInputs& 
             s += q_row[c] * k_head[j * d + c];
             dp += do_row[c] * v_head[j * d + c];
           }
-          p[j] = std::exp(scale * s - lse);
-          ds[j] = p[j] * (dp - delta);
+          if (!variant) {
+            p[j] = std::exp(scale * s - lse);
+            ds[j] = p[j] * (dp - delta);
+            continue;
+          }
+          // dS with respect to the scaled score: through the variant's chain factor.
+          const double t = variant_score(problem, functions, b, h, i, j, scale * s, slope);
+          if (t == -std::numeric_limits<double>::infinity()) {
+            p[j] = ds[j] = 0;  // hidden: no probability, no gradient
+            continue;
+          }
+          p[j] = std::exp(t - lse);
+          ds[j] = p[j] * (dp - delta) *
+                  variant_score_grad(problem, functions, b, h, i, j, scale * s, slope);
         }
         double* dq_row = &reference.dq[static_cast<size_t>(((b * seqlen_q + i) * heads_q + h) * d)];
         for (int64_t j = 0; j < keys; ++j) {
           const double dsj = scale * ds[j], pj = p[j];
+          if (pj == 0) continue;  // a hidden key: its k and v may be anything, even NaN
           for (int c = 0; c < d; ++c) {
             dq_row[c] += dsj * k_head[j * d + c];
             dk[j * d + c] += dsj * q_row[c];
@@ -687,11 +767,21 @@ GradientComparison compare_gradients(const AttentionProblem& problem,
                                      const std::vector<uint16_t>& dv_bits,
                                      const Reference& reference) {
   GradientComparison result;
-  result.dq = compare_tensor(problem, problem.dq_strides, problem.batch, problem.seqlen_q,
-                             problem.heads_q, dq_bits, reference.dq);
-  result.dk = compare_tensor(problem, problem.dk_strides, problem.batch, problem.seqlen_k,
+  // Varlen: one packed sequence of the rows that belong to a document (the reference's).
+  const bool varlen = problem.variant.varlen;
+  const int64_t batch = varlen ? 1 : problem.batch;
+  auto rows = [&](const std::vector<double>& reference_rows, int64_t heads, int64_t seqlen) {
+    return varlen ? static_cast<int64_t>(reference_rows.size()) / (heads * problem.head_dim)
+                  : seqlen;
+  };
+  result.dq = compare_tensor(problem, problem.dq_strides, batch,
+                             rows(reference.dq, problem.heads_q, problem.seqlen_q), problem.heads_q,
+                             dq_bits, reference.dq);
+  result.dk = compare_tensor(problem, problem.dk_strides, batch,
+                             rows(reference.dk, problem.heads_kv, problem.seqlen_k),
                              problem.heads_kv, dk_bits, reference.dk);
-  result.dv = compare_tensor(problem, problem.dv_strides, problem.batch, problem.seqlen_k,
+  result.dv = compare_tensor(problem, problem.dv_strides, batch,
+                             rows(reference.dv, problem.heads_kv, problem.seqlen_k),
                              problem.heads_kv, dv_bits, reference.dv);
   return result;
 }

@@ -62,6 +62,19 @@ struct HostInputs {
   std::vector<int32_t> cu_seqlens_q, cu_seqlens_k;
 };
 
+// Host versions of a problem's user expressions (Variant::score_mod, mask_mod) for the reference,
+// which cannot evaluate C++ text: the caller states the same function, in fp64. Without one, the
+// reference of a problem that has the expression is all NaN (nothing can pass against it).
+// score_mod_grad: d score_mod / d score at the same arguments (Variant::score_mod_grad), which the
+// backward reference needs for a score_mod (without it the gradients are all NaN).
+struct VariantFunctions {
+  using ScoreFunction = std::function<double(double score, int64_t batch, int64_t head,
+                                             int64_t q_idx, int64_t kv_idx)>;
+  ScoreFunction score_mod;
+  std::function<bool(int64_t batch, int64_t head, int64_t q_idx, int64_t kv_idx)> mask_mod;
+  ScoreFunction score_mod_grad;
+};
+
 // Offsets cu [lengths.size() + 1] of documents of `lengths` rows packed one after the other.
 std::vector<int32_t> cu_seqlens_of(const std::vector<int64_t>& lengths);
 // Offsets of `docs` documents splitting `total` rows as evenly as `longest` rows each allow.
@@ -79,8 +92,16 @@ std::vector<float> standard_alibi_slopes(int64_t heads);
 // Varlen: even_cu_seqlens of total_q / total_k over the batch's documents (callers that want
 // other lengths set them, within the totals).
 // For a backward problem also d_o (random) and o, lse from the fp64 forward of q, k, v (o's
-// padding random too), as a forward kernel would have left them.
-HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed);
+// padding random too), as a forward kernel would have left them (a variant's forward: through
+// `functions`, the host versions of its user expressions).
+HostInputs random_inputs(const AttentionProblem& problem, uint64_t seed,
+                         const VariantFunctions& functions = {});
+
+// A backward problem's o (its rows; padding as it is) and lse from the fp64 forward of the
+// inputs' q, k, v: what random_inputs does last, again after a caller changed the inputs (e.g.
+// packed documents of other lengths).
+void set_forward_outputs(const AttentionProblem& problem, HostInputs& inputs,
+                         const VariantFunctions& functions = {});
 
 struct Reference {
   std::vector<double> o;    // dense [batch, seqlen_q, heads_q, head_dim]
@@ -93,21 +114,20 @@ struct Reference {
   std::vector<double> dq, dk, dv;
 };
 
-// Host versions of a problem's user expressions (Variant::score_mod, mask_mod) for the reference,
-// which cannot evaluate C++ text: the caller states the same function, in fp64. Without one, the
-// reference of a problem that has the expression is all NaN (nothing can pass against it).
-struct VariantFunctions {
-  std::function<double(double score, int64_t batch, int64_t head, int64_t q_idx, int64_t kv_idx)>
-      score_mod;
-  std::function<bool(int64_t batch, int64_t head, int64_t q_idx, int64_t kv_idx)> mask_mod;
-};
-
 // The variant's score of key j for query row i (problem.variant; generator/problem.hpp defines
 // it): -inf when row i does not see key j, else `score` (= scale * q . k) soft-capped, biased by
 // ALiBi (`slope`: the head's) and through the user's score_mod. Plain problems: `score`, or
 // -inf past the causal diagonal.
 double variant_score(const AttentionProblem& problem, const VariantFunctions& functions,
                      int64_t batch, int64_t head, int64_t i, int64_t j, double score, double slope);
+
+// d variant_score / d score for a key row i sees (the chain through the soft-cap,
+// 1 - tanh^2(score / softcap), and the user's score_mod_grad at score_mod's input; ALiBi's bias
+// does not depend on the score): what the backward multiplies dS by. 1 for a variant that does
+// not change the scores; NaN for a score_mod without functions.score_mod_grad.
+double variant_score_grad(const AttentionProblem& problem, const VariantFunctions& functions,
+                          int64_t batch, int64_t head, int64_t i, int64_t j, double score,
+                          double slope);
 
 // fp64 attention over the rounded inputs, multithreaded. A row with no visible key (causal with
 // seqlen_q > seqlen_k) has o = 0 and lse = +inf (and contributes no gradient). For a backward
@@ -117,9 +137,11 @@ double variant_score(const AttentionProblem& problem, const VariantFunctions& fu
 // keys has o = 0 and lse = +inf.
 // Packed documents (problem.variant.varlen): each document alone (its rows sliced through
 // inputs.cu_seqlens_q / _k, its index as the batch the user expressions see).
-// A variant (problem.variant, forward): scores through variant_score; a row whose every score is
-// -inf has o = 0 and lse = +inf like a row with no key. `functions` must give the problem's user
-// expressions (else NaN, see VariantFunctions).
+// A variant (problem.variant): scores through variant_score; a row whose every score is -inf has
+// o = 0 and lse = +inf like a row with no key (and no gradient). The backward's dS is multiplied
+// by variant_score_grad (hidden keys: none). `functions` must give the problem's user expressions
+// (else NaN, see VariantFunctions). Packed documents' gradients: dense [rows, heads, d] over the
+// documents' rows, like o (dk, dv over cu_seqlens_k[batch] key rows).
 Reference reference_attention(const AttentionProblem& problem, const HostInputs& inputs,
                               const VariantFunctions& functions = {});
 

@@ -204,9 +204,14 @@ std::vector<TensorSpec> tensor_specs(const AttentionProblem& p) {
   const size_t d_o = static_cast<size_t>(p.do_span()) * e;
   const size_t dq = static_cast<size_t>(p.dq_span()) * e;
   const size_t dkv = static_cast<size_t>(p.dkv_span()) * e;
-  return {{TensorRole::Q, q, false},  {TensorRole::K, kv, false},    {TensorRole::V, kv, false},
-          {TensorRole::O, o, false},  {TensorRole::Lse, lse, false}, {TensorRole::DO, d_o, false},
-          {TensorRole::DQ, dq, true}, {TensorRole::DK, dkv, true},   {TensorRole::DV, dkv, true}};
+  std::vector<TensorSpec> specs = {
+      {TensorRole::Q, q, false},  {TensorRole::K, kv, false},    {TensorRole::V, kv, false},
+      {TensorRole::O, o, false},  {TensorRole::Lse, lse, false}, {TensorRole::DO, d_o, false},
+      {TensorRole::DQ, dq, true}, {TensorRole::DK, dkv, true},   {TensorRole::DV, dkv, true}};
+  if (p.variant.alibi)  // the backward of a variant reads the forward's slopes
+    specs.push_back(
+        {TensorRole::AlibiSlopes, static_cast<size_t>(p.heads_q) * sizeof(float), false});
+  return specs;
 }
 
 bool has_index_tensors(const AttentionProblem& p) {
@@ -373,9 +378,14 @@ Result<std::unique_ptr<Verification>> Verification::create(const Backend& backen
                                                            const AttentionProblem& problem,
                                                            uint64_t seed,
                                                            const VariantFunctions& functions) {
+  // (A backward's score_mod needs its derivative too.)
+  const std::string no_derivative;
+  const std::string& derivative =
+      problem.is_backward() ? problem.variant.score_mod_grad : no_derivative;
   for (const auto& [name, text, given] :
        {std::tuple{"score_mod", &problem.variant.score_mod, bool(functions.score_mod)},
-        std::tuple{"mask_mod", &problem.variant.mask_mod, bool(functions.mask_mod)}}) {
+        std::tuple{"mask_mod", &problem.variant.mask_mod, bool(functions.mask_mod)},
+        std::tuple{"score_mod_grad", &derivative, bool(functions.score_mod_grad)}}) {
     if (text->empty() || given) continue;
     return make_error(ErrorCode::Unsupported,
                       std::string("verifying kernels of ") + problem.to_string() + " needs the " +
@@ -384,7 +394,7 @@ Result<std::unique_ptr<Verification>> Verification::create(const Backend& backen
                           "(TuneOptions::variant_functions); none was given");
   }
   std::unique_ptr<Verification> v(new Verification(backend, problem));
-  v->inputs_ = random_inputs(problem, seed);
+  v->inputs_ = random_inputs(problem, seed, functions);  // (a backward's o, lse: the variant's)
   for (size_t b = 0; b < v->inputs_.seqlens_k.size(); ++b) {
     const int64_t len = problem.seqlen_k - static_cast<int64_t>(b % 3) * problem.seqlen_k / 3;
     v->inputs_.seqlens_k[b] = static_cast<int32_t>(std::max<int64_t>(1, len));

@@ -48,7 +48,7 @@ Inputs the kernels cannot read in place (a non-contiguous last axis, other strid
 of 8 elements, misaligned data) are copied first. out=, lse= and stream= are for calls without
 autograd.
 
-Attention variants (forward only): attention() and sdpa() take window=(left, right) (a sliding
+Attention variants: attention() and sdpa() take window=(left, right) (a sliding
 window around the diagonal, -1: that side unbounded; with causal the right side is 0),
 softcap=c (scores become c * tanh(s / c)), alibi_slopes= (float32 (heads,) on q's device: the
 bias slope * (kv_idx - q_idx)), prefix=P (keys 0..P-1 visible to every query: prefix-LM), and
@@ -56,8 +56,13 @@ score_mod= / mask_mod=, one C++ expression each over (score, batch, head, q_idx,
 ``score_mod="score - 0.1f * abs(q_idx - kv_idx)"``, ``mask_mod="(q_idx / 2048) == (kv_idx /
 2048)"`` (the mask is and-ed with causal and the window). They are compiled into the kernel (the
 variant is part of its cache key). Indices are positions in the sequences as given, causal
-bottom-right aligned as above. A variant has no backward yet: with autograd (q, k, v or the slopes
-requiring grad) it raises UnsupportedError; call under torch.no_grad() or on detached tensors.
+bottom-right aligned as above. With torch autograd a variant call is differentiable (the CPU
+backend and the CUDA mma family have its backward): a score_mod then needs score_mod_grad=, its
+derivative d score_mod / d score as one C++ expression over the same variables (``score`` is
+score_mod's input; e.g. ``"1.0f"`` for the example above; without it InvalidArgumentError names
+it); ALiBi's slopes get no gradient (slopes that require grad raise UnsupportedError), and
+packed documents (cu_seqlens) have no backward in Python yet (UnsupportedError; the C++ API has it
+on the CPU backend).
 Bad values (window sides < -1, softcap <= 0 or not finite, slopes of another shape, dtype or
 device, an expression that is not one expression or does not compile) raise
 InvalidArgumentError (a compile failure: flashjit.Error with code CompileFailed, quoting the
@@ -66,7 +71,8 @@ expression and the compiler's first message).
 Backward: attention_backward() takes the forward's o and lse (attention(..., return_lse=True))
 and the gradient of the output, do, and returns dq, dk, dv (dk, dv summed over the query heads
 of each key/value head for GQA). ``deterministic=True`` asks for bitwise reproducible gradients
-(a dQ kernel of its own instead of atomics).
+(a dQ kernel of its own instead of atomics). A variant's backward takes the forward's variant
+arguments (and score_mod_grad= with a score_mod).
 
 Configs: attention() uses the config the tuning DB has for the problem on this device (exact, then
 the nearest bucket), else the SRAM-formula default; ``config="default"`` forces the default,
@@ -256,10 +262,11 @@ def _integer(name, value):
     return min(max(value.__index__(), _INT64_MIN), _INT64_MAX)
 
 
-def _variant_spec(window, softcap, prefix, score_mod, mask_mod):
+def _variant_spec(window, softcap, prefix, score_mod, mask_mod, score_mod_grad=None):
     """The variant arguments as the extension takes them: None for plain attention, else
-    (window_left, window_right, softcap or None, prefix, score_mod, mask_mod) with Python types
-    (TypeError for a wrong type); the extension validates the values. Hashable (a cache key)."""
+    (window_left, window_right, softcap or None, prefix, score_mod, mask_mod) with Python types,
+    and score_mod_grad as a 7th field when given (TypeError for a wrong type); the extension
+    validates the values. Hashable (a cache key)."""
     if window is None:
         left, right = -1, -1
     else:
@@ -275,11 +282,14 @@ def _variant_spec(window, softcap, prefix, score_mod, mask_mod):
             raise TypeError(f"softcap: expected None or a float, got {type(softcap).__qualname__} "
                             f"{softcap!r}") from None
     prefix = _integer("prefix", prefix)
-    for name, expression in (("score_mod", score_mod), ("mask_mod", mask_mod)):
+    for name, expression in (("score_mod", score_mod), ("mask_mod", mask_mod),
+                             ("score_mod_grad", score_mod_grad)):
         if expression is not None and not isinstance(expression, str):
             raise TypeError(f"{name}: expected None or a str (one C++ expression), got "
                             f"{type(expression).__qualname__}")
     spec = (left, right, softcap, prefix, score_mod or "", mask_mod or "")
+    if score_mod_grad:
+        return spec + (score_mod_grad,)
     return None if spec == (-1, -1, None, 0, "", "") else spec
 
 
@@ -287,7 +297,7 @@ def _variant_text(spec, alibi_slopes):
     """The variant's arguments as a call would spell them (for messages)."""
     parts = []
     if spec is not None:
-        left, right, softcap, prefix, score_mod, mask_mod = spec
+        left, right, softcap, prefix, score_mod, mask_mod = spec[:6]
         if (left, right) != (-1, -1):
             parts.append(f"window=({left}, {right})")
         if softcap is not None:
@@ -298,6 +308,8 @@ def _variant_text(spec, alibi_slopes):
             parts.append(f"score_mod={score_mod!r}")
         if mask_mod:
             parts.append(f"mask_mod={mask_mod!r}")
+        if len(spec) > 6 and spec[6]:
+            parts.append(f"score_mod_grad={spec[6]!r}")
     if alibi_slopes is not None:
         parts.append("alibi_slopes")
     return ", ".join(parts)
@@ -306,7 +318,7 @@ def _variant_text(spec, alibi_slopes):
 def attention(q, k, v, *, causal=False, scale=None, layout="bshd", out=None, return_lse=False,
               lse=None, config=None, stream=None, deterministic=None, window=None, softcap=None,
               alibi_slopes=None, prefix=0, score_mod=None, mask_mod=None, cu_seqlens_q=None,
-              cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+              cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, score_mod_grad=None):
     """Attention forward: softmax(scale * q k^T + causal mask) v, per head.
 
     q: (batch, seqlen_q, heads, head_dim) for layout="bshd" (the default), or
@@ -321,10 +333,12 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", out=None, ret
     stream: CUDA stream override (int handle, torch.cuda.Stream, cupy Stream).
     deterministic: torch autograd only: the backward's bitwise reproducible variant (default:
        torch.are_deterministic_algorithms_enabled()).
-    window, softcap, alibi_slopes, prefix, score_mod, mask_mod: an attention variant (forward
-       only; see the module's documentation): window=(left, right) with -1 for an unbounded
-       side, softcap=float > 0, alibi_slopes=float32 (heads,) array on q's device, prefix=int,
-       score_mod= / mask_mod= one C++ expression each.
+    window, softcap, alibi_slopes, prefix, score_mod, mask_mod: an attention variant (see the
+       module's documentation): window=(left, right) with -1 for an unbounded side,
+       softcap=float > 0, alibi_slopes=float32 (heads,) array on q's device, prefix=int,
+       score_mod= / mask_mod= one C++ expression each. score_mod_grad: torch autograd with a
+       score_mod: its derivative d score_mod / d score, one C++ expression over the same
+       variables (required there; the forward does not use it).
     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: packed variable-length documents
        (flash_attn's varlen convention): q (total_q, heads, head_dim), k and v (total_k, heads_kv,
        head_dim); cu_seqlens_q / _k int32 (num_docs + 1,) on q's device (cu[0] = 0,
@@ -337,9 +351,10 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", out=None, ret
        lse: float32 (heads * total_q,), document b's (heads, len_q(b)) block at
        heads * cu_seqlens_q[b]. Forward only (layout "bshd"): autograd raises UnsupportedError.
     Returns out, or (out, lse) when return_lse. For torch tensors the call is differentiable
-    (see the module's documentation) unless out=, lse= or stream= is given or it is a variant.
+    (see the module's documentation) unless out=, lse= or stream= is given or it has packed
+    documents.
     """
-    variant = _variant_spec(window, softcap, prefix, score_mod, mask_mod)
+    variant = _variant_spec(window, softcap, prefix, score_mod, mask_mod, score_mod_grad)
     if alibi_slopes is not None:
         _check_array("alibi_slopes", alibi_slopes)
     if cu_seqlens_q is not None or cu_seqlens_k is not None:
@@ -431,7 +446,8 @@ def _attention_varlen(q, k, v, causal, scale, layout, out, return_lse, lse, conf
         if torch.is_grad_enabled() and any(
                 getattr(x, "requires_grad", False) for x in (q, k, v, alibi_slopes)):
             raise UnsupportedError(
-                "packed variable-length documents (cu_seqlens) have no backward yet, and q, k, "
+                "packed variable-length documents (cu_seqlens) have no backward in Python yet (the "
+                "C++ API has it on the CPU backend), and q, k, "
                 "v or alibi_slopes requires grad: run the forward under torch.no_grad() or on "
                 "detached tensors")
         alibi_slopes = None if alibi_slopes is None else _detached(alibi_slopes)
@@ -509,7 +525,9 @@ def decode(q, k_cache, v_cache, *, seqlens_k=None, block_table=None, causal=Fals
 
 
 def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, layout="bshd",
-                       deterministic=False, dq=None, dk=None, dv=None, config=None, stream=None):
+                       deterministic=False, dq=None, dk=None, dv=None, config=None, stream=None,
+                       window=None, softcap=None, alibi_slopes=None, prefix=0, score_mod=None,
+                       mask_mod=None, score_mod_grad=None):
     """Attention backward: the gradients dq, dk, dv of a loss L given do = dL/do, where
     o = attention(q, k, v, causal=causal, scale=scale) (FlashAttention-2's algorithm: the
     probabilities are recomputed from q, k and the forward's log-sum-exp, never stored).
@@ -526,13 +544,19 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, layout=
     config: None (the tuning DB's backward config, else the default), "default" or a backward
        config name (e.g. "m64n128w8s2", or "m64n128w8s2-det" with a separate dQ kernel).
     stream: CUDA stream override, as for attention().
+    window, softcap, alibi_slopes, prefix, score_mod, mask_mod: the forward's attention variant,
+       as for attention(); score_mod_grad: with a score_mod (required), d score_mod / d score.
+       (Packed documents: not in Python yet.)
     Returns (dq, dk, dv).
     """
+    variant = _variant_spec(window, softcap, prefix, score_mod, mask_mod, score_mod_grad)
+    if alibi_slopes is not None:
+        _check_array("alibi_slopes", alibi_slopes)
     kind = _framework(q)
     if (lse is not None and _all_torch(q, k, v, o, lse, do) and dq is None and dk is None and
             dv is None and config is None and stream is None):
         return _torch_module().attention_backward(q, k, v, o, lse, do, causal, scale, layout,
-                                                  bool(deterministic))
+                                                  bool(deterministic), variant, alibi_slopes)
     for name, x in (("q", q), ("k", k), ("v", v), ("o", o), ("do", do)):
         _check_array(name, x)
     if lse is not None:
@@ -543,6 +567,7 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, layout=
         torch = _sys.modules["torch"]
         q, k, v, o, do = (_detached(x) for x in (q, k, v, o, do))
         lse = None if lse is None else _detached(lse)
+        alibi_slopes = None if alibi_slopes is None else _detached(alibi_slopes)
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if dq is None else dq
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device) if dk is None else dk
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device) if dv is None else dv
@@ -571,13 +596,14 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, layout=
         synchronize = True
     made = _C.attention_backward(
         q, k, v, o, lse, do, dq, dk, dv, bool(causal), scale, layout, bool(deterministic), config,
-        0 if handle is None else handle, synchronize, "jax" if kind == "jax" else "numpy")
+        0 if handle is None else handle, synchronize, "jax" if kind == "jax" else "numpy", variant,
+        alibi_slopes)
     return tuple(given if fresh is None else fresh for fresh, given in zip(made, (dq, dk, dv)))
 
 
 def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
          enable_gqa=False, *, window=None, softcap=None, alibi_slopes=None, prefix=0,
-         score_mod=None, mask_mod=None):
+         score_mod=None, mask_mod=None, score_mod_grad=None):
     """A drop-in for torch.nn.functional.scaled_dot_product_attention on torch tensors: the same
     signature, (batch, heads, seqlen, head_dim) layout and semantics (scale default
     1/sqrt(head_dim); is_causal with seqlen_q != seqlen_k aligned top-left, as SDPA's; GQA with
@@ -588,11 +614,11 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)   # before
         y = flashjit.sdpa(q, k, v, is_causal=True)                    # after
 
-    window=, softcap=, alibi_slopes=, prefix=, score_mod=, mask_mod=: an attention variant, as
-    for attention() (forward only); with is_causal they need seqlen_q == seqlen_k (SDPA's
-    top-left causal alignment has no variant kernel).
+    window=, softcap=, alibi_slopes=, prefix=, score_mod=, mask_mod=, score_mod_grad=: an
+    attention variant, as for attention() (differentiable likewise); with is_causal they need
+    seqlen_q == seqlen_k (SDPA's top-left causal alignment has no variant kernel).
     """
-    variant = _variant_spec(window, softcap, prefix, score_mod, mask_mod)
+    variant = _variant_spec(window, softcap, prefix, score_mod, mask_mod, score_mod_grad)
     return _torch_module().sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                 enable_gqa, variant, alibi_slopes)
 
@@ -600,13 +626,13 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
 def config_for(q, k, v, *, causal=False, scale=None, layout="bshd", config=None, pass_="fwd",
                deterministic=False, window=None, softcap=None, alibi_slopes=None, prefix=0,
                score_mod=None, mask_mod=None, cu_seqlens_q=None, cu_seqlens_k=None,
-               max_seqlen_q=None, max_seqlen_k=None):
+               max_seqlen_q=None, max_seqlen_k=None, score_mod_grad=None):
     """The config attention(q, k, v, ...) (pass_="fwd") or attention_backward(q, k, v, ...)
     (pass_="bwd", with its deterministic=) would launch, without launching: a dict with config
     ("m128n64w4s2"), source ("exact" / "nearest" from the tuning DB, "default", or "given"),
     device ("cuda:0", "cpu") and problem (the variant arguments, packed documents included, as
     for attention())."""
-    variant = _variant_spec(window, softcap, prefix, score_mod, mask_mod)
+    variant = _variant_spec(window, softcap, prefix, score_mod, mask_mod, score_mod_grad)
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if varlen:
         max_seqlen_q, max_seqlen_k = _check_varlen(q, k, v, layout, cu_seqlens_q, cu_seqlens_k,

@@ -22,9 +22,11 @@ The forward saves only q, k, v, its output and the log-sum-exp (as FlashAttentio
 backward recomputes the probabilities. The log-sum-exp output is not differentiable.
 
 Attention variants (window, softcap, ALiBi, prefix, score_mod / mask_mod: flashjit._variant_spec's
-tuple plus the slopes tensor) run the forward on the same three paths; they have no backward yet,
-so a variant call that autograd would differentiate raises UnsupportedError (_refuse_autograd)
-rather than record a node whose gradient would be plain attention's.
+tuple, with score_mod_grad as a 7th field when given, plus the slopes tensor) run on the same
+three paths, forward and backward: the backward gets the forward's variant (and the score_mod's
+derivative); the forward kernel's variant leaves score_mod_grad out (_forward_variant). ALiBi's
+slopes get no gradient: slopes that require grad raise UnsupportedError (_refuse_slopes_grad)
+rather than record a node whose gradient would silently be None.
 """
 import atexit
 from typing import Optional, Tuple
@@ -126,12 +128,20 @@ def _slopes_key(alibi_slopes):
     return (alibi_slopes.shape, alibi_slopes.stride(), alibi_slopes.dtype, alibi_slopes.device)
 
 
+def _forward_variant(variant):
+    """The variant as the forward kernel compiles it: without score_mod_grad (the backward's)."""
+    if variant is None or len(variant) == 6:
+        return variant
+    return None if variant[:6] == _PLAIN_FIELDS[:6] else variant[:6]
+
+
 def _forward(q, k, v, causal, scale, layout, config, variant=None, alibi_slopes=None):
     """(o, lse, plan, (q, k, v, o) as launched): the forward on torch tensors, fast path. o is in
     q's memory order (as the fake implementation's); the launched tensors are those the plan's
     kernel read and wrote (copies where q, k or v were unreadable or misaligned): the eager
     backward, keyed on the plan, reads them. variant, alibi_slopes: an attention variant
-    (flashjit._variant_spec's tuple, the slopes tensor), forward only."""
+    (flashjit._variant_spec's tuple, the slopes tensor)."""
+    variant = _forward_variant(variant)
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype,
            v.dtype, q.device, k.device, v.device, causal, scale, layout, config)
     if variant is not None or alibi_slopes is not None:  # (plain calls keep their short key)
@@ -159,18 +169,22 @@ def _forward(q, k, v, causal, scale, layout, config, variant=None, alibi_slopes=
     return o, lse, plan, (q, k, v, o)
 
 
-def _backward(do, q, k, v, o, lse, causal, scale, layout, deterministic, forward_plan=None):
+def _backward(do, q, k, v, o, lse, causal, scale, layout, deterministic, forward_plan=None,
+              variant=None, alibi_slopes=None):
     """(dq, dk, dv) on torch tensors, fast path. With `forward_plan` (the eager autograd path),
     q, k, v, o and lse are that forward's tensors and do has o's shape, dtype and device (autograd
-    guarantees it), so do's strides complete the key."""
+    guarantees it), so do's strides (and the variant's score_mod_grad) complete the key. variant,
+    alibi_slopes: the forward's (with score_mod_grad for a score_mod)."""
     if forward_plan is not None:
-        key = (do.stride(), deterministic)
+        key = (do.stride(), deterministic, variant)
         cache = forward_plan.backwards
     else:
         key = (do.shape, do.stride(), q.shape, q.stride(), k.shape, k.stride(), v.shape,
                v.stride(), o.shape, o.stride(), lse.shape, lse.stride(), do.dtype, q.dtype,
                k.dtype, v.dtype, o.dtype, lse.dtype, do.device, q.device, k.device, v.device,
                o.device, lse.device, causal, scale, layout, deterministic)
+        if variant is not None or alibi_slopes is not None:  # (plain calls keep their short key)
+            key += (variant, _slopes_key(alibi_slopes))
         cache = _PLANS
     plan = cache.get(key)
     inputs = (do, q, k, v, o, lse)
@@ -180,16 +194,19 @@ def _backward(do, q, k, v, o, lse, causal, scale, layout, deterministic, forward
         copies = tuple(not _readable(x) for x in inputs[:5]) + (not lse.is_contiguous(),)
         do, q, k, v, o, lse = (_copy(x) if c else x for x, c in zip(inputs, copies))
         prepared = _C.prepare_attention_backward(q, k, v, o, lse, do, dq, dk, dv, causal, scale,
-                                                 layout, deterministic, None)
+                                                 layout, deterministic, None, variant,
+                                                 alibi_slopes)
         plan = cache[key] = _Plan(prepared, copies)
     elif True in plan.copies:
         do, q, k, v, o, lse = (_copy(x) if c else x for x, c in zip(inputs, plan.copies))
     if not _aligned(do, q, k, v, o):  # (lse, float32, needs 4 bytes: any float32 tensor has it)
         do, q, k, v, o = (x if x.data_ptr() & 15 == 0 else _copy(x) for x in (do, q, k, v, o))
-        grads = _backward(do, q, k, v, o, lse, causal, scale, layout, deterministic)
+        grads = _backward(do, q, k, v, o, lse, causal, scale, layout, deterministic,
+                          variant=variant, alibi_slopes=alibi_slopes)
         return tuple(mine.copy_(grad) for mine, grad in zip((dq, dk, dv), grads))
     plan.prepared.backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
-                           do.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), _stream(q))
+                           do.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+                           0 if alibi_slopes is None else alibi_slopes.data_ptr(), _stream(q))
     return dq, dk, dv
 
 
@@ -199,11 +216,15 @@ class _Attention(torch.autograd.Function):
     """softmax(scale q k^T + mask) v with FlashAttention-2's backward; saves q, k, v, o, lse."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, layout, deterministic, config):
-        o, lse, plan, launched = _forward(q, k, v, causal, scale, layout, config)
+    def forward(ctx, q, k, v, causal, scale, layout, deterministic, config, variant=None,
+                alibi_slopes=None):
+        o, lse, plan, launched = _forward(q, k, v, causal, scale, layout, config, variant,
+                                          alibi_slopes)
         ctx.save_for_backward(*launched, lse)
         ctx.options = (causal, scale, layout, deterministic)
         ctx.plan = plan
+        ctx.variant = variant
+        ctx.alibi_slopes = alibi_slopes  # (no gradient: attention() refuses slopes that need one)
         ctx.mark_non_differentiable(lse)
         return o, lse
 
@@ -212,23 +233,32 @@ class _Attention(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         # ctx.plan is the plan of the tensors saved (their own key when the forward copied or
         # realigned any): the recursion in _forward returns the plan it launched with.
-        dq, dk, dv = _backward(do, q, k, v, o, lse, *ctx.options, forward_plan=ctx.plan)
-        return dq, dk, dv, None, None, None, None, None
+        dq, dk, dv = _backward(do, q, k, v, o, lse, *ctx.options, forward_plan=ctx.plan,
+                               variant=ctx.variant, alibi_slopes=ctx.alibi_slopes)
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 # --- custom operators (torch.compile, torch.export) -------------------------------------------
 
 # The variant travels through the operator as its fields (a schema has no mixed tuples):
-# window_left, window_right, softcap, prefix, score_mod, mask_mod, then the slopes tensor.
-_PLAIN_FIELDS = (-1, -1, None, 0, "", "")
+# window_left, window_right, softcap, prefix, score_mod, mask_mod, score_mod_grad, then the
+# slopes tensor.
+_PLAIN_FIELDS = (-1, -1, None, 0, "", "", "")
 
 
 def _variant_fields(variant):
-    return _PLAIN_FIELDS if variant is None else variant
+    if variant is None:
+        return _PLAIN_FIELDS
+    return tuple(variant) + _PLAIN_FIELDS[len(variant):]
 
 
 def _variant_of(fields):
-    return None if tuple(fields) == _PLAIN_FIELDS else tuple(fields)
+    """The variant spec of the operator's fields: None, or _variant_spec's tuple (6 fields, 7
+    with a score_mod_grad)."""
+    fields = tuple(fields)
+    if fields == _PLAIN_FIELDS:
+        return None
+    return fields if fields[6] else fields[:6]
 
 
 @torch.library.custom_op("flashjit::attention", mutates_args=())
@@ -236,33 +266,47 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
                  scale: Optional[float], layout: str, deterministic: bool,
                  config: Optional[str], window_left: int = -1, window_right: int = -1,
                  softcap: Optional[float] = None, prefix: int = 0, score_mod: str = "",
-                 mask_mod: str = "", alibi_slopes: Optional[torch.Tensor] = None
+                 mask_mod: str = "", score_mod_grad: str = "",
+                 alibi_slopes: Optional[torch.Tensor] = None
                  ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(o, lse): flashjit's forward. deterministic is for the backward (register_autograd); the
-    fields after config are the attention variant's (forward only)."""
-    variant = _variant_of((window_left, window_right, softcap, prefix, score_mod, mask_mod))
+    fields after config are the attention variant's (score_mod_grad: the backward's)."""
+    variant = _variant_of((window_left, window_right, softcap, prefix, score_mod, mask_mod,
+                           score_mod_grad))
     o, lse, _, _ = _forward(q, k, v, causal, scale, layout, config, variant, alibi_slopes)
     return o, lse
 
 
 @attention_op.register_fake
 def _(q, k, v, causal, scale, layout, deterministic, config, window_left=-1, window_right=-1,
-      softcap=None, prefix=0, score_mod="", mask_mod="", alibi_slopes=None):
+      softcap=None, prefix=0, score_mod="", mask_mod="", score_mod_grad="", alibi_slopes=None):
     return _new_like(q), _new_lse(q, _lse_shape(q.shape, layout))
 
 
 @torch.library.custom_op("flashjit::attention_backward", mutates_args=())
 def attention_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           o: torch.Tensor, lse: torch.Tensor, causal: bool,
-                          scale: Optional[float], layout: str,
-                          deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv): flashjit's backward (dk, dv summed over each GQA group)."""
-    return _backward(do, q, k, v, o, lse, causal, scale, layout, deterministic)
+                          scale: Optional[float], layout: str, deterministic: bool,
+                          window_left: int = -1, window_right: int = -1,
+                          softcap: Optional[float] = None, prefix: int = 0, score_mod: str = "",
+                          mask_mod: str = "", score_mod_grad: str = "",
+                          alibi_slopes: Optional[torch.Tensor] = None
+                          ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv): flashjit's backward (dk, dv summed over each GQA group), of the forward's
+    attention variant (the fields after deterministic, as attention_op's)."""
+    variant = _variant_of((window_left, window_right, softcap, prefix, score_mod, mask_mod,
+                           score_mod_grad))
+    return _backward(do, q, k, v, o, lse, causal, scale, layout, deterministic, variant=variant,
+                     alibi_slopes=alibi_slopes)
 
 
 @attention_backward_op.register_fake
-def _(do, q, k, v, o, lse, causal, scale, layout, deterministic):
+def _(do, q, k, v, o, lse, causal, scale, layout, deterministic, window_left=-1, window_right=-1,
+      softcap=None, prefix=0, score_mod="", mask_mod="", score_mod_grad="", alibi_slopes=None):
     return _new_like(q), _new_like(k), _new_like(v)
+
+
+_OP_FIELDS = len(_PLAIN_FIELDS)  # the variant's fields among attention_op's inputs, from 8 on
 
 
 def _setup_context(ctx, inputs, output):
@@ -270,19 +314,20 @@ def _setup_context(ctx, inputs, output):
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.options = (causal, scale, layout, deterministic)
-    fields = tuple(inputs[8:14]) + _PLAIN_FIELDS[len(inputs[8:14]):]  # (defaults left out)
-    ctx.variant = (_variant_of(fields), inputs[14] if len(inputs) > 14 else None)
+    given = tuple(inputs[8:8 + _OP_FIELDS])
+    fields = given + _PLAIN_FIELDS[len(given):]  # (defaults left out)
+    slopes = inputs[8 + _OP_FIELDS] if len(inputs) > 8 + _OP_FIELDS else None
+    ctx.variant = (fields, slopes)
     ctx.mark_non_differentiable(lse)
 
 
 def _op_backward(ctx, do, _dlse):
-    # attention() refuses autograd for variants before tracing; this is for direct callers of
-    # the operator, whose gradient would otherwise be plain attention's.
-    if ctx.variant != (None, None):
-        _refuse_autograd(*ctx.variant)
+    fields, slopes = ctx.variant
+    if slopes is not None and slopes.requires_grad:
+        _refuse_slopes_grad(_variant_of(fields), slopes)
     q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = attention_backward_op(do, q, k, v, o, lse, *ctx.options)
-    return (dq, dk, dv) + (None,) * 12
+    dq, dk, dv = attention_backward_op(do, q, k, v, o, lse, *ctx.options, *fields, slopes)
+    return (dq, dk, dv) + (None,) * (5 + _OP_FIELDS + 1)
 
 
 attention_op.register_autograd(_op_backward, setup_context=_setup_context)
@@ -309,20 +354,21 @@ def _check_cuda_dtype(q):
             "float32 runs on the CPU backend only")
 
 
-def _refuse_autograd(variant, alibi_slopes):
-    """UnsupportedError for a variant call that needs a gradient (no variant backward yet)."""
+def _refuse_slopes_grad(variant, alibi_slopes):
+    """UnsupportedError for ALiBi slopes that require grad (flashjit computes no gradient of
+    them; None would be silently wrong)."""
     from . import _variant_text
 
     raise _C.UnsupportedError(
-        f"attention variants have no backward yet ({_variant_text(variant, alibi_slopes)}), and "
-        f"q, k, v or alibi_slopes requires grad: run the forward under torch.no_grad() or on "
-        f"detached tensors, or leave the variant out for a differentiable call")
+        f"alibi_slopes requires grad ({_variant_text(variant, alibi_slopes)}): flashjit's "
+        f"backward computes dq, dk and dv only, not the slopes' gradient; pass "
+        f"alibi_slopes.detach() (fixed slopes, as ALiBi's are)")
 
 
 def attention(q, k, v, causal, scale, layout, return_lse, deterministic, config, variant=None,
               alibi_slopes=None):
-    """flashjit.attention for torch tensors without out=, lse= or stream=: differentiable (plain
-    attention; a variant is forward only)."""
+    """flashjit.attention for torch tensors without out=, lse= or stream=: differentiable (ALiBi's
+    slopes excepted)."""
     q, k, v = _autocast(q, k, v)
     _check_cuda_dtype(q)
     if deterministic is None:
@@ -333,24 +379,28 @@ def attention(q, k, v, causal, scale, layout, return_lse, deterministic, config,
         if alibi_slopes is not None and not isinstance(alibi_slopes, torch.Tensor):
             raise TypeError(f"alibi_slopes: expected a torch.Tensor with torch inputs, got "
                             f"{type(alibi_slopes).__module__}.{type(alibi_slopes).__qualname__}")
-        if needs_grad or (torch.is_grad_enabled() and alibi_slopes is not None and
-                          alibi_slopes.requires_grad):
-            _refuse_autograd(variant, alibi_slopes)
+        if torch.is_grad_enabled() and alibi_slopes is not None and alibi_slopes.requires_grad:
+            _refuse_slopes_grad(variant, alibi_slopes)
     if torch.compiler.is_compiling():
         o, lse = attention_op(q, k, v, causal, scale, layout, deterministic, config,
                               *_variant_fields(variant), alibi_slopes)
     elif needs_grad:
-        o, lse = _Attention.apply(q, k, v, causal, scale, layout, deterministic, config)
+        o, lse = _Attention.apply(q, k, v, causal, scale, layout, deterministic, config, variant,
+                                  alibi_slopes)
     else:
         o, lse, _, _ = _forward(q, k, v, causal, scale, layout, config, variant, alibi_slopes)
     return (o, lse) if return_lse else o
 
 
-def attention_backward(q, k, v, o, lse, do, causal, scale, layout, deterministic):
+def attention_backward(q, k, v, o, lse, do, causal, scale, layout, deterministic, variant=None,
+                       alibi_slopes=None):
     """flashjit.attention_backward for torch tensors without dq=, dk=, dv=, config= or stream=
     (lse given)."""
     q, k, v, o, lse, do = (x.detach() for x in (q, k, v, o, lse, do))
-    return _backward(do, q, k, v, o, lse, causal, scale, layout, deterministic)
+    if alibi_slopes is not None:
+        alibi_slopes = alibi_slopes.detach()
+    return _backward(do, q, k, v, o, lse, causal, scale, layout, deterministic, variant=variant,
+                     alibi_slopes=alibi_slopes)
 
 
 def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,

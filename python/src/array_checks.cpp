@@ -443,8 +443,10 @@ Result<Call> check_backward_arrays(const ArrayInfo& q, const ArrayInfo& k, const
                                    const ArrayInfo& o, const ArrayInfo* lse, const ArrayInfo& d_o,
                                    const ArrayInfo* dq, const ArrayInfo* dk, const ArrayInfo* dv,
                                    bool causal, std::optional<double> scale,
-                                   const std::string& layout_name, bool deterministic) {
-  Result<Call> call = check_forward_arrays(q, k, v, nullptr, nullptr, causal, scale, layout_name);
+                                   const std::string& layout_name, bool deterministic,
+                                   const Variant& variant, const ArrayInfo* alibi_slopes) {
+  Result<Call> call = check_forward_arrays(q, k, v, nullptr, nullptr, causal, scale, layout_name,
+                                           variant, alibi_slopes);
   FLASHJIT_TRY(call);
   const Layout layout = *check_layout(layout_name);
   AttentionProblem& p = call->problem;

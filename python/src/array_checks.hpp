@@ -76,12 +76,16 @@ Result<Call> check_forward_arrays(const ArrayInfo& q, const ArrayInfo& k, const 
 // The backward's arrays: o and do with q's shape and dtype, lse float32 (batch, heads_q,
 // seqlen_q) contiguous (required: the error says where it comes from), dq with q's shape and
 // dk, dv with k's when given (contiguous in the layout when not: the caller allocates them so),
-// all on q's device. Builds the backward problem with every array's strides.
+// all on q's device. Builds the backward problem with every array's strides. `variant` and
+// `alibi_slopes` as check_forward_arrays takes them (the forward's variant, and for a score_mod
+// its score_mod_grad: validate() says when it is missing).
 Result<Call> check_backward_arrays(const ArrayInfo& q, const ArrayInfo& k, const ArrayInfo& v,
                                    const ArrayInfo& o, const ArrayInfo* lse, const ArrayInfo& d_o,
                                    const ArrayInfo* dq, const ArrayInfo* dk, const ArrayInfo* dv,
                                    bool causal, std::optional<double> scale,
-                                   const std::string& layout_name, bool deterministic);
+                                   const std::string& layout_name, bool deterministic,
+                                   const Variant& variant = {},
+                                   const ArrayInfo* alibi_slopes = nullptr);
 
 // A decode call's arrays (flashjit.decode): q (batch, seqlen_q, heads_q, head_dim); either K and V
 // contiguous, k_cache and v_cache (batch, seqlen_k, heads_kv, head_dim) with optional seqlens_k

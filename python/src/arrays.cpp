@@ -39,10 +39,10 @@ const ArrayInfo* pointer(const std::optional<ArrayInfo>& info) { return info ? &
 Variant variant_of(const std::optional<nb::tuple>& spec) {
   Variant variant;
   if (!spec) return variant;
-  if (spec->size() != 6) {
+  if (spec->size() != 6 && spec->size() != 7) {
     raise(ErrorCode::InvalidArgument,
-          "variant: expected (window_left, window_right, softcap, prefix, score_mod, mask_mod), "
-          "got a tuple of " +
+          "variant: expected (window_left, window_right, softcap, prefix, score_mod, mask_mod[, "
+          "score_mod_grad]), got a tuple of " +
               std::to_string(spec->size()));
   }
   variant.window_left = nb::cast<int64_t>((*spec)[0]);
@@ -51,6 +51,7 @@ Variant variant_of(const std::optional<nb::tuple>& spec) {
   variant.prefix = nb::cast<int64_t>((*spec)[3]);
   variant.score_mod = nb::cast<std::string>((*spec)[4]);
   variant.mask_mod = nb::cast<std::string>((*spec)[5]);
+  if (spec->size() == 7) variant.score_mod_grad = nb::cast<std::string>((*spec)[6]);
   return variant;
 }
 
@@ -89,15 +90,15 @@ Call prepare_backward(const InArray& q, const InArray& k, const InArray& v, cons
                       const std::optional<InArray>& lse, const InArray& d_o, const OutArray* dq,
                       const OutArray* dk, const OutArray* dv, bool causal,
                       std::optional<double> scale, const std::string& layout_name,
-                      bool deterministic) {
+                      bool deterministic, const Variant& variant, const InArray* alibi_slopes) {
   const std::optional<ArrayInfo> lse_info =
       lse ? std::optional<ArrayInfo>(info_of(*lse)) : std::nullopt;
   const std::optional<ArrayInfo> dq_info = info_of(dq), dk_info = info_of(dk),
-                                 dv_info = info_of(dv);
+                                 dv_info = info_of(dv), slopes_info = info_of(alibi_slopes);
   return unwrap(check_backward_arrays(info_of(q), info_of(k), info_of(v), info_of(o),
                                       pointer(lse_info), info_of(d_o), pointer(dq_info),
                                       pointer(dk_info), pointer(dv_info), causal, scale,
-                                      layout_name, deterministic));
+                                      layout_name, deterministic, variant, pointer(slopes_info)));
 }
 
 Allocated allocate_array(Runtime& runtime, const Place& place, const std::string& framework,

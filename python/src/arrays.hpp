@@ -65,7 +65,8 @@ Call prepare_backward(const InArray& q, const InArray& k, const InArray& v, cons
                       const std::optional<InArray>& lse, const InArray& d_o, const OutArray* dq,
                       const OutArray* dk, const OutArray* dv, bool causal,
                       std::optional<double> scale, const std::string& layout_name,
-                      bool deterministic);
+                      bool deterministic, const Variant& variant = {},
+                      const InArray* alibi_slopes = nullptr);
 
 // Memory the module allocated for an output (arrays of frameworks without an allocator the
 // Python layer knows, e.g. jax), owned by the returned array. `framework`: "jax" returns a jax

@@ -66,7 +66,7 @@ void Prepared::forward(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintp
 
 void Prepared::backward(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse,
                         uintptr_t d_o, uintptr_t dq, uintptr_t dk, uintptr_t dv,
-                        uintptr_t stream) const {
+                        uintptr_t alibi_slopes, uintptr_t stream) const {
   AttentionArgs args{reinterpret_cast<const void*>(q), reinterpret_cast<const void*>(k),
                      reinterpret_cast<const void*>(v), reinterpret_cast<void*>(o),
                      reinterpret_cast<float*>(lse)};
@@ -74,6 +74,7 @@ void Prepared::backward(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uint
   args.dq = reinterpret_cast<void*>(dq);
   args.dk = reinterpret_cast<void*>(dk);
   args.dv = reinterpret_cast<void*>(dv);
+  args.alibi_slopes = reinterpret_cast<const float*>(alibi_slopes);
   launch(args, stream);
 }
 
@@ -89,9 +90,12 @@ Prepared prepare_attention(InArray q, InArray k, InArray v, OutArray out,
 Prepared prepare_attention_backward(InArray q, InArray k, InArray v, InArray o, InArray lse,
                                     InArray d_o, OutArray dq, OutArray dk, OutArray dv, bool causal,
                                     std::optional<double> scale, const std::string& layout,
-                                    bool deterministic, std::optional<std::string> config) {
+                                    bool deterministic, std::optional<std::string> config,
+                                    std::optional<nb::tuple> variant,
+                                    std::optional<InArray> alibi_slopes) {
   return prepared(
-      prepare_backward(q, k, v, o, lse, d_o, &dq, &dk, &dv, causal, scale, layout, deterministic),
+      prepare_backward(q, k, v, o, lse, d_o, &dq, &dk, &dv, causal, scale, layout, deterministic,
+                       variant_of(variant), alibi_slopes ? &*alibi_slopes : nullptr),
       config);
 }
 
@@ -222,9 +226,11 @@ nb::tuple attention_backward(InArray q, InArray k, InArray v, InArray o, std::op
                              std::optional<OutArray> dv, bool causal, std::optional<double> scale,
                              const std::string& layout, bool deterministic,
                              std::optional<std::string> config, uintptr_t stream, bool synchronize,
-                             const std::string& framework) {
+                             const std::string& framework, std::optional<nb::tuple> variant,
+                             std::optional<InArray> alibi_slopes) {
   const Call call = prepare_backward(q, k, v, o, lse, d_o, dq ? &*dq : nullptr, dk ? &*dk : nullptr,
-                                     dv ? &*dv : nullptr, causal, scale, layout, deterministic);
+                                     dv ? &*dv : nullptr, causal, scale, layout, deterministic,
+                                     variant_of(variant), alibi_slopes ? &*alibi_slopes : nullptr);
   std::shared_ptr<Runtime> runtime = runtimes().get(call.place);
   // A gradient the caller did not pass: contiguous, with its input's shape (prepare_backward
   // gave the problem those strides).
@@ -248,6 +254,7 @@ nb::tuple attention_backward(InArray q, InArray k, InArray v, InArray o, std::op
   args.dq = data[0];
   args.dk = data[1];
   args.dv = data[2];
+  if (alibi_slopes) args.alibi_slopes = static_cast<const float*>(alibi_slopes->data());
   prepared(call, config).launch(args, stream, synchronize);
   return nb::make_tuple(made[0], made[1], made[2]);
 }

@@ -35,9 +35,11 @@ class Prepared {
   // problem) as data pointers.
   void forward(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse,
                uintptr_t alibi_slopes, uintptr_t stream) const;
-  // The backward with q, k, v, o, lse, do, dq, dk and dv as data pointers.
+  // The backward with q, k, v, o, lse, do, dq, dk, dv and ALiBi's slopes (0: none) as data
+  // pointers.
   void backward(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse, uintptr_t d_o,
-                uintptr_t dq, uintptr_t dk, uintptr_t dv, uintptr_t stream) const;
+                uintptr_t dq, uintptr_t dk, uintptr_t dv, uintptr_t alibi_slopes,
+                uintptr_t stream) const;
 
   const Place& place() const { return place_; }
   const AttentionProblem& problem() const { return problem_; }
@@ -58,11 +60,14 @@ Prepared prepare_attention(InArray q, InArray k, InArray v, OutArray out,
                            const std::string& layout, std::optional<std::string> config,
                            std::optional<nb::tuple> variant, std::optional<InArray> alibi_slopes);
 
-// The backward of q, k, v, o, lse, do into dq, dk, dv, prepared likewise.
+// The backward of q, k, v, o, lse, do into dq, dk, dv, prepared likewise (`variant`: the
+// forward's, with score_mod_grad for a score_mod).
 Prepared prepare_attention_backward(InArray q, InArray k, InArray v, InArray o, InArray lse,
                                     InArray d_o, OutArray dq, OutArray dk, OutArray dv, bool causal,
                                     std::optional<double> scale, const std::string& layout,
-                                    bool deterministic, std::optional<std::string> config);
+                                    bool deterministic, std::optional<std::string> config,
+                                    std::optional<nb::tuple> variant,
+                                    std::optional<InArray> alibi_slopes);
 
 // Returns (out, lse) as allocated here: each None when the caller passed it (or, for lse, did
 // not ask for it). cu_seqlens_q / _k (both or neither): packed variable-length documents, q, k,
@@ -93,7 +98,9 @@ nb::tuple attention_backward(InArray q, InArray k, InArray v, InArray o, std::op
                              std::optional<OutArray> dv, bool causal, std::optional<double> scale,
                              const std::string& layout, bool deterministic,
                              std::optional<std::string> config, uintptr_t stream, bool synchronize,
-                             const std::string& framework);
+                             const std::string& framework,
+                             std::optional<nb::tuple> variant = std::nullopt,
+                             std::optional<InArray> alibi_slopes = std::nullopt);
 
 // The config attention() (pass_ "fwd") or attention_backward() ("bwd") would launch for q, k, v
 // (packed documents: the (1, total, heads, head_dim) views and both offsets, as attention())

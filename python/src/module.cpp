@@ -62,14 +62,15 @@ NB_MODULE(_flashjit, m) {
         nb::arg("o"), nb::arg("lse").none(), nb::arg("do"), nb::arg("dq").none(),
         nb::arg("dk").none(), nb::arg("dv").none(), nb::arg("causal"), nb::arg("scale").none(),
         nb::arg("layout"), nb::arg("deterministic"), nb::arg("config").none(), nb::arg("stream"),
-        nb::arg("synchronize"), nb::arg("framework"));
+        nb::arg("synchronize"), nb::arg("framework"), nb::arg("variant").none() = nb::none(),
+        nb::arg("alibi_slopes").none() = nb::none());
   // Prepared calls (python/flashjit/_torch.py keeps one per shapes/strides/dtypes/device/options).
   nb::class_<Prepared>(m, "Prepared")
       .def("forward", &Prepared::forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"),
            nb::arg("lse"), nb::arg("alibi_slopes"), nb::arg("stream"))
       .def("backward", &Prepared::backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"),
            nb::arg("lse"), nb::arg("do"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
-           nb::arg("stream"))
+           nb::arg("alibi_slopes"), nb::arg("stream"))
       .def_prop_ro("config", [](const Prepared& p) { return p.kernel().config().to_string(); })
       .def_prop_ro("device", [](const Prepared& p) { return p.place().to_string(); })
       .def_prop_ro("problem", [](const Prepared& p) { return p.problem().to_string(); });
@@ -80,7 +81,8 @@ NB_MODULE(_flashjit, m) {
   m.def("prepare_attention_backward", &prepare_attention_backward, nb::arg("q"), nb::arg("k"),
         nb::arg("v"), nb::arg("o"), nb::arg("lse"), nb::arg("do"), nb::arg("dq"), nb::arg("dk"),
         nb::arg("dv"), nb::arg("causal"), nb::arg("scale").none(), nb::arg("layout"),
-        nb::arg("deterministic"), nb::arg("config").none());
+        nb::arg("deterministic"), nb::arg("config").none(), nb::arg("variant").none() = nb::none(),
+        nb::arg("alibi_slopes").none() = nb::none());
   m.def("config_for", &config_for, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("causal"),
         nb::arg("scale").none(), nb::arg("layout"), nb::arg("config").none(), nb::arg("pass_"),
         nb::arg("deterministic"), nb::arg("variant").none(), nb::arg("alibi_slopes").none(),

@@ -99,6 +99,16 @@ namespace {
 
 std::string signature_text(const ProblemSignature& signature) { return signature.to_string(); }
 
+// Packed documents' offsets (host arrays on the CPU, aligned): every one checked, forward and
+// backward.
+Status check_host_cu_seqlens(const AttentionProblem& problem, const AttentionArgs& args) {
+  const Variant& v = problem.variant;
+  FLASHJIT_TRY(check_cu_seqlens("cu_seqlens_q", args.cu_seqlens_q, problem.batch, problem.seqlen_q,
+                                v.total_q));
+  return check_cu_seqlens("cu_seqlens_k", args.cu_seqlens_k, problem.batch, problem.seqlen_k,
+                          v.total_k);
+}
+
 // Host memory for allocate() and the backward's own workspace: kWorkspaceAlign (256-byte)
 // aligned, so that any buffer from allocate() can serve as a backward workspace too.
 Result<DeviceBuffer> host_allocation(size_t bytes) {
@@ -181,17 +191,13 @@ class CpuKernel final : public Kernel {
                             std::to_string(problem.heads_q) + "), a 4-byte aligned host pointer");
     }
     if (problem.variant.varlen) {  // host arrays here: every offset checked
-      const Variant& v = problem.variant;
       for (const auto& [name, cu] :
            {std::pair<const char*, const int32_t*>{"cu_seqlens_q", args.cu_seqlens_q},
             {"cu_seqlens_k", args.cu_seqlens_k}})
         if (reinterpret_cast<uintptr_t>(cu) % alignof(int32_t) != 0)
           return make_error(ErrorCode::InvalidArgument,
                             std::string(name) + ": must be 4-byte aligned (int32 offsets)");
-      FLASHJIT_TRY(check_cu_seqlens("cu_seqlens_q", args.cu_seqlens_q, problem.batch,
-                                    problem.seqlen_q, v.total_q));
-      FLASHJIT_TRY(check_cu_seqlens("cu_seqlens_k", args.cu_seqlens_k, problem.batch,
-                                    problem.seqlen_k, v.total_k));
+      FLASHJIT_TRY(check_host_cu_seqlens(problem, args));
     }
     const int64_t m_blocks = (problem.seqlen_q + config_.block_m - 1) / config_.block_m;
     const int64_t items = problem.batch * problem.heads_q * m_blocks;
@@ -255,6 +261,7 @@ class CpuBackwardKernel final : public Kernel {
     const BackwardWorkspace layout = this->layout(problem);
     FLASHJIT_TRY(check_attention_launch(
         problem, args, signature_, static_cast<size_t>(dtype_bytes(problem.dtype)), layout.bytes));
+    if (problem.variant.varlen) FLASHJIT_TRY(check_host_cu_seqlens(problem, args));
     const int64_t m_blocks = (problem.seqlen_q + config_.block_m - 1) / config_.block_m;
     const int64_t n_blocks = (problem.seqlen_k + config_.block_n - 1) / config_.block_n;
     const int64_t query_items = problem.batch * problem.heads_q * m_blocks;

@@ -243,8 +243,27 @@ struct Backward {
     const int m_first = T::kCausal ? (n0 - diag > 0 ? (n0 - diag) / BM : 0) : 0;
     const int m_blocks = (p.seqlen_q + BM - 1) / BM;
     const i32x16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+#ifdef FLASHJIT_VARIANT
+    // An attention variant (templates/attention_variant.h, before the rest; all its code is under
+    // #ifdef FLASHJIT_VARIANT, so that plain kernels compile exactly as before) changes three
+    // things, as in the forward: the dK/dV items visit only the query blocks whose rows may see
+    // their key block (query_rows, here) and the dQ items only the key blocks their rows may see
+    // (key_blocks); P is recomputed from the variant's scores (score_and_grad, visible()) and
+    // the forward's lse in the blocks that need it; and dS = P (dP - D) is multiplied by
+    // d score / d s (the soft-cap's 1 - tanh^2, the user's score_mod_grad). Masked entries have
+    // P = dS = 0.
+    namespace fv = flashjit_variant;
+    const fv::QueryRows query_rows = fv::query_rows(p, diag, n0, cols);
+    const int m_begin = query_rows.first / BM;
+    const int m_end =
+        query_rows.first < query_rows.last ? (query_rows.last + BM - 1) / BM : m_begin;
+    (void)m_first, (void)lane;
+#endif
 
     for (int h = hk * p.group_size; h < (hk + 1) * p.group_size; ++h) {
+#ifdef FLASHJIT_VARIANT
+      const float slope = fv::alibi_slope(p, h);
+#endif
       const Element* q = (const Element*)p.q + b * p.q_batch_stride + h * p.q_head_stride;
       const Element* d_o = (const Element*)p.d_o + b * p.do_batch_stride + h * p.do_head_stride;
       const float* lse_log2 = p.lse_log2 + workspace_row(p, b, h);
@@ -252,7 +271,11 @@ struct Backward {
       float* const dq_head =
           T::kFusedDq ? dq_accum + (i64)(h - hk * p.group_size) * p.seqlen_q_rounded * DR : nullptr;
 
+#ifdef FLASHJIT_VARIANT
+      for (int m_block = m_begin; m_block < m_end; ++m_block) {
+#else
       for (int m_block = m_first; m_block < m_blocks; ++m_block) {
+#endif
         const int q0 = m_block * BM;
         const int rows = min_int(BM, p.seqlen_q - q0);
         const int padded_rows = (rows + 1) & ~1;  // the tiles' rows: an even count
@@ -322,14 +345,41 @@ struct Backward {
         // crosses it.
         const bool mask = cols < BN || (T::kCausal && n0 + BN - 1 > q0 + diag);
         const float scale = kDot ? p.scale_log2 : 1.0f;
+#ifdef FLASHJIT_VARIANT
+        // The variant masks (causal and keys past seqlen_k included) and modifies the scores per
+        // element in the blocks that need it, as the forward did; dS gets the scores' derivative.
+        const bool all_visible = fv::block_fully_visible(p, diag, q0, rows, n0, BN);
+        const bool variant_block = fv::kModifiesScores || !all_visible;
+        (void)mask;
+#endif
         auto probabilities = [&](int i, int x, f32x16* pv, f32x16* dsv) {
           f32x16 sv = load(s + i * BN + x) * scale;
+#ifdef FLASHJIT_VARIANT
+          f32x16 grad = 1.0f;
+          if (variant_block) {
+            const int row = q0 + i;
+            for (int l = 0; l < kLanes; ++l) {
+              const int key = n0 + x + l;
+              float g;
+              const float score = fv::score_and_grad(sv[l] * 0.6931471805599453f, slope, b, h, row,
+                                                     key, (float)(key - row), &g);
+              const bool seen = all_visible || fv::visible(p, diag, b, h, row, key);
+              sv[l] = seen ? score * kLog2e : kNegInf;
+              grad[l] = seen ? g : 0.0f;
+            }
+          }
+#else
           if (mask) {
             const int last = T::kCausal ? min_int(q0 + i + diag, p.seqlen_k - 1) : p.seqlen_k - 1;
             sv = n0 + x + lane <= last ? sv : kNegInf;
           }
+#endif
           *pv = exp2_nonpositive(sv - lse_log2[q0 + i]);
+#ifdef FLASHJIT_VARIANT
+          *dsv = *pv * (load(dp + i * BN + x) - delta[q0 + i]) * grad;
+#else
           *dsv = *pv * (load(dp + i * BN + x) - delta[q0 + i]);
+#endif
         };
         if constexpr (kDot) {
           // Rows (i, i + 1) as bf16 pairs, written over S and dP rows this loop has read; for the
@@ -461,7 +511,18 @@ struct Backward {
     if (T::kCausal) kv_end = min_int(kv_end, q0 + rows - 1 + diag + 1);
     const i32x16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
+#ifdef FLASHJIT_VARIANT
+    // The variant's key blocks (templates/attention_variant.h), as the forward's: hidden blocks
+    // are never packed.
+    namespace fv = flashjit_variant;
+    const fv::KeyBlocks key_blocks = fv::key_blocks(p, diag, q0, rows, BN);
+    const float slope = fv::alibi_slope(p, h);
+    (void)kv_end, (void)lane;
+    for (int t = 0; t < key_blocks.count(); ++t) {
+      const int n0 = key_blocks.at(t) * BN;
+#else
     for (int n0 = 0; n0 < kv_end; n0 += BN) {
+#endif
       const int cols = min_int(BN, p.seqlen_k - n0);
       const int key_pairs = (cols + 1) / 2;  // the tiles' rows: 2 * key_pairs
 
@@ -511,14 +572,40 @@ struct Backward {
       // block crosses the diagonal. The loops stop at cols: keys past seqlen_k get no dS.
       const bool crosses_diagonal = T::kCausal && n0 + cols - 1 > q0 + diag;
       const float scale = kDot ? p.scale_log2 : 1.0f;
+#ifdef FLASHJIT_VARIANT
+      // The variant per element where the block needs it (as dK/dV's probabilities).
+      const bool all_visible = fv::block_fully_visible(p, diag, q0, rows, n0, cols);
+      const bool variant_block = fv::kModifiesScores || !all_visible;
+      (void)crosses_diagonal;
+#endif
       auto gradient = [&](int j, int x) {
         f32x16 sv = load(st + j * BM + x) * scale;
+#ifdef FLASHJIT_VARIANT
+        f32x16 grad = 1.0f;
+        if (variant_block) {
+          const int key = n0 + j;
+          for (int l = 0; l < kLanes; ++l) {
+            const int row = q0 + x + l;
+            float g;
+            const float score = fv::score_and_grad(sv[l] * 0.6931471805599453f, slope, b, h, row,
+                                                   key, (float)(key - row), &g);
+            const bool seen = all_visible || fv::visible(p, diag, b, h, row, key);
+            sv[l] = seen ? score * kLog2e : kNegInf;
+            grad[l] = seen ? g : 0.0f;
+          }
+        }
+#else
         if (crosses_diagonal) {
           // Query q0 + x + lane sees key n0 + j iff n0 + j <= q0 + x + lane + diag.
           sv = n0 + j - q0 - x - diag <= lane ? sv : kNegInf;
         }
+#endif
         const f32x16 pv = exp2_nonpositive(sv - load(lse_log2 + x));
+#ifdef FLASHJIT_VARIANT
+        return pv * (load(dpt + j * BM + x) - load(delta + x)) * grad;
+#else
         return pv * (load(dpt + j * BM + x) - load(delta + x));
+#endif
       };
       if constexpr (kDot) {
         // Keys (j, j + 1) as bf16 pairs, written over dP^T rows this loop has read.
@@ -588,11 +675,34 @@ struct Backward {
 
   // ---- entry points: work items [begin, end), the block index fastest ----------------------
 
+#ifdef FLASHJIT_VARIANT
+  // Packed documents (FLASHJIT_VARIANT_VARLEN): `doc` becomes document b's view of the params
+  // (templates/attention_variant.h, document_view: its rows of every tensor and its lengths,
+  // batch index b of the workspace kept); false when its queries end at or before m0 (m0 < 0:
+  // never). Other variants: the params as they are.
+  static bool view(FlashjitAttentionParams& doc, int b, int m0) {
+#if FLASHJIT_VARIANT_VARLEN
+    return flashjit_variant::document_view(doc, b, m0, (int)sizeof(Element));
+#else
+    (void)doc, (void)b, (void)m0;
+    return true;
+#endif
+  }
+
+#endif
   // batch x heads_q x ceil(seqlen_q / BM).
   static int preprocess(const FlashjitAttentionParams& p, int begin, int end) {
     const int m_blocks = (p.seqlen_q + BM - 1) / BM;
+#ifdef FLASHJIT_VARIANT
+    for (int w = begin; w < end; ++w) {
+      const int b = w / m_blocks / p.heads_q, h = (w / m_blocks) % p.heads_q, m = w % m_blocks;
+      FlashjitAttentionParams doc = p;
+      if (view(doc, b, m * BM)) preprocess_block(doc, b, h, m);
+    }
+#else
     for (int w = begin; w < end; ++w)
       preprocess_block(p, w / m_blocks / p.heads_q, (w / m_blocks) % p.heads_q, w % m_blocks);
+#endif
     return 0;
   }
 
@@ -604,6 +714,19 @@ struct Backward {
     if (!scratch) return 1;
     const int n_blocks = (p.seqlen_k + BN - 1) / BN;
     const int splits = p.dq_accum_splits;
+#ifdef FLASHJIT_VARIANT
+    // (A document without queries still gets its dK = dV = 0 written.)
+    for (int w = begin; w < end; ++w) {
+      const int per = T::kFusedDq ? splits : n_blocks;
+      const int b = w / per / p.heads_kv, hk = (w / per) % p.heads_kv, i = w % per;
+      FlashjitAttentionParams doc = p;
+      view(doc, b, -1);
+      if constexpr (T::kFusedDq)
+        dkdv_split(doc, b, hk, i, scratch);
+      else if (i * BN < doc.seqlen_k)
+        dkdv_block(doc, b, hk, i, scratch, nullptr);
+    }
+#else
     for (int w = begin; w < end; ++w) {
       if constexpr (T::kFusedDq)
         dkdv_split(p, w / splits / p.heads_kv, (w / splits) % p.heads_kv, w % splits, scratch);
@@ -611,6 +734,7 @@ struct Backward {
         dkdv_block(p, w / n_blocks / p.heads_kv, (w / n_blocks) % p.heads_kv, w % n_blocks, scratch,
                    nullptr);
     }
+#endif
     free(scratch);
     return 0;
   }
@@ -618,6 +742,22 @@ struct Backward {
   // batch x heads_q x ceil(seqlen_q / BM). Returns 1 when the scratch could not be allocated.
   static int dq(const FlashjitAttentionParams& p, int begin, int end) {
     const int m_blocks = (p.seqlen_q + BM - 1) / BM;
+#ifdef FLASHJIT_VARIANT
+    float* scratch = T::kFusedDq ? nullptr
+                                 : (float*)aligned_alloc(
+                                       64, (unsigned long)((T::kDqScratchFloats * 4 + 63) & ~63LL));
+    if (!T::kFusedDq && !scratch) return 1;
+    for (int w = begin; w < end; ++w) {
+      const int b = w / m_blocks / p.heads_q, h = (w / m_blocks) % p.heads_q, m = w % m_blocks;
+      FlashjitAttentionParams doc = p;
+      if (!view(doc, b, m * BM)) continue;
+      if constexpr (T::kFusedDq)
+        dq_sum_block(doc, b, h, m);
+      else
+        dq_block(doc, b, h, m, scratch);
+    }
+    free(scratch);
+#else
     if constexpr (T::kFusedDq) {
       for (int w = begin; w < end; ++w)
         dq_sum_block(p, w / m_blocks / p.heads_q, (w / m_blocks) % p.heads_q, w % m_blocks);
@@ -629,6 +769,7 @@ struct Backward {
         dq_block(p, w / m_blocks / p.heads_q, (w / m_blocks) % p.heads_q, w % m_blocks, scratch);
       free(scratch);
     }
+#endif
     return 0;
   }
 };

@@ -269,12 +269,31 @@ __device__ __forceinline__ void pipeline_end_reads(int t, int steps, const Load&
 // then dS (and P when STORE_P) rounded to the storage type into their [kBlockM, kBlockN] tiles.
 // lse_log2 and delta hold the values of this lane's rows (Sdp::row0 + 16 mt + lane / 4 + 8 half).
 // Rows past seqlen_q need no mask: their lse_log2 is +inf (P = 0) and their dO is zero-filled.
+#ifdef FLASHJIT_VARIANT
+// An attention variant (FLASHJIT_VARIANT: templates/attention_variant.h, rendered before this
+// file; the variant code is all under #ifdef FLASHJIT_VARIANT, so that plain kernels compile
+// exactly as before): the dK/dV kernel visits the query blocks whose rows may see its keys
+// (query_rows), the dQ kernel the key blocks its rows may see (key_blocks); scores_to_shared
+// applies the scores and the mask per element in the blocks that need either, as the forward
+// does, recomputing P against the forward's lse, and multiplies dS by d score / d s
+// (score_and_grad: the soft-cap's 1 - tanh^2, the user's score_mod_grad); batch and head for the
+// user's expressions, slope for ALiBi.
+template <class K, bool STORE_P>
+__device__ __forceinline__ void scores_to_shared(const FlashjitAttentionParams& p, int diagonal,
+                                                 int m0, int n0, u32 q_tile, u32 do_tile,
+                                                 u32 k_tile, u32 v_tile, u32 p_tile, u32 ds_tile,
+                                                 const float (&lse_log2)[K::Sdp::kMTiles][2],
+                                                 const float (&delta)[K::Sdp::kMTiles][2],
+                                                 int batch, int head, float slope) {
+  namespace fv = flashjit_variant;
+#else
 template <class K, bool STORE_P>
 __device__ __forceinline__ void scores_to_shared(const FlashjitAttentionParams& p, int diagonal,
                                                  int m0, int n0, u32 q_tile, u32 do_tile,
                                                  u32 k_tile, u32 v_tile, u32 p_tile, u32 ds_tile,
                                                  const float (&lse_log2)[K::Sdp::kMTiles][2],
                                                  const float (&delta)[K::Sdp::kMTiles][2]) {
+#endif
   namespace fa = flashjit_attention;
   using T = typename K::Sdp;
   constexpr int kDp = K::kHeadDimPadded;
@@ -287,6 +306,45 @@ __device__ __forceinline__ void scores_to_shared(const FlashjitAttentionParams& 
   clear(s);
   warp_mma<K::kIsBf16, T::kMTiles, T::kNTiles, kDp / 16, false, false, kDp, kDp>(
       s, q_tile, rows_lane, k_tile, keys_lane);
+#ifdef FLASHJIT_VARIANT
+  // grad: d score / d (scale * q . k) where the variant modifies the scores (else unused).
+  float grad[T::kMTiles][T::kNTiles][4];
+  const bool all_visible = fv::block_fully_visible(p, diagonal, m0, K::kBlockM, n0, K::kBlockN);
+  if (!all_visible || fv::kModifiesScores) {
+#pragma unroll
+    for (int mt = 0; mt < T::kMTiles; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = m0 + row0 + mt * 16 + lane / 4 + half * 8;
+        const int key0 = n0 + col0 + 2 * (lane % 4);  // this lane's key at nt, e = 0
+#pragma unroll
+        for (int nt = 0; nt < T::kNTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = key0 + nt * 8 + e;
+            float& score = s[mt][nt][2 * half + e];
+            float g = 1.f;
+            if (fv::kModifiesScores)
+              score = fv::score_and_grad(score * p.scale, slope, batch, head, row, key,
+                                         static_cast<float>(key - row), &g);
+            if (!all_visible && !fv::visible(p, diagonal, batch, head, row, key)) {
+              score = minus_infinity();
+              g = 0.f;
+            }
+            grad[mt][nt][2 * half + e] = g;
+          }
+      }
+  }
+  // P, in place (modified scores are scaled scores: log2(e) alone).
+  const float scale_log2 = fv::kModifiesScores ? 1.4426950408889634f : p.scale_log2;
+#pragma unroll
+  for (int mt = 0; mt < T::kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < T::kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        s[mt][nt][e] = fast_exp2(fmaf(s[mt][nt][e], scale_log2, -lse_log2[mt][e / 2]));
+#else
   if (fa::block_needs_mask<K::kCausal>(p, diagonal, m0, n0, K::kBlockN)) {
 #pragma unroll
     for (int mt = 0; mt < T::kMTiles; ++mt)
@@ -310,6 +368,7 @@ __device__ __forceinline__ void scores_to_shared(const FlashjitAttentionParams& 
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         s[mt][nt][e] = fast_exp2(fmaf(s[mt][nt][e], p.scale_log2, -lse_log2[mt][e / 2]));
+#endif
 
   float dp[T::kMTiles][T::kNTiles][4];
   clear(dp);
@@ -326,8 +385,17 @@ __device__ __forceinline__ void scores_to_shared(const FlashjitAttentionParams& 
         const u32 offset = 2 * swizzled_offset<K::kBlockN>(row0 + mt * 16 + lane / 4 + half * 8,
                                                            col0 + nt * 8 + 2 * (lane % 4));
         if constexpr (STORE_P) store_shared_u32(p_tile + offset, pack2<K::kIsBf16>(pr[0], pr[1]));
+#ifdef FLASHJIT_VARIANT
+        float ds0 = pr[0] * (dpr[0] - delta[mt][half]), ds1 = pr[1] * (dpr[1] - delta[mt][half]);
+        if (fv::kModifiesScores) {
+          ds0 *= grad[mt][nt][2 * half];
+          ds1 *= grad[mt][nt][2 * half + 1];
+        }
+        store_shared_u32(ds_tile + offset, pack2<K::kIsBf16>(ds0, ds1));
+#else
         store_shared_u32(ds_tile + offset, pack2<K::kIsBf16>(pr[0] * (dpr[0] - delta[mt][half]),
                                                              pr[1] * (dpr[1] - delta[mt][half])));
+#endif
       }
 }
 
@@ -355,8 +423,17 @@ __device__ __forceinline__ void attention_backward_dkdv(const FlashjitAttentionP
   const int diagonal = fa::diagonal(p);
   // Query blocks [m_begin, m_end) of every head of the group see keys of this block: one step
   // per (head, query block), the query block fastest.
+#ifdef FLASHJIT_VARIANT
+  // The variant's query rows that may see this block (templates/attention_variant.h).
+  const flashjit_variant::QueryRows query_rows =
+      flashjit_variant::query_rows(p, diagonal, n0, kBlockN);
+  const int m_begin = query_rows.first / kBlockM;
+  const int m_end =
+      query_rows.first < query_rows.last ? (query_rows.last + kBlockM - 1) / kBlockM : m_begin;
+#else
   const int m_begin = fa::first_query_block<K::kCausal>(diagonal, n0, kBlockM);
   const int m_end = fa::query_blocks(p, kBlockM);
+#endif
   const int m_count = m_end > m_begin ? m_end - m_begin : 0;
   const int steps = m_count * p.group_size;
 
@@ -425,8 +502,13 @@ __device__ __forceinline__ void attention_backward_dkdv(const FlashjitAttentionP
         lse_log2[mt][half] = load_shared_f32(stats(stage) + 4 * row);
         delta[mt][half] = load_shared_f32(stats(stage) + K::kStatsBytes + 4 * row);
       }
+#ifdef FLASHJIT_VARIANT
+    scores_to_shared<K, true>(p, diagonal, m0, n0, q_i, do_i, k_tile, v_tile, p_tile, ds_tile,
+                              lse_log2, delta, batch, head, flashjit_variant::alibi_slope(p, head));
+#else
     scores_to_shared<K, true>(p, diagonal, m0, n0, q_i, do_i, k_tile, v_tile, p_tile, ds_tile,
                               lse_log2, delta);
+#endif
     __syncthreads();  // P and dS complete
 
     // dV += P^T dO_i, dK += dS^T Q_i: [kBlockN, d], contracting the kBlockM query rows.
@@ -504,12 +586,29 @@ __device__ __forceinline__ void attention_backward_dq(const FlashjitAttentionPar
   const int kv_head = head / p.group_size;
   const int m0 = m_block * kBlockM;
   const int diagonal = fa::diagonal(p);
+#ifdef FLASHJIT_VARIANT
+  // The variant's key blocks: step j visits block key_blocks.at(j).
+  const flashjit_variant::KeyBlocks key_blocks =
+      flashjit_variant::key_blocks(p, diagonal, m0, kBlockM, kBlockN);
+  const int n_blocks = key_blocks.count();
+  const float slope = flashjit_variant::alibi_slope(p, head);
+#else
   const int n_blocks = fa::key_blocks<K::kCausal>(p, diagonal, m0, kBlockM, kBlockN);
+#endif
 
   const u16* k =
       static_cast<const u16*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
   const u16* v =
       static_cast<const u16*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
+#ifdef FLASHJIT_VARIANT
+  auto load_keys = [&](int t, int stage) {
+    const int n0 = key_blocks.at(t) * kBlockN;
+    load_tile_async<kThreads, kBlockN, kDp, K::kHeadDim>(k_tile(stage), k + n0 * p.k_seq_stride,
+                                                         p.k_seq_stride, p.seqlen_k - n0);
+    load_tile_async<kThreads, kBlockN, kDp, K::kHeadDim>(
+        k_tile(stage) + K::kKvTileBytes, v + n0 * p.v_seq_stride, p.v_seq_stride, p.seqlen_k - n0);
+  };
+#else
   auto load_keys = [&](int j, int stage) {
     load_tile_async<kThreads, kBlockN, kDp, K::kHeadDim>(
         k_tile(stage), k + j * kBlockN * p.k_seq_stride, p.k_seq_stride, p.seqlen_k - j * kBlockN);
@@ -517,6 +616,7 @@ __device__ __forceinline__ void attention_backward_dq(const FlashjitAttentionPar
                                                          v + j * kBlockN * p.v_seq_stride,
                                                          p.v_seq_stride, p.seqlen_k - j * kBlockN);
   };
+#endif
 
   // lse_log2 and D of this lane's rows (workspace rows are padded: no bounds to check).
   const long long row_base =
@@ -552,8 +652,13 @@ __device__ __forceinline__ void attention_backward_dq(const FlashjitAttentionPar
     const int stage = j % kStages;
     pipeline_begin_step<kStages>(j, n_blocks, load_keys);  // and everyone is done with dS of j - 1
     const u32 k_j = k_tile(stage), v_j = k_j + K::kKvTileBytes;
+#ifdef FLASHJIT_VARIANT
+    scores_to_shared<K, false>(p, diagonal, m0, key_blocks.at(j) * kBlockN, q_tile, do_tile, k_j,
+                               v_j, 0, ds_tile, lse_log2, delta, batch, head, slope);
+#else
     scores_to_shared<K, false>(p, diagonal, m0, j * kBlockN, q_tile, do_tile, k_j, v_j, 0, ds_tile,
                                lse_log2, delta);
+#endif
     __syncthreads();  // dS complete
     // dQ += dS K_j: [kBlockM, d], contracting the kBlockN keys.
     warp_mma<K::kIsBf16, Dq::kMTiles, Dq::kNTiles, kBlockN / 16, false, true, kBlockN, kDp>(

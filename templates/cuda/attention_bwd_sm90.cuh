@@ -230,6 +230,19 @@ __device__ __forceinline__ void attention_backward_sm90_dkdv(const FlashjitAtten
   // i >= n0 - diagonal, so they start at the block holding that row; every later one does too.
   namespace fa = flashjit_attention;
   const int diagonal = fa::diagonal(p);
+#ifdef FLASHJIT_VARIANT
+  // An attention variant (templates/attention_variant.h, rendered before this file; all its code
+  // is under #ifdef FLASHJIT_VARIANT, so that plain kernels compile exactly as before): the query
+  // blocks whose rows may see this key block (query_rows); per step, the scores and the mask per
+  // element and dS times d score / d s (score_and_grad), once both S^T and dP^T are in (no
+  // array of derivatives held across the dP^T wgmma).
+  namespace fv = flashjit_variant;
+  const fv::QueryRows query_rows = fv::query_rows(p, diagonal, n0, kBlockN);
+  const int m_block_first = query_rows.first / kBlockM;
+  const int m_blocks = query_rows.first < query_rows.last
+                           ? (query_rows.last + kBlockM - 1) / kBlockM - m_block_first
+                           : 0;
+#else
   const int m_blocks_total = (p.seqlen_q + kBlockM - 1) / kBlockM;
   int m_block_first = 0;
   if constexpr (K::kCausal) {
@@ -238,6 +251,7 @@ __device__ __forceinline__ void attention_backward_sm90_dkdv(const FlashjitAtten
     if (m_block_first > m_blocks_total) m_block_first = m_blocks_total;
   }
   const int m_blocks = m_blocks_total - m_block_first;
+#endif
   const int steps = m_blocks * p.group_size;  // (query head, query block) pairs, block fastest
   auto step_head = [&](int t) { return kv_head * p.group_size + t / m_blocks; };
   auto step_m0 = [&](int t) { return (m_block_first + t % m_blocks) * kBlockM; };
@@ -363,6 +377,45 @@ __device__ __forceinline__ void attention_backward_sm90_dkdv(const FlashjitAtten
 
     wgmma_fence();
     issue_sdp(buffer);
+#ifdef FLASHJIT_VARIANT
+    const float* stats = reinterpret_cast<const float*>(smem + kStats + 2 * buffer * K::kStatBytes);
+    const int stat_col = query_part * kSdpN + frag_col;
+    wgmma_wait<0>();  // S^T and dP^T
+    pin(st);
+    pin(dpt);
+    {
+      const float slope = fv::alibi_slope(p, head);
+      const bool all_visible = fv::block_fully_visible(p, diagonal, m0, kBlockM, n0, kBlockN);
+      const float scale_log2 = fv::kModifiesScores ? 1.4426950408889634f : p.scale_log2;
+      const int key = n0 + key_tile * 64 + frag_row;  // + 8 half
+      const int query = m0 + stat_col;                // + 8 nt + e
+#pragma unroll
+      for (int nt = 0; nt < kSdpN / 8; ++nt) {
+        const float2 lse = *reinterpret_cast<const float2*>(stats + stat_col + 8 * nt);
+        const float2 delta = *reinterpret_cast<const float2*>(stats + kBlockM + stat_col + 8 * nt);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          float ds[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int i = 4 * nt + 2 * half + e, row = query + 8 * nt + e, col = key + 8 * half;
+            float score = st[i], g = 1.f;
+            if (fv::kModifiesScores)
+              score = fv::score_and_grad(score * p.scale, slope, batch, head, row, col,
+                                         static_cast<float>(col - row), &g);
+            if (!all_visible && !fv::visible(p, diagonal, batch, head, row, col))
+              score = minus_infinity();
+            st[i] = fast_exp2(fmaf(score, scale_log2, -(e == 0 ? lse.x : lse.y)));
+            ds[e] = st[i] * (dpt[i] - (e == 0 ? delta.x : delta.y));
+            if (fv::kModifiesScores) ds[e] *= g;
+          }
+          pt[nt / 2][(nt % 2) * 2 + half] =
+              pack2<kBf16>(st[4 * nt + 2 * half], st[4 * nt + 2 * half + 1]);
+          dst[nt / 2][(nt % 2) * 2 + half] = pack2<kBf16>(ds[0], ds[1]);
+        }
+      }
+    }
+#else
     wgmma_wait<1>();  // S^T
     pin(st);
     // Keys past seqlen_k and, when causal, above the diagonal: only blocks crossing an edge.
@@ -407,6 +460,7 @@ __device__ __forceinline__ void attention_backward_sm90_dkdv(const FlashjitAtten
         dst[nt / 2][(nt % 2) * 2 + half] = pack2<kBf16>(ds0, ds1);
       }
     }
+#endif
     const int score_row = key_tile * 64, score_col = query_part * kSdpN;
     if constexpr (K::kDsInSmem)
       store_fragments<kSdpN, kBlockN>(smem + kDsTile, dst, score_row, score_col);
@@ -510,7 +564,16 @@ __device__ __forceinline__ void attention_backward_sm90_dq(const FlashjitAttenti
 
   namespace fa = flashjit_attention;
   const int diagonal = fa::diagonal(p);
+#ifdef FLASHJIT_VARIANT
+  // An attention variant: the key blocks its rows may see (key_blocks), the scores and the mask
+  // per element once S and dP are in, dS times d score / d s (as the dK/dV kernel).
+  namespace fv = flashjit_variant;
+  const fv::KeyBlocks key_blocks = fv::key_blocks(p, diagonal, m0, kBlockM, kBlockN);
+  const int n_blocks = key_blocks.count();
+  const float slope = fv::alibi_slope(p, head);
+#else
   const int n_blocks = fa::key_blocks<K::kCausal>(p, diagonal, m0, kBlockM, kBlockN);
+#endif
 
   // Rows are padded to seqlen_q_rounded (>= m0 + kBlockM): no bounds checks.
   const long long stat_row =
@@ -518,6 +581,20 @@ __device__ __forceinline__ void attention_backward_sm90_dq(const FlashjitAttenti
   const float lse[2] = {p.lse_log2[stat_row], p.lse_log2[stat_row + 8]};
   const float delta[2] = {p.delta[stat_row], p.delta[stat_row + 8]};
 
+#ifdef FLASHJIT_VARIANT
+  auto load_group = [&](int g) {  // the g-th key block visited; group 0 also Q_i and dO_i
+    if (g < n_blocks) {
+      const int buffer = g % kStages, n0 = key_blocks.at(g) * kBlockN;
+      wg_load_tile_async<kThreads, K::kHeadDim, kBlockN>(base + kKTiles + buffer * K::kKvTileBytes,
+                                                         k + n0 * p.k_seq_stride, p.k_seq_stride,
+                                                         p.seqlen_k - n0);
+      wg_load_tile_async<kThreads, K::kHeadDim, kBlockN>(base + kVTiles + buffer * K::kKvTileBytes,
+                                                         v + n0 * p.v_seq_stride, p.v_seq_stride,
+                                                         p.seqlen_k - n0);
+    }
+    cp_async_commit();
+  };
+#else
   auto load_group = [&](int g) {  // K_g and V_g; group 0 also Q_i and dO_i
     if (g < n_blocks) {
       const int buffer = g % kStages;
@@ -530,6 +607,7 @@ __device__ __forceinline__ void attention_backward_sm90_dq(const FlashjitAttenti
     }
     cp_async_commit();
   };
+#endif
   if (n_blocks > 0) {
     wg_load_tile_async<kThreads, K::kHeadDim, kBlockM>(base + kQTile, q, p.q_seq_stride,
                                                        p.seqlen_q - m0);
@@ -568,6 +646,33 @@ __device__ __forceinline__ void attention_backward_sm90_dq(const FlashjitAttenti
     wgmma_over_head_dim<kBlockN, kDp, kBlockM, kBlockN, kBf16>(dp, do_rows, v_rows, kv);  // dP
     wgmma_wait<1>();                                                                      // S
     pin(s);
+#ifdef FLASHJIT_VARIANT
+    wgmma_wait<0>();  // and dP
+    pin(dp);
+    {
+      const int n0 = key_blocks.at(j) * kBlockN;
+      const bool all_visible = fv::block_fully_visible(p, diagonal, m0, kBlockM, n0, kBlockN);
+      const float scale_log2 = fv::kModifiesScores ? 1.4426950408889634f : p.scale_log2;
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int nt = 0; nt < kBlockN / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int i = 4 * nt + 2 * half + e, r = row + 8 * half,
+                      key = n0 + nt * 8 + frag_col + e;
+            float score = s[i], g = 1.f;
+            if (fv::kModifiesScores)
+              score = fv::score_and_grad(score * p.scale, slope, batch, head, r, key,
+                                         static_cast<float>(key - r), &g);
+            if (!all_visible && !fv::visible(p, diagonal, batch, head, r, key))
+              score = minus_infinity();
+            const float probability = fast_exp2(fmaf(score, scale_log2, -lse[half]));
+            dp[i] = probability * (dp[i] - delta[half]);
+            if (fv::kModifiesScores) dp[i] *= g;
+          }
+    }
+#else
     const int n0 = j * kBlockN;
     if (fa::block_needs_mask<K::kCausal>(p, diagonal, m0, n0, kBlockN)) {
 #pragma unroll
@@ -591,6 +696,7 @@ __device__ __forceinline__ void attention_backward_sm90_dq(const FlashjitAttenti
     for (int nt = 0; nt < kBlockN / 8; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) dp[4 * nt + i] = s[4 * nt + i] * (dp[4 * nt + i] - delta[i / 2]);
+#endif
     pack_fragments<kBlockN, kBf16>(ds, dp);
     wgmma_fence();  // ds (written above) and dq are ready for the tensor cores
 #pragma unroll

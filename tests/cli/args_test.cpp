@@ -193,8 +193,8 @@ TEST(ProblemFromFlags, DocsArePackedDocuments) {
     EXPECT_NE(problem_error({"--docs", bad}).find("--docs = '" + std::string(bad) + "'"),
               std::string::npos)
         << bad << ": " << problem_error({"--docs", bad});
-  EXPECT_NE(problem_error({"--docs", "4,4", "--pass", "bwd"}).find("forward kernel only"),
-            std::string::npos);
+  // The backward of packed documents is a problem (the CPU backend's).
+  EXPECT_EQ(problem_error({"--docs", "4,4", "--pass", "bwd"}), "");
 }
 
 TEST(ProblemFromFlags, PassAndDeterministic) {
@@ -240,6 +240,24 @@ TEST(ProblemFromFlags, PassAndDeterministic) {
   auto valued = parse("plan", {"--deterministic=yes"});
   ASSERT_FALSE(valued.ok());
   EXPECT_NE(valued.error().message.find("--deterministic"), std::string::npos);
+}
+
+// --score-mod-grad: the score_mod's derivative, which a backward problem with a score_mod needs.
+TEST(ProblemFromFlags, ScoreModGradForTheBackward) {
+  auto flags =
+      parse("show", {"--pass", "bwd", "--score-mod", "score * 2.0f", "--score-mod-grad", "2.0f"});
+  ASSERT_TRUE(flags.ok()) << flags.error().describe();
+  auto problem = problem_from_flags(*flags);
+  ASSERT_TRUE(problem.ok()) << problem.error().describe();
+  EXPECT_EQ(problem->variant.score_mod_grad, "2.0f");
+  EXPECT_TRUE(validate(*problem).ok());
+  auto missing = parse("show", {"--pass", "bwd", "--score-mod", "score * 2.0f"});
+  ASSERT_TRUE(missing.ok());
+  auto refused = problem_from_flags(*missing);
+  const Status status = refused.ok() ? validate(*refused) : Status(refused.error());
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.error().message.find("needs score_mod_grad"), std::string::npos)
+      << status.error().message;
 }
 
 TEST(ProblemFromFlags, DtypeSpellings) {

@@ -158,6 +158,25 @@ TEST(BackwardCommands, RunTimesTheBackwardOnTheCpu) {
 #endif
 }
 
+// An attention variant's backward (ALiBi's slopes reach the forward and the backward launch); a
+// score_mod without --score-mod-grad is a one-line error naming it.
+TEST(BackwardCommands, RunTimesAVariantsBackwardOnTheCpu) {
+#if FLASHJIT_HAVE_CPU_BACKEND
+  const std::string problem =
+      " --backend cpu --batch 1 --heads 4 --kv-heads 2 --seqlen 100 --head-dim 64 --causal "
+      "--reps 3 --window 32,0 --softcap 30 --alibi --score-mod 'score * 0.5f'";
+  const Outcome run = flashjit("run --pass bwd --score-mod-grad 0.5f" + problem);
+  expect_backward_run(run);
+  EXPECT_NE(run.output.find("score_mod_grad#"), std::string::npos) << run.output;
+  const Outcome missing = flashjit("run --pass bwd" + problem);
+  EXPECT_NE(missing.status, 0);
+  EXPECT_EQ(lines(missing.output), 1) << missing.output;
+  EXPECT_NE(missing.output.find("needs score_mod_grad"), std::string::npos) << missing.output;
+#else
+  GTEST_SKIP() << "this build has no CPU backend";
+#endif
+}
+
 TEST(BackwardCommands, RunTimesTheBackwardOnTheGpu) {
   FLASHJIT_REQUIRE_GPU();
   const Outcome run =

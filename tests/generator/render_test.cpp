@@ -138,6 +138,17 @@ TEST(Render, PlainKernelTextDropsTheVariantBranchesOnly) {
   EXPECT_EQ(hip.find("fv::"), std::string::npos);
   EXPECT_EQ(hip.find("attention_forward_variant"), std::string::npos);
   EXPECT_NE(hip.find("block_needs_mask"), std::string::npos);
+  // The backward templates (variants since issue 17's backward stage) likewise.
+  for (const char* path :
+       {"cuda/attention_bwd.cuh", "cuda/attention_bwd_sm90.cuh", "cpu/attention_bwd.hpp"}) {
+    const std::string bwd = plain_kernel_text(templates::text(path));
+    EXPECT_EQ(bwd.find("FLASHJIT_VARIANT"), std::string::npos) << path;
+    EXPECT_EQ(bwd.find("flashjit_variant"), std::string::npos) << path;
+    EXPECT_EQ(bwd.find("score_and_grad"), std::string::npos) << path;
+    EXPECT_NE(bwd.find(std::string(path).find("cuda") == 0 ? "block_needs_mask" : "kv_end"),
+              std::string::npos)
+        << path;
+  }
   // The launch parameters: the variant fields left out, and they are the struct's last fields
   // (adding one moves no field a plain kernel reads).
   const std::string params(templates::text("attention_params.h"));

@@ -84,11 +84,21 @@ TEST(Variant, RefusesWhatIsNotOneExpression) {
   }
 }
 
-TEST(Variant, ForwardOnContiguousKvOnly) {
+TEST(Variant, ContiguousKvOnlyAndBackwardRules) {
   Variant v;
   v.softcap = 30.f;
   AttentionProblem p = problem_with(v).with_pass(Pass::Backward);
-  expect_error(p, ErrorCode::Unsupported, "forward kernel only");
+  EXPECT_TRUE(validate(p).ok());  // the backward takes variants (CPU, CUDA mma)
+  // Its score_mod needs a derivative; packed documents have no backward yet
+  // (tests/runtime/cpu/cpu_backward_variant_test.cpp checks the messages in full).
+  v.score_mod = "score * 2.0f";
+  expect_error(problem_with(v).with_pass(Pass::Backward), ErrorCode::InvalidArgument,
+               "needs score_mod_grad");
+  v.score_mod_grad = "2.0f";
+  EXPECT_TRUE(validate(problem_with(v).with_pass(Pass::Backward)).ok());
+  EXPECT_NE(problem_with(v).variant.key().find("score_mod_grad#"), std::string::npos);
+  v = Variant();
+  v.softcap = 30.f;
   p = problem_with(v).with_paged_kv(16, 200);
   expect_error(p, ErrorCode::Unsupported, "contiguous K/V");
 }

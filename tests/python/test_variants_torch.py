@@ -1,8 +1,7 @@
 """Attention variants on torch tensors: the eager fast path, flashjit.sdpa, the custom operator
 under torch.compile(fullgraph=True), on the CPU backend (here) and on CUDA (skips without a GPU,
 fails then with FLASHJIT_EXPECT_GPU=1), each against the fp64 reference of the variant
-(conftest.reference_variant_attention); a variant with autograd is refused (no variant backward
-yet), never differentiated as plain attention."""
+(conftest.reference_variant_attention). Their gradients: test_variants_backward_torch.py."""
 import numpy as np
 import pytest
 
@@ -98,39 +97,36 @@ def test_cpu_sdpa_matches_reference(variant):
     run_case("cpu", torch.bfloat16, variant, "bhsd", through_sdpa=True)
 
 
-def test_inputs_that_require_grad_are_refused_for_variants():
+def test_variant_calls_are_differentiable():
     require_cpu_backend()
     q = torch.randn(1, 9, 2, 64, requires_grad=True)
     k, v = torch.randn(1, 9, 2, 64), torch.randn(1, 9, 2, 64)
-    with pytest.raises(flashjit.UnsupportedError) as error:
-        flashjit.attention(q, k, v, causal=True, window=(4, 0), softcap=30.0)
-    text = str(error.value)
-    assert "no backward" in text and "window=(4, 0), softcap=30.0" in text
-    with pytest.raises(flashjit.UnsupportedError, match="alibi_slopes"):
-        flashjit.sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                      alibi_slopes=torch.ones(2))
-    # Slopes that require grad would get no gradient: refused too.
-    with pytest.raises(flashjit.UnsupportedError):
+    assert flashjit.attention(q, k, v, causal=True, window=(4, 0), softcap=30.0).requires_grad
+    assert flashjit.sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                         alibi_slopes=torch.ones(2)).requires_grad
+    # Slopes that require grad would get no gradient: refused.
+    with pytest.raises(flashjit.UnsupportedError, match="alibi_slopes requires grad"):
         flashjit.attention(q.detach(), k, v, alibi_slopes=torch.ones(2, requires_grad=True))
-    # Without autograd the same calls run; plain attention stays differentiable.
     with torch.no_grad():
-        flashjit.attention(q, k, v, causal=True, window=(4, 0), softcap=30.0)
+        assert not flashjit.attention(q, k, v, causal=True, window=(4, 0)).requires_grad
     assert not flashjit.attention(q.detach(), k, v, window=(4, 0)).requires_grad
-    assert flashjit.attention(q, k, v, window=(-1, -1)).requires_grad
 
 
-def test_operator_backward_refuses_variants():
-    """A direct caller of flashjit::attention with a variant and autograd gets an error at
-    backward time, not plain attention's gradient."""
+def test_operator_backward_is_the_variants():
+    """A direct caller of flashjit::attention with a variant and autograd gets the variant's
+    gradient (the eager path's), not plain attention's."""
     require_cpu_backend()
     from flashjit import _torch
 
     q = torch.randn(1, 9, 2, 64, requires_grad=True)
     k, v = torch.randn(1, 9, 2, 64), torch.randn(1, 9, 2, 64)
     o, _ = _torch.attention_op(q, k, v, True, None, "bshd", False, None, 3, 0, None, 0, "", "",
-                               None)
-    with pytest.raises(flashjit.UnsupportedError, match=r"window=\(3, 0\)"):
-        o.sum().backward()
+                               "", None)
+    (dq,) = torch.autograd.grad(o.sum(), (q,))
+    (eager,) = torch.autograd.grad(flashjit.attention(q, k, v, causal=True, window=(3, 0)).sum(),
+                                   (q,))
+    (plain,) = torch.autograd.grad(flashjit.attention(q, k, v, causal=True).sum(), (q,))
+    assert torch.equal(dq, eager) and not torch.allclose(dq, plain)
 
 
 def test_plan_cache_keys_on_the_variant_and_the_slopes():
@@ -177,11 +173,7 @@ def test_torch_compile_fullgraph_runs_the_variant_operator():
         q.numpy(), k.numpy(), v.numpy(), causal=True, layout="bhsd", window=(8, 0), softcap=20.0,
         alibi_slopes=heads_slopes.numpy(), mask_mod=lambda b, h, i, j: j % 7 != 3)
     assert relative_error(f(q, k, v, heads_slopes).numpy(), ref) < MAX_REL
-    # With autograd: refused while tracing (fullgraph: dynamo's error carries ours).
-    torch._dynamo.reset()
-    with pytest.raises(Exception, match="no backward"):
-        torch.compile(f, fullgraph=True, backend="aot_eager")(q.requires_grad_(), k, v,
-                                                               heads_slopes)
+    # With autograd: test_variants_backward_torch.py.
 
 
 # ---- CUDA ------------------------------------------------------------------------------------

@@ -243,6 +243,7 @@ TEST_F(TuningStoreVariantTest, RecordedProblemsReplayWithTheirVariantAndLayout) 
   mods.variant.alibi = true;
   mods.variant.score_mod = "score - 0.1f * abs(q_idx - kv_idx) == 1 ? score : 2*score";
   mods.variant.mask_mod = "(q_idx / 64) == (kv_idx / 64)";
+  mods.variant.score_mod_grad = "score == 1 ? 1.0f : 2.0f";  // (a backward's)
   const AttentionProblem docs =
       AttentionProblem::make_varlen(3, 4, 2, 100, 120, 250, 300, 64, DType::BF16, true);
   const AttentionProblem paged_decode =

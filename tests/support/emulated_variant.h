@@ -2,8 +2,8 @@
 // (tests/support/variant_cases.hpp) for the CUDA and HIP host emulation tests, which compile the
 // kernel templates in: include it where the renderer puts the prelude (after
 // templates/attention_params.h and the emulator, before templates/attention_common.h), with
-// FLASHJIT_VARIANT_MASK_MOD defined to 0 or 1 first. Each test checks that render_variant_prelude()
-// gives these lines.
+// FLASHJIT_VARIANT_MASK_MOD defined to 0 or 1 first (and FLASHJIT_VARIANT_SCORE_MOD_GRAD to 1 for
+// a backward kernel). Each test checks that render_variant_prelude() gives these lines.
 #pragma once
 
 #ifndef FLASHJIT_VARIANT_MASK_MOD
@@ -29,6 +29,11 @@ FLASHJIT_DEVICE float user_score_mod(float score, int batch, int head, int q_idx
 #if FLASHJIT_VARIANT_MASK_MOD
 FLASHJIT_DEVICE bool user_mask_mod(int batch, int head, int q_idx, int kv_idx) {
   return static_cast<bool>((kv_idx + head + batch) % 5 != 0 || q_idx < 8);
+}
+#endif
+#if FLASHJIT_VARIANT_SCORE_MOD_GRAD
+FLASHJIT_DEVICE float user_score_mod_grad(float, int, int, int, int) {
+  return static_cast<float>(1.0f);
 }
 #endif
 }  // namespace flashjit_variant

@@ -7,6 +7,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace flashjit::testing {
 namespace {
@@ -452,8 +455,10 @@ namespace flashjit::testing {
 namespace {
 
 // L = sum(dO * O) as a function of the inputs, in fp64 from the forward reference.
-double loss(const AttentionProblem& problem, const HostInputs& inputs) {
-  const Reference forward = reference_attention(problem.with_pass(Pass::Forward), inputs);
+double loss(const AttentionProblem& problem, const HostInputs& inputs,
+            const VariantFunctions& functions) {
+  const Reference forward =
+      reference_attention(problem.with_pass(Pass::Forward), inputs, functions);
   double total = 0;
   size_t index = 0;  // forward.o is dense [b, s, h, d]
   for (int64_t b = 0; b < problem.batch; ++b)
@@ -480,52 +485,131 @@ int64_t dense_index(const AttentionProblem& p, const Strides& strides, int64_t s
   return -1;
 }
 
-// Central differences of L against reference_attention's dq, dk, dv, for every element of a small
-// fp32 problem (GQA 2:1, odd lengths, causal with seqlen_q > seqlen_k so that some rows see no
-// key, and not causal).
+// Central differences of L against reference_attention's dq, dk, dv, for every element of the
+// fp32 backward problem `p` (the variant's user expressions through `functions`).
+void expect_finite_differences(const AttentionProblem& p, const VariantFunctions& functions,
+                               uint64_t seed, const std::string& what) {
+  HostInputs inputs = random_inputs(p, seed, functions);
+  const Reference reference = reference_attention(p, inputs, functions);
+  struct Tensor {
+    const char* name;
+    std::vector<uint16_t>* storage;
+    const std::vector<double>* gradient;
+    Strides strides;
+    int64_t seqlen, heads;
+  };
+  const Tensor tensors[] = {{"q", &inputs.q, &reference.dq, p.q_strides, p.seqlen_q, p.heads_q},
+                            {"k", &inputs.k, &reference.dk, p.k_strides, p.seqlen_k, p.heads_kv},
+                            {"v", &inputs.v, &reference.dv, p.v_strides, p.seqlen_k, p.heads_kv}};
+  for (const Tensor& t : tensors) {
+    const int64_t elements = static_cast<int64_t>(t.storage->size()) / 2;
+    double max_error = 0, max_gradient = 0;
+    for (int64_t i = 0; i < elements; ++i) {
+      const int64_t dense = dense_index(p, t.strides, t.seqlen, t.heads, i);
+      ASSERT_GE(dense, 0);
+      const float x = element_value(t.storage->data(), i, p.dtype);
+      const float h = 1e-3f;
+      set_element(t.storage->data(), i, x + h, p.dtype);
+      const float up = element_value(t.storage->data(), i, p.dtype);
+      const double l_up = loss(p, inputs, functions);
+      set_element(t.storage->data(), i, x - h, p.dtype);
+      const float down = element_value(t.storage->data(), i, p.dtype);
+      const double l_down = loss(p, inputs, functions);
+      set_element(t.storage->data(), i, x, p.dtype);
+      const double numeric = (l_up - l_down) / (static_cast<double>(up) - down);
+      const double analytic = (*t.gradient)[static_cast<size_t>(dense)];
+      max_error = std::max(max_error, std::abs(numeric - analytic));
+      max_gradient = std::max(max_gradient, std::abs(analytic));
+    }
+    // Central differences are exact to O(h^2) ~ 1e-6 of the curvature; the gradients are O(1).
+    EXPECT_LT(max_error, 1e-5 * std::max(1.0, max_gradient))
+        << t.name << " " << what << ": max |numeric - analytic| = " << max_error
+        << " (max |gradient| " << max_gradient << ")";
+    EXPECT_GT(max_gradient, 1e-2) << t.name << " " << what
+                                  << ": a gradient of zeros would pass trivially";
+  }
+}
+
+// Every element of a small fp32 problem (GQA 2:1, odd lengths, causal with seqlen_q > seqlen_k so
+// that some rows see no key, and not causal).
 TEST(ReferenceGradients, MatchFiniteDifferences) {
   for (bool causal : {false, true}) {
     AttentionProblem p = AttentionProblem::make(1, 4, 2, 7, 5, 8, DType::F32, causal);
     p.pass = Pass::Backward;
-    HostInputs inputs = random_inputs(p, 42 + causal);
-    const Reference reference = reference_attention(p, inputs);
-    struct Tensor {
-      const char* name;
-      std::vector<uint16_t>* storage;
-      const std::vector<double>* gradient;
-      Strides strides;
-      int64_t seqlen, heads;
-    };
-    const Tensor tensors[] = {{"q", &inputs.q, &reference.dq, p.q_strides, p.seqlen_q, p.heads_q},
-                              {"k", &inputs.k, &reference.dk, p.k_strides, p.seqlen_k, p.heads_kv},
-                              {"v", &inputs.v, &reference.dv, p.v_strides, p.seqlen_k, p.heads_kv}};
-    for (const Tensor& t : tensors) {
-      const int64_t elements = static_cast<int64_t>(t.storage->size()) / 2;
-      double max_error = 0, max_gradient = 0;
-      for (int64_t i = 0; i < elements; ++i) {
-        const int64_t dense = dense_index(p, t.strides, t.seqlen, t.heads, i);
-        ASSERT_GE(dense, 0);
-        const float x = element_value(t.storage->data(), i, p.dtype);
-        const float h = 1e-3f;
-        set_element(t.storage->data(), i, x + h, p.dtype);
-        const float up = element_value(t.storage->data(), i, p.dtype);
-        const double l_up = loss(p, inputs);
-        set_element(t.storage->data(), i, x - h, p.dtype);
-        const float down = element_value(t.storage->data(), i, p.dtype);
-        const double l_down = loss(p, inputs);
-        set_element(t.storage->data(), i, x, p.dtype);
-        const double numeric = (l_up - l_down) / (static_cast<double>(up) - down);
-        const double analytic = (*t.gradient)[static_cast<size_t>(dense)];
-        max_error = std::max(max_error, std::abs(numeric - analytic));
-        max_gradient = std::max(max_gradient, std::abs(analytic));
-      }
-      // Central differences are exact to O(h^2) ~ 1e-6 of the curvature; the gradients are O(1).
-      EXPECT_LT(max_error, 1e-5 * std::max(1.0, max_gradient))
-          << t.name << (causal ? " causal" : "") << ": max |numeric - analytic| = " << max_error
-          << " (max |gradient| " << max_gradient << ")";
-      EXPECT_GT(max_gradient, 1e-2) << t.name << ": a gradient of zeros would pass trivially";
+    expect_finite_differences(p, {}, 42 + causal, causal ? "causal" : "plain");
+  }
+}
+
+// The same with each variant (issue 17): the window (rows that see nothing included), prefix-LM,
+// the soft-cap's chain factor, ALiBi's bias (no gradient of its own), a mask_mod, a score_mod with
+// its derivative, and window + softcap + ALiBi on GQA, causal, seqlen_q != seqlen_k.
+TEST(ReferenceGradients, VariantsMatchFiniteDifferences) {
+  struct Case {
+    const char* name;
+    bool causal;
+    Variant variant;
+    VariantFunctions functions;
+  };
+  std::vector<Case> cases;
+  Variant window;
+  window.window_left = 1;
+  window.window_right = 0;  // diagonal -2: rows 0 and 1 see no key
+  cases.push_back({"window", false, window, {}});
+  Variant prefix;
+  prefix.window_left = 0;
+  prefix.prefix = 2;
+  cases.push_back({"prefix", true, prefix, {}});
+  Variant softcap;
+  softcap.softcap = 0.75f;
+  cases.push_back({"softcap", false, softcap, {}});
+  Variant alibi;
+  alibi.alibi = true;
+  cases.push_back({"alibi", true, alibi, {}});
+  Variant mask;
+  mask.mask_mod = "(q_idx + kv_idx) % 3 != 0";
+  VariantFunctions mask_f;
+  mask_f.mask_mod = [](int64_t, int64_t, int64_t i, int64_t j) { return (i + j) % 3 != 0; };
+  cases.push_back({"mask_mod", false, mask, mask_f});
+  Variant score;
+  score.score_mod = "score * score * 0.5f + head * kv_idx * 0.1f";
+  VariantFunctions score_f;
+  score_f.score_mod = [](double s, int64_t, int64_t h, int64_t, int64_t j) {
+    return 0.5 * s * s + 0.1 * static_cast<double>(h * j);
+  };
+  score_f.score_mod_grad = [](double s, int64_t, int64_t, int64_t, int64_t) { return s; };
+  cases.push_back({"score_mod", false, score, score_f});
+  Variant combined;
+  combined.window_left = 3;
+  combined.softcap = 1.5f;
+  combined.alibi = true;
+  combined.score_mod = "score * 1.25f";
+  VariantFunctions combined_f;
+  combined_f.score_mod = [](double s, int64_t, int64_t, int64_t, int64_t) { return 1.25 * s; };
+  combined_f.score_mod_grad = [](double, int64_t, int64_t, int64_t, int64_t) { return 1.25; };
+  cases.push_back({"window_softcap_alibi_score_mod", true, combined, combined_f});
+  for (const Case& c : cases) {
+    for (auto [seqlen_q, seqlen_k] : {std::pair<int64_t, int64_t>{7, 5}, {5, 9}}) {
+      AttentionProblem p =
+          AttentionProblem::make(1, 4, 2, seqlen_q, seqlen_k, 8, DType::F32, c.causal);
+      p.pass = Pass::Backward;
+      p.variant = c.variant;
+      expect_finite_differences(
+          p, c.functions, 7,
+          std::string(c.name) + " " + std::to_string(seqlen_q) + "x" + std::to_string(seqlen_k));
     }
   }
+}
+
+// A score_mod without its derivative: gradients all NaN (nothing can pass against them).
+TEST(ReferenceGradients, ScoreModWithoutGradientIsNaN) {
+  AttentionProblem p = AttentionProblem::make(1, 2, 2, 5, 5, 8, DType::F32, false);
+  p.pass = Pass::Backward;
+  p.variant.score_mod = "score * 2.0f";
+  VariantFunctions f;
+  f.score_mod = [](double s, int64_t, int64_t, int64_t, int64_t) { return 2 * s; };
+  const Reference r = reference_attention(p, random_inputs(p, 3, f), f);
+  EXPECT_FALSE(std::isnan(r.o[0]));
+  EXPECT_TRUE(std::isnan(r.dq[0]) && std::isnan(r.dk[0]) && std::isnan(r.dv[0]));
 }
 
 // The gradients compare() machinery: the rounded reference passes, defects fail.

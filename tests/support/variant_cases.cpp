@@ -41,11 +41,26 @@ std::vector<VariantCase> variant_cases() {
   out.push_back({"window_softcap_alibi_causal", true, combined, {}});
   Variant score;
   score.score_mod = "score - 0.1f * abs(q_idx - kv_idx) + (head == 1 ? 0.5f : 0.f)";
+  score.score_mod_grad = "1.0f";  // the backward's d score_mod / d score
   VariantFunctions score_f;
   score_f.score_mod = [](double s, int64_t, int64_t h, int64_t i, int64_t j) {
     return s - 0.1 * std::abs(static_cast<double>(i - j)) + (h == 1 ? 0.5 : 0.0);
   };
+  score_f.score_mod_grad = [](double, int64_t, int64_t, int64_t, int64_t) { return 1.0; };
   out.push_back({"score_mod", false, score, score_f});
+  // A score_mod whose derivative depends on the score and the head (the backward's chain).
+  Variant squared;
+  squared.score_mod = "score * (0.75f + 0.125f * head) + 0.05f * score * score";
+  squared.score_mod_grad = "0.75f + 0.125f * head + 0.1f * score";
+  VariantFunctions squared_f;
+  squared_f.score_mod = [](double s, int64_t, int64_t h, int64_t, int64_t) {
+    return s * (0.75 + 0.125 * static_cast<double>(h)) + 0.05 * s * s;
+  };
+  squared_f.score_mod_grad = [](double s, int64_t, int64_t h, int64_t, int64_t) {
+    return 0.75 + 0.125 * static_cast<double>(h) + 0.1 * s;
+  };
+  out.push_back({"score_mod_nonlinear_softcap", false, squared, squared_f});
+  out.back().variant.softcap = 4.0f;
   Variant mask;
   mask.mask_mod = "(q_idx / 16) == (kv_idx / 16) || batch == 1";
   VariantFunctions mask_f;
@@ -94,9 +109,11 @@ VariantCase emulated_variant(bool with_mask_mod) {
   c.variant.alibi = true;
   c.variant.prefix = 24;
   c.variant.score_mod = "score - 0.05f * abs(q_idx - kv_idx) + 0.25f * head - batch";
+  c.variant.score_mod_grad = "1.0f";
   c.functions.score_mod = [](double s, int64_t b, int64_t h, int64_t i, int64_t j) {
     return s - 0.05 * std::abs(static_cast<double>(i - j)) + 0.25 * h - b;
   };
+  c.functions.score_mod_grad = [](double, int64_t, int64_t, int64_t, int64_t) { return 1.0; };
   if (with_mask_mod) {
     c.variant.mask_mod = "(kv_idx + head + batch) % 5 != 0 || q_idx < 8";
     c.functions.mask_mod = [](int64_t b, int64_t h, int64_t i, int64_t j) {

@@ -20,8 +20,8 @@ struct VariantCase {
 };
 
 // Sliding window (causal; both sides; right only; empty windows), softcap, ALiBi (causal),
-// prefix-LM, window + softcap + ALiBi (causal), a score_mod using the head, a mask_mod using
-// the batch (causal).
+// prefix-LM, window + softcap + ALiBi (causal), a score_mod using the head, a nonlinear score_mod
+// over a softcap, a mask_mod using the batch (causal). Each score_mod with its score_mod_grad.
 std::vector<VariantCase> variant_cases();
 
 // The variants the compile tests build (CUDA with NVRTC, HIP with hipRTC), by name: "window",

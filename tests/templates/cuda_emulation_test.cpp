@@ -37,26 +37,20 @@
 #include "templates/cuda/attention_bwd_common.cuh"
 #include "templates/cuda/attention_fwd.cuh"
 // clang-format on
+#include "support/cuda_backward_emulation.hpp"
 
 namespace flashjit {
 namespace {
 
 namespace ft = ::flashjit::testing;
 
-// Elements after each output that must stay untouched (a write past the tensor's span).
-constexpr size_t kGuardElements = 64;
-
+using ft::Gradients;
+using ft::kGuardElements;
 using ft::make_problem;
+using ft::register_inputs;
+using ft::run_backward;
 using ft::Shape;
 using ft::Storage;
-
-// The inputs every emulated kernel may read, registered with the emulator.
-void register_inputs(const ft::HostInputs& inputs) {
-  ft::clear_globals();
-  for (const std::vector<uint16_t>* tensor :
-       {&inputs.q, &inputs.k, &inputs.v, &inputs.o, &inputs.d_o})
-    if (!tensor->empty()) ft::register_global(tensor->data(), tensor->size() * sizeof(uint16_t));
-}
 
 // ---- the forward: the emulator against a template verified on GPUs --------------------------
 
@@ -158,81 +152,6 @@ INSTANTIATE_TEST_SUITE_P(Configs, CudaForwardEmulation,
                          });
 
 // ---- the backward ------------------------------------------------------------------------------
-
-struct Gradients {
-  std::vector<uint16_t> dq, dk, dv;  // whole spans
-};
-
-// The backward's launch sequence (render.hpp's contract, as runtime/cuda/cuda_backend.cpp
-// launches it): preprocess, dK/dV, then the convert or the dQ kernel, over one workspace.
-template <class K>
-std::string run_backward(const AttentionProblem& problem, const AttentionConfig& config,
-                         const ft::HostInputs& inputs, Gradients* out) {
-  const BackwardWorkspace layout = backward_workspace(problem, config);
-  std::vector<float> workspace(layout.bytes / sizeof(float) + 64,
-                               std::numeric_limits<float>::quiet_NaN());
-  std::vector<float> lse = inputs.lse;
-  std::vector<uint16_t> dq(problem.dq_span() + kGuardElements, ft::kPoisonBits);
-  std::vector<uint16_t> dk(problem.dkv_span() + kGuardElements, ft::kPoisonBits);
-  std::vector<uint16_t> dv(problem.dkv_span() + kGuardElements, ft::kPoisonBits);
-  AttentionArgs args;
-  args.q = inputs.q.data();
-  args.k = inputs.k.data();
-  args.v = inputs.v.data();
-  args.o = const_cast<uint16_t*>(inputs.o.data());
-  args.lse = lse.data();
-  args.d_o = inputs.d_o.data();
-  args.dq = dq.data();
-  args.dk = dk.data();
-  args.dv = dv.data();
-  FlashjitAttentionParams params = make_launch_params(problem, args);
-  // A 256-byte aligned start within the vector, as the runtime's allocations are.
-  auto* base = reinterpret_cast<unsigned char*>(workspace.data());
-  base += (256 - reinterpret_cast<uintptr_t>(base) % 256) % 256;
-  bind_workspace(params, layout, base);
-  register_inputs(inputs);
-  ft::register_global(base, layout.bytes);
-
-  const int batch = static_cast<int>(problem.batch), heads_q = static_cast<int>(problem.heads_q);
-  const ft::CudaGrid rows{static_cast<int>(layout.seqlen_q_rounded / kBackwardPreprocessRows),
-                          heads_q, batch};
-  const bool bf16 = K::kIsBf16;
-  constexpr int kD = K::kHeadDim;
-  std::string error = ft::emulate_cuda(rows, kBackwardPreprocessThreads, 16, [&] {
-    if (bf16)
-      flashjit_kernel::backward_preprocess<kD, true>(params);
-    else
-      flashjit_kernel::backward_preprocess<kD, false>(params);
-  });
-  if (!error.empty()) return "preprocess: " + error;
-  const ft::CudaGrid dkdv{static_cast<int>((problem.seqlen_k + K::kBlockN - 1) / K::kBlockN),
-                          static_cast<int>(problem.heads_kv), batch};
-  error = ft::emulate_cuda(dkdv, K::kThreads, K::kSmemBytes,
-                           [&] { flashjit_kernel::attention_backward_dkdv<K>(params); });
-  if (!error.empty()) return "dK/dV kernel: " + error;
-  if (K::kDqAtomic) {
-    error = ft::emulate_cuda(rows, kBackwardPreprocessThreads, 16, [&] {
-      if (bf16)
-        flashjit_kernel::backward_dq_convert<kD, true>(params);
-      else
-        flashjit_kernel::backward_dq_convert<kD, false>(params);
-    });
-  } else {
-    const ft::CudaGrid queries{static_cast<int>((problem.seqlen_q + K::kBlockM - 1) / K::kBlockM),
-                               heads_q, batch};
-    error = ft::emulate_cuda(queries, K::kDqThreads, K::kDqSmemBytes,
-                             [&] { flashjit_kernel::attention_backward_dq<K>(params); });
-  }
-  if (!error.empty()) return "dQ kernel: " + error;
-  for (const auto* tensor : {&dq, &dk, &dv}) {
-    for (size_t i = tensor->size() - kGuardElements; i < tensor->size(); ++i)
-      if ((*tensor)[i] != ft::kPoisonBits) return "a gradient written past its span";
-  }
-  out->dq.assign(dq.begin(), dq.end() - kGuardElements);
-  out->dk.assign(dk.begin(), dk.end() - kGuardElements);
-  out->dv.assign(dv.begin(), dv.end() - kGuardElements);
-  return "";
-}
 
 using BackwardFn = std::string (*)(const AttentionProblem&, const AttentionConfig&,
                                    const ft::HostInputs&, Gradients*);

@@ -1,0 +1,111 @@
+// The wgmma backward's launch sequence on the host (tests/support/sm90_emulator.hpp): the
+// preprocess and the Atomic mode's convert on the host as cuda/attention_bwd_common.cuh defines
+// them, the template's dK/dV and dQ kernels emulated; shared by the emulation tests of the plain
+// template and of the variants. Include it after templates/cuda/attention_bwd_sm90.cuh.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "generator/backward_config_sm90.hpp"
+#include "runtime/launch_params.hpp"
+#include "support/sm90_emulator.hpp"
+#include "tuner/reference.hpp"
+
+namespace flashjit::testing {
+
+inline int64_t storage_offset(const Strides& s, int64_t b, int64_t row, int64_t h) {
+  return b * s.batch + row * s.seq + h * s.head;
+}
+
+struct Sm90BackwardOutcome {
+  std::string error;  // emulation error
+  GradientComparison comparison;
+};
+
+// One backward call of config K on `problem`: host preprocess, emulated kernels, host convert.
+template <class K>
+Sm90BackwardOutcome run_sm90_backward(const AttentionProblem& p, const AttentionConfig& config,
+                                      const HostInputs& in, const Reference& ref) {
+  Sm90BackwardOutcome out;
+  std::vector<uint16_t> dq = poisoned_storage(p.dq_span(), p.dtype);
+  std::vector<uint16_t> dk = poisoned_storage(p.dkv_span(), p.dtype);
+  std::vector<uint16_t> dv = poisoned_storage(p.dkv_span(), p.dtype);
+  std::vector<float> lse = in.lse;
+  AttentionArgs args;
+  args.q = in.q.data();
+  args.k = in.k.data();
+  args.v = in.v.data();
+  args.o = const_cast<uint16_t*>(in.o.data());
+  args.lse = lse.data();
+  args.d_o = in.d_o.data();
+  args.dq = dq.data();
+  args.dk = dk.data();
+  args.dv = dv.data();
+  args.alibi_slopes = in.alibi_slopes.empty() ? nullptr : in.alibi_slopes.data();
+  FlashjitAttentionParams params = make_launch_params(p, args);
+  const BackwardWorkspace layout = backward_workspace(p, config);
+  std::vector<unsigned char> workspace(layout.bytes + kWorkspaceAlign, 0xFF);
+  void* aligned =
+      workspace.data() +
+      (kWorkspaceAlign - reinterpret_cast<uintptr_t>(workspace.data()) % kWorkspaceAlign);
+  bind_workspace(params, layout, aligned);
+
+  // The preprocess, as cuda/attention_bwd_common.cuh defines it.
+  const int dp = padded_head_dim(p.head_dim);
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads_q; ++h)
+      for (int64_t row = 0; row < layout.seqlen_q_rounded; ++row) {
+        const int64_t at = (b * p.heads_q + h) * layout.seqlen_q_rounded + row;
+        float dot = 0;
+        if (row < p.seqlen_q)
+          for (int c = 0; c < p.head_dim; ++c)
+            dot = std::fma(
+                element_value(in.o.data(), storage_offset(p.o_strides, b, row, h) + c, p.dtype),
+                element_value(in.d_o.data(), storage_offset(p.do_strides, b, row, h) + c, p.dtype),
+                dot);
+        params.delta[at] = row < p.seqlen_q ? dot : 0.f;
+        params.lse_log2[at] =
+            row < p.seqlen_q ? lse[(b * p.heads_q + h) * p.seqlen_q + row] * 1.4426950408889634f
+                             : HUGE_VALF;
+        if (params.dq_accum)
+          for (int c = 0; c < dp; ++c) params.dq_accum[at * dp + c] = 0.f;
+      }
+
+  const Sm90Grid dkdv_grid{static_cast<int>((p.seqlen_k + config.block_n - 1) / config.block_n),
+                           static_cast<int>(p.heads_kv), static_cast<int>(p.batch)};
+  out.error = emulate_sm90(dkdv_grid, wgmma_backward_dkdv_threads(config),
+                           wgmma_backward_dkdv_smem_bytes(config, p),
+                           [&] { flashjit_kernel::attention_backward_sm90_dkdv<K>(params); });
+  if (!out.error.empty()) {
+    out.error = "dK/dV kernel: " + out.error;
+    return out;
+  }
+  if (config.dq == DqMode::Atomic) {
+    // The convert, as cuda/attention_bwd_common.cuh defines it: dq = scale * dq_accum.
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t h = 0; h < p.heads_q; ++h)
+        for (int64_t row = 0; row < p.seqlen_q; ++row)
+          for (int c = 0; c < p.head_dim; ++c) {
+            const int64_t at = ((b * p.heads_q + h) * layout.seqlen_q_rounded + row) * dp + c;
+            set_element(dq.data(), storage_offset(p.dq_strides, b, row, h) + c,
+                        params.dq_accum[at] * params.scale, p.dtype);
+          }
+  } else {
+    const Sm90Grid dq_grid{static_cast<int>((p.seqlen_q + config.block_m - 1) / config.block_m),
+                           static_cast<int>(p.heads_q), static_cast<int>(p.batch)};
+    out.error = emulate_sm90(dq_grid, wgmma_backward_dq_threads(config),
+                             wgmma_backward_dq_smem_bytes(config, p),
+                             [&] { flashjit_kernel::attention_backward_sm90_dq<K>(params); });
+    if (!out.error.empty()) {
+      out.error = "dQ kernel: " + out.error;
+      return out;
+    }
+  }
+  out.comparison = compare_gradients(p, dq, dk, dv, ref);
+  return out;
+}
+
+}  // namespace flashjit::testing

@@ -1,0 +1,275 @@
+// The CUDA backward with attention variants (templates/cuda/attention_bwd.cuh, the mma family)
+// compiles with NVRTC for sm80 and sm90, each variant kind and a combination, in both dQ modes
+// (atomic and -det), at the default tile and the register-heaviest legal one, spilling no more
+// than the plain backward of the same tile plus a bound (the chain factor of a variant that
+// modifies the scores is one more fp32 per score); the wgmma family refuses variants in the
+// backward (Unsupported) so that the legal configs and the default are mma ones; a score_mod_grad
+// that does not compile is quoted. No GPU needed (NVRTC only).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "generator/backward_config.hpp"
+#include "generator/config.hpp"
+#include "generator/device.hpp"
+#include "generator/render.hpp"
+#include "generator/variant.hpp"
+#include "runtime/cuda/nvrtc_compiler.hpp"
+#include "support/parallel.hpp"
+
+namespace flashjit {
+namespace {
+
+struct Named {
+  const char* name;
+  Variant variant;
+};
+
+std::vector<Named> variants() {
+  std::vector<Named> out;
+  Variant v;
+  v.window_left = 1024;
+  v.window_right = 0;
+  out.push_back({"window", v});
+  v = Variant();
+  v.softcap = 50.f;
+  v.alibi = true;
+  out.push_back({"softcap_alibi", v});
+  v = Variant();
+  v.prefix = 100;
+  v.window_left = 256;
+  out.push_back({"prefix", v});
+  v = Variant();
+  v.score_mod = "score - 0.1f * abs(q_idx - kv_idx)";
+  v.score_mod_grad = "1.0f";
+  out.push_back({"score_mod", v});
+  v = Variant();
+  v.mask_mod = "(q_idx / 64) == (kv_idx / 64)";
+  out.push_back({"mask_mod", v});
+  v = Variant();
+  v.window_left = 512;
+  v.softcap = 30.f;
+  v.alibi = true;
+  v.prefix = 16;
+  v.score_mod = "score * 0.5f + tanh(score)";
+  v.score_mod_grad = "0.5f + 1.0f - tanh(score) * tanh(score)";
+  v.mask_mod = "kv_idx % 3 != 1";
+  out.push_back({"everything", v});
+  return out;
+}
+
+struct Job {
+  std::string label;
+  AttentionProblem problem;
+  AttentionConfig config;
+  int arch;
+};
+
+struct Outcome {
+  std::string error;
+  cuda::PtxasReport dkdv, dq;  // dq: the -det mode's kernel (else not reported)
+  bool wgmma_serialized = false;
+};
+
+Outcome compile(const Job& job) {
+  Outcome outcome;
+  Result<KernelSource> source = render_cuda_attention(job.problem, job.config);
+  if (!source.ok()) {
+    outcome.error = source.error().describe();
+    return outcome;
+  }
+  Result<Binary> binary = cuda::nvrtc_compile(source.value(), job.arch);
+  if (!binary.ok()) {
+    outcome.error =
+        explain_variant_compile_error(job.problem, source->text, binary.error()).describe();
+    return outcome;
+  }
+  outcome.dkdv = cuda::parse_ptxas_report(binary->compile_log, kBackwardDkDvEntry);
+  outcome.dq = cuda::parse_ptxas_report(binary->compile_log, kBackwardDqEntry);
+  outcome.wgmma_serialized =
+      binary->compile_log.find("wgmma.mma_async instructions are serialized") != std::string::npos;
+  return outcome;
+}
+
+// The default backward tile and the register-heaviest legal mma tile, each in both dQ modes.
+std::vector<AttentionConfig> tiles_of(const AttentionProblem& problem, const DeviceSpec& device) {
+  std::vector<AttentionConfig> legal = legal_backward_configs(problem, device);
+  std::vector<AttentionConfig> out;
+  if (legal.empty()) return out;
+  const AttentionConfig def = default_backward_config(problem, device).value();
+  const AttentionConfig heaviest = *std::max_element(
+      legal.begin(), legal.end(), [&](const AttentionConfig& a, const AttentionConfig& b) {
+        return a.block_m * a.block_n < b.block_m * b.block_n;
+      });
+  for (AttentionConfig c : {def, heaviest})
+    for (DqMode dq : {DqMode::Atomic, DqMode::Separate}) {
+      c.dq = dq;
+      if (check_backward_config(c, problem, device).ok() &&
+          std::find(out.begin(), out.end(), c) == out.end())
+        out.push_back(c);
+    }
+  return out;
+}
+
+// FLASHJIT_COMPILE_ALL=1: every variant on both archs (the GPU session's run), else CI's subset
+// (sm80: every variant; sm90: the combination).
+bool compile_all() {
+  const char* all = std::getenv("FLASHJIT_COMPILE_ALL");
+  return all != nullptr && std::string(all) == "1";
+}
+
+// Spill bytes a variant may add over the plain kernel of the same tile: the scores' derivative
+// lives beside S (one more fp32 per score of the warp's block) in the heaviest tiles.
+constexpr int kMaxExtraSpillBytes = 256;
+
+TEST(CudaBackwardVariantCompile, EveryVariantCompilesOnTheMmaFamily) {
+  const AttentionProblem plain =
+      AttentionProblem::make(1, 16, 16, 4096, 4096, 128, DType::BF16, /*causal=*/true)
+          .with_pass(Pass::Backward);
+  std::vector<Job> jobs;  // the plain baselines first, then the variants
+  std::vector<Job> variant_jobs;
+  for (int arch : {80, 90}) {
+    const DeviceSpec device = known_device("sm" + std::to_string(arch)).value();
+    for (const Named& named : variants()) {
+      if (arch == 90 && !compile_all() && std::string(named.name) != "everything") continue;
+      AttentionProblem p = plain;
+      p.variant = named.variant;
+      const std::vector<AttentionConfig> tiles = tiles_of(p, device);
+      ASSERT_FALSE(tiles.empty()) << named.name << " sm" << arch;
+      for (const AttentionConfig& tile : tiles) {
+        EXPECT_EQ(tile.family, KernelFamily::Mma) << tile.to_string();
+        variant_jobs.push_back({named.name, p, tile, arch});
+        const bool seen = std::any_of(jobs.begin(), jobs.end(), [&](const Job& j) {
+          return j.arch == arch && j.config == tile;
+        });
+        if (!seen) jobs.push_back({"plain", plain, tile, arch});
+      }
+    }
+  }
+  const size_t baselines = jobs.size();
+  jobs.insert(jobs.end(), variant_jobs.begin(), variant_jobs.end());
+  const std::vector<Outcome> outcomes =
+      testing::parallel_map<Outcome>(jobs.size(), [&](size_t i) { return compile(jobs[i]); });
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const std::string where =
+        jobs[i].label + " sm" + std::to_string(jobs[i].arch) + " " + jobs[i].config.to_string();
+    ASSERT_EQ(outcomes[i].error, "") << where;
+    ASSERT_GT(outcomes[i].dkdv.registers, 0) << where << ": no ptxas report of dK/dV";
+    if (jobs[i].config.dq == DqMode::Separate)
+      ASSERT_GT(outcomes[i].dq.registers, 0) << where << ": no ptxas report of dQ";
+    if (i < baselines) continue;
+    size_t base = 0;
+    while (!(jobs[base].arch == jobs[i].arch && jobs[base].config == jobs[i].config)) ++base;
+    EXPECT_LE(outcomes[i].dkdv.spill_store_bytes,
+              outcomes[base].dkdv.spill_store_bytes + kMaxExtraSpillBytes)
+        << where << " dK/dV";
+    EXPECT_LE(outcomes[i].dq.spill_store_bytes,
+              outcomes[base].dq.spill_store_bytes + kMaxExtraSpillBytes)
+        << where << " dQ";
+    std::printf(
+        "  %-14s sm%d %-16s dK/dV %3d registers, %4d bytes spilled (plain %3d, %4d); dQ %3d, %4d "
+        "(plain %3d, %4d)\n",
+        jobs[i].label.c_str(), jobs[i].arch, jobs[i].config.to_string().c_str(),
+        outcomes[i].dkdv.registers, outcomes[i].dkdv.spill_store_bytes,
+        outcomes[base].dkdv.registers, outcomes[base].dkdv.spill_store_bytes,
+        outcomes[i].dq.registers, outcomes[i].dq.spill_store_bytes, outcomes[base].dq.registers,
+        outcomes[base].dq.spill_store_bytes);
+  }
+}
+
+// The wgmma backward template's variant code compiles for sm90a at every legal tile of the plain
+// problem (named configs render; the generator does not offer them for variants until they have
+// run on a GPU), its wgmmas never serialized by ptxas, spilling no more than the plain kernel.
+TEST(CudaBackwardVariantCompile, WgmmaVariantsCompileWithoutSerialization) {
+  const DeviceSpec sm90 = known_device("sm90").value();
+  std::vector<Job> jobs;
+  for (int d : {64, 128}) {
+    const AttentionProblem plain =
+        AttentionProblem::make(1, 16, 16, 4096, 4096, d, DType::BF16, /*causal=*/true)
+            .with_pass(Pass::Backward);
+    std::vector<AttentionConfig> tiles = legal_backward_configs(plain, sm90);
+    std::erase_if(tiles, [](const AttentionConfig& c) { return c.family != KernelFamily::Wgmma; });
+    ASSERT_FALSE(tiles.empty()) << d;
+    for (const AttentionConfig& tile : tiles) {
+      jobs.push_back({"plain", plain, tile, 90});
+      for (const Named& named : variants()) {
+        const std::string name = named.name;
+        if (!compile_all() && name != "everything" && name != "softcap_alibi") continue;
+        AttentionProblem p = plain;
+        p.variant = named.variant;
+        jobs.push_back({named.name, p, tile, 90});
+      }
+    }
+  }
+  const std::vector<Outcome> outcomes =
+      testing::parallel_map<Outcome>(jobs.size(), [&](size_t i) { return compile(jobs[i]); });
+  size_t base = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const std::string where = jobs[i].label + " d" + std::to_string(jobs[i].problem.head_dim) +
+                              " " + jobs[i].config.to_string();
+    ASSERT_EQ(outcomes[i].error, "") << where;
+    ASSERT_GT(outcomes[i].dkdv.registers, 0) << where << ": no ptxas report of dK/dV";
+    EXPECT_FALSE(outcomes[i].wgmma_serialized) << where << ": ptxas serialized the wgmmas";
+    if (jobs[i].label == "plain") {
+      base = i;
+      continue;
+    }
+    EXPECT_LE(outcomes[i].dkdv.spill_store_bytes, outcomes[base].dkdv.spill_store_bytes) << where;
+    EXPECT_LE(outcomes[i].dq.spill_store_bytes, outcomes[base].dq.spill_store_bytes) << where;
+    std::printf(
+        "  %-14s %-22s dK/dV %3d registers, %3d spilled (plain %3d, %3d); dQ %3d, %3d "
+        "(plain %3d, %3d)\n",
+        jobs[i].label.c_str(), where.c_str() + jobs[i].label.size() + 1, outcomes[i].dkdv.registers,
+        outcomes[i].dkdv.spill_store_bytes, outcomes[base].dkdv.registers,
+        outcomes[base].dkdv.spill_store_bytes, outcomes[i].dq.registers,
+        outcomes[i].dq.spill_store_bytes, outcomes[base].dq.registers,
+        outcomes[base].dq.spill_store_bytes);
+  }
+}
+
+// Until the wgmma backward's variant code has run on a GPU it is not offered for variants: a
+// typed error, never a legal config or the default.
+TEST(CudaBackwardVariantCompile, WgmmaFamilyRefusesVariants) {
+  AttentionProblem p = AttentionProblem::make(1, 16, 16, 4096, 4096, 128, DType::BF16, true)
+                           .with_pass(Pass::Backward);
+  p.variant.softcap = 30.f;
+  const DeviceSpec sm90 = known_device("sm90").value();
+  for (const AttentionConfig& c : legal_backward_configs(p, sm90))
+    EXPECT_EQ(c.family, KernelFamily::Mma) << c.to_string();
+  EXPECT_EQ(default_backward_config(p, sm90).value().family, KernelFamily::Mma);
+  AttentionProblem plain = p;
+  plain.variant = Variant();
+  bool refused_one = false;
+  for (const AttentionConfig& c : legal_backward_configs(plain, sm90)) {
+    if (c.family != KernelFamily::Wgmma) continue;
+    const Status refused = check_backward_config(c, p, sm90);
+    ASSERT_FALSE(refused.ok()) << c.to_string();
+    EXPECT_EQ(refused.error().code, ErrorCode::Unsupported);
+    EXPECT_NE(refused.error().message.find("softcap30"), std::string::npos)
+        << refused.error().message;
+    EXPECT_TRUE(check_backward_template(c, p).ok()) << c.to_string();  // it still renders
+    refused_one = true;
+  }
+  EXPECT_TRUE(refused_one) << "the plain problem has wgmma backward configs on sm90";
+}
+
+TEST(CudaBackwardVariantCompile, AScoreModGradThatDoesNotCompileIsQuoted) {
+  AttentionProblem p =
+      AttentionProblem::make(1, 4, 4, 256, 256, 64, DType::F16, false).with_pass(Pass::Backward);
+  p.variant.score_mod = "score * 2.0f";
+  p.variant.score_mod_grad = "2.0f * undefined_name";
+  const AttentionConfig config = default_backward_config(p, known_device("sm80").value()).value();
+  const Outcome outcome = compile({"bad", p, config, 80});
+  ASSERT_NE(outcome.error, "");
+  EXPECT_EQ(outcome.error.find("score_mod_grad = \"2.0f * undefined_name\" does not compile: "),
+            outcome.error.find("score_mod_grad"))
+      << outcome.error;
+  EXPECT_NE(outcome.error.find("undefined_name"), std::string::npos) << outcome.error;
+}
+
+}  // namespace
+}  // namespace flashjit

@@ -1,0 +1,103 @@
+// The CUDA mma backward template (templates/cuda/attention_bwd.cuh) with an attention variant
+// (templates/attention_variant.h) run on the host through the device-primitive emulator
+// (tests/support/cuda_emulator.hpp) against the fp64 reference gradients: causal sliding window +
+// prefix-LM + soft-capping + ALiBi + a user score_mod (with its score_mod_grad) + a user mask_mod
+// at once, so that query- and key-block skipping, per-element masking, every score modification
+// and the chain factor of dS run, in both dQ modes. Hidden key blocks hold NaN: a kernel that
+// uses one fails. The variant is compiled in (one per translation unit): the defines are what
+// the generator renders for emulated_variant() in a backward problem, which the first test checks.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "generator/problem.hpp"
+#include "generator/variant.hpp"
+#include "support/attention_cases.hpp"
+#include "support/reference.hpp"
+#include "support/variant_cases.hpp"
+#include "templates/attention_params.h"
+// clang-format off: the order matters (as the renderer assembles the source)
+#include "support/cuda_emulator.hpp"
+#define FLASHJIT_VARIANT_MASK_MOD 1
+#define FLASHJIT_VARIANT_SCORE_MOD_GRAD 1
+#include "support/emulated_variant.h"
+#include "templates/attention_common.h"
+// (tiles before the kernels)
+#include "templates/cuda/tiles.cuh"
+// (the kernels last)
+#include "templates/cuda/attention_bwd.cuh"
+#include "templates/cuda/attention_bwd_common.cuh"
+// clang-format on
+#include "support/cuda_backward_emulation.hpp"
+
+namespace flashjit {
+namespace {
+
+namespace ft = ::flashjit::testing;
+
+// The variant compiled in above (support/emulated_variant.h) and its host expressions.
+const ft::VariantCase kVariant = ft::emulated_variant(/*with_mask_mod=*/true);
+
+TEST(CudaBackwardVariantEmulation, TheDefinesAreWhatTheGeneratorRenders) {
+  AttentionProblem p =
+      AttentionProblem::make(1, 1, 1, 16, 16, 64, DType::BF16, true).with_pass(Pass::Backward);
+  p.variant = kVariant.variant;
+  const std::string prelude = render_variant_prelude(p).value();
+  for (const char* line :
+       {"#define FLASHJIT_VARIANT_CAUSAL 1\n", "#define FLASHJIT_VARIANT_WINDOW_LEFT (40)\n",
+        "#define FLASHJIT_VARIANT_PREFIX 24\n",
+        "#define FLASHJIT_VARIANT_SOFTCAP 2.000000000e+00f\n", "#define FLASHJIT_VARIANT_ALIBI 1\n",
+        "#define FLASHJIT_VARIANT_SCORE_MOD 1\n", "#define FLASHJIT_VARIANT_MASK_MOD 1\n",
+        "#define FLASHJIT_VARIANT_SCORE_MOD_GRAD 1\n",
+        "  return static_cast<float>(1.0f);  // flashjit:score_mod_grad\n",
+        "  return static_cast<bool>((kv_idx + head + batch) % 5 != 0 || q_idx < 8);"})
+    EXPECT_NE(prelude.find(line), std::string::npos) << line;
+}
+
+struct Case {
+  ft::Shape shape;
+  int64_t nan_keys_begin = 0, nan_keys_end = 0;  // keys no query sees, set to NaN
+};
+
+template <class K>
+void check(DType dtype, int head_dim) {
+  const AttentionConfig config{K::kBlockM,        K::kBlockN,
+                               K::kWarps,         K::kStages,
+                               KernelFamily::Mma, K::kDqAtomic ? DqMode::Atomic : DqMode::Separate};
+  const Case cases[] = {
+      {{1, 1, 1, 1, 1}},
+      {{2, 2, 1, 70, 150}},  // GQA, more keys, ragged blocks; batch 1 shifts the score_mod
+      {{1, 2, 2, 100, 40}},  // more queries: the first 60 rows see only the prefix
+      // diagonal 260: row 0 sees [220, 260] and the prefix [0, 24): the whole blocks of keys in
+      // [block_n, 192) are blocks no row sees (the prefix's one block is read whole, masked per
+      // element; a masked key's NaN V would give dS = 0 * NaN).
+      {{1, 2, 1, 40, 300}, K::kBlockN, 192 / K::kBlockN * K::kBlockN},
+  };
+  uint64_t seed = 11;
+  for (const Case& c : cases) {
+    AttentionProblem problem = ft::make_problem(c.shape, head_dim, dtype, true, Pass::Backward);
+    problem.variant = kVariant.variant;
+    ASSERT_TRUE(validate(problem).ok()) << validate(problem).error().describe();
+    ft::HostInputs inputs = ft::random_inputs(problem, seed++, kVariant.functions);
+    ft::poison_keys(problem, inputs, c.nan_keys_begin, c.nan_keys_end);
+    ft::Gradients gradients;
+    ASSERT_EQ(ft::run_backward<K>(problem, config, inputs, &gradients), "") << c.shape.to_string();
+    const GradientComparison comparison =
+        compare_gradients(problem, gradients.dq, gradients.dk, gradients.dv,
+                          ft::reference_attention(problem, inputs, kVariant.functions));
+    EXPECT_TRUE(within_tolerance(comparison, gradient_tolerance(dtype)))
+        << config.to_string() << " " << c.shape.to_string() << ": " << comparison.to_string();
+  }
+}
+
+TEST(CudaBackwardVariantEmulation, MatchesTheFp64Reference) {
+  // Atomic dQ, 32-row warp blocks; -det with 4 warps, one buffer, block_n 32; a padded head dim.
+  check<flashjit_kernel::BwdTraits<64, 64, 64, 4, 2, true, true, true>>(DType::BF16, 64);
+  check<flashjit_kernel::BwdTraits<64, 32, 32, 4, 1, false, true, false>>(DType::F16, 64);
+  check<flashjit_kernel::BwdTraits<72, 64, 128, 8, 2, true, true, false>>(DType::BF16, 72);
+}
+
+}  // namespace
+}  // namespace flashjit
