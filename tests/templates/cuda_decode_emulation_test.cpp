@@ -20,6 +20,7 @@
 #include "generator/problem.hpp"
 #include "runtime/decode_launch.hpp"
 #include "support/decode_cases.hpp"
+#include "support/decode_emulation.hpp"
 #include "support/reference.hpp"
 #include "templates/attention_params.h"
 // The kernels need their primitives declared before them: params, emulated primitives, rules.
@@ -35,8 +36,6 @@ namespace {
 
 namespace ft = ::flashjit::testing;
 
-constexpr size_t kGuardElements = 64;
-
 // The decode launch (render_decode.hpp's contract, as runtime/decode_launch.hpp launches it on a
 // GPU): the split counters zeroed (the workspace is NaN besides), then the split kernel, whose
 // last split per tile combines. The counters must be zero again after it (a CUDA graph replays the
@@ -44,80 +43,22 @@ constexpr size_t kGuardElements = 64;
 template <class K>
 std::string run_decode(const ft::DecodeInputs& d, const AttentionConfig& config, int splits,
                        std::vector<uint16_t>* o_out, std::vector<float>* lse_out) {
-  const AttentionProblem& p = d.problem;
-  std::vector<uint16_t> o(p.o_span() + kGuardElements, ft::kPoisonBits);
-  std::vector<float> lse(p.lse_elements() + kGuardElements, -1.f);
-  std::fill(lse.begin(), lse.begin() + p.lse_elements(), std::numeric_limits<float>::quiet_NaN());
-  const DecodeLaunch launch = decode_launch(p, config, splits, {K::kThreads, K::kSmemBytes});
-  std::vector<float> workspace(launch.workspace.bytes / sizeof(float) + 64,
-                               std::numeric_limits<float>::quiet_NaN());
-  AttentionArgs args{d.inputs.q.data(), d.inputs.k.data(), d.inputs.v.data(), o.data(), lse.data()};
-  args.block_table = p.kv.paged() ? d.inputs.block_table.data() : nullptr;
-  args.seqlens_k = p.kv.seqlens_k ? d.inputs.seqlens_k.data() : nullptr;
-  FlashjitAttentionParams params = make_launch_params(p, args);
-  auto* base = reinterpret_cast<unsigned char*>(workspace.data());
-  base += (256 - reinterpret_cast<uintptr_t>(base) % 256) % 256;
-  bind_decode(params, p, args, launch.workspace, base);
-  int32_t* counters = reinterpret_cast<int32_t*>(base + launch.workspace.counters_offset);
-  const size_t counter_count = launch.workspace.counter_bytes / sizeof(int32_t);
-  if (splits > 1 && reinterpret_cast<const unsigned char*>(counters) !=
-                        reinterpret_cast<const unsigned char*>(params.partial_lse +
-                                                               splits * launch.workspace.rows))
-    return "the counters are not where the kernel looks for them";
-  std::fill(counters, counters + counter_count, 0);
+  ft::EmulatedDecode call(d, config, splits, {K::kThreads, K::kSmemBytes});
+  if (std::string error = call.layout_error(splits); !error.empty()) return error;
   ft::clear_globals();
   for (const std::vector<uint16_t>* tensor : {&d.inputs.q, &d.inputs.k, &d.inputs.v})
     ft::register_global(tensor->data(), tensor->size() * sizeof(uint16_t));
-
-  const ft::CudaGrid grid{static_cast<int>(launch.split.grid_x),
-                          static_cast<int>(launch.split.grid_y),
-                          static_cast<int>(launch.split.grid_z)};
-  std::string error = ft::emulate_cuda(grid, K::kThreads, K::kSmemBytes,
-                                       [&] { flashjit_kernel::decode_split<K>(params); });
+  const ft::CudaGrid grid{static_cast<int>(call.launch.split.grid_x),
+                          static_cast<int>(call.launch.split.grid_y),
+                          static_cast<int>(call.launch.split.grid_z)};
+  const std::string error = ft::emulate_cuda(
+      grid, K::kThreads, K::kSmemBytes, [&] { flashjit_kernel::decode_split<K>(call.params); });
   if (!error.empty()) return "split kernel: " + error;
-  for (size_t i = 0; i < counter_count; ++i)
-    if (counters[i] != 0)
-      return "split counter " + std::to_string(i) + " left at " + std::to_string(counters[i]);
-  for (size_t i = p.o_span(); i < o.size(); ++i)
-    if (o[i] != ft::kPoisonBits) return "o written past its span";
-  for (size_t i = p.lse_elements(); i < lse.size(); ++i)
-    if (lse[i] != -1.f) return "lse written past its end";
-  o_out->assign(o.begin(), o.begin() + p.o_span());
-  lse_out->assign(lse.begin(), lse.begin() + p.lse_elements());
-  return "";
+  return call.finish(d.problem, o_out, lse_out);
 }
 
-using DecodeFn = std::string (*)(const ft::DecodeInputs&, const AttentionConfig&, int,
-                                 std::vector<uint16_t>*, std::vector<float>*);
-
-struct DecodeCase {
-  int head_dim;
-  AttentionConfig config;
-  DType dtype;
-  bool causal;
-  int page_size;
-  DecodeFn run;
-  int smem_bytes, threads;  // the template's, compared with the generator's
-
-  std::string name() const {
-    std::string text = "d";
-    text += std::to_string(head_dim);
-    text += "_";
-    text += config.to_string();
-    text += "_";
-    text += to_string(dtype);
-    text += causal ? "_causal" : "_noncausal";
-    text += page_size > 0 ? "_paged" + std::to_string(page_size) : std::string("_contiguous");
-    for (char& ch : text)
-      if (ch == '-') ch = '_';  // gtest names: letters, digits and underscores
-    return text;
-  }
-};
-
-void PrintTo(const DecodeCase& c, std::ostream* out) { *out << c.name(); }
-
 template <int D, int BM, int BN, int W, int S, bool BF16, bool CAUSAL, int PAGE>
-DecodeCase decode_case() {
+ft::DecodeEmulationCase decode_case() {
   typedef flashjit_kernel::DecodeTraits<D, BM, BN, W, S, BF16, CAUSAL, PAGE> K;
   return {D,
           {BM, BN, W, S, KernelFamily::Decode},
@@ -129,43 +70,23 @@ DecodeCase decode_case() {
           K::kThreads};
 }
 
-class CudaDecodeEmulation : public ::testing::TestWithParam<DecodeCase> {};
+class CudaDecodeEmulation : public ::testing::TestWithParam<ft::DecodeEmulationCase> {};
 
 TEST_P(CudaDecodeEmulation, MatchesTheFp64Reference) {
-  const DecodeCase& c = GetParam();
-  uint64_t seed = 7;
-  int runs = 0;
-  for (const ft::DecodeShape& shape : ft::decode_shapes(c.page_size)) {
-    AttentionProblem problem =
-        AttentionProblem::make(shape.batch, shape.heads_q, shape.heads_kv, shape.seqlen_q,
-                               shape.seqlen_k, c.head_dim, c.dtype, c.causal);
-    const ft::DecodeInputs d = ft::make_decode_inputs(problem, shape.lengths, c.page_size, seed++);
-    ASSERT_TRUE(check_decode_config(c.config, d.problem, *known_device("sm90")).ok())
-        << check_decode_config(c.config, d.problem, *known_device("sm90")).error().describe();
+  ft::DecodeEmulationBackend cuda;
+  cuda.check_budget = [](const ft::DecodeEmulationCase& c, const AttentionProblem& p) {
+    const Status legal = check_decode_config(c.config, p, *known_device("sm90"));
+    ASSERT_TRUE(legal.ok()) << legal.error().describe();
     // What the generator budgets is what the template takes.
-    const DecodeResources budget = decode_resources(c.config, d.problem);
-    EXPECT_EQ(budget.smem_bytes, c.smem_bytes) << c.name();
+    const DecodeResources budget = decode_resources(c.config, p);
+    EXPECT_EQ(budget.smem_bytes, c.shared_bytes) << c.name();
     EXPECT_EQ(budget.threads, c.threads) << c.name();
-    const ft::Reference reference = ft::decode_reference(d);
-    // 1: the split kernel writes o; 3: three ranges (some empty for short sequences) merged by
-    // the last of each tile; auto on an H100 (132 SMs): as many as the keys' blocks allow.
-    for (int splits : {1, 3, decode_splits(c.config, d.problem, 132, 2)}) {
-      AttentionConfig config = c.config;
-      config.splits = splits;
-      const int resolved = decode_splits(config, d.problem, 132, 2);
-      std::vector<uint16_t> o;
-      std::vector<float> lse;
-      const std::string label =
-          c.name() + " b" + std::to_string(shape.batch) + " hq" + std::to_string(shape.heads_q) +
-          " hkv" + std::to_string(shape.heads_kv) + " sq" + std::to_string(shape.seqlen_q) +
-          " splits " + std::to_string(resolved);
-      const std::string error = c.run(d, config, resolved, &o, &lse);
-      ASSERT_EQ(error, "") << label;
-      EXPECT_TRUE(ft::matches_reference(ft::compare(d.problem, o, lse, reference))) << label;
-      ++runs;
-    }
-  }
-  EXPECT_EQ(runs, 15);
+  };
+  // Auto on an H100: 132 SMs, 2 CTAs per SM at most.
+  cuda.resolve_splits = [](const AttentionConfig& c, const AttentionProblem& p) {
+    return decode_splits(c, p, 132, 2);
+  };
+  ft::check_decode_emulation(GetParam(), cuda, 7);
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, CudaDecodeEmulation,
@@ -175,7 +96,7 @@ INSTANTIATE_TEST_SUITE_P(Configs, CudaDecodeEmulation,
                                            decode_case<64, 16, 32, 2, 4, false, false, 256>(),
                                            decode_case<72, 32, 64, 4, 3, true, true, 0>(),
                                            decode_case<256, 16, 64, 4, 2, true, false, 16>()),
-                         [](const ::testing::TestParamInfo<DecodeCase>& info) {
+                         [](const ::testing::TestParamInfo<ft::DecodeEmulationCase>& info) {
                            return info.param.name();
                          });
 
