@@ -115,12 +115,14 @@ struct Backward {
   static constexpr int kKeyRows = kTileVectors / KV, kKeyDims = tile_dims(KV);
   static constexpr int kQueryRows = kTileVectors / QV, kQueryDims = tile_dims(QV);
   // The fused dQ product: lanes along the head dim (DL of them, DV vectors per tile: the most
-  // that divide DL), rows of dQ_i in tiles of kDqRows; accumulator rows DR floats apart.
+  // that divide DL and leave an even number of rows per tile), rows of dQ_i in tiles of kDqRows;
+  // accumulator rows DR floats apart. (d 96 on AVX-512: 6 vectors; 3 would leave tiles of 5
+  // rows, so 2 of 8.)
   static constexpr int DL = T::kHeadDimLanes;
   static constexpr int DR = T::kDqAccumRow;
   static constexpr int head_dim_vectors() {
     int vectors = kTileLaneVectors;
-    while ((DL / kLanes) % vectors != 0) --vectors;
+    while ((DL / kLanes) % vectors != 0 || tile_dims(vectors) % 2 != 0) --vectors;
     return vectors;
   }
   static constexpr int DV = head_dim_vectors();
