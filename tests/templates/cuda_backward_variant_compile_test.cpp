@@ -20,45 +20,24 @@
 #include "generator/variant.hpp"
 #include "runtime/cuda/nvrtc_compiler.hpp"
 #include "support/parallel.hpp"
+#include "support/variant_cases.hpp"
 
 namespace flashjit {
 namespace {
 
-struct Named {
-  const char* name;
-  Variant variant;
-};
-
-std::vector<Named> variants() {
-  std::vector<Named> out;
-  Variant v;
-  v.window_left = 1024;
-  v.window_right = 0;
-  out.push_back({"window", v});
-  v = Variant();
-  v.softcap = 50.f;
-  v.alibi = true;
-  out.push_back({"softcap_alibi", v});
-  v = Variant();
-  v.prefix = 100;
-  v.window_left = 256;
-  out.push_back({"prefix", v});
-  v = Variant();
-  v.score_mod = "score - 0.1f * abs(q_idx - kv_idx)";
-  v.score_mod_grad = "1.0f";
-  out.push_back({"score_mod", v});
-  v = Variant();
-  v.mask_mod = "(q_idx / 64) == (kv_idx / 64)";
-  out.push_back({"mask_mod", v});
-  v = Variant();
-  v.window_left = 512;
-  v.softcap = 30.f;
-  v.alibi = true;
-  v.prefix = 16;
-  v.score_mod = "score * 0.5f + tanh(score)";
-  v.score_mod_grad = "0.5f + 1.0f - tanh(score) * tanh(score)";
-  v.mask_mod = "kv_idx % 3 != 1";
-  out.push_back({"everything", v});
+// The forward compile tests' variants (support/variant_cases.hpp), each score_mod with its
+// derivative (a backward needs it): d/ds of s - 0.1 |q - k| is 1, of s / 2 + tanh(s) is
+// 1 / 2 + 1 - tanh(s)^2.
+std::vector<testing::NamedVariant> variants() {
+  std::vector<testing::NamedVariant> out = testing::compile_variants();
+  for (testing::NamedVariant& named : out) {
+    Variant& v = named.variant;
+    if (v.score_mod == "score - 0.1f * abs(q_idx - kv_idx)") v.score_mod_grad = "1.0f";
+    if (v.score_mod == "score * 0.5f + tanh(score)")
+      v.score_mod_grad = "0.5f + 1.0f - tanh(score) * tanh(score)";
+    if (!v.score_mod.empty() && v.score_mod_grad.empty())
+      ADD_FAILURE() << named.name << ": a score_mod of compile_variants() with no derivative here";
+  }
   return out;
 }
 
@@ -134,7 +113,7 @@ TEST(CudaBackwardVariantCompile, EveryVariantCompilesOnTheMmaFamily) {
   std::vector<Job> variant_jobs;
   for (int arch : {80, 90}) {
     const DeviceSpec device = known_device("sm" + std::to_string(arch)).value();
-    for (const Named& named : variants()) {
+    for (const testing::NamedVariant& named : variants()) {
       if (arch == 90 && !compile_all() && std::string(named.name) != "everything") continue;
       AttentionProblem p = plain;
       p.variant = named.variant;
@@ -196,7 +175,7 @@ TEST(CudaBackwardVariantCompile, WgmmaVariantsCompileWithoutSerialization) {
     ASSERT_FALSE(tiles.empty()) << d;
     for (const AttentionConfig& tile : tiles) {
       jobs.push_back({"plain", plain, tile, 90});
-      for (const Named& named : variants()) {
+      for (const testing::NamedVariant& named : variants()) {
         const std::string name = named.name;
         if (!compile_all() && name != "everything" && name != "softcap_alibi") continue;
         AttentionProblem p = plain;
