@@ -186,6 +186,18 @@ Result<std::optional<std::string>> version_text(const Database& db, const char* 
     return make_error(ErrorCode::IoError,
                       "tuning DB " + db.path.string() + ": '" + **odd + "' is not a table");
   }
+  // Nor a trigger: it would run statements of the file's author on every write it watches
+  // (flashjit writes its user DB; a file it imports or merges from is only read, refused alike).
+  std::string trigger = "SELECT name FROM ";
+  trigger += schema;
+  trigger += ".sqlite_master WHERE type = 'trigger'";
+  Result<std::optional<std::string>> triggered = db.query_text(trigger, "reading the schema");
+  if (!triggered.ok()) return triggered.error();
+  if (triggered->has_value()) {
+    return make_error(ErrorCode::IoError, "tuning DB " + db.path.string() + ": trigger '" +
+                                              **triggered +
+                                              "': a flashjit tuning database has no triggers");
+  }
   std::string sql = "SELECT value FROM ";
   sql += schema;
   sql += ".meta WHERE key = 'schema_version'";

@@ -335,6 +335,32 @@ TEST_F(DbCommandTest, FilesThatWouldNeverFinishAreErrors) {
   EXPECT_EQ(rows(), before);
 }
 
+// A file with a trigger (which would run its author's statements on the writes it watches) is
+// refused by every path that opens it: merged from, listed, opened as the user DB to write.
+TEST_F(DbCommandTest, FilesWithTriggersAreRefused) {
+  const fs::path out = dir_ / "out.db";
+  make_db(out, 1024, AttentionConfig{64, 64, 4, 2});
+  const auto rows = [&] { return flashjit::testing::query(out, "SELECT count(*) FROM results"); };
+  const std::vector<std::string> before = rows();
+  const fs::path triggered = dir_ / "triggered.db";
+  make_db(triggered, 4096, AttentionConfig{128, 64, 4, 2});
+  flashjit::testing::query(triggered,
+                           "CREATE TRIGGER wipe AFTER INSERT ON choices BEGIN DELETE FROM "
+                           "results; END");
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"merge", out.string(), triggered.string()},
+        std::vector<std::string>{"ls", "--db", triggered.string()}}) {
+    Outcome outcome = run(args);
+    EXPECT_NE(outcome.status, 0) << args[0];
+    EXPECT_NE(outcome.err.find("trigger 'wipe'"), std::string::npos) << outcome.err;
+  }
+  Result<std::unique_ptr<TuningStore>> opened = TuningStore::open(triggered);
+  ASSERT_FALSE(opened.ok());
+  EXPECT_NE(opened.error().message.find("trigger 'wipe'"), std::string::npos)
+      << opened.error().message;
+  EXPECT_EQ(rows(), before);
+}
+
 TEST_F(DbCommandTest, ListingsNameThePass) {
   const fs::path path = dir_ / "passes.db";
   make_db(path, 1024, AttentionConfig{64, 64, 4, 2});  // forward
