@@ -14,9 +14,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 start=${SECONDS}
 if [[ "${1:-}" == "--sanitize" ]]; then
-  # cli_package_test: builds examples/cpp_consumer, without the sanitizer flags, against the
-  # installed (instrumented) library: its link cannot resolve the sanitizer runtime.
-  SANITIZE_EXCLUDE="${SANITIZE_EXCLUDE:-^cli_package_test$}"
+  # cli_package_test (its gtest names, which ctest runs by: PackageTest.*): builds
+  # examples/cpp_consumer, without the sanitizer flags, against the installed (instrumented)
+  # library: its link cannot resolve the sanitizer runtime.
+  SANITIZE_EXCLUDE="${SANITIZE_EXCLUDE:-^PackageTest\.}"
   BUILD_DIR="${BUILD_DIR_ASAN:-${REPO_ROOT}/build-asan}"
   sanitize="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
   # --as-needed after the sanitizers: g++ links libasan with --no-as-needed, which would keep
