@@ -149,7 +149,7 @@ void check_config() {
 
   // The budget and the template agree on everything the launch and setmaxnreg depend on.
   const AttentionProblem sample = make_problem(ws_shapes()[1], HEAD_DIM, dtype, CAUSAL);
-  const DeviceSpec& sm90 = *known_device("sm90");
+  const DeviceSpec sm90 = *known_device("sm90");  // a copy: known_device returns by value
   ASSERT_TRUE(check_config(config, sample, sm90).ok())
       << name << ": " << check_config(config, sample, sm90).error().message;
   const WsResources r = ws_resources(config, sample);
