@@ -78,39 +78,13 @@ __device__ __forceinline__ int decode_sequence_keys(const FlashjitAttentionParam
   return p.seqlens_k ? p.seqlens_k[batch] : p.seqlen_k;
 }
 
-// The K/V rows this thread copies for the block of keys [n0, n0 + kBlockN): copy i is row
-// (threadIdx.x + i kThreads) / kChunksPerRow of the block. Paged, each row lives in a page of
-// the block table; KvRows holds the page of each of this thread's rows (-1: the key is at or past
-// len, never read), so that the table's loads can be issued a block ahead of the copies that need
-// them: a copy waiting on its table entry would stall the warp for a memory round trip at every
-// block (the warp issues in order). Contiguous K/V needs no lookup: KvRows is empty.
-template <class K, bool PAGED = (K::kPageSize > 0)>
-struct KvRows {
-  int page[K::kKvCopies];
-};
-template <class K>
-struct KvRows<K, false> {};
-
-template <class K>
-__device__ __forceinline__ void decode_kv_rows(KvRows<K>& rows, const FlashjitAttentionParams& p,
-                                               int batch, int n0, int len) {
-  if constexpr (K::kPageSize > 0) {
-    const int* table = p.block_table + batch * p.block_table_stride;
-#pragma unroll
-    for (int i = 0; i < K::kKvCopies; ++i) {
-      const int key = n0 + (threadIdx.x + i * K::kThreads) / K::kChunksPerRow;
-      rows.page[i] = key < len ? table[key / K::kPageSize] : -1;
-    }
-  }
-}
-
 // Starts the copies of keys [n0, n0 + kBlockN) of (batch, kv_head) into the K and V tiles:
 // keys at or past `len` (and the head dim's padding) are zero-filled and never read from global
-// memory. Paged: each key's row in the page that `rows` (decode_kv_rows of the same block) holds.
+// memory. Paged: each key's row through the block table (one lookup per copy, shared by K and V).
 template <class K>
 __device__ __forceinline__ void decode_load_kv(const FlashjitAttentionParams& p, u32 k_tile,
-                                               u32 v_tile, int batch, int kv_head, int n0, int len,
-                                               const KvRows<K>& rows) {
+                                               u32 v_tile, int batch, int kv_head, int n0,
+                                               int len) {
   constexpr int kDp = K::kHeadDimPadded;
   const u16* k = static_cast<const u16*>(p.k) + kv_head * p.k_head_stride;
   const u16* v = static_cast<const u16*>(p.v) + kv_head * p.v_head_stride;
@@ -118,6 +92,7 @@ __device__ __forceinline__ void decode_load_kv(const FlashjitAttentionParams& p,
     k += batch * p.k_batch_stride;
     v += batch * p.v_batch_stride;
   }
+  const int* table = K::kPageSize > 0 ? p.block_table + batch * p.block_table_stride : 0;
 #pragma unroll
   for (int i = 0; i < K::kKvCopies; ++i) {
     const int copy = threadIdx.x + i * K::kThreads;
@@ -128,7 +103,7 @@ __device__ __forceinline__ void decode_load_kv(const FlashjitAttentionParams& p,
     long long k_offset = 0, v_offset = 0;
     if (valid) {
       if constexpr (K::kPageSize > 0) {
-        const long long page = rows.page[i];
+        const long long page = table[key / K::kPageSize];
         const int in_page = key % K::kPageSize;
         k_offset = page * p.k_batch_stride + in_page * p.k_seq_stride + col;
         v_offset = page * p.v_batch_stride + in_page * p.v_seq_stride + col;
@@ -271,7 +246,6 @@ __device__ __forceinline__ void decode_split(const FlashjitAttentionParams& p) {
     row_sum[mt][0] = row_sum[mt][1] = 0.f;
   }
 
-  KvRows<K> next_rows;  // the table entries of the next refill's block (paged)
   if (n_blocks > 0) {
     // Prologue: the Q rows (gathered: packed row r is position r / G of head hk * G + r % G)
     // and the first kStages - 1 K/V blocks in flight, one commit group per block.
@@ -286,21 +260,12 @@ __device__ __forceinline__ void decode_split(const FlashjitAttentionParams& p) {
                                      : 0;
       cp_async_16(q_tile + 2 * swizzled_offset<kDp>(row, col), q + offset, valid ? 16 : 0);
     }
-    // The table entries of the prologue's blocks and of the first refill's, all loaded before
-    // the first copy waits on one.
-    KvRows<K> prologue_rows[kStages - 1];
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s)
-      if (s < n_blocks)
-        decode_kv_rows<K>(prologue_rows[s], p, batch, (first_block + s) * kBlockN, len);
-    if (kStages - 1 < n_blocks)
-      decode_kv_rows<K>(next_rows, p, batch, (first_block + kStages - 1) * kBlockN, len);
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < n_blocks) {
         const u32 k_tile = kv_tiles + (2 * s) * kTileBytes;
         decode_load_kv<K>(p, k_tile, k_tile + kTileBytes, batch, kv_head,
-                          (first_block + s) * kBlockN, len, prologue_rows[s]);
+                          (first_block + s) * kBlockN, len);
       }
       cp_async_commit();
     }
@@ -314,10 +279,7 @@ __device__ __forceinline__ void decode_split(const FlashjitAttentionParams& p) {
       if (next < n_blocks) {
         const u32 k_tile = kv_tiles + 2 * (next % kStages) * kTileBytes;
         decode_load_kv<K>(p, k_tile, k_tile + kTileBytes, batch, kv_head,
-                          (first_block + next) * kBlockN, len, next_rows);
-        // The refill after this one: its table entries arrive while this block computes.
-        if (next + 1 < n_blocks)
-          decode_kv_rows<K>(next_rows, p, batch, (first_block + next + 1) * kBlockN, len);
+                          (first_block + next) * kBlockN, len);
       }
       cp_async_commit();
     }
