@@ -336,12 +336,6 @@ BackwardResources backward_resources(const AttentionConfig& c, const AttentionPr
 
 namespace {
 
-// The wgmma backward template's variant code (templates/cuda/attention_bwd_sm90.cuh) compiles
-// (NVRTC test) and matches the reference in the host emulation; until it has run on a GPU
-// (runtime_cuda_backward_variant_test on an H100), variant problems get mma backward configs
-// only. Set to true once it has.
-constexpr bool kSm90BackwardVariants = false;
-
 // What every family checks first: the dtype, that the family has a template, deterministic.
 Result<const BackwardFamily*> check_common(const AttentionConfig& c, const AttentionProblem& p) {
   if (Status knobs = check_ws_knobs(c); !knobs.ok()) return knobs.error();
@@ -376,13 +370,6 @@ Status check_backward_config(const AttentionConfig& c, const AttentionProblem& p
                              const DeviceSpec& device) {
   Result<const BackwardFamily*> family = check_common(c, p);
   if (!family.ok()) return family.error();
-  // (The template check above lets a named wgmma config render: the NVRTC and emulation tests.)
-  if (p.variant.active() && c.family == KernelFamily::Wgmma && !kSm90BackwardVariants)
-    return illegal(c,
-                   "attention variants (" + p.variant.key() +
-                       ") in the backward: the mma family only so far (the wgmma backward "
-                       "template's variant code has not run on a GPU yet)",
-                   ErrorCode::Unsupported);
   return family.value()->check(c, p, device);
 }
 

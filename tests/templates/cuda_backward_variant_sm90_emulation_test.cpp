@@ -4,8 +4,7 @@
 // prefix-LM + soft-capping + ALiBi + a user score_mod (with its score_mod_grad) and mask_mod at
 // once, so that query- and key-block skipping, per-element masking, every score modification and
 // the chain factor of dS run in both kernels, both dQ modes, register (RS) and shared-memory (SS)
-// dK/dV. Hidden key blocks hold NaN. The generator does not offer this family for variants until
-// it has run on a GPU (generator/backward_config.cpp, kSm90BackwardVariants).
+// dK/dV. Hidden key blocks hold NaN. (On an H100: runtime_cuda_backward_variant_test.)
 #include <gtest/gtest.h>
 
 #include <cstdint>
