@@ -32,7 +32,9 @@
 // store sends must be visible to it: written by a TMA load whose mbarrier phase every thread of
 // the reading warpgroup has waited for, or by generic stores (st.shared, cp.async) that the
 // writer fenced (fence.proxy.async) before a barrier or arrival that orders it before the read
-// (vector clocks over CTA barriers, named barriers and mbarrier phases). A TMA load must not
+// (vector clocks over CTA barriers, named barriers and mbarrier phases); a generic load
+// (ld.shared) of a byte another thread stored needs a barrier or arrival ordering the store
+// before it, and of a TMA-loaded byte the wait for its phase. A TMA load must not
 // land on bytes that an issued, not yet waited wgmma may read, nor on another load in flight; a
 // generic store neither. mbarriers are used only after their init has been fenced and published
 // by a barrier. Shared memory starts as 0xFF bytes (NaN) at a base address that is not
@@ -112,6 +114,7 @@ void wgmma_rs(int n, bool bf16, float* d, const uint32_t* a, uint64_t b, bool ac
               int trans_b);
 void red_add_v2(float* address, float a, float b);
 void store_shared_u32(uint32_t address, uint32_t value);
+void load_shared_16(uint32_t address, void* value);
 float shuffle_xor(float value, int lane_mask);
 void sync_warp();
 void fence_proxy_async();
@@ -199,6 +202,11 @@ template <int M, int N>
 inline void pin(u32 (&)[M][N]) {}
 inline void fence_proxy_async() { emu::fence_proxy_async(); }
 inline void store_shared_u32(u32 address, u32 value) { emu::store_shared_u32(address, value); }
+inline Vec16 load_shared_vec16(u32 address) {
+  Vec16 v;
+  emu::load_shared_16(address, &v);
+  return v;
+}
 
 template <int N, bool IS_BF16>
 struct Wgmma {

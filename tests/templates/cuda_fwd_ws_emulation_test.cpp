@@ -93,8 +93,7 @@ Outcome run_forward(const AttentionProblem& p, const AttentionConfig& config,
   std::fill(lse.begin(), lse.begin() + p.lse_elements(), std::numeric_limits<float>::quiet_NaN());
   AttentionArgs args{inputs.q.data(), inputs.k.data(), inputs.v.data(), o.data(), lse.data()};
   const FlashjitAttentionParams params = make_launch_params(p, args);
-  Result<ForwardTensorMapSpecs> specs =
-      forward_tensor_map_specs(params, p.head_dim, p.dtype, config);
+  Result<ForwardTensorMapSpecs> specs = forward_tensor_map_specs(params, p, config);
   if (!specs.ok()) {
     out.error = specs.error().describe();
     return out;

@@ -64,8 +64,7 @@ std::string run_forward(const AttentionProblem& problem, const AttentionConfig& 
   AttentionArgs args{inputs.q.data(), inputs.k.data(), inputs.v.data(), o->data(), lse->data()};
   args.alibi_slopes = inputs.alibi_slopes.data();
   const FlashjitAttentionParams params = make_launch_params(problem, args);
-  Result<ForwardTensorMapSpecs> specs =
-      forward_tensor_map_specs(params, problem.head_dim, problem.dtype, config);
+  Result<ForwardTensorMapSpecs> specs = forward_tensor_map_specs(params, problem, config);
   if (!specs.ok()) return specs.error().describe();
   FlashjitForwardTensorMaps maps;
   ft::encode_tensor_map(specs->q, &maps.q);

@@ -26,6 +26,15 @@ struct WsTile {
   int m_block;  // query block: rows [m_block * block_m, + block_m)
   int head;     // query head
   int batch;
+#ifdef FLASHJIT_VARIANT
+  // Where the tile's batch entry starts in the tensor maps: rows q_row + m0 of q and o, rows
+  // k_row + n0 of k and v, batch coordinate map_batch. Packed documents (varlen: batch is the
+  // document) are rows of one packed entry: their first rows (cu_seqlens) and 0; otherwise 0,
+  // 0 and batch (WsVariantTileScheduler).
+  int q_row;
+  int k_row;
+  int map_batch;
+#endif
 };
 
 template <bool CAUSAL, bool PERSISTENT>
@@ -81,4 +90,41 @@ struct WsTileScheduler<CAUSAL, true> {
   }
 };
 
+#ifdef FLASHJIT_VARIANT
+// An attention variant's tiles: the plain schedule's, each placed in the tensor maps (WsTile's
+// q_row, k_row, map_batch). Packed documents (varlen): the list is (m_block, head, document) over
+// the longest document's query blocks; a tile starting past its document's queries is skipped
+// here, so that neither the producer nor the consumers spend anything on it (a non-persistent
+// CTA of such a tile has none; a persistent CTA takes its next round's).
+template <bool CAUSAL, bool PERSISTENT>
+struct WsVariantTileScheduler {
+  WsTileScheduler<CAUSAL, PERSISTENT> list;
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
+  int block_m;
+
+  __device__ __forceinline__ WsVariantTileScheduler(const FlashjitAttentionParams& p, int block_m)
+      : list(p, block_m),
+        cu_seqlens_q(p.cu_seqlens_q),
+        cu_seqlens_k(p.cu_seqlens_k),
+        block_m(block_m) {}
+
+  __device__ __forceinline__ bool next(WsTile& t) {
+    while (list.next(t)) {
+#if FLASHJIT_VARIANT_VARLEN
+      t.q_row = cu_seqlens_q[t.batch];
+      if (t.m_block * block_m >= cu_seqlens_q[t.batch + 1] - t.q_row) continue;  // past its end
+      t.k_row = cu_seqlens_k[t.batch];
+      t.map_batch = 0;
+#else
+      t.q_row = t.k_row = 0;
+      t.map_batch = t.batch;
+#endif
+      return true;
+    }
+    return false;
+  }
+};
+
+#endif
 }  // namespace flashjit_kernel
