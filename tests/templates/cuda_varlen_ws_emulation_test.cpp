@@ -2,23 +2,31 @@
 // documents run on the host through the sm_90a emulator (tests/support/sm90_emulator.hpp: TMA
 // loads landing when the scheduler chooses, mbarrier phases, wgmma with late execution) against
 // the fp64 reference per document (ft::check_varlen_emulation's cases: documents of 1, 17, ~100
-// rows, empty ones, seqlen_q != seqlen_k both ways, GQA 2:2 and 4:1, causal with a sliding
-// window, poisoned o, NaN spare keys past the last document). What is new on this family: the
+// rows, one of 300 among short ones, empty ones, seqlen_q != seqlen_k both ways, GQA 2:2 and 4:1,
+// causal with a sliding window, poisoned o, NaN spare keys past the last document; built a second
+// time with FLASHJIT_EMULATED_VARLEN_NON_CAUSAL=1: non-causal, no window, the test names prefixed
+// "NonCausal."). What is new on this family: the
 // tensor maps span the packed tensors (runtime/tensor_map_spec.hpp), so a tile's TMA boxes read
 // rows of the next document (or the NaN spare rows): the masks and the zeroed V rows
 // (ws_zero_rows_from) must keep them out, and the epilogue's stores must stop at the document's
 // last row (ws_store_rows); the tile schedulers skip tiles past their document's queries. The
-// variant compiled in is support/emulated_varlen.h (templates_cuda_varlen_emulation_test checks
-// its defines).
+// variant compiled in is support/emulated_varlen.h (the first test checks its defines against
+// the generator's).
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <map>
+#include <set>
 #include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "generator/config.hpp"
 #include "generator/device.hpp"
 #include "generator/problem.hpp"
+#include "generator/variant.hpp"
 #include "runtime/launch_params.hpp"
 #include "runtime/tensor_map_spec.hpp"
 #include "support/reference.hpp"
@@ -46,18 +54,34 @@ namespace {
 
 namespace ft = ::flashjit::testing;
 
+constexpr bool kCausal = FLASHJIT_VARIANT_CAUSAL != 0;
+
+TEST(CudaVarlenWsEmulation, TheDefinesAreWhatTheGeneratorRenders) {
+  const AttentionProblem p = ft::varlen_emulation_problem(DType::BF16, 64, kCausal);
+  const std::string prelude = render_variant_prelude(p).value();
+  for (const char* line :
+       {kCausal ? "#define FLASHJIT_VARIANT_CAUSAL 1\n" : "#define FLASHJIT_VARIANT_CAUSAL 0\n",
+        kCausal ? "#define FLASHJIT_VARIANT_WINDOW_LEFT (30)\n"
+                : "#define FLASHJIT_VARIANT_WINDOW_LEFT (-1)\n",
+        "#define FLASHJIT_VARIANT_WINDOW_RIGHT (-1)\n", "#define FLASHJIT_VARIANT_PREFIX 0\n",
+        "#define FLASHJIT_VARIANT_ALIBI 0\n", "#define FLASHJIT_VARIANT_SCORE_MOD 0\n",
+        "#define FLASHJIT_VARIANT_MASK_MOD 0\n", "#define FLASHJIT_VARIANT_VARLEN 1\n"})
+    EXPECT_NE(prelude.find(line), std::string::npos) << line;
+  EXPECT_EQ(prelude.find("\n#define FLASHJIT_VARIANT_SOFTCAP"), std::string::npos);
+}
+
 // The grid of a persistent config in the emulation (the device's is one CTA per SM slot): fewer
 // CTAs than tiles, so that each walks several and skips some.
 constexpr int kPersistentCtas = 3;
 
-// One config: WsTraits<HEAD_DIM, BLOCK_M, BLOCK_N, WARPS, STAGES, BF16, causal, PP, PERSIST>,
+// One config: WsTraits<HEAD_DIM, BLOCK_M, BLOCK_N, WARPS, STAGES, BF16, kCausal, PP, PERSIST>,
 // run on every case under two emulator schedules (loads landing late / early with late wgmma
 // waits).
 template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int STAGES, bool BF16, bool PINGPONG,
           bool PERSISTENT>
 void check() {
   constexpr int kWarps = BLOCK_M / 16 + 4;
-  using K = flashjit_kernel::WsTraits<HEAD_DIM, BLOCK_M, BLOCK_N, kWarps, STAGES, BF16, true,
+  using K = flashjit_kernel::WsTraits<HEAD_DIM, BLOCK_M, BLOCK_N, kWarps, STAGES, BF16, kCausal,
                                       PINGPONG, PERSISTENT>;
   AttentionConfig config{BLOCK_M, BLOCK_N, kWarps, STAGES, KernelFamily::Ws};
   config.pingpong = PINGPONG;
@@ -97,7 +121,69 @@ void check() {
           return ft::emulate_sm90(
               grid, K::kThreads, K::kSmemBytes,
               [&] { flashjit_kernel::attention_forward_ws<K>(params, maps); }, options);
-        });
+        },
+        kCausal);
+  }
+}
+
+// WsVariantTileScheduler on packed documents, both schedules: every (query block, head,
+// document) tile that starts inside its document is handed out exactly once over the grid,
+// placed at its document's first rows (q_row, k_row; map_batch 0); none past its document's end;
+// the producer thread and a consumer thread of a CTA walk the same tiles.
+TEST(CudaVarlenWsEmulation, TheSchedulersHandOutEachTileInsideItsDocumentOnce) {
+  constexpr int kBlockM = 64, kHeads = 2;
+  const std::vector<int> cu_q = {0, 5, 5, 305, 338}, cu_k = {0, 7, 9, 300, 301};
+  const int docs = static_cast<int>(cu_q.size()) - 1, m_blocks = (300 + kBlockM - 1) / kBlockM;
+  FlashjitAttentionParams params{};
+  params.batch = docs;
+  params.heads_q = kHeads;
+  params.seqlen_q = 300;
+  params.cu_seqlens_q = cu_q.data();
+  params.cu_seqlens_k = cu_k.data();
+  using Tiles = std::multiset<std::tuple<int, int, int>>;  // (m_block, head, document)
+  Tiles expected;
+  for (int doc = 0; doc < docs; ++doc)
+    for (int m = 0; m * kBlockM < cu_q[doc + 1] - cu_q[doc]; ++m)
+      for (int h = 0; h < kHeads; ++h) expected.insert({m, h, doc});
+  auto walk = [&](auto scheduler, ft::Sm90Grid grid) {
+    using Scheduler = typename decltype(scheduler)::type;
+    // Per CTA and thread (0: the producer, 128: a consumer), the tiles in order.
+    std::map<std::pair<int, int>, std::vector<flashjit_kernel::WsTile>> walked;
+    const std::string error = ft::emulate_sm90(grid, 256, 1024, [&] {
+      Scheduler tiles(params, kBlockM);
+      const int thread = static_cast<int>(threadIdx.x);
+      const int cta = static_cast<int>(blockIdx.x + grid.x * (blockIdx.y + grid.y * blockIdx.z));
+      for (flashjit_kernel::WsTile t; tiles.next(t);)
+        if (thread == 0 || thread == 128) walked[{cta, thread}].push_back(t);
+    });
+    ASSERT_EQ(error, "");
+    Tiles seen;
+    for (const auto& [where, list] : walked) {
+      if (where.second != 0) continue;
+      const auto consumer = walked.find({where.first, 128});
+      ASSERT_NE(consumer, walked.end()) << "CTA " << where.first;
+      ASSERT_EQ(consumer->second.size(), list.size()) << "CTA " << where.first;
+      for (size_t i = 0; i < list.size(); ++i) {
+        const flashjit_kernel::WsTile& t = list[i];
+        const flashjit_kernel::WsTile& c = consumer->second[i];
+        EXPECT_EQ(std::tie(t.m_block, t.head, t.batch), std::tie(c.m_block, c.head, c.batch));
+        EXPECT_EQ(t.q_row, cu_q[t.batch]);
+        EXPECT_EQ(t.k_row, cu_k[t.batch]);
+        EXPECT_EQ(t.map_batch, 0);
+        seen.insert({t.m_block, t.head, t.batch});
+      }
+    }
+    EXPECT_EQ(seen, expected);
+  };
+  {
+    SCOPED_TRACE("one tile per CTA");
+    walk(std::type_identity<flashjit_kernel::WsVariantTileScheduler<kCausal, false>>(),
+         ft::Sm90Grid{m_blocks, kHeads, docs});
+  }
+  {
+    SCOPED_TRACE("persistent, 4 CTAs");
+    walk(std::type_identity<flashjit_kernel::WsVariantTileScheduler<kCausal, true>>(),
+         ft::Sm90Grid{4, 1, 1});
   }
 }
 
