@@ -94,6 +94,16 @@ std::string emulate_sm90(Sm90Grid grid, int threads, int smem_bytes,
 // The tensor map the emulated TMA reads for `spec` (its 128 opaque bytes).
 void encode_tensor_map(const TensorMapSpec& spec, FlashjitTensorMap* map);
 
+// A -ws forward launch (templates/cuda/ws/) of `problem` with `config` and `params`: the tensor
+// maps runtime/tensor_map_spec.hpp describes, encoded for the emulated TMA, and the runtime's
+// grid (forward_launch; a persistent config: at most `persistent_ctas` CTAs), each thread
+// running kernel(maps). "" on success, else what went wrong (a map the spec refuses included).
+std::string emulate_ws_forward(const AttentionProblem& problem, const AttentionConfig& config,
+                               const FlashjitAttentionParams& params, int threads, int smem_bytes,
+                               int persistent_ctas,
+                               const std::function<void(const FlashjitForwardTensorMaps&)>& kernel,
+                               const Sm90Options& options);
+
 namespace sm90_emulator {
 // Used by the primitives below while emulate_sm90 runs.
 Sm90Dim3 thread_idx();

@@ -28,7 +28,6 @@
 #include "generator/problem.hpp"
 #include "generator/variant.hpp"
 #include "runtime/launch_params.hpp"
-#include "runtime/tensor_map_spec.hpp"
 #include "support/reference.hpp"
 #include "support/variant_cases.hpp"
 // The order matters (as the renderer assembles the source):
@@ -102,25 +101,17 @@ void check() {
           args.cu_seqlens_q = inputs.cu_seqlens_q.data();
           args.cu_seqlens_k = inputs.cu_seqlens_k.data();
           const FlashjitAttentionParams params = make_launch_params(problem, args);
-          Result<ForwardTensorMapSpecs> specs = forward_tensor_map_specs(params, problem, config);
-          if (!specs.ok()) return specs.error().describe();
-          FlashjitForwardTensorMaps maps;
-          ft::encode_tensor_map(specs->q, &maps.q);
-          ft::encode_tensor_map(specs->k, &maps.k);
-          ft::encode_tensor_map(specs->v, &maps.v);
-          ft::encode_tensor_map(specs->o, &maps.o);
-          const LaunchShape launch = forward_launch(
-              problem, config, {K::kThreads, K::kSmemBytes, PERSISTENT ? kPersistentCtas : 0});
-          const ft::Sm90Grid grid{static_cast<int>(launch.grid_x), static_cast<int>(launch.grid_y),
-                                  static_cast<int>(launch.grid_z)};
           ft::Sm90Options options;
           options.seed = seed++;
           options.early_landing = early;
           options.late_wgmma = early;
           options.launch_registers = K::kLaunchRegisters;
-          return ft::emulate_sm90(
-              grid, K::kThreads, K::kSmemBytes,
-              [&] { flashjit_kernel::attention_forward_ws<K>(params, maps); }, options);
+          return ft::emulate_ws_forward(
+              problem, config, params, K::kThreads, K::kSmemBytes, kPersistentCtas,
+              [&](const FlashjitForwardTensorMaps& maps) {
+                flashjit_kernel::attention_forward_ws<K>(params, maps);
+              },
+              options);
         },
         kCausal);
   }
