@@ -28,6 +28,7 @@
 #include "generator/problem.hpp"
 #include "generator/variant.hpp"
 #include "runtime/launch_params.hpp"
+#include "runtime/tensor_map_spec.hpp"
 #include "support/reference.hpp"
 #include "support/variant_cases.hpp"
 // The order matters (as the renderer assembles the source):
@@ -115,6 +116,44 @@ void check() {
         },
         kCausal);
   }
+}
+
+// The tensor maps of packed documents span the packed tensors: one batch entry of total_q (q, o)
+// and total_k (k, v) rows with the seq and head strides, the boxes of the config; a plain
+// problem's keep seqlen x heads x batch.
+TEST(CudaVarlenWsEmulation, TheTensorMapsSpanThePackedTensors) {
+  const AttentionConfig config = AttentionConfig::parse("m128n64w12s2-ws").value();
+  AttentionProblem varlen =
+      AttentionProblem::make_varlen(3, 8, 2, 1000, 900, 1500, 1201, 128, DType::BF16, kCausal);
+  alignas(16) static const uint16_t storage[8] = {};
+  AttentionArgs args{storage, storage, storage, const_cast<uint16_t*>(storage), nullptr};
+  const int32_t cu[4] = {0, 0, 0, 0};
+  args.cu_seqlens_q = args.cu_seqlens_k = cu;
+  Result<ForwardTensorMapSpecs> specs =
+      forward_tensor_map_specs(make_launch_params(varlen, args), varlen, config);
+  ASSERT_TRUE(specs.ok()) << specs.error().describe();
+  struct Expected {
+    const TensorMapSpec& spec;
+    uint64_t rows, heads, box_rows;
+  };
+  for (const Expected& e : {Expected{specs->q, 1500, 8, 128}, Expected{specs->k, 1201, 2, 64},
+                            Expected{specs->v, 1201, 2, 64}, Expected{specs->o, 1500, 8, 64}}) {
+    SCOPED_TRACE(e.spec.tensor);
+    EXPECT_EQ(e.spec.dims[0], 128u);
+    EXPECT_EQ(e.spec.dims[1], e.rows);
+    EXPECT_EQ(e.spec.dims[2], e.heads);
+    EXPECT_EQ(e.spec.dims[3], 1u);
+    EXPECT_EQ(e.spec.strides_bytes[0], e.heads * 128 * 2);  // (total, heads, d) contiguous
+    EXPECT_EQ(e.spec.strides_bytes[1], 128u * 2);
+    EXPECT_EQ(e.spec.box[1], e.box_rows);
+  }
+  const AttentionProblem plain = AttentionProblem::make(3, 8, 2, 1000, 900, 128, DType::BF16, true);
+  specs = forward_tensor_map_specs(make_launch_params(plain, args), plain, config);
+  ASSERT_TRUE(specs.ok()) << specs.error().describe();
+  EXPECT_EQ(specs->q.dims[1], 1000u);
+  EXPECT_EQ(specs->q.dims[3], 3u);
+  EXPECT_EQ(specs->k.dims[1], 900u);
+  EXPECT_EQ(specs->k.dims[3], 3u);
 }
 
 // WsVariantTileScheduler on packed documents, both schedules: every (query block, head,
