@@ -14,6 +14,7 @@
 // the generator's).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -159,10 +160,12 @@ TEST(CudaVarlenWsEmulation, TheTensorMapsSpanThePackedTensors) {
 // WsVariantTileScheduler on packed documents, both schedules: every (query block, head,
 // document) tile that starts inside its document is handed out exactly once over the grid,
 // placed at its document's first rows (q_row, k_row; map_batch 0); none past its document's end;
-// the producer thread and a consumer thread of a CTA walk the same tiles.
+// the producer thread and a consumer thread of a CTA walk the same tiles. Persistent: the CTAs'
+// tile counts differ by at most one (the list holds no tile past a document's end) and, causal,
+// each CTA's query blocks come heaviest (last) first.
 TEST(CudaVarlenWsEmulation, TheSchedulersHandOutEachTileInsideItsDocumentOnce) {
   constexpr int kBlockM = 64, kHeads = 2;
-  const std::vector<int> cu_q = {0, 5, 5, 305, 338}, cu_k = {0, 7, 9, 300, 301};
+  const std::vector<int> cu_q = {0, 5, 5, 305, 338, 400}, cu_k = {0, 7, 9, 300, 301, 333};
   const int docs = static_cast<int>(cu_q.size()) - 1, m_blocks = (300 + kBlockM - 1) / kBlockM;
   FlashjitAttentionParams params{};
   params.batch = docs;
@@ -175,7 +178,7 @@ TEST(CudaVarlenWsEmulation, TheSchedulersHandOutEachTileInsideItsDocumentOnce) {
   for (int doc = 0; doc < docs; ++doc)
     for (int m = 0; m * kBlockM < cu_q[doc + 1] - cu_q[doc]; ++m)
       for (int h = 0; h < kHeads; ++h) expected.insert({m, h, doc});
-  auto walk = [&](auto scheduler, ft::Sm90Grid grid) {
+  auto walk = [&](auto scheduler, ft::Sm90Grid grid, bool persistent) {
     using Scheduler = typename decltype(scheduler)::type;
     // Per CTA and thread (0: the producer, 128: a consumer), the tiles in order.
     std::map<std::pair<int, int>, std::vector<flashjit_kernel::WsTile>> walked;
@@ -188,8 +191,12 @@ TEST(CudaVarlenWsEmulation, TheSchedulersHandOutEachTileInsideItsDocumentOnce) {
     });
     ASSERT_EQ(error, "");
     Tiles seen;
+    std::vector<size_t> counts(grid.x * grid.y * grid.z, 0);
     for (const auto& [where, list] : walked) {
       if (where.second != 0) continue;
+      counts[where.first] = list.size();
+      for (size_t i = 1; persistent && kCausal && i < list.size(); ++i)
+        EXPECT_GE(list[i - 1].m_block, list[i].m_block) << "CTA " << where.first;
       const auto consumer = walked.find({where.first, 128});
       ASSERT_NE(consumer, walked.end()) << "CTA " << where.first;
       ASSERT_EQ(consumer->second.size(), list.size()) << "CTA " << where.first;
@@ -204,16 +211,19 @@ TEST(CudaVarlenWsEmulation, TheSchedulersHandOutEachTileInsideItsDocumentOnce) {
       }
     }
     EXPECT_EQ(seen, expected);
+    if (persistent)
+      EXPECT_LE(*std::max_element(counts.begin(), counts.end()),
+                *std::min_element(counts.begin(), counts.end()) + 1);
   };
   {
     SCOPED_TRACE("one tile per CTA");
     walk(std::type_identity<flashjit_kernel::WsVariantTileScheduler<kCausal, false>>(),
-         ft::Sm90Grid{m_blocks, kHeads, docs});
+         ft::Sm90Grid{m_blocks, kHeads, docs}, false);
   }
   {
     SCOPED_TRACE("persistent, 4 CTAs");
     walk(std::type_identity<flashjit_kernel::WsVariantTileScheduler<kCausal, true>>(),
-         ft::Sm90Grid{4, 1, 1});
+         ft::Sm90Grid{4, 1, 1}, true);
   }
 }
 
