@@ -239,14 +239,15 @@ def plain_renders_plain(flashjit, torch, device):
     return plain["problem"] == unbounded["problem"] and plain["config"] == unbounded["config"]
 
 
-def time_listed_configs(flashjit, torch, args, case, qkv, kwargs, expected):
+def time_listed_configs(flashjit, args, case, call, expected):
     """(name, ms) of the fastest of --try-configs for this case, each checked against the default
-    config's output first (a config the problem refuses is skipped); None when none ran."""
+    config's output first (a config the problem refuses is skipped); None when none ran.
+    call(config): flashjit on the case's inputs (plain or packed documents) with that config."""
     best = None
     for name in args.try_configs:
         try:
             def run():
-                return flashjit.attention(*qkv, causal=True, layout="bhsd", config=name, **kwargs)
+                return call(name)
 
             error = relative_l2(run(), expected)
             if not error < 1e-2:
@@ -346,10 +347,12 @@ def main(argv=None):
                     chosen = flashjit.config_for(q, k, v, causal=True, layout="bhsd", **kwargs)
                 row["flashjit_config"] = chosen["config"]
                 with torch.no_grad():
-                    def mine():
+                    def mine(config=None):
                         if varlen:
-                            return flashjit.attention(*packed, causal=True, **varlen_kwargs)
-                        return flashjit.attention(q, k, v, causal=True, layout="bhsd", **kwargs)
+                            return flashjit.attention(*packed, causal=True, config=config,
+                                                      **varlen_kwargs)
+                        return flashjit.attention(q, k, v, causal=True, layout="bhsd",
+                                                  config=config, **kwargs)
 
                     started = time.time()
                     out = mine()
@@ -364,8 +367,7 @@ def main(argv=None):
                                                        config=chosen["config"]),
                             args.reps, args.warmup), 4)
 
-                    best = None if varlen else time_listed_configs(
-                        flashjit, torch, args, case, (q, k, v), kwargs, out)
+                    best = time_listed_configs(flashjit, args, case, mine, out)
                     if best:
                         row["best_listed_config"], row["best_listed_ms"] = best
 

@@ -206,14 +206,6 @@ Status check_config(const AttentionConfig& c, const AttentionProblem& p, const D
   if (c.family == KernelFamily::Decode) return check_decode_config(c, p, device);
   if (needs_decode_family(p)) return illegal(c, decode_only_reason(p));
   if (c.splits != 0) return illegal(c, "-split<N> is a knob of the -decode family only");
-  // Its TMA boxes (tensor maps over the whole packed tensors, a TMA store of O) would read and
-  // write across document boundaries: packed documents run on the mma and wgmma families
-  // (attention_forward_varlen, attention_forward_sm90_varlen: pointer loads bounded per document).
-  if (p.variant.varlen && c.family == KernelFamily::Ws)
-    return illegal(c,
-                   "packed variable-length documents (varlen) run on the mma and wgmma families "
-                   "only: the -ws family's TMA boxes would cross document boundaries",
-                   ErrorCode::Unsupported);
   if (c.family == KernelFamily::Ws) return check_ws_config(c, p, device);
   if (c.family == KernelFamily::Wgmma) {
     FLASHJIT_TRY(check_wgmma_shape(c, device));
@@ -287,11 +279,6 @@ bool sm90_families_offered(const AttentionProblem& p, const DeviceSpec& device) 
   return device.arch == 90 && (kSm90VariantsVerifiedOnGpu || !p.variant.active());
 }
 
-// The -ws family besides: not for packed documents (check_config).
-bool ws_family_offered(const AttentionProblem& p, const DeviceSpec& device) {
-  return sm90_families_offered(p, device) && !p.variant.varlen;
-}
-
 }  // namespace
 
 std::vector<AttentionConfig> legal_configs(const AttentionProblem& p, const DeviceSpec& device) {
@@ -311,7 +298,7 @@ std::vector<AttentionConfig> legal_configs(const AttentionProblem& p, const Devi
           AttentionConfig c{block_m, block_n, block_m / 16, stages, KernelFamily::Wgmma};
           if (check_config(c, p, device).ok()) configs.push_back(c);
         }
-  if (ws_family_offered(p, device))
+  if (sm90_families_offered(p, device))
     for (const AttentionConfig& c : ws_candidates())
       if (check_config(c, p, device).ok()) configs.push_back(c);
   if (is_decode_problem(p))
@@ -330,7 +317,7 @@ Result<AttentionConfig> default_config(const AttentionProblem& p, const DeviceSp
   FLASHJIT_TRY(check_cuda_dtype(p.dtype));
   if (is_decode_problem(p)) return default_decode_config(p, device);
   // sm90: the -ws tile where it measured faster than the wgmma default (ws_is_default).
-  if (ws_family_offered(p, device))
+  if (sm90_families_offered(p, device))
     if (Result<AttentionConfig> ws = default_ws_config(p, device);
         ws.ok() && ws_is_default(*ws, p) && check_config(*ws, p, device).ok())
       return *ws;  // (check_config: a tile the problem cannot run, e.g. past the registers, not)

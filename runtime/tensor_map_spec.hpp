@@ -69,22 +69,26 @@ inline Status check_tensor_map_spec(const TensorMapSpec& s) {
   return ok_status();
 }
 
-// The maps of a -ws forward launch with `params` (make_launch_params) for a kernel of
-// `head_dim`, `dtype` and `config`. An axis of extent 1 gets a stride the driver accepts
-// whatever the caller's (its coordinate is always 0). Error as check_tensor_map_spec.
+// The maps of a -ws forward launch of `problem` with `params` (make_launch_params) for a kernel
+// of `config`. An axis of extent 1 gets a stride the driver accepts whatever the caller's (its
+// coordinate is always 0). Packed documents (Variant::varlen): one batch entry of total_q (q, o)
+// and total_k (k, v) rows; the kernel places each document at its first row (cu_seqlens), and
+// only rows past the totals are outside the tensors. Error as check_tensor_map_spec.
 inline Result<ForwardTensorMapSpecs> forward_tensor_map_specs(const FlashjitAttentionParams& params,
-                                                              int head_dim, DType dtype,
+                                                              const AttentionProblem& problem,
                                                               const AttentionConfig& config) {
+  const bool packed = problem.variant.varlen;
+  const int64_t batch = packed ? 1 : params.batch;
   auto make = [&](const char* tensor, const void* base, int64_t seqlen, int64_t heads,
                   long long seq_stride, long long head_stride, long long batch_stride,
                   int box_rows) {
     TensorMapSpec s;
     s.tensor = tensor;
     s.base = base;
-    s.dtype = dtype;
-    const int64_t extents[3] = {seqlen, heads, params.batch};
+    s.dtype = problem.dtype;
+    const int64_t extents[3] = {seqlen, heads, batch};
     const long long strides[3] = {seq_stride, head_stride, batch_stride};
-    s.dims[0] = static_cast<uint64_t>(head_dim);
+    s.dims[0] = static_cast<uint64_t>(problem.head_dim);
     // For an axis of extent 1 any stride addresses the same elements: use the largest of the
     // others (a multiple of 16 bytes, as validate() makes every stride one).
     uint64_t largest = 16;
@@ -101,15 +105,17 @@ inline Result<ForwardTensorMapSpecs> forward_tensor_map_specs(const FlashjitAtte
     s.box[2] = s.box[3] = 1;
     return s;
   };
+  const int64_t rows_q = packed ? problem.variant.total_q : params.seqlen_q;
+  const int64_t rows_k = packed ? problem.variant.total_k : params.seqlen_k;
   ForwardTensorMapSpecs specs;
-  specs.q = make("q", params.q, params.seqlen_q, params.heads_q, params.q_seq_stride,
-                 params.q_head_stride, params.q_batch_stride, config.block_m);
-  specs.k = make("k", params.k, params.seqlen_k, params.heads_kv, params.k_seq_stride,
-                 params.k_head_stride, params.k_batch_stride, config.block_n);
-  specs.v = make("v", params.v, params.seqlen_k, params.heads_kv, params.v_seq_stride,
-                 params.v_head_stride, params.v_batch_stride, config.block_n);
-  specs.o = make("o", params.o, params.seqlen_q, params.heads_q, params.o_seq_stride,
-                 params.o_head_stride, params.o_batch_stride, kTensorMapOutputRows);
+  specs.q = make("q", params.q, rows_q, params.heads_q, params.q_seq_stride, params.q_head_stride,
+                 params.q_batch_stride, config.block_m);
+  specs.k = make("k", params.k, rows_k, params.heads_kv, params.k_seq_stride, params.k_head_stride,
+                 params.k_batch_stride, config.block_n);
+  specs.v = make("v", params.v, rows_k, params.heads_kv, params.v_seq_stride, params.v_head_stride,
+                 params.v_batch_stride, config.block_n);
+  specs.o = make("o", params.o, rows_q, params.heads_q, params.o_seq_stride, params.o_head_stride,
+                 params.o_batch_stride, kTensorMapOutputRows);
   for (const TensorMapSpec* s : {&specs.q, &specs.k, &specs.v, &specs.o})
     FLASHJIT_TRY(check_tensor_map_spec(*s));
   return specs;

@@ -155,7 +155,7 @@ class CudaKernel final : public Kernel {
           problem, args, signature_, config_, decode_splits(config_, problem, device_spec_),
           shapes_, kGridLimits, workspace_, stream,
           [&](size_t entry, const LaunchShape& shape, FlashjitAttentionParams& params) -> Status {
-            return enqueue(entry, shape, params, stream);
+            return enqueue(problem, entry, shape, params, stream);
           },
           [&](void* counters, size_t bytes) -> Status {
             FLASHJIT_TRY(check(driver_->cuCtxSetCurrent(context_), "cuCtxSetCurrent"));
@@ -168,20 +168,18 @@ class CudaKernel final : public Kernel {
     return launch_gpu_kernel(
         problem, args, signature_, config_, shapes_, kGridLimits, workspace_, stream,
         [&](size_t entry, const LaunchShape& shape, FlashjitAttentionParams& params) -> Status {
-          return enqueue(entry, shape, params, stream);
+          return enqueue(problem, entry, shape, params, stream);
         });
   }
 
  private:
-  // Enqueues entry `entry` with `shape` on `stream`.
-  Status enqueue(size_t entry, const LaunchShape& shape, FlashjitAttentionParams& params,
-                 void* stream) const {
+  // Enqueues entry `entry` of a launch of `problem` with `shape` on `stream`.
+  Status enqueue(const AttentionProblem& problem, size_t entry, const LaunchShape& shape,
+                 FlashjitAttentionParams& params, void* stream) const {
     FLASHJIT_TRY(check(driver_->cuCtxSetCurrent(context_), "cuCtxSetCurrent"));
     FlashjitForwardTensorMaps maps;
-    if (tensor_maps_) {
-      FLASHJIT_TRY(encode_forward_tensor_maps(*driver_, params, signature_.head_dim,
-                                              signature_.dtype, config_, &maps));
-    }
+    if (tensor_maps_)
+      FLASHJIT_TRY(encode_forward_tensor_maps(*driver_, params, problem, config_, &maps));
     void* kernel_args[] = {&params, &maps};
     return check(driver_->cuLaunchKernel(functions_[entry], static_cast<unsigned>(shape.grid_x),
                                          static_cast<unsigned>(shape.grid_y),

@@ -40,9 +40,9 @@ Status encode_tensor_map(const Driver& driver, const TensorMapSpec& spec, Flashj
 }
 
 Status encode_forward_tensor_maps(const Driver& driver, const FlashjitAttentionParams& params,
-                                  int head_dim, DType dtype, const AttentionConfig& config,
+                                  const AttentionProblem& problem, const AttentionConfig& config,
                                   FlashjitForwardTensorMaps* maps) {
-  Result<ForwardTensorMapSpecs> specs = forward_tensor_map_specs(params, head_dim, dtype, config);
+  Result<ForwardTensorMapSpecs> specs = forward_tensor_map_specs(params, problem, config);
   if (!specs.ok()) return specs.error();
   FLASHJIT_TRY(encode_tensor_map(driver, specs->q, &maps->q));
   FLASHJIT_TRY(encode_tensor_map(driver, specs->k, &maps->k));

@@ -15,9 +15,10 @@ namespace flashjit::cuda {
 // DriverError naming the tensor, its dimensions and strides when the driver refuses them.
 Status encode_tensor_map(const Driver& driver, const TensorMapSpec& spec, FlashjitTensorMap* map);
 
-// The four maps of a launch with `params` (make_launch_params) of a -ws kernel, into `maps`.
+// The four maps of a launch of `problem` with `params` (make_launch_params) of a -ws kernel,
+// into `maps`.
 Status encode_forward_tensor_maps(const Driver& driver, const FlashjitAttentionParams& params,
-                                  int head_dim, DType dtype, const AttentionConfig& config,
+                                  const AttentionProblem& problem, const AttentionConfig& config,
                                   FlashjitForwardTensorMaps* maps);
 
 }  // namespace flashjit::cuda

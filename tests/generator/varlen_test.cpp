@@ -1,10 +1,12 @@
 // Packed variable-length documents (Variant::varlen, issue 17) in the generator: validation with
 // typed errors naming the bad value, the key, spans of the packed tensors, the host check of the
-// offsets (check_cu_seqlens), which families take it (mma, wgmma, HIP and the CPU; not -ws or
+// offsets (check_cu_seqlens), which families take it (mma, wgmma, -ws, HIP and the CPU; not
 // decode; the backward the CPU only), and the plain kernels' generator version left as it was.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "generator/config.hpp"
@@ -95,28 +97,26 @@ TEST(Varlen, HostOffsetsAreChecked) {
                "cu_seqlens_q is null");
 }
 
-TEST(Varlen, TheMmaAndWgmmaFamiliesHipAndTheCpuOnly) {
+TEST(Varlen, EveryForwardFamilyButDecode) {
   const AttentionProblem p = varlen();
   for (const char* arch : {"sm80", "sm90"}) {
     const DeviceSpec device = known_device(arch).value();
+    const bool sm90 = std::string(arch) == "sm90";
     const std::vector<AttentionConfig> legal = legal_configs(p, device);
     ASSERT_FALSE(legal.empty()) << arch;
-    for (const AttentionConfig& c : legal)
-      EXPECT_TRUE(c.family == KernelFamily::Mma ||
-                  (c.family == KernelFamily::Wgmma && std::string(arch) == "sm90"))
-          << c.to_string();
-    EXPECT_EQ(default_config(p, device).value().family,
-              std::string(arch) == "sm90" ? KernelFamily::Wgmma : KernelFamily::Mma)
+    for (const KernelFamily family : {KernelFamily::Wgmma, KernelFamily::Ws})
+      EXPECT_EQ(std::any_of(legal.begin(), legal.end(),
+                            [&](const AttentionConfig& c) { return c.family == family; }),
+                sm90)
+          << arch << " family " << static_cast<int>(family);
+    // sm90: the -ws default (d128: -ws at any size, ws_is_default).
+    EXPECT_EQ(default_config(p, device).value().family, sm90 ? KernelFamily::Ws : KernelFamily::Mma)
         << arch;
   }
   const DeviceSpec h100 = known_device("sm90").value();
   for (const char* name : {"m128n64w8s2-wgmma", "m128n128w12s2-ws-pp-persist", "m64n64w4s2"}) {
     const Status status = check_config(AttentionConfig::parse(name).value(), p, h100);
-    if (std::string(name) != "m128n128w12s2-ws-pp-persist") {
-      EXPECT_TRUE(status.ok()) << status.error().describe();
-      continue;
-    }
-    expect_error(status, ErrorCode::Unsupported, "varlen");
+    EXPECT_TRUE(status.ok()) << status.error().describe();
   }
   // A decode-shaped varlen problem: no -decode configs.
   const AttentionProblem decode =
@@ -177,12 +177,24 @@ TEST(Varlen, TheLaunchCheckWantsTheOffsets) {
 // blocks and the launch parameters' variant fields: the plain text of each template (what plain
 // kernels' generator version hashes) has none of it.
 TEST(Varlen, PlainKernelTextHasNoneOfIt) {
-  for (const char* path :
-       {"cuda/attention_fwd.cuh", "cpu/attention_fwd.hpp", "attention_params.h"}) {
+  const std::vector<std::string> words = {"varlen", "VARLEN", "cu_seqlens", "document_view"};
+  // -ws besides: the tile's place in the packed maps, the per-document params, the zeroed V
+  // rows and the bounded O stores.
+  std::vector<std::string> ws_words = words;
+  ws_words.insert(ws_words.end(), {"q_row", "k_row", "map_batch", "WsTileParams",
+                                   "WsVariantTileScheduler", "ws_zero_rows_from", "ws_store_rows"});
+  for (const auto& [path, absent] : std::vector<std::pair<const char*, std::vector<std::string>>>{
+           {"cuda/attention_fwd.cuh", words},
+           {"cpu/attention_fwd.hpp", words},
+           {"attention_params.h", words},
+           {"cuda/ws/tile_scheduler.cuh", ws_words},
+           {"cuda/ws/mainloop.cuh", ws_words},
+           {"cuda/ws/epilogue.cuh", ws_words},
+           {"cuda/ws/attention_fwd_ws.cuh", ws_words}}) {
     const std::string text(templates::text(path));
     ASSERT_FALSE(text.empty()) << path;
     const std::string plain = plain_kernel_text(text);
-    for (const char* word : {"varlen", "VARLEN", "cu_seqlens", "document_view"})
+    for (const std::string& word : absent)
       EXPECT_EQ(plain.find(word), std::string::npos) << path << ": " << word;
   }
 }

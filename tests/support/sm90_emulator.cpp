@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "runtime/launch_params.hpp"
 #include "support/sm90_emulator_state.hpp"
 
 namespace flashjit_kernel {
@@ -412,6 +413,26 @@ std::string emulate_sm90(Sm90Grid grid, int threads, int smem_bytes,
       }
   t_emulator = nullptr;
   return error;
+}
+
+std::string emulate_ws_forward(const AttentionProblem& problem, const AttentionConfig& config,
+                               const FlashjitAttentionParams& params, int threads, int smem_bytes,
+                               int persistent_ctas,
+                               const std::function<void(const FlashjitForwardTensorMaps&)>& kernel,
+                               const Sm90Options& options) {
+  Result<ForwardTensorMapSpecs> specs = forward_tensor_map_specs(params, problem, config);
+  if (!specs.ok()) return specs.error().describe();
+  FlashjitForwardTensorMaps maps;
+  encode_tensor_map(specs->q, &maps.q);
+  encode_tensor_map(specs->k, &maps.k);
+  encode_tensor_map(specs->v, &maps.v);
+  encode_tensor_map(specs->o, &maps.o);
+  const LaunchShape launch = forward_launch(
+      problem, config, {threads, smem_bytes, config.persistent ? persistent_ctas : 0});
+  const Sm90Grid grid{static_cast<int>(launch.grid_x), static_cast<int>(launch.grid_y),
+                      static_cast<int>(launch.grid_z)};
+  return emulate_sm90(
+      grid, threads, smem_bytes, [&] { kernel(maps); }, options);
 }
 
 namespace sm90_emulator {

@@ -32,7 +32,9 @@
 // store sends must be visible to it: written by a TMA load whose mbarrier phase every thread of
 // the reading warpgroup has waited for, or by generic stores (st.shared, cp.async) that the
 // writer fenced (fence.proxy.async) before a barrier or arrival that orders it before the read
-// (vector clocks over CTA barriers, named barriers and mbarrier phases). A TMA load must not
+// (vector clocks over CTA barriers, named barriers and mbarrier phases); a generic load
+// (ld.shared) of a byte another thread stored needs a barrier or arrival ordering the store
+// before it, and of a TMA-loaded byte the wait for its phase. A TMA load must not
 // land on bytes that an issued, not yet waited wgmma may read, nor on another load in flight; a
 // generic store neither. mbarriers are used only after their init has been fenced and published
 // by a barrier. Shared memory starts as 0xFF bytes (NaN) at a base address that is not
@@ -92,6 +94,16 @@ std::string emulate_sm90(Sm90Grid grid, int threads, int smem_bytes,
 // The tensor map the emulated TMA reads for `spec` (its 128 opaque bytes).
 void encode_tensor_map(const TensorMapSpec& spec, FlashjitTensorMap* map);
 
+// A -ws forward launch (templates/cuda/ws/) of `problem` with `config` and `params`: the tensor
+// maps runtime/tensor_map_spec.hpp describes, encoded for the emulated TMA, and the runtime's
+// grid (forward_launch; a persistent config: at most `persistent_ctas` CTAs), each thread
+// running kernel(maps). "" on success, else what went wrong (a map the spec refuses included).
+std::string emulate_ws_forward(const AttentionProblem& problem, const AttentionConfig& config,
+                               const FlashjitAttentionParams& params, int threads, int smem_bytes,
+                               int persistent_ctas,
+                               const std::function<void(const FlashjitForwardTensorMaps&)>& kernel,
+                               const Sm90Options& options);
+
 namespace sm90_emulator {
 // Used by the primitives below while emulate_sm90 runs.
 Sm90Dim3 thread_idx();
@@ -112,6 +124,7 @@ void wgmma_rs(int n, bool bf16, float* d, const uint32_t* a, uint64_t b, bool ac
               int trans_b);
 void red_add_v2(float* address, float a, float b);
 void store_shared_u32(uint32_t address, uint32_t value);
+void load_shared_16(uint32_t address, void* value);
 float shuffle_xor(float value, int lane_mask);
 void sync_warp();
 void fence_proxy_async();
@@ -199,6 +212,11 @@ template <int M, int N>
 inline void pin(u32 (&)[M][N]) {}
 inline void fence_proxy_async() { emu::fence_proxy_async(); }
 inline void store_shared_u32(u32 address, u32 value) { emu::store_shared_u32(address, value); }
+inline Vec16 load_shared_vec16(u32 address) {
+  Vec16 v;
+  emu::load_shared_16(address, &v);
+  return v;
+}
 
 template <int N, bool IS_BF16>
 struct Wgmma {

@@ -265,6 +265,30 @@ void store_shared_u32(uint32_t address, uint32_t value) {
   record_generic_write(address, 4);
 }
 
+void load_shared_16(uint32_t address, void* value) {
+  if (address % 16 != 0) return fail("ld.shared.v4.b32 at " + std::to_string(address));
+  const unsigned char* at = shared_at(address, 16);
+  if (!at) return;
+  Emulator& e = em();
+  const Lane* lane = e.current;
+  for (uint32_t a = address; a < address + 16; ++a) {
+    for (const TmaLoad& load : e.loads)
+      if (a >= load.destination && a < load.destination + load.bytes)
+        return fail("a shared load reads byte " + hex(a) +
+                    " while a TMA load into it is in flight");
+    const ByteState& s = e.bytes[a - kWindowBase];
+    if (s.kind == ByteState::kTma) {
+      check_byte(a, lane->observed, nullptr, "a shared load");
+    } else if (s.kind == ByteState::kGeneric && s.writer != lane->tid &&
+               lane->clock[s.writer] <= s.clock) {  // its arrival after the store counts past it
+      return fail("a shared load reads byte " + hex(a) + ", which thread " +
+                  std::to_string(s.writer) +
+                  " stored with no barrier or arrival ordering the store before the load");
+    }
+  }
+  std::memcpy(value, at, 16);
+}
+
 void fence_proxy_async() {
   Lane* lane = em().current;
   ++lane->clock[lane->tid];

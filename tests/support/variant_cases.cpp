@@ -142,7 +142,7 @@ struct VarlenCase {
 };
 
 AttentionProblem varlen_problem(const VarlenCase& c, int64_t heads_q, int64_t heads_kv,
-                                int head_dim, DType dtype) {
+                                int head_dim, DType dtype, bool causal) {
   int64_t max_q = 1, max_k = 1, total_q = c.spare, total_k = c.spare;
   for (size_t b = 0; b < c.q.size(); ++b) {
     max_q = std::max(max_q, c.q[b]);
@@ -152,28 +152,32 @@ AttentionProblem varlen_problem(const VarlenCase& c, int64_t heads_q, int64_t he
   }
   AttentionProblem p =
       AttentionProblem::make_varlen(static_cast<int64_t>(c.q.size()), heads_q, heads_kv, max_q,
-                                    max_k, total_q, total_k, head_dim, dtype, true);
-  p.variant.window_left = kVarlenEmulationWindowLeft;
+                                    max_k, total_q, total_k, head_dim, dtype, causal);
+  if (causal) p.variant.window_left = kVarlenEmulationWindowLeft;
   return p;
 }
 
 }  // namespace
 
-AttentionProblem varlen_emulation_problem(DType dtype, int head_dim) {
-  return varlen_problem({{1}, {1}, 0}, 1, 1, head_dim, dtype);
+AttentionProblem varlen_emulation_problem(DType dtype, int head_dim, bool causal) {
+  return varlen_problem({{1}, {1}, 0}, 1, 1, head_dim, dtype, causal);
 }
 
-void check_varlen_emulation(DType dtype, int head_dim, const VarlenRun& run) {
+void check_varlen_emulation(DType dtype, int head_dim, const VarlenRun& run, bool causal) {
   const VarlenCase cases[] = {
       {{1}, {1}, 0},
       // 17 queries of 5 keys (rows that see none), empty documents, more keys than queries.
       {{17, 0, 3, 100, 1}, {5, 4, 0, 130, 1}, 9},
       {{70, 40}, {40, 70}, 3},
+      // One document much longer than the others (several query blocks: the other documents'
+      // tiles at those blocks start past their ends).
+      {{5, 300, 33}, {300, 260, 1}, 4},
   };
   uint64_t seed = 3;
   for (const VarlenCase& c : cases)
     for (const auto& [heads_q, heads_kv] : {std::pair<int64_t, int64_t>{2, 2}, {4, 1}}) {
-      const AttentionProblem problem = varlen_problem(c, heads_q, heads_kv, head_dim, dtype);
+      const AttentionProblem problem =
+          varlen_problem(c, heads_q, heads_kv, head_dim, dtype, causal);
       ASSERT_TRUE(validate(problem).ok()) << validate(problem).error().describe();
       HostInputs inputs = random_inputs(problem, seed++);
       inputs.cu_seqlens_q = cu_seqlens_of(c.q);

@@ -42,18 +42,19 @@ VariantCase emulated_variant(bool with_mask_mod);
 // sees, so that a kernel that loads such a block fails its comparison.
 void poison_keys(const AttentionProblem& problem, HostInputs& inputs, int64_t begin, int64_t end);
 
-// The CUDA varlen emulation tests (mma and wgmma): packed documents of 1, 17, ~100 rows, empty
-// ones, seqlen_q != seqlen_k both ways, spare rows past the last document, under GQA 2:2 and
-// 4:1, causal with the sliding window (30, -1) (the diagonal and the band per document) that
-// those tests compile in (kVarlenEmulationWindowLeft). `run` launches the emulated kernel on a
-// problem: o comes poisoned, so every document row must be written and the spare rows left
-// alone; the spare key rows are NaN, so a tile that reads past its document fails. It returns
-// the emulator's error ("" when it ran).
+// The CUDA varlen emulation tests (mma, wgmma, -ws): packed documents of 1, 17, ~100 rows, one of
+// 300 among short ones, empty ones, seqlen_q != seqlen_k both ways, spare rows past the last
+// document, under GQA 2:2 and 4:1, causal with the sliding window (30, -1) (the diagonal and the
+// band per document) that those tests compile in (kVarlenEmulationWindowLeft), or (causal
+// false: -ws's second build) non-causal without a window. `run` launches the emulated kernel on
+// a problem: o comes poisoned, so every document row must be written and the spare rows left
+// alone; the spare key rows are NaN, so a tile whose result takes in a key past its document
+// fails. It returns the emulator's error ("" when it ran).
 inline constexpr int kVarlenEmulationWindowLeft = 30;
 using VarlenRun = std::function<std::string(const AttentionProblem&, const HostInputs&,
                                             std::vector<uint16_t>* o, std::vector<float>* lse)>;
 // One problem of the cases above (the first: a single document of one row), for the defines check.
-AttentionProblem varlen_emulation_problem(DType dtype, int head_dim);
-void check_varlen_emulation(DType dtype, int head_dim, const VarlenRun& run);
+AttentionProblem varlen_emulation_problem(DType dtype, int head_dim, bool causal = true);
+void check_varlen_emulation(DType dtype, int head_dim, const VarlenRun& run, bool causal = true);
 
 }  // namespace flashjit::testing

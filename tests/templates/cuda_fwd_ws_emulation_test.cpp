@@ -93,25 +93,13 @@ Outcome run_forward(const AttentionProblem& p, const AttentionConfig& config,
   std::fill(lse.begin(), lse.begin() + p.lse_elements(), std::numeric_limits<float>::quiet_NaN());
   AttentionArgs args{inputs.q.data(), inputs.k.data(), inputs.v.data(), o.data(), lse.data()};
   const FlashjitAttentionParams params = make_launch_params(p, args);
-  Result<ForwardTensorMapSpecs> specs =
-      forward_tensor_map_specs(params, p.head_dim, p.dtype, config);
-  if (!specs.ok()) {
-    out.error = specs.error().describe();
-    return out;
-  }
-  FlashjitForwardTensorMaps maps;
-  ft::encode_tensor_map(specs->q, &maps.q);
-  ft::encode_tensor_map(specs->k, &maps.k);
-  ft::encode_tensor_map(specs->v, &maps.v);
-  ft::encode_tensor_map(specs->o, &maps.o);
   // The runtime's grid for this config (persistent: kPersistentCtas CTAs at most).
-  const LaunchShape launch =
-      forward_launch(p, config, {K::kThreads, K::kSmemBytes, K::kPersistent ? kPersistentCtas : 0});
-  const ft::Sm90Grid grid{static_cast<int>(launch.grid_x), static_cast<int>(launch.grid_y),
-                          static_cast<int>(launch.grid_z)};
-  out.error = ft::emulate_sm90(
-      grid, K::kThreads, K::kSmemBytes,
-      [&] { flashjit_kernel::attention_forward_ws<K>(params, maps); }, options);
+  out.error = ft::emulate_ws_forward(
+      p, config, params, K::kThreads, K::kSmemBytes, kPersistentCtas,
+      [&](const FlashjitForwardTensorMaps& maps) {
+        flashjit_kernel::attention_forward_ws<K>(params, maps);
+      },
+      options);
   if (!out.error.empty()) return out;
   for (size_t i = p.o_span(); i < o.size(); ++i)
     if (o[i] != ft::kPoisonBits) {

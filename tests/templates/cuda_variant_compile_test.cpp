@@ -4,7 +4,7 @@
 // the default tile and (user expressions, the built-in ones together) at the register-heaviest
 // legal tile, the wgmmas never serialized by ptxas and (-ws) setmaxnreg never ignored; and a user
 // expression that does not compile is a CompileFailed error quoting it and NVRTC's first message;
-// packed variable-length documents compile on the mma family and are refused by the others.
+// packed variable-length documents compile on the mma, wgmma and -ws families.
 // No GPU needed (NVRTC only).
 #include <gtest/gtest.h>
 
@@ -169,13 +169,14 @@ TEST(CudaVariantCompile, EveryVariantCompilesWithoutNewSpills) {
   }
 }
 
-// Packed variable-length documents (varlen): the mma family's attention_forward_varlen (sm80) and
-// the wgmma family's attention_forward_sm90_varlen (sm90a) compile at the default and the
-// register-heaviest tile, alone and with a window + softcap, spilling no more than the plain
-// kernel of the same tile, with no stack frame for the document's copy of the params and (wgmma)
-// no serialized wgmma; the -ws family refuses it (Unsupported), so that on sm90 the legal configs
-// are mma and wgmma ones and the default a wgmma one.
-TEST(CudaVariantCompile, VarlenCompilesWithoutNewSpillsOnTheMmaAndWgmmaFamilies) {
+// Packed variable-length documents (varlen): the mma family's attention_forward_varlen (sm80),
+// the wgmma family's attention_forward_sm90_varlen and the -ws family's attention_forward_ws with
+// its varlen pieces (sm90a; also as -pp-persist: the persistent scheduler's skipping) compile at
+// the default and the register-heaviest tile, alone and with a window + softcap, spilling no more
+// than the plain kernel of the same tile, with no stack frame for the document's copy of the
+// params, no serialized wgmma and (-ws) no setmaxnreg warning. On sm90 every family is offered
+// and the d128 default is the -ws one.
+TEST(CudaVariantCompile, VarlenCompilesWithoutNewSpillsOnEveryFamily) {
   const AttentionProblem plain =
       AttentionProblem::make(1, 16, 16, 4096, 4096, 128, DType::BF16, /*causal=*/true);
   AttentionProblem varlen = AttentionProblem::make_varlen(8, 16, 16, 4096, 4096, 20000, 20000, 128,
@@ -187,9 +188,16 @@ TEST(CudaVariantCompile, VarlenCompilesWithoutNewSpillsOnTheMmaAndWgmmaFamilies)
   const DeviceSpec sm90 = known_device("sm90").value();
   std::vector<Job> jobs;
   for (const auto& [device, family, arch] :
-       {std::tuple{sm80, KernelFamily::Mma, 80}, std::tuple{sm90, KernelFamily::Wgmma, 90}}) {
-    const std::vector<AttentionConfig> tiles = tiles_of(varlen, device, family);
+       {std::tuple{sm80, KernelFamily::Mma, 80}, std::tuple{sm90, KernelFamily::Wgmma, 90},
+        std::tuple{sm90, KernelFamily::Ws, 90}}) {
+    std::vector<AttentionConfig> tiles = tiles_of(varlen, device, family);
     ASSERT_FALSE(tiles.empty()) << "sm" << arch;
+    if (family == KernelFamily::Ws) {
+      AttentionConfig persistent = tiles.front();
+      persistent.pingpong = persistent.persistent = true;
+      ASSERT_TRUE(check_config(persistent, varlen, device).ok()) << persistent.to_string();
+      tiles.push_back(persistent);
+    }
     for (const AttentionConfig& tile : tiles) {
       jobs.push_back({"plain", plain, tile, arch});
       jobs.push_back({"varlen", varlen, tile, arch});
@@ -209,8 +217,9 @@ TEST(CudaVariantCompile, VarlenCompilesWithoutNewSpillsOnTheMmaAndWgmmaFamilies)
     // The document's copy of the parameters lives in registers, not in a stack frame.
     EXPECT_LE(outcomes[i].report.stack_frame_bytes, base.stack_frame_bytes) << where;
     EXPECT_FALSE(outcomes[i].wgmma_serialized) << where << ": ptxas serialized the wgmmas";
+    EXPECT_FALSE(outcomes[i].setmaxnreg_warning) << where << ": ptxas ignored setmaxnreg";
     std::printf(
-        "  %-22s sm%d %-16s %3d registers, %3d bytes spilled, %3d stack (plain: %3d, %3d, "
+        "  %-22s sm%d %-20s %3d registers, %3d bytes spilled, %3d stack (plain: %3d, %3d, "
         "%3d)\n",
         jobs[i].label.c_str(), jobs[i].arch, jobs[i].config.to_string().c_str(),
         outcomes[i].report.registers, outcomes[i].report.spill_store_bytes,
@@ -221,20 +230,19 @@ TEST(CudaVariantCompile, VarlenCompilesWithoutNewSpillsOnTheMmaAndWgmmaFamilies)
     if (job.label == "plain") continue;
     Result<KernelSource> source = render_cuda_attention(job.problem, job.config);
     ASSERT_TRUE(source.ok());
-    const char* entry = job.arch == 90 ? "attention_forward_sm90_varlen<Config>(params)"
-                                       : "attention_forward_varlen<Config>(params)";
+    const char* entry = job.config.family == KernelFamily::Ws
+                            ? "#define FLASHJIT_VARIANT_VARLEN 1\n"
+                        : job.arch == 90 ? "attention_forward_sm90_varlen<Config>(params)"
+                                         : "attention_forward_varlen<Config>(params)";
     EXPECT_NE(source->text.find(entry), std::string::npos) << job.config.to_string();
   }
 
-  const Status refused =
-      check_config(AttentionConfig::parse("m128n128w12s2-ws-pp-persist").value(), varlen, sm90);
-  ASSERT_FALSE(refused.ok());
-  EXPECT_EQ(refused.error().code, ErrorCode::Unsupported);
-  EXPECT_NE(refused.error().message.find("varlen"), std::string::npos) << refused.error().message;
   const std::vector<AttentionConfig> legal = legal_configs(varlen, sm90);
-  ASSERT_FALSE(legal.empty());
-  for (const AttentionConfig& c : legal) EXPECT_NE(c.family, KernelFamily::Ws) << c.to_string();
-  EXPECT_EQ(default_config(varlen, sm90).value().family, KernelFamily::Wgmma);
+  for (KernelFamily family : {KernelFamily::Mma, KernelFamily::Wgmma, KernelFamily::Ws})
+    EXPECT_TRUE(std::any_of(legal.begin(), legal.end(),
+                            [&](const AttentionConfig& c) { return c.family == family; }))
+        << "family " << static_cast<int>(family);
+  EXPECT_EQ(default_config(varlen, sm90).value().family, KernelFamily::Ws);
 }
 
 TEST(CudaVariantCompile, AnExpressionThatDoesNotCompileIsQuoted) {

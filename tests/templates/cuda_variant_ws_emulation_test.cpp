@@ -20,7 +20,6 @@
 #include "generator/forward_config_ws.hpp"
 #include "generator/problem.hpp"
 #include "runtime/launch_params.hpp"
-#include "runtime/tensor_map_spec.hpp"
 #include "support/attention_cases.hpp"
 #include "support/reference.hpp"
 #include "support/variant_cases.hpp"
@@ -64,21 +63,12 @@ std::string run_forward(const AttentionProblem& problem, const AttentionConfig& 
   AttentionArgs args{inputs.q.data(), inputs.k.data(), inputs.v.data(), o->data(), lse->data()};
   args.alibi_slopes = inputs.alibi_slopes.data();
   const FlashjitAttentionParams params = make_launch_params(problem, args);
-  Result<ForwardTensorMapSpecs> specs =
-      forward_tensor_map_specs(params, problem.head_dim, problem.dtype, config);
-  if (!specs.ok()) return specs.error().describe();
-  FlashjitForwardTensorMaps maps;
-  ft::encode_tensor_map(specs->q, &maps.q);
-  ft::encode_tensor_map(specs->k, &maps.k);
-  ft::encode_tensor_map(specs->v, &maps.v);
-  ft::encode_tensor_map(specs->o, &maps.o);
-  const LaunchShape launch = forward_launch(
-      problem, config, {K::kThreads, K::kSmemBytes, K::kPersistent ? kPersistentCtas : 0});
-  const ft::Sm90Grid grid{static_cast<int>(launch.grid_x), static_cast<int>(launch.grid_y),
-                          static_cast<int>(launch.grid_z)};
-  return ft::emulate_sm90(
-      grid, K::kThreads, K::kSmemBytes,
-      [&] { flashjit_kernel::attention_forward_ws<K>(params, maps); }, options);
+  return ft::emulate_ws_forward(
+      problem, config, params, K::kThreads, K::kSmemBytes, kPersistentCtas,
+      [&](const FlashjitForwardTensorMaps& maps) {
+        flashjit_kernel::attention_forward_ws<K>(params, maps);
+      },
+      options);
 }
 
 struct Case {

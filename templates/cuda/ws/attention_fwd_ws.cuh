@@ -21,6 +21,33 @@
 
 namespace flashjit_kernel {
 
+#ifdef FLASHJIT_VARIANT
+// The params and causal diagonal that one tile of an attention variant runs on: the problem's;
+// with packed documents (varlen), its document's view (flashjit_variant::document_view: the
+// document's lengths, so its diagonal, masks and tails, and its o and lse), set per tile.
+struct WsTileParams {
+#if FLASHJIT_VARIANT_VARLEN
+  FlashjitAttentionParams p;
+  int diagonal;
+  __device__ __forceinline__ WsTileParams(const FlashjitAttentionParams& problem, int)
+      : p(problem), diagonal(0) {}
+  // (The scheduler placed the tile before its document's end: document_view is true.)
+  __device__ __forceinline__ void set(const FlashjitAttentionParams& problem, const WsTile& tile,
+                                      int m0) {
+    p = problem;
+    flashjit_variant::document_view(p, tile.batch, m0, 2);
+    diagonal = flashjit_attention::diagonal(p);
+  }
+#else
+  const FlashjitAttentionParams& p;
+  int diagonal;
+  __device__ __forceinline__ WsTileParams(const FlashjitAttentionParams& problem, int diagonal)
+      : p(problem), diagonal(diagonal) {}
+  __device__ __forceinline__ void set(const FlashjitAttentionParams&, const WsTile&, int) {}
+#endif
+};
+
+#endif
 template <class K>
 __device__ __forceinline__ void attention_forward_ws(const FlashjitAttentionParams& p,
                                                      const FlashjitForwardTensorMaps& maps) {
@@ -33,9 +60,12 @@ __device__ __forceinline__ void attention_forward_ws(const FlashjitAttentionPara
   const int warpgroup = threadIdx.x / 128;
   // The query block's key blocks (none for a causal block above a seqlen_q > seqlen_k
   // diagonal; an attention variant's: its range, ws/mainloop.cuh).
+#ifdef FLASHJIT_VARIANT
+  WsTileParams view(p, diagonal);  // the current tile's (each thread sets it for its tiles)
+#endif
   auto key_blocks = [&](int m0) {
 #ifdef FLASHJIT_VARIANT
-    return flashjit_variant::key_blocks(p, diagonal, m0, K::kBlockM, K::kBlockN);
+    return flashjit_variant::key_blocks(view.p, view.diagonal, m0, K::kBlockM, K::kBlockN);
 #else
     return WsKeyBlocks{fa::key_blocks<K::kCausal>(p, diagonal, m0, K::kBlockM, K::kBlockN)};
 #endif
@@ -51,13 +81,20 @@ __device__ __forceinline__ void attention_forward_ws(const FlashjitAttentionPara
   }
   __syncthreads();  // the barriers are initialized; no CTA-wide barrier after this point
 
+#ifdef FLASHJIT_VARIANT
+  WsVariantTileScheduler<K::kCausal, K::kPersistent> tiles(p, K::kBlockM);
+#else
   WsTileScheduler<K::kCausal, K::kPersistent> tiles(p, K::kBlockM);
+#endif
   if (warpgroup == 0) {  // the producer
     setmaxnreg_dec<K::kProducerRegisters>();
     if (threadIdx.x == 0) {
       WsLoads<K> at;
       for (WsTile tile; tiles.next(tile);) {
         const int m0 = tile.m_block * K::kBlockM;
+#ifdef FLASHJIT_VARIANT
+        view.set(p, tile, m0);
+#endif
         ws_load<K>(smem, maps, tile, m0, tile.head / p.group_size, key_blocks(m0), at);
       }
       ws_load_tail<K>(smem, at);
@@ -70,10 +107,18 @@ __device__ __forceinline__ void attention_forward_ws(const FlashjitAttentionPara
     WsReads<K> at;
     for (WsTile tile; tiles.next(tile);) {
       const int m0 = tile.m_block * K::kBlockM;
+#ifdef FLASHJIT_VARIANT
+      view.set(p, tile, m0);
+#endif
       const WsKeyBlocks blocks = key_blocks(m0);
       WsAccumulators<K> acc;
+#ifdef FLASHJIT_VARIANT
+      ws_consume<K>(view.p, smem, turns, consumer, tile, m0, blocks, view.diagonal, at, acc);
+      ws_epilogue<K>(view.p, maps, smem, tile, consumer, m0, blocks.count(), acc);
+#else
       ws_consume<K>(p, smem, turns, consumer, tile, m0, blocks, diagonal, at, acc);
       ws_epilogue<K>(p, maps, smem, tile, consumer, m0, blocks.count(), acc);
+#endif
     }
   }
 }

@@ -33,6 +33,27 @@ __device__ __forceinline__ void ws_store_zeros(const FlashjitAttentionParams& p,
   }
 }
 
+#ifdef FLASHJIT_VARIANT
+#if FLASHJIT_VARIANT_VARLEN
+// Packed documents: the warpgroup's 64 rows of O from the staging tile (the Q buffer) to global
+// memory, 16 bytes per load and store, rows past seqlen_q (the document's) not written: a TMA
+// store of the 64-row box would write them into the next document. `p` is the document's view.
+template <class K>
+__device__ __forceinline__ void ws_store_rows(const FlashjitAttentionParams& p,
+                                              const WsShared<K>& smem, const WsTile& tile,
+                                              int consumer, int first_row) {
+  constexpr int kChunks = K::kHeadDim / 8;  // 16-byte chunks per row
+  u16* o = static_cast<u16*>(p.o) + tile.batch * p.o_batch_stride + tile.head * p.o_head_stride;
+  for (int i = threadIdx.x % 128; i < 64 * kChunks; i += 128) {
+    const int r = i / kChunks, col = (i % kChunks) * 8;
+    if (first_row + r < p.seqlen_q)
+      *reinterpret_cast<Vec16*>(o + (first_row + r) * p.o_seq_stride + col) =
+          load_shared_vec16(smem.q + wg_tile_offset<K::kBlockM>(consumer * 64 + r, col));
+  }
+}
+
+#endif
+#endif
 template <class K>
 __device__ __forceinline__ void ws_epilogue(const FlashjitAttentionParams& p,
                                             const FlashjitForwardTensorMaps& maps,
@@ -71,6 +92,18 @@ __device__ __forceinline__ void ws_epilogue(const FlashjitAttentionParams& p,
       }
   }
   if (n_blocks == 0) return ws_store_zeros<K>(p, tile, m0 + consumer * 64);
+#ifdef FLASHJIT_VARIANT
+#if FLASHJIT_VARIANT_VARLEN
+  // Packed documents: stores bounded by the document (ws_store_rows) instead of the TMA store;
+  // the buffer is released once every thread of the warpgroup has read its chunks.
+  named_barrier_sync(kWsEpilogueBarrier + consumer, 128);  // the warpgroup's O is in the buffer
+  ws_store_rows<K>(p, smem, tile, consumer, m0 + consumer * 64);
+  fence_proxy_async();  // the reads above, before the next Q load (async proxy) overwrites them
+  named_barrier_sync(kWsEpilogueBarrier + consumer, 128);
+  if (threadIdx.x % 128 == 0) mbarrier_arrive(smem.q_empty);
+  return;
+#endif
+#endif
   fence_proxy_async();  // this thread's O stores, visible to the TMA store
   named_barrier_sync(kWsEpilogueBarrier + consumer, 128);
   if (threadIdx.x % 128 == 0) {

@@ -66,8 +66,13 @@ __device__ __forceinline__ void ws_load(const WsShared<K>& smem,
     const u32 tile_address = tiles + state.index * K::kKvTileBytes;
 #pragma unroll
     for (int c = 0; c < K::kColumnBlocks; ++c)
+#ifdef FLASHJIT_VARIANT
+      tma_load_4d(tile_address + c * K::kBlockN * 128, map, pipe.full_barrier(state.index), c * 64,
+                  tile.k_row + block * K::kBlockN, kv_head, tile.map_batch);
+#else
       tma_load_4d(tile_address + c * K::kBlockN * 128, map, pipe.full_barrier(state.index), c * 64,
                   block * K::kBlockN, kv_head, tile.batch);
+#endif
     state.advance();
   };
   load(smem.k_pipe, at.k, smem.k, &maps.k, blocks.at(0));  // K_0 first: no wait for the epilogue
@@ -77,8 +82,13 @@ __device__ __forceinline__ void ws_load(const WsShared<K>& smem,
   mbarrier_arrive_expect_tx(smem.q_full, K::kQTileBytes);
 #pragma unroll
   for (int c = 0; c < K::kColumnBlocks; ++c)
+#ifdef FLASHJIT_VARIANT
+    tma_load_4d(smem.q + c * K::kBlockM * 128, &maps.q, smem.q_full, c * 64, tile.q_row + m0,
+                tile.head, tile.map_batch);
+#else
     tma_load_4d(smem.q + c * K::kBlockM * 128, &maps.q, smem.q_full, c * 64, m0, tile.head,
                 tile.batch);
+#endif
   ++at.q_rounds;
   for (int j = 1; j < n_blocks; ++j) {
     load(smem.k_pipe, at.k, smem.k, &maps.k, blocks.at(j));
@@ -94,6 +104,35 @@ __device__ __forceinline__ void ws_load_tail(const WsShared<K>& smem, const WsLo
   smem.k_pipe.producer_tail(at.k);
   smem.v_pipe.producer_tail(at.v);
 }
+#ifdef FLASHJIT_VARIANT
+#if FLASHJIT_VARIANT_VARLEN
+
+// Named barrier id of the consumers together (ws/epilogue.cuh takes 1 .. 3, ws/pingpong.cuh's
+// turns 4 .. 6).
+constexpr int kWsConsumersBarrier = 7;
+
+// Sets rows [first_row, kBlockN) of the K/V buffer at `tile` (all its 64-column blocks) to 0 and
+// makes the zeros visible to every consumer's wgmmas: the consumers' threads share the stores
+// (a row's 128 bytes in a column block are contiguous whatever the swizzle), fence them
+// (fence.proxy.async) and meet at kWsConsumersBarrier. Called by every consumer thread with the
+// same first_row (the tile's), before any reads the buffer: every consumer waited for its
+// earlier wgmmas, and the buffer is not reloaded before all of them release it. Nothing when
+// first_row >= kBlockN.
+template <class K>
+__device__ __forceinline__ void ws_zero_rows_from(u32 tile, int first_row) {
+  if (first_row >= K::kBlockN) return;
+  constexpr int kWordsPerRow = 128 / 4;
+  const int words = (K::kBlockN - first_row) * kWordsPerRow;
+  const u32 rows = tile + first_row * 128;
+  for (int i = static_cast<int>(threadIdx.x) - 128; i < K::kColumnBlocks * words;
+       i += K::kConsumerThreads)
+    store_shared_u32(rows + (i / words) * (K::kBlockN * 128) + (i % words) * 4, 0u);
+  fence_proxy_async();
+  named_barrier_sync(kWsConsumersBarrier, K::kConsumerThreads);
+}
+
+#endif
+#endif
 
 // A consumer's position: the next buffer of each pipeline, and the Q tiles consumed so far.
 template <class K>
@@ -217,6 +256,17 @@ __device__ __forceinline__ void ws_consume(const FlashjitAttentionParams& p,
     for (int c = 0; c < kPvChunks; ++c) out.softmax.rescale(out.o[c], correction);
   }
   smem.v_pipe.consumer_wait(v_read);  // P_{n-1} V_{n-1}
+#ifdef FLASHJIT_VARIANT
+#if FLASHJIT_VARIANT_VARLEN
+  // Packed documents: the rows of this block past the document's keys are the next document's
+  // (or rows past the last one: anything, NaN included), loaded whole by the TMA box. Their
+  // scores are masked to -inf (P = 0), but 0 * NaN is NaN: they become 0 before P V reads them.
+  // Only the last block visited can hold such rows (the blocks come in increasing order and
+  // none starts past seqlen_k).
+  ws_zero_rows_from<K>(smem.v + v_read.index * K::kKvTileBytes,
+                       p.seqlen_k - blocks.at(n_blocks - 1) * kBlockN);
+#endif
+#endif
   wgmma_fence();
   issue_pv(v_read.index);
   wgmma_wait<0>();
