@@ -307,6 +307,14 @@ FLASHJIT_DEVICE bool document_view(FlashjitAttentionParams& p, int doc, int m0, 
   p.seqlen_k = len_k;
   return true;
 }
+
+// A backward kernel's CTA on packed documents: document_view for the CTA whose query rows start
+// at m0 (< 0: it has none, a dK/dV CTA) and whose keys start at n0 (< 0: none, a row or dQ CTA);
+// false when either starts past the document's (nothing to read or write).
+FLASHJIT_DEVICE bool document_tile_view(FlashjitAttentionParams& p, int doc, int m0, int n0,
+                                        int element_bytes) {
+  return document_view(p, doc, m0, element_bytes) && n0 < p.seqlen_k;
+}
 #endif
 
 }  // namespace flashjit_variant

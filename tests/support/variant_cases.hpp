@@ -56,4 +56,18 @@ using VarlenRun = std::function<std::string(const AttentionProblem&, const HostI
 AttentionProblem varlen_emulation_problem(DType dtype, int head_dim);
 void check_varlen_emulation(DType dtype, int head_dim, const VarlenRun& run);
 
+// The CUDA backward varlen emulation tests (mma and wgmma): check_varlen_emulation's documents
+// and GQA, the backward problem of each (causal with the window (30, -1), `dq` the config's dQ
+// mode) against the fp64 reference gradients per document. `run` launches the emulated backward
+// (preprocess, dK/dV, convert or dQ kernel) and returns the whole spans of dq, dk and dv, written
+// into poisoned buffers: every document row must be written and the spare rows past the last
+// document left alone. The spare rows of q, o and dO, their lse and the spare keys are NaN, so a
+// tile that reads past its document fails. It returns the emulator's error ("" when it ran).
+struct Gradients {  // a backward call's dq, dk, dv: whole spans of raw storage
+  std::vector<uint16_t> dq, dk, dv;
+};
+using VarlenBackwardRun =
+    std::function<std::string(const AttentionProblem&, const HostInputs&, Gradients* out)>;
+void check_varlen_backward_emulation(DType dtype, int head_dim, const VarlenBackwardRun& run);
+
 }  // namespace flashjit::testing
