@@ -12,10 +12,6 @@
 // Both run kBackwardRows rows per CTA of kBackwardThreads threads (render.hpp's
 // kBackwardPreprocessRows / kBackwardPreprocessThreads): each warp owns kBackwardRows / 4 rows
 // and walks them one at a time, its lanes covering the row's 16-byte chunks.
-//
-// Packed variable-length documents (FLASHJIT_VARIANT_VARLEN): every backward kernel has a
-// *_varlen entry that runs it on one document's view of the params (below, and at the end of
-// each family's template); the renderer calls those.
 
 namespace flashjit_kernel {
 
@@ -108,29 +104,33 @@ __device__ __forceinline__ void backward_dq_convert(const FlashjitAttentionParam
   }
 }
 
-#if defined(FLASHJIT_VARIANT) && FLASHJIT_VARIANT_VARLEN
+#ifdef FLASHJIT_VARIANT
+#if FLASHJIT_VARIANT_VARLEN
 // Packed variable-length documents (FA2's varlen), as the forward's attention_forward_varlen:
-// the CTA of (block, head, document blockIdx.z) of every backward kernel turns the params into
-// the document's view (templates/attention_variant.h, document_tile_view: q, k, v, o, lse, dO,
-// dQ, dK, dV at its rows, its lengths as seqlen_q / seqlen_k), so that masks, the causal diagonal
-// and the variant's band are per document and no load or store crosses into another document. The
-// workspace keeps the document as its batch index ([num_docs, heads_q, seqlen_q_rounded] rows,
-// seqlen_q_rounded from the longest document: runtime/launch_params.hpp, backward_workspace), so
-// the rows each document's kernels read and write are its own, padded to a multiple of 128. The
-// row kernels' CTAs past the document's rows exit.
+// every backward kernel has a *_varlen entry (these two, and at the end of each family's
+// template) that the renderer calls instead. The CTA of (block, head, document blockIdx.z) turns
+// the params into the document's view (templates/attention_variant.h, document_tile_view: q, k,
+// v, o, lse, dO, dQ, dK, dV at its rows, its lengths as seqlen_q / seqlen_k), so that masks, the
+// causal diagonal and the variant's band are per document and no load or store crosses into
+// another document. The workspace is packed by document (runtime/launch_params.hpp,
+// backward_workspace): each document's rows of each head are its own, padded to a multiple of
+// 128, and document_tile_view points the kernels' [document, head, row] index at them. The row
+// kernels' CTAs past the document's rows exit.
 template <int HEAD_DIM, bool IS_BF16>
 __device__ __forceinline__ void backward_preprocess_varlen(const FlashjitAttentionParams& params) {
   FlashjitAttentionParams document = params;
-  if (flashjit_variant::document_tile_view(document, blockIdx.z, blockIdx.x * kBackwardRows, -1, 2))
+  if (flashjit_variant::document_tile_view(document, blockIdx.z, blockIdx.x * kBackwardRows, -1, 2,
+                                           (HEAD_DIM + 63) / 64 * 64))
     backward_preprocess<HEAD_DIM, IS_BF16>(document);
 }
 
 template <int HEAD_DIM, bool IS_BF16>
 __device__ __forceinline__ void backward_dq_convert_varlen(const FlashjitAttentionParams& params) {
   FlashjitAttentionParams document = params;
-  if (flashjit_variant::document_tile_view(document, blockIdx.z, blockIdx.x * kBackwardRows, -1, 2))
+  if (flashjit_variant::document_tile_view(document, blockIdx.z, blockIdx.x * kBackwardRows, -1, 2,
+                                           (HEAD_DIM + 63) / 64 * 64))
     backward_dq_convert<HEAD_DIM, IS_BF16>(document);
 }
 #endif
-
+#endif
 }  // namespace flashjit_kernel

@@ -66,8 +66,9 @@ std::string run_backward(const AttentionProblem& problem, const AttentionConfig&
   register_global(base, layout.bytes);
 
   const int batch = static_cast<int>(problem.batch), heads_q = static_cast<int>(problem.heads_q);
-  const CudaGrid rows{static_cast<int>(layout.seqlen_q_rounded / kBackwardPreprocessRows), heads_q,
-                      batch};
+  const CudaGrid rows{
+      static_cast<int>(round_to_row_blocks(problem.seqlen_q) / kBackwardPreprocessRows), heads_q,
+      batch};
   const bool bf16 = K::kIsBf16;
   constexpr int kD = K::kHeadDim;
   std::string error = emulate_cuda(rows, kBackwardPreprocessThreads, 16, [&] {

@@ -71,12 +71,13 @@ std::string run_sm90_backward_gradients(const AttentionProblem& p, const Attenti
                             : (b * p.heads_q + h) * p.seqlen_q + row;
   };
   // The preprocess, as cuda/attention_bwd_common.cuh defines it (per document: its own rows,
-  // padded to the workspace's blocks of 128).
+  // padded to the workspace's blocks of 128, where the workspace layout puts them).
   const int dp = padded_head_dim(p.head_dim);
+  const int32_t* cu_seqlens_q = in.cu_seqlens_q.data();
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t h = 0; h < p.heads_q; ++h)
-      for (int64_t row = 0; row < layout.seqlen_q_rounded; ++row) {
-        const int64_t at = (b * p.heads_q + h) * layout.seqlen_q_rounded + row;
+      for (int64_t row = 0; row < round_to_row_blocks(rows(b)); ++row) {
+        const int64_t at = layout.row(p, cu_seqlens_q, b, h, row);
         const bool valid = row < rows(b);
         float dot = 0;
         if (valid)
@@ -105,7 +106,7 @@ std::string run_sm90_backward_gradients(const AttentionProblem& p, const Attenti
       for (int64_t h = 0; h < p.heads_q; ++h)
         for (int64_t row = 0; row < rows(b); ++row)
           for (int c = 0; c < p.head_dim; ++c) {
-            const int64_t at = ((b * p.heads_q + h) * layout.seqlen_q_rounded + row) * dp + c;
+            const int64_t at = layout.row(p, cu_seqlens_q, b, h, row) * dp + c;
             set_element(dq.data(), storage_offset(p.dq_strides, b, first_row(b) + row, h) + c,
                         params.dq_accum[at] * params.scale, p.dtype);
           }
