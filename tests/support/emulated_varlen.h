@@ -2,13 +2,23 @@
 // (tests/support/variant_cases.hpp: packed documents, causal, window (30, -1)) for the varlen
 // host emulation tests (CUDA mma and wgmma, HIP): include it where the renderer puts the prelude
 // (after templates/attention_params.h and the emulator). Each of those tests checks that
-// render_variant_prelude() gives these lines.
+// render_variant_prelude() gives these lines. With FLASHJIT_EMULATED_VARLEN_PLAIN=1 (a compile
+// definition of a test executable): packed documents alone, not causal
+// (varlen_emulation_problem(.., /*causal_window=*/false)); FLASHJIT_EMULATED_VARLEN_CAUSAL_WINDOW
+// says which.
 #pragma once
 
 // clang-format off
 #define FLASHJIT_VARIANT 1
+#if FLASHJIT_EMULATED_VARLEN_PLAIN
+#define FLASHJIT_EMULATED_VARLEN_CAUSAL_WINDOW 0
+#define FLASHJIT_VARIANT_CAUSAL 0
+#define FLASHJIT_VARIANT_WINDOW_LEFT (-1)
+#else
+#define FLASHJIT_EMULATED_VARLEN_CAUSAL_WINDOW 1
 #define FLASHJIT_VARIANT_CAUSAL 1
 #define FLASHJIT_VARIANT_WINDOW_LEFT (30)
+#endif
 #define FLASHJIT_VARIANT_WINDOW_RIGHT (-1)
 #define FLASHJIT_VARIANT_PREFIX 0
 #define FLASHJIT_VARIANT_ALIBI 0

@@ -142,7 +142,7 @@ struct VarlenCase {
 };
 
 AttentionProblem varlen_problem(const VarlenCase& c, int64_t heads_q, int64_t heads_kv,
-                                int head_dim, DType dtype) {
+                                int head_dim, DType dtype, bool causal_window = true) {
   int64_t max_q = 1, max_k = 1, total_q = c.spare, total_k = c.spare;
   for (size_t b = 0; b < c.q.size(); ++b) {
     max_q = std::max(max_q, c.q[b]);
@@ -152,15 +152,15 @@ AttentionProblem varlen_problem(const VarlenCase& c, int64_t heads_q, int64_t he
   }
   AttentionProblem p =
       AttentionProblem::make_varlen(static_cast<int64_t>(c.q.size()), heads_q, heads_kv, max_q,
-                                    max_k, total_q, total_k, head_dim, dtype, true);
-  p.variant.window_left = kVarlenEmulationWindowLeft;
+                                    max_k, total_q, total_k, head_dim, dtype, causal_window);
+  if (causal_window) p.variant.window_left = kVarlenEmulationWindowLeft;
   return p;
 }
 
 }  // namespace
 
-AttentionProblem varlen_emulation_problem(DType dtype, int head_dim) {
-  return varlen_problem({{1}, {1}, 0}, 1, 1, head_dim, dtype);
+AttentionProblem varlen_emulation_problem(DType dtype, int head_dim, bool causal_window) {
+  return varlen_problem({{1}, {1}, 0}, 1, 1, head_dim, dtype, causal_window);
 }
 
 namespace {
@@ -191,12 +191,14 @@ void check_varlen_emulation(DType dtype, int head_dim, const VarlenRun& run) {
     }
 }
 
-void check_varlen_backward_emulation(DType dtype, int head_dim, const VarlenBackwardRun& run) {
+void check_varlen_backward_emulation(DType dtype, int head_dim, bool causal_window,
+                                     const VarlenBackwardRun& run) {
   uint64_t seed = 5;
   for (const VarlenCase& c : kVarlenCases)
     for (const auto& [heads_q, heads_kv] : {std::pair<int64_t, int64_t>{2, 2}, {4, 1}}) {
       const AttentionProblem problem =
-          varlen_problem(c, heads_q, heads_kv, head_dim, dtype).with_pass(Pass::Backward);
+          varlen_problem(c, heads_q, heads_kv, head_dim, dtype, causal_window)
+              .with_pass(Pass::Backward);
       ASSERT_TRUE(validate(problem).ok()) << validate(problem).error().describe();
       HostInputs inputs = random_inputs(problem, seed++);
       inputs.cu_seqlens_q = cu_seqlens_of(c.q);

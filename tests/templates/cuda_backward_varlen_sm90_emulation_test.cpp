@@ -6,9 +6,11 @@
 // (ft::check_varlen_backward_emulation's cases: documents of 1, 17, ~100 rows, empty ones,
 // seqlen_q != seqlen_k both ways, GQA 2:2 and 4:1, causal with a sliding window, poisoned
 // gradients and NaN spare rows and keys), in both dQ modes, register (RS) and shared-memory (SS)
-// dK/dV. The variant compiled in is support/emulated_varlen.h (templates_cuda_varlen_emulation_test
-// checks its defines). The generator offers this family for varlen with the other variants
-// (generator/backward_config.cpp, kSm90BackwardVariants).
+// dK/dV. The variant compiled in is support/emulated_varlen.h: causal with a sliding window, or
+// (this file built again as templates_cuda_backward_varlen_sm90_plain_emulation_test,
+// FLASHJIT_EMULATED_VARLEN_PLAIN) the documents alone, not causal (templates_cuda_backward_varlen_
+// emulation_test and its plain build check the defines). The generator offers this family for
+// varlen with the other variants (generator/backward_config.cpp, kSm90BackwardVariants).
 #include <gtest/gtest.h>
 
 #include "generator/problem.hpp"
@@ -34,8 +36,9 @@ namespace ft = ::flashjit::testing;
 
 template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WARPS, int STAGES, bool BF16, bool ATOMIC>
 void check() {
-  using K =
-      flashjit_kernel::Sm90BwdTraits<HEAD_DIM, BLOCK_M, BLOCK_N, WARPS, STAGES, BF16, true, ATOMIC>;
+  constexpr bool kCausalWindow = FLASHJIT_EMULATED_VARLEN_CAUSAL_WINDOW;
+  using K = flashjit_kernel::Sm90BwdTraits<HEAD_DIM, BLOCK_M, BLOCK_N, WARPS, STAGES, BF16,
+                                           kCausalWindow, ATOMIC>;
   const AttentionConfig config{BLOCK_M,
                                BLOCK_N,
                                WARPS,
@@ -43,7 +46,7 @@ void check() {
                                KernelFamily::Wgmma,
                                ATOMIC ? DqMode::Atomic : DqMode::Separate};
   ft::check_varlen_backward_emulation(
-      BF16 ? DType::BF16 : DType::F16, HEAD_DIM,
+      BF16 ? DType::BF16 : DType::F16, HEAD_DIM, kCausalWindow,
       [&](const AttentionProblem& problem, const ft::HostInputs& inputs, ft::Gradients* out) {
         return ft::run_sm90_backward_gradients<K>(problem, config, inputs, out);
       });
