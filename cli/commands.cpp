@@ -554,6 +554,8 @@ int run_run(const ParsedFlags& flags) {
   const AttentionArgs args = tensors->args;
   AttentionArgs forward_args{args.q, args.k, args.v, args.o, args.lse};
   forward_args.alibi_slopes = args.alibi_slopes;  // a variant's forward reads them too
+  forward_args.cu_seqlens_q = args.cu_seqlens_q;  // and packed documents' offsets
+  forward_args.cu_seqlens_k = args.cu_seqlens_k;
   const Kernel& ready = **kernel;
   auto launch = [&]() -> Status { return ready.launch(*problem, args); };
   auto launch_forward = [&]() -> Status { return forward->launch(forward_problem, forward_args); };

@@ -343,12 +343,6 @@ Result<const BackwardFamily*> check_common(const AttentionConfig& c, const Atten
     return illegal(c, dtype.error().message, ErrorCode::Unsupported).error();
   const BackwardFamily* family = family_of(c);
   if (family == nullptr) return illegal(c, "unknown kernel family", ErrorCode::Unsupported).error();
-  if (p.variant.varlen)
-    return illegal(c,
-                   "packed variable-length documents (varlen): the backward runs on the CPU "
-                   "backend only so far (no CUDA backward template for them yet)",
-                   ErrorCode::Unsupported)
-        .error();
   if (p.deterministic && c.dq != DqMode::Separate) {
     return illegal(c,
                    "the problem is deterministic: dQ atomics add in a different order every "

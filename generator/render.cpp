@@ -433,6 +433,9 @@ Result<KernelSource> render_cuda_attention_backward(const AttentionProblem& prob
   row_args += std::to_string(problem.head_dim);
   row_args += problem.dtype == DType::BF16 ? ", true>" : ", false>";
   const char* params = "(const __grid_constant__ FlashjitAttentionParams params) {\n";
+  // Packed documents: each kernel's *_varlen entry, which runs it on the document's view of the
+  // params (templates/attention_variant.h, document_tile_view).
+  const char* view = problem.variant.varlen ? "_varlen" : "";
   std::ostringstream instantiation;
   instantiation
       << "typedef flashjit_kernel::" << traits << "</*head_dim=*/" << problem.head_dim
@@ -442,20 +445,20 @@ Result<KernelSource> render_cuda_attention_backward(const AttentionProblem& prob
       << (problem.causal ? "true" : "false") << ", /*dq_atomic=*/"
       << (config.dq == DqMode::Atomic ? "true" : "false") << "> Config;\n"
       << "extern \"C\" __global__ void __launch_bounds__(flashjit_kernel::kBackwardThreads)\n"
-      << kBackwardPreprocessEntry << params << "  flashjit_kernel::backward_preprocess" << row_args
-      << "(params);\n}\n"
+      << kBackwardPreprocessEntry << params << "  flashjit_kernel::backward_preprocess" << view
+      << row_args << "(params);\n}\n"
       << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads, 1)\n"
-      << kBackwardDkDvEntry << params << "  flashjit_kernel::" << prefix
-      << "_dkdv<Config>(params);\n}\n";
+      << kBackwardDkDvEntry << params << "  flashjit_kernel::" << prefix << "_dkdv" << view
+      << "<Config>(params);\n}\n";
   if (config.dq == DqMode::Atomic) {
     instantiation
         << "extern \"C\" __global__ void __launch_bounds__(flashjit_kernel::kBackwardThreads)\n"
-        << kBackwardDqEntry << params << "  flashjit_kernel::backward_dq_convert" << row_args
-        << "(params);\n}\n";
+        << kBackwardDqEntry << params << "  flashjit_kernel::backward_dq_convert" << view
+        << row_args << "(params);\n}\n";
   } else {
     instantiation << "extern \"C\" __global__ void __launch_bounds__(Config::kDqThreads, 1)\n"
-                  << kBackwardDqEntry << params << "  flashjit_kernel::" << prefix
-                  << "_dq<Config>(params);\n}\n";
+                  << kBackwardDqEntry << params << "  flashjit_kernel::" << prefix << "_dq" << view
+                  << "<Config>(params);\n}\n";
   }
   const std::vector<std::string> entries = {kBackwardPreprocessEntry, kBackwardDkDvEntry,
                                             kBackwardDqEntry};

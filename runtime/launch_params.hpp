@@ -22,29 +22,59 @@ namespace flashjit {
 // the kernel's own): delta and lse_log2 always, the dQ accumulator for DqMode::Atomic
 // (`dq_accum_copies` of it one after the other: the CPU's key-block splits; 1 on the GPU). Rows
 // are padded to a multiple of kBackwardRowAlign, the head dim of the accumulator to a multiple
-// of 64.
+// of 64: [batch, heads_q, seqlen_q_rounded] rows.
+//
+// Packed documents (problem.variant.varlen) on the GPU (`packed_documents`): the rows are packed
+// by total_q instead of [num_docs, heads_q, round(max_seqlen_q)]: per query head
+// seqlen_q_rounded = round(total_q) + kBackwardRowAlign * num_docs rows, document b's starting
+// at document_workspace_row(cu_seqlens_q[b], b) (FlashAttention-2's varlen layout: aligned, with
+// room for its rows rounded up; templates/attention_variant.h, document_tile_view, points the
+// kernels' [doc, head, row] index there). The CPU backend keeps the per-document rows.
 inline constexpr int64_t kBackwardRowAlign = 128;
 inline constexpr size_t kWorkspaceAlign = 256;
 
+inline int64_t round_to_row_blocks(int64_t rows) {
+  return (rows + kBackwardRowAlign - 1) / kBackwardRowAlign * kBackwardRowAlign;
+}
+
+// Packed documents: the first workspace row (within each head's) of document `doc` whose queries
+// start at packed row `cu_seqlens_q_doc`.
+inline int64_t document_workspace_row(int64_t cu_seqlens_q_doc, int64_t doc) {
+  return (cu_seqlens_q_doc + kBackwardRowAlign * doc) / kBackwardRowAlign * kBackwardRowAlign;
+}
+
 struct BackwardWorkspace {
-  int64_t seqlen_q_rounded = 0;
+  int64_t seqlen_q_rounded = 0;  // rows per (batch entry, head); packed documents: per head
+  bool packed_documents = false;
   size_t delta_offset = 0, lse_offset = 0, dq_accum_offset = 0;  // bytes from the start
   size_t bytes = 0;                                              // total; 0 for the forward
   bool has_dq_accum = false;
   int dq_accum_copies = 0;  // 0 without a dQ accumulator
+
+  // The row of (batch entry b, head h, row i): packed documents, `cu_seqlens_q` (host) places
+  // document b.
+  int64_t row(const AttentionProblem& p, const int32_t* cu_seqlens_q, int64_t b, int64_t h,
+              int64_t i) const {
+    if (packed_documents)
+      return h * seqlen_q_rounded + document_workspace_row(cu_seqlens_q[b], b) + i;
+    return (b * p.heads_q + h) * seqlen_q_rounded + i;
+  }
 };
 
 inline BackwardWorkspace backward_workspace(const AttentionProblem& problem,
-                                            const AttentionConfig& config,
-                                            int dq_accum_copies = 1) {
+                                            const AttentionConfig& config, int dq_accum_copies = 1,
+                                            bool packed_documents = true) {
   BackwardWorkspace w;
   if (!problem.is_backward()) return w;
   auto align = [](size_t bytes) {
     return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
   };
-  w.seqlen_q_rounded =
-      (problem.seqlen_q + kBackwardRowAlign - 1) / kBackwardRowAlign * kBackwardRowAlign;
-  const size_t rows = static_cast<size_t>(problem.batch * problem.heads_q * w.seqlen_q_rounded);
+  w.packed_documents = packed_documents && problem.variant.varlen;
+  w.seqlen_q_rounded = w.packed_documents ? round_to_row_blocks(problem.variant.total_q) +
+                                                kBackwardRowAlign * problem.batch
+                                          : round_to_row_blocks(problem.seqlen_q);
+  const size_t rows = static_cast<size_t>((w.packed_documents ? 1 : problem.batch) *
+                                          problem.heads_q * w.seqlen_q_rounded);
   w.delta_offset = 0;
   w.lse_offset = align(rows * sizeof(float));
   w.dq_accum_offset = w.lse_offset + align(rows * sizeof(float));
@@ -266,7 +296,8 @@ inline LaunchShape forward_launch(const AttentionProblem& problem, const Attenti
 }
 
 // The launches of a backward call, in order (generator/render.hpp's contract), with the
-// workspace they share: the row kernels over seqlen_q_rounded, the dK/dV kernel over key blocks
+// workspace they share: the row kernels over seqlen_q rounded up to kBackwardRowAlign, the dK/dV
+// kernel over key blocks
 // and kv heads, the dQ kernel (DqMode::Separate) over query blocks. Blocks from the family's
 // BackwardShapes.
 struct BackwardLaunch {
@@ -278,15 +309,15 @@ inline BackwardLaunch backward_launch(const AttentionProblem& problem,
                                       const AttentionConfig& config, const BackwardShapes& shapes) {
   BackwardLaunch launch;
   launch.workspace = backward_workspace(problem, config);
-  launch.preprocess =
-      row_blocks_launch("seqlen_q", launch.workspace.seqlen_q_rounded, kBackwardPreprocessRows,
-                        "heads_q", problem.heads_q, problem.batch, shapes.preprocess);
+  // The row kernels: every row of each batch entry (document), padded.
+  const int64_t rows = round_to_row_blocks(problem.seqlen_q);
+  launch.preprocess = row_blocks_launch("seqlen_q", rows, kBackwardPreprocessRows, "heads_q",
+                                        problem.heads_q, problem.batch, shapes.preprocess);
   launch.dkdv = row_blocks_launch("seqlen_k", problem.seqlen_k, config.block_n, "heads_kv",
                                   problem.heads_kv, problem.batch, shapes.dkdv);
   launch.dq = config.dq == DqMode::Atomic
-                  ? row_blocks_launch("seqlen_q", launch.workspace.seqlen_q_rounded,
-                                      kBackwardPreprocessRows, "heads_q", problem.heads_q,
-                                      problem.batch, shapes.dq)
+                  ? row_blocks_launch("seqlen_q", rows, kBackwardPreprocessRows, "heads_q",
+                                      problem.heads_q, problem.batch, shapes.dq)
                   : row_blocks_launch("seqlen_q", problem.seqlen_q, config.block_m, "heads_q",
                                       problem.heads_q, problem.batch, shapes.dq);
   return launch;

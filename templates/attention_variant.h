@@ -307,6 +307,23 @@ FLASHJIT_DEVICE bool document_view(FlashjitAttentionParams& p, int doc, int m0, 
   p.seqlen_k = len_k;
   return true;
 }
+
+// A GPU backward kernel's CTA on packed documents: document_view for the CTA whose query rows
+// start at m0 (< 0: it has none, a dK/dV CTA) and whose keys start at n0 (< 0: none, a row or dQ
+// CTA); false when either starts past the document's (nothing to read or write). The workspace
+// (delta, lse_log2, dq_accum: `accum_row_floats` per row) is packed by document
+// (runtime/launch_params.hpp, backward_workspace: seqlen_q_rounded rows per head, document doc's
+// at (cu_seqlens_q[doc] + 128 doc) rounded down to 128): its pointers move so that the kernels'
+// index (doc * heads_q + head) * seqlen_q_rounded + row lands on the document's rows of the head.
+FLASHJIT_DEVICE bool document_tile_view(FlashjitAttentionParams& p, int doc, int m0, int n0,
+                                        int element_bytes, int accum_row_floats) {
+  const long long first_row = (p.cu_seqlens_q[doc] + 128LL * doc) / 128 * 128;
+  const long long shift = first_row - static_cast<long long>(doc) * p.heads_q * p.seqlen_q_rounded;
+  p.delta += shift;
+  p.lse_log2 += shift;
+  if (p.dq_accum) p.dq_accum += shift * accum_row_floats;
+  return document_view(p, doc, m0, element_bytes) && n0 < p.seqlen_k;
+}
 #endif
 
 }  // namespace flashjit_variant

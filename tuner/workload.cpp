@@ -175,6 +175,20 @@ const char* to_string(RunStep step) {
   return "?";
 }
 
+namespace {
+
+// A variant's inputs, both passes: ALiBi's slopes, packed documents' offsets.
+void add_variant_inputs(const AttentionProblem& p, std::vector<TensorSpec>& specs) {
+  if (p.variant.alibi)
+    specs.push_back(
+        {TensorRole::AlibiSlopes, static_cast<size_t>(p.heads_q) * sizeof(float), false});
+  if (p.variant.varlen)
+    for (TensorRole role : {TensorRole::CuSeqlensQ, TensorRole::CuSeqlensK})
+      specs.push_back({role, static_cast<size_t>(p.batch + 1) * sizeof(int32_t), false});
+}
+
+}  // namespace
+
 std::vector<TensorSpec> tensor_specs(const AttentionProblem& p) {
   const size_t e = element_bytes(p);
   const size_t q = static_cast<size_t>(p.q_span()) * e;
@@ -193,12 +207,7 @@ std::vector<TensorSpec> tensor_specs(const AttentionProblem& p) {
     if (p.kv.seqlens_k)
       specs.push_back(
           {TensorRole::SeqlensK, static_cast<size_t>(p.batch) * sizeof(int32_t), false});
-    if (p.variant.alibi)
-      specs.push_back(
-          {TensorRole::AlibiSlopes, static_cast<size_t>(p.heads_q) * sizeof(float), false});
-    if (p.variant.varlen)
-      for (TensorRole role : {TensorRole::CuSeqlensQ, TensorRole::CuSeqlensK})
-        specs.push_back({role, static_cast<size_t>(p.batch + 1) * sizeof(int32_t), false});
+    add_variant_inputs(p, specs);
     return specs;
   }
   const size_t d_o = static_cast<size_t>(p.do_span()) * e;
@@ -208,9 +217,7 @@ std::vector<TensorSpec> tensor_specs(const AttentionProblem& p) {
       {TensorRole::Q, q, false},  {TensorRole::K, kv, false},    {TensorRole::V, kv, false},
       {TensorRole::O, o, false},  {TensorRole::Lse, lse, false}, {TensorRole::DO, d_o, false},
       {TensorRole::DQ, dq, true}, {TensorRole::DK, dkv, true},   {TensorRole::DV, dkv, true}};
-  if (p.variant.alibi)  // the backward of a variant reads the forward's slopes
-    specs.push_back(
-        {TensorRole::AlibiSlopes, static_cast<size_t>(p.heads_q) * sizeof(float), false});
+  add_variant_inputs(p, specs);  // the backward of a variant reads the forward's
   return specs;
 }
 

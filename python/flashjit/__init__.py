@@ -60,9 +60,9 @@ bottom-right aligned as above. With torch autograd a variant call is differentia
 backend and the CUDA mma family have its backward): a score_mod then needs score_mod_grad=, its
 derivative d score_mod / d score as one C++ expression over the same variables (``score`` is
 score_mod's input; e.g. ``"1.0f"`` for the example above; without it InvalidArgumentError names
-it); ALiBi's slopes get no gradient (slopes that require grad raise UnsupportedError), and
-packed documents (cu_seqlens) have no backward in Python yet (UnsupportedError; the C++ API has it
-on the CPU backend).
+it); ALiBi's slopes get no gradient (slopes that require grad raise UnsupportedError). Packed
+documents (cu_seqlens) are differentiable in eager mode (torch autograd through the extension's
+varlen backward: the CPU backend and the CUDA mma family), not yet under torch.compile.
 Bad values (window sides < -1, softcap <= 0 or not finite, slopes of another shape, dtype or
 device, an expression that is not one expression or does not compile) raise
 InvalidArgumentError (a compile failure: flashjit.Error with code CompileFailed, quoting the
@@ -349,10 +349,10 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", out=None, ret
        waits for a GPU). The offsets are checked on the CPU backend, not on a GPU (a document
        longer than max_seqlen_q is not fully computed there). out: (total_q, heads, head_dim);
        lse: float32 (heads * total_q,), document b's (heads, len_q(b)) block at
-       heads * cu_seqlens_q[b]. Forward only (layout "bshd"): autograd raises UnsupportedError.
+       heads * cu_seqlens_q[b]. Layout "bshd"; torch autograd in eager mode (the backward of
+       attention_backward(..., cu_seqlens_q=, ...)), not under torch.compile.
     Returns out, or (out, lse) when return_lse. For torch tensors the call is differentiable
-    (see the module's documentation) unless out=, lse= or stream= is given or it has packed
-    documents.
+    (see the module's documentation) unless out=, lse= or stream= is given.
     """
     variant = _variant_spec(window, softcap, prefix, score_mod, mask_mod, score_mod_grad)
     if alibi_slopes is not None:
@@ -434,23 +434,30 @@ def _attention_varlen(q, k, v, causal, scale, layout, out, return_lse, lse, conf
                       deterministic, variant, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
                       max_seqlen_q, max_seqlen_k):
     """attention() of packed variable-length documents: the extension's forward over the
-    (1, total, heads, head_dim) views of q, k, v with the offsets (forward only)."""
+    (1, total, heads, head_dim) views of q, k, v with the offsets; torch tensors that need a
+    gradient (without out=, lse= or stream=) through _torch's autograd node."""
     max_seqlen_q, max_seqlen_k = _check_varlen(q, k, v, layout, cu_seqlens_q, cu_seqlens_k,
                                                max_seqlen_q, max_seqlen_k)
-    if deterministic:
-        raise InvalidArgumentError("deterministic= applies to the backward, which packed "
-                                   "variable-length documents do not have yet")
+    documents = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     kind = _framework(q)
     if kind == "torch":
         torch = _sys.modules["torch"]
         if torch.is_grad_enabled() and any(
                 getattr(x, "requires_grad", False) for x in (q, k, v, alibi_slopes)):
-            raise UnsupportedError(
-                "packed variable-length documents (cu_seqlens) have no backward in Python yet (the "
-                "C++ API has it on the CPU backend), and q, k, "
-                "v or alibi_slopes requires grad: run the forward under torch.no_grad() or on "
-                "detached tensors")
+            if out is not None or lse is not None or stream is not None:
+                raise InvalidArgumentError(
+                    "out=, lse= and stream= do not support autograd, and q, k, v or alibi_slopes "
+                    "requires grad: leave them out for a differentiable call, or call under "
+                    "torch.no_grad()")
+            return _torch_module().attention_varlen(q, k, v, causal, scale, return_lse,
+                                                    deterministic, config, variant,
+                                                    alibi_slopes, documents)
         alibi_slopes = None if alibi_slopes is None else _detached(alibi_slopes)
+    if deterministic:
+        raise InvalidArgumentError(
+            "deterministic= applies to the backward of torch autograd calls (torch tensors that "
+            "require grad, without out=, lse= or stream=); pass it to attention_backward() "
+            "otherwise")
     if out is not None:
         _check_array("out", out)
         if tuple(out.shape) != tuple(q.shape):
@@ -527,7 +534,8 @@ def decode(q, k_cache, v_cache, *, seqlens_k=None, block_table=None, causal=Fals
 def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, layout="bshd",
                        deterministic=False, dq=None, dk=None, dv=None, config=None, stream=None,
                        window=None, softcap=None, alibi_slopes=None, prefix=0, score_mod=None,
-                       mask_mod=None, score_mod_grad=None):
+                       mask_mod=None, score_mod_grad=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                       max_seqlen_q=None, max_seqlen_k=None):
     """Attention backward: the gradients dq, dk, dv of a loss L given do = dL/do, where
     o = attention(q, k, v, causal=causal, scale=scale) (FlashAttention-2's algorithm: the
     probabilities are recomputed from q, k and the forward's log-sum-exp, never stored).
@@ -546,15 +554,31 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, layout=
     stream: CUDA stream override, as for attention().
     window, softcap, alibi_slopes, prefix, score_mod, mask_mod: the forward's attention variant,
        as for attention(); score_mod_grad: with a score_mod (required), d score_mod / d score.
-       (Packed documents: not in Python yet.)
+    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: packed variable-length documents, as
+       for attention(): q, o, do (and dq) (total_q, heads, head_dim), k, v (dk, dv) (total_k,
+       heads_kv, head_dim), lse the forward's packed (heads * total_q,); each document's
+       gradients are those of its own attention (rows past the last document: dq, dk, dv left as
+       they were).
     Returns (dq, dk, dv).
     """
     variant = _variant_spec(window, softcap, prefix, score_mod, mask_mod, score_mod_grad)
+    documents = None
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        documents = (cu_seqlens_q, cu_seqlens_k) + _check_varlen(
+            q, k, v, layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    return _attention_backward(q, k, v, o, lse, do, causal, scale, layout, deterministic, dq, dk,
+                               dv, config, stream, variant, alibi_slopes, documents)
+
+
+def _attention_backward(q, k, v, o, lse, do, causal, scale, layout, deterministic, dq, dk, dv,
+                        config, stream, variant, alibi_slopes, documents):
+    """attention_backward() with the variant as _variant_spec's tuple and packed documents as
+    (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) (checked; None: none)."""
     if alibi_slopes is not None:
         _check_array("alibi_slopes", alibi_slopes)
     kind = _framework(q)
-    if (lse is not None and _all_torch(q, k, v, o, lse, do) and dq is None and dk is None and
-            dv is None and config is None and stream is None):
+    if (documents is None and lse is not None and _all_torch(q, k, v, o, lse, do) and
+            dq is None and dk is None and dv is None and config is None and stream is None):
         return _torch_module().attention_backward(q, k, v, o, lse, do, causal, scale, layout,
                                                   bool(deterministic), variant, alibi_slopes)
     for name, x in (("q", q), ("k", k), ("v", v), ("o", o), ("do", do)):
@@ -594,11 +618,29 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, layout=
         if jax is not None:
             jax.block_until_ready((q, k, v, o, lse, do))
         synchronize = True
+    given = (dq, dk, dv)
+    packed = ()
+    if documents is not None:
+        # One (1, total, heads, head_dim) sequence each; lse as the forward's (1, heads, total_q).
+        for name, x in (("o", o), ("do", do), ("dq", dq), ("dk", dk), ("dv", dv)):
+            if x is not None and len(x.shape) != 3:
+                raise InvalidArgumentError(
+                    f"{name}.shape = {tuple(x.shape)}: packed variable-length documents take "
+                    f"(total, heads, head_dim) arrays")
+        if lse is not None and (len(lse.shape) != 1 or lse.shape[0] != q.shape[0] * q.shape[1]):
+            raise InvalidArgumentError(f"lse.shape = {tuple(lse.shape)}: must be the forward's "
+                                       f"(heads * total_q,) = ({q.shape[0] * q.shape[1]},)")
+        q, k, v, o, do, dq, dk, dv = (None if x is None else x[None]
+                                      for x in (q, k, v, o, do, dq, dk, dv))
+        lse = None if lse is None else lse.reshape(1, q.shape[2], q.shape[1])
+        packed = documents
     made = _C.attention_backward(
         q, k, v, o, lse, do, dq, dk, dv, bool(causal), scale, layout, bool(deterministic), config,
         0 if handle is None else handle, synchronize, "jax" if kind == "jax" else "numpy", variant,
-        alibi_slopes)
-    return tuple(given if fresh is None else fresh for fresh, given in zip(made, (dq, dk, dv)))
+        alibi_slopes, *packed)
+    if documents is not None:
+        made = tuple(None if x is None else x[0] for x in made)
+    return tuple(mine if fresh is None else fresh for fresh, mine in zip(made, given))
 
 
 def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,

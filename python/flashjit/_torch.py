@@ -27,6 +27,9 @@ three paths, forward and backward: the backward gets the forward's variant (and 
 derivative); the forward kernel's variant leaves score_mod_grad out (_forward_variant). ALiBi's
 slopes get no gradient: slopes that require grad raise UnsupportedError (_refuse_slopes_grad)
 rather than record a node whose gradient would silently be None.
+
+Packed variable-length documents (cu_seqlens) take none of the three: with a gradient needed,
+_VarlenAttention (eager only) runs the extension's varlen forward and backward directly.
 """
 import atexit
 from typing import Optional, Tuple
@@ -238,6 +241,39 @@ class _Attention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None
 
 
+class _VarlenAttention(torch.autograd.Function):
+    """Packed variable-length documents (flashjit.attention with cu_seqlens_q / _k): the
+    extension's varlen forward and backward (flashjit._attention_varlen and _attention_backward,
+    not the prepared calls of the fast path); saves q, k, v, o, lse. `documents`:
+    (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), checked."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, deterministic, config, variant, alibi_slopes,
+                documents):
+        from . import _attention_varlen
+
+        o, lse = _attention_varlen(q, k, v, causal, scale, "bshd", None, True, None, config, None,
+                                   False, _forward_variant(variant), alibi_slopes, *documents)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.options = (causal, scale, deterministic, variant, alibi_slopes, documents)
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        from . import _attention_backward
+
+        causal, scale, deterministic, variant, alibi_slopes, documents = ctx.options
+        q, k, v, o, lse = ctx.saved_tensors
+        # Zeros: the rows past the last document get no gradient (the kernels leave them). do
+        # may be a broadcast view (sum().backward()): the kernels read a contiguous last axis.
+        dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))
+        _attention_backward(q, k, v, o, lse, do.contiguous(), causal, scale, "bshd",
+                            deterministic, dq, dk, dv, None, None, variant, alibi_slopes,
+                            documents)
+        return dq, dk, dv, None, None, None, None, None, None, None
+
+
 # --- custom operators (torch.compile, torch.export) -------------------------------------------
 
 # The variant travels through the operator as its fields (a schema has no mixed tuples):
@@ -389,6 +425,26 @@ def attention(q, k, v, causal, scale, layout, return_lse, deterministic, config,
                                   alibi_slopes)
     else:
         o, lse, _, _ = _forward(q, k, v, causal, scale, layout, config, variant, alibi_slopes)
+    return (o, lse) if return_lse else o
+
+
+def attention_varlen(q, k, v, causal, scale, return_lse, deterministic, config, variant,
+                     alibi_slopes, documents):
+    """flashjit.attention of packed documents for torch tensors that need a gradient (without
+    out=, lse= or stream=): differentiable in eager mode (ALiBi's slopes excepted)."""
+    q, k, v = _autocast(q, k, v)
+    _check_cuda_dtype(q)
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    if alibi_slopes is not None and alibi_slopes.requires_grad:
+        _refuse_slopes_grad(variant, alibi_slopes)
+    if torch.compiler.is_compiling():
+        raise _C.UnsupportedError(
+            "packed variable-length documents (cu_seqlens) with autograd under torch.compile: "
+            "not yet (no custom operator for them); call flashjit.attention outside the compiled "
+            "region (torch.compiler.disable) or without gradients")
+    o, lse = _VarlenAttention.apply(q, k, v, causal, scale, bool(deterministic), config, variant,
+                                    alibi_slopes, documents)
     return (o, lse) if return_lse else o
 
 

@@ -289,7 +289,9 @@ Status make_varlen_call(Call& call, const ArrayInfo& cu_seqlens_q, const ArrayIn
   p.batch = static_cast<int64_t>(entries) - 1;
   p.seqlen_q = max_seqlen_q;
   p.seqlen_k = max_seqlen_k;
-  for (Strides* s : {&p.q_strides, &p.k_strides, &p.v_strides, &p.o_strides}) s->batch = 0;
+  for (Strides* s : {&p.q_strides, &p.k_strides, &p.v_strides, &p.o_strides, &p.do_strides,
+                     &p.dq_strides, &p.dk_strides, &p.dv_strides})
+    s->batch = 0;
   return validate(p);
 }
 

@@ -99,11 +99,11 @@ Result<Call> check_decode_arrays(const ArrayInfo& q, const ArrayInfo& k_cache,
                                  const ArrayInfo* seqlens_k, const ArrayInfo* out,
                                  const ArrayInfo* lse, bool causal, std::optional<double> scale);
 
-// Makes a forward `call` over q, k, v of shapes (1, total, heads, head_dim) (the packed 3-D
-// arrays of a varlen call, viewed with a batch axis of 1) a problem of packed variable-length
-// documents (Variant::varlen): cu_seqlens_q and cu_seqlens_k int32 (num_docs + 1,) contiguous on
-// q's device, max_seqlen_q / _k the longest document's lengths. The offsets' values are device
-// data, checked by the CPU backend before a launch only.
+// Makes a forward or backward `call` over q, k, v (o, do, dq, dk, dv) of shapes (1, total,
+// heads, head_dim) (the packed 3-D arrays of a varlen call, viewed with a batch axis of 1) a
+// problem of packed variable-length documents (Variant::varlen): cu_seqlens_q and cu_seqlens_k
+// int32 (num_docs + 1,) contiguous on q's device, max_seqlen_q / _k the longest document's
+// lengths. The offsets' values are device data, checked by the CPU backend before a launch only.
 Status make_varlen_call(Call& call, const ArrayInfo& cu_seqlens_q, const ArrayInfo& cu_seqlens_k,
                         int64_t max_seqlen_q, int64_t max_seqlen_k);
 

@@ -227,10 +227,14 @@ nb::tuple attention_backward(InArray q, InArray k, InArray v, InArray o, std::op
                              const std::string& layout, bool deterministic,
                              std::optional<std::string> config, uintptr_t stream, bool synchronize,
                              const std::string& framework, std::optional<nb::tuple> variant,
-                             std::optional<InArray> alibi_slopes) {
-  const Call call = prepare_backward(q, k, v, o, lse, d_o, dq ? &*dq : nullptr, dk ? &*dk : nullptr,
-                                     dv ? &*dv : nullptr, causal, scale, layout, deterministic,
-                                     variant_of(variant), alibi_slopes ? &*alibi_slopes : nullptr);
+                             std::optional<InArray> alibi_slopes,
+                             std::optional<InArray> cu_seqlens_q,
+                             std::optional<InArray> cu_seqlens_k, int64_t max_seqlen_q,
+                             int64_t max_seqlen_k) {
+  Call call = prepare_backward(q, k, v, o, lse, d_o, dq ? &*dq : nullptr, dk ? &*dk : nullptr,
+                               dv ? &*dv : nullptr, causal, scale, layout, deterministic,
+                               variant_of(variant), alibi_slopes ? &*alibi_slopes : nullptr);
+  with_documents(call, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   std::shared_ptr<Runtime> runtime = runtimes().get(call.place);
   // A gradient the caller did not pass: contiguous, with its input's shape (prepare_backward
   // gave the problem those strides).
@@ -255,6 +259,10 @@ nb::tuple attention_backward(InArray q, InArray k, InArray v, InArray o, std::op
   args.dk = data[1];
   args.dv = data[2];
   if (alibi_slopes) args.alibi_slopes = static_cast<const float*>(alibi_slopes->data());
+  if (cu_seqlens_q) {
+    args.cu_seqlens_q = static_cast<const int32_t*>(cu_seqlens_q->data());
+    args.cu_seqlens_k = static_cast<const int32_t*>(cu_seqlens_k->data());
+  }
   prepared(call, config).launch(args, stream, synchronize);
   return nb::make_tuple(made[0], made[1], made[2]);
 }

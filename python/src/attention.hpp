@@ -92,7 +92,10 @@ nb::tuple decode(InArray q, InArray k_cache, InArray v_cache, std::optional<InAr
 
 // The backward pass: writes dq, dk, dv from q, k, v, o, lse and do. Returns (dq, dk, dv) as
 // allocated here: None for each the caller passed. The kernel's fp32 workspace is its own (per
-// stream, grown when needed).
+// stream, grown when needed). cu_seqlens_q / _k (both or neither): packed variable-length
+// documents, as attention(): q, k, v, o, do (dq, dk, dv) the (1, total, heads, head_dim) views of
+// the packed arrays, lse the (1, heads_q, total_q) view of the forward's packed (heads_q *
+// total_q,) one.
 nb::tuple attention_backward(InArray q, InArray k, InArray v, InArray o, std::optional<InArray> lse,
                              InArray d_o, std::optional<OutArray> dq, std::optional<OutArray> dk,
                              std::optional<OutArray> dv, bool causal, std::optional<double> scale,
@@ -100,7 +103,10 @@ nb::tuple attention_backward(InArray q, InArray k, InArray v, InArray o, std::op
                              std::optional<std::string> config, uintptr_t stream, bool synchronize,
                              const std::string& framework,
                              std::optional<nb::tuple> variant = std::nullopt,
-                             std::optional<InArray> alibi_slopes = std::nullopt);
+                             std::optional<InArray> alibi_slopes = std::nullopt,
+                             std::optional<InArray> cu_seqlens_q = std::nullopt,
+                             std::optional<InArray> cu_seqlens_k = std::nullopt,
+                             int64_t max_seqlen_q = 0, int64_t max_seqlen_k = 0);
 
 // The config attention() (pass_ "fwd") or attention_backward() ("bwd") would launch for q, k, v
 // (packed documents: the (1, total, heads, head_dim) views and both offsets, as attention())

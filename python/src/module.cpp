@@ -63,7 +63,9 @@ NB_MODULE(_flashjit, m) {
         nb::arg("dk").none(), nb::arg("dv").none(), nb::arg("causal"), nb::arg("scale").none(),
         nb::arg("layout"), nb::arg("deterministic"), nb::arg("config").none(), nb::arg("stream"),
         nb::arg("synchronize"), nb::arg("framework"), nb::arg("variant").none() = nb::none(),
-        nb::arg("alibi_slopes").none() = nb::none());
+        nb::arg("alibi_slopes").none() = nb::none(), nb::arg("cu_seqlens_q").none() = nb::none(),
+        nb::arg("cu_seqlens_k").none() = nb::none(), nb::arg("max_seqlen_q") = 0,
+        nb::arg("max_seqlen_k") = 0);
   // Prepared calls (python/flashjit/_torch.py keeps one per shapes/strides/dtypes/device/options).
   nb::class_<Prepared>(m, "Prepared")
       .def("forward", &Prepared::forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"),

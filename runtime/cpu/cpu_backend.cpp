@@ -290,7 +290,8 @@ class CpuBackwardKernel final : public Kernel {
  private:
   BackwardWorkspace layout(const AttentionProblem& problem) const {
     return backward_workspace(problem, config_,
-                              cpu_backward_dq_splits(config_, problem, pool_->threads()));
+                              cpu_backward_dq_splits(config_, problem, pool_->threads()),
+                              /*packed_documents=*/false);  // templates/cpu: per document
   }
 
   Status run_phases(const FlashjitAttentionParams& params, int64_t query_items,

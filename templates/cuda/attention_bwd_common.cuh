@@ -104,4 +104,33 @@ __device__ __forceinline__ void backward_dq_convert(const FlashjitAttentionParam
   }
 }
 
+#ifdef FLASHJIT_VARIANT
+#if FLASHJIT_VARIANT_VARLEN
+// Packed variable-length documents (FA2's varlen), as the forward's attention_forward_varlen:
+// every backward kernel has a *_varlen entry (these two, and at the end of each family's
+// template) that the renderer calls instead. The CTA of (block, head, document blockIdx.z) turns
+// the params into the document's view (templates/attention_variant.h, document_tile_view: q, k,
+// v, o, lse, dO, dQ, dK, dV at its rows, its lengths as seqlen_q / seqlen_k), so that masks, the
+// causal diagonal and the variant's band are per document and no load or store crosses into
+// another document. The workspace is packed by document (runtime/launch_params.hpp,
+// backward_workspace): each document's rows of each head are its own, padded to a multiple of
+// 128, and document_tile_view points the kernels' [document, head, row] index at them. The row
+// kernels' CTAs past the document's rows exit.
+template <int HEAD_DIM, bool IS_BF16>
+__device__ __forceinline__ void backward_preprocess_varlen(const FlashjitAttentionParams& params) {
+  FlashjitAttentionParams document = params;
+  if (flashjit_variant::document_tile_view(document, blockIdx.z, blockIdx.x * kBackwardRows, -1, 2,
+                                           (HEAD_DIM + 63) / 64 * 64))
+    backward_preprocess<HEAD_DIM, IS_BF16>(document);
+}
+
+template <int HEAD_DIM, bool IS_BF16>
+__device__ __forceinline__ void backward_dq_convert_varlen(const FlashjitAttentionParams& params) {
+  FlashjitAttentionParams document = params;
+  if (flashjit_variant::document_tile_view(document, blockIdx.z, blockIdx.x * kBackwardRows, -1, 2,
+                                           (HEAD_DIM + 63) / 64 * 64))
+    backward_dq_convert<HEAD_DIM, IS_BF16>(document);
+}
+#endif
+#endif
 }  // namespace flashjit_kernel

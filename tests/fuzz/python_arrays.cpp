@@ -91,9 +91,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool causal = options & 8;
   std::optional<double> scale;
   if (options & 16) scale = static_cast<double>(static_cast<int8_t>(in.byte())) / 8.0;
-  const uint8_t given = in.byte();                              // which optional arrays are given
-  const bool decode = !backward && (options & 64);              // flashjit.decode: a K/V cache
-  const bool varlen = !backward && !decode && (options & 128);  // cu_seqlens (forward)
+  const uint8_t given = in.byte();                  // which optional arrays are given
+  const bool decode = !backward && (options & 64);  // flashjit.decode: a K/V cache
+  const bool varlen = !decode && (options & 128);   // cu_seqlens
 
   // (batch, seqlen, heads, head_dim) as bytes: small shapes, the interesting ones.
   const std::vector<size_t> q_base = {size_t{in.byte()} % 5 + 1, size_t{in.byte()} + 1,

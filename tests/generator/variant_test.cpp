@@ -89,8 +89,8 @@ TEST(Variant, ContiguousKvOnlyAndBackwardRules) {
   v.softcap = 30.f;
   AttentionProblem p = problem_with(v).with_pass(Pass::Backward);
   EXPECT_TRUE(validate(p).ok());  // the backward takes variants (CPU, CUDA mma)
-  // Its score_mod needs a derivative; packed documents have no backward yet
-  // (tests/runtime/cpu/cpu_backward_variant_test.cpp checks the messages in full).
+  // Its score_mod needs a derivative (tests/runtime/cpu/cpu_backward_variant_test.cpp checks the
+  // messages in full).
   v.score_mod = "score * 2.0f";
   expect_error(problem_with(v).with_pass(Pass::Backward), ErrorCode::InvalidArgument,
                "needs score_mod_grad");

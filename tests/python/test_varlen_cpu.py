@@ -3,13 +3,17 @@ max_seqlen_q=, max_seqlen_k=)) on the CPU backend: documents of 1, 17, ~1000 row
 seqlen_q != seqlen_k both ways, GQA, causal, a window + softcap and a mask_mod reading the
 document index, against the fp64 reference of each document alone (conftest's
 reference_variant_attention on its slices); out poisoned with NaN (every document row written,
-the spare rows past the last document untouched); the packed lse layout; typed errors."""
+the spare rows past the last document untouched); the packed lse layout; typed errors. The
+backward likewise (flashjit.attention_backward with the offsets, numpy, both dQ modes): each
+document's gradients against conftest's reference_gradients of that document, dq, dk, dv poisoned
+(torch autograd of packed documents: test_variants_backward_torch.py)."""
 import numpy as np
 import pytest
 
 import flashjit
-from conftest import (lse_error, reference_variant_attention, relative_error, require_cpu_backend,
-                      seed)
+from conftest import (gradient_tolerance, lse_error, reference_gradients,
+                      reference_variant_attention, relative_error, require_cpu_backend,
+                      require_cpu_backward, seed)
 
 MAX_REL = 1e-2
 MAX_LSE = 2e-3
@@ -144,13 +148,80 @@ def test_four_axis_arrays_are_refused():
         flashjit.attention(q, q, q, cu_seqlens_q=offsets([8]), cu_seqlens_k=offsets([8]))
 
 
-def test_torch_autograd_is_refused():
-    require_cpu_backend()
-    torch = pytest.importorskip("torch")
-    q = torch.randn(8, 2, 64, requires_grad=True)
-    cu = torch.tensor([0, 8], dtype=torch.int32)
-    with pytest.raises(flashjit.UnsupportedError, match="no backward"):
-        flashjit.attention(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu)
-    with torch.no_grad():
-        out = flashjit.attention(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu)
-    assert out.shape == (8, 2, 64) and torch.isfinite(out).all()
+def reference_gradients_per_document(q, k, v, do, cu_q, cu_k, causal):
+    """fp64 (dq, dk, dv) over the document rows, each document's gradients of its own attention
+    (a document without queries or keys: zeros)."""
+    dq = np.zeros((int(cu_q[-1]),) + q.shape[1:])
+    dk = np.zeros((int(cu_k[-1]),) + k.shape[1:])
+    dv = np.zeros((int(cu_k[-1]),) + v.shape[1:])
+    for b in range(len(cu_q) - 1):
+        q0, q1, k0, k1 = int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b]), int(cu_k[b + 1])
+        if q1 == q0 or k1 == k0:
+            continue
+        grads = reference_gradients(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1],
+                                    do[None, q0:q1], causal=causal)
+        dq[q0:q1], dk[k0:k1], dv[k0:k1] = (g[0] for g in grads)
+    return dq, dk, dv
+
+
+BACKWARD_CASES = [
+    # (id, q lengths, k lengths, spare rows, heads_q, heads_kv, causal, dtype)
+    ("mixed-gqa", [1, 17, 300, 0, 5, 40], [1, 40, 280, 3, 0, 12], 7, 4, 2, False, np.float32),
+    ("mixed-gqa-causal", [1, 17, 300, 0, 5, 40], [1, 40, 280, 3, 0, 12], 0, 4, 2, True,
+     np.float32),
+    ("mqa-causal-q>k-f16", [33, 70], [20, 70], 3, 2, 1, True, np.float16),
+]
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "det"])
+@pytest.mark.parametrize("case", BACKWARD_CASES, ids=[c[0] for c in BACKWARD_CASES])
+def test_backward_matches_the_reference_per_document(case, deterministic):
+    require_cpu_backward()
+    name, q_lengths, k_lengths, spare, heads_q, heads_kv, causal, dtype = case
+    rng = np.random.default_rng(seed("varlen-backward", name))
+    cu_q, cu_k = offsets(q_lengths), offsets(k_lengths)
+    total_q, total_k = int(cu_q[-1]) + spare, int(cu_k[-1]) + spare
+    q = rng.standard_normal((total_q, heads_q, 64)).astype(dtype)
+    k = rng.standard_normal((total_k, heads_kv, 64)).astype(dtype)
+    v = rng.standard_normal((total_k, heads_kv, 64)).astype(dtype)
+    do = rng.standard_normal(q.shape).astype(dtype)
+    documents = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(q_lengths),
+                     max_seqlen_k=max(k_lengths))
+    o, lse = flashjit.attention(q, k, v, causal=causal, return_lse=True, **documents)
+    dq = np.full(q.shape, np.nan, dtype=dtype)  # poisoned
+    dk = np.full(k.shape, np.nan, dtype=dtype)
+    dv = np.full(v.shape, np.nan, dtype=dtype)
+    flashjit.attention_backward(q, k, v, o, lse, do, causal=causal, deterministic=deterministic,
+                                dq=dq, dk=dk, dv=dv, **documents)
+    refs = reference_gradients_per_document(q, k, v, do, cu_q, cu_k, causal)
+    rows_q, rows_k = int(cu_q[-1]), int(cu_k[-1])
+    for label, mine, ref, rows in (("dq", dq, refs[0], rows_q), ("dk", dk, refs[1], rows_k),
+                                   ("dv", dv, refs[2], rows_k)):
+        assert relative_error(mine[:rows], ref) < gradient_tolerance(q.dtype), label
+        assert np.all(np.isnan(mine[rows:])), label  # the spare rows: untouched
+    # Allocated gradients: the same values.
+    fresh = flashjit.attention_backward(q, k, v, o, lse, do, causal=causal,
+                                        deterministic=deterministic, **documents)
+    for mine, given, rows in zip(fresh, (dq, dk, dv), (rows_q, rows_k, rows_k)):
+        assert mine.shape == given.shape
+        assert relative_error(mine[:rows], given[:rows].astype(np.float64)) < 1e-6
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(lse=np.zeros(5, np.float32)), ["lse.shape = (5,)", "(heads * total_q,) = (16,)"]),
+    (dict(do=np.zeros((1, 8, 2, 64), np.float16)), ["do.shape = (1, 8, 2, 64)"]),
+    (dict(cu_seqlens_k=None), ["cu_seqlens_k is None"]),
+], ids=lambda x: repr(x)[:40] if isinstance(x, dict) else None)
+def test_backward_bad_arguments_raise_typed_errors(kwargs, words):
+    require_cpu_backward()
+    q = np.zeros((8, 2, 64), np.float16)
+    call = dict(lse=np.zeros(16, np.float32), do=q, cu_seqlens_q=offsets([4, 4]),
+                cu_seqlens_k=offsets([4, 4]))
+    call.update(kwargs)
+    if call["cu_seqlens_k"] is None:
+        call.pop("cu_seqlens_k")
+    lse, do = call.pop("lse"), call.pop("do")
+    with pytest.raises(flashjit.InvalidArgumentError) as error:
+        flashjit.attention_backward(q, q, q, q, lse, do, **call)
+    for word in words:
+        assert word in str(error.value)

@@ -12,7 +12,9 @@
 #include "generator/render.hpp"
 #include "runtime/launch_params.hpp"
 #include "support/cuda_emulator.hpp"
+#include "support/emulated_entry.hpp"
 #include "support/reference.hpp"
+#include "support/variant_cases.hpp"  // Gradients
 
 namespace flashjit::testing {
 
@@ -29,12 +31,9 @@ inline void register_inputs(const HostInputs& inputs) {
     register_global(inputs.alibi_slopes.data(), inputs.alibi_slopes.size() * sizeof(float));
 }
 
-struct Gradients {
-  std::vector<uint16_t> dq, dk, dv;  // whole spans
-};
-
 // The backward's launch sequence (render.hpp's contract, as runtime/cuda/cuda_backend.cpp
 // launches it): preprocess, dK/dV, then the convert or the dQ kernel, over one workspace.
+// Packed documents: the offsets from inputs.cu_seqlens_q / _k.
 template <class K>
 std::string run_backward(const AttentionProblem& problem, const AttentionConfig& config,
                          const HostInputs& inputs, Gradients* out) {
@@ -56,6 +55,8 @@ std::string run_backward(const AttentionProblem& problem, const AttentionConfig&
   args.dk = dk.data();
   args.dv = dv.data();
   args.alibi_slopes = inputs.alibi_slopes.empty() ? nullptr : inputs.alibi_slopes.data();
+  args.cu_seqlens_q = inputs.cu_seqlens_q.data();
+  args.cu_seqlens_k = inputs.cu_seqlens_k.data();
   FlashjitAttentionParams params = make_launch_params(problem, args);
   // A 256-byte aligned start within the vector, as the runtime's allocations are.
   auto* base = reinterpret_cast<unsigned char*>(workspace.data());
@@ -65,34 +66,37 @@ std::string run_backward(const AttentionProblem& problem, const AttentionConfig&
   register_global(base, layout.bytes);
 
   const int batch = static_cast<int>(problem.batch), heads_q = static_cast<int>(problem.heads_q);
-  const CudaGrid rows{static_cast<int>(layout.seqlen_q_rounded / kBackwardPreprocessRows), heads_q,
-                      batch};
+  const CudaGrid rows{
+      static_cast<int>(round_to_row_blocks(problem.seqlen_q) / kBackwardPreprocessRows), heads_q,
+      batch};
   const bool bf16 = K::kIsBf16;
   constexpr int kD = K::kHeadDim;
   std::string error = emulate_cuda(rows, kBackwardPreprocessThreads, 16, [&] {
     if (bf16)
-      flashjit_kernel::backward_preprocess<kD, true>(params);
+      flashjit_kernel::FLASHJIT_EMULATED_ENTRY(backward_preprocess)<kD, true>(params);
     else
-      flashjit_kernel::backward_preprocess<kD, false>(params);
+      flashjit_kernel::FLASHJIT_EMULATED_ENTRY(backward_preprocess)<kD, false>(params);
   });
   if (!error.empty()) return "preprocess: " + error;
   const CudaGrid dkdv{static_cast<int>((problem.seqlen_k + K::kBlockN - 1) / K::kBlockN),
                       static_cast<int>(problem.heads_kv), batch};
-  error = emulate_cuda(dkdv, K::kThreads, K::kSmemBytes,
-                       [&] { flashjit_kernel::attention_backward_dkdv<K>(params); });
+  error = emulate_cuda(dkdv, K::kThreads, K::kSmemBytes, [&] {
+    flashjit_kernel::FLASHJIT_EMULATED_ENTRY(attention_backward_dkdv)<K>(params);
+  });
   if (!error.empty()) return "dK/dV kernel: " + error;
   if (K::kDqAtomic) {
     error = emulate_cuda(rows, kBackwardPreprocessThreads, 16, [&] {
       if (bf16)
-        flashjit_kernel::backward_dq_convert<kD, true>(params);
+        flashjit_kernel::FLASHJIT_EMULATED_ENTRY(backward_dq_convert)<kD, true>(params);
       else
-        flashjit_kernel::backward_dq_convert<kD, false>(params);
+        flashjit_kernel::FLASHJIT_EMULATED_ENTRY(backward_dq_convert)<kD, false>(params);
     });
   } else {
     const CudaGrid queries{static_cast<int>((problem.seqlen_q + K::kBlockM - 1) / K::kBlockM),
                            heads_q, batch};
-    error = emulate_cuda(queries, K::kDqThreads, K::kDqSmemBytes,
-                         [&] { flashjit_kernel::attention_backward_dq<K>(params); });
+    error = emulate_cuda(queries, K::kDqThreads, K::kDqSmemBytes, [&] {
+      flashjit_kernel::FLASHJIT_EMULATED_ENTRY(attention_backward_dq)<K>(params);
+    });
   }
   if (!error.empty()) return "dQ kernel: " + error;
   for (const auto* tensor : {&dq, &dk, &dv}) {

@@ -7,11 +7,14 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "generator/backward_config_sm90.hpp"
 #include "runtime/launch_params.hpp"
+#include "support/emulated_entry.hpp"
 #include "support/sm90_emulator.hpp"
+#include "support/variant_cases.hpp"  // Gradients
 #include "tuner/reference.hpp"
 
 namespace flashjit::testing {
@@ -26,10 +29,12 @@ struct Sm90BackwardOutcome {
 };
 
 // One backward call of config K on `problem`: host preprocess, emulated kernels, host convert.
+// The gradients' whole spans (poisoned before) into `gradients`; the emulator's error, "" when it
+// ran.
 template <class K>
-Sm90BackwardOutcome run_sm90_backward(const AttentionProblem& p, const AttentionConfig& config,
-                                      const HostInputs& in, const Reference& ref) {
-  Sm90BackwardOutcome out;
+std::string run_sm90_backward_gradients(const AttentionProblem& p, const AttentionConfig& config,
+                                        const HostInputs& in, Gradients* gradients) {
+  std::string error;
   std::vector<uint16_t> dq = poisoned_storage(p.dq_span(), p.dtype);
   std::vector<uint16_t> dk = poisoned_storage(p.dkv_span(), p.dtype);
   std::vector<uint16_t> dv = poisoned_storage(p.dkv_span(), p.dtype);
@@ -45,6 +50,8 @@ Sm90BackwardOutcome run_sm90_backward(const AttentionProblem& p, const Attention
   args.dk = dk.data();
   args.dv = dv.data();
   args.alibi_slopes = in.alibi_slopes.empty() ? nullptr : in.alibi_slopes.data();
+  args.cu_seqlens_q = in.cu_seqlens_q.data();
+  args.cu_seqlens_k = in.cu_seqlens_k.data();
   FlashjitAttentionParams params = make_launch_params(p, args);
   const BackwardWorkspace layout = backward_workspace(p, config);
   std::vector<unsigned char> workspace(layout.bytes + kWorkspaceAlign, 0xFF);
@@ -53,58 +60,77 @@ Sm90BackwardOutcome run_sm90_backward(const AttentionProblem& p, const Attention
       (kWorkspaceAlign - reinterpret_cast<uintptr_t>(workspace.data()) % kWorkspaceAlign);
   bind_workspace(params, layout, aligned);
 
-  // The preprocess, as cuda/attention_bwd_common.cuh defines it.
+  // Entry b's rows: packed documents (p.variant.varlen) start at their offset, with their own
+  // length, and their lse is the packed [heads_q, len] block at heads_q * offset.
+  auto first_row = [&](int64_t b) { return p.variant.varlen ? in.cu_seqlens_q[b] : int64_t{0}; };
+  auto rows = [&](int64_t b) {
+    return p.variant.varlen ? in.cu_seqlens_q[b + 1] - in.cu_seqlens_q[b] : p.seqlen_q;
+  };
+  auto lse_at = [&](int64_t b, int64_t h, int64_t row) {
+    return p.variant.varlen ? p.heads_q * first_row(b) + h * rows(b) + row
+                            : (b * p.heads_q + h) * p.seqlen_q + row;
+  };
+  // The preprocess, as cuda/attention_bwd_common.cuh defines it (per document: its own rows,
+  // padded to the workspace's blocks of 128, where the workspace layout puts them).
   const int dp = padded_head_dim(p.head_dim);
+  const int32_t* cu_seqlens_q = in.cu_seqlens_q.data();
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t h = 0; h < p.heads_q; ++h)
-      for (int64_t row = 0; row < layout.seqlen_q_rounded; ++row) {
-        const int64_t at = (b * p.heads_q + h) * layout.seqlen_q_rounded + row;
+      for (int64_t row = 0; row < round_to_row_blocks(rows(b)); ++row) {
+        const int64_t at = layout.row(p, cu_seqlens_q, b, h, row);
+        const bool valid = row < rows(b);
         float dot = 0;
-        if (row < p.seqlen_q)
+        if (valid)
           for (int c = 0; c < p.head_dim; ++c)
             dot = std::fma(
-                element_value(in.o.data(), storage_offset(p.o_strides, b, row, h) + c, p.dtype),
-                element_value(in.d_o.data(), storage_offset(p.do_strides, b, row, h) + c, p.dtype),
+                element_value(in.o.data(),
+                              storage_offset(p.o_strides, b, first_row(b) + row, h) + c, p.dtype),
+                element_value(in.d_o.data(),
+                              storage_offset(p.do_strides, b, first_row(b) + row, h) + c, p.dtype),
                 dot);
-        params.delta[at] = row < p.seqlen_q ? dot : 0.f;
-        params.lse_log2[at] =
-            row < p.seqlen_q ? lse[(b * p.heads_q + h) * p.seqlen_q + row] * 1.4426950408889634f
-                             : HUGE_VALF;
+        params.delta[at] = valid ? dot : 0.f;
+        params.lse_log2[at] = valid ? lse[lse_at(b, h, row)] * 1.4426950408889634f : HUGE_VALF;
         if (params.dq_accum)
           for (int c = 0; c < dp; ++c) params.dq_accum[at * dp + c] = 0.f;
       }
 
   const Sm90Grid dkdv_grid{static_cast<int>((p.seqlen_k + config.block_n - 1) / config.block_n),
                            static_cast<int>(p.heads_kv), static_cast<int>(p.batch)};
-  out.error = emulate_sm90(dkdv_grid, wgmma_backward_dkdv_threads(config),
-                           wgmma_backward_dkdv_smem_bytes(config, p),
-                           [&] { flashjit_kernel::attention_backward_sm90_dkdv<K>(params); });
-  if (!out.error.empty()) {
-    out.error = "dK/dV kernel: " + out.error;
-    return out;
-  }
+  error = emulate_sm90(
+      dkdv_grid, wgmma_backward_dkdv_threads(config), wgmma_backward_dkdv_smem_bytes(config, p),
+      [&] { flashjit_kernel::FLASHJIT_EMULATED_ENTRY(attention_backward_sm90_dkdv)<K>(params); });
+  if (!error.empty()) return "dK/dV kernel: " + error;
   if (config.dq == DqMode::Atomic) {
     // The convert, as cuda/attention_bwd_common.cuh defines it: dq = scale * dq_accum.
     for (int64_t b = 0; b < p.batch; ++b)
       for (int64_t h = 0; h < p.heads_q; ++h)
-        for (int64_t row = 0; row < p.seqlen_q; ++row)
+        for (int64_t row = 0; row < rows(b); ++row)
           for (int c = 0; c < p.head_dim; ++c) {
-            const int64_t at = ((b * p.heads_q + h) * layout.seqlen_q_rounded + row) * dp + c;
-            set_element(dq.data(), storage_offset(p.dq_strides, b, row, h) + c,
+            const int64_t at = layout.row(p, cu_seqlens_q, b, h, row) * dp + c;
+            set_element(dq.data(), storage_offset(p.dq_strides, b, first_row(b) + row, h) + c,
                         params.dq_accum[at] * params.scale, p.dtype);
           }
   } else {
     const Sm90Grid dq_grid{static_cast<int>((p.seqlen_q + config.block_m - 1) / config.block_m),
                            static_cast<int>(p.heads_q), static_cast<int>(p.batch)};
-    out.error = emulate_sm90(dq_grid, wgmma_backward_dq_threads(config),
-                             wgmma_backward_dq_smem_bytes(config, p),
-                             [&] { flashjit_kernel::attention_backward_sm90_dq<K>(params); });
-    if (!out.error.empty()) {
-      out.error = "dQ kernel: " + out.error;
-      return out;
-    }
+    error = emulate_sm90(
+        dq_grid, wgmma_backward_dq_threads(config), wgmma_backward_dq_smem_bytes(config, p),
+        [&] { flashjit_kernel::FLASHJIT_EMULATED_ENTRY(attention_backward_sm90_dq)<K>(params); });
+    if (!error.empty()) return "dQ kernel: " + error;
   }
-  out.comparison = compare_gradients(p, dq, dk, dv, ref);
+  *gradients = Gradients{std::move(dq), std::move(dk), std::move(dv)};
+  return "";
+}
+
+// run_sm90_backward_gradients, its gradients compared with `ref`.
+template <class K>
+Sm90BackwardOutcome run_sm90_backward(const AttentionProblem& p, const AttentionConfig& config,
+                                      const HostInputs& in, const Reference& ref) {
+  Sm90BackwardOutcome out;
+  Gradients gradients;
+  out.error = run_sm90_backward_gradients<K>(p, config, in, &gradients);
+  if (out.error.empty())
+    out.comparison = compare_gradients(p, gradients.dq, gradients.dk, gradients.dv, ref);
   return out;
 }
 

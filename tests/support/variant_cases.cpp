@@ -163,18 +163,21 @@ AttentionProblem varlen_emulation_problem(DType dtype, int head_dim, bool causal
   return varlen_problem({{1}, {1}, 0}, 1, 1, head_dim, dtype, causal);
 }
 
+namespace {
+const VarlenCase kVarlenCases[] = {
+    {{1}, {1}, 0},
+    // 17 queries of 5 keys (rows that see none), empty documents, more keys than queries.
+    {{17, 0, 3, 100, 1}, {5, 4, 0, 130, 1}, 9},
+    {{70, 40}, {40, 70}, 3},
+    // One document much longer than the others (several query blocks: the other documents'
+    // tiles at those blocks start past their ends).
+    {{5, 300, 33}, {300, 260, 1}, 4},
+};
+}  // namespace
+
 void check_varlen_emulation(DType dtype, int head_dim, const VarlenRun& run, bool causal) {
-  const VarlenCase cases[] = {
-      {{1}, {1}, 0},
-      // 17 queries of 5 keys (rows that see none), empty documents, more keys than queries.
-      {{17, 0, 3, 100, 1}, {5, 4, 0, 130, 1}, 9},
-      {{70, 40}, {40, 70}, 3},
-      // One document much longer than the others (several query blocks: the other documents'
-      // tiles at those blocks start past their ends).
-      {{5, 300, 33}, {300, 260, 1}, 4},
-  };
   uint64_t seed = 3;
-  for (const VarlenCase& c : cases)
+  for (const VarlenCase& c : kVarlenCases)
     for (const auto& [heads_q, heads_kv] : {std::pair<int64_t, int64_t>{2, 2}, {4, 1}}) {
       const AttentionProblem problem =
           varlen_problem(c, heads_q, heads_kv, head_dim, dtype, causal);
@@ -189,6 +192,53 @@ void check_varlen_emulation(DType dtype, int head_dim, const VarlenRun& run, boo
       const Comparison result = compare(problem, o, lse, reference_attention(problem, inputs));
       EXPECT_TRUE(matches_reference(result)) << problem.to_string();
       EXPECT_EQ(result.o_padding_written, 0) << problem.to_string();
+    }
+}
+
+void check_varlen_backward_emulation(DType dtype, int head_dim, bool causal_window,
+                                     const VarlenBackwardRun& run) {
+  uint64_t seed = 5;
+  for (const VarlenCase& c : kVarlenCases)
+    for (const auto& [heads_q, heads_kv] : {std::pair<int64_t, int64_t>{2, 2}, {4, 1}}) {
+      const AttentionProblem problem =
+          varlen_problem(c, heads_q, heads_kv, head_dim, dtype, causal_window)
+              .with_pass(Pass::Backward);
+      ASSERT_TRUE(validate(problem).ok()) << validate(problem).error().describe();
+      HostInputs inputs = random_inputs(problem, seed++);
+      inputs.cu_seqlens_q = cu_seqlens_of(c.q);
+      inputs.cu_seqlens_k = cu_seqlens_of(c.k);
+      set_forward_outputs(problem, inputs);
+      const int64_t rows_q = inputs.cu_seqlens_q.back(), total_q = problem.variant.total_q;
+      poison_keys(problem, inputs, inputs.cu_seqlens_k.back(), problem.variant.total_k);
+      for (int64_t row = rows_q; row < total_q; ++row)
+        for (int64_t h = 0; h < problem.heads_q; ++h)
+          for (int col = 0; col < problem.head_dim; ++col) {
+            set_element(inputs.q.data(),
+                        row * problem.q_strides.seq + h * problem.q_strides.head + col, NAN, dtype);
+            set_element(inputs.o.data(),
+                        row * problem.o_strides.seq + h * problem.o_strides.head + col, NAN, dtype);
+            set_element(inputs.d_o.data(),
+                        row * problem.do_strides.seq + h * problem.do_strides.head + col, NAN,
+                        dtype);
+          }
+      std::fill(inputs.lse.begin() + problem.heads_q * rows_q, inputs.lse.end(),
+                std::numeric_limits<float>::quiet_NaN());
+      Gradients out;
+      ASSERT_EQ(run(problem, inputs, &out), "") << problem.to_string();
+      const GradientComparison comparison =
+          compare_gradients(problem, out.dq, out.dk, out.dv, reference_attention(problem, inputs));
+      EXPECT_TRUE(within_tolerance(comparison, gradient_tolerance(dtype)))
+          << problem.to_string() << ": " << comparison.to_string();
+      // The spare rows past the last document are left as they were (poisoned).
+      auto untouched = [](const std::vector<uint16_t>& tensor, int64_t from) {
+        for (size_t i = static_cast<size_t>(from); i < tensor.size(); ++i)
+          if (tensor[i] != kPoisonBits) return false;
+        return true;
+      };
+      EXPECT_TRUE(untouched(out.dq, rows_q * problem.dq_strides.seq)) << problem.to_string();
+      const int64_t rows_k = inputs.cu_seqlens_k.back();
+      EXPECT_TRUE(untouched(out.dk, rows_k * problem.dk_strides.seq)) << problem.to_string();
+      EXPECT_TRUE(untouched(out.dv, rows_k * problem.dv_strides.seq)) << problem.to_string();
     }
 }
 

@@ -54,7 +54,25 @@ inline constexpr int kVarlenEmulationWindowLeft = 30;
 using VarlenRun = std::function<std::string(const AttentionProblem&, const HostInputs&,
                                             std::vector<uint16_t>* o, std::vector<float>* lse)>;
 // One problem of the cases above (the first: a single document of one row), for the defines check.
+// causal false: the packed documents alone, not causal and without the window (the tests' second
+// builds, support/emulated_varlen.h with FLASHJIT_EMULATED_VARLEN_NON_CAUSAL).
 AttentionProblem varlen_emulation_problem(DType dtype, int head_dim, bool causal = true);
 void check_varlen_emulation(DType dtype, int head_dim, const VarlenRun& run, bool causal = true);
+
+// The CUDA backward varlen emulation tests (mma and wgmma): check_varlen_emulation's documents
+// and GQA, the backward problem of each (causal with the window (30, -1), or with causal_window
+// false the documents alone, not causal) against the fp64 reference gradients per document. `run`
+// launches the emulated backward (preprocess, dK/dV, convert or dQ kernel) and returns the whole
+// spans of dq, dk and dv, written into poisoned buffers: every document row must be written and the
+// spare rows past the last document left alone. The spare rows of q, o and dO, their lse and the
+// spare keys are NaN, so a tile that reads past its document fails. It returns the emulator's error
+// ("" when it ran).
+struct Gradients {  // a backward call's dq, dk, dv: whole spans of raw storage
+  std::vector<uint16_t> dq, dk, dv;
+};
+using VarlenBackwardRun =
+    std::function<std::string(const AttentionProblem&, const HostInputs&, Gradients* out)>;
+void check_varlen_backward_emulation(DType dtype, int head_dim, bool causal_window,
+                                     const VarlenBackwardRun& run);
 
 }  // namespace flashjit::testing

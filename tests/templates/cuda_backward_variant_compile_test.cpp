@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "generator/backward_config.hpp"
@@ -207,6 +209,77 @@ TEST(CudaBackwardVariantCompile, WgmmaVariantsCompileWithoutSerialization) {
         outcomes[base].dkdv.spill_store_bytes, outcomes[i].dq.registers,
         outcomes[i].dq.spill_store_bytes, outcomes[base].dq.registers,
         outcomes[base].dq.spill_store_bytes);
+  }
+}
+
+// Packed variable-length documents (varlen): the *_varlen entries of the mma family (sm80: the
+// default and register-heaviest tiles in both dQ modes) and of the wgmma family (sm90a: the plain
+// problem's default wgmma tile in both dQ modes, every wgmma tile with FLASHJIT_COMPILE_ALL=1;
+// named configs) compile, alone and with a window +
+// softcap, spilling no more than the plain backward of the same tile (plus the bound above with
+// the softcap's chain factor), with no larger stack frame than the plain kernel (the document's
+// copy of the params in registers) and (wgmma) no serialized wgmma.
+TEST(CudaBackwardVariantCompile, VarlenCompilesOnTheMmaAndWgmmaFamilies) {
+  const AttentionProblem plain =
+      AttentionProblem::make(1, 16, 16, 4096, 4096, 128, DType::BF16, /*causal=*/true)
+          .with_pass(Pass::Backward);
+  const AttentionProblem varlen =
+      AttentionProblem::make_varlen(8, 16, 16, 4096, 4096, 20000, 20000, 128, DType::BF16, true)
+          .with_pass(Pass::Backward);
+  AttentionProblem windowed = varlen;
+  windowed.variant.window_left = 1024;
+  windowed.variant.softcap = 30.f;
+  const DeviceSpec sm80 = known_device("sm80").value(), sm90 = known_device("sm90").value();
+  std::vector<AttentionConfig> wgmma_tiles;
+  if (compile_all()) {
+    wgmma_tiles = legal_backward_configs(plain, sm90);
+    std::erase_if(wgmma_tiles,
+                  [](const AttentionConfig& c) { return c.family != KernelFamily::Wgmma; });
+  } else {
+    AttentionConfig tile = default_backward_config(plain, sm90).value();
+    ASSERT_EQ(tile.family, KernelFamily::Wgmma) << tile.to_string();
+    for (DqMode dq : {DqMode::Atomic, DqMode::Separate}) {
+      tile.dq = dq;
+      wgmma_tiles.push_back(tile);
+    }
+  }
+  std::vector<Job> jobs;  // (plain, varlen, windowed) per tile
+  const std::vector<AttentionConfig> mma_tiles = tiles_of(varlen, sm80);
+  ASSERT_FALSE(mma_tiles.empty());
+  for (const auto& [tiles, arch] : {std::pair{mma_tiles, 80}, std::pair{wgmma_tiles, 90}})
+    for (const AttentionConfig& tile : tiles) {
+      EXPECT_EQ(tile.family, arch == 80 ? KernelFamily::Mma : KernelFamily::Wgmma);
+      jobs.push_back({"plain", plain, tile, arch});
+      jobs.push_back({"varlen", varlen, tile, arch});
+      jobs.push_back({"varlen_window_softcap", windowed, tile, arch});
+    }
+  const std::vector<Outcome> outcomes =
+      testing::parallel_map<Outcome>(jobs.size(), [&](size_t i) { return compile(jobs[i]); });
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const std::string where =
+        jobs[i].label + " sm" + std::to_string(jobs[i].arch) + " " + jobs[i].config.to_string();
+    ASSERT_EQ(outcomes[i].error, "") << where;
+    ASSERT_GT(outcomes[i].dkdv.registers, 0) << where << ": no ptxas report of dK/dV";
+    EXPECT_FALSE(outcomes[i].wgmma_serialized) << where << ": ptxas serialized the wgmmas";
+    const Outcome& base = outcomes[i / 3 * 3];
+    const int bound = jobs[i].label == "varlen" ? 0 : kMaxExtraSpillBytes;
+    for (const auto& [kernel, report, plain_report] :
+         {std::tuple{"dK/dV", outcomes[i].dkdv, base.dkdv},
+          std::tuple{"dQ", outcomes[i].dq, base.dq}}) {
+      EXPECT_LE(report.spill_store_bytes, plain_report.spill_store_bytes + bound)
+          << where << " " << kernel;
+      EXPECT_LE(report.stack_frame_bytes, plain_report.stack_frame_bytes + bound)
+          << where << " " << kernel;
+    }
+    std::printf(
+        "  %-22s sm%d %-18s dK/dV %3d registers, %3d spilled, %3d stack (plain %3d, %3d, %3d); "
+        "dQ %3d, %3d, %3d (plain %3d, %3d, %3d)\n",
+        jobs[i].label.c_str(), jobs[i].arch, jobs[i].config.to_string().c_str(),
+        outcomes[i].dkdv.registers, outcomes[i].dkdv.spill_store_bytes,
+        outcomes[i].dkdv.stack_frame_bytes, base.dkdv.registers, base.dkdv.spill_store_bytes,
+        base.dkdv.stack_frame_bytes, outcomes[i].dq.registers, outcomes[i].dq.spill_store_bytes,
+        outcomes[i].dq.stack_frame_bytes, base.dq.registers, base.dq.spill_store_bytes,
+        base.dq.stack_frame_bytes);
   }
 }
 

@@ -61,6 +61,8 @@ TEST(VerificationProblem, KeepsTheSignatureVariantAndLayout) {
         return p;
       }(),
       prefill.with_pass(Pass::Backward),
+      AttentionProblem::make_varlen(7, 16, 4, 2000, 2500, 9000, 11000, 128, DType::F16, true)
+          .with_pass(Pass::Backward),
   };
   for (const AttentionProblem& problem : problems) {
     SCOPED_TRACE(problem.to_string());
@@ -124,8 +126,11 @@ TEST_F(TunerVariantCpuTest, VariantProblemsAreTunedStoredUnderTheirKeyAndServed)
   const AttentionProblem plain = AttentionProblem::make(1, 4, 2, 96, 96, 32, DType::F32, true);
   Variant alibi;
   alibi.alibi = true;
-  const std::vector<AttentionProblem> variants = {with_variant(plain, window_softcap()),
-                                                  with_variant(plain, alibi)};
+  // (The varlen backward: its offsets uploaded with the backward's inputs, tensor_specs.)
+  const std::vector<AttentionProblem> variants = {
+      with_variant(plain, window_softcap()), with_variant(plain, alibi),
+      AttentionProblem::make_varlen(3, 4, 2, 40, 40, 100, 100, 32, DType::F32, true)
+          .with_pass(Pass::Backward)};
   const DeviceFingerprint device = backend_->fingerprint();
   std::vector<AttentionConfig> chosen;
   {
@@ -158,7 +163,7 @@ TEST_F(TunerVariantCpuTest, VariantProblemsAreTunedStoredUnderTheirKeyAndServed)
     // Stamped with the variant templates' version, current.
     Result<std::vector<TuningStore::Entry>> entries = (*store)->entries();
     ASSERT_TRUE(entries.ok());
-    ASSERT_EQ(entries->size(), 2u);
+    ASSERT_EQ(entries->size(), variants.size());
     for (const TuningStore::Entry& entry : *entries) {
       EXPECT_EQ(entry.generator, variant_generator_version_of(entry.device));
       EXPECT_TRUE(entry.current);
