@@ -66,7 +66,7 @@
 #          on the wgmma and -ws forwards and on the mma and wgmma backwards, and the decode with
 #          4 splits (the fused combine), paged and contiguous; every run --backend cuda. Each
 #          run's last lines in sanitize/<case>.log and a PASSED/FAILED line per case in
-#          sanitize.log. 216 runs; about 3-6 minutes on an H100 (126 took ~1 minute).
+#          sanitize.log. 210 runs; about 3-6 minutes on an H100 (126 took ~1 minute).
 #   sanitize-cases  the sweep's case list only (TOOL NAME FLAGS... per line), from the flashjit
 #          binary $FLASHJIT (default build-device/flashjit): no build, no GPU (a dry run)
 #   py-tests   the Python module: pip install --no-build-isolation --target build-device/pysite .

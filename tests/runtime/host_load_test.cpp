@@ -35,11 +35,36 @@ TEST(HostLoadProbe, ReadsTheRunQueueDelayOfEveryThreadOfTheProcess) {
 #endif
   std::thread sleeper([] { std::this_thread::sleep_for(std::chrono::milliseconds(200)); });
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  const auto delays = thread_run_delays_ns();
+  const auto waits = thread_run_delays();
   sleeper.join();
-  EXPECT_GE(delays.size(), 2u);
-  EXPECT_TRUE(delays.count(getpid())) << "the main thread's id is the process id";
-  for (const auto& [tid, ns] : delays) EXPECT_GE(ns, 0) << tid;
+  EXPECT_GE(waits.size(), 2u);
+  ASSERT_TRUE(waits.count(getpid())) << "the main thread's id is the process id";
+  EXPECT_GE(waits.at(getpid()).slices, 1) << "the main thread has run";
+  for (const auto& [tid, w] : waits) {
+    EXPECT_GE(w.delay_ns, 0) << tid;
+    EXPECT_GE(w.slices, 0) << tid;
+  }
+}
+
+// The arithmetic: delays since the first reading, less a wake-up's allowance per slice, over
+// wall time x cores; a thread new since (or an id reused: counters that went back) from 0.
+TEST(HostLoadProbe, ShareOfTheCoresTheThreadsWaitedFor) {
+  const int64_t ms = 1000000;
+  const std::map<long, ThreadWaits> before = {{1, {5 * ms, 10}}, {2, {0, 0}}, {3, {9 * ms, 90}}};
+  // Thread 1 waited 2 ms over 4 slices, thread 2 1 ms over 1 slice, thread 3 is a new thread
+  // with 1 ms over 2 slices (its counters went back), thread 4 new: 3 ms over 2 slices.
+  const std::map<long, ThreadWaits> after = {
+      {1, {7 * ms, 14}}, {2, {1 * ms, 1}}, {3, {1 * ms, 2}}, {4, {3 * ms, 2}}};
+  const double allowance = static_cast<double>(kWakeupAllowanceNs);
+  const double waited = (2 * ms - 4 * allowance) + (1 * ms - allowance) + (1 * ms - 2 * allowance) +
+                        (3 * ms - 2 * allowance);
+  EXPECT_NEAR(disturbed_share_between(before, after, 100.0 * ms, 2), waited / (200.0 * ms), 1e-12);
+  // Wake-ups alone (each within the allowance) are no disturbance; a share is at most 1.
+  EXPECT_EQ(
+      disturbed_share_between({{1, {0, 0}}}, {{1, {kWakeupAllowanceNs * 100, 100}}}, 10.0 * ms, 1),
+      0.0);
+  EXPECT_EQ(disturbed_share_between({}, {{1, {50 * ms, 1}}}, 10.0 * ms, 1), 1.0);
+  EXPECT_EQ(disturbed_share_between(before, after, 0, 2), 0.0);
 }
 
 // The timing spins on every core beside as many busy processes: each core is shared by two

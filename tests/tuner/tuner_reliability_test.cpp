@@ -281,11 +281,8 @@ TEST_F(TunerTest, DeviceThatNeverGetsQuietKeepsThePreviousChoice) {
   backend_.busy = [](int) { return 0.4; };
   backend_.disturbance = [&](int) { return backend_.last_launched == default_ ? 3.0 : 1.0; };
   options.resume = false;
-  const auto start = std::chrono::steady_clock::now();
   Tuner busy(backend_, nullptr, store.get(), options);
   Result<TuneReport> report = busy.tune(problem_);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSERT_TRUE(report.ok()) << report.error().describe();
   EXPECT_TRUE(report->disturbed);
   EXPECT_NE(report->note.find("other work took up to 40% of"), std::string::npos) << report->note;
@@ -294,8 +291,9 @@ TEST_F(TunerTest, DeviceThatNeverGetsQuietKeepsThePreviousChoice) {
       << report->note;
   ASSERT_TRUE(report->choice);
   EXPECT_EQ(report->choice->config, others_[1]) << "a choice taken from a busy device";
-  EXPECT_GT(report->busy_batches, 0);
-  EXPECT_LT(seconds, 2.0) << "waited for quiet beyond quiet_wait_ms";
+  // Back-offs of 10 + 20 + 40 + 80 ms after the first four; the fifth's 160 would pass the
+  // 200 ms: that batch stands and the rest are taken as they come.
+  EXPECT_EQ(report->busy_batches, 5) << "waited for quiet beyond quiet_wait_ms";
   const ProblemKey key = ProblemKey::of(problem_);
   Result<std::optional<TuneChoice>> stored = store->choice(backend_.fingerprint(), key);
   ASSERT_TRUE(stored.ok() && stored->has_value());
