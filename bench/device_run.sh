@@ -61,8 +61,14 @@
 #          over one config of every CUDA family x head dim 64/128/256 x causal or not: the
 #          forward's mma, wgmma, -ws and -ws-pp-persist configs, the backward's mma and wgmma
 #          defaults (with the forward before them), the paged decode, and the mma forward with
-#          window + softcap + ALiBi; each run's last lines in sanitize/<case>.log and a
-#          PASSED/FAILED line per case in sanitize.log. About 5-8 minutes on an H100.
+#          window + softcap + ALiBi; since issue 15's second sweep also the packed-documents
+#          forward (mma and wgmma: --docs 100,1,17,300), the variant (window + softcap + ALiBi)
+#          on the wgmma and -ws forwards and on the mma and wgmma backwards, and the decode with
+#          4 splits (the fused combine), paged and contiguous; every run --backend cuda. Each
+#          run's last lines in sanitize/<case>.log and a PASSED/FAILED line per case in
+#          sanitize.log. 210 runs; about 3-6 minutes on an H100 (126 took ~1 minute).
+#   sanitize-cases  the sweep's case list only (TOOL NAME FLAGS... per line), from the flashjit
+#          binary $FLASHJIT (default build-device/flashjit): no build, no GPU (a dry run)
 #   py-tests   the Python module: pip install --no-build-isolation --target build-device/pysite .
 #              (the machine's python3 with torch, nanobind, scikit-build-core; no C++ build), then
 #              the Python tests on the GPU (tests/python, FLASHJIT_EXPECT_GPU=1): ~3 minutes
@@ -106,11 +112,80 @@ what="${1:-all}"
 DTYPES="${DTYPES:-bf16}"
 ctest_regex="${2:-}"
 case "$what" in
-  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|sanitize|py|py-tests|py-bench|py-torch|decode|concurrent|variants) ;;
+  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|sanitize|sanitize-cases|py|py-tests|py-bench|py-torch|decode|concurrent|variants) ;;
   *) echo "usage: bench/device_run.sh [tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|" \
-       "ws-sanitize|sanitize|decode|concurrent|variants|py|py-tests|py-bench|py-torch] [CTEST_REGEX]" >&2
+       "ws-sanitize|sanitize|sanitize-cases|decode|concurrent|variants|py|py-tests|py-bench|py-torch] [CTEST_REGEX]" >&2
      exit 2 ;;
 esac
+
+# sanitize_cases FLASHJIT: the compute-sanitizer sweep's runs, one line each: TOOL NAME FLAGS...
+# (the flags of `flashjit run`), configs picked from FLASHJIT's plans for sm90.
+sanitize_cases() {
+  local flashjit=$1
+  local small="--batch 1 --heads 4 --seqlen 300"
+  local variant="--causal --window 100,-1 --softcap 30 --alibi"
+  local docs="--heads 4 --docs 100,1,17,300"  # a 1-key document, partial tiles
+  local decode="--batch 3 --heads 8 --kv-heads 2 --seqlen-q 1 --seqlen-k 3000"
+  first_legal() {  # first_legal PLAN SUFFIX_REGEX: the first legal config whose suffix matches
+    awk -v re="$2" '$NF == "legal" && $1 ~ /^m[0-9]+n[0-9]+w[0-9]+s[0-9]+/ {
+      name = $1; sub(/^m[0-9]+n[0-9]+w[0-9]+s[0-9]+/, "", name); if (name ~ re) { print $1; exit } }' <<<"$1"
+  }
+  for d in 64 128 256; do
+    local plan="$flashjit plan --arch sm90 --head-dim $d"
+    local fwd_plan bwd_plan docs_plan var_plan bwd_var_plan decode_plan
+    fwd_plan=$($plan)
+    bwd_plan=$($plan --pass bwd)
+    docs_plan=$($plan $docs)
+    var_plan=$($plan $small $variant)
+    bwd_var_plan=$($plan --pass bwd $small $variant)
+    decode_plan=$($plan $decode)
+    local mma wgmma ws bwd_mma bwd_wgmma docs_mma docs_wgmma var_wgmma var_ws bwd_var_mma
+    local bwd_var_wgmma decode_tile
+    mma=$(first_legal "$fwd_plan" '^$')
+    wgmma=$(first_legal "$fwd_plan" '^-wgmma$')
+    ws=$(sed -n 's/^-ws tile: \([^ ]*\).*/\1/p' <<<"$fwd_plan")
+    bwd_mma=$(first_legal "$bwd_plan" '^(-[a-z]+)?$')
+    bwd_wgmma=$(first_legal "$bwd_plan" '^-wgmma')
+    docs_mma=$(first_legal "$docs_plan" '^$')
+    docs_wgmma=$(first_legal "$docs_plan" '^-wgmma$')
+    var_wgmma=$(first_legal "$var_plan" '^-wgmma$')
+    var_ws=$(first_legal "$var_plan" '^-ws$')
+    bwd_var_mma=$(first_legal "$bwd_var_plan" '^$')
+    bwd_var_wgmma=$(first_legal "$bwd_var_plan" '^-wgmma$')
+    decode_tile=$(first_legal "$decode_plan" '^-decode$')
+    for causal in "" --causal; do
+      tag="d$d${causal:+-causal}"
+      for tool in memcheck racecheck synccheck; do
+        [[ -n "$mma" ]] && echo "$tool fwd-mma-$tag --config $mma --head-dim $d $small $causal"
+        [[ -n "$wgmma" ]] && echo "$tool fwd-wgmma-$tag --config $wgmma --head-dim $d $small $causal"
+        # 18 heads x 1000 rows: more tiles than 132 SMs, so persistent CTAs walk two.
+        [[ -n "$ws" ]] && echo "$tool fwd-ws-$tag --config $ws --head-dim $d --batch 1 --heads 18 --seqlen 1000 $causal"
+        [[ -n "$ws" ]] && echo "$tool fwd-ws-pp-persist-$tag --config $ws-pp-persist --head-dim $d --batch 1 --heads 18 --seqlen 1000 $causal"
+        [[ -n "$bwd_mma" ]] && echo "$tool bwd-mma-$tag --pass bwd --config $bwd_mma --head-dim $d $small $causal"
+        [[ -n "$bwd_wgmma" ]] && echo "$tool bwd-wgmma-$tag --pass bwd --config $bwd_wgmma --head-dim $d $small $causal"
+        [[ -n "$docs_mma" ]] && echo "$tool fwd-mma-docs-$tag --config $docs_mma --head-dim $d $docs $causal"
+        [[ -n "$docs_wgmma" ]] && echo "$tool fwd-wgmma-docs-$tag --config $docs_wgmma --head-dim $d $docs $causal"
+      done
+    done
+    for tool in memcheck racecheck synccheck; do
+      # Auto splits: 32 for this shape (the plan's splits(auto)); then 4 splits, paged and not.
+      echo "$tool decode-paged-d$d --head-dim $d $decode --page-size 64"
+      echo "$tool decode-paged-split4-d$d --head-dim $d $decode --page-size 64 --splits 4"
+      [[ -n "$decode_tile" ]] && echo "$tool decode-split4-d$d --config $decode_tile --head-dim $d $decode --splits 4"
+      echo "$tool fwd-mma-variant-d$d --config $mma --head-dim $d $small $variant"
+      [[ -n "$var_wgmma" ]] && echo "$tool fwd-wgmma-variant-d$d --config $var_wgmma --head-dim $d $small $variant"
+      [[ -n "$var_ws" ]] && echo "$tool fwd-ws-variant-d$d --config $var_ws --head-dim $d --batch 1 --heads 18 --seqlen 1000 $variant"
+      [[ -n "$bwd_var_mma" ]] && echo "$tool bwd-mma-variant-d$d --pass bwd --config $bwd_var_mma --head-dim $d $small $variant"
+      [[ -n "$bwd_var_wgmma" ]] && echo "$tool bwd-wgmma-variant-d$d --pass bwd --config $bwd_var_wgmma --head-dim $d $small $variant"
+    done
+    :  # a family without a legal config is no error (set -e, pipefail)
+  done | sed 's/ *$//'  # xargs -L continues a line that ends in a blank
+}
+
+if [[ "$what" == sanitize-cases ]]; then
+  sanitize_cases "${FLASHJIT:-build-device/flashjit}"
+  exit 0
+fi
 
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-$PWD/device-out}"
@@ -472,42 +547,13 @@ if [[ "$what" == sanitize ]]; then
   sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   mkdir -p "$OUT/sanitize"
   cases="build-device/sanitize-cases.txt"
-  : >"$cases"
-  small="--batch 1 --heads 4 --seqlen 300"
-  for d in 64 128 256; do
-    fwd_plan=$(build-device/flashjit plan --arch sm90 --head-dim "$d")
-    bwd_plan=$(build-device/flashjit plan --arch sm90 --head-dim "$d" --pass bwd)
-    first_legal() {  # first_legal PLAN SUFFIX_REGEX: the first legal config whose suffix matches
-      awk -v re="$2" '$NF == "legal" && $1 ~ /^m[0-9]+n[0-9]+w[0-9]+s[0-9]+/ {
-        name = $1; sub(/^m[0-9]+n[0-9]+w[0-9]+s[0-9]+/, "", name); if (name ~ re) { print $1; exit } }' <<<"$1"
-    }
-    mma=$(first_legal "$fwd_plan" '^$')
-    wgmma=$(first_legal "$fwd_plan" '^-wgmma$')
-    ws=$(sed -n 's/^-ws tile: \([^ ]*\).*/\1/p' <<<"$fwd_plan")
-    bwd_mma=$(first_legal "$bwd_plan" '^(-[a-z]+)?$')
-    bwd_wgmma=$(first_legal "$bwd_plan" '^-wgmma')
-    for causal in "" --causal; do
-      tag="d$d${causal:+-causal}"
-      for tool in memcheck racecheck synccheck; do
-        [[ -n "$mma" ]] && echo "$tool fwd-mma-$tag --config $mma --head-dim $d $small $causal"
-        [[ -n "$wgmma" ]] && echo "$tool fwd-wgmma-$tag --config $wgmma --head-dim $d $small $causal"
-        # 18 heads x 1000 rows: more tiles than 132 SMs, so persistent CTAs walk two.
-        [[ -n "$ws" ]] && echo "$tool fwd-ws-$tag --config $ws --head-dim $d --batch 1 --heads 18 --seqlen 1000 $causal"
-        [[ -n "$ws" ]] && echo "$tool fwd-ws-pp-persist-$tag --config $ws-pp-persist --head-dim $d --batch 1 --heads 18 --seqlen 1000 $causal"
-        [[ -n "$bwd_mma" ]] && echo "$tool bwd-mma-$tag --pass bwd --config $bwd_mma --head-dim $d $small $causal"
-        [[ -n "$bwd_wgmma" ]] && echo "$tool bwd-wgmma-$tag --pass bwd --config $bwd_wgmma --head-dim $d $small $causal"
-      done
-    done
-    for tool in memcheck racecheck synccheck; do
-      echo "$tool decode-paged-d$d --head-dim $d --batch 3 --heads 8 --kv-heads 2 --seqlen-q 1 --seqlen-k 3000 --page-size 64"
-      echo "$tool fwd-mma-variant-d$d --config $mma --head-dim $d $small --causal --window 100,-1 --softcap 30 --alibi"
-    done
-  done | sed 's/ *$//' >>"$cases"  # xargs -L continues a line that ends in a blank
+  sanitize_cases build-device/flashjit >"$cases"
   echo "$(wc -l <"$cases") sanitizer runs"
   run_case() {  # run_case TOOL NAME FLAGS...: one sanitizer run, its verdict line
     local tool=$1 name=$2
     shift 2
-    if timeout 300 "$sanitizer" --tool "$tool" --error-exitcode 3 build-device/flashjit run --reps 1 "$@" \
+    if timeout 300 "$sanitizer" --tool "$tool" --error-exitcode 3 build-device/flashjit run \
+        --backend cuda --reps 1 "$@" \
         >"$OUT/sanitize/$tool-$name.full" 2>&1; then
       echo "PASSED $tool $name"
       tail -n 4 "$OUT/sanitize/$tool-$name.full" >"$OUT/sanitize/$tool-$name.log"
@@ -521,7 +567,7 @@ if [[ "$what" == sanitize ]]; then
   export sanitizer OUT
   # First each config once without a sanitizer (fills the kernel cache: no NVRTC under the tools).
   awk '{ $1 = ""; $2 = ""; print }' "$cases" | sort -u |
-    xargs -P 16 -L 1 bash -c 'build-device/flashjit run --reps 1 "$@" >/dev/null 2>&1 ||
+    xargs -P 16 -L 1 bash -c 'build-device/flashjit run --backend cuda --reps 1 "$@" >/dev/null 2>&1 ||
       echo "plain run failed: $*"' _
   echo "== kernel cache filled at $((SECONDS - start)) s"
   xargs -P 12 -L 1 bash -c 'run_case "$@"' _ <"$cases" | tee "$OUT/sanitize.log"

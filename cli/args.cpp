@@ -75,8 +75,9 @@ std::vector<Flag> problem_flags() {
        "expression over the same variables (score: score_mod's input), e.g. '1.0f'"},
       {"docs", "L1,L2,...",
        "packed variable-length documents (cu_seqlens) of these lengths, queries and keys alike "
-       "(replaces --batch and --seqlen: num_docs, the longest, the total); run times documents "
-       "of the same count and total split evenly (the offsets are launch data)"},
+       "(replaces --batch and --seqlen: num_docs, the longest, the total); run launches these "
+       "documents (tune times documents of the same count and total split evenly: the offsets "
+       "are launch data)"},
   };
 }
 
@@ -264,17 +265,12 @@ Status apply_variant_flags(const ParsedFlags& flags, Variant& variant) {
   return ok_status();
 }
 
-namespace {
-
-// --docs L1,L2,...: `problem` made a problem of packed documents of those lengths (queries and
-// keys alike), its other fields as they are.
-Status apply_docs_flag(const ParsedFlags& flags, AttentionProblem& problem) {
+Result<std::vector<int32_t>> document_offsets_from_flags(const ParsedFlags& flags) {
+  std::vector<int32_t> offsets;
   std::optional<std::string> text = flags.get("docs");
-  if (!text) return ok_status();
-  if (problem.kv.paged())
-    return make_error(ErrorCode::InvalidArgument, "--docs and --page-size do not combine");
-  std::vector<int64_t> lengths;
+  if (!text) return offsets;
   int64_t total = 0;
+  offsets.push_back(0);
   for (size_t begin = 0; begin <= text->size();) {
     size_t end = text->find(',', begin);
     if (end == std::string::npos) end = text->size();
@@ -285,18 +281,34 @@ Status apply_docs_flag(const ParsedFlags& flags, AttentionProblem& problem) {
       return flag_error("docs", *text,
                         "must be document lengths L1,L2,... (integers >= 0, at most 2147483647 "
                         "in all)");
-    lengths.push_back(length);
+    offsets.push_back(static_cast<int32_t>(total));
     begin = end + 1;
   }
-  const int64_t longest = std::max<int64_t>(1, *std::max_element(lengths.begin(), lengths.end()));
-  AttentionProblem packed = AttentionProblem::make_varlen(
-      static_cast<int64_t>(lengths.size()), problem.heads_q, problem.heads_kv, longest, longest,
-      std::max<int64_t>(1, total), std::max<int64_t>(1, total), problem.head_dim, problem.dtype,
-      problem.causal);
+  return offsets;
+}
+
+namespace {
+
+// --docs L1,L2,...: `problem` made a problem of packed documents of those lengths (queries and
+// keys alike), its other fields as they are.
+Status apply_docs_flag(const ParsedFlags& flags, AttentionProblem& problem) {
+  if (!flags.has("docs")) return ok_status();
+  if (problem.kv.paged())
+    return make_error(ErrorCode::InvalidArgument, "--docs and --page-size do not combine");
+  Result<std::vector<int32_t>> offsets = document_offsets_from_flags(flags);
+  FLASHJIT_TRY(offsets);
+  int64_t longest = 1;
+  for (size_t i = 1; i < offsets->size(); ++i)
+    longest = std::max<int64_t>(longest, (*offsets)[i] - (*offsets)[i - 1]);
+  const int64_t total = std::max<int64_t>(1, offsets->back());
+  const int64_t documents = static_cast<int64_t>(offsets->size()) - 1;
+  AttentionProblem packed =
+      AttentionProblem::make_varlen(documents, problem.heads_q, problem.heads_kv, longest, longest,
+                                    total, total, problem.head_dim, problem.dtype, problem.causal);
   packed.pass = problem.pass;
   packed.variant = problem.variant;  // the other variant flags', then the documents'
   packed.variant.varlen = true;
-  packed.variant.total_q = packed.variant.total_k = std::max<int64_t>(1, total);
+  packed.variant.total_q = packed.variant.total_k = total;
   problem = packed;
   return ok_status();
 }

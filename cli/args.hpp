@@ -72,6 +72,9 @@ Status apply_variant_flags(const ParsedFlags& flags, Variant& variant);
 // sequence's to be distinct) with per-sequence lengths; nothing when the flag is absent. Errors
 // name the flag; a backward problem is InvalidArgument.
 Status apply_page_size_flag(const ParsedFlags& flags, AttentionProblem& problem);
+// --docs L1,L2,...: the documents' offsets (cu_seqlens: 0, L1, L1 + L2, ..., the total), empty
+// when the flag is absent. The error names the flag and the value.
+Result<std::vector<int32_t>> document_offsets_from_flags(const ParsedFlags& flags);
 
 // --config, or nullopt when absent.
 Result<std::optional<AttentionConfig>> config_from_flags(const ParsedFlags& flags);

@@ -550,6 +550,15 @@ int run_run(const ParsedFlags& flags) {
   auto tensors = allocate_tensors(backend, tensor_specs(*problem));
   if (!tensors.ok()) return report("run", tensors.error());
   Status filled = fill_for_timing(backend, *problem, *tensors, /*seed=*/1);
+  // --docs: the documents' own lengths (fill_for_timing splits their total evenly).
+  auto offsets = document_offsets_from_flags(flags);
+  if (!offsets.ok()) return report("run", offsets.error());
+  for (TensorRole role : {TensorRole::CuSeqlensQ, TensorRole::CuSeqlensK}) {
+    const DeviceBuffer* buffer = tensors->find(role);
+    if (!filled.ok() || offsets->empty() || buffer == nullptr) continue;
+    filled =
+        backend.copy_to_device(buffer->get(), offsets->data(), offsets->size() * sizeof(int32_t));
+  }
   if (!filled.ok()) return report("run", filled.error());
   const AttentionArgs args = tensors->args;
   AttentionArgs forward_args{args.q, args.k, args.v, args.o, args.lse};

@@ -162,6 +162,18 @@ class DeviceBuffer {
   std::function<void(void*)> release_;
 };
 
+// What else ran on a device during a timing, as the device itself can tell (the CPU backend: the
+// host's scheduler, runtime/host_load.hpp). start() opens a window (before a timed batch);
+// disturbed_share() says which share of the device's capacity other work took since then: 0 for
+// a quiet window, 1 when the timing got none of it (its threads waited for the cores the whole
+// time).
+class DisturbanceProbe {
+ public:
+  virtual ~DisturbanceProbe() = default;
+  virtual void start() = 0;
+  virtual double disturbed_share() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -211,6 +223,11 @@ class Backend {
   // fingerprint by default (identical GPUs of one machine then share a turn); the CUDA backend
   // names the GPU's PCI bus, the CPU backend's fingerprint is the host's.
   virtual std::string timing_device_id() const { return fingerprint().to_string(); }
+
+  // A probe of other work on the device during a timing (DisturbanceProbe), for the tuner to
+  // discard the batches it disturbed; null when the backend cannot see that (a GPU: there the
+  // tuner's disturbance check, tuner/tuner.hpp, compares repeated medians instead).
+  virtual std::unique_ptr<DisturbanceProbe> disturbance_probe() const { return nullptr; }
 };
 
 // A backend that runs the CUDA template: its config space is generator/config.hpp's on device().

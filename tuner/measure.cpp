@@ -1,7 +1,9 @@
 #include "tuner/measure.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <thread>
 
 namespace flashjit {
 
@@ -51,6 +53,35 @@ Result<int> warm_up(const Backend& backend, const std::function<Status()>& work,
   }
   return static_cast<int>(
       std::clamp(std::round(batch_ms / per_launch), 1.0, double{kMaxBatchReps}));
+}
+
+QuietTimer::QuietTimer(const Backend& backend, double max_share, double budget_ms)
+    : backend_(backend),
+      probe_(backend.disturbance_probe()),
+      max_share_(max_share),
+      budget_ms_(budget_ms) {}
+
+Result<double> QuietTimer::time_ms(const std::function<Status()>& work, int repetitions) {
+  constexpr double kFirstBackoffMs = 10, kLongestBackoffMs = 160;
+  for (;;) {
+    if (probe_ && !gave_up_) probe_->start();
+    Result<double> ms = backend_.time_ms(work, repetitions);
+    if (!ms.ok() || !probe_ || gave_up_) return ms;
+    const double share = probe_->disturbed_share();
+    if (share <= max_share_) {
+      backoff_ms_ = 0;
+      return ms;
+    }
+    ++discarded_;
+    worst_share_ = std::max(worst_share_, share);
+    backoff_ms_ = std::clamp(2 * backoff_ms_, kFirstBackoffMs, kLongestBackoffMs);
+    if (waited_ms_ + backoff_ms_ > budget_ms_) {
+      gave_up_ = true;  // this batch stands; the caller reports the timings disturbed
+      return ms;
+    }
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(backoff_ms_));
+    waited_ms_ += backoff_ms_;
+  }
 }
 
 }  // namespace flashjit

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "generator/error.hpp"
@@ -47,5 +48,33 @@ inline constexpr int kMaxBatchReps = 100000;
 // (1, after that one launch, when the first launch lasts warmup_ms and 2 * batch_ms already).
 Result<int> warm_up(const Backend& backend, const std::function<Status()>& work, double warmup_ms,
                     double batch_ms);
+
+// Times batches on a backend that can see other work on its device (Backend::disturbance_probe;
+// on others, plain backend.time_ms). A batch during which other work took more than `max_share`
+// of the device is discarded and timed again after a back-off (10 ms, doubling up to 160 ms, back
+// to 10 after a quiet batch), until the back-offs have used up `budget_ms` (one budget for the
+// timer's life: a tuner's problem): from then on the timer takes every batch as it comes and
+// gave_up() says that the device never got quiet.
+class QuietTimer {
+ public:
+  QuietTimer(const Backend& backend, double max_share, double budget_ms);
+  Result<double> time_ms(const std::function<Status()>& work, int repetitions);
+
+  bool gave_up() const { return gave_up_; }
+  int discarded() const { return discarded_; }
+  double worst_share() const { return worst_share_; }  // of the discarded batches
+  double waited_ms() const { return waited_ms_; }
+
+ private:
+  const Backend& backend_;
+  std::unique_ptr<DisturbanceProbe> probe_;
+  double max_share_;
+  double budget_ms_;
+  double backoff_ms_ = 0;
+  double waited_ms_ = 0;
+  int discarded_ = 0;
+  double worst_share_ = 0;
+  bool gave_up_ = false;
+};
 
 }  // namespace flashjit

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -172,6 +173,7 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
   run.progress.steps = static_cast<int>(run.configs.size()) + 1;
   auto finish = [&]() {
     mark_inflight(report.key, nullptr);
+    if (run.timer) report.busy_batches = run.timer->discarded();
     report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
     TuneProgress done = run.progress;
     done.phase = TuneProgress::Phase::Done;
@@ -207,9 +209,24 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
   run.batch_ms = options_.min_time_ms / options_.min_samples;
   run.samples.resize(run.configs.size());
 
+  run.timer =
+      std::make_unique<QuietTimer>(backend_, options_.max_disturbed_share, options_.quiet_wait_ms);
+
   FLASHJIT_TRY(first_pass(run));
   const std::vector<size_t> candidates = retime_candidates(run);
-  if (candidates.size() >= 2) FLASHJIT_TRY(retime_until_stable(run, candidates));
+  // Once the device was found busy beyond the wait, re-times would not be quiet either.
+  if (candidates.size() >= 2 && !run.timer->gave_up()) {
+    FLASHJIT_TRY(retime_until_stable(run, candidates));
+  }
+  if (run.timer->gave_up() && !run.report.disturbed) {
+    char share[16];
+    std::snprintf(share, sizeof(share), "%.0f%%", 100 * run.timer->worst_share());
+    FLASHJIT_TRY(mark_disturbed(
+        run, "other work took up to " + std::string(share) + " of " + device.name + " during " +
+                 std::to_string(run.timer->discarded()) + " timed batches, and " +
+                 std::to_string(static_cast<int>(std::lround(run.timer->waited_ms()))) +
+                 " ms of waiting did not see it end"));
+  }
   FLASHJIT_TRY(decide(run));
   return finish();
 }
@@ -328,7 +345,7 @@ Status Tuner::measure(ProblemRun& run, size_t i) {
     double total_ms = 0;
     while (status.ok()) {
       mark_inflight(key, &config);  // each batch a heartbeat: only a batch that never ends hangs
-      Result<double> sample = backend_.time_ms(work, m.reps);
+      Result<double> sample = run.timer->time_ms(work, m.reps);
       if (!sample.ok()) {
         status = sample.error();
         break;
@@ -447,7 +464,7 @@ Status Tuner::retime(ProblemRun& run, const std::vector<size_t>& candidates) {
     for (Candidate& c : runs) {
       if (c.failed) continue;
       mark_inflight(key, &run.configs[c.index]);
-      Result<double> sample = backend_.time_ms(c.work, c.reps);
+      Result<double> sample = run.timer->time_ms(c.work, c.reps);
       if (!sample.ok()) {
         FLASHJIT_TRY(device_health(run.configs[c.index].to_string() + " failed to launch"));
         c.failed = true;
@@ -508,11 +525,15 @@ Status Tuner::retime_until_stable(ProblemRun& run, const std::vector<size_t>& ca
     previous_samples = run.samples[d];
   }
   if (stable) return ok_status();
+  return mark_disturbed(run, "something else used " + backend_.device().name + ": the default " +
+                                 run.configs[d].to_string() + " measured " + medians + " ms");
+}
+
+Status Tuner::mark_disturbed(ProblemRun& run, const std::string& why) {
   TuneReport& report = run.report;
   report.disturbed = true;
   report.note =
-      "timings unstable (something else used " + backend_.device().name + "): the default " +
-      run.configs[d].to_string() + " measured " + medians + " ms; " +
+      "timings unstable (" + why + "); " +
       (run.stored_choice ? "the stored choice " + run.stored_choice->config.to_string() + " is kept"
                          : std::string("the default is stored as the choice")) +
       "; tune again when the device is quiet";

@@ -50,6 +50,10 @@
 // it if it agrees with the previous re-time. If it still does not, the timings are unstable: the
 // results are recorded with the note "disturbed" (the next run measures them again), the previous
 // stored choice is kept (or the default is stored as the choice) and TuneReport::disturbed is set.
+// A backend that sees other work on its device (Backend::disturbance_probe: the CPU, whose cores
+// other processes share) says so for every timed batch: a disturbed batch is discarded and timed
+// again after a back-off (TuneOptions::max_disturbed_share, quiet_wait_ms); when the device does
+// not get quiet within the wait, the problem's timings are unstable in the same way.
 //
 // Resume (options.resume, with a store): configs already recorded for (device, generator version,
 // key) are not measured again; a key that has a choice and a row for every legal config is taken
@@ -125,6 +129,12 @@ struct TuneOptions {
   std::string lock_dir;                 // its folder; empty: DeviceLock::default_dir()
   double disturbance_tolerance = 0.05;  // the default's two medians may differ by this fraction
   int max_retimes = 2;                  // re-time rounds when the default's medians disagree
+  // Where the backend sees other work on its device (Backend::disturbance_probe: the CPU), a
+  // timed batch during which other work took more than this share of it is timed again after a
+  // back-off, for at most quiet_wait_ms of back-offs per problem; after that the problem's
+  // timings are disturbed (tuner/measure.hpp QuietTimer).
+  double max_disturbed_share = 0.05;
+  double quiet_wait_ms = 3000;
   // Crash isolation (tuner/supervisor.hpp): where to write the config being launched
   // ("<key>\t<config>"; empty: nowhere), and the configs a previous worker died running, recorded
   // as LaunchFailed without a launch.
@@ -155,7 +165,10 @@ struct TuneReport {
   double noise_ms = 0;        // the margin a winner had to beat the default by
   bool kept_default = false;  // a faster config was within the noise, so the default stays
   bool resumed = false;       // taken from the store without measuring anything
-  bool disturbed = false;     // the default's re-timed medians never agreed: no choice from them
+  bool disturbed = false;     // the default's re-timed medians never agreed, or the device never
+                              // got quiet (busy_batches): no choice from them
+  int busy_batches = 0;       // timed batches discarded (and timed again) because other work
+                              // used the device (Backend::disturbance_probe)
   double seconds = 0;         // wall time spent on this problem
   std::string note;           // why there is no choice, or other remarks
 
@@ -206,6 +219,8 @@ class Tuner {
   std::vector<size_t> retime_candidates(const ProblemRun& run) const;
   Status retime(ProblemRun& run, const std::vector<size_t>& candidates);
   Status retime_until_stable(ProblemRun& run, const std::vector<size_t>& candidates);
+  // Unstable timings: no choice from them, every timing noted "disturbed" (why: the report's note).
+  Status mark_disturbed(ProblemRun& run, const std::string& why);
   Status decide(ProblemRun& run);
 
   std::shared_ptr<Slot> slot(const AttentionProblem& problem, const AttentionConfig& config);

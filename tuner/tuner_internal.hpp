@@ -6,10 +6,12 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "tuner/measure.hpp"
 #include "tuner/tuner.hpp"
 
 namespace flashjit::tuner_detail {
@@ -70,10 +72,11 @@ struct Tuner::ProblemRun {
   std::vector<std::optional<TuneResult>> results;  // by config: from the store, or measured
   std::vector<std::vector<double>> samples;        // by config: this run's timed samples
   std::optional<TuneChoice> stored_choice;
-  std::vector<AttentionArgs> sets;  // timing inputs, rotated between launches
-  double batch_ms = 0;              // the length of one timed batch
-  double best_ms = 0;               // the fastest median so far (the abandon rule's yardstick)
-  std::vector<size_t> retimed;      // configs the last re-time measured side by side
+  std::vector<AttentionArgs> sets;    // timing inputs, rotated between launches
+  double batch_ms = 0;                // the length of one timed batch
+  double best_ms = 0;                 // the fastest median so far (the abandon rule's yardstick)
+  std::vector<size_t> retimed;        // configs the last re-time measured side by side
+  std::unique_ptr<QuietTimer> timer;  // every timed batch of the problem (tuner/measure.hpp)
   TuneProgress progress;
 };
 

@@ -17,6 +17,7 @@
 #include "runtime/cpu/clang_jit.hpp"
 #include "runtime/cpu/cpu_decode_kernel.hpp"
 #include "runtime/cpu/cpu_info.hpp"
+#include "runtime/host_load.hpp"
 #include "runtime/launch_params.hpp"
 #include "runtime/workspace.hpp"
 #include "templates/attention_params.h"
@@ -468,6 +469,10 @@ Result<double> CpuBackend::time_ms(const std::function<Status()>& work, int repe
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   return ms / repetitions;
+}
+
+std::unique_ptr<DisturbanceProbe> CpuBackend::disturbance_probe() const {
+  return HostLoadProbe::create(pool_->threads());
 }
 
 }  // namespace flashjit::cpu

@@ -56,6 +56,9 @@ class CpuBackend final : public Backend {
   Result<double> time_ms(const std::function<Status()>& work, int repetitions) const override;
   // Clang runs on the same cores as the kernels.
   bool compiles_share_the_device() const override { return true; }
+  // The host's scheduler: how long the timing's threads waited for the pool's cores
+  // (runtime/host_load.hpp; null where the host does not say).
+  std::unique_ptr<DisturbanceProbe> disturbance_probe() const override;
 
  private:
   explicit CpuBackend(const CpuSpec& spec);

@@ -197,6 +197,24 @@ TEST(ProblemFromFlags, DocsArePackedDocuments) {
   EXPECT_EQ(problem_error({"--docs", "4,4", "--pass", "bwd"}), "");
 }
 
+// `flashjit run --docs` launches the documents' own lengths: their offsets (cu_seqlens).
+TEST(ProblemFromFlags, DocsGiveTheirOffsets) {
+  auto flags = parse("run", {"--docs", "100,1,17,300", "--head-dim", "64"});
+  ASSERT_TRUE(flags.ok()) << flags.error().message;
+  auto offsets = document_offsets_from_flags(*flags);
+  ASSERT_TRUE(offsets.ok()) << offsets.error().message;
+  EXPECT_EQ(*offsets, (std::vector<int32_t>{0, 100, 101, 118, 418}));
+  auto none = parse("run", {"--head-dim", "64"});
+  ASSERT_TRUE(none.ok());
+  ASSERT_TRUE(document_offsets_from_flags(*none).ok());
+  EXPECT_TRUE(document_offsets_from_flags(*none)->empty());
+  auto bad = parse("run", {"--docs", "7,-1"});
+  ASSERT_TRUE(bad.ok());
+  ASSERT_FALSE(document_offsets_from_flags(*bad).ok());
+  EXPECT_NE(document_offsets_from_flags(*bad).error().message.find("--docs = '7,-1'"),
+            std::string::npos);
+}
+
 TEST(ProblemFromFlags, PassAndDeterministic) {
   for (const char* command : {"plan", "show", "compile", "run"}) {
     auto defaults = parse(command, {});

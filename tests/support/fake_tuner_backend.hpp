@@ -119,6 +119,18 @@ class FakeBackend final : public CudaTemplateBackend {
     return ok_status();
   }
   bool compiles_share_the_device() const override { return shares_device; }
+  // With `busy` set, a probe that says `busy(batches timed so far)` of the device was taken by
+  // other work during each batch (as the CPU backend's host-load probe does).
+  std::unique_ptr<DisturbanceProbe> disturbance_probe() const override {
+    struct Probe final : DisturbanceProbe {
+      explicit Probe(const FakeBackend& backend) : backend(backend) {}
+      void start() override {}
+      double disturbed_share() override { return backend.busy(backend.timed_batches.load()); }
+      const FakeBackend& backend;
+    };
+    if (!busy) return nullptr;
+    return std::make_unique<Probe>(*this);
+  }
   Result<double> time_ms(const std::function<Status()>& work, int repetitions) const override {
     EXPECT_GE(repetitions, 1);
     if (compiling > 0) ++timed_while_compiling;
@@ -168,6 +180,7 @@ class FakeBackend final : public CudaTemplateBackend {
   bool shares_device = false;  // compiles_share_the_device(), as the CPU backend's
   bool slow_compiles = false;
   std::function<double(int)> disturbance;  // factor on every time, by batches timed so far
+  std::function<double(int)> busy;         // the probe's share, by batches timed so far
 
   mutable std::atomic<int> compiling{0};
   mutable std::atomic<int> timed_while_compiling{0};

@@ -237,6 +237,77 @@ TEST_F(TunerTest, DisturbedFirstPassIsRetimedAndDecidedOnQuietTimings) {
   EXPECT_TRUE(messages.empty()) << messages.front();
 }
 
+// A backend that sees other work on its device (the CPU's host-load probe) names the disturbed
+// batches: they are discarded and timed again after a back-off, so the default's first-pass
+// median is its quiet time, not the 3x of the batches another job slowed (4 of its 5 samples).
+TEST_F(TunerTest, BatchesTheProbeSawDisturbedAreTimedAgain) {
+  backend_.busy = [](int batch) { return batch <= 6 ? 0.5 : 0.0; };  // 2 warm-up, 4 samples
+  backend_.disturbance = [](int batch) { return batch <= 6 ? 3.0 : 1.0; };
+  TuneOptions options = fast_options();
+  options.retime_top = 0;  // the default alone: its result is the first pass's
+  options.lock_dir = (dir_ / "locks").string();
+  std::vector<std::string> messages;
+  options.on_message = [&](const std::string& m) { messages.push_back(m); };
+  Tuner tuner(backend_, nullptr, nullptr, options);
+  Result<TuneReport> report = tuner.tune(problem_);
+  ASSERT_TRUE(report.ok()) << report.error().describe();
+  EXPECT_FALSE(report->disturbed) << report->note;
+  EXPECT_EQ(report->busy_batches, 4);
+  const TuneResult* def = report->result_of(default_);
+  ASSERT_NE(def, nullptr);
+  EXPECT_NEAR(def->median_ms, 1.0, 0.01) << "a batch the probe saw disturbed was kept";
+  EXPECT_NEAR(def->max_ms, 1.0, 0.01);
+  EXPECT_TRUE(messages.empty()) << messages.front();
+}
+
+// A device that stays busy (the probe sees another job through every batch, which makes the
+// default look 3x slower): after quiet_wait_ms of back-offs the problem's timings are disturbed,
+// the stored choice stays (no 3x "gain" from the noise) and its rows are measured again next run.
+TEST_F(TunerTest, DeviceThatNeverGetsQuietKeepsThePreviousChoice) {
+  std::unique_ptr<TuningStore> store = open_store();
+  ASSERT_NE(store, nullptr);
+  TuneOptions options = fast_options();
+  options.lock_dir = (dir_ / "locks").string();
+  options.quiet_wait_ms = 200;
+  std::vector<std::string> messages;
+  options.on_message = [&](const std::string& m) { messages.push_back(m); };
+  backend_.times[others_[1].to_string()] = 0.8;
+  {
+    Tuner quiet(backend_, nullptr, store.get(), options);
+    Result<TuneReport> report = quiet.tune(problem_);
+    ASSERT_TRUE(report.ok() && report->choice) << report->note;
+    ASSERT_EQ(report->choice->config, others_[1]);
+  }
+  backend_.busy = [](int) { return 0.4; };
+  backend_.disturbance = [&](int) { return backend_.last_launched == default_ ? 3.0 : 1.0; };
+  options.resume = false;
+  Tuner busy(backend_, nullptr, store.get(), options);
+  Result<TuneReport> report = busy.tune(problem_);
+  ASSERT_TRUE(report.ok()) << report.error().describe();
+  EXPECT_TRUE(report->disturbed);
+  EXPECT_NE(report->note.find("other work took up to 40% of"), std::string::npos) << report->note;
+  EXPECT_NE(report->note.find("the stored choice " + others_[1].to_string() + " is kept"),
+            std::string::npos)
+      << report->note;
+  ASSERT_TRUE(report->choice);
+  EXPECT_EQ(report->choice->config, others_[1]) << "a choice taken from a busy device";
+  // Back-offs of 10 + 20 + 40 + 80 ms after the first four; the fifth's 160 would pass the
+  // 200 ms: that batch stands and the rest are taken as they come.
+  EXPECT_EQ(report->busy_batches, 5) << "waited for quiet beyond quiet_wait_ms";
+  const ProblemKey key = ProblemKey::of(problem_);
+  Result<std::optional<TuneChoice>> stored = store->choice(backend_.fingerprint(), key);
+  ASSERT_TRUE(stored.ok() && stored->has_value());
+  EXPECT_EQ((*stored)->config, others_[1]);
+  Result<std::vector<TuneResult>> rows = store->results(backend_.fingerprint(), key);
+  ASSERT_TRUE(rows.ok());
+  for (const TuneResult& row : *rows) {
+    if (row.status != TuneStatus::Timed) continue;
+    EXPECT_NE(row.message.find(kDisturbedNote), std::string::npos) << row.config.to_string();
+  }
+  ASSERT_FALSE(messages.empty());
+  EXPECT_NE(messages.back().find("timings unstable"), std::string::npos) << messages.back();
+}
+
 // A device that never settles (every batch 3% slower than the last): no choice is taken from the
 // noise. Without a stored choice the default is stored; with one, it stays. The disturbed rows
 // are measured again by the next run.
