@@ -153,6 +153,11 @@ sanitize_cases() {
     bwd_var_mma=$(first_legal "$bwd_var_plan" '^$')
     bwd_var_wgmma=$(first_legal "$bwd_var_plan" '^-wgmma$')
     decode_tile=$(first_legal "$decode_plan" '^-decode$')
+    local docs_ws docs_bwd_plan docs_bwd_mma docs_bwd_wgmma
+    docs_ws=$(first_legal "$docs_plan" '^-ws$')
+    docs_bwd_plan=$($plan --pass bwd $docs)
+    docs_bwd_mma=$(first_legal "$docs_bwd_plan" '^$')
+    docs_bwd_wgmma=$(first_legal "$docs_bwd_plan" '^-wgmma')
     for causal in "" --causal; do
       tag="d$d${causal:+-causal}"
       for tool in memcheck racecheck synccheck; do
@@ -177,6 +182,10 @@ sanitize_cases() {
       [[ -n "$var_ws" ]] && echo "$tool fwd-ws-variant-d$d --config $var_ws --head-dim $d --batch 1 --heads 18 --seqlen 1000 $variant"
       [[ -n "$bwd_var_mma" ]] && echo "$tool bwd-mma-variant-d$d --pass bwd --config $bwd_var_mma --head-dim $d $small $variant"
       [[ -n "$bwd_var_wgmma" ]] && echo "$tool bwd-wgmma-variant-d$d --pass bwd --config $bwd_var_wgmma --head-dim $d $small $variant"
+      # Packed documents on the -ws forward and in the backward (both families), causal.
+      [[ -n "$docs_ws" ]] && echo "$tool fwd-ws-docs-d$d --config $docs_ws --head-dim $d $docs --causal"
+      [[ -n "$docs_bwd_mma" ]] && echo "$tool bwd-mma-docs-d$d --pass bwd --config $docs_bwd_mma --head-dim $d $docs --causal"
+      [[ -n "$docs_bwd_wgmma" ]] && echo "$tool bwd-wgmma-docs-d$d --pass bwd --config $docs_bwd_wgmma --head-dim $d $docs --causal"
     done
     :  # a family without a legal config is no error (set -e, pipefail)
   done | sed 's/ *$//'  # xargs -L continues a line that ends in a blank
@@ -225,7 +234,7 @@ if [[ "$what" != py* ]]; then
   if [[ "$what" == decode ]]; then
     targets=(--target runtime_cuda_decode_test decode_bench)
   fi
-  if [[ "$what" == concurrent ]]; then
+  if [[ "$what" == concurrent || "$what" == sanitize ]]; then
     targets=(--target flashjit_cli)
   fi
   if [[ "$what" == variants ]]; then
@@ -547,7 +556,10 @@ if [[ "$what" == sanitize ]]; then
   sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   mkdir -p "$OUT/sanitize"
   cases="build-device/sanitize-cases.txt"
-  sanitize_cases build-device/flashjit >"$cases"
+  # The kernels new since the last full sweep (packed documents, variants, split decode) first,
+  # so that a call cut off by its time limit has checked them.
+  sanitize_cases build-device/flashjit >"$cases.all"
+  { grep -E 'docs|variant|split4' "$cases.all" || true; grep -vE 'docs|variant|split4' "$cases.all" || true; } >"$cases"
   echo "$(wc -l <"$cases") sanitizer runs"
   run_case() {  # run_case TOOL NAME FLAGS...: one sanitizer run, its verdict line
     local tool=$1 name=$2
