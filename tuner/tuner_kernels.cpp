@@ -189,6 +189,15 @@ Result<TuneResult> Tuner::prepare_kernel(Slot& slot, const AttentionProblem& pro
   if (slot.compile_error) {
     return failed(slot.config, TuneStatus::CompileFailed, *slot.compile_error);
   }
+  // Loading and verifying are work on the device, so they take its turn as timing does: on a GPU
+  // the contexts of different processes time-slice, and another tuner's module loads, uploads and
+  // verification launches landing in the batches this one times made its defaults 3-6% slower
+  // than a lone run's and let near-ties pass for gains (H100, bench/concurrent_tune.py at
+  // bf740d1). Compiles stay outside the turn (they do not touch the device, except on the CPU).
+  // Nothing is in flight while it waits for the turn (waiting is not hanging: the supervisor).
+  mark_inflight(key, nullptr);
+  Result<DeviceLock::Guard> held = hold_device();
+  if (!held.ok()) return held.error();
   mark_inflight(key, &slot.config);  // loading and verifying it launch it
 
   if (!slot.load_tried) {
