@@ -97,9 +97,9 @@ const TuneOptions::Fault* Tuner::fault_of(const ProblemKey& key,
 Result<DeviceLock::Guard> Tuner::hold_device() const {
   if (!device_lock_ || run_holds_device_) return DeviceLock::Guard();
   return device_lock_->acquire([this](long pid) {
-    // Once per holder: a contended run would otherwise say it before every config.
-    if (pid == last_holder_pid_) return;
-    last_holder_pid_ = pid;
+    // Once per holder: tuners sharing a device alternate at every candidate (its load,
+    // verification and timing take turns), so a contended run would otherwise say it each time.
+    if (!holders_named_.insert(pid).second) return;
     message("waiting for " + device_lock_->device() + ": held by " +
             (pid > 0 ? "pid " + std::to_string(pid) : std::string("another process")) + " (" +
             device_lock_->path().string() + ")");

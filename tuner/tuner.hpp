@@ -68,6 +68,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -261,7 +262,7 @@ class Tuner {
   TuneOptions options_;
   DeviceFingerprint fingerprint_;
   std::optional<DeviceLock> device_lock_;  // when options.serialize_timing and it could be opened
-  mutable long last_holder_pid_ = -1;      // the holder the last "waiting for" message named
+  mutable std::set<long> holders_named_;   // the holders a "waiting for" message has named
   bool run_holds_device_ = false;          // inside holding_device_for_run's hold
 
   // Compile pool: slots keyed by signature + config; a queue of slots to compile.
