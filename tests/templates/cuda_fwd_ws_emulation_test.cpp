@@ -293,7 +293,9 @@ TEST(CudaFwdWsSchedule, PersistentCtasWalkEveryTileOnce) {
           ASSERT_TRUE(t.m_block >= 0 && t.m_block < c.m_blocks && t.head >= 0 && t.head < c.heads &&
                       t.batch >= 0 && t.batch < c.batch);
           ++seen[(t.batch * c.heads + t.head) * c.m_blocks + t.m_block];
-          if (causal && i > 0) EXPECT_LE(t.m_block, list[i - 1].m_block);
+          if (causal && i > 0) {
+            EXPECT_LE(t.m_block, list[i - 1].m_block);
+          }
         }
       }
       for (int t = 0; t < tiles; ++t) EXPECT_EQ(seen[t], 1) << "tile " << t;
@@ -301,8 +303,9 @@ TEST(CudaFwdWsSchedule, PersistentCtasWalkEveryTileOnce) {
       // walked backwards when causal.
       const flashjit_kernel::WsTile first = walked[0][0];
       EXPECT_EQ(first.m_block, causal ? c.m_blocks - 1 : 0);
-      if (causal && tiles >= 2 * grid)  // list entry 2 grid - 1, not grid
+      if (causal && tiles >= 2 * grid) {  // list entry 2 grid - 1, not grid
         EXPECT_EQ(walked[0][1].m_block, c.m_blocks - 1 - (2 * grid - 1) / (c.heads * c.batch));
+      }
     }
 }
 
