@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -70,6 +71,12 @@ TEST(TunerCpuLoad, BusyCoresDuringTheFirstTimingsDoNotChangeTheChoice) {
   load.stop();
   fs::remove_all(dir);
 
+  std::printf(
+      "quiet run: default %.4f ms, chose %s; loaded run: %d batches timed again, %s, "
+      "default %.4f ms, chose %s\n",
+      quiet.default_ms, quiet.choice->config.to_string().c_str(), loaded.busy_batches,
+      loaded.disturbed ? "disturbed" : "not disturbed", loaded.default_ms,
+      loaded.choice ? loaded.choice->config.to_string().c_str() : "-");
   EXPECT_GT(loaded.busy_batches, 0) << "the busy cores went unseen";
   ASSERT_TRUE(loaded.choice) << loaded.note;
   if (loaded.disturbed) return;  // no choice from the timings: the guarantee holds
