@@ -44,6 +44,8 @@ import statistics
 import sys
 import time
 
+from variants_bwd import backward_row, backward_table
+
 HIDDEN = 2048
 TOKENS = 16384
 HEAD_DIM = 128
@@ -110,6 +112,9 @@ def parse_args(argv=None):
                         help="comma-separated config names also timed for every case (those the "
                         "case's problem accepts): the fastest is reported beside the default, "
                         "what a tuned choice of them would give")
+    parser.add_argument("--backward", action="store_true",
+                        help="also the backward: flashjit's attention_backward vs autograd through "
+                        "the compiled flex_attention (bench/variants_bwd.py)")
     parser.add_argument("--dry-run", action="store_true",
                         help="no GPU: list the cases and check each against FlexAttention (eager, "
                         "CPU) at a tiny size on flashjit's CPU backend")
@@ -296,6 +301,15 @@ def dry_run(args):
         worst = max(worst, error)
         print(f"{case:16s} pairs {int(visible_pairs(case, n)):9d}  |flashjit - flex| / |flex| = "
               f"{error:.2e}")
+        if args.backward:  # the backward's plumbing, each side called once (no timing)
+            varlen = ((pq, pk, pv), kwargs) if case == "documents-varlen" else None
+            once = lambda fn, reps, warmup: (fn(), 1.0)[1]
+            row = case_backward(torch, flashjit, flex_attention, args, q, k, v,
+                                flashjit_kwargs(case, n, slopes), score_mod, block_mask, varlen,
+                                time_ms=once)
+            worst = max(worst, row["bwd_grad_rel_l2_vs_flex"])
+            print(f"{'':16s} backward: max over dq, dk, dv of |flashjit - flex| / |flex| = "
+                  f"{row['bwd_grad_rel_l2_vs_flex']:.2e}")
     if worst > 1e-3:
         sys.exit(f"variants_bench.py --dry-run: flashjit and FlexAttention differ ({worst:.2e})")
 
@@ -388,6 +402,16 @@ def main(argv=None):
                     row["flex_ms"] = time_ms(theirs, args.reps, args.warmup)
                     row["flashjit_vs_flex_rel_l2"] = float(f"{relative_l2(out, reference):.2e}")
                     del out, reference
+                if args.backward:
+                    try:
+                        row.update(case_backward(torch, flashjit, flex, args, q, k, v, kwargs,
+                                                 score_mod, block_mask,
+                                                 (packed, varlen_kwargs) if varlen else None))
+                        row["flashjit_bwd_tflops"] = round(2.5 * flops / row["flashjit_bwd_ms"] / 1e9, 1)
+                        row["flex_bwd_tflops"] = round(2.5 * flops / row["flex_bwd_ms"] / 1e9, 1)
+                    except Exception as error:  # the forward's row stands
+                        row["bwd_error"] = f"{type(error).__name__}: {str(error)[:300]}"
+                with torch.no_grad():
                     mask = None if args.no_sdpa else sdpa_mask(case, n, heads, slopes, device)
                     if mask is not None:
                         attn_mask, is_causal = mask
@@ -418,6 +442,32 @@ def main(argv=None):
         if r.get("plain_same_config_ms"):
             r["variant_cost_vs_plain"] = round(r["flashjit_ms"] / r["plain_same_config_ms"], 3)
     write_outputs(args.out_dir, header, rows)
+
+
+def case_backward(torch, flashjit, flex, args, q, k, v, kwargs, score_mod, block_mask, varlen,
+                  time_ms=time_ms):
+    """bench/variants_bwd.py's backward_row for one case: flashjit's forward and backward calls on
+    the case's inputs (plain: BHSD q, k, v; varlen: the packed ones), Flex's on leaf copies."""
+    if varlen:
+        (packed, varlen_kwargs) = varlen
+        forward = lambda: flashjit.attention(*packed, causal=True, return_lse=True, **varlen_kwargs)
+        backward = lambda o, lse, do: flashjit.attention_backward(*packed, o, lse, do, causal=True,
+                                                                  **varlen_kwargs)
+        to_flex = lambda x: x.transpose(0, 1)[None]
+        flex_inputs = [to_flex(x) for x in packed]
+    else:
+        forward = lambda: flashjit.attention(q, k, v, causal=True, layout="bhsd", return_lse=True,
+                                             **kwargs)
+        backward = lambda o, lse, do: flashjit.attention_backward(q, k, v, o, lse, do, causal=True,
+                                                                  layout="bhsd", **kwargs)
+        to_flex = lambda x: x
+        flex_inputs = [q, k, v]
+
+    def flex_forward():
+        leaves = [x.detach().clone().requires_grad_(True) for x in flex_inputs]
+        return leaves, flex(*leaves, score_mod=score_mod, block_mask=block_mask)
+
+    return backward_row(torch, flashjit, time_ms, args, forward, flex_forward, backward, to_flex)
 
 
 def write_outputs(out_dir, header, rows):
@@ -458,6 +508,7 @@ def write_outputs(out_dir, header, rows):
             f"{r.get('speedup_vs_sdpa', '-')} | {r['flashjit_vs_flex_rel_l2']} | "
             f"{r.get('best_listed_config', '-')} | {r.get('best_listed_ms', '-')} | "
             f"{r.get('best_listed_vs_flex', '-')} |")
+    lines += backward_table(rows)
     text = "\n".join(lines) + "\n"
     with open(os.path.join(out_dir, "variants.md"), "w") as f:
         f.write(text)

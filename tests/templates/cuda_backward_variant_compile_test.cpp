@@ -140,8 +140,9 @@ TEST(CudaBackwardVariantCompile, EveryVariantCompilesOnTheMmaFamily) {
         jobs[i].label + " sm" + std::to_string(jobs[i].arch) + " " + jobs[i].config.to_string();
     ASSERT_EQ(outcomes[i].error, "") << where;
     ASSERT_GT(outcomes[i].dkdv.registers, 0) << where << ": no ptxas report of dK/dV";
-    if (jobs[i].config.dq == DqMode::Separate)
+    if (jobs[i].config.dq == DqMode::Separate) {
       ASSERT_GT(outcomes[i].dq.registers, 0) << where << ": no ptxas report of dQ";
+    }
     if (i < baselines) continue;
     size_t base = 0;
     while (!(jobs[base].arch == jobs[i].arch && jobs[base].config == jobs[i].config)) ++base;
