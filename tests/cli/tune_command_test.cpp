@@ -365,6 +365,32 @@ TEST(TuneCommand, HelpExitsZero) {
   EXPECT_NE(out.find("--deterministic"), std::string::npos) << out;
 }
 
+// `flashjit tune` on the CPU backend of one small f32 problem (d32, 80 tokens, 2 heads) into
+// `db`, briefly timed, with `extra` flags.
+std::vector<std::string> small_cpu_tune(const std::string& db, std::vector<std::string> extra) {
+  std::vector<std::string> args = {"--backend",
+                                   "cpu",
+                                   "--no-isolate",
+                                   "--db",
+                                   db,
+                                   "--head-dims",
+                                   "32",
+                                   "--dtypes",
+                                   "fp32",
+                                   "--seqlens",
+                                   "80",
+                                   "--batch",
+                                   "1",
+                                   "--heads",
+                                   "2",
+                                   "--min-time-ms",
+                                   "3",
+                                   "--retime-top",
+                                   "1"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
 // `flashjit tune --window --softcap` on the CPU: the choice is stored under the variant key,
 // and `flashjit db ls` names it.
 TEST(TuneCommand, TunesAVariantProblemOnTheCpu) {
@@ -374,31 +400,8 @@ TEST(TuneCommand, TunesAVariantProblemOnTheCpu) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   const std::string db = (dir / "tuning.db").string();
-  const auto [status, err] = run({"--backend",
-                                  "cpu",
-                                  "--no-isolate",
-                                  "--db",
-                                  db,
-                                  "--head-dims",
-                                  "32",
-                                  "--dtypes",
-                                  "fp32",
-                                  "--seqlens",
-                                  "80",
-                                  "--causal",
-                                  "on",
-                                  "--batch",
-                                  "1",
-                                  "--heads",
-                                  "2",
-                                  "--window",
-                                  "16,0",
-                                  "--softcap",
-                                  "20",
-                                  "--min-time-ms",
-                                  "3",
-                                  "--retime-top",
-                                  "1"});
+  const auto [status, err] =
+      run(small_cpu_tune(db, {"--causal", "on", "--window", "16,0", "--softcap", "20"}));
   EXPECT_EQ(status, 0) << err;
   Result<std::unique_ptr<TuningStore>> store = TuningStore::open_read_only(db);
   ASSERT_TRUE(store.ok()) << store.error().describe();
@@ -413,6 +416,34 @@ TEST(TuneCommand, TunesAVariantProblemOnTheCpu) {
   EXPECT_NE(listed.find("d32 f32 causal g1 q128 k128 bh2 window(16,0) softcap20"),
             std::string::npos)
       << listed;
+  std::filesystem::remove_all(dir);
+}
+
+// `flashjit tune --score-mod --mask-mod` (and the backward with --score-mod-grad) on the CPU:
+// the expressions' fp64 reference is compiled from their text (tuner/variant_functions), so
+// the configs are verified and the choices stored under the variant keys.
+TEST(TuneCommand, VerifiesUserExpressionsOnTheCpu) {
+  if (!have_cpu_backend()) GTEST_SKIP() << "built without the CPU backend";
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("flashjit-tune-expressions-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string db = (dir / "tuning.db").string();
+  const auto [status, err] =
+      run(small_cpu_tune(db, {"--causal", "off", "--pass", "fwd,bwd", "--score-mod",
+                              "score - 0.1f * abs(q_idx - kv_idx)", "--mask-mod",
+                              "(q_idx / 16) >= (kv_idx / 16)", "--score-mod-grad", "1.0f"}));
+  EXPECT_EQ(status, 0) << err;
+  Result<std::unique_ptr<TuningStore>> store = TuningStore::open_read_only(db);
+  ASSERT_TRUE(store.ok()) << store.error().describe();
+  Result<std::vector<TuningStore::Entry>> entries = (*store)->entries();
+  ASSERT_TRUE(entries.ok());
+  ASSERT_EQ(entries->size(), 2u);  // the forward and the backward, each chose a verified config
+  for (const TuningStore::Entry& entry : *entries) {
+    EXPECT_NE(entry.key.variant.find("score_mod#"), std::string::npos) << entry.key.variant;
+    EXPECT_NE(entry.key.variant.find("mask_mod#"), std::string::npos) << entry.key.variant;
+    EXPECT_TRUE(entry.current);
+  }
   std::filesystem::remove_all(dir);
 }
 
