@@ -365,6 +365,20 @@ TEST(TuneCommand, HelpExitsZero) {
   EXPECT_NE(out.find("--deterministic"), std::string::npos) << out;
 }
 
+// A fresh folder under the temp directory (named with `prefix` and the pid), removed at the end.
+struct TempDir {
+  explicit TempDir(const std::string& prefix)
+      : path(std::filesystem::temp_directory_path() / (prefix + std::to_string(getpid()))) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+  std::filesystem::path path;
+};
+
 // `flashjit tune` on the CPU backend of one small f32 problem (d32, 80 tokens, 2 heads) into
 // `db`, briefly timed, with `extra` flags.
 std::vector<std::string> small_cpu_tune(const std::string& db, std::vector<std::string> extra) {
@@ -395,11 +409,8 @@ std::vector<std::string> small_cpu_tune(const std::string& db, std::vector<std::
 // and `flashjit db ls` names it.
 TEST(TuneCommand, TunesAVariantProblemOnTheCpu) {
   if (!have_cpu_backend()) GTEST_SKIP() << "built without the CPU backend";
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("flashjit-tune-variant-" + std::to_string(getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  const std::string db = (dir / "tuning.db").string();
+  const TempDir dir("flashjit-tune-variant-");
+  const std::string db = (dir.path / "tuning.db").string();
   const auto [status, err] =
       run(small_cpu_tune(db, {"--causal", "on", "--window", "16,0", "--softcap", "20"}));
   EXPECT_EQ(status, 0) << err;
@@ -416,7 +427,6 @@ TEST(TuneCommand, TunesAVariantProblemOnTheCpu) {
   EXPECT_NE(listed.find("d32 f32 causal g1 q128 k128 bh2 window(16,0) softcap20"),
             std::string::npos)
       << listed;
-  std::filesystem::remove_all(dir);
 }
 
 // `flashjit tune --score-mod --mask-mod` (and the backward with --score-mod-grad) on the CPU:
@@ -424,11 +434,8 @@ TEST(TuneCommand, TunesAVariantProblemOnTheCpu) {
 // the configs are verified and the choices stored under the variant keys.
 TEST(TuneCommand, VerifiesUserExpressionsOnTheCpu) {
   if (!have_cpu_backend()) GTEST_SKIP() << "built without the CPU backend";
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("flashjit-tune-expressions-" + std::to_string(getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  const std::string db = (dir / "tuning.db").string();
+  const TempDir dir("flashjit-tune-expressions-");
+  const std::string db = (dir.path / "tuning.db").string();
   const auto [status, err] =
       run(small_cpu_tune(db, {"--causal", "off", "--pass", "fwd,bwd", "--score-mod",
                               "score - 0.1f * abs(q_idx - kv_idx)", "--mask-mod",
@@ -444,7 +451,6 @@ TEST(TuneCommand, VerifiesUserExpressionsOnTheCpu) {
     EXPECT_NE(entry.key.variant.find("mask_mod#"), std::string::npos) << entry.key.variant;
     EXPECT_TRUE(entry.current);
   }
-  std::filesystem::remove_all(dir);
 }
 
 TEST(TuneCommand, NoDeviceExitsTwo) {
