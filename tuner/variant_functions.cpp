@@ -178,7 +178,14 @@ Result<VariantFunctions> variant_functions_of(const Variant& variant) {
   return functions;
 }
 
+size_t compiled_expression_modules() {
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  return module_cache().size();
+}
+
 #else  // !FLASHJIT_HAVE_CPU_BACKEND
+
+size_t compiled_expression_modules() { return 0; }
 
 Result<VariantFunctions> variant_functions_of(const Variant& variant) {
   if (variant.score_mod.empty() && variant.mask_mod.empty() && variant.score_mod_grad.empty())

@@ -10,6 +10,7 @@
 // a kernel rounds it to float.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "generator/error.hpp"
@@ -24,6 +25,9 @@ namespace flashjit {
 // Errors: CompileFailed quoting the expression that does not compile and the compiler's first
 // message; Unsupported when this build has no CPU backend (no Clang JIT).
 Result<VariantFunctions> variant_functions_of(const Variant& variant);
+
+// How many expression modules this process has compiled and keeps (the cache above).
+size_t compiled_expression_modules();
 
 // `given` with the functions `problem`'s reference needs but `given` lacks (score_mod,
 // mask_mod; score_mod_grad for a backward problem) compiled from the expressions. `given`'s own

@@ -88,12 +88,19 @@ TEST(VariantFunctionsOf, IndicesAreSixtyFourBitAndOnlyGivenExpressionsCompile) {
   EXPECT_FALSE(f->mask_mod);
   EXPECT_FALSE(f->score_mod_grad);
   EXPECT_EQ(f->score_mod(0.5, 0, 0, 3000000000LL, 3), 0.5 + 9000000000.0);
-  // Again (from the cache): the same values; the functions outlive another copy's release.
+  // Again (from the cache: nothing compiled): the same values; the functions outlive another
+  // copy's release.
+  const size_t modules = compiled_expression_modules();
   Result<VariantFunctions> again = variant_functions_of(v);
   ASSERT_TRUE(again.ok());
+  EXPECT_EQ(compiled_expression_modules(), modules);
   f = Result<VariantFunctions>(VariantFunctions{});
   EXPECT_EQ(again->score_mod(-2.0, 0, 0, 7, 5), 33.0);
   EXPECT_TRUE(variant_functions_of(Variant{}).ok());
+  // Other text: another module.
+  v.score_mod = "score + q_idx * kv_idx + 1";
+  ASSERT_TRUE(variant_functions_of(v).ok());
+  EXPECT_EQ(compiled_expression_modules(), modules + 1);
 }
 
 TEST(VariantFunctionsOf, ABadExpressionIsATypedErrorQuotingIt) {
