@@ -124,6 +124,12 @@ TEST(TuneGrid, VariantAndPageSizeFlagsApplyToEveryProblem) {
   EXPECT_TRUE((*paged)[0].kv.seqlens_k);
   EXPECT_EQ((*paged)[0].kv.num_pages, 2 * 32);
   EXPECT_TRUE(validate((*paged)[0]).ok());
+  // The backward of a score_mod takes its derivative (--score-mod-grad).
+  auto backward = grid({"--head-dims", "64", "--seqlens", "512", "--causal", "on", "--pass", "bwd",
+                        "--score-mod", "score * 2", "--score-mod-grad", "2"});
+  ASSERT_TRUE(backward.ok()) << backward.error().describe();
+  ASSERT_EQ(backward->size(), 1u);
+  EXPECT_EQ((*backward)[0].variant.score_mod_grad, "2");
   EXPECT_NE(grid_error({"--page-size", "20"}).find("--page-size = '20'"), std::string::npos);
   EXPECT_NE(grid_error({"--window", "x"}).find("--window = 'x'"), std::string::npos);
   EXPECT_NE(grid_error({"--pass", "bwd", "--page-size", "16"}).find("forward pass only"),
