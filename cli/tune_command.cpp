@@ -145,9 +145,11 @@ const Command& tune_command() {
           {"alibi", "", "ALiBi biases (standard slopes)"},
           {"prefix", "P", "prefix-LM: keys [0, P) visible to every query"},
           {"score-mod", "EXPR",
-           "a score_mod expression (the tuner needs its host function: "
-           "the CLI cannot verify it)"},
+           "a score_mod expression (verified against the fp64 reference, which compiles it for "
+           "the host: needs the CPU backend's Clang JIT)"},
           {"mask-mod", "EXPR", "a mask_mod expression (likewise)"},
+          {"score-mod-grad", "EXPR",
+           "with --score-mod and --pass bwd: d score_mod / d score (see `flashjit run --help`)"},
           {"page-size", "N", "forward problems read K/V from a paged cache of N keys a page"},
           {"recorded", "",
            "tune the problems the runtime recorded as untuned in the DB (each with its pass)"},

@@ -63,8 +63,10 @@ struct HostInputs {
 };
 
 // Host versions of a problem's user expressions (Variant::score_mod, mask_mod) for the reference,
-// which cannot evaluate C++ text: the caller states the same function, in fp64. Without one, the
-// reference of a problem that has the expression is all NaN (nothing can pass against it).
+// which does not read C++ text itself: the caller states the same function, in fp64, or has it
+// compiled from the expression (tuner/variant_functions.hpp, as the tuner's verification does).
+// Without one, the reference of a problem that has the expression is all NaN (nothing can pass
+// against it).
 // score_mod_grad: d score_mod / d score at the same arguments (Variant::score_mod_grad), which the
 // backward reference needs for a score_mod (without it the gradients are all NaN).
 struct VariantFunctions {

@@ -146,9 +146,10 @@ struct TuneOptions {
     std::string why;     // "killed by signal 11 (Segmentation fault)"
   };
   std::vector<Fault> faulted;
-  // Host (fp64) versions of a variant problem's user score_mod / mask_mod for verification
-  // (tuner/reference.hpp); a problem with an expression and no function here cannot be verified
-  // and is an Unsupported error.
+  // Host (fp64) versions of a variant problem's user score_mod / mask_mod / score_mod_grad for
+  // verification (tuner/reference.hpp). Optional: an expression with no function here is
+  // compiled for the host (tuner/variant_functions.hpp; needs the CPU backend's Clang JIT, else
+  // Unsupported).
   VariantFunctions variant_functions;
   std::function<void(const TuneProgress&)> on_progress;
   // Waiting for the device, a lock that cannot be used, unstable timings; null: stderr.

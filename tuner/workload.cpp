@@ -4,8 +4,9 @@
 #include <cmath>
 #include <numeric>
 #include <random>
-#include <tuple>
 #include <utility>
+
+#include "tuner/variant_functions.hpp"
 
 namespace flashjit {
 namespace {
@@ -384,22 +385,11 @@ PoisonedRun launch_poisoned(const Backend& backend, const Kernel& kernel,
 Result<std::unique_ptr<Verification>> Verification::create(const Backend& backend,
                                                            const AttentionProblem& problem,
                                                            uint64_t seed,
-                                                           const VariantFunctions& functions) {
-  // (A backward's score_mod needs its derivative too.)
-  const std::string no_derivative;
-  const std::string& derivative =
-      problem.is_backward() ? problem.variant.score_mod_grad : no_derivative;
-  for (const auto& [name, text, given] :
-       {std::tuple{"score_mod", &problem.variant.score_mod, bool(functions.score_mod)},
-        std::tuple{"mask_mod", &problem.variant.mask_mod, bool(functions.mask_mod)},
-        std::tuple{"score_mod_grad", &derivative, bool(functions.score_mod_grad)}}) {
-    if (text->empty() || given) continue;
-    return make_error(ErrorCode::Unsupported,
-                      std::string("verifying kernels of ") + problem.to_string() + " needs the " +
-                          name + " '" + *text +
-                          "' as a host function for the fp64 reference "
-                          "(TuneOptions::variant_functions); none was given");
-  }
+                                                           const VariantFunctions& given) {
+  // User expressions without a host function: compiled for the host (tuner/variant_functions).
+  Result<VariantFunctions> complete = complete_variant_functions(problem, given);
+  if (!complete.ok()) return complete.error();
+  const VariantFunctions& functions = complete.value();
   std::unique_ptr<Verification> v(new Verification(backend, problem));
   v->inputs_ = random_inputs(problem, seed, functions);  // (a backward's o, lse: the variant's)
   for (size_t b = 0; b < v->inputs_.seqlens_k.size(); ++b) {

@@ -119,8 +119,9 @@ class Verification {
  public:
   // Inputs drawn with `seed` (seqlens_k: lengths seqlen_k, 2/3 and 1/3 of it over the
   // sequences, so that a kernel that reads past a sequence's length fails), the reference
-  // computed (a user score_mod / mask_mod through `functions`: required when the problem has
-  // one, else Unsupported naming it), the inputs uploaded.
+  // computed (a user score_mod / mask_mod / score_mod_grad through `functions`, or where
+  // `functions` lacks it, compiled from the expression: complete_variant_functions, whose errors
+  // a bad expression or a build without the CPU backend gives), the inputs uploaded.
   static Result<std::unique_ptr<Verification>> create(const Backend& backend,
                                                       const AttentionProblem& problem,
                                                       uint64_t seed,

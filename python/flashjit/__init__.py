@@ -733,7 +733,8 @@ def _list_flag(value):
 def tune(*, passes=("fwd",), deterministic=False, head_dims=None, dtypes=None, causal=None,
          seqlens=None, tokens=None, batch=None, hidden=None, heads=None, kv_heads=None,
          recorded=False, db=None, devices=None, backend=None, shard=None, retune=False,
-         min_time_ms=None, retime_top=None, jobs=None, verbose=False):
+         min_time_ms=None, retime_top=None, jobs=None, verbose=False, score_mod=None,
+         mask_mod=None, score_mod_grad=None):
     """Tunes a grid of problems (or the recorded ones) and stores the winners in the tuning DB,
     exactly as ``flashjit tune`` with the same-named flags does (progress on stderr, a table on
     stdout). Returns its JSON report as a dict ({"problems": [...], "geomean_gain", ...}; each
@@ -745,6 +746,9 @@ def tune(*, passes=("fwd",), deterministic=False, head_dims=None, dtypes=None, c
     N 512..16384, 16k tokens, hidden 2048, bf16); on the CPU backend a small grid.
     causal: True ("on"), False ("off") or "both". Lists may be Python lists or "a,b" strings.
     recorded=True replays the recorded problems, each with its own pass (give no grid then).
+    score_mod, mask_mod, score_mod_grad: user expressions applied to every problem (as on
+    attention(); ``--score-mod`` ...): the configs are verified against the fp64 reference, which
+    compiles the expressions for the host in double (needs the CPU backend's Clang JIT).
     Later attention() and attention_backward() calls serve the new results.
     """
     args = []
@@ -758,7 +762,8 @@ def tune(*, passes=("fwd",), deterministic=False, head_dims=None, dtypes=None, c
                         ("heads", heads), ("kv-heads", kv_heads), ("db", db),
                         ("devices", devices), ("backend", backend), ("shard", shard),
                         ("min-time-ms", min_time_ms), ("retime-top", retime_top),
-                        ("jobs", jobs)):
+                        ("jobs", jobs), ("score-mod", score_mod), ("mask-mod", mask_mod),
+                        ("score-mod-grad", score_mod_grad)):
         if value is not None:
             args += [f"--{flag}", _os.fspath(value) if flag == "db" else _list_flag(value)]
     if causal is not None:

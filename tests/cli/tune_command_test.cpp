@@ -124,6 +124,12 @@ TEST(TuneGrid, VariantAndPageSizeFlagsApplyToEveryProblem) {
   EXPECT_TRUE((*paged)[0].kv.seqlens_k);
   EXPECT_EQ((*paged)[0].kv.num_pages, 2 * 32);
   EXPECT_TRUE(validate((*paged)[0]).ok());
+  // The backward of a score_mod takes its derivative (--score-mod-grad).
+  auto backward = grid({"--head-dims", "64", "--seqlens", "512", "--causal", "on", "--pass", "bwd",
+                        "--score-mod", "score * 2", "--score-mod-grad", "2"});
+  ASSERT_TRUE(backward.ok()) << backward.error().describe();
+  ASSERT_EQ(backward->size(), 1u);
+  EXPECT_EQ((*backward)[0].variant.score_mod_grad, "2");
   EXPECT_NE(grid_error({"--page-size", "20"}).find("--page-size = '20'"), std::string::npos);
   EXPECT_NE(grid_error({"--window", "x"}).find("--window = 'x'"), std::string::npos);
   EXPECT_NE(grid_error({"--pass", "bwd", "--page-size", "16"}).find("forward pass only"),
@@ -365,40 +371,54 @@ TEST(TuneCommand, HelpExitsZero) {
   EXPECT_NE(out.find("--deterministic"), std::string::npos) << out;
 }
 
+// A fresh folder under the temp directory (named with `prefix` and the pid), removed at the end.
+struct TempDir {
+  explicit TempDir(const std::string& prefix)
+      : path(std::filesystem::temp_directory_path() / (prefix + std::to_string(getpid()))) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+  std::filesystem::path path;
+};
+
+// `flashjit tune` on the CPU backend of one small f32 problem (d32, 80 tokens, 2 heads) into
+// `db`, briefly timed, with `extra` flags.
+std::vector<std::string> small_cpu_tune(const std::string& db, std::vector<std::string> extra) {
+  std::vector<std::string> args = {"--backend",
+                                   "cpu",
+                                   "--no-isolate",
+                                   "--db",
+                                   db,
+                                   "--head-dims",
+                                   "32",
+                                   "--dtypes",
+                                   "fp32",
+                                   "--seqlens",
+                                   "80",
+                                   "--batch",
+                                   "1",
+                                   "--heads",
+                                   "2",
+                                   "--min-time-ms",
+                                   "3",
+                                   "--retime-top",
+                                   "1"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
 // `flashjit tune --window --softcap` on the CPU: the choice is stored under the variant key,
 // and `flashjit db ls` names it.
 TEST(TuneCommand, TunesAVariantProblemOnTheCpu) {
   if (!have_cpu_backend()) GTEST_SKIP() << "built without the CPU backend";
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("flashjit-tune-variant-" + std::to_string(getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  const std::string db = (dir / "tuning.db").string();
-  const auto [status, err] = run({"--backend",
-                                  "cpu",
-                                  "--no-isolate",
-                                  "--db",
-                                  db,
-                                  "--head-dims",
-                                  "32",
-                                  "--dtypes",
-                                  "fp32",
-                                  "--seqlens",
-                                  "80",
-                                  "--causal",
-                                  "on",
-                                  "--batch",
-                                  "1",
-                                  "--heads",
-                                  "2",
-                                  "--window",
-                                  "16,0",
-                                  "--softcap",
-                                  "20",
-                                  "--min-time-ms",
-                                  "3",
-                                  "--retime-top",
-                                  "1"});
+  const TempDir dir("flashjit-tune-variant-");
+  const std::string db = (dir.path / "tuning.db").string();
+  const auto [status, err] =
+      run(small_cpu_tune(db, {"--causal", "on", "--window", "16,0", "--softcap", "20"}));
   EXPECT_EQ(status, 0) << err;
   Result<std::unique_ptr<TuningStore>> store = TuningStore::open_read_only(db);
   ASSERT_TRUE(store.ok()) << store.error().describe();
@@ -413,7 +433,30 @@ TEST(TuneCommand, TunesAVariantProblemOnTheCpu) {
   EXPECT_NE(listed.find("d32 f32 causal g1 q128 k128 bh2 window(16,0) softcap20"),
             std::string::npos)
       << listed;
-  std::filesystem::remove_all(dir);
+}
+
+// `flashjit tune --score-mod --mask-mod` (and the backward with --score-mod-grad) on the CPU:
+// the expressions' fp64 reference is compiled from their text (tuner/variant_functions), so
+// the configs are verified and the choices stored under the variant keys.
+TEST(TuneCommand, VerifiesUserExpressionsOnTheCpu) {
+  if (!have_cpu_backend()) GTEST_SKIP() << "built without the CPU backend";
+  const TempDir dir("flashjit-tune-expressions-");
+  const std::string db = (dir.path / "tuning.db").string();
+  const auto [status, err] =
+      run(small_cpu_tune(db, {"--causal", "off", "--pass", "fwd,bwd", "--score-mod",
+                              "score - 0.1f * abs(q_idx - kv_idx)", "--mask-mod",
+                              "(q_idx / 16) >= (kv_idx / 16)", "--score-mod-grad", "1.0f"}));
+  EXPECT_EQ(status, 0) << err;
+  Result<std::unique_ptr<TuningStore>> store = TuningStore::open_read_only(db);
+  ASSERT_TRUE(store.ok()) << store.error().describe();
+  Result<std::vector<TuningStore::Entry>> entries = (*store)->entries();
+  ASSERT_TRUE(entries.ok());
+  ASSERT_EQ(entries->size(), 2u);  // the forward and the backward, each chose a verified config
+  for (const TuningStore::Entry& entry : *entries) {
+    EXPECT_NE(entry.key.variant.find("score_mod#"), std::string::npos) << entry.key.variant;
+    EXPECT_NE(entry.key.variant.find("mask_mod#"), std::string::npos) << entry.key.variant;
+    EXPECT_TRUE(entry.current);
+  }
 }
 
 TEST(TuneCommand, NoDeviceExitsTwo) {

@@ -197,6 +197,31 @@ def test_tune_cpu_backward_then_attention_backward_serves_it(tmp_path, monkeypat
         flashjit._clear_runtimes()  # later tests: no DB again
 
 
+def test_tune_cpu_verifies_user_expressions(tmp_path, monkeypatch):
+    """flashjit.tune(score_mod=, mask_mod=) on the CPU: the fp64 reference compiles the
+    expressions itself, so configs are verified and a choice stored that attention() with the
+    same expressions then serves (exact match)."""
+    require_cpu_backend()
+    db = tmp_path / "tuning.db"
+    monkeypatch.setenv("FLASHJIT_DB", str(db))
+    score_mod = "score - 0.1f * abs(q_idx - kv_idx)"
+    mask_mod = "(q_idx / 16) >= (kv_idx / 16)"
+    try:
+        report = flashjit.tune(backend="cpu", head_dims=[32], seqlens=[80], causal=False,
+                               batch=1, heads=2, dtypes=["fp32"], min_time_ms=2, retime_top=1,
+                               score_mod=score_mod, mask_mod=mask_mod)
+        (problem,) = report["problems"]
+        assert problem["chosen"]["config"].startswith("m")
+        rng = np.random.default_rng(9)
+        q, k, v = (rng.standard_normal((1, 80, 2, 32)).astype(np.float32) for _ in range(3))
+        chosen = flashjit.config_for(q, k, v, score_mod=score_mod, mask_mod=mask_mod)
+        assert chosen["source"] == "exact"
+        assert chosen["config"] == problem["chosen"]["config"]
+    finally:
+        monkeypatch.undo()
+        flashjit._clear_runtimes()  # later tests: no DB again
+
+
 # What the tuning worker runs first (sitecustomize, on PYTHONPATH): in the first worker only
 # (the mark file is absent), a thread that aborts the process as soon as the worker names a
 # config in flight - what a candidate kernel that kills its process does.

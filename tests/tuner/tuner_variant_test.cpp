@@ -215,21 +215,27 @@ TEST_F(TunerVariantCpuTest, APagedDecodeProblemIsTunedUnderItsLayoutKey) {
   EXPECT_EQ((*store)->entries()->at(0).generator, decode_generator_version_of(device.to_string()));
 }
 
-TEST_F(TunerVariantCpuTest, AUserExpressionNeedsItsHostFunction) {
+// A user expression is verified through the function compiled from its text when none is given
+// (tuner/variant_functions), through the caller's host function when one is: a wrong one fails.
+TEST_F(TunerVariantCpuTest, AUserExpressionIsVerifiedWithOrWithoutItsHostFunction) {
   Variant mods;
   mods.score_mod = "score * 0.5f";
+  mods.mask_mod = "kv_idx != q_idx + 1";
   const AttentionProblem problem =
       with_variant(AttentionProblem::make(1, 2, 2, 40, 40, 32, DType::F32, false), mods);
-  Tuner without(*backend_, nullptr, nullptr, tiny());
-  Result<TuneReport> refused = without.tune(problem);
-  ASSERT_FALSE(refused.ok());
-  EXPECT_EQ(refused.error().code, ErrorCode::Unsupported);
-  EXPECT_NE(refused.error().message.find("'score * 0.5f'"), std::string::npos)
-      << refused.error().message;
+  Tuner compiled(*backend_, nullptr, nullptr, tiny());
+  Result<TuneReport> verified = compiled.tune(problem);
+  ASSERT_TRUE(verified.ok()) << verified.error().describe();
+  ASSERT_TRUE(verified->choice.has_value()) << verified->note;
+  for (const TuneResult& result : verified->results)
+    EXPECT_EQ(result.status, TuneStatus::Timed) << result.config.to_string() << result.message;
 
   TuneOptions options = tiny();
   options.variant_functions.score_mod = [](double score, int64_t, int64_t, int64_t, int64_t) {
     return score * 0.5;
+  };
+  options.variant_functions.mask_mod = [](int64_t, int64_t, int64_t q_idx, int64_t kv_idx) {
+    return kv_idx != q_idx + 1;
   };
   Tuner with(*backend_, nullptr, nullptr, options);
   Result<TuneReport> report = with.tune(problem);
