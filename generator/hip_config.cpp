@@ -53,15 +53,6 @@ int user_expression_registers(const AttentionProblem& p) {
   return user_expression ? kUserExpressionRegisters : 0;
 }
 
-// What the HIP backward template has no code for (every config refused): packed documents.
-Status check_hip_backward_problem(const AttentionProblem& p) {
-  if (p.variant.varlen)
-    return make_error(ErrorCode::Unsupported, "packed variable-length documents (varlen, " +
-                                                  p.variant.key() +
-                                                  ") have no HIP backward template yet");
-  return ok_status();
-}
-
 }  // namespace
 
 int hip_lds_bytes(const AttentionConfig& c, const AttentionProblem& p) {
@@ -334,7 +325,6 @@ namespace {
 
 Status check_hip_backward_config(const AttentionConfig& c, const AttentionProblem& p,
                                  const DeviceSpec& device) {
-  FLASHJIT_TRY(check_hip_backward_problem(p));
   FLASHJIT_TRY(check_hip_dtype(c, p.dtype));
   if (p.deterministic && c.dq != DqMode::Separate)
     return illegal(c, "a deterministic backward needs a separate dQ kernel (a -det config)");
@@ -413,7 +403,6 @@ std::vector<AttentionConfig> legal_hip_backward_configs(const AttentionProblem& 
 
 Result<AttentionConfig> default_hip_backward_config(const AttentionProblem& p,
                                                     const DeviceSpec& device) {
-  FLASHJIT_TRY(check_hip_backward_problem(p));
   const std::vector<AttentionConfig> legal = legal_hip_backward_configs(p, device);
   if (legal.empty())
     return make_error(ErrorCode::Unsupported,

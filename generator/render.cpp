@@ -486,8 +486,10 @@ Result<KernelSource> render_hip_attention_backward(const AttentionProblem& probl
   row_args += bf16 ? ", true>" : ", false>";
   const char* params = "(FlashjitAttentionParams params) {\n";
   // A variant's dK/dV and dQ kernels enter through their *_variant entries (the variant's softmax
-  // factor); its row kernels are the plain ones.
+  // factor, packed documents' views); its row kernels are the plain ones but for packed documents
+  // (their *_varlen entries).
   const char* entry = problem.variant.active() ? "_variant" : "";
+  const char* rows = problem.variant.varlen ? "_varlen" : "";
   std::ostringstream instantiation;
   instantiation
       << "typedef flashjit_hip::BwdTraits</*head_dim=*/" << problem.head_dim << ", /*block_m=*/"
@@ -496,15 +498,15 @@ Result<KernelSource> render_hip_attention_backward(const AttentionProblem& probl
       << ", /*causal=*/" << (problem.causal ? "true" : "false") << ", /*dq_atomic=*/"
       << (config.dq == DqMode::Atomic ? "true" : "false") << "> Config;\n"
       << "extern \"C\" __global__ void __launch_bounds__(flashjit_hip::kBackwardThreads)\n"
-      << kBackwardPreprocessEntry << params << "  flashjit_hip::backward_preprocess" << row_args
-      << "(params);\n}\n"
+      << kBackwardPreprocessEntry << params << "  flashjit_hip::backward_preprocess" << rows
+      << row_args << "(params);\n}\n"
       << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads)\n"
       << kBackwardDkDvEntry << params << "  flashjit_hip::attention_backward_dkdv" << entry
       << "<Config>(params);\n}\n";
   if (config.dq == DqMode::Atomic) {
     instantiation
         << "extern \"C\" __global__ void __launch_bounds__(flashjit_hip::kBackwardThreads)\n"
-        << kBackwardDqEntry << params << "  flashjit_hip::backward_dq_convert" << row_args
+        << kBackwardDqEntry << params << "  flashjit_hip::backward_dq_convert" << rows << row_args
         << "(params);\n}\n";
   } else {
     instantiation << "extern \"C\" __global__ void __launch_bounds__(Config::kDqThreads)\n"

@@ -767,11 +767,26 @@ FLASHJIT_DEVICE void attention_backward_dq(const FlashjitAttentionParams& p) {
 // The entries of every variant backward's dK/dV and dQ kernels: the kernels above on a copy of
 // the params whose scale_log2 is the variant's softmax factor (flashjit_variant::
 // softmax_scale_log2: log2(e) alone when score() takes the scaled scores), as the forward's
-// attention_forward_variant. The row kernels (preprocess, convert) are the plain ones.
+// attention_forward_variant. The row kernels (preprocess, convert) are the plain ones but for
+// packed documents.
+//
+// Packed variable-length documents (varlen), as the CUDA backward's *_varlen entries: the
+// workgroup of (block, head, document block_index_z()) runs on the document's view of the params
+// (templates/attention_variant.h, document_tile_view: q, k, v, o, lse, dO, dQ, dK, dV at its rows,
+// its lengths as seqlen_q / seqlen_k, the workspace packed by document as runtime/
+// launch_params.hpp's backward_workspace lays it out, kHeadDimPadded floats per dq_accum row).
+// A dK/dV workgroup runs for a document without queries too (its dK = dV = 0 are written) and
+// returns when its keys start past the document's; a dQ or row workgroup returns when its query
+// rows start past the document's.
 template <class K>
 FLASHJIT_DEVICE void attention_backward_dkdv_variant(const FlashjitAttentionParams& params) {
   FlashjitAttentionParams p = params;
   p.scale_log2 = flashjit_variant::softmax_scale_log2(params);
+#if FLASHJIT_VARIANT_VARLEN
+  if (!flashjit_variant::document_tile_view(p, block_index_z(), -1, block_index_x() * K::kBlockN, 2,
+                                            K::kHeadDimPadded))
+    return;
+#endif
   attention_backward_dkdv<K>(p);
 }
 
@@ -779,8 +794,33 @@ template <class K>
 FLASHJIT_DEVICE void attention_backward_dq_variant(const FlashjitAttentionParams& params) {
   FlashjitAttentionParams p = params;
   p.scale_log2 = flashjit_variant::softmax_scale_log2(params);
+#if FLASHJIT_VARIANT_VARLEN
+  const int m_block = K::kCausal ? grid_size_x() - 1 - block_index_x() : block_index_x();
+  if (!flashjit_variant::document_tile_view(p, block_index_z(), m_block * K::kBlockM, -1, 2,
+                                            K::kHeadDimPadded))
+    return;
+#endif
   attention_backward_dq<K>(p);
 }
+#if FLASHJIT_VARIANT_VARLEN
+
+// The row kernels of packed documents (the renderer's *_varlen row entries).
+template <int HEAD_DIM, bool IS_BF16>
+FLASHJIT_DEVICE void backward_preprocess_varlen(const FlashjitAttentionParams& params) {
+  FlashjitAttentionParams p = params;
+  if (flashjit_variant::document_tile_view(p, block_index_z(), block_index_x() * kBackwardRows, -1,
+                                           2, (HEAD_DIM + 63) / 64 * 64))
+    backward_preprocess<HEAD_DIM, IS_BF16>(p);
+}
+
+template <int HEAD_DIM, bool IS_BF16>
+FLASHJIT_DEVICE void backward_dq_convert_varlen(const FlashjitAttentionParams& params) {
+  FlashjitAttentionParams p = params;
+  if (flashjit_variant::document_tile_view(p, block_index_z(), block_index_x() * kBackwardRows, -1,
+                                           2, (HEAD_DIM + 63) / 64 * 64))
+    backward_dq_convert<HEAD_DIM, IS_BF16>(p);
+}
+#endif
 #endif
 
 }  // namespace flashjit_hip

@@ -326,9 +326,8 @@ TEST(HipBackwardConfig, RenderDefinesTheThreeEntries) {
 // Variants in the backward (templates/hip/attention_bwd.hpp's FLASHJIT_VARIANT blocks): every
 // kind and combination gets legal configs at every head dim on both targets, within the plain
 // problem's legal set (a user expression adds its register allowance to both kernels'
-// estimates); its dK/dV and dQ kernels enter through the *_variant entries. Packed documents are
-// refused (Unsupported, naming varlen).
-TEST(HipBackwardConfig, VariantProblemsGetHipConfigsButVarlenIsRefused) {
+// estimates); its dK/dV and dQ kernels enter through the *_variant entries.
+TEST(HipBackwardConfig, VariantProblemsGetHipConfigs) {
   for (const char* arch : {"gfx90a", "gfx942"})
     for (int d : {64, 128, 256})
       for (bool deterministic : {false, true}) {
@@ -366,17 +365,24 @@ TEST(HipBackwardConfig, VariantProblemsGetHipConfigsButVarlenIsRefused) {
               << where;
         }
       }
-  AttentionProblem varlen = AttentionProblem::make_varlen(8, 16, 16, 4096, 4096, 20000, 20000, 128,
-                                                          DType::BF16, /*causal=*/true)
-                                .with_pass(Pass::Backward);
-  const Status refused = check_hip_config({32, 128, 4, 1}, varlen, gfx("gfx90a"));
-  ASSERT_FALSE(refused.ok());
-  EXPECT_EQ(refused.error().code, ErrorCode::Unsupported);
-  EXPECT_NE(refused.error().message.find("varlen"), std::string::npos) << refused.error().message;
-  EXPECT_TRUE(legal_hip_configs(varlen, gfx("gfx90a")).empty());
-  const Result<AttentionConfig> def = default_hip_config(varlen, gfx("gfx90a"));
-  ASSERT_FALSE(def.ok());
-  EXPECT_EQ(def.error().message, refused.error().message);
+  // Packed documents: the plain problem's legal set; the row kernels through their *_varlen
+  // entries.
+  for (bool deterministic : {false, true}) {
+    AttentionProblem varlen = AttentionProblem::make_varlen(8, 16, 4, 4096, 4096, 20000, 20000, 128,
+                                                            DType::BF16, /*causal=*/true)
+                                  .with_pass(Pass::Backward);
+    varlen.deterministic = deterministic;
+    AttentionProblem plain = backward(128, deterministic);
+    EXPECT_EQ(legal_hip_configs(varlen, gfx("gfx90a")), legal_hip_configs(plain, gfx("gfx90a")));
+    const AttentionConfig def = default_hip_config(varlen, gfx("gfx90a")).value();
+    const Result<KernelSource> source = render_hip_attention(varlen, def);
+    ASSERT_TRUE(source.ok()) << source.error().describe();
+    EXPECT_NE(source->text.find("flashjit_hip::backward_preprocess_varlen<128, true>(params);"),
+              std::string::npos);
+    EXPECT_EQ(source->text.find("flashjit_hip::backward_dq_convert_varlen<128, true>(params);") !=
+                  std::string::npos,
+              !deterministic);
+  }
 }
 
 }  // namespace

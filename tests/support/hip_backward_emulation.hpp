@@ -3,8 +3,9 @@
 // templates/hip/attention_bwd.hpp, which it calls. Launched as the runtime launches it
 // (runtime/launch_params.hpp's backward_launch with generator/hip_config.hpp's shapes, the
 // workspace bound by bind_workspace); the dK/dV and dQ kernels through the entries the renderer
-// picks (generator/render.cpp: a variant compiled in enters through the *_variant ones). Outputs
-// and the workspace are poisoned (NaN) first, with guard words after every buffer.
+// picks (generator/render.cpp: a variant compiled in enters through the *_variant ones, packed
+// documents' row kernels through the *_varlen ones; their offsets from inputs.cu_seqlens_*).
+// Outputs and the workspace are poisoned (NaN) first, with guard words after every buffer.
 #pragma once
 
 #include <algorithm>
@@ -26,6 +27,11 @@
 #define FLASHJIT_HIP_BACKWARD_ENTRY(name) name##_variant
 #else
 #define FLASHJIT_HIP_BACKWARD_ENTRY(name) name
+#endif
+#if defined(FLASHJIT_VARIANT) && FLASHJIT_VARIANT_VARLEN
+#define FLASHJIT_HIP_BACKWARD_ROW_ENTRY(name) name##_varlen
+#else
+#define FLASHJIT_HIP_BACKWARD_ROW_ENTRY(name) name
 #endif
 
 namespace flashjit::testing {
@@ -68,6 +74,8 @@ std::string run_hip_backward(const AttentionProblem& problem, const AttentionCon
   args.dk = dk.data();
   args.dv = dv.data();
   args.alibi_slopes = inputs.alibi_slopes.empty() ? nullptr : inputs.alibi_slopes.data();
+  args.cu_seqlens_q = inputs.cu_seqlens_q.data();
+  args.cu_seqlens_k = inputs.cu_seqlens_k.data();
   FlashjitAttentionParams params = make_launch_params(problem, args);
   bind_workspace(params, launch.workspace, workspace.data());
 
@@ -90,7 +98,8 @@ std::string run_hip_backward(const AttentionProblem& problem, const AttentionCon
     return emulate_hip(grid, shape.threads, shape.smem_bytes, kernel);
   };
   std::string error = run(launch.preprocess, [&] {
-    flashjit_hip::backward_preprocess<K::kHeadDim, K::kIsBf16>(params);
+    flashjit_hip::FLASHJIT_HIP_BACKWARD_ROW_ENTRY(backward_preprocess)<K::kHeadDim, K::kIsBf16>(
+        params);
   });
   if (!error.empty()) return "preprocess: " + error;
   error = run(launch.dkdv, [&] {
@@ -98,12 +107,14 @@ std::string run_hip_backward(const AttentionProblem& problem, const AttentionCon
   });
   if (!error.empty()) return "dK/dV: " + error;
   if (fault != HipBackwardFault::kSkipDqKernel) {
-    error = atomic
-                ? run(launch.dq,
-                      [&] { flashjit_hip::backward_dq_convert<K::kHeadDim, K::kIsBf16>(params); })
-                : run(launch.dq, [&] {
-                    flashjit_hip::FLASHJIT_HIP_BACKWARD_ENTRY(attention_backward_dq)<K>(params);
-                  });
+    error = atomic ? run(launch.dq,
+                         [&] {
+                           flashjit_hip::FLASHJIT_HIP_BACKWARD_ROW_ENTRY(
+                               backward_dq_convert)<K::kHeadDim, K::kIsBf16>(params);
+                         })
+                   : run(launch.dq, [&] {
+                       flashjit_hip::FLASHJIT_HIP_BACKWARD_ENTRY(attention_backward_dq)<K>(params);
+                     });
     if (!error.empty()) return "dQ: " + error;
   }
 

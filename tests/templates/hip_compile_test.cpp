@@ -468,12 +468,13 @@ TEST(HipCompileVariants, EveryVariantCompilesCleanAtTheDefaultAndHeaviestTile) {
 }
 
 // The backward of every variant kind and their combination (support/variant_cases.hpp's
-// backward_compile_variants) at d = 128 (bf16, causal): each at its default tile in both dQ modes,
+// backward_compile_variants) and of packed documents alone and with a window + softcap, at d = 128
+// (bf16, causal): each at its default tile in both dQ modes,
 // the combination also at the legal tile of the most estimated dK/dV registers; every kernel clean
 // as above (registers within its waves' budget), entering through the variant entries. Where the
 // plain backward spills nothing (HipCompileAllBackwardConfigs), a variant's per-score masking
-// may spill a few VGPRs of the dK/dV kernel at the largest tile (hipRTC 5.2: 4 for the window
-// and prefix variants at m32n128w4s1): at most kMaxVariantSpills.
+// may spill a few VGPRs of the dK/dV kernel at the largest tile (hipRTC 5.2: 4 for the window,
+// prefix and varlen + window variants at m32n128w4s1): at most kMaxVariantSpills.
 constexpr int kMaxVariantSpills = 8;
 
 TEST(HipCompileVariants, EveryBackwardVariantCompilesWithinTheSpillBound) {
@@ -487,23 +488,35 @@ TEST(HipCompileVariants, EveryBackwardVariantCompilesWithinTheSpillBound) {
     AttentionProblem problem;
     AttentionConfig config;
   };
-  std::vector<Job> jobs;
+  std::vector<std::pair<std::string, AttentionProblem>> problems;
   for (const testing::NamedVariant& named : testing::backward_compile_variants()) {
+    AttentionProblem p = plain;
+    p.variant = named.variant;
+    problems.push_back({named.name, p});
+  }
+  AttentionProblem varlen = AttentionProblem::make_varlen(8, 16, 16, 4096, 4096, 20000, 20000, 128,
+                                                          DType::BF16, /*causal=*/true)
+                                .with_pass(Pass::Backward);
+  problems.push_back({"varlen", varlen});
+  varlen.variant.window_left = 1024;
+  varlen.variant.softcap = 30.f;
+  problems.push_back({"varlen_window", varlen});
+  std::vector<Job> jobs;
+  for (const auto& [name, problem] : problems) {
     for (bool deterministic : {false, true}) {
-      AttentionProblem p = plain;
-      p.variant = named.variant;
+      AttentionProblem p = problem;
       p.deterministic = deterministic;
       const std::vector<AttentionConfig> legal = legal_hip_configs(p, device);
-      ASSERT_FALSE(legal.empty()) << named.name;
+      ASSERT_FALSE(legal.empty()) << name;
       std::vector<AttentionConfig> tiles = {default_hip_config(p, device).value()};
-      if (std::string(named.name) == "everything") {
+      if (name == "everything") {
         tiles.push_back(*std::max_element(legal.begin(), legal.end(),
                                           [&](const AttentionConfig& a, const AttentionConfig& b) {
                                             return hip_bwd_dkdv_estimated_registers(a, p) <
                                                    hip_bwd_dkdv_estimated_registers(b, p);
                                           }));
       }
-      for (const AttentionConfig& tile : tiles) jobs.push_back({named.name, p, tile});
+      for (const AttentionConfig& tile : tiles) jobs.push_back({name, p, tile});
     }
   }
   const Clock::time_point start = Clock::now();
