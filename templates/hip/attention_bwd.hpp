@@ -190,12 +190,13 @@ FLASHJIT_DEVICE void backward_dq_convert(const FlashjitAttentionParams& p) {
 
 // P of one score s = q . k of a variant, as the CUDA mma backward recomputes it: the score
 // modified as the forward modifies it (score_and_grad, from the scaled score), hidden where the
-// block is not all visible (visible(): the window, prefix, causal, seqlen_k and a mask_mod), then
-// exp2(score * scale_log2 - lse_log2) with the variant entry's scale_log2. *grad: d score / d s
-// (the soft-cap's 1 - tanh^2, the user's score_mod_grad; 0 where hidden), dS's chain factor.
+// block is not all visible (visible()), exp2(score * scale_log2 - lse_log2) with the variant
+// entry's scale_log2; *ds = P (dP - D) times d score / d s (the soft-cap's 1 - tanh^2, the user's
+// score_mod_grad) where the variant modifies the scores.
 FLASHJIT_DEVICE float variant_probability(const FlashjitAttentionParams& p, int diagonal,
-                                          bool all_visible, float s, float lse_log2, float slope,
-                                          int batch, int head, int row, int key, float* grad) {
+                                          bool all_visible, float s, float lse_log2,
+                                          float dp_minus_delta, float slope, int batch, int head,
+                                          int row, int key, float* ds) {
   namespace fv = flashjit_variant;
   float g = 1.f;
   if (fv::kModifiesScores)
@@ -205,9 +206,10 @@ FLASHJIT_DEVICE float variant_probability(const FlashjitAttentionParams& p, int 
     s = -flashjit_attention::infinity();
     g = 0.f;
   }
-  *grad = g;
-  return flashjit_attention::recomputed_probability(s, p.scale_log2, lse_log2,
-                                                    [](float x) { return fast_exp2(x); });
+  const float pr = flashjit_attention::recomputed_probability(s, p.scale_log2, lse_log2,
+                                                              [](float x) { return fast_exp2(x); });
+  *ds = fv::kModifiesScores ? pr * dp_minus_delta * g : pr * dp_minus_delta;
+  return pr;
 }
 
 #endif
@@ -244,9 +246,8 @@ template <class K>
 FLASHJIT_DEVICE void attention_backward_dkdv(const FlashjitAttentionParams& p) {
   namespace fa = flashjit_attention;
 #ifdef FLASHJIT_VARIANT
-  // An attention variant (templates/attention_variant.h; entered through
-  // attention_backward_dkdv_variant below): the query blocks visited are those whose rows may see
-  // a key of this block (query_rows), and variant_probability gives P and d score / d s.
+  // A variant (entered through attention_backward_dkdv_variant below): the query blocks whose
+  // rows may see a key of this block (query_rows); variant_probability gives P and dS.
   namespace fv = flashjit_variant;
 #endif
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
@@ -416,8 +417,7 @@ FLASHJIT_DEVICE void attention_backward_dkdv(const FlashjitAttentionParams& p) {
       }
 
 #ifdef FLASHJIT_VARIANT
-      // P and dS of the variant's scores (masked per element where the block is not all
-      // visible), dS times d score / d s; rounded to 16 bits as below.
+      // P and dS of the variant's scores, rounded to 16 bits as below.
       Frag p_frag[kKTiles], ds_frag[kKTiles];
 #pragma unroll
       for (int kt = 0; kt < kKTiles; ++kt) {
@@ -425,12 +425,9 @@ FLASHJIT_DEVICE void attention_backward_dkdv(const FlashjitAttentionParams& p) {
         float pr[4], ds[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const int row = m0 + mt * 16 + 4 * lane_group + i;
-          float grad;
-          pr[i] = variant_probability(p, diagonal, all_visible, s[kt][i], lse_row[i], slope, batch,
-                                      head, row, key, &grad);
-          ds[i] = pr[i] * (dp[kt][i] - delta_row[i]);
-          if (fv::kModifiesScores) ds[i] *= grad;
+          pr[i] = variant_probability(p, diagonal, all_visible, s[kt][i], lse_row[i],
+                                      dp[kt][i] - delta_row[i], slope, batch, head,
+                                      m0 + mt * 16 + 4 * lane_group + i, key, &ds[i]);
         }
         p_frag[kt] = pack4<K::kIsBf16>(pr[0], pr[1], pr[2], pr[3]);
         ds_frag[kt] = pack4<K::kIsBf16>(ds[0], ds[1], ds[2], ds[3]);
@@ -572,9 +569,8 @@ template <class K>
 FLASHJIT_DEVICE void attention_backward_dq(const FlashjitAttentionParams& p) {
   namespace fa = flashjit_attention;
 #ifdef FLASHJIT_VARIANT
-  // An attention variant (entered through attention_backward_dq_variant below): the key blocks
-  // visited come from its key-block range (hidden blocks are never loaded), and
-  // variant_probability gives P and d score / d s.
+  // A variant (entered through attention_backward_dq_variant below): the key blocks of its range
+  // (hidden blocks are never loaded); variant_probability gives P and dS.
   namespace fv = flashjit_variant;
 #endif
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
@@ -688,8 +684,7 @@ FLASHJIT_DEVICE void attention_backward_dq(const FlashjitAttentionParams& p) {
     }
 
 #ifdef FLASHJIT_VARIANT
-    // P^T and dS^T of the variant's scores (masked per element where the block is not all
-    // visible), dS^T times d score / d s; rounded to 16 bits as below.
+    // dS^T of the variant's scores, rounded to 16 bits as below.
     const bool all_visible = fv::block_fully_visible(p, diagonal, m0, kBlockM, n0, kBlockN);
     Frag ds_frag[kNTiles];
 #pragma unroll
@@ -697,12 +692,8 @@ FLASHJIT_DEVICE void attention_backward_dq(const FlashjitAttentionParams& p) {
       float ds[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int key = n0 + nt * 16 + 4 * lane_group + i;
-        float grad;
-        const float pr = variant_probability(p, diagonal, all_visible, s[nt][i], lse_log2, slope,
-                                             batch, head, row, key, &grad);
-        ds[i] = pr * (dp[nt][i] - delta);
-        if (fv::kModifiesScores) ds[i] *= grad;
+        variant_probability(p, diagonal, all_visible, s[nt][i], lse_log2, dp[nt][i] - delta, slope,
+                            batch, head, row, n0 + nt * 16 + 4 * lane_group + i, &ds[i]);
       }
       ds_frag[nt] = pack4<K::kIsBf16>(ds[0], ds[1], ds[2], ds[3]);
     }
@@ -764,20 +755,13 @@ FLASHJIT_DEVICE void attention_backward_dq(const FlashjitAttentionParams& p) {
 }
 #ifdef FLASHJIT_VARIANT
 
-// The entries of every variant backward's dK/dV and dQ kernels: the kernels above on a copy of
-// the params whose scale_log2 is the variant's softmax factor (flashjit_variant::
-// softmax_scale_log2: log2(e) alone when score() takes the scaled scores), as the forward's
-// attention_forward_variant. The row kernels (preprocess, convert) are the plain ones but for
-// packed documents.
-//
-// Packed variable-length documents (varlen), as the CUDA backward's *_varlen entries: the
-// workgroup of (block, head, document block_index_z()) runs on the document's view of the params
-// (templates/attention_variant.h, document_tile_view: q, k, v, o, lse, dO, dQ, dK, dV at its rows,
-// its lengths as seqlen_q / seqlen_k, the workspace packed by document as runtime/
-// launch_params.hpp's backward_workspace lays it out, kHeadDimPadded floats per dq_accum row).
-// A dK/dV workgroup runs for a document without queries too (its dK = dV = 0 are written) and
-// returns when its keys start past the document's; a dQ or row workgroup returns when its query
-// rows start past the document's.
+// The variant entries of the dK/dV and dQ kernels: the kernels on params whose scale_log2 is the
+// variant's softmax factor (softmax_scale_log2: log2(e) alone when score() takes scaled scores),
+// as attention_forward_variant. Packed documents (varlen), as the CUDA backward's *_varlen
+// entries: each workgroup runs on its document's view (document_tile_view; the workspace packed
+// by document, runtime/launch_params.hpp), a dK/dV one for a document without queries too
+// (dK = dV = 0) but not past its keys, a dQ or row one (the *_varlen row entries below) not past
+// its query rows.
 template <class K>
 FLASHJIT_DEVICE void attention_backward_dkdv_variant(const FlashjitAttentionParams& params) {
   FlashjitAttentionParams p = params;
