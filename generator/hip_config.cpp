@@ -47,6 +47,12 @@ Result<AttentionConfig> default_hip_backward_config(const AttentionProblem& p,
                                                     const DeviceSpec& device);
 std::string explain_hip_backward_plan(const AttentionProblem& p, const DeviceSpec& device);
 
+// What a user expression (a score_mod, mask_mod; the backward's score_mod_grad) may add per lane.
+int user_expression_registers(const AttentionProblem& p) {
+  const bool user_expression = !p.variant.score_mod.empty() || !p.variant.mask_mod.empty();
+  return user_expression ? kUserExpressionRegisters : 0;
+}
+
 }  // namespace
 
 int hip_lds_bytes(const AttentionConfig& c, const AttentionProblem& p) {
@@ -62,9 +68,8 @@ int hip_estimated_registers(const AttentionConfig& c, const AttentionProblem& p)
   const int p_packed = m_tiles * c.block_n / 8;
   const int q_operands = m_tiles * dp / 8;
   const int kv_in_flight = c.block_n * dp / std::max(1, hip_threads(c));  // 2 tiles x 2 B / 4 B
-  const bool user_expression = !p.variant.score_mod.empty() || !p.variant.mask_mod.empty();
   return o_accumulator + s_accumulator + p_packed + q_operands + kv_in_flight + kRegisterAllowance +
-         (user_expression ? kUserExpressionRegisters : 0);
+         user_expression_registers(p);
 }
 
 int hip_wave_register_budget(int waves, const DeviceSpec& device) {
@@ -99,10 +104,6 @@ Status check_hip_config(const AttentionConfig& c, const AttentionProblem& p,
                         const DeviceSpec& device) {
   FLASHJIT_TRY(check_ws_knobs(c));
   if (c.family == KernelFamily::Decode) return check_hip_decode_config(c, p, device);
-  if (p.is_backward() && p.variant.active())
-    return illegal(c,
-                   "attention variants (" + p.variant.key() + ") have no HIP backward template yet",
-                   ErrorCode::Unsupported);
   if (p.is_backward()) return check_hip_backward_config(c, p, device);
   FLASHJIT_TRY(check_hip_dtype(c, p.dtype));
   if (needs_decode_family(p)) return illegal(c, decode_only_reason(p));
@@ -299,7 +300,8 @@ int hip_bwd_dkdv_estimated_registers(const AttentionConfig& c, const AttentionPr
   const int read_ahead = 8 * dt;             // Q, dO, Q^T, dO^T operands of one query tile
   const int in_flight = 2 * qdo_copies(c, p) * 4;
   const int dq = c.dq == DqMode::Atomic ? c.block_n / 16 * ceil_div(dt, c.warps) * 2 + 4 : 0;
-  return accumulators + kv_operands + scores + read_ahead + in_flight + dq + kRegisterAllowance;
+  return accumulators + kv_operands + scores + read_ahead + in_flight + dq + kRegisterAllowance +
+         user_expression_registers(p);
 }
 
 int hip_bwd_dq_estimated_registers(const AttentionConfig& c, const AttentionProblem& p) {
@@ -310,7 +312,8 @@ int hip_bwd_dq_estimated_registers(const AttentionConfig& c, const AttentionProb
   const int operands = 2 * dt * 2;                   // Q, dO rows
   const int scores = nt * (2 * (4 + 4) + 2);         // S^T, dP^T (twice); dS^T packed
   const int in_flight = 2 * dq_kv_copies(c, p) * 4;  // next K, V
-  return accumulator + operands + scores + in_flight + kRegisterAllowance;
+  return accumulator + operands + scores + in_flight + kRegisterAllowance +
+         user_expression_registers(p);
 }
 
 BackwardShapes hip_backward_shapes(const AttentionConfig& c, const AttentionProblem& p) {

@@ -485,6 +485,11 @@ Result<KernelSource> render_hip_attention_backward(const AttentionProblem& probl
   row_args += std::to_string(problem.head_dim);
   row_args += bf16 ? ", true>" : ", false>";
   const char* params = "(FlashjitAttentionParams params) {\n";
+  // A variant's dK/dV and dQ kernels enter through their *_variant entries (the variant's softmax
+  // factor, packed documents' views); its row kernels are the plain ones but for packed documents
+  // (their *_varlen entries).
+  const char* entry = problem.variant.active() ? "_variant" : "";
+  const char* rows = problem.variant.varlen ? "_varlen" : "";
   std::ostringstream instantiation;
   instantiation
       << "typedef flashjit_hip::BwdTraits</*head_dim=*/" << problem.head_dim << ", /*block_m=*/"
@@ -493,20 +498,20 @@ Result<KernelSource> render_hip_attention_backward(const AttentionProblem& probl
       << ", /*causal=*/" << (problem.causal ? "true" : "false") << ", /*dq_atomic=*/"
       << (config.dq == DqMode::Atomic ? "true" : "false") << "> Config;\n"
       << "extern \"C\" __global__ void __launch_bounds__(flashjit_hip::kBackwardThreads)\n"
-      << kBackwardPreprocessEntry << params << "  flashjit_hip::backward_preprocess" << row_args
-      << "(params);\n}\n"
+      << kBackwardPreprocessEntry << params << "  flashjit_hip::backward_preprocess" << rows
+      << row_args << "(params);\n}\n"
       << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads)\n"
-      << kBackwardDkDvEntry << params
-      << "  flashjit_hip::attention_backward_dkdv<Config>(params);\n}\n";
+      << kBackwardDkDvEntry << params << "  flashjit_hip::attention_backward_dkdv" << entry
+      << "<Config>(params);\n}\n";
   if (config.dq == DqMode::Atomic) {
     instantiation
         << "extern \"C\" __global__ void __launch_bounds__(flashjit_hip::kBackwardThreads)\n"
-        << kBackwardDqEntry << params << "  flashjit_hip::backward_dq_convert" << row_args
+        << kBackwardDqEntry << params << "  flashjit_hip::backward_dq_convert" << rows << row_args
         << "(params);\n}\n";
   } else {
     instantiation << "extern \"C\" __global__ void __launch_bounds__(Config::kDqThreads)\n"
-                  << kBackwardDqEntry << params
-                  << "  flashjit_hip::attention_backward_dq<Config>(params);\n}\n";
+                  << kBackwardDqEntry << params << "  flashjit_hip::attention_backward_dq" << entry
+                  << "<Config>(params);\n}\n";
   }
   return assemble(
       {"attention_common.h", "hip/primitives.hpp", "hip/tiles.hpp", "hip/attention_bwd.hpp"},

@@ -185,6 +185,34 @@ FLASHJIT_DEVICE void backward_dq_convert(const FlashjitAttentionParams& p) {
   }
 }
 
+#ifdef FLASHJIT_VARIANT
+// ---- attention variants (templates/attention_variant.h, rendered before this file) ----------
+
+// P of one score s = q . k of a variant, as the CUDA mma backward recomputes it: the score
+// modified as the forward modifies it (score_and_grad, from the scaled score), hidden where the
+// block is not all visible (visible()), exp2(score * scale_log2 - lse_log2) with the variant
+// entry's scale_log2; *ds = P (dP - D) times d score / d s (the soft-cap's 1 - tanh^2, the user's
+// score_mod_grad) where the variant modifies the scores.
+FLASHJIT_DEVICE float variant_probability(const FlashjitAttentionParams& p, int diagonal,
+                                          bool all_visible, float s, float lse_log2,
+                                          float dp_minus_delta, float slope, int batch, int head,
+                                          int row, int key, float* ds) {
+  namespace fv = flashjit_variant;
+  float g = 1.f;
+  if (fv::kModifiesScores)
+    s = fv::score_and_grad(s * p.scale, slope, batch, head, row, key, static_cast<float>(key - row),
+                           &g);
+  if (!all_visible && !fv::visible(p, diagonal, batch, head, row, key)) {
+    s = -flashjit_attention::infinity();
+    g = 0.f;
+  }
+  const float pr = flashjit_attention::recomputed_probability(s, p.scale_log2, lse_log2,
+                                                              [](float x) { return fast_exp2(x); });
+  *ds = fv::kModifiesScores ? pr * dp_minus_delta * g : pr * dp_minus_delta;
+  return pr;
+}
+
+#endif
 // ---- the dK/dV kernel ---------------------------------------------------------------------------
 
 // The 16-bit operands of 16 rows of a tensor for this lane: frag[kk] = X[row][dims kk*16 + 4g ..
@@ -217,6 +245,11 @@ FLASHJIT_DEVICE void load_row_operands(Frag (&frag)[K::kDTiles], const u16* x, l
 template <class K>
 FLASHJIT_DEVICE void attention_backward_dkdv(const FlashjitAttentionParams& p) {
   namespace fa = flashjit_attention;
+#ifdef FLASHJIT_VARIANT
+  // A variant (entered through attention_backward_dkdv_variant below): the query blocks whose
+  // rows may see a key of this block (query_rows); variant_probability gives P and dS.
+  namespace fv = flashjit_variant;
+#endif
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   constexpr int kKTiles = K::kKTiles, kDTiles = K::kDTiles, kNTiles = K::kNTiles;
   typedef typename K::QCopy QCopy;
@@ -283,8 +316,15 @@ FLASHJIT_DEVICE void attention_backward_dkdv(const FlashjitAttentionParams& p) {
 
   // The steps: every query head of the group x the query blocks that see a key of this block.
   const int diagonal = fa::diagonal(p);  // causal: row i sees keys j <= i + diagonal
+#ifdef FLASHJIT_VARIANT
+  const fv::QueryRows query_rows = fv::query_rows(p, diagonal, n0, kBlockN);
+  const int m_first = query_rows.first / kBlockM;
+  const int m_last =
+      query_rows.first < query_rows.last ? (query_rows.last + kBlockM - 1) / kBlockM : m_first;
+#else
   const int m_first = fa::first_query_block<K::kCausal>(diagonal, n0, kBlockM);
   const int m_last = (p.seqlen_q + kBlockM - 1) / kBlockM;
+#endif
   const int m_blocks = m_last > m_first ? m_last - m_first : 0;
   const int steps = p.group_size * m_blocks;
   auto step_head = [&](int step) { return kv_head * p.group_size + step / m_blocks; };
@@ -330,7 +370,12 @@ FLASHJIT_DEVICE void attention_backward_dkdv(const FlashjitAttentionParams& p) {
     const int head = step_head(step), m0 = step_m0(step);
     const long long row_base =
         (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q_rounded + m0;
+#ifdef FLASHJIT_VARIANT
+    const bool all_visible = fv::block_fully_visible(p, diagonal, m0, kBlockM, n0, kBlockN);
+    const float slope = fv::alibi_slope(p, head);
+#else
     const bool masked = fa::block_needs_mask<K::kCausal>(p, diagonal, m0, n0, kBlockN);
+#endif
     const int m_tiles =
         (p.seqlen_q - m0 + 15) / 16 < K::kMTiles ? (p.seqlen_q - m0 + 15) / 16 : K::kMTiles;
     for (int mt = 0; mt < m_tiles; ++mt) {
@@ -371,6 +416,23 @@ FLASHJIT_DEVICE void attention_backward_dkdv(const FlashjitAttentionParams& p) {
         }
       }
 
+#ifdef FLASHJIT_VARIANT
+      // P and dS of the variant's scores, rounded to 16 bits as below.
+      Frag p_frag[kKTiles], ds_frag[kKTiles];
+#pragma unroll
+      for (int kt = 0; kt < kKTiles; ++kt) {
+        const int key = n0 + wave_key0 + kt * 16 + lane_row;
+        float pr[4], ds[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          pr[i] = variant_probability(p, diagonal, all_visible, s[kt][i], lse_row[i],
+                                      dp[kt][i] - delta_row[i], slope, batch, head,
+                                      m0 + mt * 16 + 4 * lane_group + i, key, &ds[i]);
+        }
+        p_frag[kt] = pack4<K::kIsBf16>(pr[0], pr[1], pr[2], pr[3]);
+        ds_frag[kt] = pack4<K::kIsBf16>(ds[0], ds[1], ds[2], ds[3]);
+      }
+#else
       // Mask keys past seqlen_k and, when causal, past each row's diagonal.
       if (masked) {
 #pragma unroll
@@ -399,6 +461,7 @@ FLASHJIT_DEVICE void attention_backward_dkdv(const FlashjitAttentionParams& p) {
         p_frag[kt] = pack4<K::kIsBf16>(pr[0], pr[1], pr[2], pr[3]);
         ds_frag[kt] = pack4<K::kIsBf16>(ds[0], ds[1], ds[2], ds[3]);
       }
+#endif
 
       // dV^T += dO^T P, dK^T += Q^T dS: A = dO^T / Q^T [dims dt*16 + r][queries mt*16 + 4g ..].
 #pragma unroll
@@ -505,6 +568,11 @@ FLASHJIT_DEVICE void attention_backward_dkdv(const FlashjitAttentionParams& p) {
 template <class K>
 FLASHJIT_DEVICE void attention_backward_dq(const FlashjitAttentionParams& p) {
   namespace fa = flashjit_attention;
+#ifdef FLASHJIT_VARIANT
+  // A variant (entered through attention_backward_dq_variant below): the key blocks of its range
+  // (hidden blocks are never loaded); variant_probability gives P and dS.
+  namespace fv = flashjit_variant;
+#endif
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   constexpr int kNTiles = K::kNTiles, kDTiles = K::kDTiles;
   typedef typename K::KCopy KCopy;
@@ -545,7 +613,14 @@ FLASHJIT_DEVICE void attention_backward_dq(const FlashjitAttentionParams& p) {
   for (int dt = 0; dt < kDTiles; ++dt) dq_acc[dt] = f32x4{0.f, 0.f, 0.f, 0.f};
 
   const int diagonal = fa::diagonal(p);
+#ifdef FLASHJIT_VARIANT
+  // The variant's key blocks: the t-th block visited is key_blocks.at(t).
+  const fv::KeyBlocks key_blocks = fv::key_blocks(p, diagonal, m0, kBlockM, kBlockN);
+  const int n_blocks = key_blocks.count();
+  const float slope = fv::alibi_slope(p, head);
+#else
   const int n_blocks = fa::key_blocks<K::kCausal>(p, diagonal, m0, kBlockM, kBlockN);
+#endif
   Vec16 k_next[KCopy::kCopies], v_next[KCopy::kCopies];
   auto store_block = [&](unsigned char* stage) {
     KCopy::store_rows(stage, k_next, tid);
@@ -555,8 +630,14 @@ FLASHJIT_DEVICE void attention_backward_dq(const FlashjitAttentionParams& p) {
   const int k_lane = KSwizzle::offset(lane_row, lane_group * 8);
 
   if (n_blocks > 0) {
+#ifdef FLASHJIT_VARIANT
+    const int first = key_blocks.at(0) * kBlockN;
+    KCopy::load(k_next, k, p.k_seq_stride, first, p.seqlen_k, tid);
+    KCopy::load(v_next, v, p.v_seq_stride, first, p.seqlen_k, tid);
+#else
     KCopy::load(k_next, k, p.k_seq_stride, 0, p.seqlen_k, tid);
     KCopy::load(v_next, v, p.v_seq_stride, 0, p.seqlen_k, tid);
+#endif
     store_block(lds);
   }
   barrier();
@@ -566,12 +647,22 @@ FLASHJIT_DEVICE void attention_backward_dq(const FlashjitAttentionParams& p) {
     const unsigned char* k_tile = lds + stage * K::kDqStageBytes;
     const unsigned char* v_tile = k_tile + KCopy::kTileBytes;
     const unsigned char* kt_tile = v_tile + KCopy::kTileBytes;
+#ifdef FLASHJIT_VARIANT
+    const int n0 = key_blocks.at(j) * kBlockN;
+    const bool more = j + 1 < n_blocks;
+    if (more) {
+      const int next = key_blocks.at(j + 1) * kBlockN;
+      KCopy::load(k_next, k, p.k_seq_stride, next, p.seqlen_k, tid);
+      KCopy::load(v_next, v, p.v_seq_stride, next, p.seqlen_k, tid);
+    }
+#else
     const int n0 = j * kBlockN;
     const bool more = j + 1 < n_blocks;
     if (more) {
       KCopy::load(k_next, k, p.k_seq_stride, n0 + kBlockN, p.seqlen_k, tid);
       KCopy::load(v_next, v, p.v_seq_stride, n0 + kBlockN, p.seqlen_k, tid);
     }
+#endif
 
     // S^T = K Q^T, dP^T = V dO^T: s[nt][i] = S[query row][key n0 + nt*16 + 4g + i].
     f32x4 s[kNTiles], dp[kNTiles];
@@ -592,6 +683,21 @@ FLASHJIT_DEVICE void attention_backward_dq(const FlashjitAttentionParams& p) {
       }
     }
 
+#ifdef FLASHJIT_VARIANT
+    // dS^T of the variant's scores, rounded to 16 bits as below.
+    const bool all_visible = fv::block_fully_visible(p, diagonal, m0, kBlockM, n0, kBlockN);
+    Frag ds_frag[kNTiles];
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      float ds[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        variant_probability(p, diagonal, all_visible, s[nt][i], lse_log2, dp[nt][i] - delta, slope,
+                            batch, head, row, n0 + nt * 16 + 4 * lane_group + i, &ds[i]);
+      }
+      ds_frag[nt] = pack4<K::kIsBf16>(ds[0], ds[1], ds[2], ds[3]);
+    }
+#else
     // Mask keys past seqlen_k and, when causal, past the row's diagonal.
     if (fa::block_needs_mask<K::kCausal>(p, diagonal, m0, n0, kBlockN)) {
       const int limit = fa::last_key<K::kCausal>(p, diagonal, row) - (n0 + 4 * lane_group);
@@ -615,6 +721,7 @@ FLASHJIT_DEVICE void attention_backward_dq(const FlashjitAttentionParams& p) {
       }
       ds_frag[nt] = pack4<K::kIsBf16>(ds[0], ds[1], ds[2], ds[3]);
     }
+#endif
 
     // dQ^T += K^T dS^T: A = K^T[dims dt*16 + r][keys nt*16 + 4g ..].
 #pragma unroll
@@ -646,5 +753,58 @@ FLASHJIT_DEVICE void attention_backward_dq(const FlashjitAttentionParams& p) {
     }
   }
 }
+#ifdef FLASHJIT_VARIANT
+
+// The variant entries of the dK/dV and dQ kernels: the kernels on params whose scale_log2 is the
+// variant's softmax factor (softmax_scale_log2: log2(e) alone when score() takes scaled scores),
+// as attention_forward_variant. Packed documents (varlen), as the CUDA backward's *_varlen
+// entries: each workgroup runs on its document's view (document_tile_view; the workspace packed
+// by document, runtime/launch_params.hpp), a dK/dV one for a document without queries too
+// (dK = dV = 0) but not past its keys, a dQ or row one (the *_varlen row entries below) not past
+// its query rows.
+template <class K>
+FLASHJIT_DEVICE void attention_backward_dkdv_variant(const FlashjitAttentionParams& params) {
+  FlashjitAttentionParams p = params;
+  p.scale_log2 = flashjit_variant::softmax_scale_log2(params);
+#if FLASHJIT_VARIANT_VARLEN
+  if (!flashjit_variant::document_tile_view(p, block_index_z(), -1, block_index_x() * K::kBlockN, 2,
+                                            K::kHeadDimPadded))
+    return;
+#endif
+  attention_backward_dkdv<K>(p);
+}
+
+template <class K>
+FLASHJIT_DEVICE void attention_backward_dq_variant(const FlashjitAttentionParams& params) {
+  FlashjitAttentionParams p = params;
+  p.scale_log2 = flashjit_variant::softmax_scale_log2(params);
+#if FLASHJIT_VARIANT_VARLEN
+  const int m_block = K::kCausal ? grid_size_x() - 1 - block_index_x() : block_index_x();
+  if (!flashjit_variant::document_tile_view(p, block_index_z(), m_block * K::kBlockM, -1, 2,
+                                            K::kHeadDimPadded))
+    return;
+#endif
+  attention_backward_dq<K>(p);
+}
+#if FLASHJIT_VARIANT_VARLEN
+
+// The row kernels of packed documents (the renderer's *_varlen row entries).
+template <int HEAD_DIM, bool IS_BF16>
+FLASHJIT_DEVICE void backward_preprocess_varlen(const FlashjitAttentionParams& params) {
+  FlashjitAttentionParams p = params;
+  if (flashjit_variant::document_tile_view(p, block_index_z(), block_index_x() * kBackwardRows, -1,
+                                           2, (HEAD_DIM + 63) / 64 * 64))
+    backward_preprocess<HEAD_DIM, IS_BF16>(p);
+}
+
+template <int HEAD_DIM, bool IS_BF16>
+FLASHJIT_DEVICE void backward_dq_convert_varlen(const FlashjitAttentionParams& params) {
+  FlashjitAttentionParams p = params;
+  if (flashjit_variant::document_tile_view(p, block_index_z(), block_index_x() * kBackwardRows, -1,
+                                           2, (HEAD_DIM + 63) / 64 * 64))
+    backward_dq_convert<HEAD_DIM, IS_BF16>(p);
+}
+#endif
+#endif
 
 }  // namespace flashjit_hip

@@ -323,5 +323,67 @@ TEST(HipBackwardConfig, RenderDefinesTheThreeEntries) {
   EXPECT_FALSE(render_hip_attention(deterministic, {32, 128, 4, 1}).ok());
 }
 
+// Variants in the backward (templates/hip/attention_bwd.hpp's FLASHJIT_VARIANT blocks): every
+// kind and combination gets legal configs at every head dim on both targets, within the plain
+// problem's legal set (a user expression adds its register allowance to both kernels'
+// estimates); its dK/dV and dQ kernels enter through the *_variant entries.
+TEST(HipBackwardConfig, VariantProblemsGetHipConfigs) {
+  for (const char* arch : {"gfx90a", "gfx942"})
+    for (int d : {64, 128, 256})
+      for (bool deterministic : {false, true}) {
+        const DeviceSpec device = gfx(arch);
+        const AttentionProblem plain = backward(d, deterministic);
+        const std::vector<AttentionConfig> plain_legal = legal_hip_configs(plain, device);
+        for (const testing::NamedVariant& named : testing::backward_compile_variants()) {
+          AttentionProblem p = plain;
+          p.variant = named.variant;
+          const std::string where = std::string(named.name) + " " + arch + " d" +
+                                    std::to_string(d) + (deterministic ? " det" : "");
+          ASSERT_TRUE(validate(p).ok()) << where << ": " << validate(p).error().describe();
+          const std::vector<AttentionConfig> legal = legal_hip_configs(p, device);
+          ASSERT_FALSE(legal.empty()) << where;
+          const bool user_expression = !p.variant.score_mod.empty() || !p.variant.mask_mod.empty();
+          for (const AttentionConfig& c : legal) {
+            EXPECT_NE(std::find(plain_legal.begin(), plain_legal.end(), c), plain_legal.end())
+                << where << " " << c.to_string();
+            EXPECT_EQ(hip_bwd_dkdv_estimated_registers(c, p),
+                      hip_bwd_dkdv_estimated_registers(c, plain) + (user_expression ? 48 : 0))
+                << where << " " << c.to_string();
+          }
+          if (!user_expression) {
+            EXPECT_EQ(legal, plain_legal) << where;
+          }
+          const AttentionConfig def = default_hip_config(p, device).value();
+          const Result<KernelSource> source = render_hip_attention(p, def);
+          ASSERT_TRUE(source.ok()) << where << ": " << source.error().describe();
+          EXPECT_NE(source->text.find(render_variant_prelude(p).value()), std::string::npos)
+              << where;
+          EXPECT_NE(source->text.find("attention_backward_dkdv_variant<Config>"), std::string::npos)
+              << where;
+          EXPECT_EQ(source->text.find("attention_backward_dq_variant<Config>") != std::string::npos,
+                    deterministic)
+              << where;
+        }
+      }
+  // Packed documents: the plain problem's legal set; the row kernels through their *_varlen
+  // entries.
+  for (bool deterministic : {false, true}) {
+    AttentionProblem varlen = AttentionProblem::make_varlen(8, 16, 4, 4096, 4096, 20000, 20000, 128,
+                                                            DType::BF16, /*causal=*/true)
+                                  .with_pass(Pass::Backward);
+    varlen.deterministic = deterministic;
+    AttentionProblem plain = backward(128, deterministic);
+    EXPECT_EQ(legal_hip_configs(varlen, gfx("gfx90a")), legal_hip_configs(plain, gfx("gfx90a")));
+    const AttentionConfig def = default_hip_config(varlen, gfx("gfx90a")).value();
+    const Result<KernelSource> source = render_hip_attention(varlen, def);
+    ASSERT_TRUE(source.ok()) << source.error().describe();
+    EXPECT_NE(source->text.find("flashjit_hip::backward_preprocess_varlen<128, true>(params);"),
+              std::string::npos);
+    EXPECT_EQ(source->text.find("flashjit_hip::backward_dq_convert_varlen<128, true>(params);") !=
+                  std::string::npos,
+              !deterministic);
+  }
+}
+
 }  // namespace
 }  // namespace flashjit

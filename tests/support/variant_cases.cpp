@@ -102,6 +102,32 @@ std::vector<NamedVariant> compile_variants() {
   return out;
 }
 
+std::vector<NamedVariant> backward_compile_variants() {
+  std::vector<NamedVariant> out = compile_variants();
+  for (NamedVariant& named : out) {
+    Variant& v = named.variant;
+    if (v.score_mod == "score - 0.1f * abs(q_idx - kv_idx)") v.score_mod_grad = "1.0f";
+    if (v.score_mod == "score * 0.5f + tanh(score)")
+      v.score_mod_grad = "0.5f + 1.0f - tanh(score) * tanh(score)";
+    if (!v.score_mod.empty() && v.score_mod_grad.empty())
+      ADD_FAILURE() << named.name << ": a score_mod of compile_variants() with no derivative here";
+  }
+  return out;
+}
+
+std::vector<std::string> emulated_backward_prelude_lines() {
+  return {"#define FLASHJIT_VARIANT_CAUSAL 1\n",
+          "#define FLASHJIT_VARIANT_WINDOW_LEFT (40)\n",
+          "#define FLASHJIT_VARIANT_PREFIX 24\n",
+          "#define FLASHJIT_VARIANT_SOFTCAP 2.000000000e+00f\n",
+          "#define FLASHJIT_VARIANT_ALIBI 1\n",
+          "#define FLASHJIT_VARIANT_SCORE_MOD 1\n",
+          "#define FLASHJIT_VARIANT_MASK_MOD 1\n",
+          "#define FLASHJIT_VARIANT_SCORE_MOD_GRAD 1\n",
+          "  return static_cast<float>(1.0f);  // flashjit:score_mod_grad\n",
+          "  return static_cast<bool>((kv_idx + head + batch) % 5 != 0 || q_idx < 8);"};
+}
+
 VariantCase emulated_variant(bool with_mask_mod) {
   VariantCase c{with_mask_mod ? "emulated_with_mask_mod" : "emulated", true, {}, {}};
   c.variant.window_left = 40;

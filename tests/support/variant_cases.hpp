@@ -32,11 +32,18 @@ struct NamedVariant {
   Variant variant;
 };
 std::vector<NamedVariant> compile_variants();
+// compile_variants() for a backward problem: each score_mod with its derivative (d/ds of
+// s - 0.1 |q - k| is 1, of s / 2 + tanh(s) is 1 / 2 + 1 - tanh(s)^2).
+std::vector<NamedVariant> backward_compile_variants();
 
 // The variant the CUDA and HIP host emulation tests compile in (tests/support/emulated_variant.h
 // holds its rendered prelude): causal, window (40, -1), prefix 24, softcap 2, ALiBi, a score_mod
 // using the distance, head and batch and, with_mask_mod, a mask_mod using all four indices.
 VariantCase emulated_variant(bool with_mask_mod);
+// Lines of what render_variant_prelude gives for emulated_variant(true) in a backward problem:
+// the backward emulation tests check that they compile that in (support/emulated_variant.h with
+// FLASHJIT_VARIANT_MASK_MOD and FLASHJIT_VARIANT_SCORE_MOD_GRAD 1).
+std::vector<std::string> emulated_backward_prelude_lines();
 
 // Sets keys [begin, end) of k and v to NaN in every key/value head: the keys of blocks no query
 // sees, so that a kernel that loads such a block fails its comparison.

@@ -27,21 +27,8 @@
 namespace flashjit {
 namespace {
 
-// The forward compile tests' variants (support/variant_cases.hpp), each score_mod with its
-// derivative (a backward needs it): d/ds of s - 0.1 |q - k| is 1, of s / 2 + tanh(s) is
-// 1 / 2 + 1 - tanh(s)^2.
-std::vector<testing::NamedVariant> variants() {
-  std::vector<testing::NamedVariant> out = testing::compile_variants();
-  for (testing::NamedVariant& named : out) {
-    Variant& v = named.variant;
-    if (v.score_mod == "score - 0.1f * abs(q_idx - kv_idx)") v.score_mod_grad = "1.0f";
-    if (v.score_mod == "score * 0.5f + tanh(score)")
-      v.score_mod_grad = "0.5f + 1.0f - tanh(score) * tanh(score)";
-    if (!v.score_mod.empty() && v.score_mod_grad.empty())
-      ADD_FAILURE() << named.name << ": a score_mod of compile_variants() with no derivative here";
-  }
-  return out;
-}
+// The forward compile tests' variants, each score_mod with its derivative (a backward needs it).
+std::vector<testing::NamedVariant> variants() { return testing::backward_compile_variants(); }
 
 struct Job {
   std::string label;

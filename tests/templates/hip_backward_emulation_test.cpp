@@ -17,8 +17,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -38,101 +36,15 @@
 #include "templates/hip/tiles.hpp"
 #include "templates/hip/attention_bwd.hpp"
 // clang-format on
+#include "support/hip_backward_emulation.hpp"
 
 namespace flashjit {
 namespace {
 
 namespace ft = ::flashjit::testing;
 
-// Words after each output and the workspace that must stay untouched.
-constexpr size_t kGuardWords = 64;
-constexpr uint16_t kGuardBits = 0x7E57;
-
-// What a test may break on purpose, to show that the comparison catches it.
-enum class Fault { kNone, kSkipDqKernel, kShiftLse };
-
-struct Gradients {
-  std::vector<uint16_t> dq, dk, dv;
-};
-
-// Runs the three kernels of config K for `problem`; fills the gradients (whole spans, poisoned
-// first). Returns "" or what went wrong.
-template <class K>
-std::string run_backward(const AttentionProblem& problem, const AttentionConfig& config,
-                         const ft::HostInputs& inputs, Gradients* out, Fault fault) {
-  std::vector<uint16_t> dq(problem.dq_span() + kGuardWords, ft::kPoisonBits);
-  std::vector<uint16_t> dk(problem.dkv_span() + kGuardWords, ft::kPoisonBits);
-  std::vector<uint16_t> dv(problem.dkv_span() + kGuardWords, ft::kPoisonBits);
-  for (std::vector<uint16_t>* buffer : {&dq, &dk, &dv})
-    std::fill(buffer->end() - kGuardWords, buffer->end(), kGuardBits);
-  std::vector<float> lse = inputs.lse;
-  if (fault == Fault::kShiftLse)
-    for (float& value : lse) value += 0.05f;
-
-  const BackwardLaunch launch =
-      backward_launch(problem, config, hip_backward_shapes(config, problem));
-  // The workspace as NaN bytes: a kernel reading what the preprocess should have written gets NaN.
-  std::vector<float> workspace(launch.workspace.bytes / sizeof(float) + kGuardWords);
-  std::memset(workspace.data(), 0xFF, launch.workspace.bytes);
-  std::fill(workspace.end() - kGuardWords, workspace.end(), 1.5f);
-
-  AttentionArgs args;
-  args.q = inputs.q.data();
-  args.k = inputs.k.data();
-  args.v = inputs.v.data();
-  args.o = const_cast<uint16_t*>(inputs.o.data());  // an input of the backward pass
-  args.lse = lse.data();
-  args.d_o = inputs.d_o.data();
-  args.dq = dq.data();
-  args.dk = dk.data();
-  args.dv = dv.data();
-  FlashjitAttentionParams params = make_launch_params(problem, args);
-  bind_workspace(params, launch.workspace, workspace.data());
-
-  // The launch shapes the runtime uses must be the template's own.
-  if (launch.dkdv.threads != K::kThreads || launch.dkdv.smem_bytes != K::kLdsBytes)
-    return "dK/dV shape " + std::to_string(launch.dkdv.threads) + " threads, " +
-           std::to_string(launch.dkdv.smem_bytes) + " B differs from the template's";
-  const bool atomic = config.dq == DqMode::Atomic;
-  if (!atomic && (launch.dq.threads != K::kDqThreads || launch.dq.smem_bytes != K::kDqLdsBytes))
-    return "dQ shape differs from the template's";
-  if (launch.preprocess.threads != flashjit_hip::kBackwardThreads ||
-      (atomic && launch.dq.threads != flashjit_hip::kBackwardThreads))
-    return "row kernels' threads differ from the template's";
-
-  auto run = [](const LaunchShape& shape, const std::function<void()>& kernel) {
-    ft::HipGrid grid;
-    grid.x = static_cast<int>(shape.grid_x);
-    grid.y = static_cast<int>(shape.grid_y);
-    grid.z = static_cast<int>(shape.grid_z);
-    return ft::emulate_hip(grid, shape.threads, shape.smem_bytes, kernel);
-  };
-  std::string error = run(launch.preprocess, [&] {
-    flashjit_hip::backward_preprocess<K::kHeadDim, K::kIsBf16>(params);
-  });
-  if (!error.empty()) return "preprocess: " + error;
-  error = run(launch.dkdv, [&] { flashjit_hip::attention_backward_dkdv<K>(params); });
-  if (!error.empty()) return "dK/dV: " + error;
-  if (fault != Fault::kSkipDqKernel) {
-    error = atomic
-                ? run(launch.dq,
-                      [&] { flashjit_hip::backward_dq_convert<K::kHeadDim, K::kIsBf16>(params); })
-                : run(launch.dq, [&] { flashjit_hip::attention_backward_dq<K>(params); });
-    if (!error.empty()) return "dQ: " + error;
-  }
-
-  for (const std::vector<uint16_t>* buffer : {&dq, &dk, &dv})
-    for (auto it = buffer->end() - kGuardWords; it != buffer->end(); ++it)
-      if (*it != kGuardBits) return "a gradient written past its span";
-  for (auto it = workspace.end() - kGuardWords; it != workspace.end(); ++it)
-    if (*it != 1.5f)
-      return "the workspace written past its " + std::to_string(launch.workspace.bytes) + " bytes";
-  out->dq.assign(dq.begin(), dq.end() - kGuardWords);
-  out->dk.assign(dk.begin(), dk.end() - kGuardWords);
-  out->dv.assign(dv.begin(), dv.end() - kGuardWords);
-  return "";
-}
-
+using ft::Gradients;
+using Fault = ft::HipBackwardFault;
 using RunFn = std::string (*)(const AttentionProblem&, const AttentionConfig&,
                               const ft::HostInputs&, Gradients*, Fault);
 
@@ -167,7 +79,7 @@ EmulatedConfig emulated() {
           config,
           BF16 ? DType::BF16 : DType::F16,
           CAUSAL,
-          &run_backward<K>,
+          &ft::run_hip_backward<K>,
           K::kLdsBytes,
           K::kDqLdsBytes};
 }

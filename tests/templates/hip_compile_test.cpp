@@ -3,7 +3,8 @@
 // kernel of it (the backward's three entry points each). Needs no GPU (hipRTC only, in worker
 // processes), so it runs in CI: a template or generator change that breaks any corner of the HIP
 // config space fails here, not on an AMD machine later. Attention variants: every kind and a
-// combination at the default and heaviest tile, and a user expression that does not compile.
+// combination at the default and heaviest tile (forward; the backward's at its default tiles and
+// the combination's heaviest), and a user expression that does not compile.
 //
 // The forward: one gtest per (head_dim, dtype, causal) group of the standard set. The backward:
 // its legal set does not depend on dtype or causal (checked), so each config of d 64, 128, 256 is
@@ -113,14 +114,17 @@ std::vector<CompileOutcome> compile_all(const AttentionProblem& problem,
   return outcomes;
 }
 
-// One kernel for wave64, no scratch (spills), no static LDS (the templates use dynamic LDS only),
-// registers within what `waves` waves leave each lane.
+// One kernel for wave64, no scratch (spills; at most `allowed_spills` VGPRs spilled where given),
+// no static LDS (the templates use dynamic LDS only), registers within what `waves` waves leave
+// each lane.
 void expect_clean_kernel(const hip::CodeObjectResources& r, int waves, const DeviceSpec& device,
-                         const std::string& where) {
+                         const std::string& where, int allowed_spills = 0) {
   EXPECT_EQ(r.wavefront_size, 64) << where;
-  EXPECT_EQ(r.scratch_bytes, 0) << where << ": scratch memory (spills), " << r.vgprs << " VGPRs, "
-                                << r.vgpr_spills << " spilled";
-  EXPECT_EQ(r.vgpr_spills, 0) << where;
+  if (allowed_spills == 0) {
+    EXPECT_EQ(r.scratch_bytes, 0) << where << ": scratch memory (spills), " << r.vgprs << " VGPRs, "
+                                  << r.vgpr_spills << " spilled";
+  }
+  EXPECT_LE(r.vgpr_spills, allowed_spills) << where;
   EXPECT_EQ(r.lds_bytes, 0) << where;
   EXPECT_GT(r.vgprs, 0) << where << ": no register count in the code object";
   EXPECT_LE(r.vgprs, hip_wave_register_budget(waves, device)) << where;
@@ -129,7 +133,7 @@ void expect_clean_kernel(const hip::CodeObjectResources& r, int waves, const Dev
 // Compiled, a non-empty code object, every kernel clean (the forward's one; the backward's
 // preprocess, dK/dV and dQ kernels, with their own wave counts).
 void expect_clean(const CompileOutcome& o, const AttentionProblem& problem,
-                  const DeviceSpec& device, const std::string& group) {
+                  const DeviceSpec& device, const std::string& group, int allowed_spills = 0) {
   const std::string where = group + " config " + o.config.to_string();
   if (!o.ok) {
     ADD_FAILURE() << where << " failed to compile:\n" << o.error;
@@ -146,7 +150,8 @@ void expect_clean(const CompileOutcome& o, const AttentionProblem& problem,
   ASSERT_EQ(o.kernels.size(), o.entries.size()) << where;
   for (size_t e = 0; e < o.entries.size() && e < 3; ++e) {
     EXPECT_EQ(o.kernels[e].name, o.entries[e]) << where;
-    expect_clean_kernel(o.kernels[e].resources, waves[e], device, where + " " + o.entries[e]);
+    expect_clean_kernel(o.kernels[e].resources, waves[e], device, where + " " + o.entries[e],
+                        allowed_spills);
   }
 }
 
@@ -456,6 +461,82 @@ TEST(HipCompileVariants, EveryVariantCompilesCleanAtTheDefaultAndHeaviestTile) {
     const Result<KernelSource> source = render_hip_attention(jobs[i].problem, o.config);
     ASSERT_TRUE(source.ok());
     EXPECT_NE(source->text.find("flashjit_hip::attention_forward_variant<Config>(params);"),
+              std::string::npos)
+        << jobs[i].label;
+  }
+  std::fflush(stdout);
+}
+
+// The backward of every variant kind and their combination (support/variant_cases.hpp's
+// backward_compile_variants) and of packed documents alone and with a window + softcap, at d = 128
+// (bf16, causal): each at its default tile in both dQ modes,
+// the combination also at the legal tile of the most estimated dK/dV registers; every kernel clean
+// as above (registers within its waves' budget), entering through the variant entries. Where the
+// plain backward spills nothing (HipCompileAllBackwardConfigs), a variant's per-score masking
+// may spill a few VGPRs of the dK/dV kernel at the largest tile (hipRTC 5.2: 4 for the window,
+// prefix and varlen + window variants at m32n128w4s1): at most kMaxVariantSpills.
+constexpr int kMaxVariantSpills = 8;
+
+TEST(HipCompileVariants, EveryBackwardVariantCompilesWithinTheSpillBound) {
+  if (!have_hiprtc()) GTEST_SKIP() << hip::hiprtc_version();
+  const DeviceSpec device = known_device("gfx90a").value();
+  const AttentionProblem plain =
+      AttentionProblem::make(1, 16, 16, 4096, 4096, 128, DType::BF16, /*causal=*/true)
+          .with_pass(Pass::Backward);
+  struct Job {
+    std::string label;
+    AttentionProblem problem;
+    AttentionConfig config;
+  };
+  std::vector<std::pair<std::string, AttentionProblem>> problems;
+  for (const testing::NamedVariant& named : testing::backward_compile_variants()) {
+    AttentionProblem p = plain;
+    p.variant = named.variant;
+    problems.push_back({named.name, p});
+  }
+  AttentionProblem varlen = AttentionProblem::make_varlen(8, 16, 16, 4096, 4096, 20000, 20000, 128,
+                                                          DType::BF16, /*causal=*/true)
+                                .with_pass(Pass::Backward);
+  problems.push_back({"varlen", varlen});
+  varlen.variant.window_left = 1024;
+  varlen.variant.softcap = 30.f;
+  problems.push_back({"varlen_window", varlen});
+  std::vector<Job> jobs;
+  for (const auto& [name, problem] : problems) {
+    for (bool deterministic : {false, true}) {
+      AttentionProblem p = problem;
+      p.deterministic = deterministic;
+      const std::vector<AttentionConfig> legal = legal_hip_configs(p, device);
+      ASSERT_FALSE(legal.empty()) << name;
+      std::vector<AttentionConfig> tiles = {default_hip_config(p, device).value()};
+      if (name == "everything") {
+        tiles.push_back(*std::max_element(legal.begin(), legal.end(),
+                                          [&](const AttentionConfig& a, const AttentionConfig& b) {
+                                            return hip_bwd_dkdv_estimated_registers(a, p) <
+                                                   hip_bwd_dkdv_estimated_registers(b, p);
+                                          }));
+      }
+      for (const AttentionConfig& tile : tiles) jobs.push_back({name, p, tile});
+    }
+  }
+  const Clock::time_point start = Clock::now();
+  const std::vector<CompileOutcome> outcomes = testing::parallel_map<CompileOutcome>(
+      jobs.size(),
+      [&](size_t i) { return compile_one(jobs[i].problem, jobs[i].config, "gfx90a"); });
+  std::printf("  %zu backward compiles: %.1f s wall\n", jobs.size(), seconds_since(start));
+  std::printf("  %-14s %-18s %9s %6s %9s %6s\n", "variant", "config", "dkdv vgpr", "spill",
+              "dq vgpr", "spill");
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const CompileOutcome& o = outcomes[i];
+    expect_clean(o, jobs[i].problem, device, "backward " + jobs[i].label, kMaxVariantSpills);
+    if (!o.ok || o.kernels.size() < 3) continue;
+    std::printf("  %-14s %-18s %9d %6d %9d %6d\n", jobs[i].label.c_str(),
+                o.config.to_string().c_str(), o.kernels[1].resources.vgprs,
+                o.kernels[1].resources.vgpr_spills, o.kernels[2].resources.vgprs,
+                o.kernels[2].resources.vgpr_spills);
+    const Result<KernelSource> source = render_hip_attention(jobs[i].problem, o.config);
+    ASSERT_TRUE(source.ok());
+    EXPECT_NE(source->text.find("flashjit_hip::attention_backward_dkdv_variant<Config>(params);"),
               std::string::npos)
         << jobs[i].label;
   }
