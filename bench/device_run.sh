@@ -46,7 +46,8 @@
 #          family list), then bench/variants_bench.py: flashjit vs torch.compile'd
 #          FlexAttention and torch SDPA, d 128 bf16 causal, N 8k and 16k: window 1024, documents
 #          (equal lengths, a mask_mod), softcap 50, ALiBi, plain causal with and without the
-#          variant machinery (variants.md, variants.json, variants-bench.log). ~8 minutes on an
+#          variant machinery (variants.md, variants.json, variants-bench.log); BENCH_ARGS=
+#          "--backward" adds each case's backward against autograd through Flex. ~8 minutes on an
 #          H100 (build 40 s, pip 60 s, tests 270 s, bench 60 s + 10 s per --try-configs name:
 #          BENCH_ARGS="--quick --try-configs A,B" fits one call).
 #   concurrent  issue 15's test: the flashjit CLI, then bench/concurrent_tune.py: a lone `flashjit
