@@ -67,20 +67,23 @@ TEST(HostLoadProbe, ShareOfTheCoresTheThreadsWaitedFor) {
   EXPECT_EQ(disturbed_share_between(before, after, 0, 2), 0.0);
 }
 
-// The timing spins on every core beside as many busy processes: each core is shared by two
-// runnable threads, so the timing loses about half of its cores' time.
+// The timing spins on every core beside two busy processes per core: each core is shared by three
+// runnable threads: a fair scheduler would take two thirds of the timing's cores' time, this host
+// sees about a third (the timing's new threads are favoured), and CI once saw 0.24 with one busy
+// process per core. The bound is twice the tuner's (TuneOptions::max_disturbed_share, 0.05): what
+// the test asks is that the load is seen as a disturbance, not how large it is.
 TEST(HostLoadProbe, SeesBusyProcessesBesideATiming) {
   const int cores = host_cores();
   std::unique_ptr<HostLoadProbe> probe = probe_of(cores);
   if (!probe) GTEST_SKIP() << "no probe on this host";
-  BusyProcesses busy(cores);
-  ASSERT_EQ(busy.started(), cores);
+  BusyProcesses busy(2 * cores);
+  ASSERT_EQ(busy.started(), 2 * cores);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   probe->start();
-  spin_threads(cores, 200);
+  spin_threads(cores, 300);
   const double share = probe->disturbed_share();
   busy.stop();
-  EXPECT_GT(share, 0.25) << "busy processes on every core went unseen";
+  EXPECT_GT(share, 0.1) << "busy processes on every core went unseen";
   EXPECT_LE(share, 1.0);
 }
 
