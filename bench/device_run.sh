@@ -47,7 +47,8 @@
 #          FlexAttention and torch SDPA, d 128 bf16 causal, N 8k and 16k: window 1024, documents
 #          (equal lengths, a mask_mod), softcap 50, ALiBi, plain causal with and without the
 #          variant machinery (variants.md, variants.json, variants-bench.log); BENCH_ARGS=
-#          "--backward" adds each case's backward against autograd through Flex. ~8 minutes on an
+#          "--backward" adds each case's backward against autograd through Flex (BENCH_TIMEOUT, default
+#          300 s, bounds the bench). ~8 minutes on an
 #          H100 (build 40 s, pip 60 s, tests 270 s, bench 60 s + 10 s per --try-configs name:
 #          BENCH_ARGS="--quick --try-configs A,B" fits one call).
 #   concurrent  issue 15's test: the flashjit CLI, then bench/concurrent_tune.py: a lone `flashjit
@@ -417,7 +418,7 @@ if [[ "$what" == variants ]]; then
   echo "== variant tests done at $((SECONDS - start)) s"
   echo "== variants_bench.py (flashjit vs torch.compile'd FlexAttention and torch SDPA, same run)"
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
-  if ! COMMIT="${commit:-unknown}" timeout 300 "$py" bench/variants_bench.py --out-dir "$OUT" \
+  if ! COMMIT="${commit:-unknown}" timeout "${BENCH_TIMEOUT:-300}" "$py" bench/variants_bench.py --out-dir "$OUT" \
       ${BENCH_ARGS:-} 2>&1 | tee "$OUT/variants-bench.log"; then
     status=1
     echo "== variants bench FAILED"
