@@ -43,9 +43,8 @@ void initialize_llvm() {
 
 std::string error_text(llvm::Error error) { return llvm::toString(std::move(error)); }
 
-}  // namespace
-
-const HostTarget& host_target() {
+// The host as LLVM sees it, whatever the cap.
+const HostTarget& native_target() {
   static const HostTarget target = [] {
     initialize_llvm();
     HostTarget t;
@@ -73,30 +72,18 @@ const HostTarget& host_target() {
   return target;
 }
 
-const char* to_string(CpuIsa isa) {
-  switch (isa) {
-    case CpuIsa::Sse:
-      return "sse";
-    case CpuIsa::Avx2:
-      return "avx2";
-    case CpuIsa::Avx512:
-      return "avx512";
-    case CpuIsa::Avx512Bf16:
-      return "avx512bf16";
-  }
-  return "?";
-}
+}  // namespace
 
 HostTarget isa_target(CpuIsa isa) {
   HostTarget t;
-  t.triple = host_target().triple;
+  t.triple = native_target().triple;
   t.cpu = isa == CpuIsa::Sse ? "x86-64" : isa == CpuIsa::Avx2 ? "x86-64-v3" : "x86-64-v4";
   if (isa == CpuIsa::Avx512Bf16) t.features = "+avx512bf16";
   return t;
 }
 
 bool host_runs(CpuIsa isa) {
-  const HostTarget& host = host_target();
+  const HostTarget& host = native_target();
   if (!llvm::StringRef(host.triple).startswith("x86_64")) return false;
   auto has = [&](std::initializer_list<const char*> names) {
     for (const char* name : names)
@@ -117,6 +104,15 @@ bool host_runs(CpuIsa isa) {
       return avx512 && has({"avx512bf16"});
   }
   return false;
+}
+
+const HostTarget& host_target() {
+  static const HostTarget target = [] {
+    const Result<std::optional<CpuIsa>> cap = isa_cap();
+    if (cap.ok() && cap->has_value() && host_runs(**cap)) return isa_target(**cap);
+    return native_target();
+  }();
+  return target;
 }
 
 std::string clang_version() { return std::string("clang ") + LLVM_VERSION_STRING; }

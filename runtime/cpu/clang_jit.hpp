@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "generator/error.hpp"
+#include "runtime/cpu/cpu_info.hpp"
 
 namespace llvm::orc {
 class LLJIT;
@@ -15,7 +16,8 @@ class LLJIT;
 
 namespace flashjit::cpu {
 
-// The target the JIT compiles for: the host's triple, CPU name and features (as LLVM sees them).
+// The target the JIT compiles for: the host's triple, CPU name and features (as LLVM sees them);
+// under a valid FLASHJIT_CPU_ISA cap the cap's level instead (isa_target), when the host runs it.
 struct HostTarget {
   std::string triple;    // "x86_64-pc-linux-gnu"
   std::string cpu;       // "znver3", "skylake-avx512", ...
@@ -23,15 +25,7 @@ struct HostTarget {
 };
 const HostTarget& host_target();
 
-// The x86-64 ISA levels of the CPU templates (templates/cpu/common.hpp picks its register tiles
-// and conversions from the target's macros), as targets to compile for on any x86-64 host: the
-// tests compile every level and run those the host can execute.
-//   Sse       "x86-64" (SSE2): 16 xmm, f32x16 in four
-//   Avx2      "x86-64-v3": AVX2, FMA, F16C (16 ymm)
-//   Avx512    "x86-64-v4": AVX-512 F/BW/DQ/VL (32 zmm)
-//   Avx512Bf16  "x86-64-v4" + AVX512_BF16 (vdpbf16ps for bf16 storage)
-enum class CpuIsa { Sse, Avx2, Avx512, Avx512Bf16 };
-const char* to_string(CpuIsa isa);
+// The target of an ISA level (cpu_info.hpp CpuIsa) on this host's triple.
 HostTarget isa_target(CpuIsa isa);
 // Whether the host can run code compiled for `isa` (its CPU features include the level's).
 bool host_runs(CpuIsa isa);

@@ -340,6 +340,14 @@ Result<std::unique_ptr<CpuBackend>> CpuBackend::create(const CpuSpec& spec) {
   if (host_target().triple.empty()) {
     return make_error(ErrorCode::NoDevice, "LLVM does not know the host's target");
   }
+  // A FLASHJIT_CPU_ISA cap must name a level, and one this host runs.
+  const Result<std::optional<CpuIsa>> cap = isa_cap();
+  if (!cap.ok()) return cap.error();
+  if (cap->has_value() && !host_runs(**cap)) {
+    return make_error(ErrorCode::InvalidArgument,
+                      std::string("FLASHJIT_CPU_ISA=") + to_string(**cap) +
+                          ": this host cannot run that level (it has: " + host_cpu().isa() + ")");
+  }
   return std::unique_ptr<CpuBackend>(new CpuBackend(spec));
 }
 

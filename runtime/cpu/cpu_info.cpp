@@ -1,6 +1,7 @@
 #include "runtime/cpu/cpu_info.hpp"
 
 #include <cctype>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -24,6 +25,37 @@ std::string trim(const std::string& text) {
 }
 
 }  // namespace
+
+const char* to_string(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::Sse:
+      return "sse";
+    case CpuIsa::Avx2:
+      return "avx2";
+    case CpuIsa::Avx512:
+      return "avx512";
+    case CpuIsa::Avx512Bf16:
+      return "avx512bf16";
+  }
+  return "?";
+}
+
+Result<std::optional<CpuIsa>> isa_cap() {
+  const char* value = std::getenv("FLASHJIT_CPU_ISA");
+  if (value == nullptr || *value == '\0') return std::optional<CpuIsa>();
+  for (CpuIsa isa : {CpuIsa::Sse, CpuIsa::Avx2, CpuIsa::Avx512, CpuIsa::Avx512Bf16})
+    if (std::string(value) == to_string(isa)) return std::optional<CpuIsa>(isa);
+  return make_error(ErrorCode::InvalidArgument,
+                    std::string("FLASHJIT_CPU_ISA=") + value +
+                        ": not an ISA level; allowed: sse, avx2, avx512, avx512bf16 (or unset)");
+}
+
+CpuSpec capped(CpuSpec cpu, CpuIsa cap) {
+  if (cap == CpuIsa::Sse) cpu.avx2 = cpu.fma = cpu.f16c = false;
+  if (cap == CpuIsa::Sse || cap == CpuIsa::Avx2) cpu.avx512f = false;
+  if (cap != CpuIsa::Avx512Bf16) cpu.avx512bf16 = false;
+  return cpu;
+}
 
 long long parse_cache_size(const std::string& text) {
   if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0]))) return 0;
@@ -84,7 +116,8 @@ CpuSpec host_cpu() {
     if (level == "2" && type != "Instruction") cpu.l2_bytes = bytes;
     if (level == "3" && type != "Instruction") cpu.l3_bytes = bytes;
   }
-  return cpu;
+  const Result<std::optional<CpuIsa>> cap = isa_cap();
+  return cap.ok() && cap->has_value() ? capped(cpu, **cap) : cpu;
 }
 
 }  // namespace flashjit::cpu

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -221,6 +222,69 @@ TEST(CpuIsa, Bf16DotProductPathMatchesTheReference) {
     ASSERT_TRUE(kernels[i]->ok()) << label << ": " << (*kernels[i]).error().describe();
     check_shapes(***kernels[i], items[i].first, DType::BF16, items[i].second, label, 500 + 20 * i);
   }
+}
+
+// FLASHJIT_CPU_ISA: the names of the levels, a bad value named with what is allowed, the
+// features a cap leaves out.
+TEST(CpuIsaCap, ParsesTheLevelsAndNamesABadValue) {
+  for (CpuIsa isa : kIsas) {
+    setenv("FLASHJIT_CPU_ISA", cpu::to_string(isa), 1);
+    const Result<std::optional<CpuIsa>> cap = cpu::isa_cap();
+    ASSERT_TRUE(cap.ok()) << cpu::to_string(isa);
+    EXPECT_EQ(*cap, std::optional<CpuIsa>(isa));
+  }
+  setenv("FLASHJIT_CPU_ISA", "", 1);
+  EXPECT_EQ(*cpu::isa_cap(), std::nullopt) << "empty: no cap";
+  setenv("FLASHJIT_CPU_ISA", "AVX2", 1);
+  const Result<std::optional<CpuIsa>> bad = cpu::isa_cap();
+  ASSERT_FALSE(bad.ok()) << "the names are lower case";
+  EXPECT_EQ(bad.error().code, ErrorCode::InvalidArgument);
+  EXPECT_NE(bad.error().message.find("FLASHJIT_CPU_ISA=AVX2"), std::string::npos);
+  EXPECT_NE(bad.error().message.find("avx512bf16"), std::string::npos) << "names what is allowed";
+  const Result<std::unique_ptr<cpu::CpuBackend>> refused = cpu::CpuBackend::create();
+  ASSERT_FALSE(refused.ok()) << "a backend under a bad cap";
+  EXPECT_EQ(refused.error().code, ErrorCode::InvalidArgument);
+  unsetenv("FLASHJIT_CPU_ISA");
+  EXPECT_EQ(*cpu::isa_cap(), std::nullopt);
+
+  CpuSpec all = backend().cpu();
+  all.avx2 = all.fma = all.f16c = all.avx512f = all.avx512bf16 = true;
+  EXPECT_EQ(cpu::capped(all, CpuIsa::Avx512Bf16).isa(), all.isa());
+  EXPECT_EQ(cpu::capped(all, CpuIsa::Avx512).isa(), "avx512f avx2 fma f16c");
+  EXPECT_EQ(cpu::capped(all, CpuIsa::Avx2).isa(), "avx2 fma f16c");
+  EXPECT_EQ(cpu::capped(all, CpuIsa::Sse).isa(), "baseline");
+}
+
+// A process under a cap plans, compiles and runs for the cap's level: SSE (every x86-64 host
+// runs it) in a fresh process (the host's target is read once per process): the plan's ISA says
+// "baseline", the kernel's assembly has no ymm or zmm register, and it matches the reference.
+// Exit codes of the child: 0 all good, 2-6 the first check that failed.
+int capped_process_checks() {
+  const Result<std::unique_ptr<cpu::CpuBackend>> capped = cpu::CpuBackend::create();
+  if (!capped.ok()) return 2;
+  if ((*capped)->cpu().isa() != "baseline" || cpu::host_target().cpu != "x86-64") return 3;
+  const AttentionProblem problem = probe(64, DType::F32, true);
+  Result<KernelSource> source = (*capped)->render(problem, kConfig);
+  if (!source.ok()) return 4;
+  const Result<cpu::ClangOutput> assembly =
+      cpu::compile_cpp(source->text, "attention_fwd_cpu.cpp", cpu::EmitKind::Assembly);
+  if (!assembly.ok()) return 4;
+  const std::string text(assembly->bytes.begin(), assembly->bytes.end());
+  if (text.find("%ymm") != std::string::npos || text.find("%zmm") != std::string::npos) return 5;
+  const Result<Binary> binary = (*capped)->compile(*source);
+  if (!binary.ok()) return 6;
+  const Result<std::shared_ptr<Kernel>> kernel =
+      (*capped)->load(*binary, *source, ProblemSignature::of(problem), kConfig);
+  if (!kernel.ok()) return 6;
+  check_shapes(**kernel, 64, DType::F32, true, "sse cap", 900);
+  return ::testing::Test::HasFailure() ? 6 : 0;
+}
+
+TEST(CpuIsaCap, ACappedProcessPlansCompilesAndRunsTheCappedLevel) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // a fresh process: host_target() read anew
+  setenv("FLASHJIT_CPU_ISA", "sse", 1);
+  EXPECT_EXIT(std::exit(capped_process_checks()), ::testing::ExitedWithCode(0), "");
+  unsetenv("FLASHJIT_CPU_ISA");
 }
 
 #else
