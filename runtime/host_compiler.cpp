@@ -96,7 +96,11 @@ void* open_library(const std::filesystem::path& path, std::string& error) {
 Status compile(const std::string& source, const std::string& compiler,
                const std::filesystem::path& target, double timeout_seconds) {
   const std::filesystem::path temporary = target.string() + temporary_suffix();
-  std::vector<std::string> argv = {compiler};
+  // Its messages in English ("error:", what explain_variant_compile_error looks for): through
+  // env(1) with LC_ALL=C where there is one, still an argument vector.
+  std::vector<std::string> argv;
+  if (executable_file("/usr/bin/env")) argv = {"/usr/bin/env", "LC_ALL=C"};
+  argv.push_back(compiler);
   argv.insert(argv.end(), kFlags.begin(), kFlags.end());
   argv.insert(argv.end(), {"-x", "c++", "-", "-o", temporary.string()});
   compiles.fetch_add(1);

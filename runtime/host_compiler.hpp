@@ -6,12 +6,12 @@
 // The compiler: $FLASHJIT_HOST_CXX alone when set; else the compiler this build was made with,
 // $CXX, then `c++` (a name without '/' is looked up on PATH); the first that runs (`--version`)
 // is used. It runs as `<compiler> -O2 -shared -fPIC -std=c++17 -x c++ - -o <temp file>` with the
-// source on its stdin, through posix_spawn with an argument vector (no shell: the source is
-// only ever data). The library is named by a hash of the source, the compiler's identity (its
-// path and `--version` line) and the flags; it is written to a temporary file in the cache
-// folder and renamed into place, so a process never loads a partial library and concurrent
-// processes compiling the same source are harmless. A later process (or a fresh cache) loads
-// the file without compiling.
+// source on its stdin and LC_ALL=C (through env(1)), started by posix_spawn with an argument
+// vector (no shell: the source is only ever data). The library is named by a hash of the source,
+// the compiler's identity (its path and `--version` line) and the flags; it is written to a
+// temporary file in the cache folder and renamed into place, so a process never loads a partial
+// library and concurrent processes compiling the same source are harmless. A later process (or a
+// fresh cache) loads the file without compiling.
 #pragma once
 
 #include <cstddef>
