@@ -146,7 +146,7 @@ const Command& tune_command() {
           {"prefix", "P", "prefix-LM: keys [0, P) visible to every query"},
           {"score-mod", "EXPR",
            "a score_mod expression (verified against the fp64 reference, which compiles it for "
-           "the host: needs the CPU backend's Clang JIT)"},
+           "the host: the CPU backend's Clang JIT, else the host's C++ compiler)"},
           {"mask-mod", "EXPR", "a mask_mod expression (likewise)"},
           {"score-mod-grad", "EXPR",
            "with --score-mod and --pass bwd: d score_mod / d score (see `flashjit run --help`)"},

@@ -21,7 +21,7 @@ install(FILES ${PROJECT_SOURCE_DIR}/templates/attention_params.h
               ${PROJECT_SOURCE_DIR}/templates/embedded.hpp
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flashjit/templates)
 
-set(flashjit_exported flashjit flashjit_generator flashjit_templates)
+set(flashjit_exported flashjit flashjit_generator flashjit_templates flashjit_subprocess)
 if(FLASHJIT_HAVE_HIP_BACKEND)
   list(APPEND flashjit_exported flashjit_hip)
   install(TARGETS flashjit_hiprtc_worker RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

@@ -148,8 +148,8 @@ struct TuneOptions {
   std::vector<Fault> faulted;
   // Host (fp64) versions of a variant problem's user score_mod / mask_mod / score_mod_grad for
   // verification (tuner/reference.hpp). Optional: an expression with no function here is
-  // compiled for the host (tuner/variant_functions.hpp; needs the CPU backend's Clang JIT, else
-  // Unsupported).
+  // compiled for the host (tuner/variant_functions.hpp: the CPU backend's Clang JIT, else the
+  // host's C++ compiler; Unsupported when neither is there).
   VariantFunctions variant_functions;
   std::function<void(const TuneProgress&)> on_progress;
   // Waiting for the device, a lock that cannot be used, unstable timings; null: stderr.

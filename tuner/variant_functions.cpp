@@ -1,6 +1,7 @@
 #include "tuner/variant_functions.hpp"
 
 #include <cctype>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -8,6 +9,7 @@
 #include <utility>
 
 #include "generator/variant.hpp"
+#include "runtime/host_compiler.hpp"
 #include "templates/embedded.hpp"
 
 #if FLASHJIT_HAVE_CPU_BACKEND
@@ -54,8 +56,13 @@ std::string double_expression(const std::string& expression) {
   return out;
 }
 
-#if FLASHJIT_HAVE_CPU_BACKEND
 namespace {
+
+#if FLASHJIT_HAVE_CPU_BACKEND
+constexpr bool kHaveClangJit = true;
+#else
+constexpr bool kHaveClangJit = false;
+#endif
 
 constexpr const char* kScoreSymbol = "flashjit_reference_score_mod";
 constexpr const char* kMaskSymbol = "flashjit_reference_mask_mod";
@@ -73,7 +80,7 @@ std::string reference_line(const std::string& expression) {
 // attention_params.h and attention_variant.h (for the functions an expression may call, in
 // namespace flashjit_variant) with no variant of their own, then one extern "C" function per
 // expression, each on a line ending in generator/variant.hpp's marker so that a compile error
-// names the expression (explain_variant_compile_error).
+// names the expression (explain_variant_compile_error). The same source for both ways.
 Result<std::string> render_reference_source(const Variant& v) {
   const std::string_view params = templates::text("attention_params.h");
   const std::string_view header = templates::text(kVariantHeader);
@@ -106,50 +113,103 @@ Result<std::string> render_reference_source(const Variant& v) {
   return out.str();
 }
 
-// The compiled modules by source text, for the process.
+bool uses_host_compiler(const ExpressionCompiler& how) {
+  return how.host_compiler || !kHaveClangJit;
+}
+
+// A loaded module of the expressions (the JIT's or the host compiler's): its owner, kept alive
+// by every function made from it, and its symbols.
+struct Module {
+  std::shared_ptr<const void> owner;
+  std::function<Result<void*>(const std::string&)> lookup;
+};
+
+template <class Owner>
+Module module_of(std::unique_ptr<Owner> loaded) {
+  std::shared_ptr<const Owner> owner(std::move(loaded));
+  const Owner* raw = owner.get();
+  return Module{owner, [raw](const std::string& symbol) { return raw->lookup(symbol); }};
+}
+
+Result<Module> load(const std::string& source, const ExpressionCompiler& how) {
+#if FLASHJIT_HAVE_CPU_BACKEND
+  if (!uses_host_compiler(how)) {
+    Result<cpu::ClangOutput> object =
+        cpu::compile_cpp(source, "flashjit_reference_expressions.cpp");
+    if (!object.ok()) return object.error();
+    Result<std::unique_ptr<cpu::JitModule>> module =
+        cpu::JitModule::load(object->bytes, "flashjit_reference_expressions");
+    if (!module.ok()) return module.error();
+    return module_of(std::move(module.value()));
+  }
+#endif
+  Result<std::unique_ptr<HostLibrary>> library = HostLibrary::build(source, how.host);
+  if (!library.ok()) return library.error();
+  return module_of(std::move(library.value()));
+}
+
+// A compile error quoted as the kernels' are (a backward problem: score_mod_grad included); no
+// compiler: Unsupported naming the expressions and what else to do.
+Error explained(const Variant& v, const std::string& source, const Error& error) {
+  if (error.code == ErrorCode::Unsupported)
+    return make_error(ErrorCode::Unsupported, "evaluating the user expressions (score_mod = \"" +
+                                                  v.score_mod + "\", mask_mod = \"" + v.mask_mod +
+                                                  "\") in the fp64 reference: " + error.message +
+                                                  "; or give host functions "
+                                                  "(TuneOptions::variant_functions)");
+  AttentionProblem problem =
+      AttentionProblem::make(1, 1, 1, 1, 1, 8, DType::F32, false).with_pass(Pass::Backward);
+  problem.variant = v;
+  Error out = explain_variant_compile_error(problem, source, error);
+  out.message = "the fp64 reference of the expressions: " + out.message;
+  return out;
+}
+
+// The compiled modules by the way they were made and their source text, for the process.
 std::mutex cache_mutex;
-std::map<std::string, std::shared_ptr<const cpu::JitModule>>& module_cache() {
-  static auto* cache = new std::map<std::string, std::shared_ptr<const cpu::JitModule>>();
+std::map<std::string, Module>& module_cache() {
+  static auto* cache = new std::map<std::string, Module>();
   return *cache;
 }
 
-Result<std::shared_ptr<const cpu::JitModule>> compiled_module(const Variant& v) {
+Result<Module> compiled_module(const Variant& v, const ExpressionCompiler& how) {
   Result<std::string> source = render_reference_source(v);
   if (!source.ok()) return source.error();
-  std::lock_guard<std::mutex> lock(cache_mutex);
-  auto found = module_cache().find(*source);
-  if (found != module_cache().end()) return found->second;
-  Result<cpu::ClangOutput> object = cpu::compile_cpp(*source, "flashjit_reference_expressions.cpp");
-  if (!object.ok()) {
-    // Quoted as the kernels' compile errors are (a backward problem: score_mod_grad included).
-    AttentionProblem problem =
-        AttentionProblem::make(1, 1, 1, 1, 1, 8, DType::F32, false).with_pass(Pass::Backward);
-    problem.variant = v;
-    Error explained = explain_variant_compile_error(problem, *source, object.error());
-    explained.message = "the fp64 reference of the expressions: " + explained.message;
-    return explained;
+  std::string key = "jit\n";
+  if (uses_host_compiler(how)) {
+    key = "host\n" + how.host.cache_dir.string() + "\n";
+    for (const std::string& compiler : how.host.compilers) key += compiler + "\n";
   }
-  Result<std::unique_ptr<cpu::JitModule>> module =
-      cpu::JitModule::load(object->bytes, "flashjit_reference_expressions");
-  if (!module.ok()) return module.error();
-  std::shared_ptr<const cpu::JitModule> shared(std::move(module.value()));
-  module_cache().emplace(*source, shared);
-  return shared;
+  key += *source;
+  std::lock_guard<std::mutex> lock(cache_mutex);  // one compile of a source at a time
+  if (how.process_cache) {
+    auto found = module_cache().find(key);
+    if (found != module_cache().end()) return found->second;
+  }
+  Result<Module> module = load(*source, how);
+  if (!module.ok()) return explained(v, *source, module.error());
+  if (how.process_cache) module_cache().emplace(key, *module);
+  return module;
 }
 
 }  // namespace
 
 Result<VariantFunctions> variant_functions_of(const Variant& variant) {
+  return variant_functions_of(variant, ExpressionCompiler{});
+}
+
+Result<VariantFunctions> variant_functions_of(const Variant& variant,
+                                              const ExpressionCompiler& how) {
   VariantFunctions functions;
   if (variant.score_mod.empty() && variant.mask_mod.empty() && variant.score_mod_grad.empty())
     return functions;
-  Result<std::shared_ptr<const cpu::JitModule>> module = compiled_module(variant);
+  Result<Module> module = compiled_module(variant, how);
   if (!module.ok()) return module.error();
-  std::shared_ptr<const cpu::JitModule> keep = std::move(module.value());
+  std::shared_ptr<const void> keep = module->owner;
   using Score = double (*)(double, long long, long long, long long, long long);
   using Mask = bool (*)(long long, long long, long long, long long);
   auto score_function = [&](const char* symbol) -> Result<VariantFunctions::ScoreFunction> {
-    Result<void*> address = keep->lookup(symbol);
+    Result<void*> address = module->lookup(symbol);
     if (!address.ok()) return address.error();
     const Score f = reinterpret_cast<Score>(address.value());
     return VariantFunctions::ScoreFunction(
@@ -168,7 +228,7 @@ Result<VariantFunctions> variant_functions_of(const Variant& variant) {
     functions.score_mod_grad = std::move(f.value());
   }
   if (!variant.mask_mod.empty()) {
-    Result<void*> address = keep->lookup(kMaskSymbol);
+    Result<void*> address = module->lookup(kMaskSymbol);
     if (!address.ok()) return address.error();
     const Mask f = reinterpret_cast<Mask>(address.value());
     functions.mask_mod = [keep, f](int64_t batch, int64_t head, int64_t q_idx, int64_t kv_idx) {
@@ -182,23 +242,6 @@ size_t compiled_expression_modules() {
   std::lock_guard<std::mutex> lock(cache_mutex);
   return module_cache().size();
 }
-
-#else  // !FLASHJIT_HAVE_CPU_BACKEND
-
-size_t compiled_expression_modules() { return 0; }
-
-Result<VariantFunctions> variant_functions_of(const Variant& variant) {
-  if (variant.score_mod.empty() && variant.mask_mod.empty() && variant.score_mod_grad.empty())
-    return VariantFunctions{};
-  return make_error(ErrorCode::Unsupported,
-                    "evaluating the user expressions (score_mod = \"" + variant.score_mod +
-                        "\", mask_mod = \"" + variant.mask_mod +
-                        "\") in the fp64 reference needs the CPU backend's Clang JIT; this build "
-                        "has none (FLASHJIT_HAVE_CPU_BACKEND off): give host functions "
-                        "(TuneOptions::variant_functions)");
-}
-
-#endif  // FLASHJIT_HAVE_CPU_BACKEND
 
 Result<VariantFunctions> complete_variant_functions(const AttentionProblem& problem,
                                                     VariantFunctions given) {

@@ -121,7 +121,8 @@ class Verification {
   // sequences, so that a kernel that reads past a sequence's length fails), the reference
   // computed (a user score_mod / mask_mod / score_mod_grad through `functions`, or where
   // `functions` lacks it, compiled from the expression: complete_variant_functions, whose errors
-  // a bad expression or a build without the CPU backend gives), the inputs uploaded.
+  // a bad expression or, without the CPU backend, no host C++ compiler gives), the inputs
+  // uploaded.
   static Result<std::unique_ptr<Verification>> create(const Backend& backend,
                                                       const AttentionProblem& problem,
                                                       uint64_t seed,

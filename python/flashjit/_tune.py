@@ -39,7 +39,8 @@ def tune(*, passes=("fwd",), deterministic=False, head_dims=None, dtypes=None, c
     recorded=True replays the recorded problems, each with its own pass (give no grid then).
     score_mod, mask_mod, score_mod_grad: user expressions applied to every problem (as on
     attention(); ``--score-mod`` ...): the configs are verified against the fp64 reference, which
-    compiles the expressions for the host in double (needs the CPU backend's Clang JIT).
+    compiles the expressions for the host in double (the CPU backend's Clang JIT, else the host's
+    C++ compiler: ``FLASHJIT_HOST_CXX``).
     Later attention() and attention_backward() calls serve the new results.
     """
     args = []

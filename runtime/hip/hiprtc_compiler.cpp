@@ -11,7 +11,7 @@
 #include <optional>
 
 #include "runtime/hip/hip_api.hpp"
-#include "runtime/hip/subprocess.hpp"
+#include "runtime/subprocess.hpp"
 
 namespace flashjit::hip {
 namespace {

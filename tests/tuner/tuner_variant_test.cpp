@@ -15,6 +15,7 @@
 #include "runtime/runtime.hpp"
 #include "tuner/reference.hpp"
 #include "tuner/tuner.hpp"
+#include "tuner/variant_functions.hpp"
 #include "tuner/workload.hpp"
 
 #if FLASHJIT_HAVE_CPU_BACKEND
@@ -216,33 +217,41 @@ TEST_F(TunerVariantCpuTest, APagedDecodeProblemIsTunedUnderItsLayoutKey) {
 }
 
 // A user expression is verified through the function compiled from its text when none is given
-// (tuner/variant_functions), through the caller's host function when one is: a wrong one fails.
+// (tuner/variant_functions), through the caller's host function when one is, and through the
+// functions the host's C++ compiler made (what a build without the CPU backend uses): a wrong one
+// fails.
 TEST_F(TunerVariantCpuTest, AUserExpressionIsVerifiedWithOrWithoutItsHostFunction) {
   Variant mods;
   mods.score_mod = "score * 0.5f";
   mods.mask_mod = "kv_idx != q_idx + 1";
   const AttentionProblem problem =
       with_variant(AttentionProblem::make(1, 2, 2, 40, 40, 32, DType::F32, false), mods);
-  Tuner compiled(*backend_, nullptr, nullptr, tiny());
-  Result<TuneReport> verified = compiled.tune(problem);
-  ASSERT_TRUE(verified.ok()) << verified.error().describe();
-  ASSERT_TRUE(verified->choice.has_value()) << verified->note;
-  for (const TuneResult& result : verified->results)
-    EXPECT_EQ(result.status, TuneStatus::Timed) << result.config.to_string() << result.message;
+  auto expect_all_timed = [&](const TuneOptions& options) {
+    Tuner tuner(*backend_, nullptr, nullptr, options);
+    Result<TuneReport> report = tuner.tune(problem);
+    ASSERT_TRUE(report.ok()) << report.error().describe();
+    ASSERT_TRUE(report->choice.has_value()) << report->note;
+    for (const TuneResult& result : report->results)
+      EXPECT_EQ(result.status, TuneStatus::Timed) << result.config.to_string() << result.message;
+  };
+  expect_all_timed(tiny());
 
   TuneOptions options = tiny();
+  ExpressionCompiler host;
+  host.host_compiler = true;
+  host.host.cache_dir = dir_ / "host";
+  Result<VariantFunctions> host_functions = variant_functions_of(mods, host);
+  ASSERT_TRUE(host_functions.ok()) << host_functions.error().describe();
+  options.variant_functions = *host_functions;
+  expect_all_timed(options);
+
   options.variant_functions.score_mod = [](double score, int64_t, int64_t, int64_t, int64_t) {
     return score * 0.5;
   };
   options.variant_functions.mask_mod = [](int64_t, int64_t, int64_t q_idx, int64_t kv_idx) {
     return kv_idx != q_idx + 1;
   };
-  Tuner with(*backend_, nullptr, nullptr, options);
-  Result<TuneReport> report = with.tune(problem);
-  ASSERT_TRUE(report.ok()) << report.error().describe();
-  ASSERT_TRUE(report->choice.has_value()) << report->note;
-  for (const TuneResult& result : report->results)
-    EXPECT_EQ(result.status, TuneStatus::Timed) << result.config.to_string() << result.message;
+  expect_all_timed(options);
 
   // A wrong host function fails every config (the check can fail).
   options.variant_functions.score_mod = [](double score, int64_t, int64_t, int64_t, int64_t) {

@@ -1,11 +1,9 @@
 // run_process: input and outputs byte-exact, exit statuses, signals (an abort), timeouts (also of
 // a child that closed its outputs), a child that never reads its input, a missing program, and
-// many concurrent children (no pipe leaks into a sibling). Only in builds with the HIP backend,
-// which is what uses it.
+// many concurrent children (no pipe leaks into a sibling).
+#include "runtime/subprocess.hpp"
+
 #include <gtest/gtest.h>
-
-#if FLASHJIT_HAVE_HIP_BACKEND
-
 #include <signal.h>
 
 #include <chrono>
@@ -13,9 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/hip/subprocess.hpp"
-
-namespace flashjit::hip {
+namespace flashjit {
 namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
@@ -114,10 +110,4 @@ TEST(RunProcess, ConcurrentChildrenDoNotHoldEachOthersPipes) {
 }
 
 }  // namespace
-}  // namespace flashjit::hip
-
-#else
-
-TEST(RunProcess, NotBuilt) { GTEST_SKIP() << "built without the HIP backend (no ROCm headers)"; }
-
-#endif
+}  // namespace flashjit

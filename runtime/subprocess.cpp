@@ -1,4 +1,4 @@
-#include "runtime/hip/subprocess.hpp"
+#include "runtime/subprocess.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -17,7 +17,7 @@
 
 extern char** environ;
 
-namespace flashjit::hip {
+namespace flashjit {
 namespace {
 
 // Closes a file descriptor on every path out of run_process.
@@ -213,4 +213,4 @@ Result<ProcessResult> run_process(const std::vector<std::string>& argv, std::str
   return result;
 }
 
-}  // namespace flashjit::hip
+}  // namespace flashjit

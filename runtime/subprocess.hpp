@@ -1,7 +1,8 @@
 // Runs a child process with its stdin fed from memory and its stdout and stderr captured, and
 // reports how it ended: an exit status, a signal (a crash or an abort), or a timeout. The HIP
 // backend runs every hipRTC compile this way (runtime/hip/hiprtc_compiler.hpp), because hipRTC
-// aborts the whole process on some inputs.
+// aborts the whole process on some inputs; runtime/host_compiler.hpp runs the host's C++ compiler
+// this way.
 //
 // Safe to call from many threads at once: the child is started with posix_spawn (no code of
 // ours runs between fork and exec), every pipe end is close-on-exec (a child never holds another
@@ -15,7 +16,7 @@
 
 #include "generator/error.hpp"
 
-namespace flashjit::hip {
+namespace flashjit {
 
 struct ProcessResult {
   int exit_code = -1;      // the exit status when the child exited; -1 otherwise
@@ -39,4 +40,4 @@ Result<ProcessResult> run_process(const std::vector<std::string>& argv, std::str
 // "SIGABRT", "SIGSEGV", ... or "signal N".
 std::string signal_name(int signal);
 
-}  // namespace flashjit::hip
+}  // namespace flashjit
