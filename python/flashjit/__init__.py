@@ -468,6 +468,8 @@ def _attention_varlen(q, k, v, causal, scale, layout, out, return_lse, lse, conf
             return _torch_module().attention_varlen(q, k, v, causal, scale, return_lse,
                                                     deterministic, config, variant,
                                                     alibi_slopes, documents)
+        if not explicit:  # torch.autocast casts float32 inputs, as on the paths above
+            q, k, v = _torch_module().autocast(q, k, v)
         alibi_slopes = None if alibi_slopes is None else _detached(alibi_slopes)
     if deterministic:
         raise InvalidArgumentError(

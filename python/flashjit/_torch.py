@@ -499,7 +499,7 @@ attention_varlen_op.register_autograd(_varlen_op_backward, setup_context=_setup_
 
 # --- the public functions' torch paths (flashjit/__init__.py documents them) -------------------
 
-def _autocast(q, k, v):
+def autocast(q, k, v):
     """Under torch.autocast, float32 inputs are cast to the autocast dtype, as SDPA's are."""
     if q.dtype == torch.float32:
         device_type = q.device.type
@@ -533,7 +533,7 @@ def attention(q, k, v, causal, scale, layout, return_lse, deterministic, config,
               alibi_slopes=None):
     """flashjit.attention for torch tensors without out=, lse= or stream=: differentiable (ALiBi's
     slopes excepted)."""
-    q, k, v = _autocast(q, k, v)
+    q, k, v = autocast(q, k, v)
     _check_cuda_dtype(q)
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
@@ -561,7 +561,7 @@ def attention_varlen(q, k, v, causal, scale, return_lse, deterministic, config, 
     """flashjit.attention of packed documents for torch tensors (without out=, lse= or stream=)
     that need a gradient (_VarlenAttention) or that torch.compile traces (the custom operator
     flashjit::attention_varlen): differentiable (ALiBi's slopes excepted)."""
-    q, k, v = _autocast(q, k, v)
+    q, k, v = autocast(q, k, v)
     _check_cuda_dtype(q)
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()

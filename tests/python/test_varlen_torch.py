@@ -5,9 +5,11 @@ compiled forward and loss.backward() of documents of 1, 17, 100 and 3 rows (caus
 seqlen_q != seqlen_k per document, a lone 1-row document, a window + softcap + ALiBi) against an
 fp64 reference of each document alone (torch SDPA's math backend, conftest.torch_reference) and
 against the eager path (bitwise with aot_eager: the same kernels), a module with parameters under
-inductor, no graph break (fullgraph) and the operators in the traced graphs, the typed error of
-max_seqlen_q / _k left None under compile; float32 and bfloat16 on the CPU backend, bfloat16 on
-CUDA (skips without a GPU). Skips without torch or without the CPU backward."""
+inductor, no graph break (fullgraph) and the operators in the traced graphs, new packings
+reusing the compiled graph (one recompile: max_seqlen_q / _k stay dynamic) while eager calls skip
+the operators, torch.autocast alike on every path, the typed error of max_seqlen_q / _k left None
+under compile; float32 and bfloat16 on the CPU backend, bfloat16 on CUDA (skips without a GPU).
+Skips without torch or without the CPU backward."""
 import pytest
 
 import flashjit
@@ -231,9 +233,64 @@ def test_compiled_graphs_hold_the_varlen_operators():
     assert "flashjit.attention_varlen.default" in graphs[0]
     assert "flashjit.attention_varlen_backward.default" in graphs[1]
     with torch.no_grad():
-        traced = torch.compile(attend, fullgraph=True, backend="aot_eager")(q, k, v, **docs,
-                                                                            causal=False)
-        assert torch.equal(traced, attend(q, k, v, **docs, causal=False))
+        traced = torch.compile(attend, fullgraph=True, backend="aot_eager")(
+            q, k, v, **docs, causal=False, return_lse=True)
+        eager = attend(q, k, v, **docs, causal=False, return_lse=True)
+        assert eager[1].shape == (2 * q.shape[0],)  # packed: (heads * total_q,)
+        for a, b in zip(traced, eager):
+            assert torch.equal(a, b)
+
+
+def test_new_documents_reuse_the_compiled_graph_and_eager_calls_skip_the_operators():
+    """Each batch packs other documents (other totals, offsets and longest lengths): after
+    dynamo's one recompile for dynamic sizes, the compiled call is reused (max_seqlen_q / _k stay
+    dynamic ints, not specialized), every result equal to the eager path's. Eager calls take the
+    direct paths (the autograd node _VarlenAttention; without a gradient no node), not the
+    operators."""
+    require_cpu_backward()
+    graphs = []
+
+    def count(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    run = torch.compile(attend, fullgraph=True, backend=count)
+    for lengths in ([1, 17, 100, 3], [5, 30, 2, 7, 40], [64, 1], [3, 3, 3, 9, 3, 1]):
+        q, k, v, do = packed_inputs(lengths, lengths, 4, 2, torch.float32, tag="dynamic")
+        docs = documents(lengths, lengths)
+        mine = run(q, k, v, **docs, causal=True)
+        eager = attend(q, k, v, **docs, causal=True)
+        assert type(eager.grad_fn).__name__ == "_VarlenAttentionBackward"
+        assert torch.equal(mine, eager)
+        for a, b in zip(torch.autograd.grad(mine, (q, k, v), do),
+                        torch.autograd.grad(eager, (q, k, v), do)):
+            assert torch.equal(a, b)
+    assert len(graphs) == 2, f"{len(graphs)} compiles for 4 packings"
+    with torch.no_grad():
+        assert attend(q, k, v, **docs, causal=True).grad_fn is None
+
+
+def test_autocast_casts_float32_documents_on_every_path():
+    """Under torch.autocast float32 inputs are cast (as SDPA's): eager with and without a
+    gradient and compiled all give the autocast dtype and the same values."""
+    require_cpu_backward()
+    lengths = [1, 17, 100, 3]
+    q, k, v, do = packed_inputs(lengths, lengths, 4, 2, torch.float32, tag="autocast")
+    docs = documents(lengths, lengths)
+    run = torch.compile(attend, fullgraph=True, backend="aot_eager")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with_grad = attend(q, k, v, **docs, causal=True)
+        compiled = run(q, k, v, **docs, causal=True)
+        with torch.no_grad():
+            without = attend(q, k, v, **docs, causal=True)
+            compiled_without = run(q, k, v, **docs, causal=True)
+    for o in (with_grad, compiled, without, compiled_without):
+        assert o.dtype == torch.bfloat16
+        assert torch.equal(o, with_grad)
+    (dq,) = torch.autograd.grad(compiled, (q,), do.bfloat16())
+    assert dq.dtype == torch.float32  # the leaf's dtype
+    ref = reference_per_document(q, k, v, do, lengths, lengths, True)
+    assert torch_relative_error(dq, ref[1]) < 2 * gradient_tolerance("bfloat16")
 
 
 @pytest.mark.parametrize("missing", ["max_seqlen_q", "max_seqlen_k"])
