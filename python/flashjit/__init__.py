@@ -61,8 +61,10 @@ backend and the CUDA mma family have its backward): a score_mod then needs score
 derivative d score_mod / d score as one C++ expression over the same variables (``score`` is
 score_mod's input; e.g. ``"1.0f"`` for the example above; without it InvalidArgumentError names
 it); ALiBi's slopes get no gradient (slopes that require grad raise UnsupportedError). Packed
-documents (cu_seqlens) are differentiable in eager mode (torch autograd through the extension's
-varlen backward: the CPU backend and the CUDA mma family), not yet under torch.compile.
+documents (cu_seqlens) are differentiable (torch autograd through the extension's varlen
+backward: the CPU backend and the CUDA mma family), eager and under torch.compile (the custom
+operators flashjit::attention_varlen and flashjit::attention_varlen_backward; a compiled call
+passes max_seqlen_q / max_seqlen_k as ints).
 Bad values (window sides < -1, softcap <= 0 or not finite, slopes of another shape, dtype or
 device, an expression that is not one expression or does not compile) raise
 InvalidArgumentError (a compile failure: flashjit.Error with code CompileFailed, quoting the
@@ -252,11 +254,14 @@ def _lse_shape(q, layout):
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
-def _integer(name, value):
+def _integer(name, value, traced=False):
     """value as an int (TypeError if it is not an integer), saturated to int64: the library
-    checks the range and names the value."""
+    checks the range and names the value. traced (torch.compile traces the call): value as it
+    is, a dynamic int unspecialized (the traced operator's run saturates it)."""
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise TypeError(f"{name}: expected an int, got {type(value).__qualname__} {value!r}")
+    if traced:
+        return value
     return min(max(value.__index__(), _INT64_MIN), _INT64_MAX)
 
 
@@ -347,8 +352,10 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", out=None, ret
        waits for a GPU). The offsets are checked on the CPU backend, not on a GPU (a document
        longer than max_seqlen_q is not fully computed there). out: (total_q, heads, head_dim);
        lse: float32 (heads * total_q,), document b's (heads, len_q(b)) block at
-       heads * cu_seqlens_q[b]. Layout "bshd"; torch autograd in eager mode (the backward of
-       attention_backward(..., cu_seqlens_q=, ...)), not under torch.compile.
+       heads * cu_seqlens_q[b]. Layout "bshd"; torch autograd (the backward of
+       attention_backward(..., cu_seqlens_q=, ...)), eager and under torch.compile (the custom
+       operator flashjit::attention_varlen; max_seqlen_q / _k must then be given, as ints: None
+       raises InvalidArgumentError naming it, at the compiled call's run).
     Returns out, or (out, lse) when return_lse. For torch tensors the call is differentiable
     (see the module's documentation) unless out=, lse= or stream= is given.
     """
@@ -403,10 +410,13 @@ def _longest(name, cu_seqlens):
     return max(1, int((cu_seqlens[1:] - cu_seqlens[:-1]).max()))
 
 
-def _check_varlen(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+def _check_varlen(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                  traced=False):
     """The checks of packed variable-length documents' arguments (attention(), config_for()):
     both offsets, (total, heads, head_dim) arrays in layout 'bshd'. Returns the longest
-    documents (max_seqlen_q, max_seqlen_k): as given, else from the offsets."""
+    documents (max_seqlen_q, max_seqlen_k): as given, else from the offsets; when `traced`
+    (torch.compile traces the call), None stays None: computing it would be a data-dependent
+    host read of a traced tensor (the operator raises, naming it: _torch._given_lengths)."""
     for name, x in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if x is None:
             raise InvalidArgumentError(
@@ -422,10 +432,14 @@ def _check_varlen(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max
             raise InvalidArgumentError(
                 f"{name}.shape = {tuple(x.shape)}: packed variable-length documents take "
                 f"(total, heads, head_dim) arrays")
-    return ((_longest("cu_seqlens_q", cu_seqlens_q) if max_seqlen_q is None
-             else _integer("max_seqlen_q", max_seqlen_q)),
-            (_longest("cu_seqlens_k", cu_seqlens_k) if max_seqlen_k is None
-             else _integer("max_seqlen_k", max_seqlen_k)))
+
+    def longest(argument, given, name, offsets):
+        if given is not None:
+            return _integer(argument, given, traced)
+        return None if traced else _longest(name, offsets)
+
+    return (longest("max_seqlen_q", max_seqlen_q, "cu_seqlens_q", cu_seqlens_q),
+            longest("max_seqlen_k", max_seqlen_k, "cu_seqlens_k", cu_seqlens_k))
 
 
 def _attention_varlen(q, k, v, causal, scale, layout, out, return_lse, lse, config, stream,
@@ -433,23 +447,29 @@ def _attention_varlen(q, k, v, causal, scale, layout, out, return_lse, lse, conf
                       max_seqlen_q, max_seqlen_k):
     """attention() of packed variable-length documents: the extension's forward over the
     (1, total, heads, head_dim) views of q, k, v with the offsets; torch tensors that need a
-    gradient (without out=, lse= or stream=) through _torch's autograd node."""
-    max_seqlen_q, max_seqlen_k = _check_varlen(q, k, v, layout, cu_seqlens_q, cu_seqlens_k,
-                                               max_seqlen_q, max_seqlen_k)
-    documents = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    gradient (without out=, lse= or stream=), or traced by torch.compile, through _torch's
+    autograd node or custom operator."""
     kind = _framework(q)
+    explicit = out is not None or lse is not None or stream is not None
+    traced = kind == "torch" and not explicit and _torch_module().compiling()
+    max_seqlen_q, max_seqlen_k = _check_varlen(q, k, v, layout, cu_seqlens_q, cu_seqlens_k,
+                                               max_seqlen_q, max_seqlen_k, traced)
+    documents = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if kind == "torch":
         torch = _sys.modules["torch"]
-        if torch.is_grad_enabled() and any(
-                getattr(x, "requires_grad", False) for x in (q, k, v, alibi_slopes)):
-            if out is not None or lse is not None or stream is not None:
-                raise InvalidArgumentError(
-                    "out=, lse= and stream= do not support autograd, and q, k, v or alibi_slopes "
-                    "requires grad: leave them out for a differentiable call, or call under "
-                    "torch.no_grad()")
+        needs_grad = torch.is_grad_enabled() and any(
+            getattr(x, "requires_grad", False) for x in (q, k, v, alibi_slopes))
+        if needs_grad and explicit:
+            raise InvalidArgumentError(
+                "out=, lse= and stream= do not support autograd, and q, k, v or alibi_slopes "
+                "requires grad: leave them out for a differentiable call, or call under "
+                "torch.no_grad()")
+        if needs_grad or traced:
             return _torch_module().attention_varlen(q, k, v, causal, scale, return_lse,
                                                     deterministic, config, variant,
                                                     alibi_slopes, documents)
+        if not explicit:  # torch.autocast casts float32 inputs, as on the paths above
+            q, k, v = _torch_module().autocast(q, k, v)
         alibi_slopes = None if alibi_slopes is None else _detached(alibi_slopes)
     if deterministic:
         raise InvalidArgumentError(

@@ -28,8 +28,12 @@ derivative); the forward kernel's variant leaves score_mod_grad out (_forward_va
 slopes get no gradient: slopes that require grad raise UnsupportedError (_refuse_slopes_grad)
 rather than record a node whose gradient would silently be None.
 
-Packed variable-length documents (cu_seqlens) take none of the three: with a gradient needed,
-_VarlenAttention (eager only) runs the extension's varlen forward and backward directly.
+Packed variable-length documents (cu_seqlens) have their own two ways in, on the extension's
+varlen forward and backward (_varlen_forward / _varlen_backward, not the prepared calls): eager
+with a gradient needed, _VarlenAttention; under torch.compile / export, with or without one, the
+custom operators flashjit::attention_varlen and flashjit::attention_varlen_backward (the offsets
+are tensor inputs, max_seqlen_q / _k ints that a traced call must be given). Eager calls without
+a gradient take flashjit._attention_varlen's DLPack path.
 """
 import atexit
 from typing import Optional, Tuple
@@ -37,6 +41,9 @@ from typing import Optional, Tuple
 import torch
 
 from . import _flashjit as _C
+
+# Whether torch.compile / torch.export is tracing the call (flashjit/__init__.py asks here).
+compiling = torch.compiler.is_compiling
 
 # key -> _Plan; cleared with the runtimes (flashjit.tune serves new configs afterwards).
 _PLANS = {}
@@ -241,19 +248,41 @@ class _Attention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None
 
 
+def _varlen_forward(q, k, v, causal, scale, config, variant, alibi_slopes, documents):
+    """(o, lse) of packed documents: the extension's varlen forward (flashjit._attention_varlen
+    without autograd), o (total_q, heads, head_dim) contiguous, lse float32 (heads * total_q,).
+    `documents`: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)."""
+    from . import _attention_varlen
+
+    with torch.no_grad():
+        return _attention_varlen(q, k, v, causal, scale, "bshd", None, True, None, config, None,
+                                 False, _forward_variant(variant), alibi_slopes, *documents)
+
+
+def _varlen_backward(do, q, k, v, o, lse, causal, scale, deterministic, variant, alibi_slopes,
+                     documents):
+    """(dq, dk, dv) of packed documents (torch.zeros_like q, k, v: the rows past the last
+    document get no gradient, the kernels leave them): the extension's varlen backward."""
+    from . import _attention_backward
+
+    dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))
+    # do may be a broadcast view (sum().backward()): the kernels read a contiguous last axis.
+    _attention_backward(q, k, v, o, lse, do.contiguous(), causal, scale, "bshd", deterministic,
+                        dq, dk, dv, None, None, variant, alibi_slopes, documents)
+    return dq, dk, dv
+
+
 class _VarlenAttention(torch.autograd.Function):
-    """Packed variable-length documents (flashjit.attention with cu_seqlens_q / _k): the
-    extension's varlen forward and backward (flashjit._attention_varlen and _attention_backward,
-    not the prepared calls of the fast path); saves q, k, v, o, lse. `documents`:
-    (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), checked."""
+    """Packed variable-length documents (flashjit.attention with cu_seqlens_q / _k) in eager
+    mode: _varlen_forward and _varlen_backward (the extension's varlen calls, not the prepared
+    calls of the fast path); saves q, k, v, o, lse. `documents`: (cu_seqlens_q, cu_seqlens_k,
+    max_seqlen_q, max_seqlen_k), checked."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, deterministic, config, variant, alibi_slopes,
                 documents):
-        from . import _attention_varlen
-
-        o, lse = _attention_varlen(q, k, v, causal, scale, "bshd", None, True, None, config, None,
-                                   False, _forward_variant(variant), alibi_slopes, *documents)
+        o, lse = _varlen_forward(q, k, v, causal, scale, config, variant, alibi_slopes,
+                                 documents)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.options = (causal, scale, deterministic, variant, alibi_slopes, documents)
         ctx.mark_non_differentiable(lse)
@@ -261,16 +290,9 @@ class _VarlenAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, _dlse):
-        from . import _attention_backward
-
         causal, scale, deterministic, variant, alibi_slopes, documents = ctx.options
-        q, k, v, o, lse = ctx.saved_tensors
-        # Zeros: the rows past the last document get no gradient (the kernels leave them). do
-        # may be a broadcast view (sum().backward()): the kernels read a contiguous last axis.
-        dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))
-        _attention_backward(q, k, v, o, lse, do.contiguous(), causal, scale, "bshd",
-                            deterministic, dq, dk, dv, None, None, variant, alibi_slopes,
-                            documents)
+        dq, dk, dv = _varlen_backward(do, *ctx.saved_tensors, causal, scale, deterministic,
+                                      variant, alibi_slopes, documents)
         return dq, dk, dv, None, None, None, None, None, None, None
 
 
@@ -345,22 +367,34 @@ def _(do, q, k, v, o, lse, causal, scale, layout, deterministic, window_left=-1,
 _OP_FIELDS = len(_PLAIN_FIELDS)  # the variant's fields among attention_op's inputs, from 8 on
 
 
+def _save_variant(ctx, inputs, start):
+    """ctx.variant = (the variant's fields, the slopes) of an operator's inputs, the fields from
+    index `start` on (defaults left out of `inputs` filled in)."""
+    given = tuple(inputs[start:start + _OP_FIELDS])
+    fields = given + _PLAIN_FIELDS[len(given):]
+    slopes = inputs[start + _OP_FIELDS] if len(inputs) > start + _OP_FIELDS else None
+    ctx.variant = (fields, slopes)
+
+
+def _saved_variant(ctx):
+    """ctx.variant, refusing slopes that require grad (flashjit computes no gradient of them)."""
+    fields, slopes = ctx.variant
+    if slopes is not None and slopes.requires_grad:
+        _refuse_slopes_grad(_variant_of(fields), slopes)
+    return fields, slopes
+
+
 def _setup_context(ctx, inputs, output):
     q, k, v, causal, scale, layout, deterministic, _config = inputs[:8]
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.options = (causal, scale, layout, deterministic)
-    given = tuple(inputs[8:8 + _OP_FIELDS])
-    fields = given + _PLAIN_FIELDS[len(given):]  # (defaults left out)
-    slopes = inputs[8 + _OP_FIELDS] if len(inputs) > 8 + _OP_FIELDS else None
-    ctx.variant = (fields, slopes)
+    _save_variant(ctx, inputs, 8)
     ctx.mark_non_differentiable(lse)
 
 
 def _op_backward(ctx, do, _dlse):
-    fields, slopes = ctx.variant
-    if slopes is not None and slopes.requires_grad:
-        _refuse_slopes_grad(_variant_of(fields), slopes)
+    fields, slopes = _saved_variant(ctx)
     q, k, v, o, lse = ctx.saved_tensors
     dq, dk, dv = attention_backward_op(do, q, k, v, o, lse, *ctx.options, *fields, slopes)
     return (dq, dk, dv) + (None,) * (5 + _OP_FIELDS + 1)
@@ -369,9 +403,103 @@ def _op_backward(ctx, do, _dlse):
 attention_op.register_autograd(_op_backward, setup_context=_setup_context)
 
 
+# Packed documents: flashjit::attention_varlen and flashjit::attention_varlen_backward, on
+# _varlen_forward / _varlen_backward (as _VarlenAttention). The offsets are tensor inputs (no
+# gradient); max_seqlen_q / _k ints, None where the traced call was not given them (computing
+# them from the offsets while tracing would be a data-dependent host read, a graph break): the
+# operators raise then, at the compiled call's first run (an error raised while dynamo traces
+# reaches the caller as dynamo's Unsupported, not as flashjit's error).
+
+def _given_lengths(max_seqlen_q, max_seqlen_k):
+    """InvalidArgumentError naming max_seqlen_q / _k when None (see above)."""
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if value is None:
+            offsets = "cu_seqlens_" + name[-1]
+            raise _C.InvalidArgumentError(
+                f"{name} is None under torch.compile: pass {name}= as a Python int (the longest "
+                f"document's length), or compute it outside the compiled region (e.g. "
+                f"int(({offsets}[1:] - {offsets}[:-1]).max())): computed from {offsets} inside, "
+                f"it would be a data-dependent host read of a traced tensor (a graph break)")
+
+
+@torch.library.custom_op("flashjit::attention_varlen", mutates_args=())
+def attention_varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                        max_seqlen_q: Optional[int], max_seqlen_k: Optional[int], causal: bool,
+                        scale: Optional[float], deterministic: bool, config: Optional[str],
+                        window_left: int = -1, window_right: int = -1,
+                        softcap: Optional[float] = None, prefix: int = 0, score_mod: str = "",
+                        mask_mod: str = "", score_mod_grad: str = "",
+                        alibi_slopes: Optional[torch.Tensor] = None
+                        ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(o (total_q, heads, head_dim), lse float32 (heads * total_q,)): flashjit's forward of
+    packed documents; the other inputs as attention_op's."""
+    _given_lengths(max_seqlen_q, max_seqlen_k)
+    variant = _variant_of((window_left, window_right, softcap, prefix, score_mod, mask_mod,
+                           score_mod_grad))
+    return _varlen_forward(q, k, v, causal, scale, config, variant, alibi_slopes,
+                           (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+
+
+@attention_varlen_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+      deterministic, config, window_left=-1, window_right=-1, softcap=None, prefix=0,
+      score_mod="", mask_mod="", score_mod_grad="", alibi_slopes=None):
+    return q.new_empty(q.shape), q.new_empty((q.shape[1] * q.shape[0],), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashjit::attention_varlen_backward", mutates_args=())
+def attention_varlen_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                                 v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                                 cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                                 max_seqlen_q: Optional[int], max_seqlen_k: Optional[int],
+                                 causal: bool, scale: Optional[float], deterministic: bool,
+                                 window_left: int = -1, window_right: int = -1,
+                                 softcap: Optional[float] = None, prefix: int = 0,
+                                 score_mod: str = "", mask_mod: str = "",
+                                 score_mod_grad: str = "",
+                                 alibi_slopes: Optional[torch.Tensor] = None
+                                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of packed documents (zero past the last document; dk, dv summed over each
+    GQA group), of the forward's variant (the fields after deterministic, as attention_op's)."""
+    _given_lengths(max_seqlen_q, max_seqlen_k)
+    variant = _variant_of((window_left, window_right, softcap, prefix, score_mod, mask_mod,
+                           score_mod_grad))
+    return _varlen_backward(do, q, k, v, o, lse, causal, scale, deterministic, variant,
+                            alibi_slopes, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                           max_seqlen_k))
+
+
+@attention_varlen_backward_op.register_fake
+def _(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+      deterministic, window_left=-1, window_right=-1, softcap=None, prefix=0, score_mod="",
+      mask_mod="", score_mod_grad="", alibi_slopes=None):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)  # (as zeros_like)
+
+
+def _setup_varlen_context(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = inputs[:7]
+    causal, scale, deterministic, _config = inputs[7:11]
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.options = (max_seqlen_q, max_seqlen_k, causal, scale, deterministic)
+    _save_variant(ctx, inputs, 11)
+    ctx.mark_non_differentiable(lse)
+
+
+def _varlen_op_backward(ctx, do, _dlse):
+    fields, slopes = _saved_variant(ctx)
+    dq, dk, dv = attention_varlen_backward_op(do, *ctx.saved_tensors, *ctx.options, *fields,
+                                              slopes)
+    return (dq, dk, dv) + (None,) * (8 + _OP_FIELDS + 1)
+
+
+attention_varlen_op.register_autograd(_varlen_op_backward, setup_context=_setup_varlen_context)
+
+
 # --- the public functions' torch paths (flashjit/__init__.py documents them) -------------------
 
-def _autocast(q, k, v):
+def autocast(q, k, v):
     """Under torch.autocast, float32 inputs are cast to the autocast dtype, as SDPA's are."""
     if q.dtype == torch.float32:
         device_type = q.device.type
@@ -405,7 +533,7 @@ def attention(q, k, v, causal, scale, layout, return_lse, deterministic, config,
               alibi_slopes=None):
     """flashjit.attention for torch tensors without out=, lse= or stream=: differentiable (ALiBi's
     slopes excepted)."""
-    q, k, v = _autocast(q, k, v)
+    q, k, v = autocast(q, k, v)
     _check_cuda_dtype(q)
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
@@ -417,7 +545,7 @@ def attention(q, k, v, causal, scale, layout, return_lse, deterministic, config,
                             f"{type(alibi_slopes).__module__}.{type(alibi_slopes).__qualname__}")
         if torch.is_grad_enabled() and alibi_slopes is not None and alibi_slopes.requires_grad:
             _refuse_slopes_grad(variant, alibi_slopes)
-    if torch.compiler.is_compiling():
+    if compiling():
         o, lse = attention_op(q, k, v, causal, scale, layout, deterministic, config,
                               *_variant_fields(variant), alibi_slopes)
     elif needs_grad:
@@ -430,21 +558,21 @@ def attention(q, k, v, causal, scale, layout, return_lse, deterministic, config,
 
 def attention_varlen(q, k, v, causal, scale, return_lse, deterministic, config, variant,
                      alibi_slopes, documents):
-    """flashjit.attention of packed documents for torch tensors that need a gradient (without
-    out=, lse= or stream=): differentiable in eager mode (ALiBi's slopes excepted)."""
-    q, k, v = _autocast(q, k, v)
+    """flashjit.attention of packed documents for torch tensors (without out=, lse= or stream=)
+    that need a gradient (_VarlenAttention) or that torch.compile traces (the custom operator
+    flashjit::attention_varlen): differentiable (ALiBi's slopes excepted)."""
+    q, k, v = autocast(q, k, v)
     _check_cuda_dtype(q)
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
-    if alibi_slopes is not None and alibi_slopes.requires_grad:
+    if torch.is_grad_enabled() and alibi_slopes is not None and alibi_slopes.requires_grad:
         _refuse_slopes_grad(variant, alibi_slopes)
-    if torch.compiler.is_compiling():
-        raise _C.UnsupportedError(
-            "packed variable-length documents (cu_seqlens) with autograd under torch.compile: "
-            "not yet (no custom operator for them); call flashjit.attention outside the compiled "
-            "region (torch.compiler.disable) or without gradients")
-    o, lse = _VarlenAttention.apply(q, k, v, causal, scale, bool(deterministic), config, variant,
-                                    alibi_slopes, documents)
+    if compiling():
+        o, lse = attention_varlen_op(q, k, v, *documents, causal, scale, bool(deterministic),
+                                     config, *_variant_fields(variant), alibi_slopes)
+    else:
+        o, lse = _VarlenAttention.apply(q, k, v, causal, scale, bool(deterministic), config,
+                                        variant, alibi_slopes, documents)
     return (o, lse) if return_lse else o
 
 
