@@ -31,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/cpu/cpu_info.hpp"
 #include "runtime/runtime.hpp"
 #include "tuner/reference.hpp"
 
@@ -141,11 +142,13 @@ double best_of(F measure) {
   return best;
 }
 
+// The ISA levels as the CPU backend sees them: the host's, under a FLASHJIT_CPU_ISA cap (so that
+// a capped run's peak is that level's).
 int run_peak() {
-  __builtin_cpu_init();
-  const bool avx512 = __builtin_cpu_supports("avx512f");
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16");
+  const CpuSpec spec = cpu::host_cpu();
+  const bool avx512 = spec.avx512f;
+  const bool avx2 = spec.avx2 && spec.fma;
+  const bool bf16 = avx512 && spec.avx512bf16;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const double ghz = measure_clock_ghz();
   const int lanes = avx512 ? 16 : avx2 ? 8 : 4;

@@ -18,10 +18,11 @@ What it does, in order:
   2. Builds build/bench/cpu_bench and build/flashjit if missing (cmake --build build).
   3. `cpu_bench peak` (before and after the run): the clock (a chain of dependent adds, one per
      cycle; the higher of the two measurements) and the measured
-     throughput of 12 independent FMA chains (and of vdpbf16ps where the CPU has AVX512_BF16).
-     Peak = cores x SIMD lanes (16 fp32 with AVX-512, 8 with AVX2) x 2 FMA units x 2 FLOP x
-     clock. The 2 FMA units are an assumption (Zen 4/5, Intel server cores) that the measured
-     FMA throughput checks: it prints both.
+     throughput of 12 independent FMA chains (and of vdpbf16ps where the CPU has AVX512_BF16),
+     at the ISA level the CPU backend uses (FLASHJIT_CPU_ISA caps it). Peak = cores x the
+     measured FMA FLOP per cycle, rounded to a power of two (32 on Zen 4, whose 512-bit FMAs
+     issue as two 256-bit halves, as on any AVX2 core with two FMA pipes; 64 on Zen 5 and Intel
+     server cores with two 512-bit FMA units) x the clock.
   4. Unless --no-tune: `flashjit tune --backend cpu --pass <the passes>` over the grid into
      build/bench-cpu-tuning.db (resumes: problems already tuned there are not measured again);
      the "tuned" column is what the DB serves (the default where the tuner kept it).
@@ -41,6 +42,7 @@ The numbers are noisy on a shared machine: every sample is kept in the JSON.
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -246,8 +248,10 @@ def main():
     # machine only ever makes the measured clock lower).
     again = peak()
     clock = max(machine["clock_ghz"], again["clock_ghz"])
-    fp32_peak = cores * machine["lanes"] * 2 * 2 * clock
-    log(f"fp32 peak = {cores} cores x {machine['lanes']} lanes x 2 FMA units x 2 FLOP x "
+    flop_per_cycle = 2 ** round(math.log2(max(machine["fma_flop_per_cycle"], 1.0)))
+    fp32_peak = cores * flop_per_cycle * clock
+    log(f"fp32 peak = {cores} cores x {flop_per_cycle} FMA FLOP/cycle (measured "
+        f"{machine['fma_flop_per_cycle']:.1f}) x "
         f"{clock:.2f} GHz = {fp32_peak:.0f} GFLOP/s (clock measured {machine['clock_ghz']:.2f} "
         f"GHz before, {again['clock_ghz']:.2f} GHz after)")
     for row in rows:
