@@ -334,11 +334,11 @@ struct Backward {
           // A column slice of K^T (V^T) stays in L1 while the rows of Q (dO) pass.
           for (int g = 0; g < BN; g += KV * kLanes)
             for_each_tile<kKeyRows>(padded_rows, [&](int r0, auto tile) {
-              scores_tile<D, BN, decltype(tile)::value, KV>(qa, kt, s, r0, g);
+              scores_tile<D, BN, decltype(tile)::value, KV>(qa, Int<D>(), kt, s, r0, g);
             });
           for (int g = 0; g < BN; g += KV * kLanes)
             for_each_tile<kKeyRows>(padded_rows, [&](int r0, auto tile) {
-              scores_tile<D, BN, decltype(tile)::value, KV>(da, vt, dp, r0, g);
+              scores_tile<D, BN, decltype(tile)::value, KV>(da, Int<D>(), vt, dp, r0, g);
             });
         }
 
@@ -424,8 +424,8 @@ struct Backward {
               accumulate_tile_dot<D, 1, BN, BN, CT, KV>(dop, pp, dvt, padded_rows / 2, c0, g);
               accumulate_tile_dot<D, 1, BN, BN, CT, KV>(qp, dsp, dkt, padded_rows / 2, c0, g);
             } else {
-              accumulate_tile<D, 1, BN, BN, CT, KV>(da, s, dvt, rows, c0, g);
-              accumulate_tile<D, 1, BN, BN, CT, KV>(qa, dp, dkt, rows, c0, g);
+              accumulate_tile<1, BN, BN, CT, KV>(da, Int<D>(), s, dvt, rows, c0, g);
+              accumulate_tile<1, BN, BN, CT, KV>(qa, Int<D>(), dp, dkt, rows, c0, g);
             }
           }
         });
@@ -441,7 +441,7 @@ struct Backward {
                 accumulate_tile_dot<1, BN / 2, DL, DR, RT, DV>(dsr, kpj, dq_block, (cols + 1) / 2,
                                                                i0, g);
               else
-                accumulate_tile<1, BN, DL, DR, RT, DV>(dp, ka, dq_block, cols, i0, g);
+                accumulate_tile<BN, DL, DR, RT, DV>(dp, Int<1>(), ka, dq_block, cols, i0, g);
             });
         }
       }
@@ -562,11 +562,11 @@ struct Backward {
         }
         for (int g = 0; g < BM; g += QV * kLanes)
           for_each_tile<kQueryRows>(2 * key_pairs, [&](int r0, auto tile) {
-            scores_tile<D, BM, decltype(tile)::value, QV>(ka, qt, st, r0, g);
+            scores_tile<D, BM, decltype(tile)::value, QV>(ka, Int<D>(), qt, st, r0, g);
           });
         for (int g = 0; g < BM; g += QV * kLanes)
           for_each_tile<kQueryRows>(2 * key_pairs, [&](int r0, auto tile) {
-            scores_tile<D, BM, decltype(tile)::value, QV>(va, dt, dpt, r0, g);
+            scores_tile<D, BM, decltype(tile)::value, QV>(va, Int<D>(), dt, dpt, r0, g);
           });
       }
 
@@ -629,7 +629,7 @@ struct Backward {
           if constexpr (kDot)
             accumulate_tile_dot<D, 1, BM, BM, CT, QV>(kp, dsp, dqt, key_pairs, c0, g);
           else
-            accumulate_tile<D, 1, BM, BM, CT, QV>(ka, dpt, dqt, cols, c0, g);
+            accumulate_tile<1, BM, BM, CT, QV>(ka, Int<D>(), dpt, dqt, cols, c0, g);
         }
       });
     }

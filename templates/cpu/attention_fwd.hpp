@@ -9,7 +9,7 @@
 //   Q^T <- the Q block, transposed (d x kBlockM)
 //   O^T <- 0 (d x kBlockM);  m <- -inf;  l <- 0            (per query, base-2 units)
 //   for each block of kBlockN keys (only up to the causal diagonal):
-//     pack the block of K and V once (it is read kBlockM / 16 times)
+//     pack the block of K and V once (it is read kBlockM / 16 times; fp32: read in place)
 //     S^T = K Q^T * scale * log2(e)        (tiles: kKeyTile keys x kQueryVecs query vectors)
 //     mask the block that crosses the causal diagonal
 //     m' = max(m, max_j S^T[j]);  P^T = exp2(S^T - m');  alpha = exp2(m - m')
@@ -20,7 +20,8 @@
 //
 // Two kinds of arithmetic, both accumulating in fp32:
 //   fp32 FMAs (fp16 and fp32 storage; bf16 on a host without AVX512_BF16): Q^T, K, V converted to
-//     fp32 when packed, Q^T pre-scaled by scale * log2(e).
+//     fp32 when packed, Q^T pre-scaled by scale * log2(e); fp32 K and V are read in place
+//     (a block of odd length excepted), not copied.
 //   bf16 dot products (bf16 storage with AVX512_BF16, kDotBf16): vdpbf16ps multiplies pairs of
 //     bf16 exactly and adds them in fp32, at twice the FMA's rate. Q and V are packed as bf16
 //     pairs along the reduced axis, K is read in place, P is rounded to bf16 for P V (as
@@ -85,6 +86,10 @@ struct Kernel {
   static constexpr bool kDot = T::kDotBf16;
   static constexpr int kGroup = QV * kLanes;  // queries of one register tile
   typedef typename StorageElement<T::kStorage>::type Element;
+
+  // Whether a key block of `cols` keys is read in place (fp32 storage, an even count: the S^T
+  // tiles cover the keys in pairs) rather than packed.
+  static bool in_place(int cols) { return T::kStorage == kF32 && cols % 2 == 0; }
 
   // One work item: query rows [m_block * BM, +BM) of (batch b, head h).
   static void block(const FlashjitAttentionParams& p, int b, int h, int m_block, float* scratch) {
@@ -161,18 +166,29 @@ struct Kernel {
             scores_tile_dot<D, BM, RT, QV>(k_rows, qp, st, j0, g);
         });
       } else {
-        for (int j = 0; j < 2 * key_pairs; ++j) {
-          const bool in = j < cols;
-          const Element* k_row = k + (i64)(n0 + (in ? j : 0)) * p.k_seq_stride;
-          const Element* v_row = v + (i64)(n0 + (in ? j : 0)) * p.v_seq_stride;
-          const float keep = in ? 1.0f : 0.0f;
-          convert_row<T::kStorage, D>(k_row, kb + j * D, keep);
-          convert_row<T::kStorage, D>(v_row, vb + j * D, keep);
+        // fp32 storage: K and V read where they are (their rows k_seq_stride apart), but for a
+        // block of odd length, whose S^T tile of 2 would read the row past seqlen_k: packed.
+        if (!in_place(cols)) {
+          for (int j = 0; j < 2 * key_pairs; ++j) {
+            const bool in = j < cols;
+            const Element* k_row = k + (i64)(n0 + (in ? j : 0)) * p.k_seq_stride;
+            const Element* v_row = v + (i64)(n0 + (in ? j : 0)) * p.v_seq_stride;
+            const float keep = in ? 1.0f : 0.0f;
+            convert_row<T::kStorage, D>(k_row, kb + j * D, keep);
+            convert_row<T::kStorage, D>(v_row, vb + j * D, keep);
+          }
         }
-        for (int g = 0; g < BM; g += kGroup)
-          for_each_tile<KT>(2 * key_pairs, [&](int j0, auto tile) {
-            scores_tile<D, BM, decltype(tile)::value, QV>(kb, qt, st, j0, g);
-          });
+        // k_stride: an i64 (in place), or Int<D> (packed: the tile's offsets constants).
+        auto scores = [&](const float* k_block, auto k_stride) __attribute__((always_inline)) {
+          for (int g = 0; g < BM; g += kGroup)
+            for_each_tile<KT>(2 * key_pairs, [&](int j0, auto tile) {
+              scores_tile<D, BM, decltype(tile)::value, QV>(k_block, k_stride, qt, st, j0, g);
+            });
+        };
+        if (in_place(cols))
+          scores((const float*)k + n0 * p.k_seq_stride, p.k_seq_stride);
+        else
+          scores(kb, Int<D>());
       }
 
       // Online softmax, 16 queries at a time, over the cols keys of the block (the loops stop at
@@ -251,14 +267,21 @@ struct Kernel {
       }
 
       // O^T = O^T * alpha + V^T P^T.
-      for (int g = 0; g < BM; g += kGroup)
-        for_each_tile<DT>(D, [&](int c0, auto tile) {
-          constexpr int CT = decltype(tile)::value;
-          if constexpr (kDot)
-            accumulate_tile_dot<D, 1, BM, BM, CT, QV>(vp, pp, ot, key_pairs, c0, g, alpha);
-          else
-            accumulate_tile<D, 1, BM, BM, CT, QV>(vb, st, ot, cols, c0, g, alpha);
-        });
+      // v_stride: an i64 (in place), or Int<D> (packed).
+      auto accumulate = [&](const float* v_block, auto v_stride) __attribute__((always_inline)) {
+        for (int g = 0; g < BM; g += kGroup)
+          for_each_tile<DT>(D, [&](int c0, auto tile) {
+            constexpr int CT = decltype(tile)::value;
+            if constexpr (kDot)
+              accumulate_tile_dot<D, 1, BM, BM, CT, QV>(vp, pp, ot, key_pairs, c0, g, alpha);
+            else
+              accumulate_tile<1, BM, BM, CT, QV>(v_block, v_stride, st, ot, cols, c0, g, alpha);
+          });
+      };
+      if (in_place(cols))
+        accumulate((const float*)v + n0 * p.v_seq_stride, p.v_seq_stride);
+      else
+        accumulate(vb, Int<D>());
     }
 
     // O = acc / l in the storage type; lse in natural log.

@@ -72,6 +72,7 @@ constexpr int tile_dims(int vectors) {
 template <int N>
 struct Int {
   static constexpr int value = N;
+  constexpr operator int() const { return N; }  // a static stride where an int is read (tiles)
 };
 
 typedef float f32x16 __attribute__((ext_vector_type(16)));
@@ -278,21 +279,24 @@ inline i32x16 pack_bf16_row(f32x16 lo, f32x16 hi) {
 // L lanes in the owned block (LV vectors of them per tile), rows of length D in the streamed one.
 
 // out[r0 + a][g + 16 v] = sum_{c < D} a[r0 + a][c] * bt[c][g + 16 v]     (a < RT, v < LV)
-// a: [rows][D], bt: [D][L], out: [rows][L].
-template <int D, int L, int RT, int LV>
-__attribute__((noinline)) void scores_tile(const float* __restrict a, const float* __restrict bt,
-                                           float* __restrict out, int r0, int g) {
+// a: [rows][D] with rows a_stride floats apart (Int<D>: a packed block, the offsets constants; an
+// i64: a tensor's row stride, fp32 rows read where they are), bt: [D][L], out: [rows][L].
+template <int D, int L, int RT, int LV, class Stride>
+__attribute__((noinline)) void scores_tile(const float* __restrict a, Stride a_stride,
+                                           const float* __restrict bt, float* __restrict out,
+                                           int r0, int g) {
   f32x16 acc[RT][LV];
   for (int r = 0; r < RT; ++r)
     for (int v = 0; v < LV; ++v) acc[r][v] = 0.0f;
-  // Pointers stepped along c (the rows' offsets are constants: no index arithmetic in the loop).
-  const float* a_c = a + (i64)r0 * D;
+  // Pointers stepped along c (the rows' offsets are loop invariants: no index arithmetic in the
+  // loop).
+  const float* a_c = a + (i64)r0 * a_stride;
   const float* b_c = bt + g;
   for (int c = 0; c < D; ++c, ++a_c, b_c += L) {
     f32x16 b[LV];
     for (int v = 0; v < LV; ++v) b[v] = load(b_c + v * kLanes);
     for (int r = 0; r < RT; ++r) {
-      const float x = a_c[r * D];
+      const float x = a_c[r * a_stride];
       for (int v = 0; v < LV; ++v) acc[r][v] += x * b[v];
     }
   }
@@ -302,11 +306,12 @@ __attribute__((noinline)) void scores_tile(const float* __restrict a, const floa
 
 // acc[c0 + a][g + 16 v] = acc[..] * scale[g + 16 v] + sum_{r < rows} a(r, c0 + a) * y[r][g + 16 v]
 // (a < CT, v < LV; scale = 1 when row_scale is null: the forward's O rescale by alpha, fused)
-// a(r, c) = a[r * AR + c * AC] (AR = D, AC = 1: a row-major [rows][D]; AR = 1, AC = BN: dS
-// [BM][BN] read as dS^T), y: [rows][YS], acc: [..][CS].
-template <int AR, int AC, int YS, int CS, int CT, int LV>
-__attribute__((noinline)) void accumulate_tile(const float* __restrict a, const float* __restrict y,
-                                               float* __restrict acc_t, int rows, int c0, int g,
+// a(r, c) = a[r * ar + c * AC] (ar = Int<D> or a tensor's row stride (i64), AC = 1: a row-major
+// [rows][D]; ar = Int<1>, AC = BN: dS [BM][BN] read as dS^T), y: [rows][YS], acc: [..][CS].
+template <int AC, int YS, int CS, int CT, int LV, class Stride>
+__attribute__((noinline)) void accumulate_tile(const float* __restrict a, Stride ar,
+                                               const float* __restrict y, float* __restrict acc_t,
+                                               int rows, int c0, int g,
                                                const float* __restrict row_scale = nullptr) {
   f32x16 acc[CT][LV];
   for (int c = 0; c < CT; ++c)
@@ -316,7 +321,7 @@ __attribute__((noinline)) void accumulate_tile(const float* __restrict a, const 
       for (int c = 0; c < CT; ++c) acc[c][v] *= load(row_scale + g + v * kLanes);
   const float* a_r = a + (i64)c0 * AC;  // stepped along r, as y_r
   const float* y_r = y + g;
-  for (int r = 0; r < rows; ++r, a_r += AR, y_r += YS) {
+  for (int r = 0; r < rows; ++r, a_r += ar, y_r += YS) {
     f32x16 b[LV];
     for (int v = 0; v < LV; ++v) b[v] = load(y_r + v * kLanes);
     for (int c = 0; c < CT; ++c) {
