@@ -32,6 +32,7 @@
 #include "templates/hip/tiles.hpp"
 // (the kernels last)
 #include "templates/hip/attention_bwd.hpp"
+#include "templates/hip/attention_bwd_common.hpp"
 // clang-format on
 #include "support/hip_backward_emulation.hpp"
 
