@@ -57,18 +57,7 @@ struct EmulatedConfig {
   RunFn run;
   int dkdv_lds, dq_lds;  // the template's own counts, compared with the generator's
 
-  std::string name() const {
-    std::string text = "d";  // appended: gcc 12 warns falsely (-Wrestrict) on "d" + string
-    text += std::to_string(head_dim);
-    text += "_";
-    text += config.to_string();
-    text += "_";
-    text += to_string(dtype);
-    text += causal ? "_causal" : "_noncausal";
-    for (char& c : text)
-      if (c == '-') c = '_';
-    return text;
-  }
+  std::string name() const { return ft::emulation_case_name(head_dim, config, dtype, causal); }
 };
 
 template <int D, int BM, int BN, int W, int S, bool DET, bool BF16, bool CAUSAL>
