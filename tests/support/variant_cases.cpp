@@ -161,14 +161,17 @@ VariantCase emulated_variant(bool with_mask_mod) {
 }
 
 void poison_keys(const AttentionProblem& problem, HostInputs& inputs, int64_t begin, int64_t end) {
-  for (int64_t j = begin; j < end; ++j)
-    for (int64_t h = 0; h < problem.heads_kv; ++h)
-      for (int col = 0; col < problem.head_dim; ++col) {
-        const int64_t k_at = j * problem.k_strides.seq + h * problem.k_strides.head + col;
-        const int64_t v_at = j * problem.v_strides.seq + h * problem.v_strides.head + col;
-        set_element(inputs.k.data(), k_at, NAN, problem.dtype);
-        set_element(inputs.v.data(), v_at, NAN, problem.dtype);
-      }
+  for (int64_t b = 0; b < problem.batch; ++b)
+    for (int64_t j = begin; j < end; ++j)
+      for (int64_t h = 0; h < problem.heads_kv; ++h)
+        for (int col = 0; col < problem.head_dim; ++col) {
+          const int64_t k_at = b * problem.k_strides.batch + j * problem.k_strides.seq +
+                               h * problem.k_strides.head + col;
+          const int64_t v_at = b * problem.v_strides.batch + j * problem.v_strides.seq +
+                               h * problem.v_strides.head + col;
+          set_element(inputs.k.data(), k_at, NAN, problem.dtype);
+          set_element(inputs.v.data(), v_at, NAN, problem.dtype);
+        }
 }
 
 namespace {

@@ -49,8 +49,9 @@ std::vector<std::string> emulated_forward_prelude_lines(bool with_mask_mod);
 // FLASHJIT_VARIANT_SCORE_MOD_GRAD 1).
 std::vector<std::string> emulated_backward_prelude_lines();
 
-// Sets keys [begin, end) of k and v to NaN in every key/value head: the keys of blocks no query
-// sees, so that a kernel that loads such a block fails its comparison.
+// Sets keys [begin, end) of k and v to NaN in every batch and key/value head (packed documents:
+// rows [begin, end) of the packed sequence): the keys of blocks no query sees, so that a kernel
+// that loads such a block fails its comparison.
 void poison_keys(const AttentionProblem& problem, HostInputs& inputs, int64_t begin, int64_t end);
 
 // The CUDA varlen emulation tests (mma, wgmma, -ws): packed documents of 1, 17, ~100 rows, one of
