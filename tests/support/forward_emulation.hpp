@@ -19,6 +19,17 @@ namespace flashjit::testing {
 // Elements after each output that must stay untouched (a write past the tensor's span).
 constexpr size_t kGuardElements = 64;
 
+// The forward's grid as an emulator's grid type (CudaGrid, Sm90Grid, HipGrid): x the query blocks
+// of block_m rows, y the query heads, z the batch (packed documents: the documents).
+template <class Grid>
+Grid forward_grid(const AttentionProblem& problem, int block_m) {
+  Grid grid;
+  grid.x = static_cast<int>((problem.seqlen_q + block_m - 1) / block_m);
+  grid.y = static_cast<int>(problem.heads_q);
+  grid.z = static_cast<int>(problem.batch);
+  return grid;
+}
+
 // Launches the emulated kernel on the params of `problem` (`inputs` are the tensors they point
 // at); returns the emulator's error ("" when it ran).
 using ForwardLaunch = std::function<std::string(

@@ -62,10 +62,7 @@ std::string run_forward(const AttentionProblem& problem, const ft::HostInputs& i
       [](const AttentionProblem& problem, const ft::HostInputs& inputs,
          const FlashjitAttentionParams& params) {
         register_inputs(inputs);
-        ft::CudaGrid grid;
-        grid.x = static_cast<int>((problem.seqlen_q + K::kBlockM - 1) / K::kBlockM);
-        grid.y = static_cast<int>(problem.heads_q);
-        grid.z = static_cast<int>(problem.batch);
+        const auto grid = ft::forward_grid<ft::CudaGrid>(problem, K::kBlockM);
         return ft::emulate_cuda(grid, K::kThreads, K::kSmemElements * 2,
                                 [&] { flashjit_kernel::attention_forward<K>(params); });
       },

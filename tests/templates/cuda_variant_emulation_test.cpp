@@ -58,10 +58,7 @@ void check(DType dtype, int head_dim, uint64_t seed) {
         for (const std::vector<uint16_t>* tensor : {&inputs.q, &inputs.k, &inputs.v})
           ft::register_global(tensor->data(), tensor->size() * sizeof(uint16_t));
         ft::register_global(inputs.alibi_slopes.data(), inputs.alibi_slopes.size() * sizeof(float));
-        ft::CudaGrid grid;
-        grid.x = static_cast<int>((problem.seqlen_q + K::kBlockM - 1) / K::kBlockM);
-        grid.y = static_cast<int>(problem.heads_q);
-        grid.z = static_cast<int>(problem.batch);
+        const auto grid = ft::forward_grid<ft::CudaGrid>(problem, K::kBlockM);
         return ft::emulate_cuda(grid, K::kThreads, K::kSmemElements * 2,
                                 [&] { flashjit_kernel::attention_forward<K>(params); });
       });

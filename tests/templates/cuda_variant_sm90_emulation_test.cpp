@@ -60,8 +60,7 @@ void check(DType dtype, int head_dim, uint64_t seed) {
       kVariant, dtype, head_dim, K::kBlockN, seed,
       [](const AttentionProblem& problem, const ft::HostInputs&,
          const FlashjitAttentionParams& params) {
-        const ft::Sm90Grid grid{static_cast<int>((problem.seqlen_q + K::kBlockM - 1) / K::kBlockM),
-                                static_cast<int>(problem.heads_q), static_cast<int>(problem.batch)};
+        const auto grid = ft::forward_grid<ft::Sm90Grid>(problem, K::kBlockM);
         ft::Sm90Options options;
         options.late_wgmma = true;  // P V of the previous block still in flight during the softmax
         return ft::emulate_sm90(

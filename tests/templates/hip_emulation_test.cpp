@@ -48,10 +48,7 @@ std::string run_emulated(const AttentionProblem& problem, const ft::HostInputs& 
       problem, inputs,
       [](const AttentionProblem& problem, const ft::HostInputs&,
          const FlashjitAttentionParams& params) {
-        ft::HipGrid grid;
-        grid.x = static_cast<int>((problem.seqlen_q + K::kBlockM - 1) / K::kBlockM);
-        grid.y = static_cast<int>(problem.heads_q);
-        grid.z = static_cast<int>(problem.batch);
+        const auto grid = ft::forward_grid<ft::HipGrid>(problem, K::kBlockM);
         return ft::emulate_hip(grid, K::kThreads, K::kLdsBytes,
                                [&] { flashjit_hip::attention_forward<K>(params); });
       },
