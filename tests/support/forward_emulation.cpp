@@ -1,12 +1,9 @@
 #include "support/forward_emulation.hpp"
 
-#include <gtest/gtest.h>
-
 #include <algorithm>
 #include <limits>
 
 #include "runtime/launch_params.hpp"
-#include "support/attention_cases.hpp"
 
 namespace flashjit::testing {
 
@@ -29,33 +26,6 @@ std::string run_guarded_forward(const AttentionProblem& problem, const HostInput
   o->assign(o_buffer.begin(), o_buffer.begin() + problem.o_span());
   lse->assign(lse_buffer.begin(), lse_buffer.begin() + problem.lse_elements());
   return "";
-}
-
-void check_variant_forward_emulation(const VariantCase& variant, DType dtype, int head_dim,
-                                     int block_n, uint64_t seed, const ForwardLaunch& launch) {
-  struct Case {
-    Shape shape;
-    int64_t nan_keys_begin = 0, nan_keys_end = 0;  // keys no query sees, set to NaN
-  };
-  const Case cases[] = {
-      {{1, 1, 1, 1, 1}},
-      {{2, 2, 1, 70, 150}},
-      {{1, 2, 2, 100, 40}},
-      {{1, 2, 1, 40, 300}, block_n, 220 / block_n * block_n},
-  };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(std::string(variant.name) + " " + c.shape.to_string());
-    AttentionProblem problem = make_problem(c.shape, head_dim, dtype, true, Pass::Forward);
-    problem.variant = variant.variant;
-    ASSERT_TRUE(validate(problem).ok()) << validate(problem).error().describe();
-    HostInputs inputs = random_inputs(problem, seed++);
-    poison_keys(problem, inputs, c.nan_keys_begin, c.nan_keys_end);
-    std::vector<uint16_t> o;
-    std::vector<float> lse;
-    ASSERT_EQ(run_guarded_forward(problem, inputs, launch, &o, &lse), "");
-    EXPECT_TRUE(matches_reference(
-        compare(problem, o, lse, reference_attention(problem, inputs, variant.functions))));
-  }
 }
 
 }  // namespace flashjit::testing

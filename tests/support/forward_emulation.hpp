@@ -1,6 +1,6 @@
 // What the forward emulation tests share (tests/templates/*_emulation_test.cpp: the CUDA mma,
 // wgmma and -ws templates, the HIP template; plain and with a variant): one launch with guarded,
-// poisoned outputs, and the variant cases they all run.
+// poisoned outputs, and its grid.
 #pragma once
 
 #include <cstddef>
@@ -11,7 +11,6 @@
 
 #include "generator/problem.hpp"
 #include "support/reference.hpp"
-#include "support/variant_cases.hpp"
 #include "templates/attention_params.h"
 
 namespace flashjit::testing {
@@ -42,16 +41,5 @@ using ForwardLaunch = std::function<std::string(
 std::string run_guarded_forward(const AttentionProblem& problem, const HostInputs& inputs,
                                 const ForwardLaunch& launch, std::vector<uint16_t>* o,
                                 std::vector<float>* lse);
-
-// The forward variant emulation tests' cases: `variant` (emulated_variant()) on a single row;
-// GQA with more keys, ragged blocks and a batch 1 that shifts the mods; more queries than keys
-// (the first 60 rows see only the prefix); and seqlen_q 40, seqlen_k 300 (diagonal 260: row 0
-// sees [220, 260] and the prefix [0, 24), read in its whole block and masked per element), with
-// the keys of the blocks of `block_n` keys between the prefix's and row 0's band, which no row
-// sees, set to NaN ([64, 192) for 64-key blocks; none for 128). Each launched through
-// run_guarded_forward from inputs of seeds `seed`, `seed` + 1, ... and compared with the fp64
-// reference of the variant.
-void check_variant_forward_emulation(const VariantCase& variant, DType dtype, int head_dim,
-                                     int block_n, uint64_t seed, const ForwardLaunch& launch);
 
 }  // namespace flashjit::testing

@@ -20,6 +20,7 @@
 #include "support/forward_emulation.hpp"
 #include "support/reference.hpp"
 #include "support/variant_cases.hpp"
+#include "support/variant_emulation.hpp"
 #include "templates/attention_params.h"
 // clang-format off: the order matters (as the renderer assembles the source)
 #include "support/cuda_emulator.hpp"

@@ -24,6 +24,7 @@
 #include "support/forward_emulation.hpp"
 #include "support/reference.hpp"
 #include "support/variant_cases.hpp"
+#include "support/variant_emulation.hpp"
 // The order matters (as the renderer assembles the source):
 // clang-format off
 #include "templates/attention_params.h"
