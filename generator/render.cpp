@@ -477,9 +477,10 @@ Result<KernelSource> render_hip_attention_backward(const AttentionProblem& probl
                                                    const AttentionConfig& config) {
   FLASHJIT_TRY(validate(problem));
   FLASHJIT_TRY(check_hip_template_constraints(problem, config));
-  // templates/hip/attention_bwd.hpp: the row kernels take <head_dim, bf16>, the dK/dV and dQ
-  // kernels a BwdTraits; each entry is bounded to the threads it is launched with
-  // (hip_backward_shapes), so that hipRTC may give each lane the registers those waves leave.
+  // templates/hip/attention_bwd.hpp: the row kernels (hip/attention_bwd_common.hpp) take
+  // <head_dim, bf16>, the dK/dV and dQ kernels a BwdTraits; each entry is bounded to the threads it
+  // is launched with (hip_backward_shapes), so that hipRTC may give each lane the registers those
+  // waves leave.
   const bool bf16 = problem.dtype == DType::BF16;
   std::string row_args = "<";  // appended: gcc 12 warns falsely (-Wrestrict) on "<" + string
   row_args += std::to_string(problem.head_dim);
@@ -513,10 +514,10 @@ Result<KernelSource> render_hip_attention_backward(const AttentionProblem& probl
                   << kBackwardDqEntry << params << "  flashjit_hip::attention_backward_dq" << entry
                   << "<Config>(params);\n}\n";
   }
-  return assemble(
-      {"attention_common.h", "hip/primitives.hpp", "hip/tiles.hpp", "hip/attention_bwd.hpp"},
-      {kBackwardPreprocessEntry, kBackwardDkDvEntry, kBackwardDqEntry}, "attention_bwd_hip",
-      problem, config, instantiation.str());
+  return assemble({"attention_common.h", "hip/primitives.hpp", "hip/tiles.hpp",
+                   "hip/attention_bwd_common.hpp", "hip/attention_bwd.hpp"},
+                  {kBackwardPreprocessEntry, kBackwardDkDvEntry, kBackwardDqEntry},
+                  "attention_bwd_hip", problem, config, instantiation.str());
 }
 
 Result<KernelSource> render_cpu_attention_backward(const AttentionProblem& problem,

@@ -23,21 +23,12 @@
 #include "support/parallel.hpp"
 #include "support/reference.hpp"
 #include "support/variant_cases.hpp"
+#include "support/variant_gpu_checks.hpp"
 
 namespace flashjit {
 namespace {
 
 namespace ft = ::flashjit::testing;
-
-::testing::AssertionResult matches(const AttentionProblem& problem, const ft::RunOutput& out,
-                                   const ft::Reference& reference) {
-  if (!out.status.ok()) return ::testing::AssertionFailure() << out.status.error().describe();
-  const GradientComparison comparison =
-      compare_gradients(problem, out.dq, out.dk, out.dv, reference);
-  if (within_tolerance(comparison, gradient_tolerance(problem.dtype)))
-    return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << comparison.to_string();
-}
 
 using Built = std::optional<Result<std::shared_ptr<Kernel>>>;
 
@@ -58,37 +49,11 @@ class CudaBackwardVariant : public ::testing::TestWithParam<ft::VariantCase> {
 };
 
 TEST_P(CudaBackwardVariant, EveryLegalConfigMatchesTheReference) {
-  const ft::VariantCase& c = GetParam();
   const cuda::CudaBackend& backend = *ft::gpu_backend();
-  for (auto [head_dim, dtype] : {std::pair{64, DType::F16}, std::pair{128, DType::BF16}}) {
-    AttentionProblem probe =
-        ft::make_problem(ft::gpu_test_shapes()[0], head_dim, dtype, c.causal, Pass::Backward);
-    probe.variant = c.variant;
-    const std::vector<AttentionConfig> configs =
-        ft::selected_families(backend.legal_configs(probe));
-    if (configs.empty()) GTEST_SKIP() << "no config of the selected families";
-    const std::vector<Built> kernels = ft::parallel_map<Built>(configs.size(), [&](size_t i) {
-      return Built(build_kernel(backend, nullptr, probe, configs[i]));
-    });
-    uint64_t seed = 1;
-    for (const ft::Shape& shape : ft::gpu_test_shapes()) {
-      AttentionProblem problem = ft::make_problem(shape, head_dim, dtype, c.causal, Pass::Backward);
-      problem.variant = c.variant;
-      const ft::HostInputs inputs = ft::random_inputs(problem, seed++, c.functions);
-      const ft::Reference reference = ft::reference_attention(problem, inputs, c.functions);
-      Result<ft::DeviceTensors> tensors = ft::upload(backend, problem, inputs);
-      ASSERT_TRUE(tensors.ok()) << tensors.error().describe();
-      for (size_t i = 0; i < configs.size(); ++i) {
-        const std::string where = std::string(c.name) + " d" + std::to_string(head_dim) + " " +
-                                  to_string(dtype) + " " + configs[i].to_string() + " " +
-                                  shape.to_string();
-        ASSERT_TRUE(kernels[i]->ok()) << where << ": " << kernels[i]->error().describe();
-        EXPECT_TRUE(matches(problem, ft::run_poisoned(backend, ***kernels[i], problem, *tensors),
-                            reference))
-            << where;
-      }
-    }
-  }
+  ft::check_variant_on_every_config(backend, GetParam(), Pass::Backward,
+                                    [&](const AttentionProblem& problem) {
+                                      return ft::selected_families(backend.legal_configs(problem));
+                                    });
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaBackwardVariant, ::testing::ValuesIn(ft::variant_cases()),
@@ -103,38 +68,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaBackwardVariant, ::testing::ValuesIn(ft::var
 TEST(CudaBackwardVariantBlocks, HiddenKeyBlocksAreNeverUsed) {
   FLASHJIT_REQUIRE_GPU();
   const cuda::CudaBackend& backend = *ft::gpu_backend();
-  for (const bool mask_mod : {false, true}) {
-    SCOPED_TRACE(mask_mod ? "window + mask_mod" : "window");
-    AttentionProblem problem =
-        AttentionProblem::make(2, 4, 2, 64, 4096, 128, DType::BF16, true).with_pass(Pass::Backward);
-    problem.variant.window_left = 32;
-    problem.variant.window_right = 0;
-    VariantFunctions functions;
-    if (mask_mod) {
-      problem.variant.mask_mod = "(q_idx + kv_idx) % 3 != 0";
-      functions.mask_mod = [](int64_t, int64_t, int64_t i, int64_t j) { return (i + j) % 3 != 0; };
-    }
-    ft::HostInputs inputs = ft::random_inputs(problem, 3, functions);
-    for (int64_t b = 0; b < problem.batch; ++b)
-      for (int64_t j = 0; j < 3840; ++j)
-        for (int64_t h = 0; h < problem.heads_kv; ++h)
-          for (int col = 0; col < problem.head_dim; ++col) {
-            const int64_t at = b * problem.k_strides.batch + j * problem.k_strides.seq +
-                               h * problem.k_strides.head + col;
-            ft::set_element(inputs.k.data(), at, NAN, problem.dtype);
-            ft::set_element(inputs.v.data(), at, NAN, problem.dtype);
-          }
-    const ft::Reference reference = ft::reference_attention(problem, inputs, functions);
-    Result<ft::DeviceTensors> tensors = ft::upload(backend, problem, inputs);
-    ASSERT_TRUE(tensors.ok()) << tensors.error().describe();
-    for (const AttentionConfig& config : ft::selected_families(backend.legal_configs(problem))) {
-      Result<std::shared_ptr<Kernel>> kernel = build_kernel(backend, nullptr, problem, config);
-      ASSERT_TRUE(kernel.ok()) << kernel.error().describe();
-      EXPECT_TRUE(
-          matches(problem, ft::run_poisoned(backend, **kernel, problem, *tensors), reference))
-          << config.to_string();
-    }
-  }
+  ft::check_hidden_key_blocks(backend, Pass::Backward, [&](const AttentionProblem& problem) {
+    return ft::selected_families(backend.legal_configs(problem));
+  });
 }
 
 // Packed variable-length documents (varlen): every legal backward config (the mma family, both
@@ -202,7 +138,7 @@ TEST(CudaBackwardVarlen, EveryConfigMatchesTheReferencePerDocument) {
           const std::string where = problem.to_string() + " " + configs[i].to_string();
           ASSERT_TRUE(kernels[i]->ok()) << where << ": " << kernels[i]->error().describe();
           const ft::RunOutput out = ft::run_poisoned(backend, ***kernels[i], problem, *tensors);
-          EXPECT_TRUE(matches(problem, out, reference)) << where;
+          EXPECT_TRUE(ft::run_matches_reference(problem, out, reference)) << where;
           auto untouched = [](const std::vector<uint16_t>& tensor, int64_t from) {
             return std::all_of(tensor.begin() + from, tensor.end(),
                                [](uint16_t bits) { return bits == ft::kPoisonBits; });

@@ -23,6 +23,7 @@
 #include "support/parallel.hpp"
 #include "support/reference.hpp"
 #include "support/variant_cases.hpp"
+#include "support/variant_gpu_checks.hpp"
 
 namespace flashjit {
 namespace {
@@ -54,39 +55,10 @@ class CudaVariant : public ::testing::TestWithParam<ft::VariantCase> {
 };
 
 TEST_P(CudaVariant, EveryLegalConfigMatchesTheReference) {
-  const ft::VariantCase& c = GetParam();
   const cuda::CudaBackend& backend = *ft::gpu_backend();
-  for (auto [head_dim, dtype] : {std::pair{64, DType::F16}, std::pair{128, DType::BF16}}) {
-    AttentionProblem probe =
-        ft::make_problem(ft::gpu_test_shapes()[0], head_dim, dtype, c.causal, Pass::Forward);
-    probe.variant = c.variant;
-    const std::vector<AttentionConfig> configs = configs_to_run(backend, probe);
-    if (configs.empty()) GTEST_SKIP() << "no config of the selected families";
-    using Built = std::optional<Result<std::shared_ptr<Kernel>>>;
-    const std::vector<Built> kernels = ft::parallel_map<Built>(configs.size(), [&](size_t i) {
-      return Built(build_kernel(backend, nullptr, probe, configs[i]));
-    });
-    uint64_t seed = 1;
-    for (const ft::Shape& shape : ft::gpu_test_shapes()) {
-      AttentionProblem problem = ft::make_problem(shape, head_dim, dtype, c.causal, Pass::Forward);
-      problem.variant = c.variant;
-      const ft::HostInputs inputs = ft::random_inputs(problem, seed++);
-      const ft::Reference reference = ft::reference_attention(problem, inputs, c.functions);
-      Result<ft::DeviceTensors> tensors = ft::upload(backend, problem, inputs);
-      ASSERT_TRUE(tensors.ok()) << tensors.error().describe();
-      for (size_t i = 0; i < configs.size(); ++i) {
-        const std::string where = std::string(c.name) + " d" + std::to_string(head_dim) + " " +
-                                  to_string(dtype) + " " + configs[i].to_string() + " " +
-                                  shape.to_string();
-        ASSERT_TRUE(kernels[i]->ok()) << where << ": " << kernels[i]->error().describe();
-        const ft::RunOutput out = ft::run_poisoned(backend, ***kernels[i], problem, *tensors);
-        ASSERT_TRUE(out.status.ok()) << where << ": " << out.status.error().describe();
-        EXPECT_TRUE(ft::matches_reference(ft::compare(problem, out.o, out.lse, reference),
-                                          kMaxOutputRelError, kMaxLseAbsError))
-            << where;
-      }
-    }
-  }
+  ft::check_variant_on_every_config(
+      backend, GetParam(), Pass::Forward,
+      [&](const AttentionProblem& problem) { return configs_to_run(backend, problem); });
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaVariant, ::testing::ValuesIn(ft::variant_cases()),
@@ -94,50 +66,14 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaVariant, ::testing::ValuesIn(ft::variant_cas
                            return std::string(info.param.name);
                          });
 
-// One problem of HiddenKeyBlocksAreNeverLoaded (below).
-void check_hidden_blocks(bool mask_mod) {
-  const cuda::CudaBackend& backend = *ft::gpu_backend();
-  AttentionProblem problem = AttentionProblem::make(2, 4, 2, 64, 4096, 128, DType::BF16, true);
-  problem.variant.window_left = 32;
-  problem.variant.window_right = 0;
-  ft::HostInputs inputs = ft::random_inputs(problem, 3);
-  for (int64_t b = 0; b < problem.batch; ++b)
-    for (int64_t j = 0; j < 3840; ++j)
-      for (int64_t h = 0; h < problem.heads_kv; ++h)
-        for (int col = 0; col < problem.head_dim; ++col) {
-          const int64_t at = b * problem.k_strides.batch + j * problem.k_strides.seq +
-                             h * problem.k_strides.head + col;
-          ft::set_element(inputs.k.data(), at, NAN, problem.dtype);
-          ft::set_element(inputs.v.data(), at, NAN, problem.dtype);
-        }
-  VariantFunctions functions;
-  if (mask_mod) {
-    problem.variant.mask_mod = "(q_idx + kv_idx) % 3 != 0";
-    functions.mask_mod = [](int64_t, int64_t, int64_t i, int64_t j) { return (i + j) % 3 != 0; };
-  }
-  const ft::Reference reference = ft::reference_attention(problem, inputs, functions);
-  Result<ft::DeviceTensors> tensors = ft::upload(backend, problem, inputs);
-  ASSERT_TRUE(tensors.ok()) << tensors.error().describe();
-  for (const AttentionConfig& config : configs_to_run(backend, problem)) {
-    Result<std::shared_ptr<Kernel>> kernel = build_kernel(backend, nullptr, problem, config);
-    ASSERT_TRUE(kernel.ok()) << kernel.error().describe();
-    const ft::RunOutput out = ft::run_poisoned(backend, **kernel, problem, *tensors);
-    ASSERT_TRUE(out.status.ok()) << out.status.error().describe();
-    EXPECT_TRUE(ft::matches_reference(ft::compare(problem, out.o, out.lse, reference)))
-        << config.to_string();
-  }
-}
-
-// Key blocks a causal window hides from every query are never loaded: seqlen_q 64, seqlen_k 4096
-// (diagonal 4032), window 32: no query sees a key below 4000, so keys [0, 3840) (whole blocks of
-// every block_n) are NaN; a kernel that loads one writes NaN. The same with a user mask_mod and
-// the window (a mask_mod only hides more: the window's blocks are still all that is visited).
+// Key blocks a causal window hides from every query are never loaded (check_hidden_key_blocks;
+// a mask_mod only hides more: the window's blocks are still all that is visited).
 TEST(CudaVariantBlocks, HiddenKeyBlocksAreNeverLoaded) {
   FLASHJIT_REQUIRE_GPU();
-  for (const bool mask_mod : {false, true}) {
-    SCOPED_TRACE(mask_mod ? "window + mask_mod" : "window");
-    check_hidden_blocks(mask_mod);
-  }
+  const cuda::CudaBackend& backend = *ft::gpu_backend();
+  ft::check_hidden_key_blocks(backend, Pass::Forward, [&](const AttentionProblem& problem) {
+    return configs_to_run(backend, problem);
+  });
 }
 
 // Packed variable-length documents (varlen; the mma and, on sm90, the wgmma and -ws families):

@@ -11,9 +11,7 @@
 
 #if FLASHJIT_HAVE_HIP_BACKEND
 
-#include <filesystem>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -53,38 +51,7 @@ INSTANTIATE_TEST_SUITE_P(AllGroups, HipAttentionAllConfigs,
 // a second Runtime; a padded head dim.
 TEST(HipAttentionRuntime, DefaultConfigThroughTheRuntimeAndTheDiskCache) {
   FLASHJIT_REQUIRE_AMD_GPU();
-  std::random_device entropy;
-  const std::filesystem::path cache_dir =
-      std::filesystem::temp_directory_path() /
-      ("flashjit-hip-test-cache-" + std::to_string(entropy()) + std::to_string(entropy()));
-  RuntimeOptions options;
-  options.backend = "hip";
-  options.user_db = "none";
-  options.cache_dir = cache_dir;
-  for (int pass = 0; pass < 2; ++pass) {
-    Result<std::unique_ptr<Runtime>> runtime = Runtime::create(options);
-    ASSERT_TRUE(runtime.ok()) << runtime.error().describe();
-    const Backend& backend = (*runtime)->backend();
-    EXPECT_EQ(backend.name(), "hip");
-    for (int head_dim : {96, 128}) {
-      const auto problem = AttentionProblem::make(2, 4, 2, 257, 300, head_dim, DType::BF16, true);
-      Result<std::shared_ptr<Kernel>> kernel = (*runtime)->attention(problem);
-      ASSERT_TRUE(kernel.ok()) << kernel.error().describe();
-      const ft::HostInputs inputs = ft::random_inputs(problem, 5);
-      Result<ft::DeviceTensors> tensors = ft::upload(backend, problem, inputs);
-      ASSERT_TRUE(tensors.ok()) << tensors.error().describe();
-      const ft::RunOutput out = ft::run_poisoned(backend, **kernel, problem, tensors.value());
-      ASSERT_TRUE(out.status.ok()) << out.status.error().describe();
-      EXPECT_TRUE(ft::matches_reference(
-          ft::compare(problem, out.o, out.lse, ft::reference_attention(problem, inputs))))
-          << "d" << head_dim << " " << (*kernel)->config().to_string() << " pass " << pass;
-    }
-    const RuntimeStats stats = (*runtime)->stats();
-    EXPECT_EQ(stats.compiles, pass == 0 ? 2 : 0);
-    EXPECT_EQ(stats.disk_cache_loads, pass == 0 ? 0 : 2);
-  }
-  std::error_code ignored;
-  std::filesystem::remove_all(cache_dir, ignored);
+  ft::check_hip_runtime_and_disk_cache(Pass::Forward);
 }
 
 }  // namespace

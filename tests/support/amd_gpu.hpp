@@ -16,10 +16,12 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "runtime/hip/hip_backend.hpp"
+#include "runtime/runtime.hpp"
 
 namespace flashjit::testing {
 
@@ -29,6 +31,16 @@ std::shared_ptr<hip::HipBackend> amd_backend();
 const std::string& amd_unavailable_reason();
 // True when FLASHJIT_EXPECT_AMD_GPU is set to a non-empty value other than "0".
 bool amd_gpu_expected();
+
+// The Runtime on the HIP backend end to end (the forward's and the backward's GPU tests): on a
+// fresh cache directory, twice (the second time a new Runtime: from the disk cache), the problem
+// of `pass` (batch 2, 4:2 heads, 257 x 300, bf16, causal) with head dims 96 (padded) and 128
+// served with its default config (attention() or attention_backward(), no tuning DB), checked by
+// `expect_kernel`, run with poisoned outputs and compared with the fp64 reference (o and lse, or
+// the gradients within gradient_tolerance). Then the Runtime's stats: 2 compiles and no disk load
+// the first time, the reverse the second.
+void check_hip_runtime_and_disk_cache(Pass pass,
+                                      const std::function<void(const Kernel&)>& expect_kernel = {});
 
 }  // namespace flashjit::testing
 

@@ -1,5 +1,6 @@
 #include "support/attention_cases.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +17,21 @@ std::string Shape::to_string() const {
   return "(b" + std::to_string(batch) + " hq" + std::to_string(heads_q) + " hkv" +
          std::to_string(heads_kv) + " sq" + std::to_string(seqlen_q) + " sk" +
          std::to_string(seqlen_k) + " " + kStorageNames[static_cast<int>(storage)] + ")";
+}
+
+std::string emulation_case_name(int head_dim, const AttentionConfig& config, DType dtype,
+                                bool causal) {
+  // Built by appending: gcc 12 warns falsely (-Wrestrict) on "literal" + std::string&&.
+  std::string text = "d";
+  text += std::to_string(head_dim);
+  text += "_";
+  std::string knobs = config.to_string();  // gtest names allow no '-'
+  std::replace(knobs.begin(), knobs.end(), '-', '_');
+  text += knobs;
+  text += "_";
+  text += to_string(dtype);
+  text += causal ? "_causal" : "_noncausal";
+  return text;
 }
 
 std::vector<AttentionConfig> selected_families(const std::vector<AttentionConfig>& configs) {

@@ -47,6 +47,11 @@ Strides padded_bshd(int64_t seqlen, int64_t heads, int head_dim, int head_pad, i
 AttentionProblem make_problem(const Shape& shape, int head_dim, DType dtype, bool causal,
                               Pass pass = Pass::Forward);
 
+// An emulation test case's name for gtest: "d64_m64n32w4s2_bf16_causal" (the '-' of a config's
+// suffix as '_').
+std::string emulation_case_name(int head_dim, const AttentionConfig& config, DType dtype,
+                                bool causal);
+
 // `configs` restricted to the kernel families named in $FLASHJIT_TEST_FAMILIES (a comma list of
 // "mma", "wgmma", "ws", "decode"; unset or empty: every family), so that a GPU session can run one
 // family's tests alone (bench/device_run.sh ws). The families kept are printed once per process.

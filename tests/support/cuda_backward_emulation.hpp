@@ -13,13 +13,11 @@
 #include "runtime/launch_params.hpp"
 #include "support/cuda_emulator.hpp"
 #include "support/emulated_entry.hpp"
+#include "support/forward_emulation.hpp"  // kGuardElements
 #include "support/reference.hpp"
 #include "support/variant_cases.hpp"  // Gradients
 
 namespace flashjit::testing {
-
-// Elements after each output that must stay untouched (a write past the tensor's span).
-constexpr size_t kGuardElements = 64;
 
 // The inputs every emulated kernel may read (ALiBi's slopes too), registered with the emulator.
 inline void register_inputs(const HostInputs& inputs) {

@@ -3,6 +3,8 @@
 #include <string>
 #include <utility>
 
+#include "support/reference.hpp"
+
 namespace flashjit::testing {
 
 RunOutput run_poisoned(const Backend& backend, const Kernel& kernel,
@@ -17,6 +19,17 @@ RunOutput run_poisoned(const Backend& backend, const Kernel& kernel,
     out.context_lost = run.failed != RunStep::Launch;
   }
   return out;
+}
+
+::testing::AssertionResult run_matches_reference(const AttentionProblem& problem,
+                                                 const RunOutput& out, const Reference& reference) {
+  if (!out.status.ok()) return ::testing::AssertionFailure() << out.status.error().describe();
+  if (!problem.is_backward()) return matches_reference(compare(problem, out.o, out.lse, reference));
+  const GradientComparison comparison =
+      compare_gradients(problem, out.dq, out.dk, out.dv, reference);
+  if (within_tolerance(comparison, gradient_tolerance(problem.dtype)))
+    return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << comparison.to_string();
 }
 
 }  // namespace flashjit::testing

@@ -9,6 +9,8 @@
 //   compare(problem, out.o, out.lse, reference);   // or compare_gradients(.., out.dq, ..)
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include "generator/error.hpp"
 #include "generator/problem.hpp"
 #include "runtime/backend.hpp"
@@ -45,5 +47,11 @@ inline RunOutput run_poisoned(const Backend& backend, const Kernel& kernel,
                               const AttentionProblem& problem, const DeviceTensors& tensors) {
   return run_poisoned(backend, kernel, problem, tensors, tensors.args);
 }
+
+// A run judged against the fp64 reference as the GPU tests judge it: its status ok, then o and lse
+// within matches_reference's default tolerances (forward), or dq, dk and dv within
+// gradient_tolerance(dtype) (backward). The failure message says which and by how much.
+::testing::AssertionResult run_matches_reference(const AttentionProblem& problem,
+                                                 const RunOutput& out, const Reference& reference);
 
 }  // namespace flashjit::testing

@@ -1,10 +1,10 @@
 // The HIP backward's launch sequence on the host emulator (tests/support/hip_emulator.hpp),
 // shared by the emulation tests of the plain template and of the variants: include it after
-// templates/hip/attention_bwd.hpp, which it calls. Launched as the runtime launches it
-// (runtime/launch_params.hpp's backward_launch with generator/hip_config.hpp's shapes, the
-// workspace bound by bind_workspace); the dK/dV and dQ kernels through the entries the renderer
-// picks (generator/render.cpp: a variant compiled in enters through the *_variant ones, packed
-// documents' row kernels through the *_varlen ones; their offsets from inputs.cu_seqlens_*).
+// templates/hip/attention_bwd_common.hpp and attention_bwd.hpp, which it calls. Launched as the
+// runtime launches it (runtime/launch_params.hpp's backward_launch with generator/hip_config.hpp's
+// shapes, the workspace bound by bind_workspace); the dK/dV and dQ kernels through the entries the
+// renderer picks (generator/render.cpp: a variant compiled in enters through the *_variant ones,
+// packed documents' row kernels through the *_varlen ones; their offsets from inputs.cu_seqlens_*).
 // Outputs and the workspace are poisoned (NaN) first, with guard words after every buffer.
 #pragma once
 

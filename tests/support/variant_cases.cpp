@@ -115,17 +115,28 @@ std::vector<NamedVariant> backward_compile_variants() {
   return out;
 }
 
+std::vector<std::string> emulated_forward_prelude_lines(bool with_mask_mod) {
+  std::vector<std::string> lines = {
+      "#define FLASHJIT_VARIANT_CAUSAL 1\n",
+      "#define FLASHJIT_VARIANT_WINDOW_LEFT (40)\n",
+      "#define FLASHJIT_VARIANT_WINDOW_RIGHT (-1)\n",
+      "#define FLASHJIT_VARIANT_PREFIX 24\n",
+      "#define FLASHJIT_VARIANT_SOFTCAP 2.000000000e+00f\n",
+      "#define FLASHJIT_VARIANT_ALIBI 1\n",
+      "#define FLASHJIT_VARIANT_SCORE_MOD 1\n",
+      with_mask_mod ? "#define FLASHJIT_VARIANT_MASK_MOD 1\n"
+                    : "#define FLASHJIT_VARIANT_MASK_MOD 0\n",
+      "  return static_cast<float>(score - 0.05f * abs(q_idx - kv_idx) + 0.25f * head - batch);"};
+  if (with_mask_mod)
+    lines.push_back("  return static_cast<bool>((kv_idx + head + batch) % 5 != 0 || q_idx < 8);");
+  return lines;
+}
+
 std::vector<std::string> emulated_backward_prelude_lines() {
-  return {"#define FLASHJIT_VARIANT_CAUSAL 1\n",
-          "#define FLASHJIT_VARIANT_WINDOW_LEFT (40)\n",
-          "#define FLASHJIT_VARIANT_PREFIX 24\n",
-          "#define FLASHJIT_VARIANT_SOFTCAP 2.000000000e+00f\n",
-          "#define FLASHJIT_VARIANT_ALIBI 1\n",
-          "#define FLASHJIT_VARIANT_SCORE_MOD 1\n",
-          "#define FLASHJIT_VARIANT_MASK_MOD 1\n",
-          "#define FLASHJIT_VARIANT_SCORE_MOD_GRAD 1\n",
-          "  return static_cast<float>(1.0f);  // flashjit:score_mod_grad\n",
-          "  return static_cast<bool>((kv_idx + head + batch) % 5 != 0 || q_idx < 8);"};
+  std::vector<std::string> lines = emulated_forward_prelude_lines(/*with_mask_mod=*/true);
+  lines.push_back("#define FLASHJIT_VARIANT_SCORE_MOD_GRAD 1\n");
+  lines.push_back("  return static_cast<float>(1.0f);  // flashjit:score_mod_grad\n");
+  return lines;
 }
 
 VariantCase emulated_variant(bool with_mask_mod) {
@@ -150,14 +161,17 @@ VariantCase emulated_variant(bool with_mask_mod) {
 }
 
 void poison_keys(const AttentionProblem& problem, HostInputs& inputs, int64_t begin, int64_t end) {
-  for (int64_t j = begin; j < end; ++j)
-    for (int64_t h = 0; h < problem.heads_kv; ++h)
-      for (int col = 0; col < problem.head_dim; ++col) {
-        const int64_t k_at = j * problem.k_strides.seq + h * problem.k_strides.head + col;
-        const int64_t v_at = j * problem.v_strides.seq + h * problem.v_strides.head + col;
-        set_element(inputs.k.data(), k_at, NAN, problem.dtype);
-        set_element(inputs.v.data(), v_at, NAN, problem.dtype);
-      }
+  for (int64_t b = 0; b < problem.batch; ++b)
+    for (int64_t j = begin; j < end; ++j)
+      for (int64_t h = 0; h < problem.heads_kv; ++h)
+        for (int col = 0; col < problem.head_dim; ++col) {
+          const int64_t k_at = b * problem.k_strides.batch + j * problem.k_strides.seq +
+                               h * problem.k_strides.head + col;
+          const int64_t v_at = b * problem.v_strides.batch + j * problem.v_strides.seq +
+                               h * problem.v_strides.head + col;
+          set_element(inputs.k.data(), k_at, NAN, problem.dtype);
+          set_element(inputs.v.data(), v_at, NAN, problem.dtype);
+        }
 }
 
 namespace {

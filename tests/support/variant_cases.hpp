@@ -40,13 +40,18 @@ std::vector<NamedVariant> backward_compile_variants();
 // holds its rendered prelude): causal, window (40, -1), prefix 24, softcap 2, ALiBi, a score_mod
 // using the distance, head and batch and, with_mask_mod, a mask_mod using all four indices.
 VariantCase emulated_variant(bool with_mask_mod);
-// Lines of what render_variant_prelude gives for emulated_variant(true) in a backward problem:
-// the backward emulation tests check that they compile that in (support/emulated_variant.h with
-// FLASHJIT_VARIANT_MASK_MOD and FLASHJIT_VARIANT_SCORE_MOD_GRAD 1).
+// Lines of what render_variant_prelude gives for emulated_variant(with_mask_mod) in a forward
+// problem: the forward emulation tests check that they compile that in (support/emulated_variant.h
+// with FLASHJIT_VARIANT_MASK_MOD as with_mask_mod).
+std::vector<std::string> emulated_forward_prelude_lines(bool with_mask_mod);
+// The same for emulated_variant(true) in a backward problem: the backward emulation tests check
+// that they compile that in (support/emulated_variant.h with FLASHJIT_VARIANT_MASK_MOD and
+// FLASHJIT_VARIANT_SCORE_MOD_GRAD 1).
 std::vector<std::string> emulated_backward_prelude_lines();
 
-// Sets keys [begin, end) of k and v to NaN in every key/value head: the keys of blocks no query
-// sees, so that a kernel that loads such a block fails its comparison.
+// Sets keys [begin, end) of k and v to NaN in every batch and key/value head (packed documents:
+// rows [begin, end) of the packed sequence): the keys of blocks no query sees, so that a kernel
+// that loads such a block fails its comparison.
 void poison_keys(const AttentionProblem& problem, HostInputs& inputs, int64_t begin, int64_t end);
 
 // The CUDA varlen emulation tests (mma, wgmma, -ws): packed documents of 1, 17, ~100 rows, one of

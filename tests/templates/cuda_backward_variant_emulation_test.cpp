@@ -17,6 +17,7 @@
 #include "support/attention_cases.hpp"
 #include "support/reference.hpp"
 #include "support/variant_cases.hpp"
+#include "support/variant_emulation.hpp"
 #include "templates/attention_params.h"
 // clang-format off: the order matters (as the renderer assembles the source)
 #include "support/cuda_emulator.hpp"
@@ -49,40 +50,17 @@ TEST(CudaBackwardVariantEmulation, TheDefinesAreWhatTheGeneratorRenders) {
     EXPECT_NE(prelude.find(line), std::string::npos) << line;
 }
 
-struct Case {
-  ft::Shape shape;
-  int64_t nan_keys_begin = 0, nan_keys_end = 0;  // keys no query sees, set to NaN
-};
-
 template <class K>
 void check(DType dtype, int head_dim) {
   const AttentionConfig config{K::kBlockM,        K::kBlockN,
                                K::kWarps,         K::kStages,
                                KernelFamily::Mma, K::kDqAtomic ? DqMode::Atomic : DqMode::Separate};
-  const Case cases[] = {
-      {{1, 1, 1, 1, 1}},
-      {{2, 2, 1, 70, 150}},  // GQA, more keys, ragged blocks; batch 1 shifts the score_mod
-      {{1, 2, 2, 100, 40}},  // more queries: the first 60 rows see only the prefix
-      // diagonal 260: row 0 sees [220, 260] and the prefix [0, 24): the whole blocks of keys in
-      // [block_n, 192) are blocks no row sees (the prefix's one block is read whole, masked per
-      // element; a masked key's NaN V would give dS = 0 * NaN).
-      {{1, 2, 1, 40, 300}, K::kBlockN, 192 / K::kBlockN * K::kBlockN},
-  };
-  uint64_t seed = 11;
-  for (const Case& c : cases) {
-    AttentionProblem problem = ft::make_problem(c.shape, head_dim, dtype, true, Pass::Backward);
-    problem.variant = kVariant.variant;
-    ASSERT_TRUE(validate(problem).ok()) << validate(problem).error().describe();
-    ft::HostInputs inputs = ft::random_inputs(problem, seed++, kVariant.functions);
-    ft::poison_keys(problem, inputs, c.nan_keys_begin, c.nan_keys_end);
-    ft::Gradients gradients;
-    ASSERT_EQ(ft::run_backward<K>(problem, config, inputs, &gradients), "") << c.shape.to_string();
-    const GradientComparison comparison =
-        compare_gradients(problem, gradients.dq, gradients.dk, gradients.dv,
-                          ft::reference_attention(problem, inputs, kVariant.functions));
-    EXPECT_TRUE(within_tolerance(comparison, gradient_tolerance(dtype)))
-        << config.to_string() << " " << c.shape.to_string() << ": " << comparison.to_string();
-  }
+  SCOPED_TRACE(config.to_string());
+  ft::check_variant_backward_emulation(
+      kVariant, dtype, head_dim, K::kBlockN, /*seed=*/11,
+      [&](const AttentionProblem& problem, const ft::HostInputs& inputs, ft::Gradients* out) {
+        return ft::run_backward<K>(problem, config, inputs, out);
+      });
 }
 
 TEST(CudaBackwardVariantEmulation, MatchesTheFp64Reference) {

@@ -14,6 +14,7 @@
 #include "generator/problem.hpp"
 #include "support/attention_cases.hpp"
 #include "support/variant_cases.hpp"
+#include "support/variant_emulation.hpp"
 #include "tuner/reference.hpp"
 // The order matters (as the renderer assembles the source):
 // clang-format off
@@ -49,34 +50,12 @@ void check() {
                                STAGES,
                                KernelFamily::Wgmma,
                                ATOMIC ? DqMode::Atomic : DqMode::Separate};
-  const DType dtype = BF16 ? DType::BF16 : DType::F16;
-  struct Case {
-    ft::Shape shape;
-    int64_t nan_keys_begin = 0, nan_keys_end = 0;  // keys no query sees, set to NaN
-  };
-  const Case cases[] = {
-      {{1, 1, 1, 1, 1}},
-      {{2, 2, 1, 70, 150}},  // GQA, more keys, ragged blocks; batch 1 shifts both mods
-      {{1, 2, 2, 100, 40}},  // more queries: the first 60 rows see only the prefix
-      // diagonal 260: row 0 sees [220, 260] and the prefix [0, 24): the whole blocks of keys in
-      // [block_n, 192) are blocks no row sees.
-      {{1, 2, 1, 40, 300}, BLOCK_N, 192 / BLOCK_N * BLOCK_N},
-  };
-  uint64_t seed = 23;
-  for (const Case& c : cases) {
-    AttentionProblem problem = ft::make_problem(c.shape, HEAD_DIM, dtype, true, Pass::Backward);
-    problem.variant = kVariant.variant;
-    ASSERT_TRUE(validate(problem).ok()) << validate(problem).error().describe();
-    HostInputs inputs = random_inputs(problem, seed++, kVariant.functions);
-    ft::poison_keys(problem, inputs, c.nan_keys_begin, c.nan_keys_end);
-    const Reference reference = reference_attention(problem, inputs, kVariant.functions);
-    const ft::Sm90BackwardOutcome outcome =
-        ft::run_sm90_backward<K>(problem, config, inputs, reference);
-    ASSERT_EQ(outcome.error, "") << config.to_string() << " " << c.shape.to_string();
-    EXPECT_TRUE(within_tolerance(outcome.comparison, gradient_tolerance(dtype)))
-        << config.to_string() << " " << c.shape.to_string() << ": "
-        << outcome.comparison.to_string();
-  }
+  SCOPED_TRACE(config.to_string());
+  ft::check_variant_backward_emulation(
+      kVariant, BF16 ? DType::BF16 : DType::F16, HEAD_DIM, BLOCK_N, /*seed=*/23,
+      [&](const AttentionProblem& problem, const ft::HostInputs& inputs, ft::Gradients* out) {
+        return ft::run_sm90_backward_gradients<K>(problem, config, inputs, out);
+      });
 }
 
 TEST(CudaBackwardVariantSm90Emulation, MatchesTheFp64Reference) {

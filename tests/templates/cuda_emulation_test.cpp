@@ -26,6 +26,7 @@
 #include "generator/problem.hpp"
 #include "runtime/launch_params.hpp"
 #include "support/attention_cases.hpp"
+#include "support/forward_emulation.hpp"
 #include "support/reference.hpp"
 #include "templates/attention_params.h"
 // The kernels need their primitives declared before them: params, emulated primitives, rules.
@@ -45,7 +46,6 @@ namespace {
 namespace ft = ::flashjit::testing;
 
 using ft::Gradients;
-using ft::kGuardElements;
 using ft::make_problem;
 using ft::register_inputs;
 using ft::run_backward;
@@ -57,29 +57,16 @@ using ft::Storage;
 template <class K>
 std::string run_forward(const AttentionProblem& problem, const ft::HostInputs& inputs,
                         std::vector<uint16_t>* o, std::vector<float>* lse) {
-  std::vector<uint16_t> o_buffer(problem.o_span() + kGuardElements, ft::kPoisonBits);
-  std::vector<float> lse_buffer(problem.lse_elements() + kGuardElements, -1.f);
-  std::fill(lse_buffer.begin(), lse_buffer.begin() + problem.lse_elements(),
-            std::numeric_limits<float>::quiet_NaN());
-  AttentionArgs args{inputs.q.data(), inputs.k.data(), inputs.v.data(), o_buffer.data(),
-                     lse_buffer.data()};
-  const FlashjitAttentionParams params = make_launch_params(problem, args);
-  register_inputs(inputs);
-  ft::CudaGrid grid;
-  grid.x = static_cast<int>((problem.seqlen_q + K::kBlockM - 1) / K::kBlockM);
-  grid.y = static_cast<int>(problem.heads_q);
-  grid.z = static_cast<int>(problem.batch);
-  const std::string error = ft::emulate_cuda(grid, K::kThreads, K::kSmemElements * 2, [&] {
-    flashjit_kernel::attention_forward<K>(params);
-  });
-  if (!error.empty()) return error;
-  for (size_t i = problem.o_span(); i < o_buffer.size(); ++i)
-    if (o_buffer[i] != ft::kPoisonBits) return "o written past its span";
-  for (size_t i = problem.lse_elements(); i < lse_buffer.size(); ++i)
-    if (lse_buffer[i] != -1.f) return "lse written past its end";
-  o->assign(o_buffer.begin(), o_buffer.begin() + problem.o_span());
-  lse->assign(lse_buffer.begin(), lse_buffer.begin() + problem.lse_elements());
-  return "";
+  return ft::run_guarded_forward(
+      problem, inputs,
+      [](const AttentionProblem& problem, const ft::HostInputs& inputs,
+         const FlashjitAttentionParams& params) {
+        register_inputs(inputs);
+        const auto grid = ft::forward_grid<ft::CudaGrid>(problem, K::kBlockM);
+        return ft::emulate_cuda(grid, K::kThreads, K::kSmemElements * 2,
+                                [&] { flashjit_kernel::attention_forward<K>(params); });
+      },
+      o, lse);
 }
 
 using ForwardFn = std::string (*)(const AttentionProblem&, const ft::HostInputs&,
@@ -92,17 +79,7 @@ struct ForwardCase {
   bool causal;
   ForwardFn run;
 
-  std::string name() const {
-    // Built by appending: gcc 12 warns falsely (-Wrestrict) on "literal" + std::string&&.
-    std::string text = "d";
-    text += std::to_string(head_dim);
-    text += "_";
-    text += config.to_string();
-    text += "_";
-    text += to_string(dtype);
-    text += causal ? "_causal" : "_noncausal";
-    return text;
-  }
+  std::string name() const { return ft::emulation_case_name(head_dim, config, dtype, causal); }
 };
 
 void PrintTo(const ForwardCase& c, std::ostream* out) { *out << c.name(); }
@@ -164,18 +141,7 @@ struct BackwardCase {
   BackwardFn run;
   int smem_bytes, dq_smem_bytes, threads;  // the template's, compared with the generator's
 
-  std::string name() const {
-    std::string text = "d";
-    text += std::to_string(head_dim);
-    text += "_";
-    std::string knobs = config.to_string();  // gtest names allow no '-'
-    std::replace(knobs.begin(), knobs.end(), '-', '_');
-    text += knobs;
-    text += "_";
-    text += to_string(dtype);
-    text += causal ? "_causal" : "_noncausal";
-    return text;
-  }
+  std::string name() const { return ft::emulation_case_name(head_dim, config, dtype, causal); }
 };
 
 void PrintTo(const BackwardCase& c, std::ostream* out) { *out << c.name(); }

@@ -30,6 +30,7 @@
 #include "runtime/launch_params.hpp"
 #include "runtime/tensor_map_spec.hpp"
 #include "support/attention_cases.hpp"
+#include "support/forward_emulation.hpp"
 #include "support/reference.hpp"
 #include "support/tma_box.hpp"
 // The order matters: the template sees the emulated primitives.
@@ -56,8 +57,6 @@ using ft::make_problem;
 using ft::Shape;
 using ft::Storage;
 
-// Elements after each output that must stay untouched (a write past the tensor's span).
-constexpr size_t kGuardElements = 64;
 constexpr double kMaxOutputRelError = 1e-2;
 constexpr double kMaxLseAbsError = 1e-3;
 
@@ -88,32 +87,22 @@ Outcome run_forward(const AttentionProblem& p, const AttentionConfig& config,
                     const ft::HostInputs& inputs, const ft::Reference& reference,
                     const ft::Sm90Options& options) {
   Outcome out;
-  std::vector<uint16_t> o(p.o_span() + kGuardElements, ft::kPoisonBits);
-  std::vector<float> lse(p.lse_elements() + kGuardElements, -1.f);
-  std::fill(lse.begin(), lse.begin() + p.lse_elements(), std::numeric_limits<float>::quiet_NaN());
-  AttentionArgs args{inputs.q.data(), inputs.k.data(), inputs.v.data(), o.data(), lse.data()};
-  const FlashjitAttentionParams params = make_launch_params(p, args);
-  // The runtime's grid for this config (persistent: kPersistentCtas CTAs at most).
-  out.error = ft::emulate_ws_forward(
-      p, config, params, K::kThreads, K::kSmemBytes, kPersistentCtas,
-      [&](const FlashjitForwardTensorMaps& maps) {
-        flashjit_kernel::attention_forward_ws<K>(params, maps);
+  std::vector<uint16_t> o;
+  std::vector<float> lse;
+  out.error = ft::run_guarded_forward(
+      p, inputs,
+      [&](const AttentionProblem& problem, const ft::HostInputs&,
+          const FlashjitAttentionParams& params) {
+        // The runtime's grid for this config (persistent: kPersistentCtas CTAs at most).
+        return ft::emulate_ws_forward(
+            problem, config, params, K::kThreads, K::kSmemBytes, kPersistentCtas,
+            [&](const FlashjitForwardTensorMaps& maps) {
+              flashjit_kernel::attention_forward_ws<K>(params, maps);
+            },
+            options);
       },
-      options);
-  if (!out.error.empty()) return out;
-  for (size_t i = p.o_span(); i < o.size(); ++i)
-    if (o[i] != ft::kPoisonBits) {
-      out.error = "o written past its span";
-      return out;
-    }
-  for (size_t i = p.lse_elements(); i < lse.size(); ++i)
-    if (lse[i] != -1.f) {
-      out.error = "lse written past its end";
-      return out;
-    }
-  o.resize(p.o_span());
-  lse.resize(p.lse_elements());
-  out.comparison = ft::compare(p, o, lse, reference);
+      &o, &lse);
+  if (out.error.empty()) out.comparison = ft::compare(p, o, lse, reference);
   return out;
 }
 

@@ -17,8 +17,10 @@
 #include "generator/variant.hpp"
 #include "runtime/launch_params.hpp"
 #include "support/attention_cases.hpp"
+#include "support/forward_emulation.hpp"
 #include "support/reference.hpp"
 #include "support/variant_cases.hpp"
+#include "support/variant_emulation.hpp"
 #include "templates/attention_params.h"
 // clang-format off: the order matters (as the renderer assembles the source)
 #include "support/cuda_emulator.hpp"
@@ -43,70 +45,29 @@ TEST(CudaVariantEmulation, TheDefinesAreWhatTheGeneratorRenders) {
   AttentionProblem p = AttentionProblem::make(1, 1, 1, 16, 16, 64, DType::BF16, true);
   p.variant = kVariant.variant;
   const std::string prelude = render_variant_prelude(p).value();
-  for (const char* line :
-       {"#define FLASHJIT_VARIANT_CAUSAL 1\n", "#define FLASHJIT_VARIANT_WINDOW_LEFT (40)\n",
-        "#define FLASHJIT_VARIANT_WINDOW_RIGHT (-1)\n", "#define FLASHJIT_VARIANT_PREFIX 24\n",
-        "#define FLASHJIT_VARIANT_SOFTCAP 2.000000000e+00f\n", "#define FLASHJIT_VARIANT_ALIBI 1\n",
-        "#define FLASHJIT_VARIANT_SCORE_MOD 1\n", "#define FLASHJIT_VARIANT_MASK_MOD 0\n",
-        "  return static_cast<float>(score - 0.05f * abs(q_idx - kv_idx) + 0.25f * head - "
-        "batch);"})
+  for (const std::string& line : ft::emulated_forward_prelude_lines(/*with_mask_mod=*/false))
     EXPECT_NE(prelude.find(line), std::string::npos) << line;
 }
 
 template <class K>
-std::string run_forward(const AttentionProblem& problem, const ft::HostInputs& inputs,
-                        std::vector<uint16_t>* o, std::vector<float>* lse) {
-  o->assign(problem.o_span(), ft::kPoisonBits);
-  lse->assign(problem.lse_elements(), std::numeric_limits<float>::quiet_NaN());
-  AttentionArgs args{inputs.q.data(), inputs.k.data(), inputs.v.data(), o->data(), lse->data()};
-  args.alibi_slopes = inputs.alibi_slopes.data();
-  const FlashjitAttentionParams params = make_launch_params(problem, args);
-  ft::clear_globals();
-  for (const std::vector<uint16_t>* tensor : {&inputs.q, &inputs.k, &inputs.v})
-    ft::register_global(tensor->data(), tensor->size() * sizeof(uint16_t));
-  ft::register_global(inputs.alibi_slopes.data(), inputs.alibi_slopes.size() * sizeof(float));
-  ft::CudaGrid grid;
-  grid.x = static_cast<int>((problem.seqlen_q + K::kBlockM - 1) / K::kBlockM);
-  grid.y = static_cast<int>(problem.heads_q);
-  grid.z = static_cast<int>(problem.batch);
-  return ft::emulate_cuda(grid, K::kThreads, K::kSmemElements * 2,
-                          [&] { flashjit_kernel::attention_forward<K>(params); });
-}
-
-struct Case {
-  ft::Shape shape;
-  int64_t nan_keys_begin = 0, nan_keys_end = 0;  // keys no query sees, set to NaN
-};
-
-template <class K>
-void check(DType dtype, int head_dim) {
-  const Case cases[] = {
-      {{1, 1, 1, 1, 1}},
-      {{2, 2, 1, 70, 150}},  // GQA, more keys, ragged blocks; batch 1 shifts the score_mod
-      {{1, 2, 2, 100, 40}},  // more queries: the first 60 rows see only the prefix
-      // diagonal 260: row 0 sees [220, 260] and the prefix [0, 24): keys [block_n, 192) are in
-      // blocks no row sees (the prefix's one block is read whole, masked per element).
-      {{1, 2, 1, 40, 300}, K::kBlockN, 192},
-  };
-  uint64_t seed = 7;
-  for (const Case& c : cases) {
-    AttentionProblem problem = ft::make_problem(c.shape, head_dim, dtype, true, Pass::Forward);
-    problem.variant = kVariant.variant;
-    ASSERT_TRUE(validate(problem).ok()) << validate(problem).error().describe();
-    ft::HostInputs inputs = ft::random_inputs(problem, seed++);
-    ft::poison_keys(problem, inputs, c.nan_keys_begin, c.nan_keys_end);
-    std::vector<uint16_t> o;
-    std::vector<float> lse;
-    ASSERT_EQ(run_forward<K>(problem, inputs, &o, &lse), "") << c.shape.to_string();
-    EXPECT_TRUE(ft::matches_reference(
-        ft::compare(problem, o, lse, ft::reference_attention(problem, inputs, kVariant.functions))))
-        << c.shape.to_string();
-  }
+void check(DType dtype, int head_dim, uint64_t seed) {
+  ft::check_variant_forward_emulation(
+      kVariant, dtype, head_dim, K::kBlockN, seed,
+      [](const AttentionProblem& problem, const ft::HostInputs& inputs,
+         const FlashjitAttentionParams& params) {
+        ft::clear_globals();
+        for (const std::vector<uint16_t>* tensor : {&inputs.q, &inputs.k, &inputs.v})
+          ft::register_global(tensor->data(), tensor->size() * sizeof(uint16_t));
+        ft::register_global(inputs.alibi_slopes.data(), inputs.alibi_slopes.size() * sizeof(float));
+        const auto grid = ft::forward_grid<ft::CudaGrid>(problem, K::kBlockM);
+        return ft::emulate_cuda(grid, K::kThreads, K::kSmemElements * 2,
+                                [&] { flashjit_kernel::attention_forward<K>(params); });
+      });
 }
 
 TEST(CudaVariantEmulation, MatchesTheFp64Reference) {
-  check<flashjit_kernel::Traits<64, 64, 32, 4, 2, true, true>>(DType::BF16, 64);
-  check<flashjit_kernel::Traits<128, 128, 64, 4, 3, false, true>>(DType::F16, 128);
+  check<flashjit_kernel::Traits<64, 64, 32, 4, 2, true, true>>(DType::BF16, 64, /*seed=*/7);
+  check<flashjit_kernel::Traits<128, 128, 64, 4, 3, false, true>>(DType::F16, 128, /*seed=*/7);
 }
 
 }  // namespace

@@ -21,8 +21,10 @@
 #include "generator/problem.hpp"
 #include "runtime/launch_params.hpp"
 #include "support/attention_cases.hpp"
+#include "support/forward_emulation.hpp"
 #include "support/reference.hpp"
 #include "support/variant_cases.hpp"
+#include "support/variant_emulation.hpp"
 // The order matters (as the renderer assembles the source):
 // clang-format off
 #include "templates/attention_params.h"
@@ -54,29 +56,8 @@ constexpr int kPersistentCtas = 2;
 // The variant compiled in above (support/emulated_variant.h) and its host expressions.
 const ft::VariantCase kVariant = ft::emulated_variant(/*with_mask_mod=*/true);
 
-template <class K>
-std::string run_forward(const AttentionProblem& problem, const AttentionConfig& config,
-                        const ft::HostInputs& inputs, const ft::Sm90Options& options,
-                        std::vector<uint16_t>* o, std::vector<float>* lse) {
-  o->assign(problem.o_span(), ft::kPoisonBits);
-  lse->assign(problem.lse_elements(), std::numeric_limits<float>::quiet_NaN());
-  AttentionArgs args{inputs.q.data(), inputs.k.data(), inputs.v.data(), o->data(), lse->data()};
-  args.alibi_slopes = inputs.alibi_slopes.data();
-  const FlashjitAttentionParams params = make_launch_params(problem, args);
-  return ft::emulate_ws_forward(
-      problem, config, params, K::kThreads, K::kSmemBytes, kPersistentCtas,
-      [&](const FlashjitForwardTensorMaps& maps) {
-        flashjit_kernel::attention_forward_ws<K>(params, maps);
-      },
-      options);
-}
-
-struct Case {
-  ft::Shape shape;
-  int64_t nan_keys_begin = 0, nan_keys_end = 0;  // keys no query sees, set to NaN
-};
-
-// One config: WsTraits<HEAD_DIM, BLOCK_M, BLOCK_N, WARPS, STAGES, BF16, CAUSAL, PP, PERSIST>.
+// One config: WsTraits<HEAD_DIM, BLOCK_M, BLOCK_N, WARPS, STAGES, BF16, CAUSAL, PP, PERSIST>, each
+// case run with the loads landing late, then early with wgmma waiting late.
 template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int STAGES, bool BF16, bool PINGPONG,
           bool PERSISTENT>
 void check() {
@@ -87,36 +68,28 @@ void check() {
   config.pingpong = PINGPONG;
   config.persistent = PERSISTENT;
   const DType dtype = BF16 ? DType::BF16 : DType::F16;
-  const Case cases[] = {
-      {{1, 1, 1, 1, 1}},
-      {{2, 2, 1, 70, 150}},  // GQA, more keys, ragged blocks; batch 1 shifts both mods
-      {{1, 2, 2, 100, 40}},  // more queries: the first 60 rows see only the prefix
-      // diagonal 260: row 0 sees [220, 260] and the prefix [0, 24): with 64-key blocks, keys
-      // [64, 192) are in blocks no row sees; with 128-key blocks none is hidden.
-      {{1, 2, 1, 40, 300}, BLOCK_N, BLOCK_N == 64 ? 192 : BLOCK_N},
-  };
-  uint64_t seed = 23;
-  for (const Case& c : cases) {
-    AttentionProblem problem = ft::make_problem(c.shape, HEAD_DIM, dtype, true, Pass::Forward);
-    problem.variant = kVariant.variant;
-    ASSERT_TRUE(validate(problem).ok()) << validate(problem).error().describe();
-    ASSERT_TRUE(check_config(config, problem, *known_device("sm90")).ok()) << config.to_string();
-    ft::HostInputs inputs = ft::random_inputs(problem, seed++);
-    ft::poison_keys(problem, inputs, c.nan_keys_begin, c.nan_keys_end);
-    const ft::Reference reference = ft::reference_attention(problem, inputs, kVariant.functions);
-    for (bool early : {false, true}) {
-      ft::Sm90Options options;
-      options.seed = seed;
-      options.early_landing = early;
-      options.late_wgmma = early;
-      options.launch_registers = K::kLaunchRegisters;
-      std::vector<uint16_t> o;
-      std::vector<float> lse;
-      const std::string where = config.to_string() + " " + c.shape.to_string() +
-                                (early ? " (loads early, wgmma waits late)" : " (loads late)");
-      ASSERT_EQ(run_forward<K>(problem, config, inputs, options, &o, &lse), "") << where;
-      EXPECT_TRUE(ft::matches_reference(ft::compare(problem, o, lse, reference))) << where;
-    }
+  for (bool early : {false, true}) {
+    SCOPED_TRACE(config.to_string() +
+                 (early ? " (loads early, wgmma waits late)" : " (loads late)"));
+    uint64_t landing_seed = 24;  // the emulator's schedule: one per case
+    ft::check_variant_forward_emulation(
+        kVariant, dtype, HEAD_DIM, BLOCK_N, /*seed=*/23,
+        [&](const AttentionProblem& problem, const ft::HostInputs&,
+            const FlashjitAttentionParams& params) -> std::string {
+          if (!check_config(config, problem, *known_device("sm90")).ok())
+            return "not a legal sm90 config: " + config.to_string();
+          ft::Sm90Options options;
+          options.seed = landing_seed++;
+          options.early_landing = early;
+          options.late_wgmma = early;
+          options.launch_registers = K::kLaunchRegisters;
+          return ft::emulate_ws_forward(
+              problem, config, params, K::kThreads, K::kSmemBytes, kPersistentCtas,
+              [&](const FlashjitForwardTensorMaps& maps) {
+                flashjit_kernel::attention_forward_ws<K>(params, maps);
+              },
+              options);
+        });
   }
 }
 

@@ -16,6 +16,7 @@
 #include "generator/problem.hpp"
 #include "generator/variant.hpp"
 #include "runtime/launch_params.hpp"
+#include "support/forward_emulation.hpp"
 #include "support/reference.hpp"
 #include "support/variant_cases.hpp"
 #include "templates/attention_params.h"
@@ -55,10 +56,7 @@ std::string run_forward(const AttentionProblem& problem, const ft::HostInputs& i
   ft::clear_globals();
   for (const std::vector<uint16_t>* tensor : {&inputs.q, &inputs.k, &inputs.v})
     ft::register_global(tensor->data(), tensor->size() * sizeof(uint16_t));
-  ft::CudaGrid grid;
-  grid.x = static_cast<int>((problem.seqlen_q + K::kBlockM - 1) / K::kBlockM);
-  grid.y = static_cast<int>(problem.heads_q);
-  grid.z = static_cast<int>(problem.batch);
+  const auto grid = ft::forward_grid<ft::CudaGrid>(problem, K::kBlockM);
   return ft::emulate_cuda(grid, K::kThreads, K::kSmemElements * 2,
                           [&] { flashjit_kernel::attention_forward_varlen<K>(params); });
 }

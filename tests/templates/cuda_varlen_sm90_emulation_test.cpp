@@ -14,6 +14,7 @@
 
 #include "generator/problem.hpp"
 #include "runtime/launch_params.hpp"
+#include "support/forward_emulation.hpp"
 #include "support/reference.hpp"
 #include "support/variant_cases.hpp"
 // The order matters (as the renderer assembles the source):
@@ -40,8 +41,7 @@ std::string run_forward(const AttentionProblem& problem, const ft::HostInputs& i
   args.cu_seqlens_q = inputs.cu_seqlens_q.data();
   args.cu_seqlens_k = inputs.cu_seqlens_k.data();
   const FlashjitAttentionParams params = make_launch_params(problem, args);
-  const ft::Sm90Grid grid{static_cast<int>((problem.seqlen_q + K::kBlockM - 1) / K::kBlockM),
-                          static_cast<int>(problem.heads_q), static_cast<int>(problem.batch)};
+  const auto grid = ft::forward_grid<ft::Sm90Grid>(problem, K::kBlockM);
   ft::Sm90Options options;
   options.late_wgmma = true;  // P V of the previous block still in flight during the softmax
   return ft::emulate_sm90(

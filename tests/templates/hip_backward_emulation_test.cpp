@@ -1,12 +1,12 @@
-// The HIP backward kernels (templates/hip/attention_bwd.hpp: preprocess, dK/dV, dQ or the
-// convert) run on the host through the emulation of their AMD primitives
-// (tests/support/hip_emulator.hpp), launched as the runtime launches them (runtime/
-// launch_params.hpp's backward_launch with generator/hip_config.hpp's shapes, the workspace bound
-// by bind_workspace), and their dQ, dK, dV compared with the fp64 reference gradients
-// (tuner/reference.hpp). No AMD GPU is needed, so this runs in CI. The configs cover every code
-// path: DqMode::Atomic (fp32 atomics into the workspace, emulated as plain adds: lanes run one at
-// a time) and Separate (the dQ kernel), 1 and 2 LDS buffers, 16 and 32 keys per wave, 2/4/8
-// waves, streamed blocks of 16/32/64 query rows, copies that do not split evenly over the
+// The HIP backward kernels (templates/hip/attention_bwd.hpp: dK/dV, dQ; the row kernels of
+// hip/attention_bwd_common.hpp: preprocess, the convert) run on the host through the emulation of
+// their AMD primitives (tests/support/hip_emulator.hpp), launched as the runtime launches them
+// (runtime/launch_params.hpp's backward_launch with generator/hip_config.hpp's shapes, the
+// workspace bound by bind_workspace), and their dQ, dK, dV compared with the fp64 reference
+// gradients (tuner/reference.hpp). No AMD GPU is needed, so this runs in CI. The configs cover
+// every code path: DqMode::Atomic (fp32 atomics into the workspace, emulated as plain adds: lanes
+// run one at a time) and Separate (the dQ kernel), 1 and 2 LDS buffers, 16 and 32 keys per wave,
+// 2/4/8 waves, streamed blocks of 16/32/64 query rows, copies that do not split evenly over the
 // threads, padded head dims (8, 40, 96 -> 64, 64, 128), d 192 and 256, fp16/bf16, causal or
 // not; the shapes tests/support/attention_cases.hpp's emulation set. Outputs and the workspace are
 // poisoned (NaN) first, with guard words after every buffer. As for the forward, this checks the
@@ -34,6 +34,7 @@
 #include "support/hip_emulator.hpp"
 #include "templates/attention_common.h"
 #include "templates/hip/tiles.hpp"
+#include "templates/hip/attention_bwd_common.hpp"
 #include "templates/hip/attention_bwd.hpp"
 // clang-format on
 #include "support/hip_backward_emulation.hpp"
@@ -56,18 +57,7 @@ struct EmulatedConfig {
   RunFn run;
   int dkdv_lds, dq_lds;  // the template's own counts, compared with the generator's
 
-  std::string name() const {
-    std::string text = "d";  // appended: gcc 12 warns falsely (-Wrestrict) on "d" + string
-    text += std::to_string(head_dim);
-    text += "_";
-    text += config.to_string();
-    text += "_";
-    text += to_string(dtype);
-    text += causal ? "_causal" : "_noncausal";
-    for (char& c : text)
-      if (c == '-') c = '_';
-    return text;
-  }
+  std::string name() const { return ft::emulation_case_name(head_dim, config, dtype, causal); }
 };
 
 template <int D, int BM, int BN, int W, int S, bool DET, bool BF16, bool CAUSAL>

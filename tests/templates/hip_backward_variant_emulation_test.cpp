@@ -22,6 +22,7 @@
 #include "support/attention_cases.hpp"
 #include "support/reference.hpp"
 #include "support/variant_cases.hpp"
+#include "support/variant_emulation.hpp"
 #include "templates/attention_params.h"
 // clang-format off: the order matters (as the renderer assembles the source)
 #include "support/hip_emulator.hpp"
@@ -30,7 +31,9 @@
 #include "support/emulated_variant.h"
 #include "templates/attention_common.h"
 #include "templates/hip/tiles.hpp"
-// (the kernels last)
+// (the kernels last, in the renderer's order: the row kernels)
+#include "templates/hip/attention_bwd_common.hpp"
+// (the dK/dV and dQ kernels)
 #include "templates/hip/attention_bwd.hpp"
 // clang-format on
 #include "support/hip_backward_emulation.hpp"
@@ -69,45 +72,22 @@ TEST(HipBackwardVariantEmulation, TheDefinesAreWhatTheGeneratorRenders) {
   }
 }
 
-struct Case {
-  ft::Shape shape;
-  int64_t nan_keys_begin = 0, nan_keys_end = 0;  // keys no query sees, set to NaN
-};
-
 template <class K>
 void check(DType dtype, int head_dim) {
   AttentionConfig config{K::kBlockM, K::kBlockN, K::kWaves, K::kStages};
   config.dq = K::kDqAtomic ? DqMode::Atomic : DqMode::Separate;
-  const Case cases[] = {
-      {{1, 1, 1, 1, 1}},
-      {{2, 2, 1, 70, 150}},   // GQA, more keys, ragged blocks; batch 1 shifts the score_mod
-      {{1, 2, 2, 100, 40}},   // more queries: the first 60 rows see only the prefix
-      {{1, 4, 2, 17, 1000}},  // GQA 2, window blocks far past the prefix
-      // diagonal 260: row 0 sees [220, 260] and the prefix [0, 24): the whole blocks of keys in
-      // [block_n, 192) are blocks no row sees (the prefix's one block is read whole, masked per
-      // element; a masked key's NaN V would give dS = 0 * NaN).
-      {{1, 2, 1, 40, 300}, K::kBlockN, 192 / K::kBlockN * K::kBlockN},
-  };
-  uint64_t seed = 23;
-  for (const Case& c : cases) {
-    AttentionProblem problem = ft::make_problem(c.shape, head_dim, dtype, true, Pass::Backward);
-    problem.variant = kVariant.variant;
-    problem.deterministic = !K::kDqAtomic;
-    ASSERT_TRUE(validate(problem).ok()) << validate(problem).error().describe();
-    // The config is one the generator offers for the variant on gfx90a.
-    const Status legal = check_hip_config(config, problem, known_device("gfx90a").value());
-    EXPECT_TRUE(legal.ok()) << legal.error().describe();
-    ft::HostInputs inputs = ft::random_inputs(problem, seed++, kVariant.functions);
-    ft::poison_keys(problem, inputs, c.nan_keys_begin, c.nan_keys_end);
-    ft::Gradients gradients;
-    ASSERT_EQ(ft::run_hip_backward<K>(problem, config, inputs, &gradients), "")
-        << config.to_string() << " " << c.shape.to_string();
-    const GradientComparison comparison =
-        compare_gradients(problem, gradients.dq, gradients.dk, gradients.dv,
-                          ft::reference_attention(problem, inputs, kVariant.functions));
-    EXPECT_TRUE(within_tolerance(comparison, gradient_tolerance(dtype)))
-        << config.to_string() << " " << c.shape.to_string() << ": " << comparison.to_string();
-  }
+  SCOPED_TRACE(config.to_string());
+  ft::check_variant_backward_emulation(
+      kVariant, dtype, head_dim, K::kBlockN, /*seed=*/23,
+      [&](const AttentionProblem& variant_problem, const ft::HostInputs& inputs,
+          ft::Gradients* out) -> std::string {
+        AttentionProblem problem = variant_problem;
+        problem.deterministic = !K::kDqAtomic;
+        // The config is one the generator offers for the variant on gfx90a.
+        const Status legal = check_hip_config(config, problem, known_device("gfx90a").value());
+        if (!legal.ok()) return legal.error().describe();
+        return ft::run_hip_backward<K>(problem, config, inputs, out);
+      });
 }
 
 //                                    d    Bm   Bn  W  S  bf16   causal atomic

@@ -26,7 +26,9 @@
 #include "support/emulated_varlen.h"
 #include "support/hip_emulator.hpp"
 #include "templates/hip/tiles.hpp"
-// (the kernels last)
+// (the kernels last, in the renderer's order: the row kernels)
+#include "templates/hip/attention_bwd_common.hpp"
+// (the dK/dV and dQ kernels)
 #include "templates/hip/attention_bwd.hpp"
 // clang-format on
 #include "support/hip_backward_emulation.hpp"

@@ -21,6 +21,7 @@
 #include "generator/problem.hpp"
 #include "runtime/launch_params.hpp"
 #include "support/attention_cases.hpp"
+#include "support/forward_emulation.hpp"
 #include "support/reference.hpp"
 #include "templates/attention_params.h"
 // The kernel needs, in this order: params (above), the emulated primitives, the common rules, the
@@ -39,34 +40,19 @@ namespace ft = ::flashjit::testing;
 
 constexpr double kMaxOutputRelError = 1e-2;
 constexpr double kMaxLseAbsError = 1e-3;
-// Elements after o and lse that must stay untouched (a write past the tensor's span).
-constexpr size_t kGuardElements = 64;
-
 // Runs the emulated kernel for `problem`; fills o (whole span, poisoned first) and lse.
 template <class K>
 std::string run_emulated(const AttentionProblem& problem, const ft::HostInputs& inputs,
                          std::vector<uint16_t>* o, std::vector<float>* lse) {
-  std::vector<uint16_t> o_buffer(problem.o_span() + kGuardElements, ft::kPoisonBits);
-  std::vector<float> lse_buffer(problem.lse_elements() + kGuardElements, -1.f);
-  std::fill(lse_buffer.begin(), lse_buffer.begin() + problem.lse_elements(),
-            std::numeric_limits<float>::quiet_NaN());
-  AttentionArgs args{inputs.q.data(), inputs.k.data(), inputs.v.data(), o_buffer.data(),
-                     lse_buffer.data()};
-  const FlashjitAttentionParams params = make_launch_params(problem, args);
-  ft::HipGrid grid;
-  grid.x = static_cast<int>((problem.seqlen_q + K::kBlockM - 1) / K::kBlockM);
-  grid.y = static_cast<int>(problem.heads_q);
-  grid.z = static_cast<int>(problem.batch);
-  std::string error = ft::emulate_hip(grid, K::kThreads, K::kLdsBytes,
-                                      [&] { flashjit_hip::attention_forward<K>(params); });
-  if (!error.empty()) return error;
-  for (size_t i = problem.o_span(); i < o_buffer.size(); ++i)
-    if (o_buffer[i] != ft::kPoisonBits) return "o written past its span";
-  for (size_t i = problem.lse_elements(); i < lse_buffer.size(); ++i)
-    if (lse_buffer[i] != -1.f) return "lse written past its end";
-  o->assign(o_buffer.begin(), o_buffer.begin() + problem.o_span());
-  lse->assign(lse_buffer.begin(), lse_buffer.begin() + problem.lse_elements());
-  return "";
+  return ft::run_guarded_forward(
+      problem, inputs,
+      [](const AttentionProblem& problem, const ft::HostInputs&,
+         const FlashjitAttentionParams& params) {
+        const auto grid = ft::forward_grid<ft::HipGrid>(problem, K::kBlockM);
+        return ft::emulate_hip(grid, K::kThreads, K::kLdsBytes,
+                               [&] { flashjit_hip::attention_forward<K>(params); });
+      },
+      o, lse);
 }
 
 using RunFn = std::string (*)(const AttentionProblem&, const ft::HostInputs&,
@@ -80,17 +66,7 @@ struct EmulatedConfig {
   RunFn run;
   int lds_bytes;  // the template's own count, compared with the generator's
 
-  std::string name() const {
-    // Built by appending: gcc 12 warns falsely (-Wrestrict) on "literal" + std::string&&.
-    std::string text = "d";
-    text += std::to_string(head_dim);
-    text += "_";
-    text += config.to_string();
-    text += "_";
-    text += to_string(dtype);
-    text += causal ? "_causal" : "_noncausal";
-    return text;
-  }
+  std::string name() const { return ft::emulation_case_name(head_dim, config, dtype, causal); }
 };
 
 template <int D, int BM, int BN, int W, int S, bool BF16, bool CAUSAL>

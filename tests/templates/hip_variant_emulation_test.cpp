@@ -23,8 +23,10 @@
 #include "generator/variant.hpp"
 #include "runtime/launch_params.hpp"
 #include "support/attention_cases.hpp"
+#include "support/forward_emulation.hpp"
 #include "support/reference.hpp"
 #include "support/variant_cases.hpp"
+#include "support/variant_emulation.hpp"
 #include "templates/attention_params.h"
 // clang-format off: the order matters (as the renderer assembles the source)
 #include "support/hip_emulator.hpp"
@@ -51,48 +53,15 @@ TEST(HipVariantEmulation, TheDefinesAreWhatTheGeneratorRenders) {
   AttentionProblem p = AttentionProblem::make(1, 1, 1, 16, 16, 64, DType::BF16, true);
   p.variant = kVariant.variant;
   const std::string prelude = render_variant_prelude(p).value();
-  for (const char* line :
-       {"#define FLASHJIT_VARIANT_CAUSAL 1\n", "#define FLASHJIT_VARIANT_WINDOW_LEFT (40)\n",
-        "#define FLASHJIT_VARIANT_WINDOW_RIGHT (-1)\n", "#define FLASHJIT_VARIANT_PREFIX 24\n",
-        "#define FLASHJIT_VARIANT_SOFTCAP 2.000000000e+00f\n", "#define FLASHJIT_VARIANT_ALIBI 1\n",
-        "#define FLASHJIT_VARIANT_SCORE_MOD 1\n",
-        FLASHJIT_EMULATED_MASK_MOD ? "#define FLASHJIT_VARIANT_MASK_MOD 1\n"
-                                   : "#define FLASHJIT_VARIANT_MASK_MOD 0\n",
-        "  return static_cast<float>(score - 0.05f * abs(q_idx - kv_idx) + 0.25f * head - "
-        "batch);"})
+  for (const std::string& line :
+       ft::emulated_forward_prelude_lines(/*with_mask_mod=*/FLASHJIT_EMULATED_MASK_MOD == 1))
     EXPECT_NE(prelude.find(line), std::string::npos) << line;
-  if (FLASHJIT_EMULATED_MASK_MOD) {
-    EXPECT_NE(prelude.find("  return static_cast<bool>((kv_idx + head + batch) % 5 != 0 || "
-                           "q_idx < 8);"),
-              std::string::npos);
-  }
   // The rendered HIP source carries that prelude and enters through the variant's entry.
   const std::string source = render_hip_attention(p, AttentionConfig{64, 32, 2, 2}).value().text;
   EXPECT_NE(source.find(prelude), std::string::npos);
   EXPECT_NE(source.find("flashjit_hip::attention_forward_variant<Config>(params);"),
             std::string::npos);
 }
-
-template <class K>
-std::string run_forward(const AttentionProblem& problem, const ft::HostInputs& inputs,
-                        std::vector<uint16_t>* o, std::vector<float>* lse) {
-  o->assign(problem.o_span(), ft::kPoisonBits);
-  lse->assign(problem.lse_elements(), std::numeric_limits<float>::quiet_NaN());
-  AttentionArgs args{inputs.q.data(), inputs.k.data(), inputs.v.data(), o->data(), lse->data()};
-  args.alibi_slopes = inputs.alibi_slopes.data();
-  const FlashjitAttentionParams params = make_launch_params(problem, args);
-  ft::HipGrid grid;
-  grid.x = static_cast<int>((problem.seqlen_q + K::kBlockM - 1) / K::kBlockM);
-  grid.y = static_cast<int>(problem.heads_q);
-  grid.z = static_cast<int>(problem.batch);
-  return ft::emulate_hip(grid, K::kThreads, K::kLdsBytes,
-                         [&] { flashjit_hip::attention_forward_variant<K>(params); });
-}
-
-struct Case {
-  ft::Shape shape;
-  int64_t nan_keys_begin = 0, nan_keys_end = 0;  // keys no query sees, set to NaN
-};
 
 template <class K>
 void check(DType dtype, int head_dim) {
@@ -104,29 +73,14 @@ void check(DType dtype, int head_dim) {
     const Status legal = check_hip_config(config, problem, known_device("gfx90a").value());
     EXPECT_TRUE(legal.ok()) << legal.error().describe();
   }
-  static_assert(K::kBlockN <= 64, "the last case's hidden keys start at block_n");
-  const Case cases[] = {
-      {{1, 1, 1, 1, 1}},
-      {{2, 2, 1, 70, 150}},  // GQA, more keys, ragged blocks; batch 1 shifts the score_mod
-      {{1, 2, 2, 100, 40}},  // more queries: the first 60 rows see only the prefix
-      // diagonal 260: row 0 sees [220, 260] and the prefix [0, 24): keys [block_n, 192) are in
-      // blocks no row sees (the prefix's one block is read whole, masked per element).
-      {{1, 2, 1, 40, 300}, K::kBlockN, 192},
-  };
-  uint64_t seed = 7;
-  for (const Case& c : cases) {
-    AttentionProblem problem = ft::make_problem(c.shape, head_dim, dtype, true, Pass::Forward);
-    problem.variant = kVariant.variant;
-    ASSERT_TRUE(validate(problem).ok()) << validate(problem).error().describe();
-    ft::HostInputs inputs = ft::random_inputs(problem, seed++);
-    ft::poison_keys(problem, inputs, c.nan_keys_begin, c.nan_keys_end);
-    std::vector<uint16_t> o;
-    std::vector<float> lse;
-    ASSERT_EQ(run_forward<K>(problem, inputs, &o, &lse), "") << c.shape.to_string();
-    EXPECT_TRUE(ft::matches_reference(
-        ft::compare(problem, o, lse, ft::reference_attention(problem, inputs, kVariant.functions))))
-        << c.shape.to_string();
-  }
+  ft::check_variant_forward_emulation(
+      kVariant, dtype, head_dim, K::kBlockN, /*seed=*/7,
+      [](const AttentionProblem& problem, const ft::HostInputs&,
+         const FlashjitAttentionParams& params) {
+        const auto grid = ft::forward_grid<ft::HipGrid>(problem, K::kBlockM);
+        return ft::emulate_hip(grid, K::kThreads, K::kLdsBytes,
+                               [&] { flashjit_hip::attention_forward_variant<K>(params); });
+      });
 }
 
 TEST(HipVariantEmulation, MatchesTheFp64Reference) {

@@ -18,6 +18,7 @@
 #include "generator/render.hpp"
 #include "generator/variant.hpp"
 #include "runtime/launch_params.hpp"
+#include "support/forward_emulation.hpp"
 #include "support/reference.hpp"
 #include "support/variant_cases.hpp"
 #include "templates/attention_params.h"
@@ -59,10 +60,7 @@ std::string run_forward(const AttentionProblem& problem, const ft::HostInputs& i
   args.cu_seqlens_q = inputs.cu_seqlens_q.data();
   args.cu_seqlens_k = inputs.cu_seqlens_k.data();
   const FlashjitAttentionParams params = make_launch_params(problem, args);
-  ft::HipGrid grid;
-  grid.x = static_cast<int>((problem.seqlen_q + K::kBlockM - 1) / K::kBlockM);
-  grid.y = static_cast<int>(problem.heads_q);
-  grid.z = static_cast<int>(problem.batch);
+  const auto grid = ft::forward_grid<ft::HipGrid>(problem, K::kBlockM);
   return ft::emulate_hip(grid, K::kThreads, K::kLdsBytes,
                          [&] { flashjit_hip::attention_forward_variant<K>(params); });
 }
