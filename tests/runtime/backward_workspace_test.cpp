@@ -91,7 +91,9 @@ TEST(BackwardWorkspace, TheRowKernelsCoverEachDocumentsRows) {
     // ceil(300 / 128) blocks of 128 rows for each of the 3 documents, not the packed rows'.
     EXPECT_EQ(launch.preprocess.grid_x, 3);
     EXPECT_EQ(launch.preprocess.grid_z, 3);
-    if (config.dq == DqMode::Atomic) EXPECT_EQ(launch.dq.grid_x, 3);
+    if (config.dq == DqMode::Atomic) {
+      EXPECT_EQ(launch.dq.grid_x, 3);
+    }
   }
 }
 

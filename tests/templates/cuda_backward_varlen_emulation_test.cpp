@@ -41,7 +41,7 @@ TEST(CudaBackwardVarlenEmulation, TheRendererCallsTheVarlenEntries) {
   const AttentionProblem p =
       ft::varlen_emulation_problem(DType::BF16, 64, kCausalWindow).with_pass(Pass::Backward);
   const std::string prelude = render_variant_prelude(p).value();
-  for (const std::string line :
+  for (const std::string& line :
        {std::string("#define FLASHJIT_VARIANT_CAUSAL ") + (kCausalWindow ? "1\n" : "0\n"),
         std::string("#define FLASHJIT_VARIANT_WINDOW_LEFT ") +
             (kCausalWindow ? "(30)\n" : "(-1)\n"),

@@ -211,9 +211,10 @@ TEST(CudaVarlenWsEmulation, TheSchedulersHandOutEachTileInsideItsDocumentOnce) {
       }
     }
     EXPECT_EQ(seen, expected);
-    if (persistent)
+    if (persistent) {
       EXPECT_LE(*std::max_element(counts.begin(), counts.end()),
                 *std::min_element(counts.begin(), counts.end()) + 1);
+    }
   };
   {
     SCOPED_TRACE("one tile per CTA");
