@@ -51,6 +51,15 @@
 #          300 s, bounds the bench). ~8 minutes on an
 #          H100 (build 40 s, pip 60 s, tests 270 s, bench 60 s + 10 s per --try-configs name:
 #          BENCH_ARGS="--quick --try-configs A,B" fits one call).
+#   owed   the GPU runs owed by changes that were tested without a GPU (session 10, 2026-11-27),
+#          one pass/fail line each in owed.log, logs owed-<step>.log, each step under `timeout`:
+#          the fp64 reference of user expressions through the host C++ compiler (this build has
+#          no CPU backend: tuner_variant_functions_test, runtime_host_compiler_test, then
+#          `flashjit tune --backend cuda` of a score_mod + mask_mod problem, fwd and bwd, which
+#          must verify and time, not say Unsupported), the Python module with packed documents
+#          under torch.compile on CUDA (tests/python/test_varlen_torch.py -k cuda and the eager
+#          varlen gradients test), then the variant GPU tests whose harness moved to
+#          tests/support (forward, then backward + packed documents). Expect ~8-10 minutes.
 #   concurrent  issue 15's test: the flashjit CLI, then bench/concurrent_tune.py: a lone `flashjit
 #          tune` of 4 problems (d 128, N 1024/4096, causal both), then 4 processes tuning them
 #          into one DB at once (timing lock + disturbance check); each must end with the lone
@@ -114,9 +123,9 @@ what="${1:-all}"
 DTYPES="${DTYPES:-bf16}"
 ctest_regex="${2:-}"
 case "$what" in
-  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|sanitize|sanitize-cases|py|py-tests|py-bench|py-torch|decode|concurrent|variants) ;;
+  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|sanitize|sanitize-cases|py|py-tests|py-bench|py-torch|decode|concurrent|variants|owed) ;;
   *) echo "usage: bench/device_run.sh [tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|" \
-       "ws-sanitize|sanitize|sanitize-cases|decode|concurrent|variants|py|py-tests|py-bench|py-torch] [CTEST_REGEX]" >&2
+       "ws-sanitize|sanitize|sanitize-cases|decode|concurrent|variants|owed|py|py-tests|py-bench|py-torch] [CTEST_REGEX]" >&2
      exit 2 ;;
 esac
 
@@ -242,6 +251,10 @@ if [[ "$what" != py* ]]; then
   if [[ "$what" == variants ]]; then
     targets=(--target runtime_cuda_variant_test)
   fi
+  if [[ "$what" == owed ]]; then
+    targets=(--target flashjit_cli runtime_cuda_variant_test runtime_cuda_backward_variant_test
+             tuner_variant_functions_test runtime_host_compiler_test)
+  fi
   if ! cmake --build build-device -j16 "${targets[@]}" >build-device/build.log 2>&1; then
     tail -n 80 build-device/build.log
     echo "== build FAILED"
@@ -251,7 +264,7 @@ if [[ "$what" != py* ]]; then
   echo "== built in $((SECONDS - start)) s"
 fi
 
-if [[ "$what" == py* || "$what" == variants ]]; then
+if [[ "$what" == py* || "$what" == variants || "$what" == owed ]]; then
   # The Python module, installed into a folder of its own (not the system's site-packages, which
   # Ubuntu marks externally managed): PYTHONPATH points there for every later step. CMake finds
   # .deps/sqlite by itself (CMakeLists.txt) when /usr/include/sqlite3.h is missing.
@@ -424,6 +437,36 @@ if [[ "$what" == variants ]]; then
     echo "== variants bench FAILED"
   fi
   echo "== variants done at $((SECONDS - start)) s"
+fi
+
+if [[ "$what" == owed ]]; then
+  echo "== GPU runs owed by changes tested without a GPU (owed.log)"
+  : >"$OUT/owed.log"
+  owed_step() {  # owed_step NAME SECONDS COMMAND...: one line in owed.log, the output in owed-NAME.log
+    local name=$1 limit=$2 step_start=$SECONDS verdict
+    shift 2
+    if FLASHJIT_EXPECT_GPU=1 timeout "$limit" "$@" >"$OUT/owed-$name.log" 2>&1; then
+      verdict=PASSED
+    else
+      verdict="FAILED (exit $?)"
+      status=1
+    fi
+    echo "$verdict $name in $((SECONDS - step_start)) s: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) |passed|failed' \
+        "$OUT/owed-$name.log" | tail -n 3 | tr '\n' ' ')" | tee -a "$OUT/owed.log"
+  }
+  owed_step host-compiler-tests 120 bash -c 'build-device/tests/tuner_variant_functions_test &&
+      build-device/tests/runtime_host_compiler_test'
+  owed_step tune-score-mod 240 build-device/flashjit tune --backend cuda --pass fwd,bwd \
+      --head-dims 64 --seqlens 1000 --causal on --batch 1 --heads 4 \
+      --score-mod 'score - 0.1f * abs(q_idx - kv_idx)' --mask-mod '(kv_idx % 5) != 1 || q_idx < 8' \
+      --score-mod-grad '1.0f' --db "$OUT/owed-tune.db"
+  owed_step varlen-torch-compile 240 "$py" -m pytest -q -rs tests/python/test_varlen_torch.py \
+      tests/python/test_variants_backward_torch.py -k "cuda and (varlen or documents)"
+  owed_step variant-forward 300 build-device/tests/runtime_cuda_variant_test \
+      --gtest_filter='Cases/CudaVariant.*:CudaVariantBlocks.*'
+  owed_step variant-backward 300 build-device/tests/runtime_cuda_backward_variant_test \
+      --gtest_filter='Cases/CudaBackwardVariant.*:CudaBackwardVariantBlocks.*:CudaBackwardVarlen.*'
+  echo "== owed done at $((SECONDS - start)) s"
 fi
 
 if [[ "$what" == gpu-tests ]]; then
