@@ -158,10 +158,12 @@ Result<std::shared_ptr<Kernel>> build_for(CpuIsa isa, const AttentionProblem& pr
   return backend().load(binary, *source, ProblemSignature::of(problem), kConfig);
 }
 
-// Runs `kernel` over the emulation shapes against the fp64 reference (outputs poisoned first).
+// Runs `kernel` over `shapes` (the emulation shapes unless given) against the fp64 reference
+// (outputs poisoned first).
 void check_shapes(const Kernel& kernel, int head_dim, DType dtype, bool causal,
-                  const std::string& label, uint64_t seed) {
-  for (const ft::Shape& shape : ft::emulation_shapes()) {
+                  const std::string& label, uint64_t seed,
+                  const std::vector<ft::Shape>& shapes = ft::emulation_shapes()) {
+  for (const ft::Shape& shape : shapes) {
     const AttentionProblem problem = ft::make_problem(shape, head_dim, dtype, causal);
     const ft::HostInputs inputs = ft::random_inputs(problem, seed++);
     std::vector<uint16_t> o = ft::poisoned_storage(problem.o_span(), dtype);
@@ -201,6 +203,28 @@ TEST(CpuIsa, LevelsTheHostRunsMatchTheReference) {
   }
   std::printf("ran the levels %s (%zu kernels) on %s\n", ran.c_str(), items.size(),
               backend().cpu().to_string().c_str());
+}
+
+// fp32 K and V rows 4 KiB apart (BSHD with heads_kv x head_dim = 1024): read in place with
+// AVX-512's tiles, packed with AVX2's (attention_fwd.hpp, in_place); an even and an odd last key
+// block, GQA, causal and not, on every level the host runs.
+TEST(CpuIsa, Fp32RowsFourKibApartMatchTheReference) {
+  for (CpuIsa isa : {CpuIsa::Avx2, CpuIsa::Avx512}) {
+    if (!cpu::host_runs(isa)) continue;
+    for (int d : kHeadDims) {
+      const int64_t heads_kv = 1024 / d;
+      const std::vector<ft::Shape> shapes = {{1, heads_kv, heads_kv, 70, 130},
+                                             {1, 2 * heads_kv, heads_kv, 33, 129}};
+      for (bool causal : {false, true}) {
+        const std::string label = std::string(cpu::to_string(isa)) + " fp32 d" + std::to_string(d) +
+                                  " rows 4 KiB apart" + (causal ? " causal" : "");
+        const AttentionProblem problem = ft::make_problem(shapes[0], d, DType::F32, causal);
+        const Result<std::shared_ptr<Kernel>> kernel = build_for(isa, problem);
+        ASSERT_TRUE(kernel.ok()) << label << ": " << kernel.error().describe();
+        check_shapes(**kernel, d, DType::F32, causal, label, 700 + d + causal, shapes);
+      }
+    }
+  }
 }
 
 // The bf16 dot-product path (vdpbf16ps, P rounded to bf16) on any host: the source with
