@@ -27,7 +27,7 @@
 #          `timeout`, so a hang fails the step.
 #   gpu-tests  configure + build, then every test executable with GPU parts run directly (not
 #          through ctest: the CPU-only and compile-only tests are CI's), each under a time limit,
-#          with its own log (gpu-<test>.log) and a pass/fail line in gpu-tests.log: the forward
+#          with its own log (gpu-tests-<test>.log) and a pass/fail line in gpu-tests.log: the forward
 #          and backward all-configs sweeps, padded head dims, the probes, the backend, runtime,
 #          README example, tuner and CLI tests. A second argument is a gtest filter for all of
 #          them (default: everything). The variant and decode tests run first, the two long
@@ -231,6 +231,22 @@ cmake_args=(-DCMAKE_BUILD_TYPE=Release -DFLASHJIT_BUILD_TESTS=ON -DFLASHJIT_BUIL
 if [[ ! -f /usr/include/sqlite3.h && -f .deps/sqlite/sqlite3.h ]]; then
   cmake_args+=(-DFLASHJIT_SQLITE3_INCLUDE_DIR="$PWD/.deps/sqlite")
 fi
+
+# step LOG NAME SECONDS COMMAND...: runs COMMAND under `timeout` with FLASHJIT_EXPECT_GPU=1, its
+# output in $OUT/LOG-NAME.log, and one line "PASSED|FAILED (exit N) NAME in S s: <gtest/pytest
+# summary>" in $OUT/LOG.log; a failure sets status=1.
+step() {
+  local log=$1 name=$2 limit=$3 step_start=$SECONDS verdict
+  shift 3
+  if FLASHJIT_EXPECT_GPU=1 timeout "$limit" "$@" >"$OUT/$log-$name.log" 2>&1; then
+    verdict=PASSED
+  else
+    verdict="FAILED (exit $?)"
+    status=1
+  fi
+  echo "$verdict $name in $((SECONDS - step_start)) s: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) |[0-9]+ (passed|failed)' \
+      "$OUT/$log-$name.log" | tail -n 3 | tr '\n' ' ')" | tee -a "$OUT/$log.log"
+}
 
 status=0
 start=$SECONDS
@@ -442,29 +458,17 @@ fi
 if [[ "$what" == owed ]]; then
   echo "== GPU runs owed by changes tested without a GPU (owed.log)"
   : >"$OUT/owed.log"
-  owed_step() {  # owed_step NAME SECONDS COMMAND...: one line in owed.log, the output in owed-NAME.log
-    local name=$1 limit=$2 step_start=$SECONDS verdict
-    shift 2
-    if FLASHJIT_EXPECT_GPU=1 timeout "$limit" "$@" >"$OUT/owed-$name.log" 2>&1; then
-      verdict=PASSED
-    else
-      verdict="FAILED (exit $?)"
-      status=1
-    fi
-    echo "$verdict $name in $((SECONDS - step_start)) s: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) |passed|failed' \
-        "$OUT/owed-$name.log" | tail -n 3 | tr '\n' ' ')" | tee -a "$OUT/owed.log"
-  }
-  owed_step host-compiler-tests 120 bash -c 'build-device/tests/tuner_variant_functions_test &&
+  step owed host-compiler-tests 120 bash -c 'build-device/tests/tuner_variant_functions_test &&
       build-device/tests/runtime_host_compiler_test'
-  owed_step tune-score-mod 240 build-device/flashjit tune --backend cuda --pass fwd,bwd \
+  step owed tune-score-mod 240 build-device/flashjit tune --backend cuda --pass fwd,bwd \
       --head-dims 64 --seqlens 1000 --causal on --batch 1 --heads 4 \
       --score-mod 'score - 0.1f * abs(q_idx - kv_idx)' --mask-mod '(kv_idx % 5) != 1 || q_idx < 8' \
       --score-mod-grad '1.0f' --db "$OUT/owed-tune.db"
-  owed_step varlen-torch-compile 240 "$py" -m pytest -q -rs tests/python/test_varlen_torch.py \
+  step owed varlen-torch-compile 240 "$py" -m pytest -q -rs tests/python/test_varlen_torch.py \
       tests/python/test_variants_backward_torch.py -k "cuda and (varlen or documents)"
-  owed_step variant-forward 300 build-device/tests/runtime_cuda_variant_test \
+  step owed variant-forward 300 build-device/tests/runtime_cuda_variant_test \
       --gtest_filter='Cases/CudaVariant.*:CudaVariantBlocks.*'
-  owed_step variant-backward 300 build-device/tests/runtime_cuda_backward_variant_test \
+  step owed variant-backward 300 build-device/tests/runtime_cuda_backward_variant_test \
       --gtest_filter='Cases/CudaBackwardVariant.*:CudaBackwardVariantBlocks.*:CudaBackwardVarlen.*'
   echo "== owed done at $((SECONDS - start)) s"
 fi
@@ -479,16 +483,7 @@ if [[ "$what" == gpu-tests ]]; then
       cli_tune_command_test cli_backward_commands_test runtime_cuda_attention_test \
       runtime_cuda_backward_test; do
     [[ -x "build-device/tests/$test" ]] || { echo "MISSING $test" | tee -a "$OUT/gpu-tests.log"; status=1; continue; }
-    test_start=$SECONDS
-    if timeout 300 "build-device/tests/$test" --gtest_filter="${ctest_regex:-*}" \
-        >"$OUT/gpu-$test.log" 2>&1; then
-      verdict=PASSED
-    else
-      verdict="FAILED (exit $?)"
-      status=1
-    fi
-    echo "$verdict $test in $((SECONDS - test_start)) s: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' \
-        "$OUT/gpu-$test.log" | tr '\n' ' ')" | tee -a "$OUT/gpu-tests.log"
+    step gpu-tests "$test" 300 "build-device/tests/$test" --gtest_filter="${ctest_regex:-*}"
   done
   echo "== GPU tests done at $((SECONDS - start)) s"
 fi

@@ -41,7 +41,11 @@ const char* to_string(CpuIsa isa) {
 }
 
 Result<std::optional<CpuIsa>> isa_cap() {
-  const char* value = std::getenv("FLASHJIT_CPU_ISA");
+  static const Result<std::optional<CpuIsa>> cap = parse_isa_cap(std::getenv("FLASHJIT_CPU_ISA"));
+  return cap;
+}
+
+Result<std::optional<CpuIsa>> parse_isa_cap(const char* value) {
   if (value == nullptr || *value == '\0') return std::optional<CpuIsa>();
   for (CpuIsa isa : {CpuIsa::Sse, CpuIsa::Avx2, CpuIsa::Avx512, CpuIsa::Avx512Bf16})
     if (std::string(value) == to_string(isa)) return std::optional<CpuIsa>(isa);

@@ -24,9 +24,11 @@ const char* to_string(CpuIsa isa);
 // The environment variable FLASHJIT_CPU_ISA caps the ISA level the CPU backend plans and
 // compiles for (one of the names above): kernels then run on any host of that level, and a host
 // can measure a lower level's kernels (with PyTorch's ATEN_CPU_CAPABILITY, its peer in the same
-// run). Unset or empty: no cap (nullopt). Error InvalidArgument naming the value and the allowed
-// names otherwise.
+// run). Read once per process (host_cpu() and the JIT's target agree); parse_isa_cap is the
+// parsing: null or empty, no cap (nullopt); error InvalidArgument naming the value and the
+// allowed names otherwise.
 Result<std::optional<CpuIsa>> isa_cap();
+Result<std::optional<CpuIsa>> parse_isa_cap(const char* value);
 
 // `cpu` without the features above `cap` (Sse: no AVX2, FMA, F16C, AVX-512; Avx2: no AVX-512;
 // Avx512: no AVX512_BF16).
