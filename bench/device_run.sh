@@ -59,7 +59,8 @@
 #          must verify and time, not say Unsupported), the Python module with packed documents
 #          under torch.compile on CUDA (tests/python/test_varlen_torch.py -k cuda and the eager
 #          varlen gradients test), then the variant GPU tests whose harness moved to
-#          tests/support (forward, then backward + packed documents). Expect ~8-10 minutes.
+#          tests/support (forward, then backward + packed documents). Expect ~8-10 minutes: a
+#          second argument (a regex of step names, e.g. 'host|tune|torch') runs a part of them.
 #   concurrent  issue 15's test: the flashjit CLI, then bench/concurrent_tune.py: a lone `flashjit
 #          tune` of 4 problems (d 128, N 1024/4096, causal both), then 4 processes tuning them
 #          into one DB at once (timing lock + disturbance check); each must end with the lone
@@ -458,17 +459,24 @@ fi
 if [[ "$what" == owed ]]; then
   echo "== GPU runs owed by changes tested without a GPU (owed.log)"
   : >"$OUT/owed.log"
-  step owed host-compiler-tests 120 bash -c 'build-device/tests/tuner_variant_functions_test &&
+  owed_step() {  # the steps whose names match the second argument (a bash regex; default: all)
+    if [[ -n "$ctest_regex" && ! "$2" =~ $ctest_regex ]]; then
+      echo "skipped $2 (not in '$ctest_regex')" | tee -a "$OUT/owed.log"
+      return 0
+    fi
+    step "$@"
+  }
+  owed_step owed host-compiler-tests 120 bash -c 'build-device/tests/tuner_variant_functions_test &&
       build-device/tests/runtime_host_compiler_test'
-  step owed tune-score-mod 240 build-device/flashjit tune --backend cuda --pass fwd,bwd \
+  owed_step owed tune-score-mod 240 build-device/flashjit tune --backend cuda --pass fwd,bwd \
       --head-dims 64 --seqlens 1000 --causal on --batch 1 --heads 4 \
       --score-mod 'score - 0.1f * abs(q_idx - kv_idx)' --mask-mod '(kv_idx % 5) != 1 || q_idx < 8' \
       --score-mod-grad '1.0f' --db "$OUT/owed-tune.db"
-  step owed varlen-torch-compile 240 "$py" -m pytest -q -rs tests/python/test_varlen_torch.py \
+  owed_step owed varlen-torch-compile 240 "$py" -m pytest -q -rs tests/python/test_varlen_torch.py \
       tests/python/test_variants_backward_torch.py -k "cuda and (varlen or documents)"
-  step owed variant-forward 300 build-device/tests/runtime_cuda_variant_test \
+  owed_step owed variant-forward 300 build-device/tests/runtime_cuda_variant_test \
       --gtest_filter='Cases/CudaVariant.*:CudaVariantBlocks.*'
-  step owed variant-backward 300 build-device/tests/runtime_cuda_backward_variant_test \
+  owed_step owed variant-backward 300 build-device/tests/runtime_cuda_backward_variant_test \
       --gtest_filter='Cases/CudaBackwardVariant.*:CudaBackwardVariantBlocks.*:CudaBackwardVarlen.*'
   echo "== owed done at $((SECONDS - start)) s"
 fi
