@@ -476,7 +476,7 @@ if [[ "$what" == owed ]]; then
       tests/python/test_variants_backward_torch.py -k "cuda and (varlen or documents)"
   owed_step owed variant-forward 300 build-device/tests/runtime_cuda_variant_test \
       --gtest_filter='Cases/CudaVariant.*:CudaVariantBlocks.*'
-  owed_step owed variant-backward 300 build-device/tests/runtime_cuda_backward_variant_test \
+  owed_step owed variant-backward 450 build-device/tests/runtime_cuda_backward_variant_test \
       --gtest_filter='Cases/CudaBackwardVariant.*:CudaBackwardVariantBlocks.*:CudaBackwardVarlen.*'
   echo "== owed done at $((SECONDS - start)) s"
 fi

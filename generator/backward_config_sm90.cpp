@@ -110,8 +110,10 @@ int wgmma_backward_dkdv_registers(const AttentionConfig& c, const AttentionProbl
 }
 
 int wgmma_backward_dq_registers(const AttentionConfig& c, const AttentionProblem& p) {
-  // dQ (64 rows x dp over 128 threads), S and dP (64 x block_n each).
-  return padded_head_dim(p.head_dim) / 2 + c.block_n + kRegisterAllowance;
+  // dQ (64 rows x dp over 128 threads), S and dP (64 x block_n each), a user expression's
+  // temporaries (a mask_mod spilled 72 B at d 128 m64n128-det: 255 registers against 222 plain).
+  return padded_head_dim(p.head_dim) / 2 + c.block_n + kRegisterAllowance +
+         user_expression_registers(p);
 }
 
 std::vector<AttentionConfig> wgmma_backward_candidates(const AttentionProblem& problem) {
@@ -229,6 +231,9 @@ std::string explain_wgmma_backward_plan(const AttentionProblem& p, const DeviceS
       << ") + S^T columns (Br or Br / 2) + dQ tile / 2 (Atomic) + " << kRegisterAllowance
       << "   <= " << device.max_regs_per_thread << "\n"
       << "  regs dQ    ~= " << dp / 2 << " (dQ) + Bc (S, dP) + " << kRegisterAllowance
+      << (user_expression_registers(p) > 0
+              ? " + " + std::to_string(user_expression_registers(p)) + " (user expression)"
+              : std::string())
       << "   <= " << device.max_regs_per_thread << "  (no setmaxnreg: no producer warps)\n\n";
   out << "config                 threads  smem dK/dV  smem dQ  regs~  CTAs/SM  status\n";
   for (const AttentionConfig& c : wgmma_backward_candidates(p)) {

@@ -31,7 +31,6 @@ constexpr int kMaxCopiesPerThreadWgmma = 16;
 // whether it matters, and docs/PERFORMANCE.md has the numbers.
 constexpr int kRegisterAllowance = 32;
 constexpr int kRegistersPerMTile = 8;
-constexpr int kUserExpressionRegisters = 48;
 // Packed documents (wgmma): the document's view of the params (flashjit_variant::document_view)
 // lives in registers for the whole kernel, where the plain kernel reads the params from the
 // constant bank: m64n128w4s2-wgmma at d128 went from 217 registers to 250, and to 255 plus a
@@ -103,6 +102,10 @@ int smem_bytes(const AttentionConfig& c, const AttentionProblem& p) {
   return c.family == KernelFamily::Wgmma ? tiles + 1024 : tiles;
 }
 
+int user_expression_registers(const AttentionProblem& p) {
+  return p.variant.score_mod.empty() && p.variant.mask_mod.empty() ? 0 : 48;
+}
+
 int estimated_registers(const AttentionConfig& c, const AttentionProblem& p) {
   if (c.family == KernelFamily::Ws) return ws_resources(c, p).consumer_estimate;
   if (c.family == KernelFamily::Decode) return decode_resources(c, p).registers;
@@ -111,8 +114,7 @@ int estimated_registers(const AttentionConfig& c, const AttentionProblem& p) {
   // m64n32w2s2: 24 with a score_mod against 0), and so did the wgmma tile with the widest S
   // (m64n128w4s2-wgmma: 144 bytes with both and the built-in variants, against 0 plain), so
   // they are left out.
-  const bool user_expression = !p.variant.score_mod.empty() || !p.variant.mask_mod.empty();
-  const int expression = user_expression ? kUserExpressionRegisters : 0;
+  const int expression = user_expression_registers(p);
   if (c.family == KernelFamily::Wgmma) {
     // Per thread of a warpgroup: O (64 x d / 128 threads) and S (64 x block_n / 128) in fp32,
     // P of two blocks in flight (16-bit pairs: block_n / 4 each), plus the same allowance.

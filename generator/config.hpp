@@ -103,6 +103,10 @@ int smem_bytes(const AttentionConfig& config, const AttentionProblem& problem);
 // block_n, spread over 32 lanes) plus fragments, addresses and softmax state (ws: a consumer
 // thread's, after setmaxnreg).
 int estimated_registers(const AttentionConfig& config, const AttentionProblem& problem);
+// What a user expression (score_mod, mask_mod; the backward's score_mod_grad) may add per thread
+// or lane, in every family's budget: 48 with one, else 0. It runs per score with temporaries of
+// its own; the tiles this leaves out spilled with one (the numbers are at each budget).
+int user_expression_registers(const AttentionProblem& problem);
 ResourceUse resource_use(const AttentionConfig& config, const AttentionProblem& problem,
                          const DeviceSpec& device);
 

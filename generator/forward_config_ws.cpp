@@ -27,8 +27,6 @@ constexpr int kMaxConsumerRegisters = 240;
 // Registers a consumer thread needs beyond its fp32 O and S accumulators and its P fragments:
 // descriptors, pipeline states, softmax state, addresses.
 constexpr int kRegisterAllowance = 32;
-// A user score_mod / mask_mod's temporaries (as generator/config.cpp allows the other families).
-constexpr int kUserExpressionRegisters = 48;
 
 // WsTraits' static_asserts, in its words.
 Status check_template(const AttentionConfig& c, const AttentionProblem& p) {
@@ -70,9 +68,8 @@ WsResources ws_resources(const AttentionConfig& c, const AttentionProblem& p) {
       std::min(kMaxConsumerRegisters,
                ((1 + r.consumers) * r.launch_registers - kProducerRegisters) / r.consumers / 8 * 8);
   // O (64 x dp fp32 over 128 threads), S (64 x block_n fp32), P (64 x block_n 16-bit).
-  const bool user_expression = !p.variant.score_mod.empty() || !p.variant.mask_mod.empty();
-  r.consumer_estimate = dp / 2 + c.block_n / 2 + c.block_n / 4 + kRegisterAllowance +
-                        (user_expression ? kUserExpressionRegisters : 0);
+  r.consumer_estimate =
+      dp / 2 + c.block_n / 2 + c.block_n / 4 + kRegisterAllowance + user_expression_registers(p);
   return r;
 }
 

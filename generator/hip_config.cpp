@@ -15,9 +15,6 @@ constexpr int kMaxMTilesPerWave = 2;  // 16-row MFMA tiles a wave owns (template
 // Registers beyond the budgeted arrays: tile addresses, loop counters, row max / sum, the K and V
 // operands of the MFMA in flight, masking temporaries.
 constexpr int kRegisterAllowance = 48;
-// A user score_mod / mask_mod runs per score with temporaries of its own: the allowance of the
-// CUDA budget (generator/config.cpp), for the same expressions.
-constexpr int kUserExpressionRegisters = 48;
 constexpr int kRegisterGranule = 8;  // CDNA2/3 allocate VGPRs in granules of 8 per lane
 constexpr int kVRowPadding = 4;      // elements of padding per V^T row (bank conflicts)
 
@@ -46,12 +43,6 @@ std::vector<AttentionConfig> legal_hip_backward_configs(const AttentionProblem& 
 Result<AttentionConfig> default_hip_backward_config(const AttentionProblem& p,
                                                     const DeviceSpec& device);
 std::string explain_hip_backward_plan(const AttentionProblem& p, const DeviceSpec& device);
-
-// What a user expression (a score_mod, mask_mod; the backward's score_mod_grad) may add per lane.
-int user_expression_registers(const AttentionProblem& p) {
-  const bool user_expression = !p.variant.score_mod.empty() || !p.variant.mask_mod.empty();
-  return user_expression ? kUserExpressionRegisters : 0;
-}
 
 }  // namespace
 

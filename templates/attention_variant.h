@@ -92,6 +92,13 @@ constexpr bool kModifiesScores = true;
 #else
 constexpr bool kModifiesScores = false;
 #endif
+// d score / d s is 1 (no soft-cap, no score_mod; ALiBi's bias does not depend on s): a backward
+// kernel's dS needs no chain factor, so it may form P before dP is in, as plain attention does.
+#if defined(FLASHJIT_VARIANT_SOFTCAP) || FLASHJIT_VARIANT_SCORE_MOD
+constexpr bool kScoreGradIsOne = false;
+#else
+constexpr bool kScoreGradIsOne = true;
+#endif
 
 FLASHJIT_DEVICE int clamp_key(long long key, int seqlen_k) {
   return key < 0 ? 0 : key > seqlen_k ? seqlen_k : static_cast<int>(key);

@@ -233,9 +233,10 @@ __device__ __forceinline__ void attention_backward_sm90_dkdv(const FlashjitAtten
 #ifdef FLASHJIT_VARIANT
   // An attention variant (templates/attention_variant.h, rendered before this file; all its code
   // is under #ifdef FLASHJIT_VARIANT, so that plain kernels compile exactly as before): the query
-  // blocks whose rows may see this key block (query_rows); per step, the scores and the mask per
-  // element and dS times d score / d s (score_and_grad), once both S^T and dP^T are in (no
-  // array of derivatives held across the dP^T wgmma).
+  // blocks whose rows may see this key block (query_rows); per step, the scores per element, the
+  // mask in blocks some row does not see whole, and dS times d score / d s (score_and_grad) where
+  // that is not 1: then once both S^T and dP^T are in (no array of derivatives held across the
+  // dP^T wgmma), else P^T while dP^T is in flight, as plain attention.
   namespace fv = flashjit_variant;
   const fv::QueryRows query_rows = fv::query_rows(p, diagonal, n0, kBlockN);
   const int m_block_first = query_rows.first / kBlockM;
@@ -380,39 +381,75 @@ __device__ __forceinline__ void attention_backward_sm90_dkdv(const FlashjitAtten
 #ifdef FLASHJIT_VARIANT
     const float* stats = reinterpret_cast<const float*>(smem + kStats + 2 * buffer * K::kStatBytes);
     const int stat_col = query_part * kSdpN + frag_col;
-    wgmma_wait<0>();  // S^T and dP^T
-    pin(st);
-    pin(dpt);
     {
       const float slope = fv::alibi_slope(p, head);
       const bool all_visible = fv::block_fully_visible(p, diagonal, m0, kBlockM, n0, kBlockN);
-      const float scale_log2 = fv::kModifiesScores ? 1.4426950408889634f : p.scale_log2;
+      const float scale_log2 = fv::softmax_scale_log2(p);
       const int key = n0 + key_tile * 64 + frag_row;  // + 8 half
       const int query = m0 + stat_col;                // + 8 nt + e
+      // key - query as a float once: ALiBi's distance is then one add of a constant per score.
+      const float distance0 = static_cast<float>(key - query);
+      // P^T = exp2(score - lse) per score: the variant's score of scale * q . k, -inf where the
+      // key is hidden. dS^T picks up g = d score / d s per score where it is not 1 (chain); else
+      // P^T is formed while dP^T is still on the tensor cores, as for plain attention, and blocks
+      // every row sees whole skip the mask test (masked a constant at each call: one loop per
+      // case, no per-score test evaluated and discarded).
+      auto scores = [&](bool masked, bool chain) {
 #pragma unroll
-      for (int nt = 0; nt < kSdpN / 8; ++nt) {
-        const float2 lse = *reinterpret_cast<const float2*>(stats + stat_col + 8 * nt);
-        const float2 delta = *reinterpret_cast<const float2*>(stats + kBlockM + stat_col + 8 * nt);
+        for (int nt = 0; nt < kSdpN / 8; ++nt) {
+          const float2 lse = *reinterpret_cast<const float2*>(stats + stat_col + 8 * nt);
+          const float2 delta =
+              *reinterpret_cast<const float2*>(stats + kBlockM + stat_col + 8 * nt);
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          float ds[2];
+          for (int half = 0; half < 2; ++half) {
+            float ds[2];
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int i = 4 * nt + 2 * half + e, row = query + 8 * nt + e, col = key + 8 * half;
-            float score = st[i], g = 1.f;
-            if (fv::kModifiesScores)
-              score = fv::score_and_grad(score * p.scale, slope, batch, head, row, col,
-                                         static_cast<float>(col - row), &g);
-            if (!all_visible && !fv::visible(p, diagonal, batch, head, row, col))
-              score = minus_infinity();
-            st[i] = fast_exp2(fmaf(score, scale_log2, -(e == 0 ? lse.x : lse.y)));
-            ds[e] = st[i] * (dpt[i] - (e == 0 ? delta.x : delta.y));
-            if (fv::kModifiesScores) ds[e] *= g;
+            for (int e = 0; e < 2; ++e) {
+              const int i = 4 * nt + 2 * half + e, row = query + 8 * nt + e, col = key + 8 * half;
+              float score = st[i], g = 1.f;
+              if (fv::kModifiesScores)
+                score =
+                    fv::score_and_grad(score * p.scale, slope, batch, head, row, col,
+                                       distance0 + static_cast<float>(8 * half - 8 * nt - e), &g);
+              if (masked && !fv::visible(p, diagonal, batch, head, row, col))
+                score = minus_infinity();
+              st[i] = fast_exp2(fmaf(score, scale_log2, -(e == 0 ? lse.x : lse.y)));
+              if (chain) ds[e] = st[i] * (dpt[i] - (e == 0 ? delta.x : delta.y)) * g;
+            }
+            if (chain) {
+              pt[nt / 2][(nt % 2) * 2 + half] =
+                  pack2<kBf16>(st[4 * nt + 2 * half], st[4 * nt + 2 * half + 1]);
+              dst[nt / 2][(nt % 2) * 2 + half] = pack2<kBf16>(ds[0], ds[1]);
+            }
           }
-          pt[nt / 2][(nt % 2) * 2 + half] =
-              pack2<kBf16>(st[4 * nt + 2 * half], st[4 * nt + 2 * half + 1]);
-          dst[nt / 2][(nt % 2) * 2 + half] = pack2<kBf16>(ds[0], ds[1]);
         }
+      };
+      if constexpr (fv::kScoreGradIsOne) {
+        wgmma_wait<1>();  // S^T
+        pin(st);
+        if (all_visible)
+          scores(false, false);
+        else
+          scores(true, false);
+        wgmma_wait<0>();  // dP^T
+        pin(dpt);
+#pragma unroll
+        for (int nt = 0; nt < kSdpN / 8; ++nt) {
+          const float2 delta =
+              *reinterpret_cast<const float2*>(stats + kBlockM + stat_col + 8 * nt);
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int i = 4 * nt + 2 * half;
+            const float ds0 = st[i] * (dpt[i] - delta.x), ds1 = st[i + 1] * (dpt[i + 1] - delta.y);
+            pt[nt / 2][(nt % 2) * 2 + half] = pack2<kBf16>(st[i], st[i + 1]);
+            dst[nt / 2][(nt % 2) * 2 + half] = pack2<kBf16>(ds0, ds1);
+          }
+        }
+      } else {
+        wgmma_wait<0>();  // S^T and dP^T: g is not held across the wait
+        pin(st);
+        pin(dpt);
+        scores(!all_visible, true);  // one loop: two spill at m128n64 (d 64)
       }
     }
 #else
@@ -566,7 +603,7 @@ __device__ __forceinline__ void attention_backward_sm90_dq(const FlashjitAttenti
   const int diagonal = fa::diagonal(p);
 #ifdef FLASHJIT_VARIANT
   // An attention variant: the key blocks its rows may see (key_blocks), the scores and the mask
-  // per element once S and dP are in, dS times d score / d s (as the dK/dV kernel).
+  // per element, dS times d score / d s (as the dK/dV kernel).
   namespace fv = flashjit_variant;
   const fv::KeyBlocks key_blocks = fv::key_blocks(p, diagonal, m0, kBlockM, kBlockN);
   const int n_blocks = key_blocks.count();
@@ -647,30 +684,52 @@ __device__ __forceinline__ void attention_backward_sm90_dq(const FlashjitAttenti
     wgmma_wait<1>();                                                                      // S
     pin(s);
 #ifdef FLASHJIT_VARIANT
-    wgmma_wait<0>();  // and dP
-    pin(dp);
     {
       const int n0 = key_blocks.at(j) * kBlockN;
       const bool all_visible = fv::block_fully_visible(p, diagonal, m0, kBlockM, n0, kBlockN);
-      const float scale_log2 = fv::kModifiesScores ? 1.4426950408889634f : p.scale_log2;
+      const float scale_log2 = fv::softmax_scale_log2(p);
+      const int key0 = n0 + frag_col;  // this thread's key at nt, e = 0
+      // key - row as a float once: ALiBi's distance is then one add of a constant per score.
+      const float distance0 = static_cast<float>(key0 - row);
+      // As the dK/dV kernel: P = exp2(score - lse) (hidden keys -inf; blocks every row sees whole
+      // without the mask test), and either dS = P (dP - delta) after the wait for dP, or, with a
+      // chain factor g = d score / d s (chain), P and dS per score once dP is in.
+      auto scores = [&](bool masked, bool chain) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half)
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+          for (int nt = 0; nt < kBlockN / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int i = 4 * nt + 2 * half + e, r = row + 8 * half, key = key0 + nt * 8 + e;
+              float score = s[i], g = 1.f;
+              if (fv::kModifiesScores)
+                score =
+                    fv::score_and_grad(score * p.scale, slope, batch, head, r, key,
+                                       distance0 + static_cast<float>(nt * 8 + e - 8 * half), &g);
+              if (masked && !fv::visible(p, diagonal, batch, head, r, key))
+                score = minus_infinity();
+              s[i] = fast_exp2(fmaf(score, scale_log2, -lse[half]));
+              if (chain) dp[i] = s[i] * (dp[i] - delta[half]) * g;
+            }
+      };
+      if constexpr (fv::kScoreGradIsOne) {
+        if (all_visible)
+          scores(false, false);
+        else
+          scores(true, false);
+        wgmma_wait<0>();  // dP
+        pin(dp);
 #pragma unroll
         for (int nt = 0; nt < kBlockN / 8; ++nt)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int i = 4 * nt + 2 * half + e, r = row + 8 * half,
-                      key = n0 + nt * 8 + frag_col + e;
-            float score = s[i], g = 1.f;
-            if (fv::kModifiesScores)
-              score = fv::score_and_grad(score * p.scale, slope, batch, head, r, key,
-                                         static_cast<float>(key - r), &g);
-            if (!all_visible && !fv::visible(p, diagonal, batch, head, r, key))
-              score = minus_infinity();
-            const float probability = fast_exp2(fmaf(score, scale_log2, -lse[half]));
-            dp[i] = probability * (dp[i] - delta[half]);
-            if (fv::kModifiesScores) dp[i] *= g;
-          }
+          for (int i = 0; i < 4; ++i)
+            dp[4 * nt + i] = s[4 * nt + i] * (dp[4 * nt + i] - delta[i / 2]);
+      } else {
+        wgmma_wait<0>();  // and dP: g is not held across the wait
+        pin(dp);
+        scores(!all_visible, true);  // one loop: two spill at m128n64 (d 64)
+      }
     }
 #else
     const int n0 = j * kBlockN;

@@ -155,8 +155,8 @@ TEST(CudaBackwardVariantCompile, EveryVariantCompilesOnTheMmaFamily) {
 }
 
 // The wgmma backward template's variant code compiles for sm90a at every legal tile of the plain
-// problem (named configs render; the generator does not offer them for variants until they have
-// run on a GPU), its wgmmas never serialized by ptxas, spilling no more than the plain kernel.
+// problem that the variant's budget keeps, its wgmmas never serialized by ptxas, spilling no more
+// than the plain kernel.
 TEST(CudaBackwardVariantCompile, WgmmaVariantsCompileWithoutSerialization) {
   const DeviceSpec sm90 = known_device("sm90").value();
   std::vector<Job> jobs;
@@ -174,6 +174,10 @@ TEST(CudaBackwardVariantCompile, WgmmaVariantsCompileWithoutSerialization) {
         if (!compile_all() && name != "everything" && name != "softcap_alibi") continue;
         AttentionProblem p = plain;
         p.variant = named.variant;
+        // A tile the variant's own budget leaves out (a user expression's registers) is not
+        // offered for it: nothing to hold to the plain kernel's spills.
+        const std::vector<AttentionConfig> legal = legal_backward_configs(p, sm90);
+        if (std::find(legal.begin(), legal.end(), tile) == legal.end()) continue;
         jobs.push_back({named.name, p, tile, 90});
       }
     }
