@@ -95,9 +95,9 @@ constexpr bool kModifiesScores = false;
 // d score / d s is 1 (no soft-cap, no score_mod; ALiBi's bias does not depend on s): a backward
 // kernel's dS needs no chain factor, so it may form P before dP is in, as plain attention does.
 #if defined(FLASHJIT_VARIANT_SOFTCAP) || FLASHJIT_VARIANT_SCORE_MOD
-constexpr bool kScoreGradIsOne = false;
+[[maybe_unused]] constexpr bool kScoreGradIsOne = false;
 #else
-constexpr bool kScoreGradIsOne = true;
+[[maybe_unused]] constexpr bool kScoreGradIsOne = true;
 #endif
 
 FLASHJIT_DEVICE int clamp_key(long long key, int seqlen_k) {
@@ -115,7 +115,12 @@ FLASHJIT_DEVICE int band_end(int seqlen_k, int diagonal, int row) {
                     : clamp_key(static_cast<long long>(row) + diagonal + kRight + 1, seqlen_k);
 }
 
-// Whether query row `row` sees key `key` (any key index; false past seqlen_k).
+// Whether query row `row` sees key `key` (any key index; false past seqlen_k). Per score in the
+// mma and wgmma families' masked blocks; the -ws family hoists the row's part (row_keys below):
+// there short-circuit evaluation compiled to a branch per score (1,120 instructions in the
+// masked loop of m128n128w12s2-ws, against 139 for the plain causal mask). Made branch-free
+// with & and |, the mma and wgmma tiles spilled (24 B at sm80 m128n128w8s2, 12 B at
+// m64n128w4s2-wgmma, window + softcap + ALiBi).
 FLASHJIT_DEVICE bool visible(const FlashjitAttentionParams& p, int diagonal, int batch, int head,
                              int row, int key) {
   bool seen = key < p.seqlen_k && (key < kPrefix || (key >= band_begin(p.seqlen_k, diagonal, row) &&
@@ -126,6 +131,21 @@ FLASHJIT_DEVICE bool visible(const FlashjitAttentionParams& p, int diagonal, int
   (void)batch, (void)head;
 #endif
   return seen;
+}
+
+// The keys row `row` sees apart from a mask_mod: [0, prefix_end) and [begin, end), each within
+// [0, seqlen_k] (prefix_end 0 without a prefix): visible() is, for key >= 0, key < prefix_end ||
+// (begin <= key && key < end), and then the mask_mod. For a loop over a row's keys that hoists
+// them: two compares per key against constants of the row.
+struct RowKeys {
+  int prefix_end;
+  int begin;
+  int end;
+};
+
+FLASHJIT_DEVICE RowKeys row_keys(const FlashjitAttentionParams& p, int diagonal, int row) {
+  return RowKeys{kPrefix < p.seqlen_k ? kPrefix : p.seqlen_k, band_begin(p.seqlen_k, diagonal, row),
+                 band_end(p.seqlen_k, diagonal, row)};
 }
 
 // The softmax's base-2 factor: modified scores are scaled scores already (score() takes
@@ -267,10 +287,15 @@ FLASHJIT_DEVICE bool block_fully_visible(const FlashjitAttentionParams& p, int d
   (void)p, (void)diagonal, (void)m0, (void)block_m, (void)n0, (void)block_n;
   return false;
 #else
-  if (n0 + block_n > p.seqlen_k) return false;
-  if (n0 + block_n <= kPrefix) return true;
-  return band_begin(p.seqlen_k, diagonal, m0 + block_m - 1) <= n0 &&
-         n0 + block_n <= band_end(p.seqlen_k, diagonal, m0);
+  // Branch-free and in 32 bits: the GPU kernels test it once per key block, where the early
+  // returns and band_begin / band_end's 64-bit clamps cost the -ws tile ~35 instructions a block,
+  // against the plain causal test's few. With the block inside the keys (n0 >= 0, n1 <=
+  // seqlen_k), band_begin(last row) <= n0 iff last row + diagonal - n0 <= kLeft, and n1 <=
+  // band_end(m0) iff n1 - 1 - (m0 + diagonal) <= kRight (the clamps change neither side).
+  const int n1 = n0 + block_n;
+  const bool left = kLeft < 0 || m0 + block_m - 1 + diagonal - n0 <= kLeft;
+  const bool right = kRight < 0 || n1 - 1 - (m0 + diagonal) <= kRight;
+  return (n1 <= p.seqlen_k) & ((kPrefix > 0 && n1 <= kPrefix) | (left & right));
 #endif
 }
 

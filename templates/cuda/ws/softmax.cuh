@@ -58,17 +58,28 @@ struct WsSoftmax {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const float distance0 = static_cast<float>(col - row - 8 * half);  // key - row at nt, e 0
+        // The row's visible keys relative to col (fv::row_keys): key col + c is visible iff
+        // c < prefix_end || (begin <= c && c < end) (and the mask_mod): two compares per score
+        // against the row's constants, as the plain causal mask's one.
+        const fv::RowKeys keys = fv::row_keys(p, diagonal, row + 8 * half);
+        const int prefix_end = keys.prefix_end - col, begin = keys.begin - col,
+                  end = keys.end - col;
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const int key = col + nt * 8 + e;
+            const int c = nt * 8 + e, key = col + c;
             float& x = s[nt * 4 + 2 * half + e];
             if (fv::kModifiesScores)
               x = fv::score(x * p.scale, slope, batch, head, row + 8 * half, key,
-                            distance0 + static_cast<float>(nt * 8 + e));
-            if (masked && !fv::visible(p, diagonal, batch, head, row + 8 * half, key))
-              x = minus_infinity();
+                            distance0 + static_cast<float>(c));
+            if (masked) {
+              bool seen = (fv::kPrefix > 0 && c < prefix_end) | ((c >= begin) & (c < end));
+#if FLASHJIT_VARIANT_MASK_MOD
+              seen = seen && flashjit_variant::user_mask_mod(batch, head, row + 8 * half, key);
+#endif
+              if (!seen) x = minus_infinity();
+            }
           }
       }
     };
