@@ -65,6 +65,8 @@ namespace flashjit {
 
 // One problem's tuning: what Tuner::tune_one's phases share.
 struct Tuner::ProblemRun {
+  explicit ProblemRun(const AttentionProblem& p) : problem(p) {}
+
   const AttentionProblem& problem;
   TuneReport report;
   std::vector<AttentionConfig> configs;            // legal, in the generator's order

@@ -433,6 +433,8 @@ __device__ __forceinline__ void attention_backward_sm90_dkdv(const FlashjitAtten
           scores(true, false);
         wgmma_wait<0>();  // dP^T
         pin(dpt);
+        // dS^T as the plain path below forms it (not shared with it: the plain kernel's text is
+        // the version its tuning DB rows are kept under, generator/render.hpp).
 #pragma unroll
         for (int nt = 0; nt < kSdpN / 8; ++nt) {
           const float2 delta =

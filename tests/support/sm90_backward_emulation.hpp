@@ -10,11 +10,14 @@
 #include <utility>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "generator/backward_config_sm90.hpp"
 #include "runtime/launch_params.hpp"
 #include "support/emulated_entry.hpp"
 #include "support/sm90_emulator.hpp"
 #include "support/variant_cases.hpp"  // Gradients
+#include "support/variant_emulation.hpp"
 #include "tuner/reference.hpp"
 
 namespace flashjit::testing {
@@ -132,6 +135,28 @@ Sm90BackwardOutcome run_sm90_backward(const AttentionProblem& p, const Attention
   if (out.error.empty())
     out.comparison = compare_gradients(p, gradients.dq, gradients.dk, gradients.dv, ref);
   return out;
+}
+
+// The wgmma-family config of traits K (the knobs the renderer instantiates them from).
+template <class K>
+AttentionConfig sm90_backward_config() {
+  return AttentionConfig{K::kBlockM,          K::kBlockN,
+                         K::kWarps,           K::kStages,
+                         KernelFamily::Wgmma, K::kDqAtomic ? DqMode::Atomic : DqMode::Separate};
+}
+
+// A variant emulation test's check of traits K (compiled with that variant's prelude): both
+// kernels on the variant's cases against the fp64 reference gradients
+// (check_variant_backward_emulation).
+template <class K>
+void check_sm90_variant_backward(const VariantCase& variant, uint64_t seed) {
+  const AttentionConfig config = sm90_backward_config<K>();
+  SCOPED_TRACE(config.to_string());
+  check_variant_backward_emulation(
+      variant, K::kIsBf16 ? DType::BF16 : DType::F16, K::kHeadDim, K::kBlockN, seed,
+      [&](const AttentionProblem& problem, const HostInputs& inputs, Gradients* out) {
+        return run_sm90_backward_gradients<K>(problem, config, inputs, out);
+      });
 }
 
 }  // namespace flashjit::testing

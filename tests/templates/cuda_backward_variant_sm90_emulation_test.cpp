@@ -42,20 +42,9 @@ const ft::VariantCase kVariant = ft::emulated_variant(/*with_mask_mod=*/true);
 
 template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WARPS, int STAGES, bool BF16, bool ATOMIC>
 void check() {
-  using K =
-      flashjit_kernel::Sm90BwdTraits<HEAD_DIM, BLOCK_M, BLOCK_N, WARPS, STAGES, BF16, true, ATOMIC>;
-  const AttentionConfig config{BLOCK_M,
-                               BLOCK_N,
-                               WARPS,
-                               STAGES,
-                               KernelFamily::Wgmma,
-                               ATOMIC ? DqMode::Atomic : DqMode::Separate};
-  SCOPED_TRACE(config.to_string());
-  ft::check_variant_backward_emulation(
-      kVariant, BF16 ? DType::BF16 : DType::F16, HEAD_DIM, BLOCK_N, /*seed=*/23,
-      [&](const AttentionProblem& problem, const ft::HostInputs& inputs, ft::Gradients* out) {
-        return ft::run_sm90_backward_gradients<K>(problem, config, inputs, out);
-      });
+  ft::check_sm90_variant_backward<flashjit_kernel::Sm90BwdTraits<HEAD_DIM, BLOCK_M, BLOCK_N, WARPS,
+                                                                 STAGES, BF16, true, ATOMIC>>(
+      kVariant, /*seed=*/23);
 }
 
 TEST(CudaBackwardVariantSm90Emulation, MatchesTheFp64Reference) {
