@@ -100,6 +100,15 @@ constexpr bool kModifiesScores = false;
 [[maybe_unused]] constexpr bool kScoreGradIsOne = true;
 #endif
 
+// Neither a soft-cap, a score_mod nor a mask_mod: what a variant does to a score is a mask from
+// the row's keys (row_keys) and at most ALiBi's bias, so the CPU kernels apply it 16 lanes at a
+// time instead of per score.
+#if defined(FLASHJIT_VARIANT_SOFTCAP) || FLASHJIT_VARIANT_SCORE_MOD || FLASHJIT_VARIANT_MASK_MOD
+[[maybe_unused]] constexpr bool kVectorMask = false;
+#else
+[[maybe_unused]] constexpr bool kVectorMask = true;
+#endif
+
 FLASHJIT_DEVICE int clamp_key(long long key, int seqlen_k) {
   return key < 0 ? 0 : key > seqlen_k ? seqlen_k : static_cast<int>(key);
 }

@@ -358,7 +358,19 @@ struct Backward {
           f32x16 sv = load(s + i * BN + x) * scale;
 #ifdef FLASHJIT_VARIANT
           f32x16 grad = 1.0f;
-          if (variant_block) {
+          if (variant_block && fv::kVectorMask) {
+            // The row's visible keys (row_keys) and ALiBi's bias over the 16 key lanes at once
+            // (d score / d s is 1: grad stays 1, hidden keys get P = 0).
+            const int row = q0 + i;
+            const i32x16 key = n0 + x + lane;
+            if (fv::kModifiesScores)
+              sv += (slope * kLog2e) * __builtin_convertvector(key - row, f32x16);
+            if (!all_visible) {
+              const fv::RowKeys keys = fv::row_keys(p, diag, row);
+              sv =
+                  (key < keys.prefix_end) | ((key >= keys.begin) & (key < keys.end)) ? sv : kNegInf;
+            }
+          } else if (variant_block) {
             const int row = q0 + i;
             for (int l = 0; l < kLanes; ++l) {
               const int key = n0 + x + l;
@@ -519,7 +531,15 @@ struct Backward {
     namespace fv = flashjit_variant;
     const fv::KeyBlocks key_blocks = fv::key_blocks(p, diag, q0, rows, BN);
     const float slope = fv::alibi_slope(p, h);
-    (void)kv_end, (void)lane;
+    // Each row's visible keys (row_keys), by lanes of 16 rows: the mask where kVectorMask.
+    i32x16 band_begin[BM / kLanes], band_end[BM / kLanes];
+    for (int i = 0; i < BM; ++i) {
+      const fv::RowKeys keys = fv::row_keys(p, diag, q0 + i);
+      band_begin[i / kLanes][i % kLanes] = keys.begin;
+      band_end[i / kLanes][i % kLanes] = keys.end;
+    }
+    const int prefix_end = fv::row_keys(p, diag, q0).prefix_end;
+    (void)kv_end, (void)lane, (void)prefix_end;
     for (int t = 0; t < key_blocks.count(); ++t) {
       const int n0 = key_blocks.at(t) * BN;
 #else
@@ -584,7 +604,15 @@ struct Backward {
         f32x16 sv = load(st + j * BM + x) * scale;
 #ifdef FLASHJIT_VARIANT
         f32x16 grad = 1.0f;
-        if (variant_block) {
+        if (variant_block && fv::kVectorMask) {
+          // As dK/dV's: the 16 row lanes' visible keys (row_keys, once per query block) against
+          // this key, and ALiBi's bias.
+          const int key = n0 + j;
+          if (fv::kModifiesScores)
+            sv += (slope * kLog2e) * __builtin_convertvector(key - (q0 + x + lane), f32x16);
+          if (!all_visible && key >= prefix_end)
+            sv = (key >= band_begin[x / kLanes]) & (key < band_end[x / kLanes]) ? sv : kNegInf;
+        } else if (variant_block) {
           const int key = n0 + j;
           for (int l = 0; l < kLanes; ++l) {
             const int row = q0 + x + l;
