@@ -213,29 +213,7 @@ struct Kernel {
       for (int i = 0; i < BM; i += kLanes) {
         f32x16 block_max = kNegInf;
 #ifdef FLASHJIT_VARIANT
-        if (variant_block && fv::kVectorMask) {
-          // The window, prefix, causal and ALiBi (no expression per score but the bias) in 16
-          // lanes at once: each lane's visible keys once (row_keys), then per key two compares
-          // and a select, as the plain causal mask, and ALiBi's bias in log2 units.
-          i32x16 begin, end;
-          for (int l = 0; l < kLanes; ++l) {
-            const fv::RowKeys keys = fv::row_keys(p, diag, q0 + i + l);
-            begin[l] = keys.begin;
-            end[l] = keys.end;
-          }
-          const int prefix_end = fv::row_keys(p, diag, q0 + i).prefix_end;
-          const float scale = kDot ? p.scale_log2 : 1.0f;
-          const float slope_log2 = slope * 1.4426950408889634f;
-          const f32x16 rows_f = __builtin_convertvector(q0 + i + lane, f32x16);
-          for (int j = 0; j < cols; ++j) {
-            const int key = n0 + j;
-            f32x16 s = load(st + j * BM + i) * scale;
-            if (fv::kModifiesScores) s += slope_log2 * (static_cast<float>(key) - rows_f);
-            if (!all_visible && key >= prefix_end) s = (key >= begin) & (key < end) ? s : kNegInf;
-            store(st + j * BM + i, s);
-            block_max = vmax(block_max, s);
-          }
-        } else if (variant_block) {
+        if (variant_block) {
           // st * to_score is the scaled score scale * q . k (the fp32 path's Q carries
           // scale * log2(e), the dot path's nothing); through the variant, back in log2 units.
           const float to_score = kDot ? p.scale : 0.6931471805599453f;
