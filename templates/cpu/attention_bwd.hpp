@@ -533,11 +533,12 @@ struct Backward {
     const float slope = fv::alibi_slope(p, h);
     // Each row's visible keys (row_keys), by lanes of 16 rows: the mask where kVectorMask.
     i32x16 band_begin[BM / kLanes], band_end[BM / kLanes];
-    for (int i = 0; i < BM; ++i) {
-      const fv::RowKeys keys = fv::row_keys(p, diag, q0 + i);
-      band_begin[i / kLanes][i % kLanes] = keys.begin;
-      band_end[i / kLanes][i % kLanes] = keys.end;
-    }
+    if constexpr (fv::kVectorMask)
+      for (int i = 0; i < BM; ++i) {
+        const fv::RowKeys keys = fv::row_keys(p, diag, q0 + i);
+        band_begin[i / kLanes][i % kLanes] = keys.begin;
+        band_end[i / kLanes][i % kLanes] = keys.end;
+      }
     const int prefix_end = fv::row_keys(p, diag, q0).prefix_end;
     (void)kv_end, (void)lane, (void)prefix_end;
     for (int t = 0; t < key_blocks.count(); ++t) {
