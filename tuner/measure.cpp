@@ -55,11 +55,12 @@ Result<int> warm_up(const Backend& backend, const std::function<Status()>& work,
       std::clamp(std::round(batch_ms / per_launch), 1.0, double{kMaxBatchReps}));
 }
 
-QuietTimer::QuietTimer(const Backend& backend, double max_share, double budget_ms)
+QuietTimer::QuietTimer(const Backend& backend, double max_share, double budget_ms, double rewarm_ms)
     : backend_(backend),
       probe_(backend.disturbance_probe()),
       max_share_(max_share),
-      budget_ms_(budget_ms) {}
+      budget_ms_(budget_ms),
+      rewarm_ms_(rewarm_ms) {}
 
 Result<double> QuietTimer::time_ms(const std::function<Status()>& work, int repetitions) {
   constexpr double kFirstBackoffMs = 10, kLongestBackoffMs = 160;
@@ -81,6 +82,14 @@ Result<double> QuietTimer::time_ms(const std::function<Status()>& work, int repe
     }
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(backoff_ms_));
     waited_ms_ += backoff_ms_;
+    // The cores went idle during the sleep: untimed launches for rewarm_ms first (at the
+    // disturbed batch's time per launch, which errs short). Without them, on a 2-core VM after
+    // a load the pool's two threads woke on one core and stayed there through the short batches
+    // between sleeps: every batch 2x slow and disturbed until the budget ran out.
+    const int rewarm = static_cast<int>(
+        std::clamp(std::ceil(rewarm_ms_ / std::max(ms.value(), 1e-4)), 1.0, double{kMaxBatchReps}));
+    Result<double> warm = backend_.time_ms(work, std::max(rewarm, repetitions));
+    if (!warm.ok()) return warm;
   }
 }
 

@@ -54,10 +54,11 @@ Result<int> warm_up(const Backend& backend, const std::function<Status()>& work,
 // of the device is discarded and timed again after a back-off (10 ms, doubling up to 160 ms, back
 // to 10 after a quiet batch), until the back-offs have used up `budget_ms` (one budget for the
 // timer's life: a tuner's problem): from then on the timer takes every batch as it comes and
-// gave_up() says that the device never got quiet.
+// gave_up() says that the device never got quiet. After each back-off, untimed launches for
+// `rewarm_ms` come before the batch is timed again.
 class QuietTimer {
  public:
-  QuietTimer(const Backend& backend, double max_share, double budget_ms);
+  QuietTimer(const Backend& backend, double max_share, double budget_ms, double rewarm_ms);
   Result<double> time_ms(const std::function<Status()>& work, int repetitions);
 
   bool gave_up() const { return gave_up_; }
@@ -70,6 +71,7 @@ class QuietTimer {
   std::unique_ptr<DisturbanceProbe> probe_;
   double max_share_;
   double budget_ms_;
+  double rewarm_ms_;
   double backoff_ms_ = 0;
   double waited_ms_ = 0;
   int discarded_ = 0;

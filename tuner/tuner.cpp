@@ -209,8 +209,8 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
   run.batch_ms = options_.min_time_ms / options_.min_samples;
   run.samples.resize(run.configs.size());
 
-  run.timer =
-      std::make_unique<QuietTimer>(backend_, options_.max_disturbed_share, options_.quiet_wait_ms);
+  run.timer = std::make_unique<QuietTimer>(backend_, options_.max_disturbed_share,
+                                           options_.quiet_wait_ms, options_.warmup_ms);
 
   FLASHJIT_TRY(first_pass(run));
   const std::vector<size_t> candidates = retime_candidates(run);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "runtime/tuning_store.hpp"
+#include "support/forwarding_backend.hpp"
 #include "support/gpu.hpp"
 #include "tuner/supervisor.hpp"
 #include "tuner/tuner.hpp"
@@ -38,31 +39,17 @@ std::string fault_statement(const std::string& kind) {
 
 // The CUDA backend, its config space cut to the default and three others (so that each run is
 // quick), with one of them rendered with a fault.
-class FaultingBackend final : public Backend {
+class FaultingBackend final : public testing::ForwardingBackend {
  public:
   FaultingBackend(const Backend& real, std::string faulty, std::string kind)
-      : real_(real), faulty_(std::move(faulty)), kind_(std::move(kind)) {}
+      : ForwardingBackend(real), faulty_(std::move(faulty)), kind_(std::move(kind)) {}
 
-  std::string name() const override { return real_.name(); }
-  const DeviceSpec& device() const override { return real_.device(); }
-  std::string compiler_fingerprint() const override { return real_.compiler_fingerprint(); }
-  DeviceFingerprint fingerprint() const override { return real_.fingerprint(); }
-  Status check_problem(const AttentionProblem& p) const override { return real_.check_problem(p); }
   std::vector<AttentionConfig> legal_configs(const AttentionProblem& problem) const override {
-    return configs_of(real_, problem);
-  }
-  Result<AttentionConfig> default_config(const AttentionProblem& problem) const override {
-    return real_.default_config(problem);
-  }
-  Status check_config(const AttentionConfig& c, const AttentionProblem& p) const override {
-    return real_.check_config(c, p);
-  }
-  std::string explain_plan(const AttentionProblem& p) const override {
-    return real_.explain_plan(p);
+    return configs_of(real(), problem);
   }
   Result<KernelSource> render(const AttentionProblem& problem,
                               const AttentionConfig& config) const override {
-    Result<KernelSource> source = real_.render(problem, config);
+    Result<KernelSource> source = real().render(problem, config);
     if (!source.ok() || config.to_string() != faulty_) return source;
     // The first '{' after __global__ opens the kernel's body.
     const size_t global = source->text.find("__global__");
@@ -74,29 +61,6 @@ class FaultingBackend final : public Backend {
                                       fault_statement(kind_) + " }\n");
     return source;
   }
-  Result<Binary> compile(const KernelSource& source) const override {
-    return real_.compile(source);
-  }
-  Result<std::shared_ptr<Kernel>> load(const Binary& binary, const KernelSource& source,
-                                       const ProblemSignature& signature,
-                                       const AttentionConfig& config) const override {
-    return real_.load(binary, source, signature, config);
-  }
-  Result<DeviceBuffer> allocate(size_t bytes) const override { return real_.allocate(bytes); }
-  Status copy_to_device(void* dst, const void* src, size_t bytes) const override {
-    return real_.copy_to_device(dst, src, bytes);
-  }
-  Status copy_to_host(void* dst, const void* src, size_t bytes) const override {
-    return real_.copy_to_host(dst, src, bytes);
-  }
-  Status fill_bytes(void* dst, uint8_t value, size_t bytes) const override {
-    return real_.fill_bytes(dst, value, bytes);
-  }
-  Status synchronize() const override { return real_.synchronize(); }
-  Result<double> time_ms(const std::function<Status()>& work, int repetitions) const override {
-    return real_.time_ms(work, repetitions);
-  }
-  std::string timing_device_id() const override { return real_.timing_device_id(); }
 
   // The default and the first three other legal configs (mma family first in the CUDA order).
   static std::vector<AttentionConfig> configs_of(const Backend& backend,
@@ -111,7 +75,6 @@ class FaultingBackend final : public Backend {
   }
 
  private:
-  const Backend& real_;
   std::string faulty_, kind_;
 };
 
