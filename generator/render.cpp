@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <initializer_list>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -12,6 +12,7 @@
 #include "generator/cpu_config.hpp"
 #include "generator/hip_config.hpp"
 #include "generator/render_decode.hpp"
+#include "generator/template_files.hpp"
 #include "generator/variant.hpp"
 #include "templates/embedded.hpp"
 
@@ -28,6 +29,12 @@ uint64_t fnv1a(std::string_view text, uint64_t hash = 1469598103934665603ull) {
     hash *= 1099511628211ull;
   }
   return hash;
+}
+
+std::string hex16(uint64_t hash) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
+  return std::string(hex);
 }
 
 // Preconditions the template states as static_asserts, checked here first so that a bad
@@ -71,12 +78,11 @@ bool is_decode_template(std::string_view path) {
   return slash != std::string_view::npos && name.substr(0, name.find('.')) == "decode";
 }
 
-// The hash of the epoch and the templates `backend` is made of ("": all of them). Plain: only
-// what a kernel without an attention variant is compiled from (plain_kernel_text; the variant
-// header left out), so that work on variants leaves the tuned rows of plain problems current.
-// Without decode: the decode family's templates left out, so that work on decode kernels leaves
-// the tuned rows of prefill problems current.
-std::string version_of_templates(std::string_view backend, bool plain, bool with_decode) {
+// The scheme before per-pass versions (rows stamped with it are re-stamped:
+// legacy_row_versions_of): the hash of the epoch and of every template of `backend` ("": all of
+// them). Plain: as plain_kernel_text sees them, the variant header left out. Without decode: the
+// decode family's templates left out.
+std::string legacy_version_of_templates(std::string_view backend, bool plain, bool with_decode) {
   uint64_t hash = fnv1a("epoch " + std::to_string(kGeneratorEpoch));
   if (!backend.empty()) hash = fnv1a(backend, hash);
   if (plain) hash = fnv1a("plain", hash);
@@ -93,12 +99,50 @@ std::string version_of_templates(std::string_view backend, bool plain, bool with
     hash = fnv1a(path, hash);
     hash = fnv1a(plain ? plain_kernel_text(templates::text(path)) : templates::text(path), hash);
   }
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
-  return std::string(hex);
+  return hex16(hash);
 }
 
 }  // namespace
+
+namespace detail {
+
+std::vector<std::string_view> row_templates(std::string_view backend, RowKind kind, Pass pass) {
+  using template_files::Use;
+  std::vector<std::string_view> files = {"attention_params.h"};
+  if (kind == RowKind::Variant) files.push_back(kVariantHeader);
+  const Use use = pass == Pass::Backward ? Use::Backward : Use::Forward;
+  for (const template_files::Family* family : template_files::kFamilies) {
+    if (family->backend != backend) continue;
+    if (family->use != use && !(kind == RowKind::Decode && family->use == Use::Decode)) continue;
+    for (const char* file : family->files)
+      if (std::find(files.begin(), files.end(), file) == files.end()) files.push_back(file);
+  }
+  return files;
+}
+
+std::string row_version(std::string_view backend, RowKind kind, Pass pass,
+                        const std::function<std::string_view(std::string_view)>& text_of) {
+  static constexpr const char* kKindTags[] = {"plain", "variant", "decode"};
+  uint64_t hash = fnv1a("epoch " + std::to_string(kGeneratorEpoch) + " rows by pass");
+  hash = fnv1a(backend, hash);
+  hash = fnv1a(kKindTags[static_cast<int>(kind)], hash);
+  hash = fnv1a(to_string(pass), hash);
+  const std::vector<std::string_view> files = row_templates(backend, kind, pass);
+  // In the embedded order (stable), whatever the order of the families' lists.
+  int count = 0;
+  const std::string_view* paths = templates::paths(&count);
+  for (int i = 0; i < count; ++i) {
+    const std::string_view path = paths[i];
+    if (std::find(files.begin(), files.end(), path) == files.end()) continue;
+    hash = fnv1a(path, hash);
+    hash = fnv1a(
+        kind == RowKind::Variant ? std::string(text_of(path)) : plain_kernel_text(text_of(path)),
+        hash);
+  }
+  return hex16(hash);
+}
+
+}  // namespace detail
 
 std::string plain_kernel_text(std::string_view text) {
   // Per open conditional: whether it is an `#ifdef FLASHJIT_VARIANT` and whether its current
@@ -153,7 +197,7 @@ std::string plain_kernel_text(std::string_view text) {
 }
 
 const std::string& generator_version() {
-  static const std::string version = version_of_templates("", false, true);
+  static const std::string version = legacy_version_of_templates("", false, true);
   return version;
 }
 
@@ -167,46 +211,66 @@ int backend_index(std::string_view device) {
   return -1;
 }
 
-// The versions of `device`'s backend's templates.
-enum class RowKind { Plain, Variant, Decode };
-
-const std::string& backend_version(std::string_view device, RowKind kind) {
-  using Versions = std::array<std::string, kTemplateBackends.size()>;
-  static const std::array<Versions, 3> versions = [] {
-    std::array<Versions, 3> each;  // by RowKind
-    for (size_t i = 0; i < kTemplateBackends.size(); ++i) {
-      const std::string_view backend = kTemplateBackends[i];
-      each[0][i] = version_of_templates(backend, /*plain=*/true, /*with_decode=*/false);
-      each[1][i] = version_of_templates(backend, /*plain=*/false, /*with_decode=*/false);
-      each[2][i] = version_of_templates(backend, /*plain=*/true, /*with_decode=*/true);
-    }
+// The row versions of `device`'s backend (generator_version() for another backend).
+const std::string& backend_version(std::string_view device, RowKind kind, Pass pass) {
+  // [backend][kind][pass]; decode rows are forward rows (the backward entry repeats them).
+  using Versions = std::array<std::array<std::array<std::string, 2>, 3>, kTemplateBackends.size()>;
+  static const Versions versions = [] {
+    Versions each;
+    auto text = [](std::string_view path) { return templates::text(path); };
+    for (size_t i = 0; i < kTemplateBackends.size(); ++i)
+      for (RowKind k : {RowKind::Plain, RowKind::Variant, RowKind::Decode})
+        for (Pass p : {Pass::Forward, Pass::Backward})
+          each[i][static_cast<int>(k)][static_cast<int>(p)] = detail::row_version(
+              kTemplateBackends[i], k, k == RowKind::Decode ? Pass::Forward : p, text);
     return each;
   }();
   const int i = backend_index(device);
-  return i < 0 ? generator_version() : versions[static_cast<int>(kind)][i];
+  return i < 0 ? generator_version() : versions[i][static_cast<int>(kind)][static_cast<int>(pass)];
 }
 
 }  // namespace
 
-const std::string& generator_version_of(std::string_view device) {
-  return backend_version(device, RowKind::Plain);
+const std::string& generator_version_of(std::string_view device, Pass pass) {
+  return backend_version(device, RowKind::Plain, pass);
 }
 
-const std::string& variant_generator_version_of(std::string_view device) {
-  return backend_version(device, RowKind::Variant);
+const std::string& variant_generator_version_of(std::string_view device, Pass pass) {
+  return backend_version(device, RowKind::Variant, pass);
 }
 
 const std::string& decode_generator_version_of(std::string_view device) {
-  return backend_version(device, RowKind::Decode);
+  return backend_version(device, RowKind::Decode, Pass::Forward);
+}
+
+const LegacyRowVersions& legacy_row_versions_of(std::string_view device) {
+  using Legacy = std::array<LegacyRowVersions, kTemplateBackends.size()>;
+  static const Legacy legacy = [] {
+    Legacy each;
+    for (size_t i = 0; i < kTemplateBackends.size(); ++i) {
+      const std::string_view backend = kTemplateBackends[i];
+      each[i].plain = legacy_version_of_templates(backend, /*plain=*/true, /*with_decode=*/false);
+      each[i].variant = legacy_version_of_templates(backend, false, false);
+      each[i].decode = legacy_version_of_templates(backend, true, true);
+    }
+    return each;
+  }();
+  static const LegacyRowVersions other{generator_version(), generator_version(),
+                                       generator_version()};
+  const int i = backend_index(device);
+  return i < 0 ? other : legacy[i];
 }
 
 std::string backend_generator_versions() {
   std::string text;
   for (std::string_view backend : kTemplateBackends) {
+    const std::string prefix = std::string(backend) + "|";
     if (!text.empty()) text += ", ";
     text += backend;
-    text += ' ';
-    text += generator_version_of(std::string(backend) + "|");
+    text += " fwd ";
+    text += generator_version_of(prefix, Pass::Forward);
+    text += " bwd ";
+    text += generator_version_of(prefix, Pass::Backward);
   }
   return text;
 }
@@ -215,7 +279,7 @@ namespace detail {
 
 // The parts every backend's source shares: a header line naming what it is, the params struct,
 // the template texts in order, then the backend's own instantiation.
-Result<KernelSource> assemble(std::initializer_list<const char*> template_paths,
+Result<KernelSource> assemble(const template_files::Family& family,
                               std::vector<std::string> entries, const char* kind,
                               const AttentionProblem& problem, const AttentionConfig& config,
                               const std::string& instantiation) {
@@ -223,7 +287,7 @@ Result<KernelSource> assemble(std::initializer_list<const char*> template_paths,
   if (params.empty())
     return make_error(ErrorCode::Unsupported, "attention_params.h is not embedded in this build");
   std::string kernel;
-  for (const char* path : template_paths) {
+  for (const char* path : family.files) {
     const std::string_view part = templates::text(path);
     if (part.empty())
       return make_error(ErrorCode::Unsupported,
@@ -243,17 +307,13 @@ Result<KernelSource> assemble(std::initializer_list<const char*> template_paths,
     source.label += problem.variant.key();
   }
   std::ostringstream text;
-  // The version of the backend these templates are (the first path with a folder names it).
-  std::string backend;
-  for (const char* path : template_paths) {
-    const std::string_view p(path);
-    if (p.find('/') != std::string_view::npos) {
-      backend = std::string(p.substr(0, p.find('/')));
-      break;
-    }
-  }
-  text << "// flashjit " << source.label << " (generator " << generator_version_of(backend + "|")
-       << ")\n"
+  // The version of the plain rows of this kernel's pass (a variant's source is the plain one's
+  // with its prelude: the same line).
+  const std::string device = std::string(family.backend) + "|";
+  const std::string& version = family.use == template_files::Use::Decode
+                                   ? decode_generator_version_of(device)
+                                   : generator_version_of(device, problem.pass);
+  text << "// flashjit " << source.label << " (generator " << version << ")\n"
        << params << "\n"
        << *variant << kernel << "// ---- instantiation ----\n"
        << instantiation;
@@ -285,12 +345,8 @@ Result<KernelSource> render_cuda_attention_ws(const AttentionProblem& problem,
                 << "    const __grid_constant__ FlashjitForwardTensorMaps maps) {\n"
                 << "  flashjit_kernel::attention_forward_ws<Config>(params, maps);\n"
                 << "}\n";
-  Result<KernelSource> source =
-      assemble({"attention_common.h", "cuda/common.cuh", "cuda/wgmma.cuh", "cuda/sm90_tiles.cuh",
-                "cuda/tma.cuh", "cuda/ws/pipeline.cuh", "cuda/ws/traits.cuh",
-                "cuda/ws/tile_scheduler.cuh", "cuda/ws/pingpong.cuh", "cuda/ws/softmax.cuh",
-                "cuda/ws/mainloop.cuh", "cuda/ws/epilogue.cuh", "cuda/ws/attention_fwd_ws.cuh"},
-               {kAttentionForwardEntry}, "attention_fwd_ws", problem, config, instantiation.str());
+  Result<KernelSource> source = assemble(template_files::kCudaWsForward, {kAttentionForwardEntry},
+                                         "attention_fwd_ws", problem, config, instantiation.str());
   if (source.ok()) {
     source->arch_specific = true;
     source->tensor_maps = true;
@@ -326,14 +382,10 @@ Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
                 << "<Config>(params);\n"
                 << "}\n";
   Result<KernelSource> source =
-      wgmma ? assemble({"attention_common.h", "cuda/common.cuh", "cuda/wgmma.cuh",
-                        "cuda/sm90_tiles.cuh", "cuda/attention_fwd_sm90.cuh"},
-                       {kAttentionForwardEntry}, "attention_fwd_sm90", problem, config,
-                       instantiation.str())
-            : assemble({"attention_common.h", "cuda/common.cuh", "cuda/tiles.cuh",
-                        "cuda/attention_fwd.cuh"},
-                       {kAttentionForwardEntry}, "attention_fwd", problem, config,
-                       instantiation.str());
+      wgmma ? assemble(template_files::kCudaWgmmaForward, {kAttentionForwardEntry},
+                       "attention_fwd_sm90", problem, config, instantiation.str())
+            : assemble(template_files::kCudaMmaForward, {kAttentionForwardEntry}, "attention_fwd",
+                       problem, config, instantiation.str());
   if (source.ok()) source->arch_specific = wgmma;
   return source;
 }
@@ -356,9 +408,8 @@ Result<KernelSource> render_hip_attention(const AttentionProblem& problem,
                 << (problem.variant.active() ? "attention_forward_variant" : "attention_forward")
                 << "<Config>(params);\n"
                 << "}\n";
-  return assemble(
-      {"attention_common.h", "hip/primitives.hpp", "hip/tiles.hpp", "hip/attention_fwd.hpp"},
-      {kAttentionForwardEntry}, "attention_fwd_hip", problem, config, instantiation.str());
+  return assemble(template_files::kHipForward, {kAttentionForwardEntry}, "attention_fwd_hip",
+                  problem, config, instantiation.str());
 }
 
 namespace detail {
@@ -411,8 +462,8 @@ Result<KernelSource> render_cpu_attention(const AttentionProblem& problem,
   instantiation << "typedef flashjit_cpu::Traits" << cpu_traits_arguments(problem, config)
                 << " Config;\n"
                 << cpu_entry(kCpuAttentionForwardEntry, "Kernel<Config>::run");
-  return assemble({"cpu/common.hpp", "cpu/attention_fwd.hpp"}, {kCpuAttentionForwardEntry},
-                  "attention_fwd_cpu", problem, config, instantiation.str());
+  return assemble(template_files::kCpuForward, {kCpuAttentionForwardEntry}, "attention_fwd_cpu",
+                  problem, config, instantiation.str());
 }
 
 // ---- the backward pass ----------------------------------------------------------------------
@@ -427,7 +478,6 @@ Result<KernelSource> render_cuda_attention_backward(const AttentionProblem& prob
   const bool wgmma = config.family == KernelFamily::Wgmma;
   const char* traits = wgmma ? "Sm90BwdTraits" : "BwdTraits";
   const char* prefix = wgmma ? "attention_backward_sm90" : "attention_backward";
-  const char* file = wgmma ? "cuda/attention_bwd_sm90.cuh" : "cuda/attention_bwd.cuh";
   // Appended piecewise: gcc 12 warns (-Wrestrict, a false positive) on "literal" + string&&.
   std::string row_args = "<";
   row_args += std::to_string(problem.head_dim);
@@ -463,12 +513,10 @@ Result<KernelSource> render_cuda_attention_backward(const AttentionProblem& prob
   const std::vector<std::string> entries = {kBackwardPreprocessEntry, kBackwardDkDvEntry,
                                             kBackwardDqEntry};
   Result<KernelSource> source =
-      wgmma ? assemble({"attention_common.h", "cuda/common.cuh", "cuda/wgmma.cuh",
-                        "cuda/sm90_tiles.cuh", "cuda/attention_bwd_common.cuh", file},
-                       entries, "attention_bwd_sm90", problem, config, instantiation.str())
-            : assemble({"attention_common.h", "cuda/common.cuh", "cuda/tiles.cuh",
-                        "cuda/attention_bwd_common.cuh", file},
-                       entries, "attention_bwd", problem, config, instantiation.str());
+      wgmma ? assemble(template_files::kCudaWgmmaBackward, entries, "attention_bwd_sm90", problem,
+                       config, instantiation.str())
+            : assemble(template_files::kCudaMmaBackward, entries, "attention_bwd", problem, config,
+                       instantiation.str());
   if (source.ok()) source->arch_specific = wgmma;
   return source;
 }
@@ -514,8 +562,7 @@ Result<KernelSource> render_hip_attention_backward(const AttentionProblem& probl
                   << kBackwardDqEntry << params << "  flashjit_hip::attention_backward_dq" << entry
                   << "<Config>(params);\n}\n";
   }
-  return assemble({"attention_common.h", "hip/primitives.hpp", "hip/tiles.hpp",
-                   "hip/attention_bwd_common.hpp", "hip/attention_bwd.hpp"},
+  return assemble(template_files::kHipBackward,
                   {kBackwardPreprocessEntry, kBackwardDkDvEntry, kBackwardDqEntry},
                   "attention_bwd_hip", problem, config, instantiation.str());
 }
@@ -533,7 +580,7 @@ Result<KernelSource> render_cpu_attention_backward(const AttentionProblem& probl
                 << cpu_entry(kCpuBackwardPreprocessEntry, "Backward<Config>::preprocess")
                 << cpu_entry(kCpuBackwardDkDvEntry, "Backward<Config>::dkdv")
                 << cpu_entry(kCpuBackwardDqEntry, "Backward<Config>::dq");
-  return assemble({"cpu/common.hpp", "cpu/attention_bwd.hpp"},
+  return assemble(template_files::kCpuBackward,
                   {kCpuBackwardPreprocessEntry, kCpuBackwardDkDvEntry, kCpuBackwardDqEntry},
                   "attention_bwd_cpu", problem, config, instantiation.str());
 }

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "generator/config.hpp"
@@ -130,21 +132,40 @@ Result<KernelSource> render_cpu_attention_backward(const AttentionProblem& probl
 
 // Changes whenever a template or the generator's output changes: a hash of the embedded template
 // texts plus a manual epoch. generator_version(): every template (what `flashjit --version`
-// prints). generator_version_of(device): the version the tuning DB keys a device's plain prefill
-// rows with: the templates of that device's backend alone (its folder, templates/cuda, hip or
-// cpu, and the shared top-level headers) but its decode family's (decode.*), as a kernel without
-// an attention variant sees them (plain_kernel_text, the variant header left out), so that a
-// change to one backend's templates leaves the other backends' tuned rows current, a change to
-// variant code leaves plain rows current, and a change to decode kernels leaves prefill rows
-// current. variant_generator_version_of(device): the same templates whole, for rows of problems
-// with a variant (never decode problems). decode_generator_version_of(device): the plain
-// templates with the decode family's, for rows of problems a decode config may serve
-// (ProblemKey::generator_version says which rows). Devices of another backend (test fakes) get
-// generator_version() from all three.
+// prints). The tuning DB keys its rows with the version of what their kernels are compiled from
+// (ProblemKey::generator_version says which a row carries): the templates of the device's
+// backend that its families for the row's pass assemble (generator/template_files.hpp), each as
+// such a kernel sees it:
+//   generator_version_of(device, pass)          plain rows: plain_kernel_text of each (the
+//                                               variant branches and header left out);
+//   variant_generator_version_of(device, pass)  rows of a problem with a variant: whole texts;
+//   decode_generator_version_of(device)         forward rows a decode config may serve: the
+//                                               forward's and the decode family's, plain.
+// So a change to one backend's templates leaves the other backends' rows current, a change to
+// variant code leaves plain rows current, a change to the backward's templates leaves the
+// forward's rows current (and the other way round), and a change to decode kernels leaves
+// prefill rows current. Devices of another backend (test fakes) get generator_version().
 const std::string& generator_version();
-const std::string& generator_version_of(std::string_view device);
-const std::string& variant_generator_version_of(std::string_view device);
+const std::string& generator_version_of(std::string_view device, Pass pass);
+const std::string& variant_generator_version_of(std::string_view device, Pass pass);
 const std::string& decode_generator_version_of(std::string_view device);
+// The versions rows carried before 2026-11-28, when each row kind hashed every template of its
+// backend whatever the pass (plain prefill rows, variant rows, decode rows), for this build's
+// templates: TuningStore::open re-stamps rows that carry them (their templates are this build's).
+struct LegacyRowVersions {
+  std::string plain, variant, decode;
+};
+const LegacyRowVersions& legacy_row_versions_of(std::string_view device);
+
+enum class RowKind { Plain, Variant, Decode };
+namespace detail {
+// The templates whose texts a row version of `backend` hashes (attention_params.h first), and the
+// version from texts given by `text_of` (templates::text in the build; other texts in tests).
+std::vector<std::string_view> row_templates(std::string_view backend, RowKind kind, Pass pass);
+std::string row_version(std::string_view backend, RowKind kind, Pass pass,
+                        const std::function<std::string_view(std::string_view)>& text_of);
+}  // namespace detail
+
 // A template's text as a plain kernel sees it: without the branches it does not compile (the
 // body of each `#ifdef FLASHJIT_VARIANT` up to its #else, kept, or #endif, and those directives)
 // and without the variant fields of the launch parameters (the lines from a
@@ -154,7 +175,8 @@ std::string plain_kernel_text(std::string_view text);
 // The backends with a template folder (and so a version) of their own: the first field of their
 // devices' strings ("cuda|...").
 inline constexpr std::array<std::string_view, 3> kTemplateBackends = {"cuda", "hip", "cpu"};
-// "cuda <version>, hip <version>, cpu <version>", as `flashjit --version` and `db ls` print them.
+// "cuda fwd <version> bwd <version>, hip ..., cpu ...": the plain rows' versions, as
+// `flashjit --version` and `db ls` print them.
 std::string backend_generator_versions();
 
 }  // namespace flashjit

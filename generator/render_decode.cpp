@@ -5,6 +5,7 @@
 #include "generator/cpu_config.hpp"
 #include "generator/decode_config.hpp"
 #include "generator/hip_config.hpp"
+#include "generator/template_files.hpp"
 
 namespace flashjit {
 
@@ -53,9 +54,8 @@ Result<KernelSource> render_cuda_decode(const AttentionProblem& problem,
                 << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads)\n"
                 << kDecodeSplitEntry << params
                 << "  flashjit_kernel::decode_split<Config>(params);\n}\n";
-  return detail::assemble(
-      {"attention_common.h", "cuda/common.cuh", "cuda/tiles.cuh", "cuda/decode.cuh"},
-      {kDecodeSplitEntry}, "decode", problem, tile_of(config), instantiation.str());
+  return detail::assemble(template_files::kCudaDecode, {kDecodeSplitEntry}, "decode", problem,
+                          tile_of(config), instantiation.str());
 }
 
 Result<KernelSource> render_hip_decode(const AttentionProblem& problem,
@@ -77,9 +77,8 @@ Result<KernelSource> render_hip_decode(const AttentionProblem& problem,
                 << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads)\n"
                 << kDecodeSplitEntry << "(FlashjitAttentionParams params) {\n"
                 << "  flashjit_hip::decode_split<Config>(params);\n}\n";
-  return detail::assemble(
-      {"attention_common.h", "hip/primitives.hpp", "hip/tiles.hpp", "hip/decode.hpp"},
-      {kDecodeSplitEntry}, "decode_hip", problem, tile_of(config), instantiation.str());
+  return detail::assemble(template_files::kHipDecode, {kDecodeSplitEntry}, "decode_hip", problem,
+                          tile_of(config), instantiation.str());
 }
 
 Result<KernelSource> render_cpu_decode(const AttentionProblem& problem,
@@ -99,7 +98,7 @@ Result<KernelSource> render_cpu_decode(const AttentionProblem& problem,
                 << problem.kv.page_size << "> Config;\n"
                 << detail::cpu_entry(kCpuDecodeSplitEntry, "Decode<Config>::run")
                 << detail::cpu_entry(kCpuDecodeCombineEntry, "Decode<Config>::combine");
-  return detail::assemble({"cpu/common.hpp", "cpu/decode.hpp"},
+  return detail::assemble(template_files::kCpuDecode,
                           {kCpuDecodeSplitEntry, kCpuDecodeCombineEntry}, "decode_cpu", problem,
                           tile_of(config), instantiation.str());
 }

@@ -17,6 +17,10 @@
 
 namespace flashjit {
 
+namespace template_files {
+struct Family;
+}
+
 // The GPU entry point of a decode source, taking the FlashjitAttentionParams by value:
 //   split    grid (num_splits * row tiles, heads_kv, batch), the split fastest; Config::kThreads
 //            threads (decode_resources), its dynamic shared memory. Writes o and lse: directly
@@ -42,7 +46,7 @@ Result<KernelSource> render_hip_decode(const AttentionProblem& problem,
 
 namespace detail {
 // render.cpp's: the shared assembly of a source, and the CPU template arguments and entry text.
-Result<KernelSource> assemble(std::initializer_list<const char*> template_paths,
+Result<KernelSource> assemble(const template_files::Family& family,
                               std::vector<std::string> entries, const char* kind,
                               const AttentionProblem& problem, const AttentionConfig& config,
                               const std::string& instantiation);

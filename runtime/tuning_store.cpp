@@ -112,8 +112,9 @@ bool ProblemKey::may_run_decode() const {
 }
 
 const std::string& ProblemKey::generator_version(std::string_view device) const {
-  if (!variant.empty()) return variant_generator_version_of(device);
-  return may_run_decode() ? decode_generator_version_of(device) : generator_version_of(device);
+  if (!variant.empty()) return variant_generator_version_of(device, pass);
+  return may_run_decode() ? decode_generator_version_of(device)
+                          : generator_version_of(device, pass);
 }
 
 namespace {
@@ -211,39 +212,57 @@ std::string may_run_decode_sql() {
          std::to_string(kMaxDecodeSeqlenQ) + "))";
 }
 
+// The generator version a results or choices row of a device of `backend` should carry
+// (ProblemKey::generator_version) as an SQL expression with 5 parameters, bound by
+// bind_row_versions.
+std::string row_version_sql() {
+  return "(CASE WHEN variant != '' THEN (CASE WHEN pass = 'bwd' THEN ? ELSE ? END) WHEN " +
+         may_run_decode_sql() + " THEN ? WHEN pass = 'bwd' THEN ? ELSE ? END)";
+}
+
+Status bind_row_versions(const Database& impl, Statement& stmt, int first,
+                         const std::string& prefix) {
+  const std::string* versions[] = {
+      &variant_generator_version_of(prefix, Pass::Backward),
+      &variant_generator_version_of(prefix, Pass::Forward), &decode_generator_version_of(prefix),
+      &generator_version_of(prefix, Pass::Backward), &generator_version_of(prefix, Pass::Forward)};
+  for (int i = 0; i < 5; ++i)
+    FLASHJIT_TRY(impl.bound(stmt.bind(first + i, std::string_view(*versions[i]))));
+  return ok_status();
+}
+
 // Rows stamped by an older scheme with a hash of this build's templates, re-stamped with the
-// version of their backend and kind (ProblemKey::generator_version) so they stay current:
-//   generator_version()              rows written before the versions were per backend (the
-//                                    hash of every template);
-//   decode_generator_version_of(b)   plain rows written before prefill rows left the decode
-//                                    templates out: the same formula, so equal hashes mean the
-//                                    same templates (prefill rows move to generator_version_of).
-// A row whose re-stamped twin already exists stays as it is (stale). Only plain rows (variant
-// ''): variant rows came later. One transaction; idempotent.
+// version of their backend, kind and pass (ProblemKey::generator_version) so they stay current:
+//   generator_version()              plain rows written before the versions were per backend
+//                                    (the hash of every template);
+//   legacy_row_versions_of(b)        rows written before the versions were per pass (the hash of
+//                                    every template of the backend for the row's kind: plain
+//                                    prefill, variant or decode; generator/render.hpp).
+// Equal hashes mean the same templates, so the rows' kernels are this build's. A row whose
+// re-stamped twin already exists stays as it is (stale). One transaction; idempotent.
 Status restamp_same_templates(const Database& impl) {
   Transaction transaction(impl);
   FLASHJIT_TRY(transaction.begin());
   for (const char* table : {"results", "choices"}) {
     for (std::string_view backend : kTemplateBackends) {
       const std::string prefix = std::string(backend) + "|";
-      for (const std::string* old_stamp :
-           {&generator_version(), &decode_generator_version_of(prefix)}) {
-        std::string sql = "UPDATE OR IGNORE ";
-        sql += table;
-        sql += " SET generator = CASE WHEN ";
-        sql += may_run_decode_sql();
-        sql +=
-            " THEN ? ELSE ? END WHERE generator = ? AND substr(device, 1, ?) = ? AND variant = ''";
-        Result<Statement> stmt = impl.prepare(sql);
-        if (!stmt.ok()) return stmt.error();
-        FLASHJIT_TRY(
-            impl.bound(stmt->bind(1, std::string_view(decode_generator_version_of(prefix)))));
-        FLASHJIT_TRY(impl.bound(stmt->bind(2, std::string_view(generator_version_of(prefix)))));
-        FLASHJIT_TRY(impl.bound(stmt->bind(3, std::string_view(*old_stamp))));
-        FLASHJIT_TRY(impl.bound(stmt->bind(4, static_cast<int64_t>(prefix.size()))));
-        FLASHJIT_TRY(impl.bound(stmt->bind(5, std::string_view(prefix))));
-        FLASHJIT_TRY(impl.run(*stmt, "re-stamping rows with their backend's generator version"));
-      }
+      const LegacyRowVersions& legacy = legacy_row_versions_of(prefix);
+      // Plain rows under any old plain stamp; variant rows under the old variant stamp.
+      std::string sql = "UPDATE OR IGNORE ";
+      sql += table;
+      sql += " SET generator = " + row_version_sql() +
+             " WHERE substr(device, 1, ?) = ? AND ((variant = '' AND generator IN (?, ?, ?)) OR "
+             "(variant != '' AND generator = ?))";
+      Result<Statement> stmt = impl.prepare(sql);
+      if (!stmt.ok()) return stmt.error();
+      FLASHJIT_TRY(bind_row_versions(impl, *stmt, 1, prefix));
+      FLASHJIT_TRY(impl.bound(stmt->bind(6, static_cast<int64_t>(prefix.size()))));
+      FLASHJIT_TRY(impl.bound(stmt->bind(7, std::string_view(prefix))));
+      FLASHJIT_TRY(impl.bound(stmt->bind(8, std::string_view(generator_version()))));
+      FLASHJIT_TRY(impl.bound(stmt->bind(9, std::string_view(legacy.plain))));
+      FLASHJIT_TRY(impl.bound(stmt->bind(10, std::string_view(legacy.decode))));
+      FLASHJIT_TRY(impl.bound(stmt->bind(11, std::string_view(legacy.variant))));
+      FLASHJIT_TRY(impl.run(*stmt, "re-stamping rows with their backend's generator version"));
     }
   }
   return transaction.commit();
@@ -666,7 +685,10 @@ Status TuningStore::merge_from(const fs::path& other) {
   FLASHJIT_TRY(impl.exec(results, "merging results"));
   FLASHJIT_TRY(impl.exec(choices, "merging choices"));
   FLASHJIT_TRY(impl.exec(recorded, "merging recorded problems"));
-  return transaction.commit();
+  FLASHJIT_TRY(transaction.commit());
+  // Rows the other file carries under an older scheme's stamp of this build's templates (a
+  // shipped .sql written before the versions were per pass) are current here as on open().
+  return restamp_same_templates(impl);
 }
 
 Status TuningStore::clear(bool stale_only) {
@@ -675,26 +697,19 @@ Status TuningStore::clear(bool stale_only) {
   Transaction transaction(impl);
   FLASHJIT_TRY(transaction.begin());
   if (stale_only) {
-    // Stale: not the generator version of the row's backend and kind (plain, decode or variant:
-    // ProblemKey::generator_version).
+    // Stale: not the generator version of the row's backend, kind (plain, decode or variant) and
+    // pass (ProblemKey::generator_version).
     for (const char* table : {"results", "choices"}) {
       for (std::string_view backend : kTemplateBackends) {
         std::string sql = "DELETE FROM ";
         sql += table;
-        sql +=
-            " WHERE substr(device, 1, ?) = ? AND generator != CASE WHEN variant != '' THEN ? WHEN ";
-        sql += may_run_decode_sql();
-        sql += " THEN ? ELSE ? END";
+        sql += " WHERE substr(device, 1, ?) = ? AND generator != " + row_version_sql();
         Result<Statement> stmt = impl.prepare(sql);
         if (!stmt.ok()) return stmt.error();
         const std::string prefix = std::string(backend) + "|";
         FLASHJIT_TRY(impl.bound(stmt->bind(1, static_cast<int64_t>(prefix.size()))));
         FLASHJIT_TRY(impl.bound(stmt->bind(2, std::string_view(prefix))));
-        FLASHJIT_TRY(
-            impl.bound(stmt->bind(3, std::string_view(variant_generator_version_of(prefix)))));
-        FLASHJIT_TRY(
-            impl.bound(stmt->bind(4, std::string_view(decode_generator_version_of(prefix)))));
-        FLASHJIT_TRY(impl.bound(stmt->bind(5, std::string_view(generator_version_of(prefix)))));
+        FLASHJIT_TRY(bind_row_versions(impl, *stmt, 3, prefix));
         FLASHJIT_TRY(impl.run(*stmt, "deleting stale rows"));
       }
       std::string sql = "DELETE FROM ";

@@ -52,10 +52,11 @@ struct ProblemKey {
   std::string variant;
 
   // The generator version the key's rows on `device` are stamped with and checked against
-  // (generator/render.hpp): variant_generator_version_of(device) for a variant,
+  // (generator/render.hpp): variant_generator_version_of(device, pass) for a variant,
   // decode_generator_version_of(device) for a key a decode config may serve (may_run_decode),
-  // generator_version_of(device) for the other plain keys; so that a change to variant code
-  // stales only variant rows, and a change to decode kernels only the keys they may serve.
+  // generator_version_of(device, pass) for the other plain keys; so that a change to variant
+  // code stales only variant rows, a change to the backward's templates only backward rows, and
+  // a change to decode kernels only the keys they may serve.
   const std::string& generator_version(std::string_view device) const;
   // A plain forward key with a paged cache, per-sequence lengths or at most kMaxDecodeSeqlenQ
   // queries (its bucket): the problems is_decode_problem may give -decode configs (whatever their
@@ -138,8 +139,9 @@ class TuningStore {
     bool current = false;  // generator == key.generator_version(device)
   };
   Result<std::vector<Entry>> entries() const;
-  // Copies every row and choice of `other` into this DB (newer rows win on conflict). `other`
-  // is a tuning DB file, or its text form when its name ends in ".sql" (export_to).
+  // Copies every row and choice of `other` into this DB (newer rows win on conflict), then
+  // re-stamps rows of an older scheme's stamp as open() does. `other` is a tuning DB file, or its
+  // text form when its name ends in ".sql" (export_to).
   Status merge_from(const std::filesystem::path& other);
   // Deletes everything, or only rows not from this build's generator version of their kind
   // (ProblemKey::generator_version; stale == true).

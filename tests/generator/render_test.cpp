@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "templates/embedded.hpp"
 
 namespace flashjit {
@@ -56,28 +58,116 @@ TEST(Render, TemplatesAreEmbeddedAndVersioned) {
   EXPECT_TRUE(templates::text("no/such/file").empty());
   EXPECT_EQ(generator_version().size(), 16u);
   EXPECT_EQ(generator_version(), generator_version());
-  // One version per backend: each differs from the others and from the all-templates one; a
-  // device of no known backend gets the all-templates version.
-  const std::string& cuda = generator_version_of("cuda|NVIDIA H100 80GB HBM3|sm90");
-  const std::string& hip = generator_version_of("hip|AMD Instinct MI250X|gfx90a");
-  const std::string& cpu = generator_version_of("cpu|AMD EPYC|2cores");
+  // One version per backend and pass: each differs from the others and from the all-templates
+  // one; a device of no known backend gets the all-templates version.
+  const Pass fwd = Pass::Forward, bwd = Pass::Backward;
+  const std::string& cuda = generator_version_of("cuda|NVIDIA H100 80GB HBM3|sm90", fwd);
+  const std::string& hip = generator_version_of("hip|AMD Instinct MI250X|gfx90a", fwd);
+  const std::string& cpu = generator_version_of("cpu|AMD EPYC|2cores", fwd);
   EXPECT_EQ(cuda.size(), 16u);
   EXPECT_NE(cuda, hip);
   EXPECT_NE(cuda, cpu);
   EXPECT_NE(hip, cpu);
   EXPECT_NE(cuda, generator_version());
-  EXPECT_EQ(generator_version_of("fake|Fake GPU"), generator_version());
-  EXPECT_EQ(generator_version_of("cuda|"), cuda);
-  // Rows of variant problems: the whole templates (variant code included), another version.
-  EXPECT_NE(variant_generator_version_of("cuda|"), cuda);
-  EXPECT_EQ(variant_generator_version_of("fake|Fake GPU"), generator_version());
-  // Rows a decode config may serve: the plain templates with the decode family's (which the
-  // prefill version leaves out: a change to decode kernels leaves prefill rows current).
-  for (const char* backend : {"cuda|", "cpu|"}) {
-    EXPECT_NE(decode_generator_version_of(backend), generator_version_of(backend)) << backend;
-    EXPECT_NE(decode_generator_version_of(backend), variant_generator_version_of(backend));
+  EXPECT_EQ(generator_version_of("fake|Fake GPU", fwd), generator_version());
+  EXPECT_EQ(generator_version_of("fake|Fake GPU", bwd), generator_version());
+  EXPECT_EQ(generator_version_of("cuda|", fwd), cuda);
+  for (const char* backend : {"cuda|", "hip|", "cpu|"}) {
+    SCOPED_TRACE(backend);
+    const std::string& forward = generator_version_of(backend, fwd);
+    const std::string& backward = generator_version_of(backend, bwd);
+    EXPECT_NE(forward, backward);
+    // Rows of variant problems: the whole templates (variant code included), other versions.
+    EXPECT_NE(variant_generator_version_of(backend, fwd), forward);
+    EXPECT_NE(variant_generator_version_of(backend, bwd), backward);
+    EXPECT_NE(variant_generator_version_of(backend, fwd),
+              variant_generator_version_of(backend, bwd));
+    // Rows a decode config may serve: the forward's templates with the decode family's (which
+    // the prefill version leaves out: a change to decode kernels leaves prefill rows current).
+    EXPECT_NE(decode_generator_version_of(backend), forward);
+    EXPECT_NE(decode_generator_version_of(backend), variant_generator_version_of(backend, fwd));
+    // None is a version of the scheme before (TuningStore::open re-stamps those).
+    const LegacyRowVersions& legacy = legacy_row_versions_of(backend);
+    for (const std::string* old : {&legacy.plain, &legacy.variant, &legacy.decode})
+      for (const std::string* now : {&forward, &backward, &decode_generator_version_of(backend)})
+        EXPECT_NE(*old, *now);
   }
+  EXPECT_EQ(variant_generator_version_of("fake|Fake GPU", fwd), generator_version());
   EXPECT_EQ(decode_generator_version_of("fake|Fake GPU"), generator_version());
+}
+
+// What each row version hashes: the templates its pass's kernels are assembled from, no others.
+// Texts changed one at a time (the build's texts otherwise): the versions they should change do,
+// the others do not.
+TEST(Render, RowVersionsHashTheTemplatesOfTheirPassOnly) {
+  auto version_with = [](const std::string& changed, std::string_view backend, RowKind kind,
+                         Pass pass) {
+    return detail::row_version(backend, kind, pass, [&](std::string_view path) {
+      if (path != changed) return templates::text(path);
+      static std::string edited;
+      edited = std::string(templates::text(path)) + "\n// an edit\n";
+      return std::string_view(edited);
+    });
+  };
+  struct Case {
+    const char* file;
+    const char* backend;
+    bool forward, backward, decode, variant;  // which versions it is in
+  };
+  const Case cases[] = {
+      {"cuda/attention_bwd_sm90.cuh", "cuda", false, true, false, true},
+      {"cuda/attention_bwd_common.cuh", "cuda", false, true, false, true},
+      {"cuda/ws/softmax.cuh", "cuda", true, false, true, true},
+      {"cuda/tma.cuh", "cuda", true, false, true, true},
+      {"cuda/attention_fwd.cuh", "cuda", true, false, true, true},
+      {"cuda/common.cuh", "cuda", true, true, true, true},
+      {"cuda/decode.cuh", "cuda", false, false, true, false},
+      {"attention_common.h", "cuda", true, true, true, true},
+      {"attention_params.h", "cpu", true, true, true, true},
+      {"attention_variant.h", "cuda", false, false, false, true},
+      {"attention_common.h", "cpu", false, false, false, false},  // the CPU templates' own rules
+      {"cpu/attention_bwd.hpp", "cpu", false, true, false, true},
+      {"cpu/attention_fwd.hpp", "cpu", true, false, true, true},
+      {"hip/attention_bwd_common.hpp", "hip", false, true, false, true},
+      {"hip/decode.hpp", "hip", false, false, true, false},
+      {"hip/attention_fwd.hpp", "cuda", false, false, false, false},  // another backend's
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.file) + " on " + c.backend);
+    auto changes = [&](RowKind kind, Pass pass) {
+      const std::string before = version_with("", c.backend, kind, pass);
+      return version_with(c.file, c.backend, kind, pass) != before;
+    };
+    EXPECT_EQ(changes(RowKind::Plain, Pass::Forward), c.forward);
+    EXPECT_EQ(changes(RowKind::Plain, Pass::Backward), c.backward);
+    EXPECT_EQ(changes(RowKind::Decode, Pass::Forward), c.decode);
+    EXPECT_EQ(changes(RowKind::Variant, Pass::Forward) || changes(RowKind::Variant, Pass::Backward),
+              c.variant);
+  }
+  // The build's versions are these functions of the embedded texts.
+  auto embedded = [](std::string_view path) { return templates::text(path); };
+  EXPECT_EQ(detail::row_version("cuda", RowKind::Plain, Pass::Backward, embedded),
+            generator_version_of("cuda|", Pass::Backward));
+  EXPECT_EQ(detail::row_version("hip", RowKind::Variant, Pass::Forward, embedded),
+            variant_generator_version_of("hip|", Pass::Forward));
+}
+
+// Every embedded template is in some family's list, so in some row version (a template no list
+// names would change kernels without staling any row... or be dead).
+TEST(Render, EveryTemplateIsInARowVersion) {
+  int count = 0;
+  const std::string_view* paths = templates::paths(&count);
+  ASSERT_GT(count, 10);
+  for (int i = 0; i < count; ++i) {
+    bool named = false;
+    for (std::string_view backend : kTemplateBackends)
+      for (RowKind kind : {RowKind::Plain, RowKind::Variant, RowKind::Decode})
+        for (Pass pass : {Pass::Forward, Pass::Backward}) {
+          const std::vector<std::string_view> files = detail::row_templates(backend, kind, pass);
+          named = named || std::find(files.begin(), files.end(), paths[i]) != files.end();
+        }
+    EXPECT_TRUE(named) << paths[i] << " is in no family's list (generator/template_files.hpp)";
+  }
 }
 
 // The HIP templates' plain version: what the tuning DB keys the HIP rows of plain problems with.
@@ -92,7 +182,8 @@ TEST(Render, ThePlainHipForwardHasNoVariantCode) {
   EXPECT_EQ(plain.find("flashjit_variant"), std::string::npos);
   EXPECT_EQ(plain.find("FLASHJIT_VARIANT"), std::string::npos);
   EXPECT_NE(plain, templates::text("hip/attention_fwd.hpp"));
-  EXPECT_NE(variant_generator_version_of("hip|"), generator_version_of("hip|"));
+  EXPECT_NE(variant_generator_version_of("hip|", Pass::Forward),
+            generator_version_of("hip|", Pass::Forward));
 }
 
 TEST(Render, PlainKernelTextDropsTheVariantBranchesOnly) {

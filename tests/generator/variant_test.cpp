@@ -121,14 +121,15 @@ TEST(Variant, KeyNamesEverythingCompiledIn) {
   const AttentionProblem plain = problem_with(Variant());
   EXPECT_EQ(ProblemSignature::of(plain).variant, "");
   EXPECT_EQ(ProblemKey::of(plain).to_string(), "d128 bf16 causal g4 q1024 k1024 bh16");
-  EXPECT_EQ(ProblemKey::of(plain).generator_version("cuda|"), generator_version_of("cuda|"));
+  EXPECT_EQ(ProblemKey::of(plain).generator_version("cuda|"),
+            generator_version_of("cuda|", Pass::Forward));
   const AttentionProblem windowed = problem_with(v);
   EXPECT_FALSE(ProblemSignature::of(windowed) == ProblemSignature::of(plain));
   EXPECT_EQ(ProblemKey::of(windowed).to_string(),
             "d128 bf16 causal g4 q1024 k1024 bh16 window(1024,0) softcap50 alibi prefix7");
   // A variant key's rows are stamped with the variant templates' version.
   EXPECT_EQ(ProblemKey::of(windowed).generator_version("cuda|"),
-            variant_generator_version_of("cuda|"));
+            variant_generator_version_of("cuda|", Pass::Forward));
   // A key a decode config may serve (at most 16 queries, or a paged cache), with the version of
   // the plain templates and the decode family's; a backward one never.
   AttentionProblem decode = problem_with(Variant());
@@ -138,7 +139,13 @@ TEST(Variant, KeyNamesEverythingCompiledIn) {
             decode_generator_version_of("cuda|"));
   decode.pass = Pass::Backward;
   EXPECT_FALSE(ProblemKey::of(decode).may_run_decode());
-  EXPECT_EQ(ProblemKey::of(decode).generator_version("cuda|"), generator_version_of("cuda|"));
+  EXPECT_EQ(ProblemKey::of(decode).generator_version("cuda|"),
+            generator_version_of("cuda|", Pass::Backward));
+  // A backward variant key: the variant templates' backward version.
+  AttentionProblem windowed_backward = windowed;
+  windowed_backward.pass = Pass::Backward;
+  EXPECT_EQ(ProblemKey::of(windowed_backward).generator_version("cuda|"),
+            variant_generator_version_of("cuda|", Pass::Backward));
   decode.seqlen_q = 17;
   decode.pass = Pass::Forward;
   EXPECT_FALSE(ProblemKey::of(decode).may_run_decode());

@@ -114,14 +114,22 @@ std::vector<FixtureChoice> choices_in_v1(const fs::path& path) {
 
 // The fixture's rows were written by another generator version (the templates changed since),
 // so this build's staleness rule hides them from choice(). Tests that look a fixture key up
-// re-stamp the rows with this build's version first (plain SQL, works on either schema).
+// re-stamp the rows with this build's version first (plain SQL; version-1 files have only
+// forward rows and no pass column).
 void restamp_generator(const fs::path& path) {
+  const bool has_pass =
+      !query(path, "SELECT 1 FROM pragma_table_info('choices') WHERE name = 'pass'").empty();
   for (const char* table : {"results", "choices"}) {
     query(path, std::string("UPDATE ") + table + " SET generator = '" + generator_version() + "'");
     for (const char* backend : {"cuda", "hip", "cpu"}) {
       const std::string prefix = std::string(backend) + "|";
-      query(path, std::string("UPDATE ") + table + " SET generator = '" +
-                      generator_version_of(prefix) + "' WHERE device LIKE '" + prefix + "%'");
+      const std::string forward = "'" + generator_version_of(prefix, Pass::Forward) + "'";
+      const std::string backward = "'" + generator_version_of(prefix, Pass::Backward) + "'";
+      query(path,
+            std::string("UPDATE ") + table + " SET generator = " +
+                (has_pass ? "CASE WHEN pass = 'bwd' THEN " + backward + " ELSE " + forward + " END"
+                          : forward) +
+                " WHERE device LIKE '" + prefix + "%'");
     }
   }
 }
@@ -273,7 +281,7 @@ TEST_F(TuningStoreMigrationTest, RowsOfTheAllTemplatesVersionAreReStampedPerBack
   ASSERT_TRUE(opened.ok()) << opened.error().describe();
   TuningStore& store = **opened;
   const DeviceFingerprint device = testing::devices_of(path).at(0);
-  const std::string version = generator_version_of(device.to_string());
+  const std::string version = generator_version_of(device.to_string(), Pass::Forward);
   ASSERT_NE(version, generator_version());
   EXPECT_EQ(query(path, "SELECT count(*) FROM results WHERE generator = '" + version + "'"),
             std::vector<std::string>{std::to_string(results_before)});

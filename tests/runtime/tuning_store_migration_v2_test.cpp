@@ -110,11 +110,12 @@ TuneChoice choice_of(int block_m) {
 }
 
 // The fixture's rows carry another build's generator version: re-stamp them with this build's
-// plain one (plain SQL, works on either schema).
+// plain ones (plain SQL, works on either schema: both have a pass column).
 void restamp_generator(const fs::path& path) {
   for (const char* table : {"results", "choices"})
-    query(path, std::string("UPDATE ") + table + " SET generator = '" +
-                    generator_version_of("cpu|") + "'");
+    query(path, std::string("UPDATE ") + table + " SET generator = CASE WHEN pass = 'bwd' THEN '" +
+                    generator_version_of("cpu|", Pass::Backward) + "' ELSE '" +
+                    generator_version_of("cpu|", Pass::Forward) + "' END");
 }
 
 class TuningStoreMigrationV2Test : public ::testing::Test {
@@ -196,7 +197,8 @@ TEST_F(TuningStoreMigrationV2Test, ReadWriteOpenMigratesEveryRowAsPlain) {
   EXPECT_EQ(store.choice(device, paged_key())->value().config, choice_of(64).config);
   EXPECT_EQ(store.choice(device, fixture_key())->value().config.to_string(), fixture_config);
   EXPECT_EQ(query(path, "SELECT generator FROM choices WHERE variant <> ''"),
-            std::vector<std::string>{variant_generator_version_of(device.to_string())});
+            std::vector<std::string>{
+                variant_generator_version_of(device.to_string(), windowed_key().pass)});
 
   // Reopening is a no-op: no DDL (SQLite's schema cookie stays), the same rows.
   const std::vector<std::string> cookie = query(path, "PRAGMA schema_version");

@@ -212,8 +212,9 @@ TEST_F(TuningStoreTest, SchemaIsReadableWithPlainSqlite) {
   EXPECT_EQ(query(path,
                   "SELECT config || ' ' || status || ' ' || generator FROM results "
                   "WHERE head_dim = 128 AND dtype = 'bf16' AND causal = 0 ORDER BY median_ms"),
-            (std::vector<std::string>{"m64n64w4s2 timed " + generator_version_of("cuda|"),
-                                      "m128n64w4s2 timed " + generator_version_of("cuda|")}));
+            (std::vector<std::string>{
+                "m64n64w4s2 timed " + generator_version_of("cuda|", Pass::Forward),
+                "m128n64w4s2 timed " + generator_version_of("cuda|", Pass::Forward)}));
   EXPECT_EQ(query(path,
                   "SELECT config || ' ' || printf('%.2f', speedup) || ' ' || repetitions "
                   "FROM best_configs"),
@@ -273,7 +274,7 @@ TEST_F(TuningStoreTest, RecordChooseResultsChoiceRoundTrip) {
   ASSERT_TRUE(entries.ok());
   ASSERT_EQ(entries->size(), 1u);
   EXPECT_EQ((*entries)[0].device, device.to_string());
-  EXPECT_EQ((*entries)[0].generator, generator_version_of(device.to_string()));
+  EXPECT_EQ((*entries)[0].generator, generator_version_of(device.to_string(), Pass::Forward));
   EXPECT_EQ((*entries)[0].key, key());
   EXPECT_TRUE((*entries)[0].current);
 

@@ -155,9 +155,9 @@ TEST_F(TuningStoreVariantTest, EveryKindOfKeyIsStoredUnderItsOwnKey) {
     EXPECT_TRUE(entry.current) << entry.key.to_string();
     // A variant's, a key a decode config may serve (paged, per-sequence lengths), a prefill key's.
     const std::string& expected =
-        !entry.key.variant.empty()   ? variant_generator_version_of(entry.device)
+        !entry.key.variant.empty()   ? variant_generator_version_of(entry.device, entry.key.pass)
         : entry.key.may_run_decode() ? decode_generator_version_of(entry.device)
-                                     : generator_version_of(entry.device);
+                                     : generator_version_of(entry.device, entry.key.pass);
     EXPECT_EQ(entry.generator, expected) << entry.key.to_string();
   }
   EXPECT_EQ(query(dir_ / "tuning.db", "SELECT count(DISTINCT generator) FROM choices"),
@@ -182,9 +182,10 @@ TEST_F(TuningStoreVariantTest, VariantRowsGoStaleWithTheVariantTemplatesOnly) {
   ASSERT_TRUE(
       store_->choose(device, with_variant(plain_key(2048), window_softcap()), choice(16)).ok());
   ASSERT_TRUE(store_->choose(device, plain_key(2048), choice(16)).ok());
-  query(path, "UPDATE choices SET generator = '" + generator_version_of("cuda|") +
+  query(path, "UPDATE choices SET generator = '" + generator_version_of("cuda|", Pass::Forward) +
                   "' WHERE seqlen_q_bucket = 2048 AND variant <> ''");
-  query(path, "UPDATE choices SET generator = '" + variant_generator_version_of("cuda|") +
+  query(path, "UPDATE choices SET generator = '" +
+                  variant_generator_version_of("cuda|", Pass::Forward) +
                   "' WHERE seqlen_q_bucket = 2048 AND variant = ''");
   EXPECT_FALSE(
       store_->choice(device, with_variant(plain_key(2048), window_softcap()))->has_value());
@@ -207,30 +208,55 @@ TEST_F(TuningStoreVariantTest, VariantRowsGoStaleWithTheVariantTemplatesOnly) {
   EXPECT_EQ((*again)->choice(device, variant)->value().config, choice(128).config);
 }
 
-// Plain rows stamped before prefill rows left the decode templates out carry what is now the
-// decode version (the same formula over the same templates): reopening re-stamps the prefill
-// keys among them with the prefill version and leaves keys a decode config may serve as they are.
-// A row of another stamp (other templates) stays stale.
-TEST_F(TuningStoreVariantTest, OlderPlainStampsOfTheSameTemplatesAreReStampedByKind) {
+// Rows stamped by the schemes before, for this build's templates: the hash of every template
+// (generator_version()), or of every template of the backend per row kind (before the versions
+// were per pass; before that the plain rows carried what was then the decode formula). Reopening
+// re-stamps each with the version of its kind and pass; a row of another stamp (other templates)
+// stays stale.
+TEST_F(TuningStoreVariantTest, OlderStampsOfTheSameTemplatesAreReStampedByKindAndPass) {
   const DeviceFingerprint device = fingerprint();
   const fs::path path = dir_ / "tuning.db";
-  const ProblemKey decode_key = paged(plain_key(), 16);
-  ASSERT_TRUE(store_->choose(device, plain_key(), choice(64)).ok());
-  ASSERT_TRUE(store_->choose(device, plain_key(2048), choice(32)).ok());
-  ASSERT_TRUE(store_->choose(device, decode_key, choice(16)).ok());
+  auto backward = [](ProblemKey key) {
+    key.pass = Pass::Backward;
+    return key;
+  };
+  const ProblemKey variant = with_variant(plain_key(), window_softcap());
+  struct Row {
+    ProblemKey key;
+    std::string old_stamp;
+    std::string now;  // "" for a row that stays stale
+  };
+  const LegacyRowVersions& legacy = legacy_row_versions_of("cuda|");
+  const std::vector<Row> rows = {
+      {plain_key(), legacy.plain, generator_version_of("cuda|", Pass::Forward)},
+      {backward(plain_key()), legacy.plain, generator_version_of("cuda|", Pass::Backward)},
+      {plain_key(512), legacy.decode, generator_version_of("cuda|", Pass::Forward)},
+      {backward(plain_key(512)), generator_version(),
+       generator_version_of("cuda|", Pass::Backward)},
+      {paged(plain_key(), 16), legacy.decode, decode_generator_version_of("cuda|")},
+      {variant, legacy.variant, variant_generator_version_of("cuda|", Pass::Forward)},
+      {backward(variant), legacy.variant, variant_generator_version_of("cuda|", Pass::Backward)},
+      {plain_key(2048), "0123456789abcdef", ""},
+      {backward(with_variant(plain_key(2048), window_softcap())), legacy.plain,
+       ""},  // a variant row under a plain stamp: not its templates
+  };
+  for (size_t i = 0; i < rows.size(); ++i)
+    ASSERT_TRUE(store_->choose(device, rows[i].key, choice(16 * (i + 1))).ok());
   store_.reset();
-  query(path, "UPDATE choices SET generator = '" + decode_generator_version_of("cuda|") +
-                  "' WHERE seqlen_q_bucket = 1024 OR page_size > 0");
-  query(path, "UPDATE choices SET generator = '0123456789abcdef' WHERE seqlen_q_bucket = 2048");
+  for (size_t i = 0; i < rows.size(); ++i)
+    query(path, "UPDATE choices SET generator = '" + rows[i].old_stamp + "' WHERE config = '" +
+                    choice(16 * (i + 1)).config.to_string() + "'");
   Result<std::unique_ptr<TuningStore>> again = TuningStore::open(path);
   ASSERT_TRUE(again.ok()) << again.error().describe();
-  EXPECT_EQ((*again)->choice(device, plain_key())->value().config, choice(64).config);
-  EXPECT_EQ((*again)->choice(device, decode_key)->value().config, choice(16).config);
-  EXPECT_FALSE((*again)->choice(device, plain_key(2048))->has_value());
-  EXPECT_EQ(query(path,
-                  "SELECT generator FROM choices WHERE seqlen_q_bucket = 1024 AND "
-                  "page_size = 0"),
-            std::vector<std::string>{generator_version_of("cuda|")});
+  for (size_t i = 0; i < rows.size(); ++i) {
+    SCOPED_TRACE(rows[i].key.to_string());
+    Result<std::optional<TuneChoice>> found = (*again)->choice(device, rows[i].key);
+    ASSERT_TRUE(found.ok()) << found.error().describe();
+    EXPECT_EQ(found->has_value(), !rows[i].now.empty());
+    EXPECT_EQ(query(path, "SELECT generator FROM choices WHERE config = '" +
+                              choice(16 * (i + 1)).config.to_string() + "'"),
+              std::vector<std::string>{rows[i].now.empty() ? rows[i].old_stamp : rows[i].now});
+  }
 }
 
 TEST_F(TuningStoreVariantTest, RecordedProblemsReplayWithTheirVariantAndLayout) {

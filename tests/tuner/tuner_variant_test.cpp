@@ -166,7 +166,7 @@ TEST_F(TunerVariantCpuTest, VariantProblemsAreTunedStoredUnderTheirKeyAndServed)
     ASSERT_TRUE(entries.ok());
     ASSERT_EQ(entries->size(), variants.size());
     for (const TuningStore::Entry& entry : *entries) {
-      EXPECT_EQ(entry.generator, variant_generator_version_of(entry.device));
+      EXPECT_EQ(entry.generator, variant_generator_version_of(entry.device, entry.key.pass));
       EXPECT_TRUE(entry.current);
     }
   }
