@@ -61,6 +61,12 @@
 #          varlen gradients test), then the variant GPU tests whose harness moved to
 #          tests/support (forward, then backward + packed documents). Expect ~8-10 minutes: a
 #          second argument (a regex of step names, e.g. 'host|tune|torch') runs a part of them.
+#   bwd-quick  the wgmma backward's Atomic (bulk dQ reduction) mode in one short call: builds
+#          runtime_cuda_backward_test and the CLI, runs every legal wgmma config of d 128 bf16
+#          causal and d 64 bf16 non-causal against the fp64 reference (FLASHJIT_TEST_FAMILIES=
+#          wgmma; a second argument replaces the gtest filter), then times the Atomic tile
+#          m64n128w8s2 against the -det tiles (`flashjit run --pass bwd`, d 128 bf16, N 8192,
+#          B x H = 2 x 16, causal and not): bwd-quick.log. For a device budget of ~3 minutes.
 #   concurrent  issue 15's test: the flashjit CLI, then bench/concurrent_tune.py: a lone `flashjit
 #          tune` of 4 problems (d 128, N 1024/4096, causal both), then 4 processes tuning them
 #          into one DB at once (timing lock + disturbance check); each must end with the lone
@@ -124,9 +130,9 @@ what="${1:-all}"
 DTYPES="${DTYPES:-bf16}"
 ctest_regex="${2:-}"
 case "$what" in
-  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|sanitize|sanitize-cases|py|py-tests|py-bench|py-torch|decode|concurrent|variants|owed) ;;
+  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|sanitize|sanitize-cases|py|py-tests|py-bench|py-torch|decode|concurrent|variants|owed|bwd-quick) ;;
   *) echo "usage: bench/device_run.sh [tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|" \
-       "ws-sanitize|sanitize|sanitize-cases|decode|concurrent|variants|owed|py|py-tests|py-bench|py-torch] [CTEST_REGEX]" >&2
+       "ws-sanitize|sanitize|sanitize-cases|decode|concurrent|variants|owed|bwd-quick|py|py-tests|py-bench|py-torch] [CTEST_REGEX]" >&2
      exit 2 ;;
 esac
 
@@ -267,6 +273,9 @@ if [[ "$what" != py* ]]; then
   fi
   if [[ "$what" == variants ]]; then
     targets=(--target runtime_cuda_variant_test)
+  fi
+  if [[ "$what" == bwd-quick ]]; then
+    targets=(--target flashjit_cli runtime_cuda_backward_test)
   fi
   if [[ "$what" == owed ]]; then
     targets=(--target flashjit_cli runtime_cuda_variant_test runtime_cuda_backward_variant_test
@@ -479,6 +488,25 @@ if [[ "$what" == owed ]]; then
   owed_step owed variant-backward 450 build-device/tests/runtime_cuda_backward_variant_test \
       --gtest_filter='Cases/CudaBackwardVariant.*:CudaBackwardVariantBlocks.*:CudaBackwardVarlen.*'
   echo "== owed done at $((SECONDS - start)) s"
+fi
+
+if [[ "$what" == bwd-quick ]]; then
+  echo "== the wgmma backward in a few minutes (bwd-quick.log): every legal wgmma config of d 128"
+  echo "   bf16 causal and d 64 bf16 non-causal against the fp64 reference (a second argument"
+  echo "   replaces that gtest filter), then \`flashjit run --pass bwd\` of the Atomic (bulk dQ)"
+  echo "   and -det tiles at d 128 bf16, N 8192, B x H = 2 x 16, causal and not"
+  : >"$OUT/bwd-quick.log"
+  step bwd-quick all-configs 240 env FLASHJIT_TEST_FAMILIES=wgmma \
+      build-device/tests/runtime_cuda_backward_test --gtest_filter="${ctest_regex:-AllGroups/CudaBackwardAllConfigs.*/d128_bf16_causal:AllGroups/CudaBackwardAllConfigs.*/d64_bf16_noncausal}"
+  for causal in --causal ""; do
+    for config in m64n128w8s2-wgmma m64n128w8s2-wgmma-det m64n64w4s2-wgmma-det; do
+      step bwd-quick "run-$config${causal:+-causal}" 60 build-device/flashjit run --backend cuda \
+          --pass bwd --batch 2 --heads 16 --seqlen 8192 --head-dim 128 $causal --config "$config"
+      grep -E "backward|ms" "$OUT/bwd-quick-run-$config${causal:+-causal}.log" | head -n 4 |
+          sed "s/^/   $config${causal:+ causal}: /" | tee -a "$OUT/bwd-quick.log"
+    done
+  done
+  echo "== bwd-quick done at $((SECONDS - start)) s"
 fi
 
 if [[ "$what" == gpu-tests ]]; then

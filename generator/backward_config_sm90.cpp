@@ -35,6 +35,9 @@ struct Shape {
   bool scores_in_smem = false;  // P^T (and dS^T) through shared memory: query_split == 2
 };
 
+// Columns of one Atomic dQ tile at padded head dim `dp` (the template's kDqN).
+int dq_tile_columns(int dp) { return dp % 128 == 0 && dp >= 256 ? 128 : 64; }
+
 Shape shape_of(const AttentionConfig& c, const AttentionProblem& p) {
   Shape s;
   s.dp = padded_head_dim(p.head_dim);
@@ -43,7 +46,7 @@ Shape shape_of(const AttentionConfig& c, const AttentionProblem& p) {
   s.query_split = std::max(1, s.warpgroups / s.key_tiles);
   s.sdp_n = c.block_m / s.query_split;
   s.kv_cols = s.dp / s.query_split;
-  s.dq_n = s.dp % 128 == 0 && s.dp >= 256 ? 128 : 64;
+  s.dq_n = dq_tile_columns(s.dp);
   s.dq_tiles = c.block_m / 64 * (s.dp / s.dq_n);
   s.scores_in_smem = s.query_split != 1;
   return s;
@@ -93,8 +96,10 @@ int wgmma_backward_dkdv_smem_bytes(const AttentionConfig& c, const AttentionProb
   const int kv_tile = c.block_n * s.dp * 2, q_tile = c.block_m * s.dp * 2;
   const int score_tile = c.block_n * c.block_m * 2;
   const bool ds_in_smem = c.dq == DqMode::Atomic || s.scores_in_smem;
+  // Atomic: the dQ tiles staged for the bulk reductions, rows padded by 32 bytes.
+  const int dq_stage = c.dq == DqMode::Atomic ? s.dq_tiles * 64 * (s.dq_n * 4 + 32) : 0;
   return kSwizzleAtomAlign + 2 * kv_tile + 2 * c.stages * q_tile + (ds_in_smem ? score_tile : 0) +
-         (s.scores_in_smem ? score_tile : 0) + 2 * c.stages * c.block_m * 4;
+         (s.scores_in_smem ? score_tile : 0) + 2 * c.stages * c.block_m * 4 + dq_stage;
 }
 
 int wgmma_backward_dq_smem_bytes(const AttentionConfig& c, const AttentionProblem& p) {
@@ -175,14 +180,25 @@ Status check_wgmma_backward_config(const AttentionConfig& c, const AttentionProb
     return ok_status();
   };
   FLASHJIT_TRY(check_registers("dK/dV", wgmma_backward_dkdv_registers(c, p), dkdv_threads));
-  // Measured, beyond the estimate: two warpgroups of 64 keys with 128 query columns each and an
-  // Atomic dQ tile (m128n128w8 at d <= 64) leave ptxas 8-40 bytes of loop state short at 255
-  // registers, whatever the stats' loads; one warpgroup (m128n64w4) or -det fits.
-  if (c.dq == DqMode::Atomic && shape_of(c, p).query_split == 1 && c.warps == 8 &&
-      c.block_m == 128 && device.max_regs_per_thread <= 255)
-    return illegal(c,
-                   "dK/dV kernel: two warpgroups with 64 x 128 S^T each and an Atomic dQ "
-                   "tile spill at 255 registers (measured with ptxas 13.0)");
+  // Measured, beyond the estimate: Atomic shapes at the 255-register edge that spill (ptxas 13.0,
+  // templates_cuda_compile_test): two warpgroups of 64 keys with 128 query columns each
+  // (m128n128w8, 8-40 bytes at d <= 64, whatever the stats' loads), and with the dQ tiles staged
+  // for the bulk reductions m64n128w8 at 3 stages (d 128: 4 bytes; 255 registers and none at 2)
+  // and m128n64w4 (d 64: 4-16 bytes, 28 with softcap + ALiBi).
+  struct Spill {
+    int warps, block_m, block_n, stages, dp;  // 0: any
+  };
+  static constexpr Spill kAtomicSpills[] = {
+      {8, 128, 128, 0, 0}, {8, 64, 128, 3, 128}, {4, 128, 64, 0, 64}};
+  if (c.dq == DqMode::Atomic && device.max_regs_per_thread <= 255) {
+    const int dp = padded_head_dim(p.head_dim);
+    for (const Spill& spill : kAtomicSpills)
+      if (c.warps == spill.warps && c.block_m == spill.block_m && c.block_n == spill.block_n &&
+          (spill.stages == 0 || c.stages == spill.stages) && (spill.dp == 0 || dp == spill.dp))
+        return illegal(c,
+                       "dK/dV kernel: an Atomic dQ tile at this shape spills at 255 registers "
+                       "(measured with ptxas 13.0)");
+  }
   if (c.dq == DqMode::Separate)
     FLASHJIT_TRY(check_registers("dQ", wgmma_backward_dq_registers(c, p), dq_threads));
   return ok_status();
@@ -218,13 +234,15 @@ std::string explain_wgmma_backward_plan(const AttentionProblem& p, const DeviceS
       << "  dP^T = V dO^T (Br query columns, or Br / 2 when two warpgroups share 64 keys) and\n"
       << "  accumulates dK, dV (" << dp
       << " columns, or half when shared) over the Q/dO blocks of every\n"
-      << "  query head of the group; dQ by fp32 atomics (Atomic) or a dQ kernel (-det).\n"
+      << "  query head of the group; dQ by fp32 bulk reductions of shared-memory tiles into\n"
+      << "  dq_accum (Atomic) or a dQ kernel (-det).\n"
       << "  smem dK/dV = 1024 + 2 * Bc * " << dp << " * 2 (K, V) + 2 * stages * Br * " << dp
       << " * 2 (Q, dO)\n"
       << "               + Bc * Br * 2 (dS^T: Atomic or shared keys) + Bc * Br * 2 (P^T: "
          "shared keys)\n"
-      << "               + 2 * stages * Br * 4 (lse, delta)          <= "
-      << device.smem_per_block_optin << " B\n"
+      << "               + 2 * stages * Br * 4 (lse, delta) + Br * "
+      << 4 * dp + 32 * (dp / dq_tile_columns(dp))
+      << " (dQ tiles staged, rows padded: Atomic)   <= " << device.smem_per_block_optin << " B\n"
       << "  smem dQ    = 1024 + 2 * Br * " << dp << " * 2 (Q, dO) + 2 * stages * Bc * " << dp
       << " * 2 (K, V)   <= " << device.smem_per_block_optin << " B\n"
       << "  regs dK/dV ~= dK+dV columns (" << dp << " or " << dp / 2

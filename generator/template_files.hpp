@@ -34,7 +34,8 @@ inline constexpr const char* kCudaMmaBackwardFiles[] = {
     "cuda/attention_bwd.cuh"};
 inline constexpr const char* kCudaWgmmaBackwardFiles[] = {
     "attention_common.h", "cuda/common.cuh", "cuda/wgmma.cuh", "cuda/sm90_tiles.cuh",
-    "cuda/attention_bwd_common.cuh", "cuda/attention_bwd_sm90.cuh"};
+    "cuda/attention_bwd_common.cuh", "cuda/attention_bwd_sm90.cuh",
+    "cuda/attention_bwd_sm90_dq.cuh"};
 inline constexpr const char* kCudaDecodeFiles[] = {
     "attention_common.h", "cuda/common.cuh", "cuda/tiles.cuh", "cuda/decode.cuh"};
 inline constexpr const char* kHipForwardFiles[] = {

@@ -133,4 +133,33 @@ __device__ __forceinline__ void backward_dq_convert_varlen(const FlashjitAttenti
 }
 #endif
 #endif
+
+#if __CUDA_ARCH__ >= 900
+// ---- sm90: the wgmma backward's bulk dQ reduction ----------------------------------------------
+// (cuda/tma.cuh defines the same bulk-group wrappers for the forward's TMA stores; the backward
+// does not assemble that file, whose text keys the forward's tuning rows.)
+
+// fp32 destination[0 .. bytes / 4) += the shared-memory words at `source`, asynchronously (the
+// L2 adds whole lines): part of this thread's open bulk group. bytes, source and destination are
+// multiples of 16.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* destination, u32 source, u32 bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+                   destination),
+               "r"(source), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit_group() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Until at most PENDING of this thread's bulk groups may still read their shared memory.
+template <int PENDING>
+__device__ __forceinline__ void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(PENDING) : "memory");
+}
+// Until at most PENDING of this thread's bulk groups are incomplete (their writes done).
+template <int PENDING>
+__device__ __forceinline__ void bulk_wait_group() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(PENDING) : "memory");
+}
+#endif
 }  // namespace flashjit_kernel

@@ -3,7 +3,8 @@
 // dS^T from registers). The renderer prepends templates/attention_params.h,
 // templates/attention_common.h (key range and masking rules), cuda/common.cuh, cuda/wgmma.cuh
 // (wgmma and other sm90 PTX wrappers), cuda/sm90_tiles.cuh (descriptors, swizzled tiles) and
-// cuda/attention_bwd_common.cuh (the preprocess and the Atomic mode's convert kernels), and appends
+// cuda/attention_bwd_common.cuh (the preprocess and the Atomic mode's convert kernels, the bulk
+// reduction's PTX), and appends
 // one instantiation of Sm90BwdTraits with the entry points of render.hpp; NVRTC compiles it for
 // sm_90a.
 //
@@ -35,12 +36,14 @@
 //     dS^T (P^T too when shared) -> shared; barrier  Atomic, or keys shared by two warpgroups
 //     dV += P^T dO_i; dK += dS^T Q_i                 RS, or SS when shared
 //     Atomic: dQ tile = dS K_j (SS)                  in flight with dV and dK
-//     wait all; Atomic: dq_accum += dQ tile          red.global.add.v2.f32 (more tiles: issue,
-//                                                    wait, add)
+//     wait all; Atomic: dQ tile -> shared (fp32)     (more tiles: issue, wait, stage)
+//     Atomic: barrier; dq_accum += staged tiles      one bulk reduction per row (the L2 adds
+//                                                    whole lines), waited for a step later
 //   dK *= scale; dK, dV -> shared (over K, V) -> global, 16-byte stores through their strides
 // clang-format on
 //
-// dQ kernel (DqMode::Separate, deterministic): one CTA per block of kBlockM query rows (one
+// dQ kernel (DqMode::Separate, deterministic; cuda/attention_bwd_sm90_dq.cuh, which the renderer
+// appends to this file): one CTA per block of kBlockM query rows (one
 // warpgroup per 64 rows), Q_i and dO_i resident, K_j and V_j streamed: S = Q_i K_j^T and
 // dP = dO_i V_j^T (rows = queries), P, dS as above, dQ_i += dS K_j (RS) in registers; epilogue
 // dQ *= scale, 16-byte stores.
@@ -79,6 +82,11 @@ struct Sm90BwdTraits {
   static constexpr int kDqColTiles = kHeadDimPadded / kDqN;
   static constexpr int kDqTiles = kBlockM / 64 * kDqColTiles;
   static constexpr int kDqTilesPerWarpgroup = kDqTiles / kWarpgroups;
+  // Staged in shared memory for the bulk reductions, rows kDqStageRowBytes apart (32 bytes of
+  // padding put a half-warp's 8-byte stores on distinct banks).
+  static constexpr int kDqStageRowBytes = kDqN * 4 + 32;
+  static constexpr int kDqStageTileBytes = 64 * kDqStageRowBytes;
+  static constexpr int kDqStageBytes = kDqAtomic ? kDqTiles * kDqStageTileBytes : 0;
   // Shared memory, every tile on a 1024-byte boundary (sizes are multiples of 1024).
   static constexpr int kKvTileBytes = kBlockN * kHeadDimPadded * 2;  // K_j or V_j
   static constexpr int kQTileBytes = kBlockM * kHeadDimPadded * 2;   // Q_i or dO_i, per stage
@@ -86,9 +94,9 @@ struct Sm90BwdTraits {
   static constexpr bool kDsInSmem = kDqAtomic || !kKvFromRegisters;
   static constexpr bool kPInSmem = !kKvFromRegisters;
   static constexpr int kStatBytes = kBlockM * 4;  // lse_log2 or delta of one step
-  static constexpr int kSmemBytes = 1024 + 2 * kKvTileBytes + 2 * kStages * kQTileBytes +
-                                    (kDsInSmem ? kScoreTileBytes : 0) +
-                                    (kPInSmem ? kScoreTileBytes : 0) + 2 * kStages * kStatBytes;
+  static constexpr int kSmemBytes =
+      1024 + 2 * kKvTileBytes + 2 * kStages * kQTileBytes + (kDsInSmem ? kScoreTileBytes : 0) +
+      (kPInSmem ? kScoreTileBytes : 0) + 2 * kStages * kStatBytes + kDqStageBytes;
 
   // ---- dQ kernel (DqMode::Separate) ----
   static constexpr int kDqWarpgroups = kBlockM / 64;
@@ -211,6 +219,7 @@ __device__ __forceinline__ void attention_backward_sm90_dkdv(const FlashjitAtten
   constexpr u32 kPTile = kDsTile + (K::kDsInSmem ? K::kScoreTileBytes : 0);  // P^T, same shape
   constexpr u32 kStats = kPTile + (K::kPInSmem ? K::kScoreTileBytes : 0);
   // kStats: kStages x {lse_log2[kBlockM], delta[kBlockM]} fp32
+  constexpr u32 kDqStage = kStats + 2 * kStages * K::kStatBytes;  // Atomic: kDqTiles x [64, kDqN]
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int warpgroup = warp / 4;
@@ -353,28 +362,51 @@ __device__ __forceinline__ void attention_backward_sm90_dkdv(const FlashjitAtten
     }
     wgmma_commit();
   };
-  // dq_accum[rows, columns of tile] += dq. Rows past seqlen_q (the last block's) add zeros into
-  // the accumulator's padding rows: cheaper than the bounds check's registers.
-  auto add_dq = [&](int tile, int head, int m0) {
-    const int mt = tile / K::kDqColTiles, nc = tile % K::kDqColTiles;
-    const int row = m0 + mt * 64 + frag_row;
-    float* accum =
-        p.dq_accum +
-        ((static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q_rounded + row) * kDp +
-        nc * kDqN + frag_col;
+  // (Atomic) This thread's share of a dQ tile into the tile's staging rows, fp32.
+  auto stage_dq = [&](int tile) {
+    const u32 stage = base + kDqStage + tile * K::kDqStageTileBytes +
+                      frag_row * K::kDqStageRowBytes + frag_col * 4;
 #pragma unroll
     for (int half = 0; half < 2; ++half)
 #pragma unroll
-      for (int t = 0; t < kDqN / 8; ++t)
-        red_add_v2(accum + half * 8 * kDp + t * 8, dq[4 * t + 2 * half], dq[4 * t + 2 * half + 1]);
+      for (int t = 0; t < kDqN / 8; ++t) {
+        const u32 at = stage + 8 * half * K::kDqStageRowBytes + 32 * t;
+        store_shared_u32(at, __float_as_uint(dq[4 * t + 2 * half]));
+        store_shared_u32(at + 4, __float_as_uint(dq[4 * t + 2 * half + 1]));
+      }
+  };
+  // (Atomic) dq_accum[rows, columns of tile] += the staged tiles of this warpgroup: its first 64
+  // threads, one row each, one bulk group a step. Rows past seqlen_q (the last block's) add zeros
+  // into the accumulator's padding rows.
+  // (Recomputed at each use, not held through the loop: these kernels are at 255 registers.)
+  auto dq_issuer = [] { return threadIdx.x % 128 < 64; };
+  auto reduce_dq = [&](int head, int m0) {
+    const int dq_row = threadIdx.x % 128;
+#pragma unroll
+    for (int i = 0; i < K::kDqTilesPerWarpgroup; ++i) {
+      const int tile = warpgroup * K::kDqTilesPerWarpgroup + i;
+      const int mt = tile / K::kDqColTiles, nc = tile % K::kDqColTiles;
+      float* accum = p.dq_accum +
+                     ((static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q_rounded + m0 +
+                      mt * 64 + dq_row) *
+                         kDp +
+                     nc * kDqN;
+      bulk_reduce_add_f32(
+          accum, base + kDqStage + tile * K::kDqStageTileBytes + dq_row * K::kDqStageRowBytes,
+          kDqN * 4);
+    }
+    bulk_commit_group();
   };
 
   for (int t = 0; t < steps; ++t) {
     const int head = step_head(t), m0 = step_m0(t), buffer = t % kStages;
     cp_async_wait<kStages - 2>();  // this thread's copies of group t have landed
     fence_proxy_async();           // ... and are visible to wgmma
-    __syncthreads();               // everyone's have; every wgmma of step t - 1 is done
-    load_group(t + kStages - 1);   // refill the buffer step t - 1 read
+    // (Atomic) Step t - 1's bulk reductions have read their staging rows: free after the barrier.
+    if constexpr (K::kDqAtomic)
+      if (dq_issuer()) bulk_wait_group_read<0>();
+    __syncthreads();              // everyone's have; every wgmma of step t - 1 is done
+    load_group(t + kStages - 1);  // refill the buffer step t - 1 read
 
     wgmma_fence();
     issue_sdp(buffer);
@@ -512,24 +544,27 @@ __device__ __forceinline__ void attention_backward_sm90_dkdv(const FlashjitAtten
     wgmma_fence();  // pt, dst (written above) are ready for the tensor cores
     issue_kv(dv, pt, pt_rows, do_cols, buffer);  // dV += P^T dO_i
     if constexpr (K::kDqAtomic) {
-      // dK, then the first dQ tile, all in flight together; the atomics go after the wait (they
-      // are fire-and-forget). Waiting for dK as well frees P^T and dS^T before the adds: with
-      // the adds overlapping dK instead, ptxas spills at block_m = 128.
+      // dK, then the first dQ tile, all in flight together; the tile is staged after the wait.
+      // Waiting for dK as well frees P^T and dS^T before the stores: with the stores overlapping
+      // dK instead, ptxas spilled at block_m = 128 (with the red.global adds of before).
       issue_kv(dk, dst, dst_rows, q_cols, buffer);  // dK += dS^T Q_i
       issue_dq(warpgroup * K::kDqTilesPerWarpgroup);
       wgmma_wait<0>();
       pin(pt);
       pin(dst);
       pin(dq);
-      add_dq(warpgroup * K::kDqTilesPerWarpgroup, head, m0);
+      stage_dq(warpgroup * K::kDqTilesPerWarpgroup);
 #pragma unroll
       for (int i = 1; i < K::kDqTilesPerWarpgroup; ++i) {
         wgmma_fence();  // dq was read above
         issue_dq(warpgroup * K::kDqTilesPerWarpgroup + i);
         wgmma_wait<0>();
         pin(dq);
-        add_dq(warpgroup * K::kDqTilesPerWarpgroup + i, head, m0);
+        stage_dq(warpgroup * K::kDqTilesPerWarpgroup + i);
       }
+      fence_proxy_async();  // the staged rows, visible to the bulk reductions ...
+      __syncthreads();      // ... once every thread's are there
+      if (dq_issuer()) reduce_dq(head, m0);
     } else {
       issue_kv(dk, dst, dst_rows, q_cols, buffer);
     }
@@ -542,6 +577,8 @@ __device__ __forceinline__ void attention_backward_sm90_dkdv(const FlashjitAtten
       pin(dk[c]);
     }
   }
+  if constexpr (K::kDqAtomic)
+    if (dq_issuer()) bulk_wait_group<0>();  // the last step's adds are done before the CTA ends
   cp_async_wait<0>();
   __syncthreads();  // every wgmma read of K_j, V_j is done: their tiles take dK, dV
 
@@ -565,237 +602,13 @@ __device__ __forceinline__ void attention_backward_sm90_dkdv(const FlashjitAtten
                                                 smem + kVTile);
 }
 
-// ---- the dQ kernel (DqMode::Separate) ----------------------------------------------------------
-
-template <class K>
-__device__ __forceinline__ void attention_backward_sm90_dq(const FlashjitAttentionParams& p) {
-  constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
-  constexpr int kDp = K::kHeadDimPadded, kDqChunk = K::kDqChunk, kDqChunks = K::kDqChunks;
-  constexpr int kThreads = K::kDqThreads;
-  constexpr bool kBf16 = K::kIsBf16;
-
-  if (dynamic_smem_bytes() < K::kDqSmemBytes) __trap();
-  extern __shared__ __align__(1024) unsigned char shared_bytes[];
-  const u32 base = (shared_address(shared_bytes) + 1023) & ~1023u;
-  constexpr u32 kQTile = 0;                                     // Q_i  [kBlockM, kDp]
-  constexpr u32 kDoTile = kQTile + K::kQTileBytes;              // dO_i [kBlockM, kDp]
-  constexpr u32 kKTiles = kDoTile + K::kQTileBytes;             // K_j  kStages x [kBlockN, kDp]
-  constexpr u32 kVTiles = kKTiles + kStages * K::kKvTileBytes;  // V_j  kStages x [kBlockN, kDp]
-
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int warpgroup = warp / 4;
-  const int frag_col = 2 * (lane % 4);
-  // Causal rows near the end see the most keys: launch them first so the tail is short.
-  const int m_block = K::kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int head = blockIdx.y, batch = blockIdx.z;
-  const int kv_head = head / p.group_size;
-  const int m0 = m_block * kBlockM;
-  const int row = m0 + warp * 16 + lane / 4;  // this thread's rows: row, row + 8
-
-  const u16* q = static_cast<const u16*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride +
-                 m0 * p.q_seq_stride;
-  const u16* d_o = static_cast<const u16*>(p.d_o) + batch * p.do_batch_stride +
-                   head * p.do_head_stride + m0 * p.do_seq_stride;
-  const u16* k =
-      static_cast<const u16*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
-  const u16* v =
-      static_cast<const u16*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
-
-  namespace fa = flashjit_attention;
-  const int diagonal = fa::diagonal(p);
-#ifdef FLASHJIT_VARIANT
-  // An attention variant: the key blocks its rows may see (key_blocks), the scores and the mask
-  // per element, dS times d score / d s (as the dK/dV kernel).
-  namespace fv = flashjit_variant;
-  const fv::KeyBlocks key_blocks = fv::key_blocks(p, diagonal, m0, kBlockM, kBlockN);
-  const int n_blocks = key_blocks.count();
-  const float slope = fv::alibi_slope(p, head);
-#else
-  const int n_blocks = fa::key_blocks<K::kCausal>(p, diagonal, m0, kBlockM, kBlockN);
-#endif
-
-  // Rows are padded to seqlen_q_rounded (>= m0 + kBlockM): no bounds checks.
-  const long long stat_row =
-      (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q_rounded + row;
-  const float lse[2] = {p.lse_log2[stat_row], p.lse_log2[stat_row + 8]};
-  const float delta[2] = {p.delta[stat_row], p.delta[stat_row + 8]};
-
-#ifdef FLASHJIT_VARIANT
-  auto load_group = [&](int g) {  // the g-th key block visited; group 0 also Q_i and dO_i
-    if (g < n_blocks) {
-      const int buffer = g % kStages, n0 = key_blocks.at(g) * kBlockN;
-      wg_load_tile_async<kThreads, K::kHeadDim, kBlockN>(base + kKTiles + buffer * K::kKvTileBytes,
-                                                         k + n0 * p.k_seq_stride, p.k_seq_stride,
-                                                         p.seqlen_k - n0);
-      wg_load_tile_async<kThreads, K::kHeadDim, kBlockN>(base + kVTiles + buffer * K::kKvTileBytes,
-                                                         v + n0 * p.v_seq_stride, p.v_seq_stride,
-                                                         p.seqlen_k - n0);
-    }
-    cp_async_commit();
-  };
-#else
-  auto load_group = [&](int g) {  // K_g and V_g; group 0 also Q_i and dO_i
-    if (g < n_blocks) {
-      const int buffer = g % kStages;
-      wg_load_tile_async<kThreads, K::kHeadDim, kBlockN>(base + kKTiles + buffer * K::kKvTileBytes,
-                                                         k + g * kBlockN * p.k_seq_stride,
-                                                         p.k_seq_stride, p.seqlen_k - g * kBlockN);
-      wg_load_tile_async<kThreads, K::kHeadDim, kBlockN>(base + kVTiles + buffer * K::kKvTileBytes,
-                                                         v + g * kBlockN * p.v_seq_stride,
-                                                         p.v_seq_stride, p.seqlen_k - g * kBlockN);
-    }
-    cp_async_commit();
-  };
-#endif
-  if (n_blocks > 0) {
-    wg_load_tile_async<kThreads, K::kHeadDim, kBlockM>(base + kQTile, q, p.q_seq_stride,
-                                                       p.seqlen_q - m0);
-    wg_load_tile_async<kThreads, K::kHeadDim, kBlockM>(base + kDoTile, d_o, p.do_seq_stride,
-                                                       p.seqlen_q - m0);
-#pragma unroll
-    for (int g = 0; g < kStages - 1; ++g) load_group(g);
-  }
-
-  // S = Q_i K_j^T, dP = dO_i V_j^T: A = this warpgroup's 64 rows, B = the key rows, K-major.
-  // dQ += dS K_j: A = dS from registers, B = K_j MN-major over the keys.
-  const u64 q_rows = smem_descriptor(base + kQTile + warpgroup * 64 * 128, 16, 1024);
-  const u64 do_rows = smem_descriptor(base + kDoTile + warpgroup * 64 * 128, 16, 1024);
-  const u64 k_rows = smem_descriptor(base + kKTiles, 16, 1024);
-  const u64 v_rows = smem_descriptor(base + kVTiles, 16, 1024);
-  const u64 k_cols = smem_descriptor(base + kKTiles, kBlockN * 128, 1024);
-
-  float dq[kDqChunks][kDqChunk / 2];  // fp32, 64 rows x kDp
-#pragma unroll
-  for (int c = 0; c < kDqChunks; ++c)
-#pragma unroll
-    for (int i = 0; i < kDqChunk / 2; ++i) dq[c][i] = 0.f;
-  float s[kBlockN / 2], dp[kBlockN / 2];  // S then P; dP then dS (fp32)
-  u32 ds[kBlockN / 16][4];                // dS in 16 bits: A fragments
-
-  for (int j = 0; j < n_blocks; ++j) {
-    const int buffer = j % kStages;
-    cp_async_wait<kStages - 2>();
-    fence_proxy_async();
-    __syncthreads();  // K_j, V_j landed everywhere; every wgmma of step j - 1 is done
-    load_group(j + kStages - 1);
-
-    wgmma_fence();
-    const u32 kv = buffer * K::kKvTileBytes;
-    wgmma_over_head_dim<kBlockN, kDp, kBlockM, kBlockN, kBf16>(s, q_rows, k_rows, kv);    // S
-    wgmma_over_head_dim<kBlockN, kDp, kBlockM, kBlockN, kBf16>(dp, do_rows, v_rows, kv);  // dP
-    wgmma_wait<1>();                                                                      // S
-    pin(s);
-#ifdef FLASHJIT_VARIANT
-    {
-      const int n0 = key_blocks.at(j) * kBlockN;
-      const bool all_visible = fv::block_fully_visible(p, diagonal, m0, kBlockM, n0, kBlockN);
-      const float scale_log2 = fv::softmax_scale_log2(p);
-      const int key0 = n0 + frag_col;  // this thread's key at nt, e = 0
-      // key - row as a float once: ALiBi's distance is then one add of a constant per score.
-      const float distance0 = static_cast<float>(key0 - row);
-      // As the dK/dV kernel: P = exp2(score - lse) (hidden keys -inf; blocks every row sees whole
-      // without the mask test), and either dS = P (dP - delta) after the wait for dP, or, with a
-      // chain factor g = d score / d s (chain), P and dS per score once dP is in.
-      auto scores = [&](bool masked, bool chain) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-#pragma unroll
-          for (int nt = 0; nt < kBlockN / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int i = 4 * nt + 2 * half + e, r = row + 8 * half, key = key0 + nt * 8 + e;
-              float score = s[i], g = 1.f;
-              if (fv::kModifiesScores)
-                score =
-                    fv::score_and_grad(score * p.scale, slope, batch, head, r, key,
-                                       distance0 + static_cast<float>(nt * 8 + e - 8 * half), &g);
-              if (masked && !fv::visible(p, diagonal, batch, head, r, key))
-                score = minus_infinity();
-              s[i] = fast_exp2(fmaf(score, scale_log2, -lse[half]));
-              if (chain) dp[i] = s[i] * (dp[i] - delta[half]) * g;
-            }
-      };
-      if constexpr (fv::kScoreGradIsOne) {
-        if (all_visible)
-          scores(false, false);
-        else
-          scores(true, false);
-        wgmma_wait<0>();  // dP
-        pin(dp);
-#pragma unroll
-        for (int nt = 0; nt < kBlockN / 8; ++nt)
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-            dp[4 * nt + i] = s[4 * nt + i] * (dp[4 * nt + i] - delta[i / 2]);
-      } else {
-        wgmma_wait<0>();  // and dP: g is not held across the wait
-        pin(dp);
-        scores(!all_visible, true);  // one loop: two spill at m128n64 (d 64)
-      }
-    }
-#else
-    const int n0 = j * kBlockN;
-    if (fa::block_needs_mask<K::kCausal>(p, diagonal, m0, n0, kBlockN)) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int limit = fa::last_key<K::kCausal>(p, diagonal, row + 8 * half) - (n0 + frag_col);
-#pragma unroll
-        for (int nt = 0; nt < kBlockN / 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e)
-            if (nt * 8 + e > limit) s[nt * 4 + 2 * half + e] = minus_infinity();
-      }
-    }
-#pragma unroll
-    for (int nt = 0; nt < kBlockN / 8; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        s[4 * nt + i] = fast_exp2(fmaf(s[4 * nt + i], p.scale_log2, -lse[i / 2]));
-    wgmma_wait<0>();  // dP
-    pin(dp);
-#pragma unroll
-    for (int nt = 0; nt < kBlockN / 8; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) dp[4 * nt + i] = s[4 * nt + i] * (dp[4 * nt + i] - delta[i / 2]);
-#endif
-    pack_fragments<kBlockN, kBf16>(ds, dp);
-    wgmma_fence();  // ds (written above) and dq are ready for the tensor cores
-#pragma unroll
-    for (int t = 0; t < kBlockN / 16; ++t)  // 16 keys per step
-#pragma unroll
-      for (int c = 0; c < kDqChunks; ++c)
-        Wgmma<kDqChunk, kBf16>::rs(
-            dq[c], ds[t], advance(k_cols, kv + t * 16 * 128 + c * (kDqChunk / 64) * kBlockN * 128),
-            1);
-    wgmma_commit();
-    wgmma_wait<0>();
-    pin(ds);
-#pragma unroll
-    for (int c = 0; c < kDqChunks; ++c) pin(dq[c]);
-  }
-  cp_async_wait<0>();
-
-  // Epilogue: dQ * scale into this warp's own rows of the Q tile (only its warpgroup's wgmmas
-  // read those rows, all finished), then 16-byte row stores.
-  unsigned char* const smem = shared_bytes + (base - shared_address(shared_bytes));
-#pragma unroll
-  for (int c = 0; c < kDqChunks; ++c)
-    store_accumulator<kDqChunk, kBlockM, kBf16>(smem + kQTile, dq[c], warpgroup * 64, c * kDqChunk,
-                                                p.scale);
-  __syncthreads();
-  u16* dq_out = static_cast<u16*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride +
-                m0 * p.dq_seq_stride;
-  store_tile<kThreads, K::kHeadDim, kBlockM>(dq_out, p.dq_seq_stride, p.seqlen_q - m0,
-                                             smem + kQTile);
-}
-
 #ifdef FLASHJIT_VARIANT
 #if FLASHJIT_VARIANT_VARLEN
-// Packed variable-length documents: the kernels above on the document's view of the params
+// Packed variable-length documents: the dK/dV kernel above on the document's view of the params
 // (templates/attention_variant.h, document_tile_view; the workspace as
-// cuda/attention_bwd_common.cuh says). A dK/dV CTA runs for a document without queries too (its
-// dK = dV = 0 are written) and exits when its keys start past the document's; a dQ CTA exits when
-// its query rows (m_block as the kernel computes it) start past the document's.
+// cuda/attention_bwd_common.cuh says; the dQ kernel's entry is cuda/attention_bwd_sm90_dq.cuh's).
+// A dK/dV CTA runs for a document without queries too (its dK = dV = 0 are written) and exits
+// when its keys start past the document's.
 template <class K>
 __device__ __forceinline__ void attention_backward_sm90_dkdv_varlen(
     const FlashjitAttentionParams& params) {
@@ -803,16 +616,6 @@ __device__ __forceinline__ void attention_backward_sm90_dkdv_varlen(
   if (flashjit_variant::document_tile_view(document, blockIdx.z, -1, blockIdx.x * K::kBlockN, 2,
                                            K::kHeadDimPadded))
     attention_backward_sm90_dkdv<K>(document);
-}
-
-template <class K>
-__device__ __forceinline__ void attention_backward_sm90_dq_varlen(
-    const FlashjitAttentionParams& params) {
-  const int m_block = K::kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // as the kernel's
-  FlashjitAttentionParams document = params;
-  if (flashjit_variant::document_tile_view(document, blockIdx.z, m_block * K::kBlockM, -1, 2,
-                                           K::kHeadDimPadded))
-    attention_backward_sm90_dq<K>(document);
 }
 #endif
 #endif

@@ -116,6 +116,7 @@ TEST(Render, RowVersionsHashTheTemplatesOfTheirPassOnly) {
   };
   const Case cases[] = {
       {"cuda/attention_bwd_sm90.cuh", "cuda", false, true, false, true},
+      {"cuda/attention_bwd_sm90_dq.cuh", "cuda", false, true, false, true},
       {"cuda/attention_bwd_common.cuh", "cuda", false, true, false, true},
       {"cuda/ws/softmax.cuh", "cuda", true, false, true, true},
       {"cuda/tma.cuh", "cuda", true, false, true, true},
@@ -230,8 +231,8 @@ TEST(Render, PlainKernelTextDropsTheVariantBranchesOnly) {
   EXPECT_EQ(hip.find("attention_forward_variant"), std::string::npos);
   EXPECT_NE(hip.find("block_needs_mask"), std::string::npos);
   // The backward templates (variants since issue 17's backward stage) likewise.
-  for (const char* path :
-       {"cuda/attention_bwd.cuh", "cuda/attention_bwd_sm90.cuh", "cpu/attention_bwd.hpp"}) {
+  for (const char* path : {"cuda/attention_bwd.cuh", "cuda/attention_bwd_sm90.cuh",
+                           "cuda/attention_bwd_sm90_dq.cuh", "cpu/attention_bwd.hpp"}) {
     const std::string bwd = plain_kernel_text(templates::text(path));
     EXPECT_EQ(bwd.find("FLASHJIT_VARIANT"), std::string::npos) << path;
     EXPECT_EQ(bwd.find("flashjit_variant"), std::string::npos) << path;

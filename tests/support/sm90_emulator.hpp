@@ -25,7 +25,8 @@
 // minus landed bytes) are zero; try_wait.parity P succeeds once the last phase of parity P has
 // completed (on a fresh barrier parity 1: the phase "before" phase 0). A TMA store
 // reads shared memory and writes the global tensor (clipped to it) when its thread waits for its
-// bulk group. Named barriers count threads; setmaxnreg is checked (24..256, a multiple of 8, the
+// bulk group; a bulk reduction (cp.reduce.async.bulk .add.f32) adds its words into global memory
+// likewise. Named barriers count threads; setmaxnreg is checked (24..256, a multiple of 8, the
 // same for the whole warpgroup, within the launch's registers), not enforced.
 //
 // Rules checked (an error names the thread and what it did): every byte a wgmma reads or a TMA
@@ -54,6 +55,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
 
@@ -138,6 +140,7 @@ void tma_load_4d(uint32_t destination, const void* tensor_map, uint32_t barrier,
 void tma_store_4d(const void* tensor_map, uint32_t source, int c0, int c1, int c2, int c3);
 void bulk_commit_group();
 void bulk_wait_group_read(int pending);
+void bulk_reduce_add_f32(float* destination, uint32_t source, uint32_t bytes);
 void named_barrier_sync(int id, int threads);
 void named_barrier_arrive(int id, int threads);
 void setmaxnreg(int registers, bool increase);
@@ -163,6 +166,11 @@ inline float __shfl_xor_sync(unsigned, float value, int lane_mask) {
   return ::flashjit::testing::sm90_emulator::shuffle_xor(value, lane_mask);
 }
 inline void __syncwarp(unsigned = 0xffffffffu) { ::flashjit::testing::sm90_emulator::sync_warp(); }
+inline unsigned __float_as_uint(float value) {
+  unsigned bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  return bits;
+}
 
 namespace flashjit_kernel {
 
@@ -255,6 +263,14 @@ inline void tma_store_4d(const void* tensor_map, u32 source, int c0, int c1, int
 inline void bulk_commit_group() { emu::bulk_commit_group(); }
 template <int PENDING>
 inline void bulk_wait_group_read() {
+  emu::bulk_wait_group_read(PENDING);
+}
+// cuda/attention_bwd_common.cuh (sm90): a bulk reduction lands at its thread's wait, as a store.
+inline void bulk_reduce_add_f32(float* destination, u32 source, u32 bytes) {
+  emu::bulk_reduce_add_f32(destination, source, bytes);
+}
+template <int PENDING>
+inline void bulk_wait_group() {
   emu::bulk_wait_group_read(PENDING);
 }
 inline void prefetch_tensor_map(const void*) {}

@@ -158,7 +158,11 @@ void check_async_read(uint32_t address, const std::vector<uint32_t>& observed, c
 void check_no_pending_readers(uint32_t lo, uint32_t hi, const char* what) {
   Emulator& e = em();
   auto overlaps = [&](uint32_t a, uint32_t b) { return a < hi && lo < b; };
-  const std::string range = "[" + hex(lo) + ", " + hex(hi) + ")";
+  std::string range = "[";  // appended: gcc 12 warns falsely (-Wrestrict) on "[" + string&&
+  range += hex(lo);
+  range += ", ";
+  range += hex(hi);
+  range += ")";
   for (size_t w = 0; w < e.lanes.size(); w += kWarpgroupSize) {
     const Lane& leader = e.lanes[w];
     auto check = [&](const Mma& op) {
@@ -175,7 +179,10 @@ void check_no_pending_readers(uint32_t lo, uint32_t hi, const char* what) {
       fail(std::string(what) + " writes shared bytes " + range +
            " that a TMA load in flight is filling");
   for (const TmaStore& store : e.stores)
-    if (!store.done && overlaps(store.source, store.source + box_bytes(store.map)))
+    if (!store.done &&
+        overlaps(store.source, store.source + (store.reduce_to != nullptr
+                                                   ? store.reduce_bytes
+                                                   : static_cast<uint32_t>(box_bytes(store.map)))))
       fail(std::string(what) + " writes shared bytes " + range +
            " that a TMA store has not read yet (its thread has not waited for it)");
   for (const Mbarrier& b : e.barriers)
@@ -390,6 +397,23 @@ void tma_store_4d(const void* tensor_map, uint32_t source, int c0, int c1, int c
   e.stores.push_back(store);
 }
 
+void bulk_reduce_add_f32(float* destination, uint32_t source, uint32_t bytes) {
+  Emulator& e = em();
+  if (bytes == 0 || bytes % 16 != 0 || source % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(destination) % 16 != 0)
+    return fail("cp.reduce.async.bulk of " + std::to_string(bytes) + " bytes from shared " +
+                std::to_string(source) + ": size and addresses must be multiples of 16");
+  if (!shared_at(source, static_cast<int>(bytes))) return;
+  TmaStore store;
+  store.source = source;
+  store.reduce_to = destination;
+  store.reduce_bytes = bytes;
+  store.issuer = e.current->tid;
+  store.clock = e.current->clock;
+  e.current->open_bulk.push_back(static_cast<int>(e.stores.size()));
+  e.stores.push_back(store);
+}
+
 void bulk_commit_group() {
   Lane* lane = em().current;
   lane->bulk_groups.push_back(std::move(lane->open_bulk));
@@ -402,6 +426,20 @@ void bulk_wait_group_read(int pending) {
   while (lane->bulk_groups.size() > static_cast<size_t>(pending)) {
     for (int index : lane->bulk_groups.front()) {
       TmaStore& store = e.stores[index];
+      if (store.reduce_to != nullptr) {  // a bulk reduction: the words it reads, added
+        for (uint32_t byte = 0; byte < store.reduce_bytes; byte += 4) {
+          const unsigned char* from = shared_at(store.source + byte, 4);
+          if (!from) return;
+          for (uint32_t i = 0; i < 4; ++i)
+            check_async_read(store.source + byte + i, lane->observed, &store.clock,
+                             "a bulk reduction");
+          float value;
+          std::memcpy(&value, from, 4);
+          store.reduce_to[byte / 4] += value;
+        }
+        store.done = true;
+        continue;
+      }
       auto* global = static_cast<unsigned char*>(const_cast<void*>(store.map.base));
       for_each_box_element(
           store.map, store.source, store.coords, [&](uint32_t address, int64_t offset) {

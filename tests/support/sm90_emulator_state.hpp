@@ -135,8 +135,10 @@ struct TmaLoad {
   uint32_t bytes = 0;
 };
 
-struct TmaStore {
+struct TmaStore {  // or a bulk reduction (reduce_to set): cp.reduce.async.bulk .add.f32
   uint32_t source = 0;
+  float* reduce_to = nullptr;  // the global fp32 words the reduction adds into
+  uint32_t reduce_bytes = 0;
   TensorMapSpec map;
   int coords[4] = {};
   int issuer = -1;

@@ -32,6 +32,7 @@
 #include "templates/cuda/sm90_tiles.cuh"
 // (the kernel last)
 #include "templates/cuda/attention_bwd_sm90.cuh"
+#include "templates/cuda/attention_bwd_sm90_dq.cuh"
 // clang-format on
 #include "support/sm90_backward_emulation.hpp"
 
