@@ -46,7 +46,8 @@ inline constexpr const char* kHipBackwardFiles[] = {
 inline constexpr const char* kHipDecodeFiles[] = {
     "attention_common.h", "hip/primitives.hpp", "hip/tiles.hpp", "hip/decode.hpp"};
 inline constexpr const char* kCpuForwardFiles[] = {"cpu/common.hpp", "cpu/attention_fwd.hpp"};
-inline constexpr const char* kCpuBackwardFiles[] = {"cpu/common.hpp", "cpu/attention_bwd.hpp"};
+inline constexpr const char* kCpuBackwardFiles[] = {"cpu/common.hpp", "cpu/attention_bwd.hpp",
+                                                     "cpu/attention_bwd_dq.hpp"};
 inline constexpr const char* kCpuDecodeFiles[] = {"cpu/common.hpp", "cpu/decode.hpp"};
 // clang-format on
 

@@ -128,6 +128,7 @@ TEST(Render, RowVersionsHashTheTemplatesOfTheirPassOnly) {
       {"attention_variant.h", "cuda", false, false, false, true},
       {"attention_common.h", "cpu", false, false, false, false},  // the CPU templates' own rules
       {"cpu/attention_bwd.hpp", "cpu", false, true, false, true},
+      {"cpu/attention_bwd_dq.hpp", "cpu", false, true, false, true},
       {"cpu/attention_fwd.hpp", "cpu", true, false, true, true},
       {"hip/attention_bwd_common.hpp", "hip", false, true, false, true},
       {"hip/decode.hpp", "hip", false, false, true, false},
@@ -231,13 +232,18 @@ TEST(Render, PlainKernelTextDropsTheVariantBranchesOnly) {
   EXPECT_EQ(hip.find("attention_forward_variant"), std::string::npos);
   EXPECT_NE(hip.find("block_needs_mask"), std::string::npos);
   // The backward templates (variants since issue 17's backward stage) likewise.
-  for (const char* path : {"cuda/attention_bwd.cuh", "cuda/attention_bwd_sm90.cuh",
-                           "cuda/attention_bwd_sm90_dq.cuh", "cpu/attention_bwd.hpp"}) {
+  for (const char* path :
+       {"cuda/attention_bwd.cuh", "cuda/attention_bwd_sm90.cuh", "cuda/attention_bwd_sm90_dq.cuh",
+        "cpu/attention_bwd.hpp", "cpu/attention_bwd_dq.hpp"}) {
     const std::string bwd = plain_kernel_text(templates::text(path));
     EXPECT_EQ(bwd.find("FLASHJIT_VARIANT"), std::string::npos) << path;
     EXPECT_EQ(bwd.find("flashjit_variant"), std::string::npos) << path;
     EXPECT_EQ(bwd.find("score_and_grad"), std::string::npos) << path;
-    EXPECT_NE(bwd.find(std::string(path).find("cuda") == 0 ? "block_needs_mask" : "kv_end"),
+    // The plain masking rule is kept: the CUDA files', the CPU dK/dV block's, the CPU dQ block's.
+    const std::string file(path);
+    EXPECT_NE(bwd.find(file.find("cuda") == 0               ? "block_needs_mask"
+                       : file == "cpu/attention_bwd_dq.hpp" ? "kv_end"
+                                                            : "m_first"),
               std::string::npos)
         << path;
   }
