@@ -109,6 +109,9 @@ constexpr bool kModifiesScores = false;
 [[maybe_unused]] constexpr bool kVectorMask = true;
 #endif
 
+// A user mask_mod (blocks it hides whole are found by asking it: block_seen below).
+[[maybe_unused]] constexpr bool kMaskMod = FLASHJIT_VARIANT_MASK_MOD != 0;
+
 FLASHJIT_DEVICE int clamp_key(long long key, int seqlen_k) {
   return key < 0 ? 0 : key > seqlen_k ? seqlen_k : static_cast<int>(key);
 }
@@ -237,6 +240,29 @@ FLASHJIT_DEVICE float score_and_grad(float s, float slope, int batch, int head, 
   return s;
 }
 #endif
+
+// Whether any row of [m0, m0 + rows) sees any key of [n0, n0 + cols): visible() asked per
+// element up to the first seen, the row's band and prefix first (two compares), the mask_mod
+// only where those show the key. A mask_mod has no block rule of its own (KeyBlocks below): a
+// kernel that can afford BM x BN scalar tests per block (the CPU's: the mask's integer work
+// against the block's 4 x d FMAs per score) skips the blocks it hides whole.
+FLASHJIT_DEVICE bool block_seen(const FlashjitAttentionParams& p, int diagonal, int batch, int head,
+                                int m0, int rows, int n0, int cols) {
+  const int key_end = n0 + cols < p.seqlen_k ? n0 + cols : p.seqlen_k;
+  for (int row = m0; row < m0 + rows; ++row) {
+    const RowKeys keys = row_keys(p, diagonal, row);
+    for (int key = n0; key < key_end; ++key) {
+      if (!(key < keys.prefix_end || (keys.begin <= key && key < keys.end))) continue;
+#if FLASHJIT_VARIANT_MASK_MOD
+      if (user_mask_mod(batch, head, row, key)) return true;
+#else
+      (void)batch, (void)head;
+      return true;
+#endif
+    }
+  }
+  return false;
+}
 
 // The key blocks a tile of query rows [m0, m0 + block_m) visits, in order: the prefix's blocks
 // [0, prefix_end) then the band's [band_first, band_last) (disjoint, the band starting at or

@@ -282,6 +282,11 @@ struct Backward {
         const int q0 = m_block * BM;
         const int rows = min_int(BM, p.seqlen_q - q0);
         const int padded_rows = (rows + 1) & ~1;  // the tiles' rows: an even count
+#ifdef FLASHJIT_VARIANT
+        // A query block whose rows the mask_mod shows none of these keys: skipped (dS = 0).
+        if constexpr (fv::kMaskMod)
+          if (!fv::block_seen(p, diag, b, h, q0, rows, n0, cols)) continue;
+#endif
 
         // The next query block's rows of Q, dO (and dQ_i), which come from the L3 or memory
         // once per key block, asked for now: they arrive while this block is computed.

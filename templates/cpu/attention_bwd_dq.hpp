@@ -77,6 +77,9 @@ void Backward<T>::dq_block(const FlashjitAttentionParams& p, int b, int h, int m
   (void)kv_end, (void)lane, (void)prefix_end;
   for (int t = 0; t < key_blocks.count(); ++t) {
     const int n0 = key_blocks.at(t) * BN;
+    // A key block the mask_mod hides from every row of this one: skipped (dS = 0).
+    if constexpr (fv::kMaskMod)
+      if (!fv::block_seen(p, diag, b, h, q0, rows, n0, BN)) continue;
 #else
   for (int n0 = 0; n0 < kv_end; n0 += BN) {
 #endif

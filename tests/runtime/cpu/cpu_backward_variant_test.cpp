@@ -249,7 +249,12 @@ TEST(CpuBackwardVariant, HiddenBlocksAreNeverRead) {
   windowed.variant.window_right = 0;
   Case empty_rows{"empty_rows", false, {}, {}};
   empty_rows.variant.window_left = empty_rows.variant.window_right = 0;
-  for (const Case& c : {windowed, empty_rows}) {
+  // A mask_mod hiding keys [0, 768) (causal alone would read them): both kernels ask it over
+  // each block and skip the blocks it hides whole.
+  Case masked{"mask_mod", true, {}, {}};
+  masked.variant.mask_mod = "kv_idx >= 768";
+  masked.functions.mask_mod = [](int64_t, int64_t, int64_t, int64_t j) { return j >= 768; };
+  for (const Case& c : {windowed, empty_rows, masked}) {
     const bool keys = c.causal;
     const AttentionProblem problem = keys ? make_problem(1, 2, 1, 64, 1000, c, DType::F32)
                                           : make_problem(1, 2, 1, 300, 100, c, DType::F32);
@@ -258,14 +263,15 @@ TEST(CpuBackwardVariant, HiddenBlocksAreNeverRead) {
       config.dq = dq;
       Result<std::shared_ptr<Kernel>> kernel = build_kernel(cpu, nullptr, problem, config);
       ASSERT_TRUE(kernel.ok()) << kernel.error().describe();
-      ft::HostInputs inputs = ft::random_inputs(problem, 9);
+      ft::HostInputs inputs = ft::random_inputs(problem, 9, c.functions);
       if (keys)
         ft::poison_keys(problem, inputs, 0, 768);
       else {
         poison_rows(problem, problem.q_strides, inputs.q, 0, 128);
         poison_rows(problem, problem.do_strides, inputs.d_o, 0, 128);
       }
-      EXPECT_TRUE(check(**kernel, problem, inputs, {})) << c.name << " " << config.to_string();
+      EXPECT_TRUE(check(**kernel, problem, inputs, c.functions))
+          << c.name << " " << config.to_string();
       // The check can fail: the plain kernel (no window) reads every block, and NaN spreads.
       if (dq == DqMode::Separate) {
         AttentionProblem plain = problem;

@@ -159,23 +159,28 @@ TEST(CpuVariant, Bf16DotProductPathMatchesTheReference) {
   }
 }
 
-// Key blocks that a window hides from every query are never read: with seqlen_q 64 and seqlen_k
-// 1000 (diagonal 936), a causal window of 32 keys shows no query a key below 904, so keys
-// [0, 768) (whole blocks for every block_n, all of which divide 768) are NaN. The prefix-LM case
-// (prefix 16) reads its first block and hides [block_n, 768) the same way.
+// Key blocks that a window (or a mask_mod) hides from every query are never read: with seqlen_q
+// 64 and seqlen_k 1000 (diagonal 936), a causal window of 32 keys shows no query a key below 904,
+// so keys [0, 768) (whole blocks for every block_n, all of which divide 768) are NaN. The prefix-LM
+// case (prefix 16) reads its first block and hides [block_n, 768) the same way.
 TEST(CpuVariant, HiddenKeyBlocksAreNeverRead) {
   const cpu::CpuBackend& cpu = backend();
   const Shape shape{"decode_like", 1, 2, 1, 64, 1000};
   Case windowed{"window", true, window(32, 0), {}};
   Case prefixed{"prefix", true, window(32, 0), {}};
   prefixed.variant.prefix = 16;
-  for (const Case& c : {windowed, prefixed}) {
+  // A mask_mod has no block rule: the kernel asks it over each block and skips the blocks it
+  // hides whole (here [0, 768), which causal alone would read).
+  Case masked{"mask_mod", true, {}, {}};
+  masked.variant.mask_mod = "kv_idx >= 768";
+  masked.functions.mask_mod = [](int64_t, int64_t, int64_t, int64_t j) { return j >= 768; };
+  for (const Case& c : {windowed, prefixed, masked}) {
     const AttentionProblem problem = make_problem(shape, c, DType::F32);
     for (const AttentionConfig& config : cpu.legal_configs(problem)) {
       Result<std::shared_ptr<Kernel>> kernel = build_kernel(cpu, nullptr, problem, config);
       ASSERT_TRUE(kernel.ok()) << kernel.error().describe();
       if (c.variant.prefix == 0) {
-        EXPECT_TRUE(run_and_check(**kernel, problem, {}, 5, 768))
+        EXPECT_TRUE(run_and_check(**kernel, problem, c.functions, 5, 768))
             << c.name << " " << config.to_string();
       } else {
         // NaN keys [block_n, 768): the prefix's one block is read whole (its keys past 16 are
