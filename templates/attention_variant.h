@@ -251,16 +251,20 @@ FLASHJIT_DEVICE bool block_seen(const FlashjitAttentionParams& p, int diagonal, 
   const int key_end = n0 + cols < p.seqlen_k ? n0 + cols : p.seqlen_k;
   for (int row = m0; row < m0 + rows; ++row) {
     const RowKeys keys = row_keys(p, diagonal, row);
+    // A row's keys without an early exit (an OR over them, which the compiler may vectorize: a
+    // block hidden whole is tested whole), then the next row.
+    bool seen = false;
     for (int key = n0; key < key_end; ++key) {
-      if (!(key < keys.prefix_end || (keys.begin <= key && key < keys.end))) continue;
+      const bool shown = key < keys.prefix_end || (keys.begin <= key && key < keys.end);
 #if FLASHJIT_VARIANT_MASK_MOD
-      if (user_mask_mod(batch, head, row, key)) return true;
+      seen |= shown && user_mask_mod(batch, head, row, key);
 #else
-      (void)batch, (void)head;
-      return true;
+      seen |= shown;
 #endif
     }
+    if (seen) return true;
   }
+  (void)batch, (void)head;
   return false;
 }
 
