@@ -241,11 +241,11 @@ FLASHJIT_DEVICE float score_and_grad(float s, float slope, int batch, int head, 
 }
 #endif
 
-// Whether any row of [m0, m0 + rows) sees any key of [n0, n0 + cols): visible() asked per
-// element up to the first seen, the row's band and prefix first (two compares), the mask_mod
-// only where those show the key. A mask_mod has no block rule of its own (KeyBlocks below): a
-// kernel that can afford BM x BN scalar tests per block (the CPU's: the mask's integer work
-// against the block's 4 x d FMAs per score) skips the blocks it hides whole.
+// Whether any row of [m0, m0 + rows) sees any key of [n0, n0 + cols): visible() asked for every
+// key of a row (the band and prefix, then the mask_mod where they show the key), row after row
+// until one sees a key. A mask_mod has no block rule of its own (KeyBlocks below): a kernel that
+// can afford BM x BN tests per block (the CPU's: the mask's integer work against the block's
+// 4 x d FMAs per score) skips the blocks it hides whole.
 FLASHJIT_DEVICE bool block_seen(const FlashjitAttentionParams& p, int diagonal, int batch, int head,
                                 int m0, int rows, int n0, int cols) {
   const int key_end = n0 + cols < p.seqlen_k ? n0 + cols : p.seqlen_k;
