@@ -209,6 +209,42 @@ TEST_F(TuningStoreMigrationV2Test, ReadWriteOpenMigratesEveryRowAsPlain) {
   EXPECT_EQ(contents_of(path), migrated);
 }
 
+// The previous release stamped every plain row of a backend with one hash of all its templates
+// (legacy_row_versions_of), whatever the pass. The fixture as that release would have written it
+// with this build's templates: opened read-write, its forward and backward rows are re-stamped
+// with their pass's version and served; a second open changes nothing.
+TEST_F(TuningStoreMigrationV2Test, PerBackendStampsOfTheSameTemplatesAreReStampedPerPass) {
+  const fs::path path = copy_fixture();
+  const DeviceFingerprint device = testing::devices_of(path).at(0);
+  const std::string prefix = device.to_string().substr(0, device.to_string().find('|') + 1);
+  const std::string legacy = legacy_row_versions_of(prefix).plain;
+  for (const char* table : {"results", "choices"})
+    query(path, std::string("UPDATE ") + table + " SET generator = '" + legacy + "'");
+  const size_t results = contents_of(path).results.size();
+
+  Result<std::unique_ptr<TuningStore>> opened = TuningStore::open(path);
+  ASSERT_TRUE(opened.ok()) << opened.error().describe();
+  for (Pass pass : {Pass::Forward, Pass::Backward})
+    EXPECT_EQ(query(path, std::string("SELECT DISTINCT generator FROM choices WHERE pass = '") +
+                              to_string(pass) + "'"),
+              std::vector<std::string>{generator_version_of(prefix, pass)})
+        << to_string(pass);
+  EXPECT_EQ(query(path, "SELECT count(*) FROM results WHERE generator = '" + legacy + "'"),
+            std::vector<std::string>{"0"});
+  EXPECT_EQ(contents_of(path).results.size(), results);
+  Result<std::vector<TuningStore::Entry>> entries = (*opened)->entries();
+  ASSERT_TRUE(entries.ok()) << entries.error().describe();
+  ASSERT_EQ(entries->size(), 2u);
+  for (const TuningStore::Entry& entry : *entries) {
+    EXPECT_TRUE(entry.current) << entry.key.to_string();
+    EXPECT_TRUE((*opened)->choice(device, entry.key)->has_value()) << entry.key.to_string();
+  }
+  const Contents migrated = contents_of(path);
+  opened->reset();
+  ASSERT_TRUE(TuningStore::open(path).ok());
+  EXPECT_EQ(contents_of(path), migrated);
+}
+
 TEST_F(TuningStoreMigrationV2Test, ReadOnlyOpenServesThePlainRowsWithoutMigrating) {
   const fs::path path = copy_fixture();
   restamp_generator(path);
