@@ -67,6 +67,14 @@
 #          wgmma; a second argument replaces the gtest filter), then times the Atomic tile
 #          m64n128w8s2 against the -det tiles (`flashjit run --pass bwd`, d 128 bf16, N 8192,
 #          B x H = 2 x 16, causal and not): bwd-quick.log. For a device budget of ~3 minutes.
+#   bwd-ws the ws family's fused backward (issue 30) in one call: builds runtime_cuda_backward_test
+#          and the CLI, runs every legal config of d 128 (bf16 and fp16, causal
+#          and not) against the fp64 reference (FLASHJIT_TEST_FAMILIES=ws; a second argument
+#          replaces the gtest filter), compute-sanitizer racecheck and synccheck on one ws config,
+#          then `flashjit run --pass bwd` of the ws tile beside the wgmma -det default and the
+#          Atomic tile (d 128 bf16, B x H = 2 x 16 at N 8192 causal and not, 1 x 16 at 16384),
+#          and torch SDPA's cuDNN and flash backward on the same shapes (bwd_peers_quick.py):
+#          bwd-ws.log. ~4 minutes.
 #   concurrent  issue 15's test: the flashjit CLI, then bench/concurrent_tune.py: a lone `flashjit
 #          tune` of 4 problems (d 128, N 1024/4096, causal both), then 4 processes tuning them
 #          into one DB at once (timing lock + disturbance check); each must end with the lone
@@ -130,9 +138,9 @@ what="${1:-all}"
 DTYPES="${DTYPES:-bf16}"
 ctest_regex="${2:-}"
 case "$what" in
-  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|sanitize|sanitize-cases|py|py-tests|py-bench|py-torch|decode|concurrent|variants|owed|bwd-quick) ;;
+  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|sanitize|sanitize-cases|py|py-tests|py-bench|py-torch|decode|concurrent|variants|owed|bwd-quick|bwd-ws) ;;
   *) echo "usage: bench/device_run.sh [tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|" \
-       "ws-sanitize|sanitize|sanitize-cases|decode|concurrent|variants|owed|bwd-quick|py|py-tests|py-bench|py-torch] [CTEST_REGEX]" >&2
+       "ws-sanitize|sanitize|sanitize-cases|decode|concurrent|variants|owed|bwd-quick|bwd-ws|py|py-tests|py-bench|py-torch] [CTEST_REGEX]" >&2
      exit 2 ;;
 esac
 
@@ -274,7 +282,7 @@ if [[ "$what" != py* ]]; then
   if [[ "$what" == variants ]]; then
     targets=(--target runtime_cuda_variant_test)
   fi
-  if [[ "$what" == bwd-quick ]]; then
+  if [[ "$what" == bwd-quick || "$what" == bwd-ws ]]; then
     targets=(--target flashjit_cli runtime_cuda_backward_test)
   fi
   if [[ "$what" == owed ]]; then
@@ -507,6 +515,33 @@ if [[ "$what" == bwd-quick ]]; then
     done
   done
   echo "== bwd-quick done at $((SECONDS - start)) s"
+fi
+
+if [[ "$what" == bwd-ws ]]; then
+  echo "== the ws fused backward (bwd-ws.log): every legal ws config of d 128 and 96 against the"
+  echo "   fp64 reference, compute-sanitizer on one, then flashjit run --pass bwd beside cuDNN"
+  : >"$OUT/bwd-ws.log"
+  step bwd-ws all-configs 240 env FLASHJIT_TEST_FAMILIES=ws \
+      build-device/tests/runtime_cuda_backward_test --gtest_filter="${ctest_regex:-AllGroups/CudaBackwardAllConfigs.*/d128_*}"
+  small="--batch 1 --heads 4 --kv-heads 2 --seqlen-q 300 --seqlen-k 257 --head-dim 128 --causal"
+  for tool in racecheck synccheck memcheck; do
+    step bwd-ws "sanitize-$tool" 120 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+        build-device/flashjit run --backend cuda --pass bwd $small --config m64n128w12s2-ws
+  done
+  shapes=("2 16 8192 --causal" "2 16 8192" "1 16 16384")
+  for shape in "${shapes[@]}"; do
+    read -r b h n causal <<<"$shape"
+    for config in m64n128w12s2-ws m64n64w4s2-wgmma-det m64n128w8s2-wgmma; do
+      tag="$config-b$b-n$n${causal:+-causal}"
+      step bwd-ws "run-$tag" 90 build-device/flashjit run --backend cuda --pass bwd \
+          --batch "$b" --heads "$h" --seqlen "$n" --head-dim 128 $causal --config "$config"
+      grep -E "backward|ms" "$OUT/bwd-ws-run-$tag.log" | head -n 4 | sed "s/^/   $tag: /" |
+          tee -a "$OUT/bwd-ws.log"
+    done
+  done
+  timeout 240 python3 bench/bwd_peers_quick.py 2,16,8192,128,1 2,16,8192,128,0 1,16,16384,128,0 \
+      2>&1 | tee -a "$OUT/bwd-ws.log" || status=1
+  echo "== bwd-ws done at $((SECONDS - start)) s"
 fi
 
 if [[ "$what" == gpu-tests ]]; then

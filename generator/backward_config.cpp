@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "generator/backward_config_sm90.hpp"
+#include "generator/backward_config_ws.hpp"
 #include "generator/knobs.hpp"
 
 namespace flashjit {
@@ -216,14 +217,35 @@ Status check_wgmma_template(const AttentionConfig& c, const AttentionProblem& p)
   return check_wgmma_backward_config(c, p, unlimited);
 }
 
-// The families with a backward template: mma (sm80+) and wgmma (sm90a,
-// generator/backward_config_sm90.hpp).
+// The ws family's template constraints alone (as for wgmma).
+Status check_ws_template(const AttentionConfig& c, const AttentionProblem& p) {
+  DeviceSpec unlimited;
+  unlimited.name = "(template constraints only)";
+  unlimited.arch = 90;
+  unlimited.smem_per_block_optin = unlimited.smem_per_sm = 1 << 30;
+  unlimited.regs_per_sm = 1 << 30;
+  unlimited.max_regs_per_thread = 1 << 30;
+  unlimited.max_threads_per_sm = unlimited.max_threads_per_block = 1 << 30;
+  return check_ws_backward_config(c, p, unlimited);
+}
+
+// The ws family has no dQ kernel of its own: its last entry is the convert row kernel, whose
+// shape backward_shapes (render.hpp) supplies; these are never launched with.
+int ws_dq_threads(const AttentionConfig&) { return 128; }
+int ws_dq_smem(const AttentionConfig&, const AttentionProblem&) { return 0; }
+
+// The families with a backward template: mma (sm80+), wgmma (sm90a,
+// generator/backward_config_sm90.hpp) and ws (sm90a, one fused kernel,
+// generator/backward_config_ws.hpp).
 constexpr BackwardFamily kFamilies[] = {
     {KernelFamily::Mma, "mma", mma_candidates, check_mma_shape, check_mma, mma_threads, mma_threads,
      mma_dkdv_smem, mma_dq_smem, explain_mma},
     {KernelFamily::Wgmma, "wgmma", wgmma_backward_candidates, check_wgmma_template,
      check_wgmma_backward_config, wgmma_backward_dkdv_threads, wgmma_backward_dq_threads,
      wgmma_backward_dkdv_smem_bytes, wgmma_backward_dq_smem_bytes, explain_wgmma_backward_plan},
+    {KernelFamily::Ws, "ws", ws_backward_candidates, check_ws_template, check_ws_backward_config,
+     ws_backward_dkdv_threads, ws_dq_threads, ws_backward_dkdv_smem_bytes, ws_dq_smem,
+     explain_ws_backward_plan},
 };
 
 const BackwardFamily* family_of(const AttentionConfig& config) {
@@ -317,6 +339,13 @@ BackwardResources backward_resources(const AttentionConfig& c, const AttentionPr
     use.dq_smem_bytes = wgmma_backward_dq_smem_bytes(c, p);
     use.dkdv_registers = wgmma_backward_dkdv_registers(c, p);
     use.dq_registers = wgmma_backward_dq_registers(c, p);
+  } else if (c.family == KernelFamily::Ws) {
+    use.dkdv_threads = ws_backward_dkdv_threads(c);
+    use.dq_threads = ws_dq_threads(c);
+    use.dkdv_smem_bytes = ws_backward_dkdv_smem_bytes(c, p);
+    // Per thread at launch (__launch_bounds__(threads, 1)); setmaxnreg then moves the
+    // producer's to the consumers (ws_backward_consumer_register_limit).
+    use.dkdv_registers = 65536 / use.dkdv_threads / 8 * 8;
   } else {
     const MmaShape s = mma_shape(c, p);
     use.dkdv_threads = use.dq_threads = c.threads();
@@ -420,7 +449,7 @@ std::string explain_backward_plan(const AttentionProblem& p, const DeviceSpec& d
          "Bc halves while none is; "
       << (p.deterministic ? "-det (deterministic problem)" : "atomic dQ") << ".\n\n";
   for (const BackwardFamily& family : kFamilies) {
-    if (family.family == KernelFamily::Wgmma && device.arch != 90) continue;  // sm90a only
+    if (family.family != KernelFamily::Mma && device.arch != 90) continue;  // sm90a only
     out << family.explain(p, device) << "\n";
   }
   const std::vector<AttentionConfig> legal = legal_backward_configs(p, device);

@@ -468,10 +468,53 @@ Result<KernelSource> render_cpu_attention(const AttentionProblem& problem,
 
 // ---- the backward pass ----------------------------------------------------------------------
 
+namespace {
+
+// The ws family's backward (cuda/ws/attention_bwd_ws.cuh): the preprocess, the fused kernel in
+// the dK/dV entry (taking the tensor maps of Q, K, V and dO, in FlashjitForwardTensorMaps' q, k,
+// v and o: runtime/tensor_map_spec.hpp's backward_tensor_map_specs), the convert. Plain
+// attention only (the budget leaves variants to the other families).
+Result<KernelSource> render_cuda_attention_backward_ws(const AttentionProblem& problem,
+                                                       const AttentionConfig& config) {
+  std::string row_args = "<";
+  row_args += std::to_string(problem.head_dim);
+  row_args += problem.dtype == DType::BF16 ? ", true>" : ", false>";
+  const char* params = "(const __grid_constant__ FlashjitAttentionParams params) {\n";
+  std::ostringstream instantiation;
+  instantiation
+      << "typedef flashjit_kernel::WsBwdTraits</*head_dim=*/" << problem.head_dim
+      << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n << ", /*warps=*/"
+      << config.warps << ", /*stages=*/" << config.stages << ", /*bf16=*/"
+      << (problem.dtype == DType::BF16 ? "true" : "false") << ", /*causal=*/"
+      << (problem.causal ? "true" : "false") << ", /*dq_atomic=*/true> Config;\n"
+      << "extern \"C\" __global__ void __launch_bounds__(flashjit_kernel::kBackwardThreads)\n"
+      << kBackwardPreprocessEntry << params << "  flashjit_kernel::backward_preprocess" << row_args
+      << "(params);\n}\n"
+      << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads, 1)\n"
+      << kBackwardDkDvEntry << "(const __grid_constant__ FlashjitAttentionParams params,\n"
+      << "    const __grid_constant__ FlashjitForwardTensorMaps maps) {\n"
+      << "  flashjit_kernel::attention_backward_ws_dkdv<Config>(params, maps);\n}\n"
+      << "extern \"C\" __global__ void __launch_bounds__(flashjit_kernel::kBackwardThreads)\n"
+      << kBackwardDqEntry << params << "  flashjit_kernel::backward_dq_convert" << row_args
+      << "(params);\n}\n";
+  Result<KernelSource> source =
+      assemble(template_files::kCudaWsBackward,
+               {kBackwardPreprocessEntry, kBackwardDkDvEntry, kBackwardDqEntry}, "attention_bwd_ws",
+               problem, config, instantiation.str());
+  if (source.ok()) {
+    source->arch_specific = true;
+    source->tensor_maps = true;
+  }
+  return source;
+}
+
+}  // namespace
+
 Result<KernelSource> render_cuda_attention_backward(const AttentionProblem& problem,
                                                     const AttentionConfig& config) {
   FLASHJIT_TRY(validate(problem));
   FLASHJIT_TRY(check_backward_template(config, problem));
+  if (config.family == KernelFamily::Ws) return render_cuda_attention_backward_ws(problem, config);
   // Each family's template defines a traits template with these parameters and two device
   // functions over it: <prefix>_dkdv and <prefix>_dq (the DqMode::Separate dQ kernel). The row
   // kernels (preprocess, the Atomic mode's convert) are cuda/attention_bwd_common.cuh's.

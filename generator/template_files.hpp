@@ -34,8 +34,12 @@ inline constexpr const char* kCudaMmaBackwardFiles[] = {
     "cuda/attention_bwd.cuh"};
 inline constexpr const char* kCudaWgmmaBackwardFiles[] = {
     "attention_common.h", "cuda/common.cuh", "cuda/wgmma.cuh", "cuda/sm90_tiles.cuh",
-    "cuda/attention_bwd_common.cuh", "cuda/attention_bwd_sm90.cuh",
+    "cuda/bulk_group.cuh", "cuda/attention_bwd_common.cuh", "cuda/attention_bwd_sm90.cuh",
     "cuda/attention_bwd_sm90_dq.cuh"};
+inline constexpr const char* kCudaWsBackwardFiles[] = {
+    "attention_common.h", "cuda/common.cuh", "cuda/wgmma.cuh", "cuda/sm90_tiles.cuh",
+    "cuda/tma.cuh", "cuda/attention_bwd_common.cuh", "cuda/attention_bwd_sm90.cuh",
+    "cuda/ws/pipeline.cuh", "cuda/ws/attention_bwd_ws.cuh"};
 inline constexpr const char* kCudaDecodeFiles[] = {
     "attention_common.h", "cuda/common.cuh", "cuda/tiles.cuh", "cuda/decode.cuh"};
 inline constexpr const char* kHipForwardFiles[] = {
@@ -56,6 +60,7 @@ inline constexpr Family kCudaWgmmaForward{"cuda", Use::Forward, kCudaWgmmaForwar
 inline constexpr Family kCudaWsForward{"cuda", Use::Forward, kCudaWsForwardFiles};
 inline constexpr Family kCudaMmaBackward{"cuda", Use::Backward, kCudaMmaBackwardFiles};
 inline constexpr Family kCudaWgmmaBackward{"cuda", Use::Backward, kCudaWgmmaBackwardFiles};
+inline constexpr Family kCudaWsBackward{"cuda", Use::Backward, kCudaWsBackwardFiles};
 inline constexpr Family kCudaDecode{"cuda", Use::Decode, kCudaDecodeFiles};
 inline constexpr Family kHipForward{"hip", Use::Forward, kHipForwardFiles};
 inline constexpr Family kHipBackward{"hip", Use::Backward, kHipBackwardFiles};
@@ -65,8 +70,8 @@ inline constexpr Family kCpuBackward{"cpu", Use::Backward, kCpuBackwardFiles};
 inline constexpr Family kCpuDecode{"cpu", Use::Decode, kCpuDecodeFiles};
 
 inline constexpr const Family* kFamilies[] = {
-    &kCudaMmaForward,    &kCudaWgmmaForward, &kCudaWsForward, &kCudaMmaBackward,
-    &kCudaWgmmaBackward, &kCudaDecode,       &kHipForward,    &kHipBackward,
-    &kHipDecode,         &kCpuForward,       &kCpuBackward,   &kCpuDecode};
+    &kCudaMmaForward, &kCudaWgmmaForward, &kCudaWsForward, &kCudaMmaBackward, &kCudaWgmmaBackward,
+    &kCudaWsBackward, &kCudaDecode,       &kHipForward,    &kHipBackward,     &kHipDecode,
+    &kCpuForward,     &kCpuBackward,      &kCpuDecode};
 
 }  // namespace flashjit::template_files

@@ -74,6 +74,13 @@ inline Status check_tensor_map_spec(const TensorMapSpec& s) {
 // coordinate is always 0). Packed documents (Variant::varlen): one batch entry of total_q (q, o)
 // and total_k (k, v) rows; the kernel places each document at its first row (cu_seqlens), and
 // only rows past the totals are outside the tensors. Error as check_tensor_map_spec.
+// The maps of a ws backward launch (templates/cuda/ws/attention_bwd_ws.cuh): q, k, v as the
+// forward's (q box rows = block_m, k and v = block_n) and dO in the `o` slot with box rows =
+// block_m (the kernel loads it as it loads Q). Plain attention only (the family's budget).
+inline Result<ForwardTensorMapSpecs> backward_tensor_map_specs(
+    const FlashjitAttentionParams& params, const AttentionProblem& problem,
+    const AttentionConfig& config);
+
 inline Result<ForwardTensorMapSpecs> forward_tensor_map_specs(const FlashjitAttentionParams& params,
                                                               const AttentionProblem& problem,
                                                               const AttentionConfig& config) {
@@ -118,6 +125,23 @@ inline Result<ForwardTensorMapSpecs> forward_tensor_map_specs(const FlashjitAtte
                  params.o_batch_stride, kTensorMapOutputRows);
   for (const TensorMapSpec* s : {&specs.q, &specs.k, &specs.v, &specs.o})
     FLASHJIT_TRY(check_tensor_map_spec(*s));
+  return specs;
+}
+
+inline Result<ForwardTensorMapSpecs> backward_tensor_map_specs(
+    const FlashjitAttentionParams& params, const AttentionProblem& problem,
+    const AttentionConfig& config) {
+  // The forward's maps of a problem whose `o` is dO (its strides and box rows of block_m).
+  FlashjitAttentionParams as_forward = params;
+  as_forward.o = const_cast<void*>(params.d_o);
+  as_forward.o_seq_stride = params.do_seq_stride;
+  as_forward.o_head_stride = params.do_head_stride;
+  as_forward.o_batch_stride = params.do_batch_stride;
+  Result<ForwardTensorMapSpecs> specs = forward_tensor_map_specs(as_forward, problem, config);
+  if (!specs.ok()) return specs;
+  specs->o.tensor = "do";
+  specs->o.box[1] = static_cast<uint32_t>(config.block_m);
+  FLASHJIT_TRY(check_tensor_map_spec(specs->o));
   return specs;
 }
 

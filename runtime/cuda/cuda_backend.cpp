@@ -178,7 +178,9 @@ class CudaKernel final : public Kernel {
                  FlashjitAttentionParams& params, void* stream) const {
     FLASHJIT_TRY(check(driver_->cuCtxSetCurrent(context_), "cuCtxSetCurrent"));
     FlashjitForwardTensorMaps maps;
-    if (tensor_maps_)
+    // The backward's row kernels (entries 0 and 2) take the params only: the maps are for its
+    // fused kernel (entry 1, the ws family).
+    if (tensor_maps_ && (!problem.is_backward() || entry == 1))
       FLASHJIT_TRY(encode_forward_tensor_maps(*driver_, params, problem, config_, &maps));
     void* kernel_args[] = {&params, &maps};
     return check(driver_->cuLaunchKernel(functions_[entry], static_cast<unsigned>(shape.grid_x),

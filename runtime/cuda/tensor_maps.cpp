@@ -42,7 +42,10 @@ Status encode_tensor_map(const Driver& driver, const TensorMapSpec& spec, Flashj
 Status encode_forward_tensor_maps(const Driver& driver, const FlashjitAttentionParams& params,
                                   const AttentionProblem& problem, const AttentionConfig& config,
                                   FlashjitForwardTensorMaps* maps) {
-  Result<ForwardTensorMapSpecs> specs = forward_tensor_map_specs(params, problem, config);
+  // A backward kernel's (the ws family's fused kernel) hold dO where the forward's hold O.
+  Result<ForwardTensorMapSpecs> specs = problem.is_backward()
+                                            ? backward_tensor_map_specs(params, problem, config)
+                                            : forward_tensor_map_specs(params, problem, config);
   if (!specs.ok()) return specs.error();
   FLASHJIT_TRY(encode_tensor_map(driver, specs->q, &maps->q));
   FLASHJIT_TRY(encode_tensor_map(driver, specs->k, &maps->k));

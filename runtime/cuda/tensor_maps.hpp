@@ -16,7 +16,8 @@ namespace flashjit::cuda {
 Status encode_tensor_map(const Driver& driver, const TensorMapSpec& spec, FlashjitTensorMap* map);
 
 // The four maps of a launch of `problem` with `params` (make_launch_params) of a -ws kernel,
-// into `maps`.
+// into `maps`: the forward's q, k, v, o, or for a backward problem (the ws family's fused
+// backward kernel) q, k, v and dO in the o slot (backward_tensor_map_specs).
 Status encode_forward_tensor_maps(const Driver& driver, const FlashjitAttentionParams& params,
                                   const AttentionProblem& problem, const AttentionConfig& config,
                                   FlashjitForwardTensorMaps* maps);

@@ -135,9 +135,10 @@ __device__ __forceinline__ void backward_dq_convert_varlen(const FlashjitAttenti
 #endif
 
 #if __CUDA_ARCH__ >= 900
-// ---- sm90: the wgmma backward's bulk dQ reduction ----------------------------------------------
-// (cuda/tma.cuh defines the same bulk-group wrappers for the forward's TMA stores; the backward
-// does not assemble that file, whose text keys the forward's tuning rows.)
+// ---- sm90: the bulk dQ reduction of the wgmma and ws backwards ---------------------------------
+// (bulk_commit_group and bulk_wait_group_read come from cuda/tma.cuh in the ws family and from
+// cuda/bulk_group.cuh, the same two wrappers, in the wgmma family: tma.cuh's text keys the
+// forward's tuning rows, so the wgmma backward does not assemble it.)
 
 // fp32 destination[0 .. bytes / 4) += the shared-memory words at `source`, asynchronously (the
 // L2 adds whole lines): part of this thread's open bulk group. bytes, source and destination are
@@ -147,14 +148,6 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* destination, u32 sour
                    destination),
                "r"(source), "r"(bytes)
                : "memory");
-}
-__device__ __forceinline__ void bulk_commit_group() {
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-// Until at most PENDING of this thread's bulk groups may still read their shared memory.
-template <int PENDING>
-__device__ __forceinline__ void bulk_wait_group_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(PENDING) : "memory");
 }
 // Until at most PENDING of this thread's bulk groups are incomplete (their writes done).
 template <int PENDING>

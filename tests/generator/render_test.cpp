@@ -119,7 +119,10 @@ TEST(Render, RowVersionsHashTheTemplatesOfTheirPassOnly) {
       {"cuda/attention_bwd_sm90_dq.cuh", "cuda", false, true, false, true},
       {"cuda/attention_bwd_common.cuh", "cuda", false, true, false, true},
       {"cuda/ws/softmax.cuh", "cuda", true, false, true, true},
-      {"cuda/tma.cuh", "cuda", true, false, true, true},
+      // In the forward's -ws family and the backward's ws family (the fused kernel).
+      {"cuda/tma.cuh", "cuda", true, true, true, true},
+      {"cuda/ws/attention_bwd_ws.cuh", "cuda", false, true, false, true},
+      {"cuda/bulk_group.cuh", "cuda", false, true, false, true},
       {"cuda/attention_fwd.cuh", "cuda", true, false, true, true},
       {"cuda/common.cuh", "cuda", true, true, true, true},
       {"cuda/decode.cuh", "cuda", false, false, true, false},

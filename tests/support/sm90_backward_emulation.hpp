@@ -4,13 +4,13 @@
 // template and of the variants. Include it after templates/cuda/attention_bwd_sm90.cuh.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "generator/backward_config_sm90.hpp"
 #include "runtime/launch_params.hpp"
@@ -31,12 +31,14 @@ struct Sm90BackwardOutcome {
   GradientComparison comparison;
 };
 
-// One backward call of config K on `problem`: host preprocess, emulated kernels, host convert.
-// The gradients' whole spans (poisoned before) into `gradients`; the emulator's error, "" when it
-// ran.
-template <class K>
-std::string run_sm90_backward_gradients(const AttentionProblem& p, const AttentionConfig& config,
-                                        const HostInputs& in, Gradients* gradients) {
+// One backward call of `config` on `problem`: host preprocess, then kernels(params) (the
+// emulated dK/dV and dQ kernels, with the workspace bound: returns the emulator's error or ""),
+// then the host convert (DqMode::Atomic). The gradients' whole spans (poisoned before) into
+// `gradients`; the error, "" when it ran.
+template <class Kernels>
+std::string run_backward_around_host_rows(const AttentionProblem& p, const AttentionConfig& config,
+                                          const HostInputs& in, Gradients* gradients,
+                                          const Kernels& kernels) {
   std::string error;
   std::vector<uint16_t> dq = poisoned_storage(p.dq_span(), p.dtype);
   std::vector<uint16_t> dk = poisoned_storage(p.dkv_span(), p.dtype);
@@ -97,12 +99,8 @@ std::string run_sm90_backward_gradients(const AttentionProblem& p, const Attenti
           for (int c = 0; c < dp; ++c) params.dq_accum[at * dp + c] = 0.f;
       }
 
-  const Sm90Grid dkdv_grid{static_cast<int>((p.seqlen_k + config.block_n - 1) / config.block_n),
-                           static_cast<int>(p.heads_kv), static_cast<int>(p.batch)};
-  error = emulate_sm90(
-      dkdv_grid, wgmma_backward_dkdv_threads(config), wgmma_backward_dkdv_smem_bytes(config, p),
-      [&] { flashjit_kernel::FLASHJIT_EMULATED_ENTRY(attention_backward_sm90_dkdv)<K>(params); });
-  if (!error.empty()) return "dK/dV kernel: " + error;
+  error = kernels(params);
+  if (!error.empty()) return error;
   if (config.dq == DqMode::Atomic) {
     // The convert, as cuda/attention_bwd_common.cuh defines it: dq = scale * dq_accum.
     for (int64_t b = 0; b < p.batch; ++b)
@@ -113,16 +111,40 @@ std::string run_sm90_backward_gradients(const AttentionProblem& p, const Attenti
             set_element(dq.data(), storage_offset(p.dq_strides, b, first_row(b) + row, h) + c,
                         params.dq_accum[at] * params.scale, p.dtype);
           }
-  } else {
-    const Sm90Grid dq_grid{static_cast<int>((p.seqlen_q + config.block_m - 1) / config.block_m),
-                           static_cast<int>(p.heads_q), static_cast<int>(p.batch)};
-    error = emulate_sm90(
-        dq_grid, wgmma_backward_dq_threads(config), wgmma_backward_dq_smem_bytes(config, p),
-        [&] { flashjit_kernel::FLASHJIT_EMULATED_ENTRY(attention_backward_sm90_dq)<K>(params); });
-    if (!error.empty()) return "dQ kernel: " + error;
   }
   *gradients = Gradients{std::move(dq), std::move(dk), std::move(dv)};
   return "";
+}
+
+// One backward call of the wgmma family's config K on `problem`: host preprocess, emulated
+// kernels, host convert (run_backward_around_host_rows).
+template <class K>
+std::string run_sm90_backward_gradients(const AttentionProblem& p, const AttentionConfig& config,
+                                        const HostInputs& in, Gradients* gradients) {
+  return run_backward_around_host_rows(
+      p, config, in, gradients, [&](FlashjitAttentionParams& params) -> std::string {
+        const Sm90Grid dkdv_grid{
+            static_cast<int>((p.seqlen_k + config.block_n - 1) / config.block_n),
+            static_cast<int>(p.heads_kv), static_cast<int>(p.batch)};
+        std::string error = emulate_sm90(
+            dkdv_grid, wgmma_backward_dkdv_threads(config),
+            wgmma_backward_dkdv_smem_bytes(config, p), [&] {
+              flashjit_kernel::FLASHJIT_EMULATED_ENTRY(attention_backward_sm90_dkdv)<K>(params);
+            });
+        if (!error.empty()) return "dK/dV kernel: " + error;
+        if (config.dq == DqMode::Separate) {
+          const Sm90Grid dq_grid{
+              static_cast<int>((p.seqlen_q + config.block_m - 1) / config.block_m),
+              static_cast<int>(p.heads_q), static_cast<int>(p.batch)};
+          error = emulate_sm90(
+              dq_grid, wgmma_backward_dq_threads(config), wgmma_backward_dq_smem_bytes(config, p),
+              [&] {
+                flashjit_kernel::FLASHJIT_EMULATED_ENTRY(attention_backward_sm90_dq)<K>(params);
+              });
+          if (!error.empty()) return "dQ kernel: " + error;
+        }
+        return "";
+      });
 }
 
 // run_sm90_backward_gradients, its gradients compared with `ref`.

@@ -296,9 +296,10 @@ TEST_P(CudaCompileBackward, EveryLegalConfigCompilesWithoutSpills) {
     EXPECT_GT(outcome.preprocess_report.registers, 0) << where << ":\n" << outcome.log;
     EXPECT_GT(outcome.dkdv_report.registers, 0) << where << ":\n" << outcome.log;
     EXPECT_GT(outcome.dq_report.registers, 0) << where << ":\n" << outcome.log;
-    if (outcome.config.family == KernelFamily::Wgmma) {
-      // The wgmma family's budget keeps every accumulator in registers: no spill at all, in
-      // any of its kernels (a spill there means backward_config_sm90's register model is off).
+    if (outcome.config.family == KernelFamily::Wgmma || outcome.config.family == KernelFamily::Ws) {
+      // The wgmma and ws families' budgets keep every accumulator in registers: no spill at all,
+      // in any of their kernels (a spill there means backward_config_sm90's or
+      // backward_config_ws's register model is off).
       for (const cuda::PtxasReport* r :
            {&outcome.preprocess_report, &outcome.dkdv_report, &outcome.dq_report}) {
         EXPECT_EQ(r->spill_store_bytes, 0) << where << ": spill stores\n" << outcome.log;

@@ -1,0 +1,515 @@
+// FlashAttention backward for Hopper (sm_90a) in FlashAttention-3's shape: ONE kernel computes
+// dK, dV and dQ. A producer warp loads Q, dO (TMA) and lse_log2, delta (generic copies) of each
+// query step into an mbarrier pipeline while K_j and V_j stay resident; two consumer warpgroups
+// (after setmaxnreg) compute the five products by wgmma; a dQ-writer warp adds each step's dQ
+// tile (staged in shared memory by the consumers) into the fp32 workspace with bulk reductions,
+// off the consumers' path. The preprocess (delta, lse_log2, zeroed dq_accum) and the convert
+// (dq = scale * dq_accum) are cuda/attention_bwd_common.cuh's row kernels. Configs
+// "m<block_m>n<block_n>w<warps>s<stages>-ws" (backward): block_n = 64 per consumer warpgroup,
+// warps = 4 (producer) + 4 per consumer, stages = depth of the Q/dO pipeline.
+//
+// The math is the wgmma family's (cuda/attention_bwd_sm90.cuh, whose tile helpers this uses),
+// per key block j of one (batch, kv head), base 2:
+//   P^T = exp2(scale_log2 * K_j Q_i^T - lse_log2_i),  dS^T = P^T * (V_j dO_i^T - delta_i)
+//   dV_j += P^T dO_i,  dK_j += dS^T Q_i,  dq_accum_i += dS K_j
+//
+// clang-format off
+//   producer (40 registers)             consumer warpgroup c (64 keys)        dQ writer (warp 1)
+//   K_j, V_j -> kv_full (once)           wait kv_full
+//   for each step t (query head,         for each step t:                      for each step t:
+//       query block i):                    wait full[s]
+//     wait empty[s]                        S^T = K_c Q_i^T; dP^T = V_c dO_i^T
+//     lse_log2_i, delta_i -> stats[s]      P^T, dS^T (registers, 16-bit)
+//       (warp 2)
+//     Q_i, dO_i -> full[s] (TMA, thread 0) dS^T -> dS[t % 2]; consumers' barrier
+//                                          dV += P^T dO_i; dK += dS^T Q_i (RS)
+//                                          dQ tile(s) = dS K_j[:, cols of c] (SS)
+//                                          wait all; release s
+//                                          wait dq_empty; stage dQ; dq_full ->  wait dq_full
+//                                                                               bulk-add rows
+//                                                                               wait reads; dq_empty
+//   dK *= scale; dK, dV -> shared (over K, V) -> global (16-byte stores), per consumer
+// clang-format on
+//
+// dS^T is double-buffered: a consumer writes step t's into buffer t % 2 after the consumers'
+// barrier of step t - 1, which each consumer reaches only after waiting for its step t - 2 dQ
+// wgmmas, the last readers of that buffer. The staged dQ rows are single-buffered: dq_empty
+// (the writer's reads of step t - 1 done) gates their rewrite at step t.
+//
+// Not in this family (yet): attention variants, packed documents, a deterministic dQ, head dims
+// past 128; the budget (generator/backward_config_ws.cpp) leaves those problems to the others.
+
+namespace flashjit_kernel {
+
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WARPS, int STAGES, bool IS_BF16, bool CAUSAL,
+          bool DQ_ATOMIC>
+struct WsBwdTraits {
+  static constexpr int kHeadDim = HEAD_DIM;
+  static constexpr int kHeadDimPadded = (HEAD_DIM + 63) / 64 * 64;  // whole 64-column blocks
+  static constexpr int kColumnBlocks = kHeadDimPadded / 64;         // TMA boxes per tile
+  static constexpr int kBlockM = BLOCK_M;                           // query rows per step
+  static constexpr int kBlockN = BLOCK_N;                           // keys per CTA
+  static constexpr int kWarps = WARPS;
+  static constexpr int kStages = STAGES;
+  static constexpr bool kIsBf16 = IS_BF16;
+  static constexpr bool kCausal = CAUSAL;
+  static constexpr bool kDqAtomic = DQ_ATOMIC;
+
+  static constexpr int kConsumers = kBlockN / 64;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kConsumerThreads = kConsumers * 128;
+  // One CTA per SM; the producer warpgroup gives its registers to the consumers.
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+  static constexpr int kProducerRegisters = 40;  // 24 and 32 spilled (NVRTC 13.0)
+  static constexpr int kConsumerRegisters_ =
+      ((1 + kConsumers) * kLaunchRegisters - kProducerRegisters) / kConsumers / 8 * 8;
+  static constexpr int kConsumerRegisters = kConsumerRegisters_ < 240 ? kConsumerRegisters_ : 240;
+
+  static constexpr int kSdpN = kBlockM;  // S^T columns per consumer: every query of the step
+  static constexpr int kKvChunk = kHeadDimPadded % 128 == 0 ? 128 : 64;  // N of a dV/dK wgmma
+  static constexpr int kKvChunks = kHeadDimPadded / kKvChunk;
+  // dQ tiles of 64 query rows x 64 columns, split evenly over the consumers.
+  static constexpr int kDqN = 64;
+  static constexpr int kDqColTiles = kHeadDimPadded / kDqN;
+  static constexpr int kDqTiles = kBlockM / 64 * kDqColTiles;
+  static constexpr int kDqTilesPerConsumer = kDqTiles / kConsumers;
+  // The staged dQ rows (all columns of a row contiguous: one bulk reduction per row), 32 bytes
+  // of padding per row: a half-warp's 8-byte stores land on distinct banks.
+  static constexpr int kDqStageRowBytes = kHeadDimPadded * 4 + 32;
+  static constexpr int kDqStageBytes = kBlockM * kDqStageRowBytes;
+
+  static constexpr int kKvTileBytes = kBlockN * kHeadDimPadded * 2;  // K_j or V_j
+  static constexpr int kQTileBytes = kBlockM * kHeadDimPadded * 2;   // Q_i or dO_i, per stage
+  static constexpr int kScoreTileBytes = kBlockN * kBlockM * 2;      // dS^T [keys, queries]
+  static constexpr int kStatBytes = kBlockM * 4;                     // lse_log2 or delta
+  // kv_full, full[kStages], empty[kStages], dq_full, dq_empty
+  static constexpr int kBarriers = 3 + 2 * kStages;
+  // + 1024: the dynamic window is rounded up to a swizzle atom (the tiles first, all multiples
+  // of 1024 bytes; then the staged dQ rows, the stats and the barriers).
+  static constexpr int kSmemBytes = 1024 + 2 * kKvTileBytes + 2 * kStages * kQTileBytes +
+                                    2 * kScoreTileBytes + kDqStageBytes + 2 * kStages * kStatBytes +
+                                    8 * kBarriers;
+
+  static_assert(kHeadDim % 8 == 0 && kHeadDim >= 8 && kHeadDim <= 128,
+                "head dim: a multiple of 8 in [8, 128] (dK and dV of 64 keys in registers)");
+  static_assert(kBlockM == 64 || kBlockM == 128, "block_m: 64 or 128 query rows per step");
+  static_assert(kBlockN == 128, "block_n: two consumer warpgroups of 64 keys");
+  static_assert(kWarps == 4 * (1 + kConsumers), "a producer warpgroup and the consumers");
+  static_assert(kStages >= 2 && kStages <= 3, "2 or 3 Q/dO buffers");
+  static_assert(kDqAtomic, "dQ by bulk reductions (no deterministic mode in this family yet)");
+  static_assert(kDqTiles % kConsumers == 0, "dQ tiles split evenly over the consumers");
+  static_assert(kConsumerRegisters >= kProducerRegisters && kConsumerRegisters % 8 == 0,
+                "setmaxnreg counts are multiples of 8");
+};
+
+// Shared-memory addresses (shared space) of one CTA's tiles and barriers.
+template <class K>
+struct WsBwdShared {
+  u32 k, v;      // [kBlockN, kDp] each, resident
+  u32 q, d_o;    // kStages x [kBlockM, kDp] each
+  u32 ds;        // 2 x [kBlockN, kBlockM]: dS^T of steps t % 2
+  u32 dq_stage;  // [kBlockM] rows of kDqStageRowBytes
+  u32 stats;     // kStages x {lse_log2[kBlockM], delta[kBlockM]} fp32
+  u32 kv_full;   // mbarrier: K_j and V_j have landed
+  u32 dq_full;   // mbarrier: every consumer staged its dQ tiles (kConsumerThreads arrivals)
+  u32 dq_empty;  // mbarrier: the writer's reductions have read them (32 arrivals)
+  Pipeline<K::kStages> pipe;  // Q_i, dO_i (TMA bytes, 1 arrival) and the stats (32 arrivals)
+
+  __device__ __forceinline__ explicit WsBwdShared(u32 window) {
+    k = (window + 1023) & ~1023u;  // swizzle atoms start on 1024-byte boundaries
+    v = k + K::kKvTileBytes;
+    q = v + K::kKvTileBytes;
+    d_o = q + K::kStages * K::kQTileBytes;
+    ds = d_o + K::kStages * K::kQTileBytes;
+    dq_stage = ds + 2 * K::kScoreTileBytes;
+    stats = dq_stage + K::kDqStageBytes;
+    kv_full = stats + 2 * K::kStages * K::kStatBytes;
+    dq_full = kv_full + 8;
+    dq_empty = dq_full + 8;
+    pipe.full = dq_empty + 8;
+    pipe.empty = pipe.full + 8 * K::kStages;
+  }
+
+  // One thread, then fence_barrier_init() and a CTA barrier.
+  __device__ __forceinline__ void init_barriers() const {
+    mbarrier_init(kv_full, 1);
+    mbarrier_init(dq_full, K::kConsumerThreads);
+    mbarrier_init(dq_empty, 32);
+#pragma unroll
+    for (int s = 0; s < K::kStages; ++s) {
+      mbarrier_init(pipe.full_barrier(s), 33);  // the TMA thread's expect_tx, the stats warp
+      mbarrier_init(pipe.empty_barrier(s), K::kConsumerThreads);
+    }
+  }
+};
+
+// The (query head, query block) steps of one key block: every query head of the GQA group, and
+// the query blocks that see the block (causal, bottom-right: from the block holding row
+// n0 - diagonal), block fastest. The producer, the consumers and the dQ writer walk the same list.
+template <class K>
+struct WsBwdSteps {
+  int m_block_first = 0, m_blocks = 0, kv_head = 0;
+  int group_size = 1;
+  __device__ __forceinline__ WsBwdSteps(const FlashjitAttentionParams& p, int diagonal, int n0,
+                                        int kv_head_) {
+    const int m_blocks_total = (p.seqlen_q + K::kBlockM - 1) / K::kBlockM;
+    if constexpr (K::kCausal) {
+      const int first_row = n0 - diagonal;
+      m_block_first = first_row <= 0 ? 0 : first_row / K::kBlockM;
+      if (m_block_first > m_blocks_total) m_block_first = m_blocks_total;
+    }
+    m_blocks = m_blocks_total - m_block_first;
+    kv_head = kv_head_;
+    group_size = p.group_size;
+  }
+  __device__ __forceinline__ int count() const { return m_blocks * group_size; }
+  __device__ __forceinline__ int head(int t) const { return kv_head * group_size + t / m_blocks; }
+  __device__ __forceinline__ int m0(int t) const {
+    return (m_block_first + t % m_blocks) * K::kBlockM;
+  }
+};
+
+// ---- the producer: K_j, V_j once, then Q_i, dO_i (TMA: one thread of warp 0) and lse_log2_i,
+// delta_i (generic copies: warp 2) per step; full[s] takes 1 + 32 arrivals ----------------------
+
+// Every buffer released before the producing thread exits (its loads landed and were read).
+template <class K>
+__device__ __forceinline__ void ws_bwd_producer_tail(const WsBwdShared<K>& smem,
+                                                     PipelineState<K::kStages> at) {
+#pragma unroll
+  for (int s = 0; s < K::kStages; ++s) {
+    mbarrier_wait(smem.pipe.empty_barrier(at.index), at.phase ^ 1);
+    at.advance();
+  }
+}
+
+template <class K>
+__device__ __forceinline__ void ws_bwd_load_tiles(const FlashjitForwardTensorMaps& maps,
+                                                  const WsBwdShared<K>& smem,
+                                                  const WsBwdSteps<K>& steps, int n0, int batch) {
+  const int n = steps.count();
+  if (n == 0) return;
+  mbarrier_arrive_expect_tx(smem.kv_full, 2 * K::kKvTileBytes);
+#pragma unroll
+  for (int c = 0; c < K::kColumnBlocks; ++c) {
+    tma_load_4d(smem.k + c * K::kBlockN * 128, &maps.k, smem.kv_full, c * 64, n0, steps.kv_head,
+                batch);
+    tma_load_4d(smem.v + c * K::kBlockN * 128, &maps.v, smem.kv_full, c * 64, n0, steps.kv_head,
+                batch);
+  }
+  PipelineState<K::kStages> at;
+  for (int t = 0; t < n; ++t) {
+    const int head = steps.head(t), m0 = steps.m0(t);
+    mbarrier_wait(smem.pipe.empty_barrier(at.index), at.phase ^ 1);
+    const u32 full = smem.pipe.full_barrier(at.index);
+    mbarrier_arrive_expect_tx(full, 2 * K::kQTileBytes);
+    const u32 q = smem.q + at.index * K::kQTileBytes, d_o = smem.d_o + at.index * K::kQTileBytes;
+#pragma unroll
+    for (int c = 0; c < K::kColumnBlocks; ++c) {
+      tma_load_4d(q + c * K::kBlockM * 128, &maps.q, full, c * 64, m0, head, batch);
+      tma_load_4d(d_o + c * K::kBlockM * 128, &maps.o, full, c * 64, m0, head, batch);
+    }
+    at.advance();
+  }
+  ws_bwd_producer_tail<K>(smem, at);
+}
+
+template <class K>
+__device__ __forceinline__ void ws_bwd_load_stats(const FlashjitAttentionParams& p,
+                                                  const WsBwdShared<K>& smem,
+                                                  const WsBwdSteps<K>& steps, int batch) {
+  const int lane = threadIdx.x % 32;
+  const int n = steps.count();
+  PipelineState<K::kStages> at;
+  for (int t = 0; t < n; ++t) {
+    mbarrier_wait(smem.pipe.empty_barrier(at.index), at.phase ^ 1);
+    // lse_log2 and delta rows are padded to seqlen_q_rounded: whole blocks, no bounds. 16 bytes
+    // a copy, the warp's lanes in turn.
+    const float* const lse =
+        p.lse_log2 +
+        (static_cast<long long>(batch) * p.heads_q + steps.head(t)) * p.seqlen_q_rounded +
+        steps.m0(t);
+    constexpr int kCopies = K::kBlockM / 4;  // per vector
+    const u32 stats = smem.stats + 2 * at.index * K::kStatBytes;
+    for (int i = lane; i < 2 * kCopies; i += 32) {
+      const bool is_delta = i >= kCopies;
+      const int c = i % kCopies;
+      const Vec16 value =
+          *reinterpret_cast<const Vec16*>(lse + (p.delta - p.lse_log2) * is_delta + 4 * c);
+      const u32 at_stat = stats + is_delta * K::kStatBytes + 16 * c;
+      store_shared_u32(at_stat, value.x);
+      store_shared_u32(at_stat + 4, value.y);
+      store_shared_u32(at_stat + 8, value.z);
+      store_shared_u32(at_stat + 12, value.w);
+    }
+    mbarrier_arrive(smem.pipe.full_barrier(at.index));
+    at.advance();
+  }
+  ws_bwd_producer_tail<K>(smem, at);
+}
+
+// ---- the dQ writer: each step's staged rows added into dq_accum ---------------------------------
+
+template <class K>
+__device__ __forceinline__ void ws_bwd_write_dq(const FlashjitAttentionParams& p,
+                                                const WsBwdShared<K>& smem,
+                                                const WsBwdSteps<K>& steps, int batch) {
+  const int lane = threadIdx.x % 32;
+  const int n = steps.count();
+  for (int t = 0; t < n; ++t) {
+    mbarrier_wait(smem.dq_full, t & 1);
+    float* const accum = p.dq_accum + ((static_cast<long long>(batch) * p.heads_q + steps.head(t)) *
+                                           p.seqlen_q_rounded +
+                                       steps.m0(t)) *
+                                          K::kHeadDimPadded;
+    // Rows past seqlen_q (the last block's) add zeros into the accumulator's padding rows.
+    for (int r = lane; r < K::kBlockM; r += 32)
+      bulk_reduce_add_f32(accum + r * K::kHeadDimPadded, smem.dq_stage + r * K::kDqStageRowBytes,
+                          K::kHeadDimPadded * 4);
+    bulk_commit_group();
+    bulk_wait_group_read<0>();  // the staged rows are read: the consumers may stage the next
+    mbarrier_arrive(smem.dq_empty);
+  }
+  bulk_wait_group<0>();  // the adds are done before the CTA ends
+}
+
+// ---- the consumers ------------------------------------------------------------------------------
+
+template <class K>
+__device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
+                                               const WsBwdShared<K>& smem,
+                                               const WsBwdSteps<K>& steps, int consumer, int n0,
+                                               int diagonal, unsigned char* window_base) {
+  namespace fa = flashjit_attention;
+  constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kDp = K::kHeadDimPadded;
+  constexpr int kSdpN = K::kSdpN, kKvChunk = K::kKvChunk, kKvChunks = K::kKvChunks;
+  constexpr int kDqN = K::kDqN;
+  constexpr bool kBf16 = K::kIsBf16;
+  constexpr int kConsumersBarrier = 1;  // named barrier of the consumer warpgroups
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int frag_row = (warp % 4) * 16 + lane / 4;  // accumulator row within the 64 (+ 8)
+  const int frag_col = 2 * (lane % 4);              // accumulator column within 8 (+ 1)
+  const int n = steps.count();
+
+  // Descriptors (wgmma.cuh). S^T = K_c Q^T, dP^T = V_c dO^T: A = this consumer's 64 key rows,
+  // B = the step's kBlockM query rows, both K-major over the head dim.
+  const u64 k_rows = smem_descriptor(smem.k + consumer * 64 * 128, 16, 1024);
+  const u64 v_rows = smem_descriptor(smem.v + consumer * 64 * 128, 16, 1024);
+  const u64 q_rows = smem_descriptor(smem.q, 16, 1024);
+  const u64 do_rows = smem_descriptor(smem.d_o, 16, 1024);
+  // dV += P^T dO, dK += dS^T Q: B = dO, Q MN-major over the queries.
+  const u64 do_cols = smem_descriptor(smem.d_o, kBlockM * 128, 1024);
+  const u64 q_cols = smem_descriptor(smem.q, kBlockM * 128, 1024);
+  // dQ = dS K_j: A = dS, the MN-major view of dS^T; B = K_j MN-major over the keys.
+  const u64 ds_cols = smem_descriptor(smem.ds, kBlockN * 128, 1024);
+  const u64 k_cols = smem_descriptor(smem.k, kBlockN * 128, 1024);
+
+  float dv[kKvChunks][kKvChunk / 2], dk[kKvChunks][kKvChunk / 2];  // fp32, 64 keys x kDp
+#pragma unroll
+  for (int c = 0; c < kKvChunks; ++c)
+#pragma unroll
+    for (int i = 0; i < kKvChunk / 2; ++i) dv[c][i] = dk[c][i] = 0.f;
+  float st[kSdpN / 2], dpt[kSdpN / 2];        // S^T then P^T; dP^T then dS^T (fp32)
+  u32 pt[kSdpN / 16][4], dst[kSdpN / 16][4];  // P^T, dS^T in 16 bits: A fragments
+  float dq[kDqN / 2];                         // one dQ tile
+
+  auto issue_kv = [&](float(&d)[kKvChunks][kKvChunk / 2], const u32(&a)[kSdpN / 16][4], u64 b_cols,
+                      int buffer) {
+#pragma unroll
+    for (int s = 0; s < kBlockM / 16; ++s)  // 16 queries per k-step
+#pragma unroll
+      for (int c = 0; c < kKvChunks; ++c)
+        Wgmma<kKvChunk, kBf16>::rs(d[c], a[s],
+                                   advance(b_cols, buffer * K::kQTileBytes + s * 16 * 128 +
+                                                       c * (kKvChunk / 64) * kBlockM * 128),
+                                   1);
+    wgmma_commit();
+  };
+  auto issue_dq = [&](int tile, int ds_buffer) {  // dQ tile = dS[64 rows of tile] K_j[:, cols]
+    const int mt = tile / K::kDqColTiles, nc = tile % K::kDqColTiles;
+#pragma unroll
+    for (int s = 0; s < kBlockN / 16; ++s) {  // 16 keys per k-step
+      const u64 a =
+          advance(ds_cols, ds_buffer * K::kScoreTileBytes + mt * kBlockN * 128 + s * 16 * 128);
+      const u64 b = advance(k_cols, nc * kBlockN * 128 + s * 16 * 128);
+      if (s == 0)
+        Wgmma<kDqN, kBf16>::template ss_first<1, 1>(dq, a, b);
+      else
+        Wgmma<kDqN, kBf16>::template ss<1, 1>(dq, a, b, 1);
+    }
+    wgmma_commit();
+  };
+  auto stage_dq = [&](int tile) {  // this thread's share of a dQ tile into its staged rows, fp32
+    const int mt = tile / K::kDqColTiles, nc = tile % K::kDqColTiles;
+    const u32 stage =
+        smem.dq_stage + (mt * 64 + frag_row) * K::kDqStageRowBytes + (nc * kDqN + frag_col) * 4;
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int t = 0; t < kDqN / 8; ++t) {
+        const u32 at = stage + 8 * half * K::kDqStageRowBytes + 32 * t;
+        store_shared_u32(at, __float_as_uint(dq[4 * t + 2 * half]));
+        store_shared_u32(at + 4, __float_as_uint(dq[4 * t + 2 * half + 1]));
+      }
+  };
+
+  if (n > 0) mbarrier_wait(smem.kv_full, 0);
+  PipelineState<K::kStages> at;
+  for (int t = 0; t < n; ++t) {
+    const int m0 = steps.m0(t), buffer = at.index, ds_buffer = t & 1;
+    smem.pipe.consumer_wait(at);  // Q_i, dO_i, the stats of step t
+    wgmma_fence();
+    wgmma_over_head_dim<kSdpN, kDp, kBlockN, kBlockM, kBf16>(st, k_rows, q_rows,
+                                                             buffer * K::kQTileBytes);
+    wgmma_over_head_dim<kSdpN, kDp, kBlockN, kBlockM, kBf16>(dpt, v_rows, do_rows,
+                                                             buffer * K::kQTileBytes);
+    wgmma_wait<1>();  // S^T
+    pin(st);
+    // Keys past seqlen_k and, when causal, above the diagonal: only blocks crossing an edge.
+    // (Query rows past seqlen_q need no mask: their lse_log2 is +inf, so P = 0.)
+    if (fa::block_needs_mask<K::kCausal>(p, diagonal, m0, n0, kBlockN)) {
+      const int key = n0 + consumer * 64 + frag_row;
+      const int query = m0 + frag_col;
+#pragma unroll
+      for (int nt = 0; nt < kSdpN / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int last = fa::last_key<K::kCausal>(p, diagonal, query + 8 * nt + e);
+#pragma unroll
+          for (int half = 0; half < 2; ++half)
+            if (key + 8 * half > last) st[4 * nt + 2 * half + e] = minus_infinity();
+        }
+    }
+    const float* stats = reinterpret_cast<const float*>(window_base + (smem.stats - smem.k) +
+                                                        2 * buffer * K::kStatBytes);
+#pragma unroll
+    for (int nt = 0; nt < kSdpN / 8; ++nt) {
+      const float2 lse = *reinterpret_cast<const float2*>(stats + frag_col + 8 * nt);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        st[4 * nt + 2 * half] = fast_exp2(fmaf(st[4 * nt + 2 * half], p.scale_log2, -lse.x));
+        st[4 * nt + 2 * half + 1] =
+            fast_exp2(fmaf(st[4 * nt + 2 * half + 1], p.scale_log2, -lse.y));
+      }
+    }
+    wgmma_wait<0>();  // dP^T
+    pin(dpt);
+#pragma unroll
+    for (int nt = 0; nt < kSdpN / 8; ++nt) {
+      const float2 delta = *reinterpret_cast<const float2*>(stats + kBlockM + frag_col + 8 * nt);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = 4 * nt + 2 * half;
+        const float ds0 = st[i] * (dpt[i] - delta.x), ds1 = st[i + 1] * (dpt[i + 1] - delta.y);
+        pt[nt / 2][(nt % 2) * 2 + half] = pack2<kBf16>(st[i], st[i + 1]);
+        dst[nt / 2][(nt % 2) * 2 + half] = pack2<kBf16>(ds0, ds1);
+      }
+    }
+    // dS^T of every consumer's keys in shared memory before any dQ tile reads it.
+    store_fragments<kSdpN, kBlockN>(
+        window_base + (smem.ds - smem.k) + ds_buffer * K::kScoreTileBytes, dst, consumer * 64, 0);
+    fence_proxy_async();
+    named_barrier_sync(kConsumersBarrier, K::kConsumerThreads);
+
+    wgmma_fence();                      // pt, dst (written above) are ready for the tensor cores
+    issue_kv(dv, pt, do_cols, buffer);  // dV += P^T dO_i
+    issue_kv(dk, dst, q_cols, buffer);  // dK += dS^T Q_i
+    issue_dq(consumer * K::kDqTilesPerConsumer, ds_buffer);
+    wgmma_wait<0>();
+    pin(pt);
+    pin(dst);
+    pin(dq);
+#pragma unroll
+    for (int c = 0; c < kKvChunks; ++c) {
+      pin(dv[c]);
+      pin(dk[c]);
+    }
+    smem.pipe.consumer_release(at);  // Q_i, dO_i and the stats are read
+    at.advance();
+    mbarrier_wait(smem.dq_empty, (t & 1) ^ 1);  // the writer has read step t - 1's rows
+    stage_dq(consumer * K::kDqTilesPerConsumer);
+#pragma unroll
+    for (int i = 1; i < K::kDqTilesPerConsumer; ++i) {
+      wgmma_fence();  // dq was read above
+      issue_dq(consumer * K::kDqTilesPerConsumer + i, ds_buffer);
+      wgmma_wait<0>();
+      pin(dq);
+      stage_dq(consumer * K::kDqTilesPerConsumer + i);
+    }
+    fence_proxy_async();  // the staged rows, visible to the bulk reductions
+    mbarrier_arrive(smem.dq_full);
+  }
+
+  // Epilogue: every consumer's dQ wgmmas (which read all of K_j) are done before K_j's tile
+  // takes dK; dK *= scale; both rounded into the K and V tiles (this consumer's 64 rows), then
+  // 16-byte row stores of those rows.
+  named_barrier_sync(kConsumersBarrier, K::kConsumerThreads);
+  unsigned char* const k_tile = window_base;
+  unsigned char* const v_tile = window_base + (smem.v - smem.k);
+#pragma unroll
+  for (int c = 0; c < kKvChunks; ++c) {
+    store_accumulator<kKvChunk, kBlockN, kBf16>(k_tile, dk[c], consumer * 64, c * kKvChunk,
+                                                p.scale);
+    store_accumulator<kKvChunk, kBlockN, kBf16>(v_tile, dv[c], consumer * 64, c * kKvChunk, 1.f);
+  }
+  named_barrier_sync(2 + consumer, 128);  // this warpgroup's rows are in
+  const int batch = blockIdx.z;
+  u16* dk_out = static_cast<u16*>(p.dk) + batch * p.dk_batch_stride +
+                steps.kv_head * p.dk_head_stride + n0 * p.dk_seq_stride;
+  u16* dv_out = static_cast<u16*>(p.dv) + batch * p.dv_batch_stride +
+                steps.kv_head * p.dv_head_stride + n0 * p.dv_seq_stride;
+  constexpr int kChunksPerRow = kDp / 8;
+  const int valid_rows = p.seqlen_k - n0;
+  for (int copy = threadIdx.x % 128; copy < 64 * kChunksPerRow; copy += 128) {
+    const int row = consumer * 64 + copy / kChunksPerRow, col = copy % kChunksPerRow * 8;
+    if (row < valid_rows && col < K::kHeadDim) {
+      *reinterpret_cast<Vec16*>(dk_out + row * p.dk_seq_stride + col) =
+          *reinterpret_cast<const Vec16*>(k_tile + wg_tile_offset<kBlockN>(row, col));
+      *reinterpret_cast<Vec16*>(dv_out + row * p.dv_seq_stride + col) =
+          *reinterpret_cast<const Vec16*>(v_tile + wg_tile_offset<kBlockN>(row, col));
+    }
+  }
+}
+
+// ---- the kernel: roles, barrier setup, the pieces in order -----------------------------------
+
+template <class K>
+__device__ __forceinline__ void attention_backward_ws_dkdv(const FlashjitAttentionParams& p,
+                                                           const FlashjitForwardTensorMaps& maps) {
+  extern __shared__ __align__(1024) unsigned char shared_bytes[];
+  if (dynamic_smem_bytes() < static_cast<u32>(K::kSmemBytes)) __trap();  // a launch bug
+  const WsBwdShared<K> smem(shared_address(shared_bytes));
+  unsigned char* const window_base = shared_bytes + (smem.k - shared_address(shared_bytes));
+
+  const int n0 = blockIdx.x * K::kBlockN, kv_head = blockIdx.y, batch = blockIdx.z;
+  const int diagonal = flashjit_attention::diagonal(p);
+  const WsBwdSteps<K> steps(p, diagonal, n0, kv_head);
+  const int warpgroup = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    smem.init_barriers();
+    fence_barrier_init();
+    prefetch_tensor_map(&maps.q);
+    prefetch_tensor_map(&maps.k);
+    prefetch_tensor_map(&maps.v);
+    prefetch_tensor_map(&maps.o);
+  }
+  __syncthreads();  // the barriers are initialized; no CTA-wide barrier after this point
+
+  if (warpgroup == 0) {  // the producer warpgroup: TMA (thread 0), dQ writer, stats (warp 2)
+    setmaxnreg_dec<K::kProducerRegisters>();
+    const int warp = threadIdx.x / 32;
+    if (threadIdx.x == 0)
+      ws_bwd_load_tiles<K>(maps, smem, steps, n0, batch);
+    else if (warp == 1)
+      ws_bwd_write_dq<K>(p, smem, steps, batch);
+    else if (warp == 2)
+      ws_bwd_load_stats<K>(p, smem, steps, batch);
+  } else {
+    setmaxnreg_inc<K::kConsumerRegisters>();
+    ws_bwd_consume<K>(p, smem, steps, warpgroup - 1, n0, diagonal, window_base);
+  }
+}
+
+}  // namespace flashjit_kernel
