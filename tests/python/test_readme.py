@@ -71,22 +71,22 @@ def test_readme_cpu_example_gradients_are_right():
     exec(compile(code, "README.md", "exec"), scope)
     q, k, v, do = (scope[n].astype(np.float64) for n in ("q", "k", "v", "do"))
     group = q.shape[2] // k.shape[2]
-    kk, vv = (np.repeat(x, group, axis=2) for x in (k, v))
-    n_q, n_k = q.shape[1], k.shape[1]
-    s = np.einsum("bqhd,bkhd->bhqk", q, kk) / np.sqrt(q.shape[-1])
+    n_q, n_k, d = q.shape[1], k.shape[1], q.shape[3]
     hidden = np.arange(n_k)[None, :] > np.arange(n_q)[:, None] + (n_k - n_q)
-    s = np.where(hidden, -np.inf, s)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    o = np.einsum("bhqk,bkhd->bqhd", p, vv)
-    dp = np.einsum("bqhd,bkhd->bhqk", do, vv)
-    ds = p * (dp - (dp * p).sum(-1, keepdims=True)) / np.sqrt(q.shape[-1])
-    dq = np.einsum("bhqk,bkhd->bqhd", ds, kk)
-    dk = np.einsum("bhqk,bqhd->bkhd", ds, q)
-    dv = np.einsum("bhqk,bqhd->bkhd", p, do)
-    b, _, h_kv, d = k.shape
-    dk = dk.reshape(b, n_k, h_kv, group, d).sum(3)
-    dv = dv.reshape(b, n_k, h_kv, group, d).sum(3)
+    o, dq = np.empty_like(q), np.empty_like(q)
+    dk, dv = np.zeros_like(k), np.zeros_like(v)
+    for b in range(q.shape[0]):  # one sequence at a time: [heads, n_q, n_k] float64 blocks
+        kk, vv = (np.repeat(x[b], group, axis=1) for x in (k, v))
+        s = np.where(hidden, -np.inf, np.einsum("qhd,khd->hqk", q[b], kk) / np.sqrt(d))
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        o[b] = np.einsum("hqk,khd->qhd", p, vv)
+        dp = np.einsum("qhd,khd->hqk", do[b], vv)
+        ds = p * (dp - (dp * p).sum(-1, keepdims=True)) / np.sqrt(d)
+        dq[b] = np.einsum("hqk,khd->qhd", ds, kk)
+        # GQA: the query heads of a group add into their key/value head.
+        dk[b] = np.einsum("hqk,qhd->khd", ds, q[b]).reshape(n_k, -1, group, d).sum(2)
+        dv[b] = np.einsum("hqk,qhd->khd", p, do[b]).reshape(n_k, -1, group, d).sum(2)
     for name, ref in (("o", o), ("dq", dq), ("dk", dk), ("dv", dv)):
         got = scope[name].astype(np.float64)
         err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
