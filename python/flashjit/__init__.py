@@ -82,7 +82,7 @@ the nearest bucket), else the SRAM-formula default; ``config="default"`` forces 
 configs (tuned separately: ``tune(passes=("fwd", "bwd"))``). ``tune()`` fills the DB (as
 ``flashjit tune``).
 Environment variables as for the C++ library: FLASHJIT_DB, FLASHJIT_CACHE_DIR, FLASHJIT_TUNE,
-FLASHJIT_LOG (README.md, "Environment").
+FLASHJIT_LOG (docs/USAGE.md, "Environment").
 
 Errors raise flashjit.Error subclasses carrying the library's message and ``.code``:
 InvalidArgumentError and UnsupportedError (both also ValueError), NoDeviceError.

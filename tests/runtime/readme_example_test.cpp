@@ -1,5 +1,6 @@
-// The C++ example of README.md ("Using the library"), compiled verbatim (tests/CMakeLists.txt
-// extracts it) and run on the GPU: the forward, then the backward on its o and lse.
+// The C++ examples of the docs, compiled verbatim (tests/CMakeLists.txt extracts them) and run on
+// the GPU: README.md's ("Using the library": the forward) and docs/USAGE.md's ("C++ API": the
+// forward, then the backward on its o and lse).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,10 +12,17 @@
 
 namespace {
 
-// The README's code, with its free variables as parameters.
+// README.md's code, with its free variables as parameters.
 flashjit::Status readme_example(const void* q, const void* k, const void* v, void* o, float* lse,
-                                const void* d_o, void* dq, void* dk, void* dv, void* stream) {
+                                void* stream) {
 #include "readme_example.inc"
+  return status;
+}
+
+// docs/USAGE.md's code (forward and backward), with its free variables as parameters.
+flashjit::Status usage_example(const void* q, const void* k, const void* v, void* o, float* lse,
+                               const void* d_o, void* dq, void* dk, void* dv, void* stream) {
+#include "usage_example.inc"
   return status;
 }
 
@@ -22,7 +30,7 @@ TEST(ReadmeExample, CompilesAndRuns) {
   FLASHJIT_REQUIRE_GPU();
   auto backend = flashjit::cuda::CudaBackend::create(0);
   ASSERT_TRUE(backend.ok()) << backend.error().describe();
-  // The README's problem: batch 2, 16 heads, 4096 x 4096, d 128, bf16, causal, BSHD.
+  // The examples' problem: batch 2, 16 heads, 4096 x 4096, d 128, bf16, causal, BSHD.
   const auto problem =
       flashjit::AttentionProblem::make(2, 16, 16, 4096, 4096, 128, flashjit::DType::BF16, true);
   const size_t bytes = static_cast<size_t>(problem.q_span()) * 2;
@@ -39,12 +47,22 @@ TEST(ReadmeExample, CompilesAndRuns) {
   ASSERT_TRUE(lse.ok());
   for (int i : {3, 5, 6, 7})  // poison o and the gradients
     ASSERT_TRUE((*backend)->fill_bytes(buffers[i].get(), 0xFF, bytes).ok());
-  const flashjit::Status status = readme_example(
+  std::vector<uint16_t> out(problem.o_span());
+  // README.md: the forward alone writes o.
+  const flashjit::Status forward =
+      readme_example(buffers[0].get(), buffers[1].get(), buffers[2].get(), buffers[3].get(),
+                     lse->as<float>(), nullptr);
+  ASSERT_TRUE(forward.ok()) << forward.error().describe();
+  ASSERT_TRUE((*backend)->synchronize().ok());
+  ASSERT_TRUE((*backend)->copy_to_host(out.data(), buffers[3].get(), bytes).ok());
+  for (uint16_t bits : out) ASSERT_NE(bits & 0x7F80, 0x7F80) << "NaN/inf or unwritten o";
+  ASSERT_TRUE((*backend)->fill_bytes(buffers[3].get(), 0xFF, bytes).ok());  // poison o again
+  // docs/USAGE.md: forward, then backward.
+  const flashjit::Status status = usage_example(
       buffers[0].get(), buffers[1].get(), buffers[2].get(), buffers[3].get(), lse->as<float>(),
       buffers[4].get(), buffers[5].get(), buffers[6].get(), buffers[7].get(), nullptr);
   ASSERT_TRUE(status.ok()) << status.error().describe();
   ASSERT_TRUE((*backend)->synchronize().ok());
-  std::vector<uint16_t> out(problem.o_span());
   for (int i : {3, 5, 6, 7}) {  // o, dq, dk, dv: written and finite
     ASSERT_TRUE((*backend)->copy_to_host(out.data(), buffers[i].get(), bytes).ok());
     for (uint16_t bits : out)
