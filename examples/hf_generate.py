@@ -15,11 +15,13 @@ Compares, in one process and on the same weights and prompts (left-padded per --
 tokens per prompt, cycled over the batch):
   * the prefill logits over the real tokens (max |difference|, and relative to the logits' max);
   * greedy generation of --new-tokens tokens (prefill + cached decode through generate()): the
-    tokens must be identical;
+    tokens must be identical in fp32; in bf16 / fp16 they may part only at a near tie of sdpa's
+    own logits (its two best within --tolerance: two correct kernels round differently there),
+    which the output names;
   * tokens/s of each implementation (batch * new tokens / the generate() call's time, after one
     warm-up call that compiles flashjit's kernels and fills caches).
-Exit status 1 when the tokens differ or the logits are further apart than --tolerance (default
-1e-4 for fp32, 0.1 for bf16 / fp16).
+Exit status 1 when the tokens differ (other than at such a near tie) or the logits are further
+apart than --tolerance (default 1e-4 for fp32, 0.1 for bf16 / fp16).
 
 Presets (layers, hidden, heads, kv heads, intermediate, vocab): tiny = 2, 128, 4, 2, 256, 256
 (CI: seconds on a CPU); small = 4, 512, 8, 2, 1024, 2048 (head_dim 64); medium = 8, 1024, 16, 4,
@@ -109,6 +111,22 @@ def run(model, implementation, ids, mask, args, torch):
     return logits, tokens[:, ids.shape[1]:], seconds
 
 
+def first_difference(model, ids, mask, expected, tokens, args, torch):
+    """(the first new-token position where the two generations differ, the largest gap between
+    the two best of sdpa's logits there over the rows that differ): a gap within the logits'
+    tolerance is a near tie, where rounding may pick either token."""
+    differs = (expected != tokens).any(dim=0)
+    first = int(torch.nonzero(differs)[0])
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=first + 1,
+                             min_new_tokens=first + 1, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True)
+    rows = expected[:, first] != tokens[:, first]
+    best = out.logits[first][rows].float().topk(2, dim=-1).values
+    return first, float((best[:, 0] - best[:, 1]).max())
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     import torch
@@ -130,10 +148,10 @@ def main(argv=None):
     difference = (results[name]["logits"][real] - reference).abs().max().item()
     relative = difference / max(reference.abs().max().item(), 1e-12)
     same = torch.equal(results["sdpa"]["tokens"], results[name]["tokens"])
-    first = None
+    first, gap = None, None
     if not same:
-        differs = (results["sdpa"]["tokens"] != results[name]["tokens"]).any(dim=0)
-        first = int(torch.nonzero(differs)[0])
+        first, gap = first_difference(model, ids, mask, results["sdpa"]["tokens"],
+                                      results[name]["tokens"], args, torch)
     device = (torch.cuda.get_device_name(args.device) if args.device.startswith("cuda")
               else "CPU")
     layers, hidden, heads, kv_heads, _, vocab = PRESETS[args.preset]
@@ -142,7 +160,12 @@ def main(argv=None):
           f"prompt {args.prompt_len} (left padding {args.pad}), {args.new_tokens} new tokens")
     print(f"prefill logits: max |fjit - sdpa| = {difference:.3g} ({relative:.3g} of the max "
           f"logit; tolerance {args.tolerance:g})")
-    print(f"greedy tokens: {'identical' if same else f'differ from position {first}'}")
+    if same:
+        print("greedy tokens: identical")
+    else:
+        print(f"greedy tokens: differ from new token {first}, where sdpa's two best logits are "
+              f"{gap:.3g} apart ({'a near tie' if gap <= args.tolerance else 'not a tie'}: "
+              f"tolerance {args.tolerance:g})")
     for implementation in ("sdpa", name):
         result = results[implementation]
         print(f"{implementation:>5}: {result['tokens_per_s']:9.1f} tokens/s "
@@ -151,14 +174,20 @@ def main(argv=None):
         preset=args.preset, device=device, dtype=args.dtype, batch=args.batch,
         prompt_len=args.prompt_len, new_tokens=args.new_tokens, pad=args.pad,
         logits_max_difference=difference, logits_relative_difference=relative,
-        tokens_identical=same, first_difference=first, flashjit_version=flashjit.__version__,
+        tokens_identical=same, first_difference=first, sdpa_top2_gap_there=gap,
+        flashjit_version=flashjit.__version__,
         transformers_version=transformers.__version__, torch_version=torch.__version__,
         tokens_per_s={k: v["tokens_per_s"] for k, v in results.items()},
         tokens=results[name]["tokens"].tolist())
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)
-    ok = same and difference <= args.tolerance
+    # fp32: the tokens must be identical. bf16 / fp16: two correct kernels round differently,
+    # so greedy decoding may part at a near tie of sdpa's own logits (within the tolerance),
+    # never elsewhere.
+    tie = gap is not None and gap <= args.tolerance and args.dtype != "fp32"
+    ok = (same or tie) and difference <= args.tolerance
+    summary["ok"] = ok
     if argv is None and not ok:
         sys.exit(1)
     return summary
