@@ -58,7 +58,9 @@ def spy(monkeypatch):
 
 
 def llama(device, dtype, **overrides):
-    config = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    """A tiny Llama (GQA 4 / 2 heads): head_dim 16 on the CPU, 64 on CUDA (the common path)."""
+    hidden = 64 if device == "cpu" else 256
+    config = dict(vocab_size=96, hidden_size=hidden, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                   initializer_range=0.1, attention_dropout=0.0)
     config.update(overrides)
