@@ -10,8 +10,10 @@ max_seqlen_q / _k; k and v may have fewer heads than q (GQA / MQA). Causal masks
 aligned bottom-right, as flash_attn's: query i sees keys
 [i + seqlen_k - seqlen_q - window_size[0], i + seqlen_k - seqlen_q + window_size[1]].
 softcap <= 0 means none (flash_attn's 0.0 default). flash_attn_func, flash_attn_varlen_func and
-the packed forms are differentiable (flashjit's backward; deterministic= as flash_attn's);
-flash_attn_with_kvcache is not (as flash_attn's).
+the packed forms are differentiable (flashjit's backward; deterministic= as flash_attn's) and
+traceable by torch.compile(fullgraph=True) (flashjit's custom operators; packed documents need
+max_seqlen_q / _k as ints, as flash_attn's take them); flash_attn_with_kvcache is not
+differentiable (as flash_attn's).
 
 Return values as flash_attn 2.x: out, or with return_attn_probs=True (out, softmax_lse, None):
 flash_attn itself returns the probabilities only with dropout (its S_dmask is None at

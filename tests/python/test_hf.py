@@ -219,6 +219,28 @@ def test_gemma2_softcap_against_eager(spy):
     assert (got - expected)[mask.bool()].abs().max().item() < 1e-4
 
 
+def test_bert_encoder_with_right_padding(spy):
+    """Bidirectional attention (an encoder) under a padding mask: packed documents, not causal."""
+    require_cpu_backward()
+    config = transformers.BertConfig(
+        vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128, attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0)
+    torch.manual_seed(3)
+    model = transformers.BertModel(config).eval()
+    ids, _ = prompts("cpu", length=13, pad_left=(0, 0, 0))
+    mask = torch.ones_like(ids)
+    mask[1, 9:] = 0
+    mask[2, 4:] = 0
+    states = {}
+    for implementation in ("sdpa", NAME):
+        model.set_attn_implementation(implementation)
+        with torch.no_grad():
+            states[implementation] = model(ids, attention_mask=mask).last_hidden_state
+    assert spy == [True, True]
+    real = mask.bool()
+    assert (states[NAME] - states["sdpa"])[real].abs().max().item() < 1e-5
+
+
 def test_what_flashjit_does_not_take():
     require_cpu_backward()
     with pytest.raises(flashjit.InvalidArgumentError, match="flash"):
