@@ -13,7 +13,8 @@ register() adds an attention function to transformers' public AttentionInterface
 function of the same name to its AttentionMaskInterface (transformers >= 4.53). The mask function
 hands the attention function what flash_attention_2's does: None for plain causal (or
 bidirectional, or sliding-window) attention, else the 2-D padding mask (batch, kv_length), True
-where a token is real; masks it cannot describe that way (or_mask_function / and_mask_function
+where a token is real (shorter than the keys for a static cache not yet full: the rows past the
+queries' last position hold no token and are dropped); masks it cannot describe that way (or_mask_function / and_mask_function
 deviations, e.g. image tokens) are transformers' SDPA masks (4-D), which only the fallback runs.
 
 What the attention function does with what transformers passes:
@@ -96,8 +97,14 @@ def mask_function(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
                          q_offset=q_offset, kv_offset=kv_offset, mask_function=mask_function,
                          attention_mask=attention_mask, allow_is_causal_skip=False,
                          use_vmap=True, **kwargs)
+    # Key rows past the queries' last position (a static cache not yet full: kv_length is its
+    # size) hold no token: the mask then ends at the queries' last position, so that the
+    # attention function drops those rows and the queries are again the last keys.
+    filled = int(q_offset + q_length) - int(kv_offset)
     if attention_mask is None:
-        return None
+        if filled >= kv_length:
+            return None
+        return torch.ones(batch_size, filled, dtype=torch.bool, device=kwargs.get("device"))
     attention_mask = attention_mask[:, -kv_length:].to(torch.bool)
     if attention_mask.shape[1] == kv_length and bool(attention_mask.all()):
         return None
@@ -150,6 +157,12 @@ def _flashjit_attention(query, key, value, mask, dropout, scaling, sliding_windo
     if mask is not None and mask.dim() != 2:
         raise _Refused(f"a {mask.dim()}-D attention mask: flashjit takes padding masks (2-D) "
                        f"and causal / sliding-window structure")
+    if mask is not None and mask.shape[1] < key.shape[2]:
+        # A static cache: its first mask.shape[1] rows hold the tokens; without padding there,
+        # the dense path on those rows.
+        key, value = key[:, :, :mask.shape[1]], value[:, :, :mask.shape[1]]
+        if bool(mask.all()):
+            mask = None
     if mask is not None:
         return _padded(query, key, value, mask, scaling, sliding_window, softcap, causal)
     seqlen_k = key.shape[2]

@@ -146,6 +146,23 @@ def test_generation_without_padding_decodes_from_the_cache(device, dtype, spy):
     assert_same_greedy_tokens(model, ids, None, tokens["sdpa"], tokens[NAME], dtype)
 
 
+@pytest.mark.parametrize("pad_left", [(0, 0, 0), (0, 5, 1)], ids=["no-padding", "padding"])
+def test_static_cache_generation(pad_left, spy):
+    """A static cache (kv_length = its size, rows past the tokens empty): the mask function ends
+    the keys at the queries' last position; greedy tokens as sdpa's."""
+    require_cpu_backward()
+    model = llama("cpu", torch.float32)
+    ids, mask = prompts("cpu", pad_left=pad_left)
+    tokens = {}
+    for implementation in ("sdpa", NAME):
+        model.set_attn_implementation(implementation)
+        tokens[implementation] = model.generate(ids, attention_mask=mask, max_new_tokens=6,
+                                                do_sample=False, pad_token_id=0,
+                                                cache_implementation="static")
+    assert spy and any(spy) == any(pad_left)  # packed documents only where there is padding
+    assert torch.equal(tokens["sdpa"], tokens[NAME])
+
+
 def test_right_padding_and_packed_sequences(spy):
     require_cpu_backward()
     model = llama("cpu", torch.float32)
