@@ -14,8 +14,9 @@ function of the same name to its AttentionMaskInterface (transformers >= 4.53). 
 hands the attention function what flash_attention_2's does: None for plain causal (or
 bidirectional, or sliding-window) attention, else the 2-D padding mask (batch, kv_length), True
 where a token is real (shorter than the keys for a static cache not yet full: the rows past the
-queries' last position hold no token and are dropped); masks it cannot describe that way (or_mask_function / and_mask_function
-deviations, e.g. image tokens) are transformers' SDPA masks (4-D), which only the fallback runs.
+queries' last position hold no token and are dropped); masks it cannot describe that way
+(or_mask_function / and_mask_function deviations, e.g. image tokens) are transformers' SDPA
+masks (4-D), which only the fallback runs.
 
 What the attention function does with what transformers passes:
   * query (batch, heads, seqlen_q, head_dim), key / value (batch, heads_kv, seqlen_k, head_dim)
