@@ -286,5 +286,19 @@ def test_what_flashjit_does_not_take():
         dropping.set_attn_implementation(NAME)
         with pytest.raises(flashjit.UnsupportedError, match="dropout"):
             dropping(ids)
+        # A 4-D mask (a custom one, or transformers' SDPA mask that the mask function returns
+        # for mask functions beyond causal / window / padding): refused, or the fallback.
+        causal = torch.ones(3, 1, 17, 17, dtype=torch.bool).tril()
+        four_d = flashjit.hf.mask_function(3, 17, 17, attention_mask=None, use_vmap=True,
+                                           mask_function=lambda b, h, i, j: j <= i)
+        assert four_d.dim() == 4 and torch.equal(four_d, causal)
+        q, k = torch.randn(3, 4, 17, 16), torch.randn(3, 2, 17, 16)
+        layer = model.model.layers[0].self_attn
+        with pytest.raises(flashjit.UnsupportedError, match="4-D"):
+            flashjit.hf.attention_forward(layer, q, k, k, four_d)
+        flashjit.hf.register(fallback="sdpa")
+        out, _ = flashjit.hf.attention_forward(layer, q, k, k, four_d)
+        expected, _ = flashjit.hf.attention_forward(layer, q, k, k, None)
+        assert (out - expected).abs().max().item() < 1e-5
     finally:
         flashjit.hf.register()
