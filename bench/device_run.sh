@@ -116,6 +116,14 @@
 #              docs/PERFORMANCE.md): about 5 minutes on an H100 (TRAIN_ARGS: extra train_gpt.py
 #              flags; TORCH_PARTS: a subset of "tests host train", e.g. two calls on one warm
 #              machine with TORCH_PARTS=tests, then "host train")
+#   py-adapters  the same install, then issue 32's adapters on the GPU: transformers from
+#              .deps/hf-wheels when it does not import (scripts/hf_wheels.sh downloads them on a
+#              machine with network; carry [".deps/hf-wheels"]), pytest -k cuda of
+#              tests/python/test_flash_attn.py, test_hf.py, test_hf_generate.py
+#              (FLASHJIT_EXPECT_GPU=1: bf16), then examples/hf_generate.py --device cuda, the
+#              medium preset (HF_ARGS: its flags, default "--preset medium --batch 8
+#              --prompt-len 512 --new-tokens 64 --pad 0,37,5,0"): adapters-pytest.log,
+#              hf-generate.log and hf-generate-cuda.json. A few minutes.
 #
 # Results go to $OUT (the device tool's output folder; ./device-out when unset): ctest.log,
 # bench.log, flashjit.json, peers.log, peers.json, compare.md; py modes: pip.log, pytest.log,
@@ -138,9 +146,9 @@ what="${1:-all}"
 DTYPES="${DTYPES:-bf16}"
 ctest_regex="${2:-}"
 case "$what" in
-  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|sanitize|sanitize-cases|py|py-tests|py-bench|py-torch|decode|concurrent|variants|owed|bwd-quick|bwd-ws) ;;
+  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|sanitize|sanitize-cases|py|py-tests|py-bench|py-torch|py-adapters|decode|concurrent|variants|owed|bwd-quick|bwd-ws) ;;
   *) echo "usage: bench/device_run.sh [tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|" \
-       "ws-sanitize|sanitize|sanitize-cases|decode|concurrent|variants|owed|bwd-quick|bwd-ws|py|py-tests|py-bench|py-torch] [CTEST_REGEX]" >&2
+       "ws-sanitize|sanitize|sanitize-cases|decode|concurrent|variants|owed|bwd-quick|bwd-ws|py|py-tests|py-bench|py-torch|py-adapters] [CTEST_REGEX]" >&2
      exit 2 ;;
 esac
 
@@ -367,6 +375,39 @@ PYTUNE
     echo "== side_by_side.py FAILED"
   fi
   echo "== py-bench done at $((SECONDS - start)) s"
+fi
+
+if [[ "$what" == py-adapters ]]; then
+  if ! "$py" -c "import transformers" 2>/dev/null; then
+    if compgen -G ".deps/hf-wheels/*.whl" >/dev/null; then
+      echo "== transformers from .deps/hf-wheels into build-device/hfsite"
+      "$py" -m pip install -q --disable-pip-version-check --no-index --no-deps --upgrade \
+        --target build-device/hfsite .deps/hf-wheels/*.whl >"$OUT/hf-pip.log" 2>&1 ||
+        { tail -n 20 "$OUT/hf-pip.log"; echo "== transformers install FAILED"; status=1; }
+      export PYTHONPATH="$PWD/build-device/hfsite:$PYTHONPATH"
+    else
+      echo "== transformers does not import and .deps/hf-wheels is empty: run" \
+        "scripts/hf_wheels.sh and carry .deps/hf-wheels (test_hf*.py will skip)"
+    fi
+  fi
+  "$py" -c "import transformers; print('   transformers', transformers.__version__)" || true
+  echo "== flash_attn and transformers adapters, pytest -k cuda (bf16)"
+  # shellcheck disable=SC2086  # PYTEST_ARGS is a list of flags
+  if ! FLASHJIT_EXPECT_GPU=1 timeout 300 "$py" -m pytest -q -rs -k cuda \
+      tests/python/test_flash_attn.py tests/python/test_hf.py tests/python/test_hf_generate.py \
+      ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/adapters-pytest.log"; then
+    status=1
+    echo "== adapter tests FAILED (or ran past 300 s)"
+  fi
+  echo "== examples/hf_generate.py --device cuda"
+  # shellcheck disable=SC2086  # HF_ARGS is a list of flags
+  if ! timeout 240 "$py" examples/hf_generate.py --device cuda \
+      ${HF_ARGS:---preset medium --batch 8 --prompt-len 512 --new-tokens 64 --pad 0,37,5,0} \
+      --json "$OUT/hf-generate-cuda.json" 2>&1 | tee "$OUT/hf-generate.log"; then
+    status=1
+    echo "== hf_generate.py FAILED"
+  fi
+  echo "== py-adapters done at $((SECONDS - start)) s"
 fi
 
 if [[ "$what" == py-torch ]]; then

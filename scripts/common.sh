@@ -129,6 +129,23 @@ finish_python_tests() {
   [[ -n "${PYTEST_PYTHON:-}" ]] || return 0
   install_torch "${PYTEST_PYTHON}" ||
     log "torch could not be installed (offline?): the PyTorch tests will skip"
+  install_transformers "${PYTEST_PYTHON}" ||
+    log "transformers could not be installed (offline?): tests/python/test_hf.py will skip"
+}
+
+# Hugging Face transformers into the Python environment of $1 (tests/python/test_hf.py,
+# examples/hf_generate.py: flashjit.hf), once torch imports there. transformers (>= 4.53:
+# AttentionInterface and AttentionMaskInterface) does not depend on torch; its own dependencies
+# (huggingface-hub, tokenizers, safetensors, regex, pyyaml, tqdm, ...) come with it, ~30 MB.
+# Nothing when it imports already or FLASHJIT_SKIP_TRANSFORMERS=1.
+install_transformers() {
+  local python="$1"
+  [[ "${FLASHJIT_SKIP_TRANSFORMERS:-0}" == 1 ]] && return 0
+  "${python}" -c "import torch" 2>/dev/null || return 0
+  "${python}" -c "import transformers" 2>/dev/null && return 0
+  log "installing transformers into $("${python}" -c 'import sys; print(sys.prefix)') (PyPI)"
+  "${python}" -m pip install -q --disable-pip-version-check "transformers>=4.53" &&
+    "${python}" -c "import torch, transformers; transformers.AttentionMaskInterface"
 }
 
 # torch into the Python environment of $1 (tests/python/test_torch_*.py and examples/train_gpt.py
