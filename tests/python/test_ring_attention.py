@@ -1,0 +1,191 @@
+"""flashjit.distributed.ring_attention: context-parallel attention over torch.distributed.
+
+CPU: the gloo backend with 2 and 4 processes (torch.multiprocessing spawn, a file:// rendezvous),
+float32: each rank's rows of the output and of dq, dk, dv against single-process flashjit on the
+full sequence and an fp64 reference, causal and not, zig-zag and contiguous splits, odd chunk
+lengths, GQA, window / softcap / ALiBi on global positions; typed errors. GPU: the same on 2 GPUs
+with NCCL in bfloat16 (skips without 2 CUDA devices).
+"""
+import math
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+import flashjit  # noqa: E402
+
+if not flashjit.have_cpu_backend():
+    pytest.skip("flashjit was built without the CPU backend", allow_module_level=True)
+
+from flashjit import distributed as fd  # noqa: E402
+
+# (name, split, local n, causal, variant kwargs, heads, heads_kv, batch)
+CASES_2 = [
+    ("contig-full-odd", "contiguous", 7, False, {}, 4, 2, 2),
+    ("contig-causal-odd", "contiguous", 9, True, {}, 4, 4, 1),
+    ("zigzag-causal-odd-chunks", "zigzag", 10, True, {}, 4, 2, 1),
+    ("zigzag-full", "zigzag", 6, False, {}, 2, 1, 2),
+    ("zigzag-causal-window", "zigzag", 10, True, {"window": (6, 0)}, 4, 2, 1),
+    ("contig-window-2sided", "contiguous", 9, False, {"window": (4, 3)}, 2, 2, 1),
+    ("zigzag-softcap-alibi", "zigzag", 10, True, {"softcap": 5.0, "alibi": True}, 4, 2, 1),
+    ("contig-alibi-full", "contiguous", 7, False, {"alibi": True}, 2, 1, 1),
+]
+CASES_4 = [
+    ("zigzag-causal-odd-chunks", "zigzag", 6, True, {}, 4, 2, 1),
+    ("contig-causal-odd", "contiguous", 5, True, {}, 2, 1, 1),
+    ("zigzag-causal-window-alibi", "zigzag", 6, True, {"window": (7, 0), "alibi": True}, 2, 1,
+     1),
+    ("contig-full-gqa", "contiguous", 3, False, {}, 4, 1, 1),
+]
+
+
+def _reference(q, k, v, causal, scale, window, softcap, slopes):
+    """fp64 attention of full (B, S, H, D) tensors with global positions."""
+    q, k, v = (x.double().transpose(1, 2) for x in (q, k, v))  # (B, H, S, D)
+    groups = q.shape[1] // k.shape[1]
+    k, v = (x.repeat_interleave(groups, dim=1) for x in (k, v))
+    s = (q @ k.transpose(-1, -2)) * scale
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    pos = torch.arange(q.shape[2])
+    dist_ = (pos[None, :] - pos[:, None]).double()  # kv - q
+    if slopes is not None:
+        s = s + slopes.double()[None, :, None, None] * dist_
+    mask = torch.ones_like(dist_, dtype=torch.bool)
+    left, right = window if window is not None else (-1, -1)
+    if causal:
+        mask &= dist_ <= 0
+    elif right >= 0:
+        mask &= dist_ <= right
+    if left >= 0:
+        mask &= dist_ >= -left
+    s = s.masked_fill(~mask, -math.inf)
+    return (torch.softmax(s, dim=-1) @ v).transpose(1, 2)
+
+
+def _inputs(seed, batch, length, heads, heads_kv, dim=16):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, length, heads, dim, generator=g)
+    k = torch.randn(batch, length, heads_kv, dim, generator=g)
+    v = torch.randn(batch, length, heads_kv, dim, generator=g)
+    do = torch.randn(batch, length, heads, dim, generator=g)
+    slopes = torch.rand(heads, generator=g) * 0.5 + 0.05
+    return q, k, v, do, slopes
+
+
+def _check_close(name, what, got, want, atol=2e-4, rtol=2e-4):
+    if not torch.allclose(got.double(), want.double(), atol=atol, rtol=rtol):
+        err = (got.double() - want.double()).abs().max().item()
+        raise AssertionError(f"{name}: {what} differs by up to {err:.3g}")
+
+
+def _run_case(case, rank, world, seed):
+    name, split, n, causal, variant, heads, heads_kv, batch = case
+    q, k, v, do, slopes = _inputs(seed, batch, n * world, heads, heads_kv)
+    window, softcap = variant.get("window"), variant.get("softcap")
+    slopes = slopes if variant.get("alibi") else None
+    scale = 1 / math.sqrt(q.shape[-1])
+    kwargs = dict(window=window, softcap=softcap, alibi_slopes=slopes)
+    # single-process flashjit on the full sequence, and the fp64 reference
+    full = [x.clone().requires_grad_() for x in (q, k, v)]
+    o_flash = flashjit.attention(*full, causal=causal, **kwargs)
+    o_flash.backward(do)
+    o_ref = _reference(q, k, v, causal, scale, window, softcap, slopes)
+    ref64 = [x.double().requires_grad_() for x in (q, k, v)]
+    _reference(*ref64, causal, scale, window, softcap, slopes).backward(do.double())
+
+    local = [fd.split_sequence(x, world, rank, split).requires_grad_() for x in (q, k, v)]
+    o, lse = fd.ring_attention(*local, causal=causal, split=split, return_lse=True, **kwargs)
+    assert o.shape == local[0].shape and o.dtype == torch.float32
+    o.backward(fd.split_sequence(do, world, rank, split))
+    mine = lambda x: fd.split_sequence(x, world, rank, split)  # noqa: E731
+    _check_close(name, "o vs fp64", o, mine(o_ref))
+    _check_close(name, "o vs flashjit", o, mine(o_flash.detach()))
+    if slopes is None:  # (flashjit's own lse is the one to compare with; ALiBi's is global here)
+        _, lse_flash = flashjit.attention(q, k, v, causal=causal, return_lse=True, **kwargs)
+        _check_close(name, "lse vs flashjit", lse, fd.split_sequence(lse_flash, world, rank,
+                                                                     split, dim=2))
+    for label, x, flash, ref in zip(("dq", "dk", "dv"), local, full, ref64):
+        _check_close(name, label + " vs fp64", x.grad, mine(ref.grad))
+        _check_close(name, label + " vs flashjit", x.grad, mine(flash.grad))
+
+
+def _check_errors(rank, world):
+    q = torch.randn(1, 5, 2, 16)
+    with pytest.raises(flashjit.InvalidArgumentError, match="must be even"):
+        fd.ring_attention(q, q, q, split="zigzag")
+    with pytest.raises(flashjit.InvalidArgumentError, match="split"):
+        fd.ring_attention(q, q, q, split="ring")
+    with pytest.raises(flashjit.UnsupportedError, match="cu_seqlens"):
+        fd.ring_attention(q, q, q, cu_seqlens=torch.tensor([0, 5], dtype=torch.int32))
+    with pytest.raises(flashjit.UnsupportedError, match="score_mod"):
+        fd.ring_attention(q, q, q, score_mod="score")
+    with pytest.raises(flashjit.UnsupportedError, match="same positions"):
+        fd.ring_attention(q, q[:, :4], q[:, :4])
+    uneven = torch.randn(1, 5 + rank, 2, 16)  # every rank raises (an all_gather, no hang)
+    with pytest.raises(flashjit.InvalidArgumentError, match="same number of rows"):
+        fd.ring_attention(uneven, uneven, uneven)
+
+
+def _worker(rank, world, init, cases, seed, check_errors):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        for i, case in enumerate(cases):
+            _run_case(case, rank, world, seed + i)
+        if check_errors:
+            _check_errors(rank, world)
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(tmp_path, world, cases, check_errors=False):
+    init = "file://" + str(tmp_path / "rendezvous")
+    mp.spawn(_worker, args=(world, init, cases, 1234, check_errors), nprocs=world, join=True)
+
+
+def test_split_helpers_round_trip():
+    x = torch.randn(2, 24, 3, 4)
+    for world in (1, 2, 3):
+        for split in fd.SPLITS:
+            parts = [fd.split_sequence(x, world, r, split) for r in range(world)]
+            assert torch.equal(fd.merge_sequence(parts, split), x)
+    parts = [fd.zigzag_split(x, 2, r) for r in range(2)]
+    assert torch.equal(parts[0], torch.cat((x[:, :6], x[:, 18:]), dim=1))
+    with pytest.raises(flashjit.InvalidArgumentError, match="divisible by 2 \\* world_size = 10"):
+        fd.zigzag_split(x, 5, 0)
+    with pytest.raises(flashjit.InvalidArgumentError, match="rank = 2"):
+        fd.zigzag_split(x, 2, 2)
+
+
+def test_plan_structure():
+    """Zig-zag causal with 4 ranks: rank 1's block pairs take the calls of the known structure
+    (own block: one causal call; an earlier rank's: both query chunks against its first chunk;
+    a later rank's: the second query chunk against both its chunks)."""
+    segs = lambda r: fd._segments("zigzag", 4, r, 6)  # noqa: E731
+    own = fd._plan(segs(1), segs(1), True, None, False)
+    assert [(c.qa, c.qb, c.ka, c.kb, c.causal) for c in own] == [(0, 6, 0, 6, True)]
+    earlier = fd._plan(segs(1), segs(0), True, None, False)
+    assert [(c.qa, c.qb, c.ka, c.kb, c.causal) for c in earlier] == [(0, 6, 0, 3, False)]
+    later = fd._plan(segs(1), segs(3), True, None, False)
+    assert [(c.qa, c.qb, c.ka, c.kb, c.causal) for c in later] == [(3, 6, 0, 6, False)]
+
+
+def test_ring_attention_gloo_2_ranks(tmp_path):
+    _spawn(tmp_path, 2, CASES_2, check_errors=True)
+
+
+def test_ring_attention_gloo_4_ranks(tmp_path):
+    _spawn(tmp_path, 4, CASES_4)
+
+
+def test_not_initialized():
+    if dist.is_initialized():
+        pytest.skip("a process group is initialized in this process")
+    q = torch.randn(1, 4, 2, 16)
+    with pytest.raises(flashjit.InvalidArgumentError, match="init_process_group"):
+        fd.ring_attention(q, q, q)
