@@ -189,3 +189,27 @@ def test_not_initialized():
     q = torch.randn(1, 4, 2, 16)
     with pytest.raises(flashjit.InvalidArgumentError, match="init_process_group"):
         fd.ring_attention(q, q, q)
+
+
+def test_train_gpt_cp_two_ranks_matches_one_rank(tmp_path):
+    """examples/train_gpt_cp.py under torchrun with 2 CPU ranks (gloo, zig-zag split), a few
+    steps of the tiny preset: the same per-step loss as train_gpt.py's one-rank run (--compare)."""
+    import json
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    report = tmp_path / "cp.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(flashjit.__path__[0]),
+                                                        os.environ.get("PYTHONPATH")])))
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         os.path.join(repo, "examples", "train_gpt_cp.py"), "--preset", "tiny", "--steps", "8",
+         "--log-every", "4", "--eval-batches", "1", "--compare", "--json", str(report)],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    saved = json.loads(report.read_text())
+    assert saved["context_parallel"] == 2 and len(saved["run"]["loss"]) == 8
+    assert saved["max_step_difference"] < 1e-4, saved
+    assert "context-parallel vs one rank" in run.stdout
