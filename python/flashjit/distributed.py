@@ -45,6 +45,7 @@ import torch.distributed as dist
 from . import InvalidArgumentError, UnsupportedError
 from . import attention as _attention
 from . import attention_backward as _attention_backward
+from ._torch import autocast as _autocast
 
 __all__ = ["ring_attention", "zigzag_split", "zigzag_merge", "split_sequence", "merge_sequence",
            "SPLITS"]
@@ -461,6 +462,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None
     if check_shapes is None:
         check_shapes = q.device.type == "cpu"
     _check(q, k, v, layout, ring, check_shapes)
+    q, k, v = _autocast(q, k, v)  # under torch.autocast: float32 to its dtype, as SDPA does
     dim = _seq_dim(layout)
     if split == "zigzag" and q.shape[dim] % 2:
         raise InvalidArgumentError(
