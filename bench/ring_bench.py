@@ -6,8 +6,8 @@ experimental context_parallel over SDPA, in the same run, on the GPUs of one tor
     torchrun --standalone --nproc-per-node 1 bench/ring_bench.py            # the 1-GPU line
     python3 bench/ring_bench.py --device cpu --n 2048 --nproc 2   # CPU smoke (gloo, 2 ranks)
         [--seqlens 32768,65536,131072,262144 (alias --n; under torchrun spell it --seqlens:
-         torchrun's own parser takes --n for an abbreviation of its options)] [--batch 1] [--heads 16] [--heads-kv 16]
-        [--head-dim 128] [--dtype bf16] [--no-causal] [--split zigzag] [--pass fwd|fwdbwd|both]
+         torchrun's own parser takes --n for an abbreviation of its options)]
+        [--batch 1] [--heads 16] [--heads-kv 16] [--head-dim 128] [--dtype bf16] [--no-causal] [--split zigzag] [--pass fwd|fwdbwd|both]
         [--warmup 1] [--reps 3] [--no-torch-cp] [--json PATH]
 
 Per total sequence length N (split over the R ranks: N / R rows each), for each implementation:
@@ -30,7 +30,6 @@ least torch-cp's.
 """
 import argparse
 import json
-import math
 import os
 import statistics
 import sys

@@ -25,7 +25,6 @@ autocast by default).
 import argparse
 import importlib.util
 import json
-import math
 import os
 import sys
 import time

@@ -37,7 +37,7 @@ torch.compile: ring_attention is not traced (torch.compiler.disable): a graph br
 the model around it compiled; the collectives stay eager.
 """
 import math
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
