@@ -284,3 +284,57 @@ def test_ring_attention_nccl_2_gpus(tmp_path):
         pytest.skip("torch without NCCL")
     init = "file://" + str(tmp_path / "rendezvous")
     mp.spawn(_gpu_worker, args=(2, init), nprocs=2, join=True)
+
+
+def _flash_mask(rows, keys, causal, window):
+    """flashjit's mask of a call: bottom-right aligned causal and window (set of (i, j))."""
+    diagonal = keys - rows
+    left, right = window if window is not None else (-1, -1)
+    if causal:
+        right = 0
+    return {(i, j) for i in range(rows) for j in range(keys)
+            if (left < 0 or j >= i + diagonal - left) and (right < 0 or j <= i + diagonal + right)}
+
+
+@pytest.mark.parametrize("split", fd.SPLITS)
+def test_plan_masks_match_global_positions(split):
+    """Every ring step's flashjit calls, masks emulated as flashjit applies them (bottom-right),
+    cover exactly the (query, key) pairs the global mask shows, once each, and the ALiBi offsets
+    turn the calls' local (key - query) into the global one. Pure Python: every split, 1-4 ranks,
+    even/odd chunk lengths, causal or not, windows of every kind."""
+    windows = (None, (0, 0), (3, 0), (5, 2), (0, -1), (-1, 4), (7, -1), (2, 9), (40, 40))
+    for world in (1, 2, 3, 4):
+        for n in ((6, 10) if split == "zigzag" else (5, 8)):
+            segs = [fd._segments(split, world, r, n) for r in range(world)]
+            pos = [[g + i for _, g, length in s for i in range(length)] for s in segs]
+            for causal in (False, True):
+                for window in windows:
+                    left, right = window if window is not None else (-1, -1)
+                    for rank in range(world):
+                        for src in range(world):
+                            want = set()
+                            for i, p in enumerate(pos[rank]):
+                                for j, kp in enumerate(pos[src]):
+                                    if ((not causal or kp <= p) and (left < 0 or kp >= p - left)
+                                            and (causal or right < 0 or kp <= p + right)):
+                                        want.add((i, j))
+                            got = []
+                            for alibi in (False, True):
+                                calls = fd._plan(segs[rank], segs[src], causal, window, alibi)
+                                cover = []
+                                for c in calls:
+                                    mask = _flash_mask(c.qb - c.qa, c.kb - c.ka, c.causal,
+                                                       c.window)
+                                    cover += [(i + c.qa, j + c.ka) for i, j in mask]
+                                    if alibi:
+                                        for i, j in mask:
+                                            row = i + c.qa
+                                            off = [o for a, b, o in c.q_off if a <= row < b]
+                                            assert len(off) == 1, (c, row)
+                                            shift = c.k_off + c.ka - off[0] - c.qa
+                                            assert pos[src][j + c.ka] - pos[rank][row] == \
+                                                (j - i) + shift, (c, i, j)
+                                assert len(cover) == len(set(cover)), (world, n, causal, window)
+                                got.append(set(cover))
+                            where = (split, world, n, causal, window, rank, src)
+                            assert got[0] == want and got[1] == want, where
