@@ -338,3 +338,19 @@ def test_plan_masks_match_global_positions(split):
                                 got.append(set(cover))
                             where = (split, world, n, causal, window, rank, src)
                             assert got[0] == want and got[1] == want, where
+
+
+@needs_cpu_backend
+def test_one_rank_is_flashjit(tmp_path):
+    """A group of one rank (in this process): ring_attention is flashjit's attention (forward,
+    lse and gradients), the variants included."""
+    if dist.is_initialized():
+        pytest.skip("a process group is initialized in this process")
+    dist.init_process_group("gloo", init_method="file://" + str(tmp_path / "rendezvous"),
+                            rank=0, world_size=1)
+    try:
+        _run_case(("one-rank-causal", "zigzag", 10, True, {}, 4, 2, 1), 0, 1, 5)
+        _run_case(("one-rank-window-alibi", "contiguous", 9, False,
+                   {"window": (4, 3), "alibi": True}, 2, 2, 1), 0, 1, 6)
+    finally:
+        dist.destroy_process_group()
