@@ -166,7 +166,33 @@ def _worker(rank, world, init, cases, seed, check_errors):
         dist.destroy_process_group()
 
 
+def _warm_kernels(world, cases):
+    """Compiles, in this process, the kernels the ranks will run (every block call's forward and
+    backward, and the full-sequence flashjit of the comparison), so that the ranks load them from
+    the disk cache (conftest's FLASHJIT_CACHE_DIR) instead of each compiling them (the cache is
+    fresh per session; world processes compiling the same kernel cost world times the CPU)."""
+    for name, split, n, causal, variant, heads, heads_kv, batch in cases:
+        q, k, v, do, slopes = _inputs(0, batch, n * world, heads, heads_kv)
+        kwargs = dict(window=variant.get("window"), softcap=variant.get("softcap"),
+                      alibi_slopes=slopes if variant.get("alibi") else None)
+        full = [x.clone().requires_grad_() for x in (q, k, v)]
+        flashjit.attention(*full, causal=causal, **kwargs).backward(do)
+        segs = [fd._segments(split, world, r, n) for r in range(world)]
+        for rank in range(world):
+            for src in range(world):
+                for c in fd._plan(segs[rank], segs[src], causal, kwargs["window"],
+                                  variant.get("alibi", False)):
+                    args = [x[:, :c.qb - c.qa] for x in (q, do)] + \
+                        [x[:, :c.kb - c.ka] for x in (k, v)]
+                    call = dict(kwargs, window=c.window, causal=c.causal)
+                    o, lse = flashjit.attention(args[0], args[2], args[3], return_lse=True,
+                                                **call)
+                    flashjit.attention_backward(args[0], args[2], args[3], o, lse, args[1],
+                                                **call)
+
+
 def _spawn(tmp_path, world, cases, check_errors=False):
+    _warm_kernels(world, cases)
     init = "file://" + str(tmp_path / "rendezvous")
     mp.spawn(_worker, args=(world, init, cases, 1234, check_errors), nprocs=world, join=True)
 
