@@ -124,6 +124,12 @@
 #              medium preset (HF_ARGS: its flags, default "--preset medium --batch 8
 #              --prompt-len 512 --new-tokens 64 --pad 0,37,5,0"): adapters-pytest.log,
 #              hf-generate.log and hf-generate-cuda.json. A few minutes.
+#   py-ring    the same install, then context-parallel attention (issue 35) on the machine's GPUs
+#              (2 or more: the kind nvidia-h200-x2 or -x4): the NCCL test of
+#              tests/python/test_ring_attention.py, then bench/ring_bench.py under torchrun on 1,
+#              2 (and 4 when there are 4) GPUs: causal, d 128, bf16, N 32k-256k, ring_attention
+#              vs one GPU and torch's context_parallel over SDPA (ring-<R>gpu.log/.json;
+#              RING_ARGS: extra ring_bench.py flags). A few minutes.
 #
 # Results go to $OUT (the device tool's output folder; ./device-out when unset): ctest.log,
 # bench.log, flashjit.json, peers.log, peers.json, compare.md; py modes: pip.log, pytest.log,
@@ -146,9 +152,9 @@ what="${1:-all}"
 DTYPES="${DTYPES:-bf16}"
 ctest_regex="${2:-}"
 case "$what" in
-  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|sanitize|sanitize-cases|py|py-tests|py-bench|py-torch|py-adapters|decode|concurrent|variants|owed|bwd-quick|bwd-ws) ;;
+  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|sanitize|sanitize-cases|py|py-tests|py-bench|py-torch|py-adapters|py-ring|decode|concurrent|variants|owed|bwd-quick|bwd-ws) ;;
   *) echo "usage: bench/device_run.sh [tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|" \
-       "ws-sanitize|sanitize|sanitize-cases|decode|concurrent|variants|owed|bwd-quick|bwd-ws|py|py-tests|py-bench|py-torch|py-adapters] [CTEST_REGEX]" >&2
+       "ws-sanitize|sanitize|sanitize-cases|decode|concurrent|variants|owed|bwd-quick|bwd-ws|py|py-tests|py-bench|py-torch|py-adapters|py-ring] [CTEST_REGEX]" >&2
      exit 2 ;;
 esac
 
@@ -451,6 +457,30 @@ if [[ "$what" == py-torch ]]; then
       --svg "$OUT/train-gpt.svg" --svg-link perf/train-gpt.svg \
       --markdown "$OUT/train-gpt-report.md" || status=1
   fi
+fi
+
+if [[ "$what" == py-ring ]]; then
+  gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+  echo "== ring attention: ${gpus} GPUs"
+  if ! timeout 300 "$py" -m pytest -q -rs tests/python/test_ring_attention.py -k "nccl or plan" \
+      2>&1 | tee "$OUT/pytest-ring.log"; then
+    status=1
+    echo "== ring attention NCCL test FAILED"
+  fi
+  for ranks in 1 2 4; do
+    ((ranks <= gpus)) || break
+    lengths=32k,64k,128k,256k
+    ((ranks == 1)) && lengths=32k,64k,128k
+    echo "== bench/ring_bench.py on ${ranks} GPU(s), N ${lengths}"
+    # shellcheck disable=SC2086  # RING_ARGS is a list of flags
+    if ! COMMIT="${commit:-unknown}" timeout 420 "$py" -m torch.distributed.run --standalone \
+        --nproc-per-node "$ranks" bench/ring_bench.py --seqlens "$lengths" \
+        --json "$OUT/ring-${ranks}gpu.json" ${RING_ARGS:-} 2>&1 | tee "$OUT/ring-${ranks}gpu.log"; then
+      status=1
+      echo "== ring_bench.py on ${ranks} GPU(s) FAILED"
+    fi
+    echo "== at $((SECONDS - start)) s"
+  done
 fi
 
 if [[ "$what" == tests || "$what" == all ]]; then

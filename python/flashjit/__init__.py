@@ -84,6 +84,10 @@ configs (tuned separately: ``tune(passes=("fwd", "bwd"))``). ``tune()`` fills th
 Environment variables as for the C++ library: FLASHJIT_DB, FLASHJIT_CACHE_DIR, FLASHJIT_TUNE,
 FLASHJIT_LOG (docs/USAGE.md, "Environment").
 
+Context parallelism: flashjit.distributed.ring_attention (torch.distributed, NCCL or gloo) computes
+the attention of a sequence split over the ranks of a process group, differentiable
+(docs/DISTRIBUTED.md); ``from flashjit import distributed`` imports it.
+
 Errors raise flashjit.Error subclasses carrying the library's message and ``.code``:
 InvalidArgumentError and UnsupportedError (both also ValueError), NoDeviceError.
 """
