@@ -66,13 +66,11 @@ Status check_template(const AttentionConfig& c, const AttentionProblem& p) {
   if (c.pingpong || c.persistent)
     return illegal(c, "-pp and -persist are forward schedules of the ws family");
   const Shape s = shape_of(c, p);
-  if (s.dq_tiles % s.consumers != 0)
-    return illegal(c, std::to_string(s.dq_tiles) +
-                          " dQ tile(s) of 64 x 64 per step do not split "
-                          "over " +
+  if (s.dq_tiles != s.consumers)
+    return illegal(c, std::to_string(s.dq_tiles) + " dQ tile(s) of 64 x 64 per step for " +
                           std::to_string(s.consumers) +
-                          " consumer warpgroups (block_m = 128 at "
-                          "head dims <= 64)");
+                          " consumer warpgroups: the template has one per consumer (block_m = 64 "
+                          "at head dims 65..128)");
   return ok_status();
 }
 

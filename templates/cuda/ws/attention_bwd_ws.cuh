@@ -21,12 +21,14 @@
 //     wait empty[s]                        S^T = K_c Q_i^T; dP^T = V_c dO_i^T
 //     lse_log2_i, delta_i -> stats[s]      P^T, dS^T (registers, 16-bit)
 //       (warp 2)
-//     Q_i, dO_i -> full[s] (TMA, thread 0) dS^T -> dS[t % 2]; consumers' barrier
-//                                          dV += P^T dO_i; dK += dS^T Q_i (RS)
-//                                          dQ tile(s) = dS K_j[:, cols of c] (SS)
-//                                          wait all; release s
+//     Q_i, dO_i -> full[s] (TMA, thread 0) dS^T -> dS[t % 2]
+//                                          dV += P^T dO_i (RS)
+//                                          consumers' barrier
+//                                          dQ tile = dS K_j[:, cols of c] (SS)
+//                                          dK += dS^T Q_i (RS)
+//                                          wait dV, dQ (dK in flight)
 //                                          wait dq_empty; stage dQ; dq_full ->  wait dq_full
-//                                                                               bulk-add rows
+//                                          wait dK; release s                   bulk-add rows
 //                                                                               wait reads; dq_empty
 //   dK *= scale; dK, dV -> shared (over K, V) -> global (16-byte stores), per consumer
 // clang-format on
@@ -68,11 +70,10 @@ struct WsBwdTraits {
   static constexpr int kSdpN = kBlockM;  // S^T columns per consumer: every query of the step
   static constexpr int kKvChunk = kHeadDimPadded % 128 == 0 ? 128 : 64;  // N of a dV/dK wgmma
   static constexpr int kKvChunks = kHeadDimPadded / kKvChunk;
-  // dQ tiles of 64 query rows x 64 columns, split evenly over the consumers.
+  // dQ tiles of 64 query rows x 64 columns, one per consumer.
   static constexpr int kDqN = 64;
   static constexpr int kDqColTiles = kHeadDimPadded / kDqN;
   static constexpr int kDqTiles = kBlockM / 64 * kDqColTiles;
-  static constexpr int kDqTilesPerConsumer = kDqTiles / kConsumers;
   // The staged dQ rows (all columns of a row contiguous: one bulk reduction per row), 32 bytes
   // of padding per row: a half-warp's 8-byte stores land on distinct banks.
   static constexpr int kDqStageRowBytes = kHeadDimPadded * 4 + 32;
@@ -97,7 +98,7 @@ struct WsBwdTraits {
   static_assert(kWarps == 4 * (1 + kConsumers), "a producer warpgroup and the consumers");
   static_assert(kStages >= 2 && kStages <= 3, "2 or 3 Q/dO buffers");
   static_assert(kDqAtomic, "dQ by bulk reductions (no deterministic mode in this family yet)");
-  static_assert(kDqTiles % kConsumers == 0, "dQ tiles split evenly over the consumers");
+  static_assert(kDqTiles == kConsumers, "one dQ tile of 64 x 64 per consumer and step");
   static_assert(kConsumerRegisters >= kProducerRegisters && kConsumerRegisters % 8 == 0,
                 "setmaxnreg counts are multiples of 8");
 };
@@ -410,35 +411,28 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
     store_fragments<kSdpN, kBlockN>(
         window_base + (smem.ds - smem.k) + ds_buffer * K::kScoreTileBytes, dst, consumer * 64, 0);
     fence_proxy_async();
-    named_barrier_sync(kConsumersBarrier, K::kConsumerThreads);
-
+    // dV needs this consumer's P^T alone: in flight while the consumers meet; dQ then reads every
+    // consumer's dS^T, and dK runs while the dQ tile is staged for the writer.
     wgmma_fence();                      // pt, dst (written above) are ready for the tensor cores
     issue_kv(dv, pt, do_cols, buffer);  // dV += P^T dO_i
+    named_barrier_sync(kConsumersBarrier, K::kConsumerThreads);
+    issue_dq(consumer, ds_buffer);      // dQ tile = dS K_j[:, this consumer's columns]
     issue_kv(dk, dst, q_cols, buffer);  // dK += dS^T Q_i
-    issue_dq(consumer * K::kDqTilesPerConsumer, ds_buffer);
-    wgmma_wait<0>();
+    wgmma_wait<1>();                    // dV and the dQ tile
     pin(pt);
-    pin(dst);
     pin(dq);
 #pragma unroll
-    for (int c = 0; c < kKvChunks; ++c) {
-      pin(dv[c]);
-      pin(dk[c]);
-    }
-    smem.pipe.consumer_release(at);  // Q_i, dO_i and the stats are read
-    at.advance();
+    for (int c = 0; c < kKvChunks; ++c) pin(dv[c]);
     mbarrier_wait(smem.dq_empty, (t & 1) ^ 1);  // the writer has read step t - 1's rows
-    stage_dq(consumer * K::kDqTilesPerConsumer);
-#pragma unroll
-    for (int i = 1; i < K::kDqTilesPerConsumer; ++i) {
-      wgmma_fence();  // dq was read above
-      issue_dq(consumer * K::kDqTilesPerConsumer + i, ds_buffer);
-      wgmma_wait<0>();
-      pin(dq);
-      stage_dq(consumer * K::kDqTilesPerConsumer + i);
-    }
+    stage_dq(consumer);
     fence_proxy_async();  // the staged rows, visible to the bulk reductions
     mbarrier_arrive(smem.dq_full);
+    wgmma_wait<0>();  // dK
+    pin(dst);
+#pragma unroll
+    for (int c = 0; c < kKvChunks; ++c) pin(dk[c]);
+    smem.pipe.consumer_release(at);  // Q_i, dO_i and the stats are read
+    at.advance();
   }
 
   // Epilogue: every consumer's dQ wgmmas (which read all of K_j) are done before K_j's tile
