@@ -413,6 +413,9 @@ Result<AttentionConfig> default_backward_config(const AttentionProblem& p,
   // The device's best family first, as for the forward: wgmma on sm90 where it has a tile for
   // the head dim, the mma family's formula below otherwise.
   if (device.arch == 90) {
+    // The ws family's fused kernel where it takes the problem (plain attention, d 65..128, not
+    // deterministic): 1.26-1.30x the wgmma -det default on an H200 (docs/PERFORMANCE.md).
+    if (Result<AttentionConfig> ws = default_ws_backward_config(p, device); ws.ok()) return ws;
     Result<AttentionConfig> wgmma = default_wgmma_backward_config(p, device);
     if (wgmma.ok() && check_backward_config(*wgmma, p, device).ok()) return wgmma;
   }
@@ -440,8 +443,9 @@ std::string explain_backward_plan(const AttentionProblem& p, const DeviceSpec& d
          "head, over every query head of its group), then the dQ convert (atomic dQ) or a dQ "
          "kernel (-det: one CTA per Br query rows, no atomics, bitwise reproducible).\n\n";
   if (device.arch == 90)
-    out << "Default on sm90: the wgmma family's tile for the head dim (below) where it is legal, "
-           "else the mma family's starting formula.\n";
+    out << "Default on sm90: the ws family's fused kernel where it takes the problem, else the "
+           "wgmma family's tile for the head dim (below) where it is legal, else the mma family's "
+           "starting formula.\n";
   out << "Starting formula: 8 warps; Bc = min(128, 16384 / d_pad) = min(128, 16384 / " << d_pad
       << ") = " << std::min(128, 16384 / d_pad)
       << " keys (dK, dV: 2 * Bc * d_pad / 256 <= 128 fp32 registers per thread);\n"

@@ -63,8 +63,7 @@ Status check_template(const AttentionConfig& c, const AttentionProblem& p) {
                    "stages = " + std::to_string(c.stages) + " not in " + list(kWsBwdStageChoices));
   if (c.dq != DqMode::Atomic)
     return illegal(c, "the ws backward has no separate dQ kernel (-det): dQ by bulk reductions");
-  if (c.pingpong || c.persistent)
-    return illegal(c, "-pp and -persist are forward schedules of the ws family");
+  if (c.pingpong) return illegal(c, "-pp is a forward schedule of the ws family");
   const Shape s = shape_of(c, p);
   if (s.dq_tiles != s.consumers)
     return illegal(c, std::to_string(s.dq_tiles) + " dQ tile(s) of 64 x 64 per step for " +
@@ -78,12 +77,16 @@ Status check_template(const AttentionConfig& c, const AttentionProblem& p) {
 
 int ws_backward_dkdv_threads(const AttentionConfig& config) { return config.warps * 32; }
 
+int ws_backward_persistent_ctas(const AttentionConfig& config, const DeviceSpec& device) {
+  return config.persistent ? device.sm_count : 0;
+}
+
 int ws_backward_dkdv_smem_bytes(const AttentionConfig& c, const AttentionProblem& p) {
   const Shape s = shape_of(c, p);
   const int kv_tile = c.block_n * s.dp * 2, q_tile = c.block_m * s.dp * 2;
   const int score_tile = c.block_n * c.block_m * 2;
   const int dq_stage = c.block_m * (s.dp * 4 + 32);
-  const int barriers = 8 * (3 + 2 * c.stages);
+  const int barriers = 8 * (4 + 2 * c.stages);
   return kSwizzleAtomAlign + 2 * kv_tile + 2 * c.stages * q_tile + 2 * score_tile + dq_stage +
          2 * c.stages * c.block_m * 4 + barriers;
 }
@@ -112,7 +115,11 @@ std::vector<AttentionConfig> ws_backward_candidates(const AttentionProblem& prob
     for (int block_n : kWsBwdBlockNChoices)
       for (int warps : kWsBwdWarpChoices)
         for (int stages : kWsBwdStageChoices)
-          configs.push_back({block_m, block_n, warps, stages, KernelFamily::Ws, DqMode::Atomic});
+          for (bool persistent : {false, true}) {
+            AttentionConfig c{block_m, block_n, warps, stages, KernelFamily::Ws, DqMode::Atomic};
+            c.persistent = persistent;
+            configs.push_back(c);
+          }
   std::sort(configs.begin(), configs.end());
   return configs;
 }
@@ -146,6 +153,15 @@ Status check_ws_backward_config(const AttentionConfig& c, const AttentionProblem
   return ok_status();
 }
 
+Result<AttentionConfig> default_ws_backward_config(const AttentionProblem& p,
+                                                   const DeviceSpec& device) {
+  AttentionConfig preferred{64, 128, 12, 2, KernelFamily::Ws, DqMode::Atomic};
+  preferred.persistent = p.causal;
+  const Status legal = check_ws_backward_config(preferred, p, device);
+  if (!legal.ok()) return legal.error();
+  return preferred;
+}
+
 std::string explain_ws_backward_plan(const AttentionProblem& p, const DeviceSpec& device) {
   std::ostringstream out;
   const int dp = padded_head_dim(p.head_dim);
@@ -154,7 +170,8 @@ std::string explain_ws_backward_plan(const AttentionProblem& p, const DeviceSpec
       << "  producer warp: K, V once (TMA), then Q, dO (TMA) and lse, delta per step through a\n"
       << "  stages-deep mbarrier pipeline; two consumer warpgroups of 64 keys (setmaxnreg): S^T,\n"
       << "  dP^T, dV += P^T dO, dK += dS^T Q, dQ tiles = dS K; a dQ-writer warp bulk-adds the\n"
-      << "  staged dQ rows into the fp32 workspace.\n"
+      << "  staged dQ rows into the fp32 workspace. -persist: one CTA per SM walks the key tiles\n"
+      << "  (heaviest first when causal).\n"
       << "  smem = 1024 + 2 * 128 * " << dp << " * 2 (K, V) + 2 * stages * Br * " << dp
       << " * 2 (Q, dO) + 2 * 128 * Br * 2 (dS^T x2)\n"
       << "         + Br * " << dp * 4 + 32 << " (dQ rows staged) + 2 * stages * Br * 4 (lse, delta)"
@@ -178,6 +195,8 @@ std::string explain_ws_backward_plan(const AttentionProblem& p, const DeviceSpec
                   why.c_str());
     out << line;
   }
+  if (Result<AttentionConfig> def = default_ws_backward_config(p, device); def.ok())
+    out << "Proposed ws default: " << def->to_string() << "\n";
   out << "\n";
   return out.str();
 }

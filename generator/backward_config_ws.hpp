@@ -12,6 +12,8 @@
 //   warps    4 (producer warpgroup) + 4 per consumer: 12
 //   stages   depth of the Q/dO (and lse/delta) pipeline: 2 or 3
 //   dq       Atomic only (bulk reductions into the fp32 workspace; no -det yet)
+//   -persist one CTA per SM walks the key tiles (heaviest first when causal) instead of one CTA
+//            per tile
 // Problems it does not take (plain attention only, head dim <= 128, not deterministic) fall
 // back to the wgmma and mma families.
 #pragma once
@@ -43,12 +45,20 @@ Status check_ws_backward_config(const AttentionConfig& config, const AttentionPr
 
 // Launch shape of the fused kernel (the dK/dV entry): threads and dynamic shared memory. The
 // dQ entry is the convert row kernel (backward_shapes).
+// A -persist config's CTAs: one per SM of `device` (the fused kernel takes a whole SM).
+int ws_backward_persistent_ctas(const AttentionConfig& config, const DeviceSpec& device);
 int ws_backward_dkdv_threads(const AttentionConfig& config);
 int ws_backward_dkdv_smem_bytes(const AttentionConfig& config, const AttentionProblem& problem);
 // Registers a consumer thread needs at the least (estimate, calibrated with ptxas 13.0), and
 // what setmaxnreg gives it (WsBwdTraits::kConsumerRegisters).
 int ws_backward_consumer_registers(const AttentionConfig& config, const AttentionProblem& problem);
 int ws_backward_consumer_register_limit(const AttentionConfig& config);
+
+// The family's default where it takes the problem: m64n128w12s2-ws, with -persist when causal
+// (the static heaviest-first order evens out the key tiles' unequal work), if legal on `device`;
+// error Unsupported otherwise (the caller falls back to the wgmma family's default).
+Result<AttentionConfig> default_ws_backward_config(const AttentionProblem& problem,
+                                                   const DeviceSpec& device);
 
 // The family's budget arithmetic and candidate table, for `flashjit plan --pass bwd`.
 std::string explain_ws_backward_plan(const AttentionProblem& problem, const DeviceSpec& device);

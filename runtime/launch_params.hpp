@@ -315,6 +315,12 @@ inline BackwardLaunch backward_launch(const AttentionProblem& problem,
                                         problem.heads_q, problem.batch, shapes.preprocess);
   launch.dkdv = row_blocks_launch("seqlen_k", problem.seqlen_k, config.block_n, "heads_kv",
                                   problem.heads_kv, problem.batch, shapes.dkdv);
+  // A persistent dK/dV kernel (the ws family's "-persist"): at most one CTA per key tile, in x.
+  if (shapes.dkdv.persistent_ctas > 0) {
+    launch.dkdv.grid_x = std::min<int64_t>(
+        launch.dkdv.grid_x * launch.dkdv.grid_y * launch.dkdv.grid_z, shapes.dkdv.persistent_ctas);
+    launch.dkdv.grid_y = launch.dkdv.grid_z = 1;
+  }
   launch.dq = config.dq == DqMode::Atomic
                   ? row_blocks_launch("seqlen_q", rows, kBackwardPreprocessRows, "heads_q",
                                       problem.heads_q, problem.batch, shapes.dq)

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "generator/backward_config.hpp"
+#include "generator/backward_config_ws.hpp"
 #include "generator/config.hpp"
 #include "generator/decode_config.hpp"
 #include "generator/forward_config_ws.hpp"
@@ -365,7 +366,10 @@ Result<std::shared_ptr<Kernel>> CudaBackend::load(const Binary& binary, const Ke
                    {config.threads(), backward ? 0 : smem_bytes(config, problem), persistent_ctas},
                    backward_shapes(
                        config,
-                       {backward_dkdv_threads(config), backward_dkdv_smem_bytes(config, problem)},
+                       {backward_dkdv_threads(config), backward_dkdv_smem_bytes(config, problem),
+                        backward && config.family == KernelFamily::Ws
+                            ? ws_backward_persistent_ctas(config, device_)
+                            : 0},
                        {backward_dq_threads(config), backward_dq_smem_bytes(config, problem)}));
   for (const KernelShape& shape : shapes) {
     const int smem = shape.smem_bytes;

@@ -81,8 +81,13 @@ std::string run_ws_backward(const AttentionProblem& p, const AttentionConfig& co
         ft::encode_tensor_map(specs->k, &maps.k);
         ft::encode_tensor_map(specs->v, &maps.v);
         ft::encode_tensor_map(specs->o, &maps.o);
-        const ft::Sm90Grid grid{static_cast<int>((p.seqlen_k + K::kBlockN - 1) / K::kBlockN),
-                                static_cast<int>(p.heads_kv), static_cast<int>(p.batch)};
+        // The runtime's grid: one CTA per key tile, or (-persist) a few CTAs that walk several
+        // tiles each (3 here, where the GPU has one per SM).
+        const KernelShape shape{K::kThreads, K::kSmemBytes, K::kPersistent ? 3 : 0};
+        const LaunchShape launch =
+            backward_launch(p, config, BackwardShapes{KernelShape{}, shape, KernelShape{}}).dkdv;
+        const ft::Sm90Grid grid{static_cast<int>(launch.grid_x), static_cast<int>(launch.grid_y),
+                                static_cast<int>(launch.grid_z)};
         std::string error = ft::emulate_sm90(
             grid, K::kThreads, K::kSmemBytes,
             [&] { flashjit_kernel::attention_backward_ws_dkdv<K>(params, maps); }, options);
@@ -90,10 +95,12 @@ std::string run_ws_backward(const AttentionProblem& p, const AttentionConfig& co
       });
 }
 
-template <int HEAD_DIM, int BLOCK_M, int STAGES, bool BF16, bool CAUSAL>
+template <int HEAD_DIM, int BLOCK_M, int STAGES, bool BF16, bool CAUSAL, bool PERSISTENT = false>
 void check_config() {
-  using K = flashjit_kernel::WsBwdTraits<HEAD_DIM, BLOCK_M, 128, 12, STAGES, BF16, CAUSAL, true>;
-  const AttentionConfig config{BLOCK_M, 128, 12, STAGES, KernelFamily::Ws, DqMode::Atomic};
+  using K = flashjit_kernel::WsBwdTraits<HEAD_DIM, BLOCK_M, 128, 12, STAGES, BF16, CAUSAL, true,
+                                         PERSISTENT>;
+  AttentionConfig config{BLOCK_M, 128, 12, STAGES, KernelFamily::Ws, DqMode::Atomic};
+  config.persistent = PERSISTENT;
   const DType dtype = BF16 ? DType::BF16 : DType::F16;
   std::string name = "d";
   name += std::to_string(HEAD_DIM);
@@ -148,6 +155,12 @@ TEST(CudaBwdWsEmulation, D128) {
   check_config<128, 64, 2, false, false>();
 }
 TEST(CudaBwdWsEmulation, PaddedHeadDim96) { check_config<96, 64, 2, true, true>(); }
+// -persist: 3 CTAs walk every key tile of the shape (tiles no query sees among them, causal),
+// carrying the pipelines, the dQ rounds and the K/V loads across tiles.
+TEST(CudaBwdWsEmulation, Persistent) {
+  check_config<128, 64, 2, true, true, true>();
+  check_config<128, 64, 2, false, false, true>();
+}
 
 // The family takes plain attention only: variants, packed documents, deterministic problems and
 // head dims past 128 have no ws config (they fall back to the wgmma and mma families).

@@ -44,7 +44,7 @@
 namespace flashjit_kernel {
 
 template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WARPS, int STAGES, bool IS_BF16, bool CAUSAL,
-          bool DQ_ATOMIC>
+          bool DQ_ATOMIC, bool PERSISTENT = false>
 struct WsBwdTraits {
   static constexpr int kHeadDim = HEAD_DIM;
   static constexpr int kHeadDimPadded = (HEAD_DIM + 63) / 64 * 64;  // whole 64-column blocks
@@ -56,6 +56,7 @@ struct WsBwdTraits {
   static constexpr bool kIsBf16 = IS_BF16;
   static constexpr bool kCausal = CAUSAL;
   static constexpr bool kDqAtomic = DQ_ATOMIC;
+  static constexpr bool kPersistent = PERSISTENT;  // "-persist": one CTA per SM walks key tiles
 
   static constexpr int kConsumers = kBlockN / 64;
   static constexpr int kThreads = kWarps * 32;
@@ -83,8 +84,8 @@ struct WsBwdTraits {
   static constexpr int kQTileBytes = kBlockM * kHeadDimPadded * 2;   // Q_i or dO_i, per stage
   static constexpr int kScoreTileBytes = kBlockN * kBlockM * 2;      // dS^T [keys, queries]
   static constexpr int kStatBytes = kBlockM * 4;                     // lse_log2 or delta
-  // kv_full, full[kStages], empty[kStages], dq_full, dq_empty
-  static constexpr int kBarriers = 3 + 2 * kStages;
+  // kv_full, kv_empty, full[kStages], empty[kStages], dq_full, dq_empty
+  static constexpr int kBarriers = 4 + 2 * kStages;
   // + 1024: the dynamic window is rounded up to a swizzle atom (the tiles first, all multiples
   // of 1024 bytes; then the staged dQ rows, the stats and the barriers).
   static constexpr int kSmemBytes = 1024 + 2 * kKvTileBytes + 2 * kStages * kQTileBytes +
@@ -112,6 +113,7 @@ struct WsBwdShared {
   u32 dq_stage;  // [kBlockM] rows of kDqStageRowBytes
   u32 stats;     // kStages x {lse_log2[kBlockM], delta[kBlockM]} fp32
   u32 kv_full;   // mbarrier: K_j and V_j have landed
+  u32 kv_empty;  // mbarrier: the consumers' epilogue has read the K/V tiles (kConsumerThreads)
   u32 dq_full;   // mbarrier: every consumer staged its dQ tiles (kConsumerThreads arrivals)
   u32 dq_empty;  // mbarrier: the writer's reductions have read them (32 arrivals)
   Pipeline<K::kStages> pipe;  // Q_i, dO_i (TMA bytes, 1 arrival) and the stats (32 arrivals)
@@ -125,7 +127,8 @@ struct WsBwdShared {
     dq_stage = ds + 2 * K::kScoreTileBytes;
     stats = dq_stage + K::kDqStageBytes;
     kv_full = stats + 2 * K::kStages * K::kStatBytes;
-    dq_full = kv_full + 8;
+    kv_empty = kv_full + 8;
+    dq_full = kv_empty + 8;
     dq_empty = dq_full + 8;
     pipe.full = dq_empty + 8;
     pipe.empty = pipe.full + 8 * K::kStages;
@@ -134,6 +137,7 @@ struct WsBwdShared {
   // One thread, then fence_barrier_init() and a CTA barrier.
   __device__ __forceinline__ void init_barriers() const {
     mbarrier_init(kv_full, 1);
+    mbarrier_init(kv_empty, K::kConsumerThreads);
     mbarrier_init(dq_full, K::kConsumerThreads);
     mbarrier_init(dq_empty, 32);
 #pragma unroll
@@ -170,6 +174,54 @@ struct WsBwdSteps {
   }
 };
 
+// One key tile: keys [n_block * kBlockN, + kBlockN) of one kv head of one batch entry.
+struct WsBwdTile {
+  int n_block, kv_head, batch;
+};
+
+// Which key tiles a CTA computes; every role walks the same sequence independently (it depends
+// on the grid and the problem only):   for (WsBwdTile tile; tiles.next(p, tile);) { ... }
+//   PERSISTENT false: one tile per CTA, from the grid (x = key block, y = kv head, z = batch);
+//     causal key blocks near the start are seen by the most query blocks and launch first.
+//   PERSISTENT true: a grid of G CTAs (one per SM) over the T = n_blocks x heads_kv x batch
+//     tiles; in round r, CTA c takes tile r G + c of the list: non-causal key block fastest (CTAs
+//     in flight read the Q, dO of the same heads); causal heaviest first (key blocks from the
+//     first up, heads and batches within each), odd rounds walked backwards so that the CTA that
+//     took a round's heaviest tile takes the next round's lightest (a static longest-processing-
+//     time order, as the -ws forward's tile scheduler does).
+template <bool CAUSAL, bool PERSISTENT, int BLOCK_N>
+struct WsBwdTileScheduler;
+
+template <bool CAUSAL, int BLOCK_N>
+struct WsBwdTileScheduler<CAUSAL, false, BLOCK_N> {
+  bool done = false;
+  __device__ __forceinline__ bool next(const FlashjitAttentionParams&, WsBwdTile& t) {
+    if (done) return false;
+    done = true;
+    t = {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
+    return true;
+  }
+};
+
+template <bool CAUSAL, int BLOCK_N>
+struct WsBwdTileScheduler<CAUSAL, true, BLOCK_N> {
+  int round = 0;  // the CTA's next round; the list's sizes are read from the params each time
+  __device__ __forceinline__ bool next(const FlashjitAttentionParams& p, WsBwdTile& t) {
+    const int n_blocks = (p.seqlen_k + BLOCK_N - 1) / BLOCK_N;
+    const int heads_batch = p.heads_kv * p.batch;
+    const int ctas = static_cast<int>(gridDim.x), cta = static_cast<int>(blockIdx.x);
+    const int slot = CAUSAL && round % 2 == 1 ? ctas - 1 - cta : cta;
+    const int index = round * ctas + slot;
+    ++round;
+    if (index >= n_blocks * heads_batch) return false;  // and every later round's index is larger
+    if (CAUSAL)
+      t = {index / heads_batch, index % heads_batch % p.heads_kv, index % heads_batch / p.heads_kv};
+    else
+      t = {index % n_blocks, index / n_blocks % p.heads_kv, index / n_blocks / p.heads_kv};
+    return true;
+  }
+};
+
 // ---- the producer: K_j, V_j once, then Q_i, dO_i (TMA: one thread of warp 0) and lse_log2_i,
 // delta_i (generic copies: warp 2) per step; full[s] takes 1 + 32 arrivals ----------------------
 
@@ -184,21 +236,33 @@ __device__ __forceinline__ void ws_bwd_producer_tail(const WsBwdShared<K>& smem,
   }
 }
 
+// The TMA thread's position across tiles: the Q/dO pipeline, the tiles seen (kv_empty's rounds).
+template <class K>
+struct WsBwdLoads {
+  PipelineState<K::kStages> at;
+  int tiles = 0;
+};
+
 template <class K>
 __device__ __forceinline__ void ws_bwd_load_tiles(const FlashjitForwardTensorMaps& maps,
                                                   const WsBwdShared<K>& smem,
-                                                  const WsBwdSteps<K>& steps, int n0, int batch) {
+                                                  const WsBwdSteps<K>& steps, const WsBwdTile& tile,
+                                                  WsBwdLoads<K>& pos) {
+  // The K/V tiles are free: the consumers' epilogue of the previous tile has read them.
+  mbarrier_wait(smem.kv_empty, (pos.tiles & 1) ^ 1);
+  ++pos.tiles;
   const int n = steps.count();
-  if (n == 0) return;
+  if (n == 0) return;  // no query sees the tile: the consumers write dK = dV = 0
+  const int n0 = tile.n_block * K::kBlockN;
   mbarrier_arrive_expect_tx(smem.kv_full, 2 * K::kKvTileBytes);
 #pragma unroll
   for (int c = 0; c < K::kColumnBlocks; ++c) {
-    tma_load_4d(smem.k + c * K::kBlockN * 128, &maps.k, smem.kv_full, c * 64, n0, steps.kv_head,
-                batch);
-    tma_load_4d(smem.v + c * K::kBlockN * 128, &maps.v, smem.kv_full, c * 64, n0, steps.kv_head,
-                batch);
+    tma_load_4d(smem.k + c * K::kBlockN * 128, &maps.k, smem.kv_full, c * 64, n0, tile.kv_head,
+                tile.batch);
+    tma_load_4d(smem.v + c * K::kBlockN * 128, &maps.v, smem.kv_full, c * 64, n0, tile.kv_head,
+                tile.batch);
   }
-  PipelineState<K::kStages> at;
+  PipelineState<K::kStages>& at = pos.at;
   for (int t = 0; t < n; ++t) {
     const int head = steps.head(t), m0 = steps.m0(t);
     mbarrier_wait(smem.pipe.empty_barrier(at.index), at.phase ^ 1);
@@ -207,46 +271,46 @@ __device__ __forceinline__ void ws_bwd_load_tiles(const FlashjitForwardTensorMap
     const u32 q = smem.q + at.index * K::kQTileBytes, d_o = smem.d_o + at.index * K::kQTileBytes;
 #pragma unroll
     for (int c = 0; c < K::kColumnBlocks; ++c) {
-      tma_load_4d(q + c * K::kBlockM * 128, &maps.q, full, c * 64, m0, head, batch);
-      tma_load_4d(d_o + c * K::kBlockM * 128, &maps.o, full, c * 64, m0, head, batch);
+      tma_load_4d(q + c * K::kBlockM * 128, &maps.q, full, c * 64, m0, head, tile.batch);
+      tma_load_4d(d_o + c * K::kBlockM * 128, &maps.o, full, c * 64, m0, head, tile.batch);
     }
     at.advance();
   }
-  ws_bwd_producer_tail<K>(smem, at);
 }
 
 template <class K>
 __device__ __forceinline__ void ws_bwd_load_stats(const FlashjitAttentionParams& p,
                                                   const WsBwdShared<K>& smem,
-                                                  const WsBwdSteps<K>& steps, int batch) {
+                                                  const WsBwdSteps<K>& steps, int batch,
+                                                  PipelineState<K::kStages>& at) {
   const int lane = threadIdx.x % 32;
   const int n = steps.count();
-  PipelineState<K::kStages> at;
   for (int t = 0; t < n; ++t) {
     mbarrier_wait(smem.pipe.empty_barrier(at.index), at.phase ^ 1);
     // lse_log2 and delta rows are padded to seqlen_q_rounded: whole blocks, no bounds. 16 bytes
-    // a copy, the warp's lanes in turn.
-    const float* const lse =
-        p.lse_log2 +
+    // a copy: lane l copies 16-byte chunk l (and l + 32, ...) of lse_log2 then delta.
+    const long long row =
         (static_cast<long long>(batch) * p.heads_q + steps.head(t)) * p.seqlen_q_rounded +
         steps.m0(t);
     constexpr int kCopies = K::kBlockM / 4;  // per vector
-    const u32 stats = smem.stats + 2 * at.index * K::kStatBytes;
-    for (int i = lane; i < 2 * kCopies; i += 32) {
-      const bool is_delta = i >= kCopies;
-      const int c = i % kCopies;
-      const Vec16 value =
-          *reinterpret_cast<const Vec16*>(lse + (p.delta - p.lse_log2) * is_delta + 4 * c);
-      const u32 at_stat = stats + is_delta * K::kStatBytes + 16 * c;
-      store_shared_u32(at_stat, value.x);
-      store_shared_u32(at_stat + 4, value.y);
-      store_shared_u32(at_stat + 8, value.z);
-      store_shared_u32(at_stat + 12, value.w);
+#pragma unroll
+    for (int i = 0; i < (2 * kCopies + 31) / 32; ++i) {
+      const int copy = lane + 32 * i;
+      if (copy < 2 * kCopies) {
+        const bool is_delta = copy >= kCopies;
+        const int c = copy % kCopies;
+        const Vec16 value =
+            *reinterpret_cast<const Vec16*>((is_delta ? p.delta : p.lse_log2) + row + 4 * c);
+        const u32 at_stat = smem.stats + (2 * at.index + is_delta) * K::kStatBytes + 16 * c;
+        store_shared_u32(at_stat, value.x);
+        store_shared_u32(at_stat + 4, value.y);
+        store_shared_u32(at_stat + 8, value.z);
+        store_shared_u32(at_stat + 12, value.w);
+      }
     }
     mbarrier_arrive(smem.pipe.full_barrier(at.index));
     at.advance();
   }
-  ws_bwd_producer_tail<K>(smem, at);
 }
 
 // ---- the dQ writer: each step's staged rows added into dq_accum ---------------------------------
@@ -254,11 +318,11 @@ __device__ __forceinline__ void ws_bwd_load_stats(const FlashjitAttentionParams&
 template <class K>
 __device__ __forceinline__ void ws_bwd_write_dq(const FlashjitAttentionParams& p,
                                                 const WsBwdShared<K>& smem,
-                                                const WsBwdSteps<K>& steps, int batch) {
+                                                const WsBwdSteps<K>& steps, int batch, int& step) {
   const int lane = threadIdx.x % 32;
   const int n = steps.count();
-  for (int t = 0; t < n; ++t) {
-    mbarrier_wait(smem.dq_full, t & 1);
+  for (int t = 0; t < n; ++t, ++step) {
+    mbarrier_wait(smem.dq_full, step & 1);  // (step: the CTA's steps over all its tiles)
     float* const accum = p.dq_accum + ((static_cast<long long>(batch) * p.heads_q + steps.head(t)) *
                                            p.seqlen_q_rounded +
                                        steps.m0(t)) *
@@ -271,16 +335,25 @@ __device__ __forceinline__ void ws_bwd_write_dq(const FlashjitAttentionParams& p
     bulk_wait_group_read<0>();  // the staged rows are read: the consumers may stage the next
     mbarrier_arrive(smem.dq_empty);
   }
-  bulk_wait_group<0>();  // the adds are done before the CTA ends
 }
 
 // ---- the consumers ------------------------------------------------------------------------------
 
+// A consumer's position across tiles: the Q/dO pipeline, its steps over all tiles (the dS^T
+// buffer and the dq_empty/dq_full rounds), the K/V loads waited for.
+template <class K>
+struct WsBwdReads {
+  PipelineState<K::kStages> at;
+  int step = 0;
+  int kv_loads = 0;
+};
+
 template <class K>
 __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
                                                const WsBwdShared<K>& smem,
-                                               const WsBwdSteps<K>& steps, int consumer, int n0,
-                                               int diagonal, unsigned char* window_base) {
+                                               const WsBwdSteps<K>& steps, const WsBwdTile& tile,
+                                               int consumer, int diagonal,
+                                               unsigned char* window_base, WsBwdReads<K>& pos) {
   namespace fa = flashjit_attention;
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kDp = K::kHeadDimPadded;
   constexpr int kSdpN = K::kSdpN, kKvChunk = K::kKvChunk, kKvChunks = K::kKvChunks;
@@ -292,19 +365,7 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
   const int frag_row = (warp % 4) * 16 + lane / 4;  // accumulator row within the 64 (+ 8)
   const int frag_col = 2 * (lane % 4);              // accumulator column within 8 (+ 1)
   const int n = steps.count();
-
-  // Descriptors (wgmma.cuh). S^T = K_c Q^T, dP^T = V_c dO^T: A = this consumer's 64 key rows,
-  // B = the step's kBlockM query rows, both K-major over the head dim.
-  const u64 k_rows = smem_descriptor(smem.k + consumer * 64 * 128, 16, 1024);
-  const u64 v_rows = smem_descriptor(smem.v + consumer * 64 * 128, 16, 1024);
-  const u64 q_rows = smem_descriptor(smem.q, 16, 1024);
-  const u64 do_rows = smem_descriptor(smem.d_o, 16, 1024);
-  // dV += P^T dO, dK += dS^T Q: B = dO, Q MN-major over the queries.
-  const u64 do_cols = smem_descriptor(smem.d_o, kBlockM * 128, 1024);
-  const u64 q_cols = smem_descriptor(smem.q, kBlockM * 128, 1024);
-  // dQ = dS K_j: A = dS, the MN-major view of dS^T; B = K_j MN-major over the keys.
-  const u64 ds_cols = smem_descriptor(smem.ds, kBlockN * 128, 1024);
-  const u64 k_cols = smem_descriptor(smem.k, kBlockN * 128, 1024);
+  const int n0 = tile.n_block * kBlockN;
 
   float dv[kKvChunks][kKvChunk / 2], dk[kKvChunks][kKvChunk / 2];  // fp32, 64 keys x kDp
 #pragma unroll
@@ -316,7 +377,7 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
   float dq[kDqN / 2];                         // one dQ tile
 
   auto issue_kv = [&](float(&d)[kKvChunks][kKvChunk / 2], const u32(&a)[kSdpN / 16][4], u64 b_cols,
-                      int buffer) {
+                      int buffer) {  // d += A^T-rows x B over the step's queries
 #pragma unroll
     for (int s = 0; s < kBlockM / 16; ++s)  // 16 queries per k-step
 #pragma unroll
@@ -327,7 +388,8 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
                                    1);
     wgmma_commit();
   };
-  auto issue_dq = [&](int tile, int ds_buffer) {  // dQ tile = dS[64 rows of tile] K_j[:, cols]
+  // dQ tile = dS[64 rows of tile] K_j[:, cols]
+  auto issue_dq = [&](int tile, int ds_buffer, u64 ds_cols, u64 k_cols) {
     const int mt = tile / K::kDqColTiles, nc = tile % K::kDqColTiles;
 #pragma unroll
     for (int s = 0; s < kBlockN / 16; ++s) {  // 16 keys per k-step
@@ -355,10 +417,28 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
       }
   };
 
-  if (n > 0) mbarrier_wait(smem.kv_full, 0);
-  PipelineState<K::kStages> at;
-  for (int t = 0; t < n; ++t) {
-    const int m0 = steps.m0(t), buffer = at.index, ds_buffer = t & 1;
+  if (n > 0) mbarrier_wait(smem.kv_full, pos.kv_loads++ & 1);
+  PipelineState<K::kStages>& at = pos.at;
+  for (int t = 0; t < n; ++t, ++pos.step) {
+    const int m0 = steps.m0(t), buffer = at.index, ds_buffer = pos.step & 1;
+    // Descriptors (wgmma.cuh), formed again each step from an opaque copy of the window's
+    // address: held across the loop instead, they spilled once the tile loop (-persist) was
+    // around it. S^T = K_c Q^T, dP^T = V_c dO^T: A = this consumer's 64 key rows, B = the step's
+    // kBlockM query rows, both K-major over the head dim.
+    u32 k_tile = smem.k;
+    asm volatile("" : "+r"(k_tile));
+    const u32 v_tile = k_tile + (smem.v - smem.k), q_tile = k_tile + (smem.q - smem.k);
+    const u32 do_tile = k_tile + (smem.d_o - smem.k), ds_tile = k_tile + (smem.ds - smem.k);
+    const u64 k_rows = smem_descriptor(k_tile + consumer * 64 * 128, 16, 1024);
+    const u64 v_rows = smem_descriptor(v_tile + consumer * 64 * 128, 16, 1024);
+    const u64 q_rows = smem_descriptor(q_tile, 16, 1024);
+    const u64 do_rows = smem_descriptor(do_tile, 16, 1024);
+    // dV += P^T dO, dK += dS^T Q: B = dO, Q MN-major over the queries.
+    const u64 do_cols = smem_descriptor(do_tile, kBlockM * 128, 1024);
+    const u64 q_cols = smem_descriptor(q_tile, kBlockM * 128, 1024);
+    // dQ = dS K_j: A = dS, the MN-major view of dS^T; B = K_j MN-major over the keys.
+    const u64 ds_cols = smem_descriptor(ds_tile, kBlockN * 128, 1024);
+    const u64 k_cols = smem_descriptor(k_tile, kBlockN * 128, 1024);
     smem.pipe.consumer_wait(at);  // Q_i, dO_i, the stats of step t
     wgmma_fence();
     wgmma_over_head_dim<kSdpN, kDp, kBlockN, kBlockM, kBf16>(st, k_rows, q_rows,
@@ -416,14 +496,14 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
     wgmma_fence();                      // pt, dst (written above) are ready for the tensor cores
     issue_kv(dv, pt, do_cols, buffer);  // dV += P^T dO_i
     named_barrier_sync(kConsumersBarrier, K::kConsumerThreads);
-    issue_dq(consumer, ds_buffer);      // dQ tile = dS K_j[:, this consumer's columns]
-    issue_kv(dk, dst, q_cols, buffer);  // dK += dS^T Q_i
-    wgmma_wait<1>();                    // dV and the dQ tile
+    issue_dq(consumer, ds_buffer, ds_cols, k_cols);  // dQ tile = dS K_j[:, this consumer's cols]
+    issue_kv(dk, dst, q_cols, buffer);               // dK += dS^T Q_i
+    wgmma_wait<1>();                                 // dV and the dQ tile
     pin(pt);
     pin(dq);
 #pragma unroll
     for (int c = 0; c < kKvChunks; ++c) pin(dv[c]);
-    mbarrier_wait(smem.dq_empty, (t & 1) ^ 1);  // the writer has read step t - 1's rows
+    mbarrier_wait(smem.dq_empty, (pos.step & 1) ^ 1);  // the writer has read the last rows
     stage_dq(consumer);
     fence_proxy_async();  // the staged rows, visible to the bulk reductions
     mbarrier_arrive(smem.dq_full);
@@ -448,11 +528,10 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
     store_accumulator<kKvChunk, kBlockN, kBf16>(v_tile, dv[c], consumer * 64, c * kKvChunk, 1.f);
   }
   named_barrier_sync(2 + consumer, 128);  // this warpgroup's rows are in
-  const int batch = blockIdx.z;
-  u16* dk_out = static_cast<u16*>(p.dk) + batch * p.dk_batch_stride +
-                steps.kv_head * p.dk_head_stride + n0 * p.dk_seq_stride;
-  u16* dv_out = static_cast<u16*>(p.dv) + batch * p.dv_batch_stride +
-                steps.kv_head * p.dv_head_stride + n0 * p.dv_seq_stride;
+  u16* dk_out = static_cast<u16*>(p.dk) + tile.batch * p.dk_batch_stride +
+                tile.kv_head * p.dk_head_stride + n0 * p.dk_seq_stride;
+  u16* dv_out = static_cast<u16*>(p.dv) + tile.batch * p.dv_batch_stride +
+                tile.kv_head * p.dv_head_stride + n0 * p.dv_seq_stride;
   constexpr int kChunksPerRow = kDp / 8;
   const int valid_rows = p.seqlen_k - n0;
   for (int copy = threadIdx.x % 128; copy < 64 * kChunksPerRow; copy += 128) {
@@ -464,6 +543,7 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
           *reinterpret_cast<const Vec16*>(v_tile + wg_tile_offset<kBlockN>(row, col));
     }
   }
+  mbarrier_arrive(smem.kv_empty);  // this thread's reads of the K/V tiles are done
 }
 
 // ---- the kernel: roles, barrier setup, the pieces in order -----------------------------------
@@ -476,9 +556,7 @@ __device__ __forceinline__ void attention_backward_ws_dkdv(const FlashjitAttenti
   const WsBwdShared<K> smem(shared_address(shared_bytes));
   unsigned char* const window_base = shared_bytes + (smem.k - shared_address(shared_bytes));
 
-  const int n0 = blockIdx.x * K::kBlockN, kv_head = blockIdx.y, batch = blockIdx.z;
   const int diagonal = flashjit_attention::diagonal(p);
-  const WsBwdSteps<K> steps(p, diagonal, n0, kv_head);
   const int warpgroup = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
@@ -491,18 +569,34 @@ __device__ __forceinline__ void attention_backward_ws_dkdv(const FlashjitAttenti
   }
   __syncthreads();  // the barriers are initialized; no CTA-wide barrier after this point
 
+  WsBwdTileScheduler<K::kCausal, K::kPersistent, K::kBlockN> tiles;
+  auto steps_of = [&](const WsBwdTile& tile) {
+    return WsBwdSteps<K>(p, diagonal, tile.n_block * K::kBlockN, tile.kv_head);
+  };
   if (warpgroup == 0) {  // the producer warpgroup: TMA (thread 0), dQ writer, stats (warp 2)
     setmaxnreg_dec<K::kProducerRegisters>();
     const int warp = threadIdx.x / 32;
-    if (threadIdx.x == 0)
-      ws_bwd_load_tiles<K>(maps, smem, steps, n0, batch);
-    else if (warp == 1)
-      ws_bwd_write_dq<K>(p, smem, steps, batch);
-    else if (warp == 2)
-      ws_bwd_load_stats<K>(p, smem, steps, batch);
+    if (threadIdx.x == 0) {
+      WsBwdLoads<K> pos;
+      for (WsBwdTile tile; tiles.next(p, tile);)
+        ws_bwd_load_tiles<K>(maps, smem, steps_of(tile), tile, pos);
+      ws_bwd_producer_tail<K>(smem, pos.at);
+    } else if (warp == 1) {
+      int step = 0;
+      for (WsBwdTile tile; tiles.next(p, tile);)
+        ws_bwd_write_dq<K>(p, smem, steps_of(tile), tile.batch, step);
+      bulk_wait_group<0>();  // the adds are done before the CTA ends
+    } else if (warp == 2) {
+      PipelineState<K::kStages> at;
+      for (WsBwdTile tile; tiles.next(p, tile);)
+        ws_bwd_load_stats<K>(p, smem, steps_of(tile), tile.batch, at);
+      ws_bwd_producer_tail<K>(smem, at);
+    }
   } else {
     setmaxnreg_inc<K::kConsumerRegisters>();
-    ws_bwd_consume<K>(p, smem, steps, warpgroup - 1, n0, diagonal, window_base);
+    WsBwdReads<K> pos;
+    for (WsBwdTile tile; tiles.next(p, tile);)
+      ws_bwd_consume<K>(p, smem, steps_of(tile), tile, warpgroup - 1, diagonal, window_base, pos);
   }
 }
 
