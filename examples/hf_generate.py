@@ -21,7 +21,7 @@ tokens per prompt, cycled over the batch):
   * tokens/s of each implementation (batch * new tokens / the generate() call's time, after one
     warm-up call that compiles flashjit's kernels and fills caches).
 Exit status 1 when the tokens differ (other than at such a near tie) or the logits are further
-apart than --tolerance (default 1e-4 for fp32, 0.1 for bf16 / fp16).
+apart than --tolerance (default 1e-4 absolute for fp32; 0.1 of the largest logit for bf16 / fp16).
 
 Presets (layers, hidden, heads, kv heads, intermediate, vocab): tiny = 2, 128, 4, 2, 256, 256
 (CI: seconds on a CPU); small = 4, 512, 8, 2, 1024, 2048 (head_dim 64); medium = 8, 1024, 16, 4,
@@ -186,7 +186,10 @@ def main(argv=None):
     # so greedy decoding may part at a near tie of sdpa's own logits (within the tolerance),
     # never elsewhere.
     tie = gap is not None and gap <= args.tolerance and args.dtype != "fp32"
-    ok = (same or tie) and difference <= args.tolerance
+    # The logits: absolute in fp32; relative to the largest logit in bf16 / fp16, whose rounding
+    # scales with it (an 8-layer bf16 model's logits of ~20 differ by ~1 between two kernels).
+    close = (difference if args.dtype == "fp32" else relative) <= args.tolerance
+    ok = (same or tie) and close
     summary["ok"] = ok
     if argv is None and not ok:
         sys.exit(1)

@@ -74,9 +74,13 @@ def reference(q, k, v, causal=False, window=(-1, -1), softcap=0.0, alibi=None, s
 
 
 def rel(out, ref):
+    """||out - ref|| / ||ref||, the denominator at least 1e-3 per element in RMS: a gradient that
+    is exactly 0 in fp64 (one key: softmax is 1, so dq = 0) comes out as rounding noise (~1e-8)
+    from any fp32 kernel, which is no error."""
     out = out.detach().double()
     assert torch.isfinite(out).all(), "NaN or inf"
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-6)).item()
+    floor = 1e-3 * ref.numel() ** 0.5
+    return ((out - ref).norm() / ref.norm().clamp_min(floor)).item()
 
 
 def lse_diff(lse, ref):

@@ -21,14 +21,12 @@
 //     wait empty[s]                        S^T = K_c Q_i^T; dP^T = V_c dO_i^T
 //     lse_log2_i, delta_i -> stats[s]      P^T, dS^T (registers, 16-bit)
 //       (warp 2)
-//     Q_i, dO_i -> full[s] (TMA, thread 0) dS^T -> dS[t % 2]
-//                                          dV += P^T dO_i (RS)
-//                                          consumers' barrier
+//     Q_i, dO_i -> full[s] (TMA, thread 0) dS^T -> dS[t % 2]; consumers' barrier
+//                                          dV += P^T dO_i; dK += dS^T Q_i (RS)
 //                                          dQ tile = dS K_j[:, cols of c] (SS)
-//                                          dK += dS^T Q_i (RS)
-//                                          wait dV, dQ (dK in flight)
+//                                          wait all
 //                                          wait dq_empty; stage dQ; dq_full ->  wait dq_full
-//                                          wait dK; release s                   bulk-add rows
+//                                          release s                            bulk-add rows
 //                                                                               wait reads; dq_empty
 //   dK *= scale; dK, dV -> shared (over K, V) -> global (16-byte stores), per consumer
 // clang-format on
@@ -491,28 +489,28 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
     store_fragments<kSdpN, kBlockN>(
         window_base + (smem.ds - smem.k) + ds_buffer * K::kScoreTileBytes, dst, consumer * 64, 0);
     fence_proxy_async();
-    // dV needs this consumer's P^T alone: in flight while the consumers meet; dQ then reads every
-    // consumer's dS^T, and dK runs while the dQ tile is staged for the writer.
+    named_barrier_sync(kConsumersBarrier, K::kConsumerThreads);
+    // (Issuing dV before this barrier and staging the dQ tile while dK runs measured 3-5% slower
+    // on an H200 at 25d4de2: bench/device_run.sh bwd-ws; docs/PERFORMANCE.md.)
     wgmma_fence();                      // pt, dst (written above) are ready for the tensor cores
     issue_kv(dv, pt, do_cols, buffer);  // dV += P^T dO_i
-    named_barrier_sync(kConsumersBarrier, K::kConsumerThreads);
+    issue_kv(dk, dst, q_cols, buffer);  // dK += dS^T Q_i
     issue_dq(consumer, ds_buffer, ds_cols, k_cols);  // dQ tile = dS K_j[:, this consumer's cols]
-    issue_kv(dk, dst, q_cols, buffer);               // dK += dS^T Q_i
-    wgmma_wait<1>();                                 // dV and the dQ tile
+    wgmma_wait<0>();
     pin(pt);
+    pin(dst);
     pin(dq);
 #pragma unroll
-    for (int c = 0; c < kKvChunks; ++c) pin(dv[c]);
+    for (int c = 0; c < kKvChunks; ++c) {
+      pin(dv[c]);
+      pin(dk[c]);
+    }
+    smem.pipe.consumer_release(at);  // Q_i, dO_i and the stats are read
+    at.advance();
     mbarrier_wait(smem.dq_empty, (pos.step & 1) ^ 1);  // the writer has read the last rows
     stage_dq(consumer);
     fence_proxy_async();  // the staged rows, visible to the bulk reductions
     mbarrier_arrive(smem.dq_full);
-    wgmma_wait<0>();  // dK
-    pin(dst);
-#pragma unroll
-    for (int c = 0; c < kKvChunks; ++c) pin(dk[c]);
-    smem.pipe.consumer_release(at);  // Q_i, dO_i and the stats are read
-    at.advance();
   }
 
   // Epilogue: every consumer's dQ wgmmas (which read all of K_j) are done before K_j's tile
