@@ -16,7 +16,7 @@
 #include <utility>
 
 #include "cli/args.hpp"
-#include "cli/json.hpp"
+#include "tuner/json.hpp"
 #include "cli/svg.hpp"
 #include "generator/render.hpp"
 #include "runtime/runtime.hpp"
