@@ -16,11 +16,11 @@
 #include <utility>
 
 #include "cli/args.hpp"
-#include "cli/json.hpp"
 #include "cli/svg.hpp"
 #include "generator/render.hpp"
 #include "runtime/runtime.hpp"
 #include "runtime/tuning_store.hpp"
+#include "tuner/json.hpp"
 
 namespace flashjit::cli {
 namespace {

@@ -3,26 +3,14 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <cstdio>
-#include <exception>
 #include <iostream>
 #include <limits>
-#include <memory>
 #include <optional>
 #include <sstream>
-#include <system_error>
-#include <thread>
 
-#include "generator/config.hpp"
-#include "generator/render.hpp"
-#include "runtime/binary_cache.hpp"
-#include "runtime/cuda/cuda_backend.hpp"
 #include "runtime/runtime.hpp"
-#include "runtime/tuning_store.hpp"
 #include "tuner/grid.hpp"
-#include "tuner/report.hpp"
-#include "tuner/supervisor.hpp"
-#include "tuner/tuner.hpp"
+#include "tuner/tune_run.hpp"
 
 namespace flashjit::cli {
 namespace {
@@ -359,9 +347,11 @@ int run_tune_command(const std::vector<std::string>& args) {
   auto flags = parse_flags(command, args);
   if (!flags.ok()) return usage_error(flags.error());
 
-  // Everything that needs no device first, so that a bad flag is reported as one.
-  const bool recorded = flags->has("recorded");
-  if (recorded) {
+  // Flags -> request, everything that needs no device first, so that a bad flag is reported as
+  // one (named as the flag).
+  TuneRequest request;
+  request.recorded = flags->has("recorded");
+  if (request.recorded) {
     // Recorded problems carry their own pass and shape.
     for (const char* grid_flag : {"pass", "deterministic", "head-dims", "dtypes", "causal",
                                   "seqlens", "tokens", "batch", "hidden", "heads", "kv-heads"}) {
@@ -374,227 +364,80 @@ int run_tune_command(const std::vector<std::string>& args) {
                                                     "--" + std::string(grid_flag) + ": " + why)
                                        : flag_error(grid_flag, value, why));
     }
-  }
-  std::vector<AttentionProblem> problems;
-  if (!recorded) {
-    auto grid = tune_problems_from_flags(*flags);
+  } else {
+    auto problems = tune_problems_from_flags(*flags);
+    if (!problems.ok()) return usage_error(problems.error());
+    Result<ProblemGrid> grid = grid_from_flags(*flags);
     if (!grid.ok()) return usage_error(grid.error());
-    problems = std::move(grid.value());
+    // Without a flag that shapes the problems, the backend's default grid (the CPU's is small).
+    if (grid_flags_given(*flags)) {
+      request.grid = *grid;
+    } else {
+      request.passes = grid->passes;
+      request.deterministic = grid->deterministic;
+    }
+    Status variant = apply_variant_flags(*flags, request.variant);
+    if (!variant.ok()) return usage_error(variant.error());
+    auto page_size = integer_flag(*flags, "page-size", 0, kMinPageSize, kMaxPageSize);
+    if (!page_size.ok()) return usage_error(page_size.error());
+    request.page_size = static_cast<int>(*page_size);
   }
   auto shard = shard_from_flags(*flags);
   if (!shard.ok()) return usage_error(shard.error());
-  TuneOptions options;
-  auto min_time = number_flag(*flags, "min-time-ms", options.min_time_ms);
+  request.shard = *shard;
+  auto min_time = number_flag(*flags, "min-time-ms", request.options.min_time_ms);
   if (!min_time.ok()) return usage_error(min_time.error());
-  options.min_time_ms = *min_time;
-  auto retime_top = integer_flag(*flags, "retime-top", options.retime_top, 0, 64);
+  request.options.min_time_ms = *min_time;
+  auto retime_top = integer_flag(*flags, "retime-top", request.options.retime_top, 0, 64);
   if (!retime_top.ok()) return usage_error(retime_top.error());
-  options.retime_top = static_cast<int>(*retime_top);
+  request.options.retime_top = static_cast<int>(*retime_top);
   auto jobs = integer_flag(*flags, "jobs", 0, 1, 1024);
   if (!jobs.ok()) return usage_error(jobs.error());
-  options.max_compile_threads = static_cast<int>(*jobs);
-  options.resume = !flags->has("retune");
-  options.verbose = flags->has("verbose");
+  request.options.max_compile_threads = static_cast<int>(*jobs);
+  request.retune = flags->has("retune");
+  request.options.verbose = flags->has("verbose");
   auto hang = number_flag(*flags, "hang-timeout", kDefaultHangSeconds, /*zero_allowed=*/true);
   if (!hang.ok()) return usage_error(hang.error());
-  const bool worker = apply_worker_environment(options);
-  if (!worker && !flags->has("no-isolate") && !worker_command().empty()) {
+  request.hang_seconds = *hang;
+  request.backend = flags->get("backend").value_or(default_backend_name());
+  if (std::optional<std::string> devices = flags->get("devices")) {
+    if (*devices == "all") {
+      request.all_devices = true;
+    } else {
+      auto list = integer_list_flag(*flags, "devices", {}, 0, 1023);
+      if (!list.ok()) return usage_error(list.error());
+      for (int64_t ordinal : *list) request.devices.push_back(static_cast<int>(ordinal));
+    }
+  }
+  if (std::optional<std::string> db = flags->get("db")) request.db = *db;
+  if (!flags->has("no-isolate") && !worker_command().empty()) {
     // Crash isolation: the same command in a worker process, restarted when a kernel kills it.
-    SupervisedRun run;
-    run.hang_seconds = *hang;
-    run.argv = worker_command();
-    run.argv.push_back("tune");
-    run.argv.insert(run.argv.end(), args.begin(), args.end());
-    Result<int> status = run_supervised(run);
-    if (!status.ok()) {
-      std::cerr << "flashjit tune: " << status.error().describe() << "\n";
-      return kExitFailed;
-    }
-    return *status;
+    request.worker_argv = worker_command();
+    request.worker_argv.push_back("tune");
+    request.worker_argv.insert(request.worker_argv.end(), args.begin(), args.end());
   }
 
-  // --backend: auto tunes on the GPU(s) if there is one, else on the CPU (where built in).
-  auto backend_name = resolve_backend(flags->get("backend").value_or(default_backend_name()));
-  if (!backend_name.ok()) {
-    if (backend_name.error().code == ErrorCode::NoDevice) {
-      std::cerr << "flashjit tune: no CUDA device: " << backend_name.error().message << "\n";
-      return kExitUsage;
-    }
-    return usage_error(backend_name.error());
-  }
-  const bool on_cpu = *backend_name == "cpu";
-  std::vector<int> device_list = {0};
-  if (on_cpu) {
-    if (flags->has("devices")) {
-      return usage_error(flag_error("devices", *flags->get("devices"),
-                                    "the CPU is one device; --devices is for CUDA"));
-    }
-    // The standard grid is far too big for a CPU: without grid flags, a small one (over the
-    // passes asked for).
-    if (!recorded && !grid_flags_given(*flags)) {
-      auto grid = tune_problems_from_flags(*flags, cpu_default_grid());
-      if (!grid.ok()) return usage_error(grid.error());
-      problems = std::move(grid.value());
-    }
-  } else if (*backend_name == "hip") {
-    const int device_count = gpu_device_count("hip");
-    if (device_count == 0) {
-      std::cerr << "flashjit tune: no AMD GPU (HIP) found\n";
-      return kExitUsage;
-    }
-    auto devices = devices_from_flags(*flags, device_count);
-    if (!devices.ok()) return usage_error(devices.error());
-    device_list = *devices;
-  } else {
-    const int device_count = cuda::device_count();
-    if (device_count == 0) {
-      Result<DeviceSpec> device = cuda::query_device(0);
-      std::cerr << "flashjit tune: no CUDA device: "
-                << (device.ok() ? std::string("none found") : device.error().message) << "\n";
-      return kExitUsage;
-    }
-    auto devices = devices_from_flags(*flags, device_count);
-    if (!devices.ok()) return usage_error(devices.error());
-    device_list = *devices;
-  }
-  const std::vector<int>* devices = &device_list;
+  ConsoleProgress console(request);
+  const TuneRunReport report = run_tune(request);
+  console.finish();
+  if (in_tune_worker()) return report.status;  // its supervisor prints the report
 
-  std::vector<std::unique_ptr<Backend>> backends;
-  for (int ordinal : *devices) {
-    auto backend = create_backend(*backend_name, ordinal);
-    if (!backend.ok()) {
-      std::cerr << "flashjit tune: device " << ordinal << ": " << backend.error().describe()
-                << "\n";
-      return backend.error().code == ErrorCode::NoDevice ? kExitUsage : kExitFailed;
-    }
-    backends.push_back(std::move(backend.value()));
-  }
-
-  // A grid the backend cannot run (fp32 on CUDA) is a usage error, named before anything runs.
-  for (const AttentionProblem& problem : problems) {
-    Status supported = backends.front()->check_problem(problem);
-    if (!supported.ok()) return usage_error(supported.error());
-  }
-
-  std::optional<std::filesystem::path> db_path;
-  if (std::optional<std::string> text = flags->get("db")) {
-    db_path = *text;
-  } else {
-    db_path = default_user_db();
-  }
-  std::unique_ptr<TuningStore> store;
-  if (db_path) {
-    std::error_code ignored;
-    if (db_path->has_parent_path())
-      std::filesystem::create_directories(db_path->parent_path(), ignored);
-    auto opened = TuningStore::open(*db_path);
-    if (!opened.ok()) {
-      std::cerr << "flashjit tune: " << opened.error().describe() << "\n";
-      return kExitFailed;
-    }
-    store = std::move(opened.value());
-  } else {
-    std::cerr << "flashjit tune: warning: no tuning DB ($FLASHJIT_DB disables it, or there is no "
-                 "home directory): results are not saved; pass --db PATH\n";
-  }
-
-  if (recorded) {
-    if (!store) {
-      return usage_error(
-          make_error(ErrorCode::InvalidArgument, "--recorded needs a tuning DB (pass --db PATH)"));
-    }
-    auto listed = store->recorded_problems(backends.front()->fingerprint());
-    if (!listed.ok()) {
-      std::cerr << "flashjit tune: " << listed.error().describe() << "\n";
-      return kExitFailed;
-    }
-    for (AttentionProblem& problem : listed.value()) {
-      Status valid = backends.front()->check_problem(problem);
-      if (valid.ok()) {
-        problems.push_back(std::move(problem));
-      } else {
-        std::cerr << "flashjit tune: warning: skipping recorded " << problem.to_string() << ": "
-                  << valid.error().message << "\n";
-      }
-    }
-  }
-  problems = select_shard(problems, *shard);
-  if (problems.empty()) {
+  if (!report.message.empty()) std::cerr << "flashjit tune: " << report.message << "\n";
+  if (report.nothing_to_tune) {
     std::cout << "flashjit tune: nothing to tune"
-              << (recorded ? " (no recorded problems for this device)" : "") << "\n";
-    return kExitOk;
+              << (request.recorded ? " (no recorded problems for this device)" : "") << "\n";
+    return report.status;
   }
+  if (!report.message.empty() && report.problems.empty()) return report.status;
 
-  const BinaryCache cache(BinaryCache::default_dir());
-  const std::vector<std::vector<AttentionProblem>> parts =
-      split_for_workers(problems, static_cast<int>(backends.size()));
-  int total_steps = 0;
-  for (size_t w = 0; w < parts.size(); ++w) {
-    for (const AttentionProblem& p : parts[w]) {
-      total_steps += static_cast<int>(backends[w]->legal_configs(p).size()) + 1;
-    }
+  int exit_status = print_summary(report, report.unit()) ? report.status : kExitFailed;
+  for (const std::string& error : report.device_errors) {
+    std::cerr << "flashjit tune: " << error << "\n";
   }
-
-  std::fprintf(stderr, "flashjit tune: %zu problem(s) on %zu device(s)", problems.size(),
-               backends.size());
-  if (shard->count > 1) std::fprintf(stderr, ", shard %d/%d", shard->index, shard->count);
-  std::fprintf(stderr, ", DB %s\n", store ? store->path().c_str() : "(none)");
-  for (const auto& backend : backends) {
-    std::fprintf(stderr, "  %s\n", backend->fingerprint().to_string().c_str());
-  }
-
-  const RateUnit unit = rate_unit_for(*backends.front());
-  ProgressPrinter printer(static_cast<int>(backends.size()), total_steps, problems.size(),
-                          options.verbose, unit);
-  std::vector<WorkerOutcome> outcomes(backends.size());
-  std::vector<std::thread> workers;
-  for (size_t w = 0; w < backends.size(); ++w) {
-    workers.emplace_back([&, w] {
-      TuneOptions worker_options = options;
-      worker_options.on_progress = [&printer, w](const TuneProgress& progress) {
-        printer.update(static_cast<int>(w), progress);
-      };
-      WorkerOutcome& outcome = outcomes[w];
-      outcome.device = backends[w]->fingerprint().to_string();
-      if (parts[w].empty()) return;
-      try {
-        Tuner tuner(*backends[w], &cache, store.get(), worker_options);
-        auto reports = tuner.tune_all(parts[w]);
-        if (reports.ok()) {
-          outcome.reports = std::move(reports.value());
-        } else {
-          outcome.error = reports.error();
-        }
-      } catch (const std::exception& error) {  // out of memory: report it, do not terminate
-        outcome.error =
-            make_error(ErrorCode::DriverError, std::string("internal error: ") + error.what());
-      }
-    });
-  }
-  for (std::thread& worker : workers) worker.join();
-  printer.finish();
-  const double seconds = printer.elapsed();
-
-  // The summary.
-  int exit_status = print_summary(outcomes, unit, seconds) ? kExitOk : kExitFailed;
-  for (size_t w = 0; w < outcomes.size(); ++w) {
-    if (outcomes[w].error) {
-      std::cerr << "flashjit tune: device " << (*devices)[w] << ": "
-                << outcomes[w].error->describe() << "\n";
-      exit_status = kExitFailed;
-    }
-  }
-
   if (std::optional<std::string> json = flags->get("json")) {
-    if (!write_json_report(*json, outcomes, seconds)) {
+    if (!write_run_report(*json, report)) {
       std::cerr << "flashjit tune: cannot write " << *json << "\n";
       exit_status = kExitFailed;
-    }
-  }
-  // A worker whose device became unusable (a kernel fault): its supervisor starts a new one.
-  for (const WorkerOutcome& outcome : outcomes) {
-    if (worker && outcome.error && is_device_lost(*outcome.error)) {
-      return kExitWorkerLost;
     }
   }
   return exit_status;

@@ -9,7 +9,9 @@
 //     choice; 1 a device/DB failure or a problem with no usable config; 2 a bad flag or value, or
 //     no CUDA device ("no CUDA device: ...").
 //
-// Everything but run_tune_command is pure (no device calls), for tests/cli/tune_command_test.cpp.
+// The command turns its flags into a TuneRequest and prints the TuneRunReport that
+// tuner/tune_run.hpp's run_tune returns (the table; --json: the JSON report). Everything but
+// run_tune_command is pure (no device calls), for tests/cli/tune_command_test.cpp.
 #pragma once
 
 #include <cstdint>
@@ -48,9 +50,9 @@ Result<std::vector<int>> devices_from_flags(const ParsedFlags& flags, int device
 int run_tune_command(const std::vector<std::string>& args);
 
 // The program `flashjit tune` re-runs as its worker process (crash isolation,
-// tuner/supervisor.hpp), as the command line before "tune ...": the flashjit binary sets
-// {"/proc/self/exe"}, the Python module {sys.executable, "-m", "flashjit"}. Unset (the library
-// and the in-process tests), tuning runs in the calling process.
+// tuner/tune_run.hpp TuneRequest::worker_argv), as the command line before "tune ...": the
+// flashjit binary sets {"/proc/self/exe"}. Unset (the in-process tests), tuning runs in the
+// calling process. (flashjit.tune() in Python builds its TuneRequest itself: python/src/tune.cpp.)
 void set_worker_command(std::vector<std::string> command);
 void set_worker_executable(std::string path);  // set_worker_command({path})
 

@@ -4,7 +4,7 @@
 #
 # Layout under the prefix (relocatable: nothing in it names the prefix):
 #   bin/flashjit, bin/flashjit-hiprtc-worker (HIP builds)
-#   include/flashjit/{generator,runtime,templates}/...   "runtime/runtime.hpp" etc.
+#   include/flashjit/{generator,runtime,tuner,templates}/...   "runtime/runtime.hpp" etc.
 #   lib/libflashjit*.a (or .so with -DBUILD_SHARED_LIBS=ON)
 #   lib/cmake/flashjit/flashjit{Config,ConfigVersion,Targets}.cmake
 #   share/flashjit/tuning/*.db   the shipped (system) tuning DBs, read-only (cmake/tuning_dbs.cmake)
@@ -16,12 +16,16 @@ set(FLASHJIT_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/flashjit)
 
 # Headers: the public API and everything it includes (no kernel templates: they are embedded).
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/generator ${PROJECT_SOURCE_DIR}/runtime
+                  ${PROJECT_SOURCE_DIR}/tuner
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flashjit FILES_MATCHING PATTERN "*.hpp")
 install(FILES ${PROJECT_SOURCE_DIR}/templates/attention_params.h
               ${PROJECT_SOURCE_DIR}/templates/embedded.hpp
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flashjit/templates)
 
-set(flashjit_exported flashjit flashjit_generator flashjit_templates flashjit_subprocess)
+# flashjit_tuner is exported as flashjit::tuner: tuning from C++ (tuner/tune_run.hpp).
+set_target_properties(flashjit_tuner PROPERTIES EXPORT_NAME tuner)
+set(flashjit_exported flashjit flashjit_generator flashjit_templates flashjit_subprocess
+    flashjit_tuner)
 if(FLASHJIT_HAVE_HIP_BACKEND)
   list(APPEND flashjit_exported flashjit_hip)
   install(TARGETS flashjit_hiprtc_worker RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

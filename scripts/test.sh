@@ -4,7 +4,10 @@
 # tests/python) run as the ctest tests python_tests and python_torch_tests. CI reads ctest's
 # closing "N% tests passed, M tests failed out of T".
 #
-#   scripts/test.sh              the job CI runs (build/)
+#   scripts/test.sh              build/ and every test but the compile sweeps (ctest -LE sweep)
+#   scripts/test.sh --sweeps     the every-config compile sweeps (ctest -L sweep: NVRTC and hipRTC
+#                                compile every legal config, no GPU), after the default step
+#                                (reuses build/). .ci/run runs both steps: CI checks everything.
 #   scripts/test.sh --sanitize   the C++ suite built with AddressSanitizer + UndefinedBehavior-
 #                                Sanitizer (g++, -fno-sanitize-recover=undefined) into build-asan/
 #                                and run by ctest, without the tests SANITIZE_EXCLUDE names (why:
@@ -38,6 +41,15 @@ if [[ "${1:-}" == "--sanitize" ]]; then
   log "sanitizer job done in $((SECONDS - start)) s"
   exit 0
 fi
+if [[ "${1:-}" == "--sweeps" ]]; then
+  # The build is the default step's (incremental here); the sweeps need no Python.
+  install_test_tools
+  configure_and_build ON
+  log "build done in $((SECONDS - start)) s"
+  ctest --test-dir "${BUILD_DIR}" --output-on-failure -j "${CTEST_JOBS:-2}" -L sweep
+  log "sweep job done in $((SECONDS - start)) s"
+  exit 0
+fi
 install_test_tools
 prepare_python_tests || exit 1
 log "Python package installed in $((SECONDS - start)) s"
@@ -46,6 +58,7 @@ log "build done in $((SECONDS - start)) s"
 finish_python_tests
 log "torch ready in $((SECONDS - start)) s"
 
-# Two at a time: GPU tests share one device, and CI machines have two cores.
-ctest --test-dir "${BUILD_DIR}" --output-on-failure -j "${CTEST_JOBS:-2}"
+# Two at a time: GPU tests share one device, and CI machines have two cores. The compile sweeps
+# (label "sweep") are the --sweeps step.
+ctest --test-dir "${BUILD_DIR}" --output-on-failure -j "${CTEST_JOBS:-2}" -LE sweep
 log "test job done in $((SECONDS - start)) s"

@@ -1,9 +1,9 @@
 // The problems a tuning run covers, and how a run is divided: a grid (every combination of
 // dtypes, head dims, causal settings, passes and sequence lengths, with batch and heads from a
 // token and hidden-size budget or fixed), the CPU's small default grid, shards of a run (array
-// jobs: --shard i/n) and the split of a run over workers (one per GPU). `flashjit tune`
-// (cli/tune_command.cpp) builds its problems here from its flags, and the Python module's
-// flashjit.tune() runs that command.
+// jobs: --shard i/n) and the split of a run over workers (one per GPU). A TuneRequest
+// (tuner/tune_run.hpp) names its problems as a grid; `flashjit tune` and flashjit.tune() build
+// one from their flags and keyword arguments.
 #pragma once
 
 #include <cstdint>

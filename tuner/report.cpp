@@ -8,34 +8,9 @@
 #include <fstream>
 
 #include "generator/render.hpp"
+#include "tuner/run_report.hpp"
 
 namespace flashjit {
-namespace {
-
-std::string json_escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += ' ';
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
-std::string json_number(double value) {
-  if (!std::isfinite(value)) return "null";
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.6g", value);
-  return text;
-}
-
-}  // namespace
-
 std::string format_duration(double seconds) {
   if (!(seconds >= 0) || seconds > 1e7) return "?";
   const long total = std::lround(seconds);
@@ -244,96 +219,12 @@ GainSummary gain_summary(const std::vector<WorkerOutcome>& outcomes, std::option
 }
 
 bool print_summary(const std::vector<WorkerOutcome>& outcomes, RateUnit unit, double seconds) {
-  bool all_chosen = true;
-  bool passes[2] = {false, false};
-  std::printf("\n%-40s %-18s %9s  %-18s %9s %7s\n", "problem", "default", unit.name, "chosen",
-              unit.name, "gain");
-  for (const WorkerOutcome& outcome : outcomes) {
-    for (const TuneReport& r : outcome.reports) {
-      passes[r.problem.is_backward() ? 1 : 0] = true;
-      const std::string label = problem_label(r.problem);
-      if (!r.choice) {
-        std::printf("%-40s %-18s %9.1f  %-18s %9s %7s  %s\n", label.c_str(),
-                    r.default_config.to_string().c_str(), r.default_tflops() * unit.per_tflops, "-",
-                    "-", "-", r.note.c_str());
-        all_chosen = false;
-        continue;
-      }
-      std::printf("%-40s %-18s %9.1f  %-18s %9.1f %6.3fx%s\n", label.c_str(),
-                  r.default_config.to_string().c_str(), r.default_tflops() * unit.per_tflops,
-                  r.choice->config.to_string().c_str(), r.chosen_tflops() * unit.per_tflops,
-                  r.gain(),
-                  r.disturbed      ? "  (timings unstable: no new choice stored)"
-                  : r.kept_default ? "  (default kept: within noise)"
-                                   : "");
-    }
-  }
-  const GainSummary all = gain_summary(outcomes);
-  std::printf("geo-mean gain %.3fx over %d problem(s)", all.geomean, all.problems);
-  if (passes[0] && passes[1]) {
-    const GainSummary forward = gain_summary(outcomes, Pass::Forward);
-    const GainSummary backward = gain_summary(outcomes, Pass::Backward);
-    std::printf(" (fwd %.3fx over %d, bwd %.3fx over %d)", forward.geomean, forward.problems,
-                backward.geomean, backward.problems);
-  }
-  std::printf("; total time %s\n", format_duration(seconds).c_str());
-  std::fflush(stdout);
-  return all_chosen;
+  return print_summary(make_run_report(outcomes, seconds), unit);
 }
 
 bool write_json_report(const std::string& path, const std::vector<WorkerOutcome>& outcomes,
                        double seconds) {
-  std::ofstream out(path);
-  out << "{\n  \"generator\": \"" << json_escape(generator_version()) << "\",\n"
-      << "  \"geomean_gain\": " << json_number(gain_summary(outcomes).geomean) << ",\n"
-      << "  \"seconds\": " << json_number(seconds) << ",\n  \"problems\": [";
-  bool first = true;
-  for (const WorkerOutcome& outcome : outcomes) {
-    for (const TuneReport& r : outcome.reports) {
-      const AttentionProblem& p = r.problem;
-      out << (first ? "\n" : ",\n");
-      first = false;
-      out << "    {\"device\": \"" << json_escape(outcome.device) << "\", \"key\": \""
-          << json_escape(r.key.to_string()) << "\", \"pass\": \"" << to_string(p.pass)
-          << "\", \"deterministic\": " << (p.is_backward() && p.deterministic ? "true" : "false")
-          << ", \"d\": " << p.head_dim << ", \"dtype\": \"" << to_string(p.dtype)
-          << "\", \"causal\": " << (p.causal ? "true" : "false") << ", \"batch\": " << p.batch
-          << ", \"heads_q\": " << p.heads_q << ", \"heads_kv\": " << p.heads_kv
-          << ", \"seqlen_q\": " << p.seqlen_q << ", \"seqlen_k\": " << p.seqlen_k
-          << ",\n     \"default\": {\"config\": \"" << r.default_config.to_string()
-          << "\", \"ms\": " << json_number(r.default_ms)
-          << ", \"tflops\": " << json_number(r.default_tflops()) << "}, \"chosen\": ";
-      if (r.choice) {
-        out << "{\"config\": \"" << r.choice->config.to_string()
-            << "\", \"ms\": " << json_number(r.choice->median_ms)
-            << ", \"tflops\": " << json_number(r.chosen_tflops()) << "}";
-      } else {
-        out << "null";
-      }
-      out << ", \"gain\": " << json_number(r.gain())
-          << ", \"kept_default\": " << (r.kept_default ? "true" : "false")
-          << ", \"disturbed\": " << (r.disturbed ? "true" : "false")
-          << ", \"busy_batches\": " << r.busy_batches
-          << ", \"noise_ms\": " << json_number(r.noise_ms)
-          << ", \"resumed\": " << (r.resumed ? "true" : "false")
-          << ", \"seconds\": " << json_number(r.seconds) << ", \"note\": \"" << json_escape(r.note)
-          << "\",\n     \"results\": [";
-      for (size_t i = 0; i < r.results.size(); ++i) {
-        const TuneResult& c = r.results[i];
-        out << (i ? ",\n" : "\n") << "       {\"config\": \"" << c.config.to_string()
-            << "\", \"status\": \"" << to_string(c.status)
-            << "\", \"median_ms\": " << json_number(c.median_ms)
-            << ", \"min_ms\": " << json_number(c.min_ms)
-            << ", \"max_ms\": " << json_number(c.max_ms) << ", \"repetitions\": " << c.repetitions
-            << ", \"tflops\": " << json_number(c.tflops)
-            << ", \"is_default\": " << (c.is_default ? "true" : "false") << ", \"message\": \""
-            << json_escape(c.message) << "\"}";
-      }
-      out << "]}";
-    }
-  }
-  out << "\n  ]\n}\n";
-  return static_cast<bool>(out);
+  return write_run_report(path, make_run_report(outcomes, seconds));
 }
 
 }  // namespace flashjit

@@ -132,6 +132,8 @@ Result<int> run_supervised(const SupervisedRun& run) {
       {"FLASHJIT_TUNE_WORKER", "1"},
       {"FLASHJIT_TUNE_INFLIGHT", inflight.string()},
       {"FLASHJIT_TUNE_FAULTS", faults.string()}};
+  if (!run.report_path.empty()) env.push_back({"FLASHJIT_TUNE_REPORT", run.report_path});
+  const size_t first_env_size = env.size();
   for (int restarts = 0;; ++restarts) {
     { std::ofstream(inflight, std::ios::trunc); }
     Result<pid_t> pid = start(run.argv, env);
@@ -169,7 +171,7 @@ Result<int> run_supervised(const SupervisedRun& run) {
     const size_t tab = line.find('\t');
     say(run, "flashjit tune: the worker " + why + " while running " + line.substr(tab + 1) +
                  " on " + line.substr(0, tab) + "; recorded as failed, starting a new worker");
-    if (env.size() == 3) env.push_back({"FLASHJIT_TUNE_RESUME", "1"});
+    if (env.size() == first_env_size) env.push_back({"FLASHJIT_TUNE_RESUME", "1"});
   }
 }
 

@@ -40,6 +40,9 @@ struct SupervisedRun {
   double hang_seconds = 0;        // a config in flight this long without a heartbeat: killed
                                   // (0: no deadline)
   std::function<void(const std::string&)> on_message;  // null: stderr
+  // Where the worker writes its report for this process ($FLASHJIT_TUNE_REPORT in its
+  // environment: tuner/tune_run.hpp); empty: not set.
+  std::string report_path;
 };
 
 // Runs the worker until it exits on its own: its exit code, or an error when it could not be

@@ -6,7 +6,8 @@
 //   arrays.*     DLPack arrays in (no copies), checked against each other -> the problem
 //   attention.*  attention (forward), attention_backward, config_for, prepared calls (the torch
 //                fast path: checks and kernel once, then launches with data pointers)
-//   tools.*      show, devices, tune (`flashjit tune` in-process)
+//   tools.*      show, devices
+//   tune.*       tune (keyword arguments -> tuner/tune_run.hpp's request; its report -> a dict)
 //
 // Arrays on the CPU run on the CPU backend, arrays on CUDA device n on the CUDA backend of
 // device n; one Runtime per (backend, device) is kept for the life of the process.
@@ -23,6 +24,7 @@
 #include "runtime/runtime.hpp"
 #include "runtimes.hpp"
 #include "tools.hpp"
+#include "tune.hpp"
 #include "tuner/reference.hpp"
 
 #ifndef FLASHJIT_VERSION
@@ -95,8 +97,6 @@ NB_MODULE(_flashjit, m) {
         nb::arg("causal"), nb::arg("scale").none(), nb::arg("layout"), nb::arg("config").none(),
         nb::arg("arch").none(), nb::arg("device"), nb::arg("pass_"), nb::arg("deterministic"));
   m.def("devices", &devices);
-  m.def("tune", &tune, nb::arg("args"));
-  m.def("cli", &cli, nb::arg("args"));
-  m.def("set_tune_worker_command", &set_tune_worker_command, nb::arg("command"));
+  m.def("tune", &tune, nb::arg("spec"));
   m.def("clear_runtimes", [] { runtimes().clear(); });
 }

@@ -3,16 +3,9 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
-#include <cstdio>
-#include <exception>
-#include <iostream>
 #include <memory>
-#include <mutex>
-#include <streambuf>
 
 #include "attention.hpp"
-#include "cli/commands.hpp"
-#include "cli/tune_command.hpp"
 #include "generator/config.hpp"
 #include "generator/device.hpp"
 #include "generator/render.hpp"
@@ -45,38 +38,6 @@ AttentionProblem make_problem(int64_t batch, int64_t heads, std::optional<int64_
   check(validate(problem));
   return problem;
 }
-
-// std::cerr also copied into a string, while `flashjit tune` runs (its errors go there).
-class CerrTee : public std::streambuf {
- public:
-  CerrTee() : original_(std::cerr.rdbuf(this)) {}
-  ~CerrTee() override { std::cerr.rdbuf(original_); }
-  CerrTee(const CerrTee&) = delete;
-  CerrTee& operator=(const CerrTee&) = delete;
-  std::string text() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return captured_;
-  }
-
- protected:
-  int overflow(int c) override {
-    if (c == traits_type::eof()) return traits_type::not_eof(c);
-    std::lock_guard<std::mutex> lock(mutex_);
-    captured_.push_back(static_cast<char>(c));
-    return original_->sputc(static_cast<char>(c));
-  }
-  std::streamsize xsputn(const char* data, std::streamsize size) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    captured_.append(data, static_cast<size_t>(size));
-    return original_->sputn(data, size);
-  }
-  int sync() override { return original_->pubsync(); }
-
- private:
-  std::streambuf* original_;
-  std::mutex mutex_;
-  std::string captured_;
-};
 
 }  // namespace
 
@@ -178,45 +139,6 @@ nb::list devices() {
   }
   result.append(entry);
   return result;
-}
-
-void set_tune_worker_command(const std::vector<std::string>& command) {
-  cli::set_worker_command(command);
-}
-
-nb::tuple tune(const std::vector<std::string>& args) {
-  int status = 0;
-  std::string errors;
-  {
-    nb::gil_scoped_release release;
-    CudaContextGuard guard(true);
-    std::cout.flush();
-    CerrTee tee;
-    try {
-      status = cli::run_tune_command(args);
-    } catch (const std::exception& error) {
-      std::cerr << "flashjit tune: internal error: " << error.what() << "\n";
-      status = 1;
-    }
-    std::cout.flush();
-    std::fflush(stdout);
-    std::fflush(stderr);
-    errors = tee.text();
-  }
-  runtimes().clear();
-  return nb::make_tuple(status, errors);
-}
-
-int cli(const std::vector<std::string>& args) {
-  int status = 0;
-  {
-    nb::gil_scoped_release release;
-    CudaContextGuard guard(true);
-    std::cout.flush();
-    status = cli::run_cli(args);
-  }
-  runtimes().clear();
-  return status;
 }
 
 }  // namespace flashjit::python

@@ -1,5 +1,5 @@
 // The extension's functions around attention: the generated source of a kernel (show), the
-// devices and their fingerprints, and `flashjit tune` run in this process.
+// devices and their fingerprints (tuning: tune.hpp).
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -28,19 +28,5 @@ std::string show(int64_t batch, int64_t heads, std::optional<int64_t> kv_heads, 
 
 // CUDA devices and the host CPU, as dicts.
 nb::list devices();
-
-// The command `flashjit tune` starts its workers with (cli::set_worker_command): the module sets
-// {sys.executable, "-m", "flashjit"} so that a kernel that kills its process ends a worker, not
-// the caller's interpreter.
-void set_tune_worker_command(const std::vector<std::string>& command);
-
-// Runs `flashjit tune <args>` from this process (the tuning itself in supervised worker processes
-// once set_tune_worker_command was called); returns (exit status, what it wrote to std::cerr).
-// Forgets the cached runtimes afterwards, so that attention() serves the new results.
-nb::tuple tune(const std::vector<std::string>& args);
-
-// Runs the `flashjit` command line with `args` in this process (`python -m flashjit ...`): the
-// same program as the executable (cli/commands.hpp); returns its exit status.
-int cli(const std::vector<std::string>& args);
 
 }  // namespace flashjit::python

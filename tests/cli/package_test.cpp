@@ -7,8 +7,9 @@
 //     user DB win;
 //   - examples/cpp_consumer, configured with find_package(flashjit) against the moved prefix and
 //     built, runs an fp32 GQA causal forward on the CPU backend, gets the shipped config and
-//     matches its naive fp64 reference.
-// Needs the CPU backend (skips without it); about 15 s (the consumer's configure and build).
+//     matches its naive fp64 reference; its cpp_tune (flashjit::tuner) tunes a small CPU grid
+//     into a fresh DB and the runtime serves each problem's choice.
+// Needs the CPU backend (skips without it); about 25 s (the consumer's configure and build).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -127,7 +128,7 @@ TEST_F(PackageTest, InstalledTreeServesShippedDbsAndBuildsAConsumer) {
   for (const char* file :
        {"bin/flashjit", "lib/cmake/flashjit/flashjitConfig.cmake",
         "lib/cmake/flashjit/flashjitConfigVersion.cmake", "include/flashjit/runtime/runtime.hpp",
-        "include/flashjit/templates/attention_params.h"}) {
+        "include/flashjit/templates/attention_params.h", "include/flashjit/tuner/tune_run.hpp"}) {
     EXPECT_TRUE(fs::exists(installed / file)) << file;
   }
 
@@ -205,6 +206,16 @@ TEST_F(PackageTest, InstalledTreeServesShippedDbsAndBuildsAConsumer) {
   EXPECT_NE(ran.output.find("(exact, system DB " + shipped.string() + ")"), std::string::npos)
       << ran.output;
   EXPECT_NE(ran.output.find("relative L2 error vs fp64"), std::string::npos) << ran.output;
+
+  // Tuning from C++ (tuner/tune_run.hpp through flashjit::tuner): two problems into a new DB,
+  // each served afterwards as the exact tuned config.
+  const CommandOutcome tuned_here =
+      run_command(env + "FLASHJIT_DB=none " + (consumer / "cpp_tune").string() + " " +
+                  quoted(dir_ / "cpp-tune.db"));
+  EXPECT_EQ(tuned_here.status, 0) << tuned_here.output;
+  EXPECT_NE(tuned_here.output.find("2 problem(s) tuned (2 reported done)"), std::string::npos)
+      << tuned_here.output;
+  EXPECT_EQ(tuned_here.output.find("NOT served"), std::string::npos) << tuned_here.output;
 }
 
 }  // namespace

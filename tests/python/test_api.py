@@ -56,11 +56,16 @@ def test_show_cpu_backend():
     assert "flashjit" in source and len(source.splitlines()) > 20
 
 
-def test_tune_rejects_bad_flags_with_the_commands_message():
-    with pytest.raises(flashjit.InvalidArgumentError, match="--head-dims = '12'"):
+def test_tune_rejects_bad_arguments_naming_them():
+    # kwargs -> the tuner's request (tuner/tune_run.hpp): errors name the argument or the field.
+    with pytest.raises(flashjit.InvalidArgumentError, match="head_dim = 12"):
         flashjit.tune(head_dims=[12])
-    with pytest.raises(flashjit.InvalidArgumentError, match="--causal"):
+    with pytest.raises(flashjit.InvalidArgumentError, match="causal = 'sometimes'"):
         flashjit.tune(causal="sometimes")
+    with pytest.raises(flashjit.InvalidArgumentError, match="shard = 2/2"):
+        flashjit.tune(shard="2/2", backend="cpu")
+    with pytest.raises(flashjit.InvalidArgumentError, match="give tokens or batch, not both"):
+        flashjit.tune(tokens=64, batch=2)
 
 
 def test_tune_cpu_then_attention_serves_the_result(tmp_path, monkeypatch):
@@ -154,14 +159,14 @@ def test_show_backward_on_the_cpu_backend():
     assert "flashjit_attention_bwd_dkdv_cpu" in first
 
 
-def test_tune_passes_are_the_commands_pass_flag():
+def test_tune_passes_are_checked():
     with pytest.raises(flashjit.InvalidArgumentError,
-                       match="--pass = 'fwd,sideways': allowed: fwd, bwd"):
+                       match="passes = 'fwd,sideways': allowed: fwd, bwd"):
         flashjit.tune(passes=("fwd", "sideways"))
-    with pytest.raises(flashjit.InvalidArgumentError, match="--deterministic applies to the "
+    with pytest.raises(flashjit.InvalidArgumentError, match="deterministic applies to the "
                        "backward pass only"):
         flashjit.tune(deterministic=True)
-    with pytest.raises(flashjit.InvalidArgumentError, match="--recorded tunes the recorded "
+    with pytest.raises(flashjit.InvalidArgumentError, match="recorded tunes the recorded "
                        "problems .each with its pass."):
         flashjit.tune(recorded=True, passes=["bwd"])
 

@@ -1,5 +1,6 @@
-// A small JSON reader for the CLI's inputs (`flashjit report --side-by-side FILE`: the JSON that
-// bench/side_by_side.py writes). Values are kept as a tree; errors name the byte offset.
+// A small JSON reader: the tuning report a worker process hands back (tuner/run_report.hpp) and
+// the CLI's inputs (`flashjit report --side-by-side FILE`: the JSON bench/side_by_side.py writes).
+// Values are kept as a tree; errors name the byte offset.
 #pragma once
 
 #include <map>
@@ -10,7 +11,7 @@
 
 #include "generator/error.hpp"
 
-namespace flashjit::cli {
+namespace flashjit {
 
 struct Json {
   enum class Kind { Null, Bool, Number, String, Array, Object };
@@ -35,4 +36,4 @@ struct Json {
 // Parses a whole document. InvalidArgument "<what>: JSON error at byte N: ..." on bad input.
 Result<Json> parse_json(std::string_view text, std::string_view what);
 
-}  // namespace flashjit::cli
+}  // namespace flashjit

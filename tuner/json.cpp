@@ -1,12 +1,12 @@
-// A small JSON reader: see cli/json.hpp.
-#include "cli/json.hpp"
+// A small JSON reader: see tuner/json.hpp.
+#include "tuner/json.hpp"
 
 #include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <utility>
 
-namespace flashjit::cli {
+namespace flashjit {
 namespace {
 
 class Parser {
@@ -201,4 +201,4 @@ Result<Json> parse_json(std::string_view text, std::string_view what) {
   return Parser(text, what).document();
 }
 
-}  // namespace flashjit::cli
+}  // namespace flashjit

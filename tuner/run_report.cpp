@@ -1,0 +1,287 @@
+#include "tuner/run_report.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "generator/render.hpp"
+#include "tuner/json.hpp"
+
+namespace flashjit {
+namespace {
+
+std::string json_escape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += ' ';
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string json_number(double value) {
+  if (!std::isfinite(value)) return "null";
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.6g", value);
+  return text;
+}
+
+const char* json_bool(bool value) { return value ? "true" : "false"; }
+
+}  // namespace
+
+std::string TunedProblem::label() const {
+  AttentionProblem problem;
+  problem.pass = pass;
+  problem.deterministic = deterministic;
+  problem.head_dim = head_dim;
+  problem.dtype = dtype;
+  problem.causal = causal;
+  problem.batch = batch;
+  problem.heads_q = heads_q;
+  problem.heads_kv = heads_kv;
+  problem.seqlen_q = seqlen_q;
+  problem.seqlen_k = seqlen_k;
+  return problem_label(problem);
+}
+
+RateUnit TuneRunReport::unit() const {
+  return backend == "cpu" ? RateUnit{"GFLOP/s", 1000} : RateUnit{};
+}
+
+TunedProblem tuned_problem(const std::string& device, const TuneReport& r) {
+  const AttentionProblem& p = r.problem;
+  TunedProblem row;
+  row.device = device;
+  row.key = r.key.to_string();
+  row.pass = p.pass;
+  row.deterministic = p.is_backward() && p.deterministic;
+  row.head_dim = p.head_dim;
+  row.dtype = p.dtype;
+  row.causal = p.causal;
+  row.batch = p.batch;
+  row.heads_q = p.heads_q;
+  row.heads_kv = p.heads_kv;
+  row.seqlen_q = p.seqlen_q;
+  row.seqlen_k = p.seqlen_k;
+  row.default_config = {r.default_config.to_string(), r.default_ms, r.default_tflops()};
+  if (r.choice)
+    row.chosen = TunedTime{r.choice->config.to_string(), r.choice->median_ms, r.chosen_tflops()};
+  row.gain = r.gain();
+  row.kept_default = r.kept_default;
+  row.disturbed = r.disturbed;
+  row.resumed = r.resumed;
+  row.busy_batches = r.busy_batches;
+  row.noise_ms = r.noise_ms;
+  row.seconds = r.seconds;
+  row.note = r.note;
+  for (const TuneResult& c : r.results) {
+    row.results.push_back({c.config.to_string(), to_string(c.status), c.median_ms, c.min_ms,
+                           c.max_ms, c.repetitions, c.tflops, c.is_default, c.message});
+  }
+  return row;
+}
+
+TuneRunReport make_run_report(const std::vector<WorkerOutcome>& outcomes, double seconds) {
+  TuneRunReport report;
+  report.generator = generator_version();
+  report.seconds = seconds;
+  report.geomean_gain = gain_summary(outcomes).geomean;
+  for (size_t w = 0; w < outcomes.size(); ++w) {
+    for (const TuneReport& r : outcomes[w].reports) {
+      report.problems.push_back(tuned_problem(outcomes[w].device, r));
+    }
+  }
+  return report;
+}
+
+GainSummary gain_summary(const TuneRunReport& report, std::optional<Pass> pass) {
+  double log_sum = 0;
+  GainSummary summary;
+  for (const TunedProblem& r : report.problems) {
+    if (pass && r.pass != *pass) continue;
+    if (!r.chosen || r.default_config.ms <= 0 || !(r.gain > 0)) continue;
+    log_sum += std::log(r.gain);
+    ++summary.problems;
+  }
+  if (summary.problems > 0) summary.geomean = std::exp(log_sum / summary.problems);
+  return summary;
+}
+
+bool print_summary(const TuneRunReport& report, RateUnit unit) {
+  bool all_chosen = true;
+  bool passes[2] = {false, false};
+  std::printf("\n%-40s %-18s %9s  %-18s %9s %7s\n", "problem", "default", unit.name, "chosen",
+              unit.name, "gain");
+  for (const TunedProblem& r : report.problems) {
+    passes[r.pass == Pass::Backward ? 1 : 0] = true;
+    const std::string label = r.label();
+    const double default_rate = r.default_config.tflops;
+    if (!r.chosen) {
+      std::printf("%-40s %-18s %9.1f  %-18s %9s %7s  %s\n", label.c_str(),
+                  r.default_config.config.c_str(), default_rate * unit.per_tflops, "-", "-", "-",
+                  r.note.c_str());
+      all_chosen = false;
+      continue;
+    }
+    std::printf("%-40s %-18s %9.1f  %-18s %9.1f %6.3fx%s\n", label.c_str(),
+                r.default_config.config.c_str(), default_rate * unit.per_tflops,
+                r.chosen->config.c_str(), r.chosen->tflops * unit.per_tflops, r.gain,
+                r.disturbed      ? "  (timings unstable: no new choice stored)"
+                : r.kept_default ? "  (default kept: within noise)"
+                                 : "");
+  }
+  const GainSummary all = gain_summary(report);
+  std::printf("geo-mean gain %.3fx over %d problem(s)", all.geomean, all.problems);
+  if (passes[0] && passes[1]) {
+    const GainSummary forward = gain_summary(report, Pass::Forward);
+    const GainSummary backward = gain_summary(report, Pass::Backward);
+    std::printf(" (fwd %.3fx over %d, bwd %.3fx over %d)", forward.geomean, forward.problems,
+                backward.geomean, backward.problems);
+  }
+  std::printf("; total time %s\n", format_duration(report.seconds).c_str());
+  std::fflush(stdout);
+  return all_chosen;
+}
+
+std::string run_report_json(const TuneRunReport& report, bool handoff) {
+  std::ostringstream out;
+  out << "{\n  \"generator\": \"" << json_escape(report.generator) << "\",\n"
+      << "  \"geomean_gain\": " << json_number(report.geomean_gain) << ",\n"
+      << "  \"seconds\": " << json_number(report.seconds) << ",\n";
+  if (handoff) {
+    out << "  \"status\": " << report.status << ",\n  \"message\": \""
+        << json_escape(report.message)
+        << "\",\n  \"nothing_to_tune\": " << json_bool(report.nothing_to_tune)
+        << ",\n  \"backend\": \"" << json_escape(report.backend) << "\",\n  \"device_errors\": [";
+    for (size_t i = 0; i < report.device_errors.size(); ++i) {
+      out << (i ? ", \"" : "\"") << json_escape(report.device_errors[i]) << "\"";
+    }
+    out << "],\n";
+  }
+  out << "  \"problems\": [";
+  bool first = true;
+  for (const TunedProblem& r : report.problems) {
+    out << (first ? "\n" : ",\n");
+    first = false;
+    out << "    {\"device\": \"" << json_escape(r.device) << "\", \"key\": \"" << json_escape(r.key)
+        << "\", \"pass\": \"" << to_string(r.pass)
+        << "\", \"deterministic\": " << json_bool(r.deterministic) << ", \"d\": " << r.head_dim
+        << ", \"dtype\": \"" << to_string(r.dtype) << "\", \"causal\": " << json_bool(r.causal)
+        << ", \"batch\": " << r.batch << ", \"heads_q\": " << r.heads_q
+        << ", \"heads_kv\": " << r.heads_kv << ", \"seqlen_q\": " << r.seqlen_q
+        << ", \"seqlen_k\": " << r.seqlen_k << ",\n     \"default\": {\"config\": \""
+        << r.default_config.config << "\", \"ms\": " << json_number(r.default_config.ms)
+        << ", \"tflops\": " << json_number(r.default_config.tflops) << "}, \"chosen\": ";
+    if (r.chosen) {
+      out << "{\"config\": \"" << r.chosen->config << "\", \"ms\": " << json_number(r.chosen->ms)
+          << ", \"tflops\": " << json_number(r.chosen->tflops) << "}";
+    } else {
+      out << "null";
+    }
+    out << ", \"gain\": " << json_number(r.gain)
+        << ", \"kept_default\": " << json_bool(r.kept_default)
+        << ", \"disturbed\": " << json_bool(r.disturbed) << ", \"busy_batches\": " << r.busy_batches
+        << ", \"noise_ms\": " << json_number(r.noise_ms)
+        << ", \"resumed\": " << json_bool(r.resumed) << ", \"seconds\": " << json_number(r.seconds)
+        << ", \"note\": \"" << json_escape(r.note) << "\",\n     \"results\": [";
+    for (size_t i = 0; i < r.results.size(); ++i) {
+      const TunedConfig& c = r.results[i];
+      out << (i ? ",\n" : "\n") << "       {\"config\": \"" << c.config << "\", \"status\": \""
+          << c.status << "\", \"median_ms\": " << json_number(c.median_ms)
+          << ", \"min_ms\": " << json_number(c.min_ms) << ", \"max_ms\": " << json_number(c.max_ms)
+          << ", \"repetitions\": " << c.repetitions << ", \"tflops\": " << json_number(c.tflops)
+          << ", \"is_default\": " << json_bool(c.is_default) << ", \"message\": \""
+          << json_escape(c.message) << "\"}";
+    }
+    out << "]}";
+  }
+  out << "\n  ]\n}\n";
+  return out.str();
+}
+
+bool write_run_report(const std::string& path, const TuneRunReport& report, bool handoff) {
+  std::ofstream out(path);
+  out << run_report_json(report, handoff);
+  return static_cast<bool>(out);
+}
+
+namespace {
+
+bool flag(const Json& value) { return value.kind == Json::Kind::Bool && value.boolean; }
+
+TunedTime tuned_time(const Json& value) {
+  return {value["config"].text_or(""), value["ms"].number_or(0), value["tflops"].number_or(0)};
+}
+
+}  // namespace
+
+Result<TuneRunReport> read_run_report(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return make_error(ErrorCode::IoError, "cannot read the tuning report " + path);
+  std::stringstream text;
+  text << in.rdbuf();
+  Result<Json> parsed = parse_json(text.str(), path);
+  FLASHJIT_TRY(parsed);
+  const Json& doc = *parsed;
+  if (!doc.is_object() || !doc["problems"].is_array()) {
+    return make_error(ErrorCode::InvalidArgument, path + ": not a tuning report");
+  }
+  TuneRunReport report;
+  report.generator = doc["generator"].text_or("");
+  report.geomean_gain = doc["geomean_gain"].number_or(1);
+  report.seconds = doc["seconds"].number_or(0);
+  report.status = static_cast<int>(doc["status"].number_or(0));
+  report.message = doc["message"].text_or("");
+  report.nothing_to_tune = flag(doc["nothing_to_tune"]);
+  report.backend = doc["backend"].text_or("");
+  for (const Json& error : doc["device_errors"].items) report.device_errors.push_back(error.string);
+  for (const Json& p : doc["problems"].items) {
+    TunedProblem row;
+    row.device = p["device"].text_or("");
+    row.key = p["key"].text_or("");
+    Result<Pass> pass = parse_pass(p["pass"].text_or(""));
+    Result<DType> dtype = parse_dtype(p["dtype"].text_or(""));
+    if (!pass.ok() || !dtype.ok()) {
+      return make_error(ErrorCode::InvalidArgument, path + ": a problem without pass or dtype");
+    }
+    row.pass = *pass;
+    row.dtype = *dtype;
+    row.deterministic = flag(p["deterministic"]);
+    row.head_dim = static_cast<int>(p["d"].number_or(0));
+    row.causal = flag(p["causal"]);
+    row.batch = static_cast<int64_t>(p["batch"].number_or(0));
+    row.heads_q = static_cast<int64_t>(p["heads_q"].number_or(0));
+    row.heads_kv = static_cast<int64_t>(p["heads_kv"].number_or(0));
+    row.seqlen_q = static_cast<int64_t>(p["seqlen_q"].number_or(0));
+    row.seqlen_k = static_cast<int64_t>(p["seqlen_k"].number_or(0));
+    row.default_config = tuned_time(p["default"]);
+    if (p["chosen"].is_object()) row.chosen = tuned_time(p["chosen"]);
+    row.gain = p["gain"].number_or(1);
+    row.kept_default = flag(p["kept_default"]);
+    row.disturbed = flag(p["disturbed"]);
+    row.resumed = flag(p["resumed"]);
+    row.busy_batches = static_cast<int>(p["busy_batches"].number_or(0));
+    row.noise_ms = p["noise_ms"].number_or(0);
+    row.seconds = p["seconds"].number_or(0);
+    row.note = p["note"].text_or("");
+    for (const Json& c : p["results"].items) {
+      row.results.push_back(
+          {c["config"].text_or(""), c["status"].text_or(""), c["median_ms"].number_or(0),
+           c["min_ms"].number_or(0), c["max_ms"].number_or(0),
+           static_cast<int>(c["repetitions"].number_or(0)), c["tflops"].number_or(0),
+           flag(c["is_default"]), c["message"].text_or("")});
+    }
+    report.problems.push_back(std::move(row));
+  }
+  return report;
+}
+
+}  // namespace flashjit
