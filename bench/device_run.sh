@@ -596,13 +596,15 @@ if [[ "$what" == bwd-ws ]]; then
       build-device/tests/runtime_cuda_backward_test --gtest_filter="${ctest_regex:-AllGroups/CudaBackwardAllConfigs.*/d128_*}"
   small="--batch 1 --heads 4 --kv-heads 2 --seqlen-q 300 --seqlen-k 257 --head-dim 128 --causal"
   for tool in racecheck synccheck memcheck; do
-    step bwd-ws "sanitize-$tool" 120 compute-sanitizer --tool "$tool" --error-exitcode 1 \
-        build-device/flashjit run --backend cuda --pass bwd $small --config m64n128w12s2-ws
+    for config in m64n128w12s2-ws m64n128w12s2-ws-persist; do
+      step bwd-ws "sanitize-$tool-$config" 120 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+          build-device/flashjit run --backend cuda --pass bwd $small --config "$config" --reps 2
+    done
   done
   shapes=("2 16 8192 --causal" "2 16 8192" "1 16 16384")
   for shape in "${shapes[@]}"; do
     read -r b h n causal <<<"$shape"
-    for config in m64n128w12s2-ws m64n64w4s2-wgmma-det m64n128w8s2-wgmma; do
+    for config in m64n128w12s2-ws m64n128w12s2-ws-persist m64n64w4s2-wgmma-det; do
       tag="$config-b$b-n$n${causal:+-causal}"
       step bwd-ws "run-$tag" 90 build-device/flashjit run --backend cuda --pass bwd \
           --batch "$b" --heads "$h" --seqlen "$n" --head-dim 128 $causal --config "$config"
