@@ -129,7 +129,8 @@
 #              tests/python/test_ring_attention.py, then bench/ring_bench.py under torchrun on 1,
 #              2 (and 4 when there are 4) GPUs: causal, d 128, bf16, N 32k-256k, ring_attention
 #              vs one GPU and torch's context_parallel over SDPA (ring-<R>gpu.log/.json;
-#              RING_ARGS: extra ring_bench.py flags). A few minutes.
+#              RING_ARGS: extra ring_bench.py flags; RING_LENGTHS / RING_LENGTHS_1: the lengths
+#              on several GPUs / on one). A few minutes.
 #
 # Results go to $OUT (the device tool's output folder; ./device-out when unset): ctest.log,
 # bench.log, flashjit.json, peers.log, peers.json, compare.md; py modes: pip.log, pytest.log,
@@ -469,8 +470,8 @@ if [[ "$what" == py-ring ]]; then
   fi
   for ranks in 1 2 4; do
     ((ranks <= gpus)) || break
-    lengths=32k,64k,128k,256k
-    ((ranks == 1)) && lengths=32k,64k,128k
+    lengths=${RING_LENGTHS:-32k,64k,128k,256k}
+    ((ranks == 1)) && lengths=${RING_LENGTHS_1:-32k,64k,128k}
     echo "== bench/ring_bench.py on ${ranks} GPU(s), N ${lengths}"
     # shellcheck disable=SC2086  # RING_ARGS is a list of flags
     if ! COMMIT="${commit:-unknown}" timeout 420 "$py" -m torch.distributed.run --standalone \
