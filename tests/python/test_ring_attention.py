@@ -51,7 +51,7 @@ def _reference(q, k, v, causal, scale, window, softcap, slopes):
     s = (q @ k.transpose(-1, -2)) * scale
     if softcap is not None:
         s = softcap * torch.tanh(s / softcap)
-    pos = torch.arange(q.shape[2])
+    pos = torch.arange(q.shape[2], device=q.device)  # the mask where the scores are
     dist_ = (pos[None, :] - pos[:, None]).double()  # kv - q
     if slopes is not None:
         s = s + slopes.double()[None, :, None, None] * dist_
