@@ -204,29 +204,26 @@ struct BackwardFamily {
   std::string (*explain)(const AttentionProblem& problem, const DeviceSpec& device);
 };
 
-// The wgmma family's template constraints alone: its budget on a device with no limits but the
-// architecture its instructions need.
-Status check_wgmma_template(const AttentionConfig& c, const AttentionProblem& p) {
-  DeviceSpec unlimited;
-  unlimited.name = "(template constraints only)";
-  unlimited.arch = 90;
-  unlimited.smem_per_block_optin = unlimited.smem_per_sm = 1 << 30;
-  unlimited.regs_per_sm = 1 << 30;
-  unlimited.max_regs_per_thread = 1 << 30;
-  unlimited.max_threads_per_sm = unlimited.max_threads_per_block = 1 << 30;
-  return check_wgmma_backward_config(c, p, unlimited);
+// A device with no limits but the architecture the sm90a families' instructions need: their
+// budgets on it are their templates' constraints alone.
+const DeviceSpec& unlimited_sm90() {
+  static const DeviceSpec device = [] {
+    DeviceSpec d;
+    d.name = "(template constraints only)";
+    d.arch = 90;
+    d.smem_per_block_optin = d.smem_per_sm = 1 << 30;
+    d.regs_per_sm = 1 << 30;
+    d.max_regs_per_thread = 1 << 30;
+    d.max_threads_per_sm = d.max_threads_per_block = 1 << 30;
+    return d;
+  }();
+  return device;
 }
-
-// The ws family's template constraints alone (as for wgmma).
+Status check_wgmma_template(const AttentionConfig& c, const AttentionProblem& p) {
+  return check_wgmma_backward_config(c, p, unlimited_sm90());
+}
 Status check_ws_template(const AttentionConfig& c, const AttentionProblem& p) {
-  DeviceSpec unlimited;
-  unlimited.name = "(template constraints only)";
-  unlimited.arch = 90;
-  unlimited.smem_per_block_optin = unlimited.smem_per_sm = 1 << 30;
-  unlimited.regs_per_sm = 1 << 30;
-  unlimited.max_regs_per_thread = 1 << 30;
-  unlimited.max_threads_per_sm = unlimited.max_threads_per_block = 1 << 30;
-  return check_ws_backward_config(c, p, unlimited);
+  return check_ws_backward_config(c, p, unlimited_sm90());
 }
 
 // The ws family has no dQ kernel of its own: its last entry is the convert row kernel, whose

@@ -155,6 +155,60 @@ __device__ __forceinline__ void pack_fragments(u32 (&a)[N / 16][4], const float 
       a[t / 2][(t % 2) * 2 + half] = pack2<IS_BF16>(d[4 * t + 2 * half], d[4 * t + 2 * half + 1]);
 }
 
+// S^T (keys as rows: this thread's rows `key` (+ 8), columns `query` + 8 nt + e) into P^T =
+// exp2(S^T * scale_log2 - lse_log2) in place, with keys past seqlen_k and (causal) above the
+// diagonal at -inf, tested only where the block [m0, + block_m) x [n0, + block_n) crosses an
+// edge; `lse` points at lse_log2 of this thread's first column (query rows past seqlen_q need no
+// mask: their lse_log2 is +inf, so P = 0). The wgmma and ws backwards' plain path.
+template <int N, bool CAUSAL>
+__device__ __forceinline__ void scores_to_probabilities(float (&st)[N / 2],
+                                                        const FlashjitAttentionParams& p,
+                                                        int diagonal, int m0, int n0, int block_n,
+                                                        int key, int query, const float* lse) {
+  namespace fa = flashjit_attention;
+  if (fa::block_needs_mask<CAUSAL>(p, diagonal, m0, n0, block_n)) {
+#pragma unroll
+    for (int nt = 0; nt < N / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int last = fa::last_key<CAUSAL>(p, diagonal, query + 8 * nt + e);
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          if (key + 8 * half > last) st[4 * nt + 2 * half + e] = minus_infinity();
+      }
+  }
+#pragma unroll
+  for (int nt = 0; nt < N / 8; ++nt) {
+    const float2 l = *reinterpret_cast<const float2*>(lse + 8 * nt);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      st[4 * nt + 2 * half] = fast_exp2(fmaf(st[4 * nt + 2 * half], p.scale_log2, -l.x));
+      st[4 * nt + 2 * half + 1] = fast_exp2(fmaf(st[4 * nt + 2 * half + 1], p.scale_log2, -l.y));
+    }
+  }
+}
+
+// dS^T = P^T * (dP^T - delta); P^T and dS^T rounded to 16 bits as A fragments, tile by tile (the
+// fp32 values die as they are packed); `delta` points at this thread's first column's.
+template <int N, bool IS_BF16>
+__device__ __forceinline__ void probabilities_to_fragments(u32 (&pt)[N / 16][4],
+                                                           u32 (&dst)[N / 16][4],
+                                                           const float (&st)[N / 2],
+                                                           const float (&dpt)[N / 2],
+                                                           const float* delta) {
+#pragma unroll
+  for (int nt = 0; nt < N / 8; ++nt) {
+    const float2 d = *reinterpret_cast<const float2*>(delta + 8 * nt);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = 4 * nt + 2 * half;
+      const float ds0 = st[i] * (dpt[i] - d.x), ds1 = st[i + 1] * (dpt[i + 1] - d.y);
+      pt[nt / 2][(nt % 2) * 2 + half] = pack2<IS_BF16>(st[i], st[i + 1]);
+      dst[nt / 2][(nt % 2) * 2 + half] = pack2<IS_BF16>(ds0, ds1);
+    }
+  }
+}
+
 // The same fragments into a swizzled [ROWS, *] shared tile at (row0 + rows, col0 + columns).
 template <int N, int ROWS>
 __device__ __forceinline__ void store_fragments(unsigned char* tile, const u32 (&a)[N / 16][4],
@@ -489,48 +543,15 @@ __device__ __forceinline__ void attention_backward_sm90_dkdv(const FlashjitAtten
 #else
     wgmma_wait<1>();  // S^T
     pin(st);
-    // Keys past seqlen_k and, when causal, above the diagonal: only blocks crossing an edge.
-    // (Query rows past seqlen_q need no mask: their lse_log2 is +inf, so P = 0.)
-    if (fa::block_needs_mask<K::kCausal>(p, diagonal, m0, n0, kBlockN)) {
-      const int key = n0 + key_tile * 64 + frag_row;
-      const int query = m0 + query_part * kSdpN + frag_col;
-#pragma unroll
-      for (int nt = 0; nt < kSdpN / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int last = fa::last_key<K::kCausal>(p, diagonal, query + 8 * nt + e);
-#pragma unroll
-          for (int half = 0; half < 2; ++half)
-            if (key + 8 * half > last) st[4 * nt + 2 * half + e] = minus_infinity();
-        }
-    }
+    // P^T = exp2(S^T * scale_log2 - lse), masked in blocks that cross an edge; then dS^T.
     const float* stats = reinterpret_cast<const float*>(smem + kStats + 2 * buffer * K::kStatBytes);
     const int stat_col = query_part * kSdpN + frag_col;
-#pragma unroll
-    for (int nt = 0; nt < kSdpN / 8; ++nt) {
-      const float2 lse = *reinterpret_cast<const float2*>(stats + stat_col + 8 * nt);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        st[4 * nt + 2 * half] = fast_exp2(fmaf(st[4 * nt + 2 * half], p.scale_log2, -lse.x));
-        st[4 * nt + 2 * half + 1] =
-            fast_exp2(fmaf(st[4 * nt + 2 * half + 1], p.scale_log2, -lse.y));
-      }
-    }
+    scores_to_probabilities<kSdpN, K::kCausal>(st, p, diagonal, m0, n0, kBlockN,
+                                               n0 + key_tile * 64 + frag_row, m0 + stat_col,
+                                               stats + stat_col);
     wgmma_wait<0>();  // dP^T
     pin(dpt);
-    // dS^T = P^T * (dP^T - delta); both rounded to 16 bits as A fragments, tile by tile (the
-    // fp32 values die as they are packed).
-#pragma unroll
-    for (int nt = 0; nt < kSdpN / 8; ++nt) {
-      const float2 delta = *reinterpret_cast<const float2*>(stats + kBlockM + stat_col + 8 * nt);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = 4 * nt + 2 * half;
-        const float ds0 = st[i] * (dpt[i] - delta.x), ds1 = st[i + 1] * (dpt[i + 1] - delta.y);
-        pt[nt / 2][(nt % 2) * 2 + half] = pack2<kBf16>(st[i], st[i + 1]);
-        dst[nt / 2][(nt % 2) * 2 + half] = pack2<kBf16>(ds0, ds1);
-      }
-    }
+    probabilities_to_fragments<kSdpN, kBf16>(pt, dst, st, dpt, stats + kBlockM + stat_col);
 #endif
     const int score_row = key_tile * 64, score_col = query_part * kSdpN;
     if constexpr (K::kDsInSmem)

@@ -352,7 +352,6 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
                                                const WsBwdSteps<K>& steps, const WsBwdTile& tile,
                                                int consumer, int diagonal,
                                                unsigned char* window_base, WsBwdReads<K>& pos) {
-  namespace fa = flashjit_attention;
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kDp = K::kHeadDimPadded;
   constexpr int kSdpN = K::kSdpN, kKvChunk = K::kKvChunk, kKvChunks = K::kKvChunks;
   constexpr int kDqN = K::kDqN;
@@ -445,46 +444,16 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
                                                              buffer * K::kQTileBytes);
     wgmma_wait<1>();  // S^T
     pin(st);
-    // Keys past seqlen_k and, when causal, above the diagonal: only blocks crossing an edge.
-    // (Query rows past seqlen_q need no mask: their lse_log2 is +inf, so P = 0.)
-    if (fa::block_needs_mask<K::kCausal>(p, diagonal, m0, n0, kBlockN)) {
-      const int key = n0 + consumer * 64 + frag_row;
-      const int query = m0 + frag_col;
-#pragma unroll
-      for (int nt = 0; nt < kSdpN / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int last = fa::last_key<K::kCausal>(p, diagonal, query + 8 * nt + e);
-#pragma unroll
-          for (int half = 0; half < 2; ++half)
-            if (key + 8 * half > last) st[4 * nt + 2 * half + e] = minus_infinity();
-        }
-    }
+    // P^T = exp2(S^T * scale_log2 - lse), masked in blocks that cross an edge; then dS^T
+    // (cuda/attention_bwd_sm90.cuh's plain path).
     const float* stats = reinterpret_cast<const float*>(window_base + (smem.stats - smem.k) +
                                                         2 * buffer * K::kStatBytes);
-#pragma unroll
-    for (int nt = 0; nt < kSdpN / 8; ++nt) {
-      const float2 lse = *reinterpret_cast<const float2*>(stats + frag_col + 8 * nt);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        st[4 * nt + 2 * half] = fast_exp2(fmaf(st[4 * nt + 2 * half], p.scale_log2, -lse.x));
-        st[4 * nt + 2 * half + 1] =
-            fast_exp2(fmaf(st[4 * nt + 2 * half + 1], p.scale_log2, -lse.y));
-      }
-    }
+    scores_to_probabilities<kSdpN, K::kCausal>(st, p, diagonal, m0, n0, kBlockN,
+                                               n0 + consumer * 64 + frag_row, m0 + frag_col,
+                                               stats + frag_col);
     wgmma_wait<0>();  // dP^T
     pin(dpt);
-#pragma unroll
-    for (int nt = 0; nt < kSdpN / 8; ++nt) {
-      const float2 delta = *reinterpret_cast<const float2*>(stats + kBlockM + frag_col + 8 * nt);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = 4 * nt + 2 * half;
-        const float ds0 = st[i] * (dpt[i] - delta.x), ds1 = st[i + 1] * (dpt[i + 1] - delta.y);
-        pt[nt / 2][(nt % 2) * 2 + half] = pack2<kBf16>(st[i], st[i + 1]);
-        dst[nt / 2][(nt % 2) * 2 + half] = pack2<kBf16>(ds0, ds1);
-      }
-    }
+    probabilities_to_fragments<kSdpN, kBf16>(pt, dst, st, dpt, stats + kBlockM + frag_col);
     // dS^T of every consumer's keys in shared memory before any dQ tile reads it.
     store_fragments<kSdpN, kBlockN>(
         window_base + (smem.ds - smem.k) + ds_buffer * K::kScoreTileBytes, dst, consumer * 64, 0);
