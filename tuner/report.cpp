@@ -116,6 +116,9 @@ void ProgressPrinter::update(int worker, const TuneProgress& progress) {
       case TuneProgress::Phase::Retiming:
         w.activity = "re-timing the best";
         break;
+      case TuneProgress::Phase::Comparing:
+        w.activity = "comparing the best with the default";
+        break;
       case TuneProgress::Phase::Done:
         break;
     }
