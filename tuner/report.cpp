@@ -222,6 +222,10 @@ void ProgressPrinter::print_table(const TuneReport& report) {
   if (report.kept_default) {
     std::printf("  default kept: the fastest was within the noise (%.4f ms)\n", report.noise_ms);
   }
+  if (report.compared) {
+    std::printf("  gain from the winner timed alternately with the default (noise %.4f ms)\n",
+                report.noise_ms);
+  }
   if (report.busy_batches > 0) {
     std::printf("  %d timed batches disturbed by other work on the device: timed again\n",
                 report.busy_batches);
@@ -315,6 +319,7 @@ bool write_json_report(const std::string& path, const std::vector<WorkerOutcome>
       }
       out << ", \"gain\": " << json_number(r.gain())
           << ", \"kept_default\": " << (r.kept_default ? "true" : "false")
+          << ", \"compared\": " << (r.compared ? "true" : "false")
           << ", \"disturbed\": " << (r.disturbed ? "true" : "false")
           << ", \"busy_batches\": " << r.busy_batches
           << ", \"noise_ms\": " << json_number(r.noise_ms)
