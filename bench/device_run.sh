@@ -289,7 +289,7 @@ if [[ "$what" != py* ]]; then
              runtime_cuda_attention_test templates_cuda_compile_test bench_attention flashjit_cli)
   fi
   if [[ "$what" == decode ]]; then
-    targets=(--target runtime_cuda_decode_test decode_bench)
+    targets=(--target runtime_cuda_decode_test runtime_decode_table_check_test decode_bench)
   fi
   if [[ "$what" == concurrent || "$what" == sanitize ]]; then
     targets=(--target flashjit_cli)
@@ -513,6 +513,15 @@ if [[ "$what" == decode ]]; then
     echo "== decode tests FAILED"
   fi
   grep -E '^\[ *(OK|FAILED|SKIPPED) *\]|runs \(|Failure' "$OUT/decode-tests.log" | head -n 60 || true
+  # The decode table check (issue 33): a checked call (and graph capture) on good tables, the
+  # check kernel's trap on each kind of bad entry (in child processes).
+  echo "== decode table check GPU tests (runtime_decode_table_check_test)"
+  if ! FLASHJIT_EXPECT_GPU=1 timeout 180 build-device/tests/runtime_decode_table_check_test \
+      >"$OUT/decode-table-check-tests.log" 2>&1; then
+    status=1
+    echo "== decode table check tests FAILED"
+  fi
+  grep -E '^\[ *(OK|FAILED|SKIPPED) *\]|Failure' "$OUT/decode-table-check-tests.log" | head -n 30 || true
   echo "== decode tests done at $((SECONDS - start)) s"
   echo "== decode_bench.py (flashjit contiguous + paged vs torch SDPA flash + cuDNN, same run)"
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags

@@ -280,9 +280,22 @@ Result<std::vector<AttentionProblem>> tune_problems_from_flags(const ParsedFlags
   Result<std::vector<AttentionProblem>> problems = grid_problems(*grid);
   FLASHJIT_TRY(problems);
   // The variant and K/V layout flags (as plan/show/run take them) apply to every problem.
+  // Each problem is validated here, once the flags are applied, so that a grid the flags
+  // cannot tune (e.g. --pass bwd with --score-mod but no --score-mod-grad) is refused when the
+  // flags are checked, not by the tuner later.
   for (AttentionProblem& problem : *problems) {
     FLASHJIT_TRY(apply_variant_flags(flags, problem.variant));
     FLASHJIT_TRY(apply_page_size_flag(flags, problem));
+    if (Status valid = validate(problem); !valid.ok()) {
+      if (problem.pass == Pass::Backward && !problem.variant.score_mod.empty() &&
+          problem.variant.score_mod_grad.empty()) {
+        return flag_error("score-mod", *flags.get("score-mod"),
+                          "a grid with the backward pass (--pass bwd) needs --score-mod-grad "
+                          "EXPR, the derivative d score_mod / d score");
+      }
+      return make_error(valid.error().code,
+                        "tune grid problem " + problem.to_string() + ": " + valid.error().message);
+    }
   }
   return problems;
 }

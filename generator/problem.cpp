@@ -6,6 +6,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <utility>
@@ -75,8 +76,16 @@ Result<Pass> parse_pass(const std::string& text) {
 }
 
 Strides contiguous_strides(Layout layout, int64_t seqlen, int64_t heads, int64_t head_dim) {
-  if (layout == Layout::BSHD) return {seqlen * heads * head_dim, heads * head_dim, head_dim};
-  return {heads * seqlen * head_dim, head_dim, seqlen * head_dim};
+  // Extents from a caller (flags, arrays) may be huge: saturate rather than overflow (fuzz
+  // problem_config, issue 33: heads 1226130831 x seqlen_k 100000012 x d 128).
+  auto times = [](int64_t a, int64_t b) {
+    int64_t product = 0;
+    if (__builtin_mul_overflow(a, b, &product)) return std::numeric_limits<int64_t>::max() & ~7;
+    return product;
+  };
+  if (layout == Layout::BSHD)
+    return {times(times(seqlen, heads), head_dim), times(heads, head_dim), head_dim};
+  return {times(times(heads, seqlen), head_dim), head_dim, times(seqlen, head_dim)};
 }
 
 AttentionProblem AttentionProblem::make(int64_t batch, int64_t heads_q, int64_t heads_kv,

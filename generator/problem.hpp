@@ -69,6 +69,9 @@ struct Strides {
   bool operator==(const Strides&) const = default;
 };
 
+// A dense tensor's strides. A product past int64 saturates at the largest multiple of 8 (no
+// overflow, whatever the extents): validate() then rejects the span ("strides span more than 2^62
+// elements").
 Strides contiguous_strides(Layout layout, int64_t seqlen, int64_t heads, int64_t head_dim);
 
 // How K and V are stored and how many keys each sequence has (see the top of this file).

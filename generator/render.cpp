@@ -96,6 +96,9 @@ std::string legacy_version_of_templates(std::string_view backend, bool plain, bo
     if (!backend.empty() && !shared && path.substr(0, slash) != backend) continue;
     if (plain && path == kVariantHeader) continue;
     if (!with_decode && is_decode_template(path)) continue;
+    // Checks (checks/: the decode table check, issue 33) are no kernel's source and came after
+    // this scheme: left out, so that adding one does not change a version rows carry.
+    if (path.substr(0, 7) == "checks/") continue;
     hash = fnv1a(path, hash);
     hash = fnv1a(plain ? plain_kernel_text(templates::text(path)) : templates::text(path), hash);
   }

@@ -70,6 +70,14 @@ struct AttentionArgs {
   // checked there), the CPU backend checks them (check_cu_seqlens) before a launch.
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_k = nullptr;
+  // The decode family: check block_table and seqlens_k before the kernel reads them (issue 33,
+  // runtime/table_check.hpp): each length in [0, seqlen_k], each page a length uses in
+  // [0, num_pages). On the CPU a host check (an InvalidArgument naming the first bad entry); on
+  // CUDA a check kernel on the same stream just before the decode kernel (no host sync: a checked
+  // call can be captured in a CUDA graph), which prints the first bad entry and traps (the call's
+  // synchronization fails; the context is lost, as after any device fault). false: the default,
+  // FLASHJIT_CHECK_TABLES=1 (on) / 0 (off), else on in debug builds of the library.
+  bool check_tables = false;
 };
 
 // The problem fields that are compiled into a kernel; everything else is a launch argument.

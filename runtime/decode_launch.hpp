@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "generator/config.hpp"
@@ -138,13 +139,14 @@ inline DecodeLaunch decode_launch(const AttentionProblem& problem, const Attenti
 // the first call of a size allocates, so warm a kernel up before capturing it in a CUDA graph, or
 // pass a workspace), zero(pointer, bytes) of the split counters unless they are known to be zero
 // (the cache's buffer with the previous call's counter region: every call leaves its counters
-// zero; a caller's workspace is zeroed every call), then enqueue(0, shape, params).
-template <class Enqueue, class Zero>
+// zero; a caller's workspace is zeroed every call), then enqueue(0, shape, params). `before`
+// (optional): enqueued once the checks passed, before anything else (the table check kernel).
+template <class Enqueue, class Zero, class Before = std::nullptr_t>
 Status launch_gpu_decode(const AttentionProblem& problem, const AttentionArgs& args,
                          const ProblemSignature& signature, const AttentionConfig& config,
                          int splits, const std::vector<KernelShape>& shapes,
                          const GridLimits& limits, WorkspaceCache& cache, void* stream,
-                         const Enqueue& enqueue, const Zero& zero) {
+                         const Enqueue& enqueue, const Zero& zero, const Before& before = nullptr) {
   if (shapes.size() != 1) {
     return make_error(ErrorCode::InvalidArgument,
                       std::to_string(shapes.size()) + " entry shapes for a decode kernel (1)");
@@ -153,6 +155,7 @@ Status launch_gpu_decode(const AttentionProblem& problem, const AttentionArgs& a
   const DecodeWorkspace& layout = launch.workspace;
   FLASHJIT_TRY(check_decode_launch(problem, args, signature, 16, layout));
   FLASHJIT_TRY(check_launch_shape(launch.split, limits));
+  if constexpr (!std::is_same_v<Before, std::nullptr_t>) FLASHJIT_TRY(before());
   FlashjitAttentionParams params = make_launch_params(problem, args);
   void* workspace = args.workspace;
   const bool cached = layout.bytes > 0 && workspace == nullptr;

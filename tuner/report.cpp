@@ -91,6 +91,9 @@ void ProgressPrinter::update(int worker, const TuneProgress& progress) {
       case TuneProgress::Phase::Retiming:
         w.activity = "re-timing the best";
         break;
+      case TuneProgress::Phase::Comparing:
+        w.activity = "comparing the best with the default";
+        break;
       case TuneProgress::Phase::Done:
         break;
     }
@@ -193,6 +196,10 @@ void ProgressPrinter::print_table(const TuneReport& report) {
   }
   if (report.kept_default) {
     std::printf("  default kept: the fastest was within the noise (%.4f ms)\n", report.noise_ms);
+  }
+  if (report.compared) {
+    std::printf("  gain from the winner timed alternately with the default (noise %.4f ms)\n",
+                report.noise_ms);
   }
   if (report.busy_batches > 0) {
     std::printf("  %d timed batches disturbed by other work on the device: timed again\n",

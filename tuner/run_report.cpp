@@ -76,6 +76,7 @@ TunedProblem tuned_problem(const std::string& device, const TuneReport& r) {
     row.chosen = TunedTime{r.choice->config.to_string(), r.choice->median_ms, r.chosen_tflops()};
   row.gain = r.gain();
   row.kept_default = r.kept_default;
+  row.compared = r.compared;
   row.disturbed = r.disturbed;
   row.resumed = r.resumed;
   row.busy_batches = r.busy_batches;
@@ -188,6 +189,7 @@ std::string run_report_json(const TuneRunReport& report, bool handoff) {
     }
     out << ", \"gain\": " << json_number(r.gain)
         << ", \"kept_default\": " << json_bool(r.kept_default)
+        << ", \"compared\": " << json_bool(r.compared)
         << ", \"disturbed\": " << json_bool(r.disturbed) << ", \"busy_batches\": " << r.busy_batches
         << ", \"noise_ms\": " << json_number(r.noise_ms)
         << ", \"resumed\": " << json_bool(r.resumed) << ", \"seconds\": " << json_number(r.seconds)
@@ -266,6 +268,7 @@ Result<TuneRunReport> read_run_report(const std::string& path) {
     if (p["chosen"].is_object()) row.chosen = tuned_time(p["chosen"]);
     row.gain = p["gain"].number_or(1);
     row.kept_default = flag(p["kept_default"]);
+    row.compared = flag(p["compared"]);
     row.disturbed = flag(p["disturbed"]);
     row.resumed = flag(p["resumed"]);
     row.busy_batches = static_cast<int>(p["busy_batches"].number_or(0));

@@ -47,6 +47,7 @@ struct TunedProblem {
   std::optional<TunedTime> chosen;  // empty: no config could be timed (see note)
   double gain = 1;                  // default ms / chosen ms; 1 when either is unknown
   bool kept_default = false, disturbed = false, resumed = false;
+  bool compared = false;  // the gain is from the winner timed alternately with the default
   int busy_batches = 0;
   double noise_ms = 0;
   double seconds = 0;

@@ -57,6 +57,7 @@ Tuner::Tuner(const Backend& backend, const BinaryCache* cache, TuningStore* stor
   options_.max_samples = std::max(options_.min_samples, options_.max_samples);
   options_.retime_top = std::max(0, options_.retime_top);
   options_.max_retimes = std::max(1, options_.max_retimes);
+  options_.compare_rounds = std::max(1, options_.compare_rounds);
   if (options_.serialize_timing) {
     const std::string device = backend.timing_device_id();
     Result<DeviceLock> lock =
@@ -227,6 +228,8 @@ Result<TuneReport> Tuner::tune_one(const AttentionProblem& problem, size_t index
                  std::to_string(static_cast<int>(std::lround(run.timer->waited_ms()))) +
                  " ms of waiting did not see it end"));
   }
+  if (std::optional<size_t> candidate = winner(run))
+    FLASHJIT_TRY(compare_with_default(run, *candidate));
   FLASHJIT_TRY(decide(run));
   return finish();
 }
@@ -547,26 +550,126 @@ Status Tuner::mark_disturbed(ProblemRun& run, const std::string& why) {
   return ok_status();
 }
 
-// The decision: the fastest re-timed config (measured side by side), else the fastest; the
-// default unless the winner beats it beyond the noise; no choice from disturbed timings (the
-// stored one stays, or the default is stored).
+namespace {
+
+// The fastest timed config, among the re-timed ones when there was a re-time.
+std::optional<size_t> fastest(const std::vector<std::optional<TuneResult>>& results,
+                              const std::vector<size_t>& retimed) {
+  std::optional<size_t> best;
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (results[i]->status != TuneStatus::Timed) continue;
+    if (!retimed.empty() && std::find(retimed.begin(), retimed.end(), i) == retimed.end()) continue;
+    if (!best || results[i]->median_ms < results[*best]->median_ms) best = i;
+  }
+  return best;
+}
+
+double range_of(const std::vector<double>& values) {
+  if (values.empty()) return 0;
+  const auto [low, high] = std::minmax_element(values.begin(), values.end());
+  return *high - *low;
+}
+
+}  // namespace
+
+// The fastest re-timed config when it beats the timed default beyond the re-time's noise
+// (max(min_gain * default median, the interquartile range of either's samples)); none when the
+// default wins, was not timed, or the timings are disturbed (no choice from them).
+std::optional<size_t> Tuner::winner(const ProblemRun& run) const {
+  const size_t d = run.default_index;
+  const std::optional<size_t> best = fastest(run.results, run.retimed);
+  if (!best || *best == d || run.report.disturbed) return std::nullopt;
+  const TuneResult& def = *run.results[d];
+  if (def.status != TuneStatus::Timed) return std::nullopt;
+  const double noise =
+      std::max({options_.min_gain * def.median_ms, interquartile_range(run.samples[*best]),
+                interquartile_range(run.samples[d])});
+  if (def.median_ms - run.results[*best]->median_ms <= noise) return std::nullopt;
+  return best;
+}
+
+// The gain of `candidate` over the default from timings taken close together: their batches
+// alternate, the default's first and last (D C D ... C D, compare_rounds of the candidate's), so
+// that whatever slows the device for a while slows both alike. The re-time's medians do not
+// ensure that: each round times every candidate in turn, and a default a neighbour slowed by less
+// than the disturbance tolerance through a re-time passes its check and inflates the gain.
+Status Tuner::compare_with_default(ProblemRun& run, size_t candidate) {
+  const ProblemKey& key = run.report.key;
+  TuneProgress comparing = run.progress;
+  comparing.phase = TuneProgress::Phase::Comparing;
+  notify(comparing);
+
+  ProblemRun::Comparison comparison;
+  comparison.candidate = candidate;
+  struct Side {
+    size_t index = 0;
+    std::vector<double>* samples = nullptr;
+    std::shared_ptr<Slot> slot;
+    std::unique_ptr<Rotation> rotation;
+    std::function<Status()> work;
+    int reps = 1;
+  };
+  Side sides[2];
+  sides[0].index = run.default_index;
+  sides[0].samples = &comparison.default_samples;
+  sides[1].index = candidate;
+  sides[1].samples = &comparison.candidate_samples;
+  for (Side& side : sides) {
+    side.slot = slot(run.problem, run.configs[side.index]);
+    Result<TuneResult> prepared = prepare_kernel(*side.slot, run.problem, run.progress, key);
+    if (!prepared.ok()) return prepared.error();
+    mark_inflight(key, nullptr);
+    if (prepared->status != TuneStatus::Timed) {  // timed before: cannot fail now, but if it does
+      comparison.failed = true;
+      run.comparison = std::move(comparison);
+      return ok_status();
+    }
+    side.rotation = std::make_unique<Rotation>(*side.slot->kernel, run.problem, run.sets);
+    side.work = std::ref(*side.rotation);
+  }
+  Result<DeviceLock::Guard> held = hold_device();
+  if (!held.ok()) return held.error();
+  for (Side& side : sides) {
+    mark_inflight(key, &run.configs[side.index]);
+    Result<int> reps = warm_up(backend_, side.work, options_.warmup_ms, run.batch_ms);
+    if (!reps.ok()) {
+      FLASHJIT_TRY(device_health(run.configs[side.index].to_string() + " failed to launch"));
+      comparison.failed = true;
+      break;
+    }
+    side.reps = *reps;
+  }
+  for (int i = 0; !comparison.failed && i < 2 * options_.compare_rounds + 1; ++i) {
+    Side& side = sides[i % 2];
+    mark_inflight(key, &run.configs[side.index]);
+    Result<double> sample = run.timer->time_ms(side.work, side.reps);
+    if (!sample.ok()) {
+      FLASHJIT_TRY(device_health(run.configs[side.index].to_string() + " failed to launch"));
+      comparison.failed = true;
+      break;
+    }
+    side.samples->push_back(*sample);
+  }
+  mark_inflight(key, nullptr);
+  run.comparison = std::move(comparison);
+  return ok_status();
+}
+
+// The decision: the winner (winner()) if its alternating comparison with the default shows a
+// gain beyond the spread of those repeats (max(min_gain * the default's median, the range of
+// either's samples)), else the default; a faster config within the noise is a tie that keeps the
+// default. No choice from disturbed timings (the stored one stays, or the default is stored).
 Status Tuner::decide(ProblemRun& run) {
   TuneReport& report = run.report;
   const size_t d = run.default_index;
-  std::optional<size_t> best;
-  for (size_t i = 0; i < run.configs.size(); ++i) {
-    if (run.results[i]->status != TuneStatus::Timed) continue;
-    if (!run.retimed.empty() &&
-        std::find(run.retimed.begin(), run.retimed.end(), i) == run.retimed.end())
-      continue;
-    if (!best || run.results[i]->median_ms < run.results[*best]->median_ms) best = i;
-  }
+  const std::optional<size_t> best = fastest(run.results, run.retimed);
   for (auto& result : run.results) report.results.push_back(std::move(*result));
   if (!best) {
     report.note = "no config passed verification and timing";
     return ok_status();
   }
   size_t chosen = *best;
+  double chosen_ms = report.results[chosen].median_ms;
   const TuneResult& def = report.results[d];
   if (def.status == TuneStatus::Timed) {
     report.default_ms = def.median_ms;
@@ -574,8 +677,30 @@ Status Tuner::decide(ProblemRun& run) {
       report.noise_ms =
           std::max({options_.min_gain * def.median_ms, interquartile_range(run.samples[chosen]),
                     interquartile_range(run.samples[d])});
-      if (def.median_ms - report.results[chosen].median_ms <= report.noise_ms) {
+      const ProblemRun::Comparison* comparison =
+          run.comparison && run.comparison->candidate == chosen ? &*run.comparison : nullptr;
+      if (comparison != nullptr && !comparison->failed) {
+        const double default_ms = median_of(comparison->default_samples);
+        const double candidate_ms = median_of(comparison->candidate_samples);
+        report.compared = true;
+        report.default_ms = default_ms;
+        report.noise_ms =
+            std::max({options_.min_gain * default_ms, range_of(comparison->default_samples),
+                      range_of(comparison->candidate_samples)});
+        chosen_ms = candidate_ms;
+        if (default_ms - candidate_ms <= report.noise_ms) {
+          chosen = d;
+          chosen_ms = default_ms;
+          report.kept_default = true;
+        }
+      } else if (comparison != nullptr) {
+        report.note = run.configs[chosen].to_string() +
+                      " failed to launch in its comparison with the default: the default stays";
         chosen = d;
+        chosen_ms = def.median_ms;
+      } else if (def.median_ms - chosen_ms <= report.noise_ms) {
+        chosen = d;
+        chosen_ms = def.median_ms;
         report.kept_default = true;
       }
     }
@@ -594,7 +719,7 @@ Status Tuner::decide(ProblemRun& run) {
     choice.median_ms = report.default_ms;
   } else {
     choice.config = run.configs[chosen];
-    choice.median_ms = report.results[chosen].median_ms;
+    choice.median_ms = chosen_ms;
   }
   choice.default_ms = report.default_ms;
   if (store_ != nullptr) FLASHJIT_TRY(store_->choose(fingerprint_, report.key, choice));

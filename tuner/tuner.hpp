@@ -32,7 +32,12 @@
 // Decision: the top retime_top configs and the default are re-timed interleaved (round-robin
 // batches, so that drift hits all alike). The fastest replaces the default only if it is faster by
 // more than the noise: max(min_gain * default median, the interquartile range of either's
-// re-timed samples). Otherwise the default is chosen.
+// re-timed samples). Otherwise the default is chosen. A winner that passes is then compared with
+// the default once more from timings taken close together (issue 33): the default's batches and
+// the winner's alternate, the default first and last (D C D ... C D, compare_rounds of the
+// winner's), and the gain is that of their medians; a gain within the spread of those repeats
+// (max(min_gain * default median, the range of either's samples)) is a tie that keeps the
+// default. The choice's median and default_ms (and so TuneReport::gain) are the comparison's.
 //
 // Every config gets a TuneStatus: CompileFailed (render, compile or load), LaunchFailed,
 // WrongResult, or Timed. A failed config never stops the run and is never chosen. Errors returned
@@ -94,6 +99,7 @@ struct TuneProgress {
     Compiling,  // waiting for compiles the next config needs
     Timing,     // a config was measured, failed or taken from the store: see `result`
     Retiming,   // the top configs and the default are being re-timed
+    Comparing,  // the winner and the default are timed alternately (the gain's timings)
     Done,       // the problem is finished: see `report`
   };
   Phase phase = Phase::Compiling;
@@ -120,6 +126,8 @@ struct TuneOptions {
   double abandon_factor = 1.5;      // stop a config after 3 samples at this multiple of the best
   int retime_top = 3;               // configs re-timed against the default at the end
   double min_gain = 0.01;           // fraction a winner must beat the default by, at least
+  int compare_rounds = 3;           // the winner's batches in the final comparison with the
+                                    // default (each between two of the default's), at least 1
   double max_rel_error = 1e-2;      // verification: relative L2 error of o
   double max_lse_abs_error = 1e-3;  // verification: absolute error of the log-sum-exp
   double max_grad_rel_error = 0;    // backward verification: each gradient's relative L2 error
@@ -165,6 +173,7 @@ struct TuneReport {
   AttentionConfig default_config;
   double default_ms = 0;      // the default's (re-timed) median; 0 when it was not timed
   double noise_ms = 0;        // the margin a winner had to beat the default by
+  bool compared = false;      // the gain is from the final comparison's alternating timings
   bool kept_default = false;  // a faster config was within the noise, so the default stays
   bool resumed = false;       // taken from the store without measuring anything
   bool disturbed = false;     // the default's re-timed medians never agreed, or the device never
@@ -223,6 +232,10 @@ class Tuner {
   Status retime_until_stable(ProblemRun& run, const std::vector<size_t>& candidates);
   // Unstable timings: no choice from them, every timing noted "disturbed" (why: the report's note).
   Status mark_disturbed(ProblemRun& run, const std::string& why);
+  // The re-timed winner (decide's rule; none when the default wins or the timings are
+  // disturbed), then its alternating comparison with the default (run.comparison).
+  std::optional<size_t> winner(const ProblemRun& run) const;
+  Status compare_with_default(ProblemRun& run, size_t candidate);
   Status decide(ProblemRun& run);
 
   std::shared_ptr<Slot> slot(const AttentionProblem& problem, const AttentionConfig& config);

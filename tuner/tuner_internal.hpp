@@ -79,6 +79,14 @@ struct Tuner::ProblemRun {
   double best_ms = 0;                 // the fastest median so far (the abandon rule's yardstick)
   std::vector<size_t> retimed;        // configs the last re-time measured side by side
   std::unique_ptr<QuietTimer> timer;  // every timed batch of the problem (tuner/measure.hpp)
+  // The final comparison of the winner with the default (Tuner::compare_with_default): their
+  // samples, taken alternately (default first and last).
+  struct Comparison {
+    size_t candidate = 0;
+    std::vector<double> default_samples, candidate_samples;
+    bool failed = false;  // the winner failed to launch: the default stays
+  };
+  std::optional<Comparison> comparison;
   TuneProgress progress;
 };
 

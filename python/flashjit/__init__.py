@@ -507,7 +507,7 @@ def _attention_varlen(q, k, v, causal, scale, layout, out, return_lse, lse, conf
 
 
 def decode(q, k_cache, v_cache, *, seqlens_k=None, block_table=None, causal=False, scale=None,
-           out=None, lse=None, return_lse=False, config=None, stream=None):
+           out=None, lse=None, return_lse=False, config=None, stream=None, check_tables=False):
     """Attention of new queries against a K/V cache (inference): the decode family (split-KV,
     GQA packing; generator/decode_config.hpp says which problems it takes: a paged cache or
     per-sequence lengths always) where the problem calls for it, the forward's otherwise; every
@@ -521,9 +521,15 @@ def decode(q, k_cache, v_cache, *, seqlens_k=None, block_table=None, causal=Fals
        max_pages) (row b: the pages of sequence b in order, each in [0, num_pages)) and seqlens_k
        (required).
     seqlens_k: int32 (batch,), each at most the cache's keys per sequence (seqlen_k, or
-       max_pages * page_size). block_table and seqlens_k are read on the device: their values
-       are not checked (an index out of range reads out of bounds), so a call can be captured in
-       a CUDA graph and replayed with new tables and lengths.
+       max_pages * page_size). block_table and seqlens_k are read on the device, unchecked by
+       default (an index out of range reads out of bounds), so a call can be captured in a CUDA
+       graph and replayed with new tables and lengths.
+    check_tables: check them before the kernel reads them (also FLASHJIT_CHECK_TABLES=1; on by
+       default in a debug build of the library): each length in [0, the cache's keys per
+       sequence], each page a length uses in [0, num_pages). On the CPU a ValueError naming the
+       first bad entry; on CUDA a check kernel on the same stream before the decode kernel (no
+       host sync: still graph-safe) that prints the first bad entry and traps: the call's
+       synchronization raises and the CUDA context is lost (as after any device fault).
     causal: bottom-right aligned per sequence (query i of n sees keys up to seqlens_k - n + i):
        chunked prefill into a cache. scale: default 1/sqrt(head_dim).
     out, lse, return_lse, config, stream: as for attention(). Not differentiable.
@@ -545,7 +551,7 @@ def decode(q, k_cache, v_cache, *, seqlens_k=None, block_table=None, causal=Fals
     made_out, made_lse = _C.decode(
         q, k_cache, v_cache, block_table, seqlens_k, out, lse, bool(return_lse) or lse is not None,
         bool(causal), scale, config, 0 if handle is None else handle, synchronize,
-        "jax" if kind == "jax" else "numpy")
+        "jax" if kind == "jax" else "numpy", bool(check_tables))
     if made_out is not None:
         out = made_out
     if made_lse is not None:

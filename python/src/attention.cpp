@@ -208,7 +208,7 @@ nb::tuple decode(InArray q, InArray k_cache, InArray v_cache, std::optional<InAr
                  std::optional<InArray> seqlens_k, std::optional<OutArray> out,
                  std::optional<OutArray> lse, bool want_lse, bool causal,
                  std::optional<double> scale, std::optional<std::string> config, uintptr_t stream,
-                 bool synchronize, const std::string& framework) {
+                 bool synchronize, const std::string& framework, bool check_tables) {
   Call call = prepare_decode(q, k_cache, v_cache, block_table ? &*block_table : nullptr,
                              seqlens_k ? &*seqlens_k : nullptr, out ? &*out : nullptr,
                              lse ? &*lse : nullptr, causal, scale);
@@ -218,6 +218,7 @@ nb::tuple decode(InArray q, InArray k_cache, InArray v_cache, std::optional<InAr
                          args.block_table = static_cast<const int32_t*>(block_table->data());
                        if (seqlens_k)
                          args.seqlens_k = static_cast<const int32_t*>(seqlens_k->data());
+                       args.check_tables = check_tables;
                      });
 }
 

@@ -88,7 +88,7 @@ nb::tuple decode(InArray q, InArray k_cache, InArray v_cache, std::optional<InAr
                  std::optional<InArray> seqlens_k, std::optional<OutArray> out,
                  std::optional<OutArray> lse, bool want_lse, bool causal,
                  std::optional<double> scale, std::optional<std::string> config, uintptr_t stream,
-                 bool synchronize, const std::string& framework);
+                 bool synchronize, const std::string& framework, bool check_tables = false);
 
 // The backward pass: writes dq, dk, dv from q, k, v, o, lse and do. Returns (dq, dk, dv) as
 // allocated here: None for each the caller passed. The kernel's fp32 workspace is its own (per

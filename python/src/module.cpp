@@ -59,7 +59,8 @@ NB_MODULE(_flashjit, m) {
   m.def("decode", &decode, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"),
         nb::arg("block_table").none(), nb::arg("seqlens_k").none(), nb::arg("out").none(),
         nb::arg("lse").none(), nb::arg("want_lse"), nb::arg("causal"), nb::arg("scale").none(),
-        nb::arg("config").none(), nb::arg("stream"), nb::arg("synchronize"), nb::arg("framework"));
+        nb::arg("config").none(), nb::arg("stream"), nb::arg("synchronize"), nb::arg("framework"),
+        nb::arg("check_tables") = false);
   m.def("attention_backward", &attention_backward, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("o"), nb::arg("lse").none(), nb::arg("do"), nb::arg("dq").none(),
         nb::arg("dk").none(), nb::arg("dv").none(), nb::arg("causal"), nb::arg("scale").none(),

@@ -197,6 +197,7 @@ nb::dict report_dict(const TuneRunReport& report) {
     p["chosen"] = r.chosen ? nb::object(time_dict(*r.chosen)) : nb::none();
     p["gain"] = number(r.gain);
     p["kept_default"] = r.kept_default;
+    p["compared"] = r.compared;
     p["disturbed"] = r.disturbed;
     p["busy_batches"] = r.busy_batches;
     p["noise_ms"] = number(r.noise_ms);

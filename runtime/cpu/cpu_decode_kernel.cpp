@@ -7,6 +7,7 @@
 
 #include "generator/decode_config.hpp"
 #include "runtime/decode_launch.hpp"
+#include "runtime/table_check.hpp"
 #include "runtime/workspace.hpp"
 
 namespace flashjit::cpu {
@@ -52,6 +53,9 @@ class CpuDecodeKernel final : public Kernel {
     const DecodeWorkspace layout = decode_workspace(problem, splits);
     FLASHJIT_TRY(check_decode_launch(problem, args, signature_,
                                      static_cast<size_t>(dtype_bytes(problem.dtype)), layout));
+    // The tables are host memory here: checked before the kernel reads them, when asked.
+    if (table_check_enabled(args))
+      FLASHJIT_TRY(check_decode_tables(decode_tables_of(problem, args)));
     const int64_t items =
         problem.batch * problem.heads_kv * decode_row_tiles(config_, problem) * splits;
     if (items > INT32_MAX || layout.rows > INT32_MAX) {

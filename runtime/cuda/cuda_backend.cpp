@@ -6,6 +6,8 @@
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
+#include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -20,6 +22,7 @@
 #include "runtime/decode_launch.hpp"
 #include "runtime/gpu_launch.hpp"
 #include "runtime/launch_params.hpp"
+#include "runtime/table_check.hpp"
 #include "runtime/workspace.hpp"
 #include "templates/attention_params.h"
 
@@ -100,6 +103,25 @@ Result<DeviceBuffer> allocate_on(const Driver* cu, CUdevice device, size_t bytes
   });
 }
 
+// The decode table check kernel (templates/checks/decode_tables.h) compiled for `arch`: once per
+// process and architecture (each decode kernel loads it into its own module on first use).
+Result<Binary> table_check_binary(int arch) {
+  static std::mutex mutex;
+  static std::map<int, Binary> binaries;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto found = binaries.find(arch); found != binaries.end()) return found->second;
+  KernelSource source;
+  source.entries = {kDecodeTableCheckEntry};
+  source.text = decode_table_check_source();
+  source.label = "decode table check";
+  if (source.text.empty())
+    return make_error(ErrorCode::Unsupported,
+                      "checks/decode_tables.h is not embedded in this build");
+  Result<Binary> binary = nvrtc_compile(source, arch);
+  if (!binary.ok()) return binary.error();
+  return binaries.emplace(arch, std::move(binary.value())).first->second;
+}
+
 // The kernels of one module: one for the forward, three for the backward (render.hpp names and
 // shapes them). Thread-safe to launch: the only mutable state is the backward's workspace cache.
 // A forward whose entry takes tensor maps (KernelSource::tensor_maps: the -ws family) gets them
@@ -130,7 +152,10 @@ class CudaKernel final : public Kernel {
 
   ~CudaKernel() override {
     // Errors cannot be reported from a destructor; the context reference is ours, so it is alive.
-    if (driver_->cuCtxSetCurrent(context_) == CUDA_SUCCESS) driver_->cuModuleUnload(module_);
+    if (driver_->cuCtxSetCurrent(context_) == CUDA_SUCCESS) {
+      driver_->cuModuleUnload(module_);
+      if (check_module_ != nullptr) driver_->cuModuleUnload(check_module_);
+    }
     driver_->cuDevicePrimaryCtxRelease(device_);
   }
   CudaKernel(const CudaKernel&) = delete;
@@ -164,6 +189,10 @@ class CudaKernel final : public Kernel {
                 driver_->cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(counters), 0,
                                           bytes / sizeof(int32_t), static_cast<CUstream>(stream)),
                 "cuMemsetD32Async", ErrorCode::LaunchFailed);
+          },
+          [&]() -> Status {
+            if (!table_check_enabled(args)) return ok_status();
+            return enqueue_table_check(problem, args, stream);
           });
     }
     return launch_gpu_kernel(
@@ -174,6 +203,40 @@ class CudaKernel final : public Kernel {
   }
 
  private:
+  // The decode table check (runtime/table_check.hpp) on `stream`, before the decode kernel: one
+  // block, no host sync. The first checked call compiles (once per process) and loads it: warm up
+  // before capturing a CUDA graph, as for the workspace.
+  Status enqueue_table_check(const AttentionProblem& problem, const AttentionArgs& args,
+                             void* stream) const {
+    FLASHJIT_TRY(check(driver_->cuCtxSetCurrent(context_), "cuCtxSetCurrent"));
+    CUfunction function = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(check_mutex_);
+      if (check_function_ == nullptr) {
+        Result<Binary> binary = table_check_binary(device_spec_.arch);
+        if (!binary.ok()) return binary.error();
+        CUmodule module = nullptr;
+        FLASHJIT_TRY(check(driver_->cuModuleLoadData(&module, binary->bytes.data()),
+                           "cuModuleLoadData (decode table check)"));
+        Status found =
+            check(driver_->cuModuleGetFunction(&check_function_, module, kDecodeTableCheckEntry),
+                  "cuModuleGetFunction (decode table check)");
+        if (!found.ok()) {
+          driver_->cuModuleUnload(module);
+          check_function_ = nullptr;
+          return found;
+        }
+        check_module_ = module;
+      }
+      function = check_function_;
+    }
+    FlashjitDecodeTables tables = decode_tables_of(problem, args);
+    void* kernel_args[] = {&tables};
+    return check(driver_->cuLaunchKernel(function, 1, 1, 1, kDecodeTableCheckThreads, 1, 1, 0,
+                                         static_cast<CUstream>(stream), kernel_args, nullptr),
+                 "cuLaunchKernel (decode table check)", ErrorCode::LaunchFailed);
+  }
+
   // Enqueues entry `entry` of a launch of `problem` with `shape` on `stream`.
   Status enqueue(const AttentionProblem& problem, size_t entry, const LaunchShape& shape,
                  FlashjitAttentionParams& params, void* stream) const {
@@ -205,6 +268,9 @@ class CudaKernel final : public Kernel {
   AttentionConfig config_;
   KernelInfo info_;
   mutable WorkspaceCache workspace_;
+  mutable std::mutex check_mutex_;  // the table check's module, loaded on first use
+  mutable CUmodule check_module_ = nullptr;
+  mutable CUfunction check_function_ = nullptr;
 };
 
 }  // namespace

@@ -239,6 +239,27 @@ TEST(TuneGrid, BadPassValuesNameTheFlag) {
             std::string::npos);
 }
 
+// Issue 33 (fuzz cli_flags): a grid with the backward pass and --score-mod but no
+// --score-mod-grad is refused when the flags are checked, naming the flag, not by the tuner
+// later; every problem a grid returns is valid.
+TEST(TuneGrid, BackwardScoreModWithoutGradIsRefusedAtTheFlags) {
+  const std::string both = grid_error({"--score-mod", "6$,128", "--seqlens", "512,1024", "--pass",
+                                       "fwd,bwd", "--shard", "1/4", "--devices", "0,"});
+  EXPECT_NE(both.find("--score-mod = '6$,128'"), std::string::npos) << both;
+  EXPECT_NE(both.find("--score-mod-grad"), std::string::npos) << both;
+  const std::string bwd = grid_error({"--pass", "bwd", "--score-mod", "score*0.5", "--head-dims",
+                                      "64", "--seqlens", "128", "--dtypes", "fp16"});
+  EXPECT_NE(bwd.find("--score-mod = 'score*0.5'"), std::string::npos) << bwd;
+  // The forward pass alone takes a score_mod without its derivative; with it, both passes do.
+  auto forward = grid({"--score-mod", "score*0.5", "--head-dims", "64", "--seqlens", "128"});
+  ASSERT_TRUE(forward.ok()) << forward.error().describe();
+  auto with_grad = grid({"--pass", "fwd,bwd", "--score-mod", "score*0.5", "--score-mod-grad", "0.5",
+                         "--head-dims", "64", "--seqlens", "128,256"});
+  ASSERT_TRUE(with_grad.ok()) << with_grad.error().describe();
+  EXPECT_EQ(with_grad->size(), 8u);  // causal both x 2 passes x 2 seqlens
+  for (const AttentionProblem& p : *with_grad) EXPECT_TRUE(validate(p).ok()) << p.to_string();
+}
+
 TEST(TuneShard, ParsesAndSelects) {
   auto flags = parse({"--shard", "1/3"});
   ASSERT_TRUE(flags.ok());

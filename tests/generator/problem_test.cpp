@@ -88,6 +88,21 @@ TEST(Problem, RejectsStridesWhoseSpanOverflows) {
   EXPECT_TRUE(validate(p).ok()) << validate(p).error().message;
 }
 
+// Fuzz problem_config (issue 33, corpus/problem_config/regression_contiguous_strides_overflow):
+// a contiguous problem whose extents multiply past int64 (heads 1226130831 x seqlen_k 100000012 x
+// d 128) was undefined behaviour in contiguous_strides (before validate() could refuse it); now
+// the strides saturate and validate() names what is wrong.
+TEST(Problem, ContiguousStridesOfHugeExtentsSaturate) {
+  const Strides s = contiguous_strides(Layout::BSHD, 100000012, 1226130831, 128);
+  EXPECT_EQ(s.batch, INT64_MAX & ~7);
+  EXPECT_EQ(s.seq, int64_t{1226130831} * 128);
+  EXPECT_EQ(contiguous_strides(Layout::BHSD, int64_t{1} << 40, int64_t{1} << 30, 128).batch,
+            INT64_MAX & ~7);
+  auto p =
+      AttentionProblem::make(1, 1226130831, 1226130831, 4096, 100000012, 128, DType::BF16, false);
+  expect_invalid(p, "heads_q = 1226130831: must be in [1, 65535]");
+}
+
 TEST(Problem, PaddedStridesAreAccepted) {
   auto p = AttentionProblem::make(2, 4, 4, 33, 33, 64, DType::F16, false);
   p.q_strides = {33 * (4 * 64 + 24), 4 * 64 + 24, 64};

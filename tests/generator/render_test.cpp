@@ -164,6 +164,9 @@ TEST(Render, EveryTemplateIsInARowVersion) {
   const std::string_view* paths = templates::paths(&count);
   ASSERT_GT(count, 10);
   for (int i = 0; i < count; ++i) {
+    // checks/ (the decode table check kernel, issue 33) is launched beside the kernels, never
+    // compiled into one: no row's kernel changes with it.
+    if (paths[i].substr(0, 7) == "checks/") continue;
     bool named = false;
     for (std::string_view backend : kTemplateBackends)
       for (RowKind kind : {RowKind::Plain, RowKind::Variant, RowKind::Decode})

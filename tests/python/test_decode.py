@@ -136,3 +136,91 @@ def test_paged_cache_on_the_gpu():
     values = [rounded[2][table[b]].reshape(-1, 8, 128) for b in range(len(lengths))]
     ref, _ = reference_per_sequence(rounded[0], keys, values, False, lengths)
     assert relative_error(out.float().cpu().numpy(), ref) < 1e-2
+
+
+def checked_case(dtype=np.float32):
+    rng = np.random.default_rng(seed("checked-tables", dtype))
+    lengths = [17, 40, 5]
+    k_cache, v_cache, table, keys, values = paged_cache(rng, lengths, 2, 64, 16, dtype)
+    q = rng.standard_normal((len(lengths), 1, 4, 64)).astype(dtype)
+    return q, k_cache, v_cache, table, np.array(lengths, np.int32), keys, values
+
+
+@pytest.mark.parametrize("how", ["argument", "environment"])
+def test_check_tables_names_the_first_bad_entry_on_the_cpu(how, monkeypatch):
+    """check_tables=True (or FLASHJIT_CHECK_TABLES=1): an out-of-range page, a negative length
+    and a length past the table are refused before the kernel reads them (issue 33)."""
+    require_cpu_backend()
+    q, k_cache, v_cache, table, lengths, keys, values = checked_case()
+    kwargs = {"check_tables": True} if how == "argument" else {}
+    if how == "environment":
+        monkeypatch.setenv("FLASHJIT_CHECK_TABLES", "1")
+    out = flashjit.decode(q, k_cache, v_cache, block_table=table, seqlens_k=lengths, **kwargs)
+    ref, _ = reference_per_sequence(q, keys, values, False, lengths)
+    assert relative_error(out, ref) < MAX_REL[np.float32]
+    num_pages, max_pages = k_cache.shape[0], table.shape[1]
+    bad = table.copy()
+    bad[1, 2] = num_pages
+    with pytest.raises(flashjit.InvalidArgumentError,
+                       match=rf"block_table\[1\]\[2\] = {num_pages}: must be a page in "
+                             rf"\[0, {num_pages}\) \(num_pages\), used by seqlens_k\[1\] = 40"):
+        flashjit.decode(q, k_cache, v_cache, block_table=bad, seqlens_k=lengths, **kwargs)
+    for b, length in [(2, -1), (0, max_pages * 16 + 1)]:
+        bad_lengths = lengths.copy()
+        bad_lengths[b] = length
+        with pytest.raises(flashjit.InvalidArgumentError,
+                           match=rf"seqlens_k\[{b}\] = {length}: must be in \[0, {max_pages * 16}\]"):
+            flashjit.decode(q, k_cache, v_cache, block_table=table, seqlens_k=bad_lengths,
+                            **kwargs)
+
+
+GPU_BAD_CALL = r"""
+import sys
+import numpy as np
+import torch
+import flashjit
+from test_decode import checked_case
+q, k_cache, v_cache, table, lengths, _, _ = checked_case()
+cuda = dict(device="cuda", dtype=torch.bfloat16)
+if sys.argv[1] == "page":
+    table[1, 2] = 1000
+else:
+    lengths[2] = -4
+with torch.inference_mode():
+    out = flashjit.decode(*[torch.from_numpy(x).to(**cuda) for x in (q, k_cache, v_cache)],
+                          block_table=torch.from_numpy(table).cuda(),
+                          seqlens_k=torch.from_numpy(lengths).cuda(), check_tables=True)
+    torch.cuda.synchronize()
+print("no error")
+"""
+
+
+def test_check_tables_on_the_gpu():
+    """On CUDA the check is a kernel on the call's stream: good tables give the reference (the
+    check launched before the decode kernel); a bad entry is printed and traps, so the process
+    (a child: the CUDA context is lost) fails at the synchronization."""
+    require_gpu()
+    torch = pytest.importorskip("torch")
+    import os
+    import subprocess
+    import sys
+    q, k_cache, v_cache, table, lengths, keys, values = checked_case()
+    cuda = dict(device="cuda", dtype=torch.bfloat16)
+    as_bf16 = [torch.from_numpy(x).to(**cuda) for x in (q, k_cache, v_cache)]
+    with torch.inference_mode():
+        out = flashjit.decode(*as_bf16, block_table=torch.from_numpy(table).cuda(),
+                              seqlens_k=torch.from_numpy(lengths).cuda(), check_tables=True)
+    rounded = [x.float().cpu().numpy() for x in as_bf16]
+    keys = [rounded[1][table[b]].reshape(-1, 2, 64) for b in range(len(lengths))]
+    values = [rounded[2][table[b]].reshape(-1, 2, 64) for b in range(len(lengths))]
+    ref, _ = reference_per_sequence(rounded[0], keys, values, False, lengths)
+    assert relative_error(out.float().cpu().numpy(), ref) < 1e-2
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here] + sys.path))
+    for kind, message in [("page", r"block_table[1][2] = 1000: must be a page in [0, "),
+                          ("length", r"seqlens_k[2] = -4: must be in [0, ")]:
+        child = subprocess.run([sys.executable, "-c", GPU_BAD_CALL, kind], env=env, cwd=here,
+                               capture_output=True, text=True, timeout=300)
+        assert child.returncode != 0, child.stdout + child.stderr
+        assert "no error" not in child.stdout
+        assert message in child.stdout + child.stderr, child.stdout + child.stderr
