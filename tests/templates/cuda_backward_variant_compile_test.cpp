@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "generator/backward_config.hpp"
+#include "generator/backward_config_sm90.hpp"
 #include "generator/config.hpp"
 #include "generator/device.hpp"
 #include "generator/render.hpp"
@@ -232,7 +233,9 @@ TEST(CudaBackwardVariantCompile, VarlenCompilesOnTheMmaAndWgmmaFamilies) {
     std::erase_if(wgmma_tiles,
                   [](const AttentionConfig& c) { return c.family != KernelFamily::Wgmma; });
   } else {
-    AttentionConfig tile = default_backward_config(plain, sm90).value();
+    // (The plain problem's own default is the ws family's fused kernel, which takes no variant
+    // or packed documents: the wgmma family's tile is the one these run on.)
+    AttentionConfig tile = default_wgmma_backward_config(plain, sm90).value();
     ASSERT_EQ(tile.family, KernelFamily::Wgmma) << tile.to_string();
     for (DqMode dq : {DqMode::Atomic, DqMode::Separate}) {
       tile.dq = dq;
@@ -297,7 +300,11 @@ TEST(CudaBackwardVariantCompile, WgmmaFamilyIsOfferedForVariants) {
     EXPECT_NE(std::find(legal.begin(), legal.end(), c), legal.end()) << c.to_string();
   }
   EXPECT_GT(wgmma, 0) << "the plain problem has wgmma backward configs on sm90";
-  EXPECT_EQ(default_backward_config(p, sm90).value(), default_backward_config(plain, sm90).value());
+  // The plain problem's default is the ws family's fused kernel; the variant falls back to the
+  // wgmma family's tile for the same problem.
+  EXPECT_EQ(default_backward_config(plain, sm90).value().family, KernelFamily::Ws);
+  EXPECT_EQ(default_backward_config(p, sm90).value(),
+            default_wgmma_backward_config(plain, sm90).value());
   EXPECT_EQ(default_backward_config(p, sm90).value().family, KernelFamily::Wgmma);
 }
 
