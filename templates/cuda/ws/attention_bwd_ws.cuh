@@ -24,12 +24,17 @@
 //     Q_i, dO_i -> full[s] (TMA, thread 0) dS^T -> dS[t % 2]; consumers' barrier
 //                                          dV += P^T dO_i; dK += dS^T Q_i (RS)
 //                                          dQ tile = dS K_j[:, cols of c] (SS)
-//                                          wait all
+//                                          wait all; release s
 //                                          wait dq_empty; stage dQ; dq_full ->  wait dq_full
-//                                          release s                            bulk-add rows
+//                                                                               bulk-add rows
 //                                                                               wait reads; dq_empty
-//   dK *= scale; dK, dV -> shared (over K, V) -> global (16-byte stores), per consumer
+//                                        dK *= scale; dK, dV -> shared (over K, V) -> global
+//                                        (16-byte stores), per consumer; kv_empty
 // clang-format on
+//
+// "-persist": one CTA per SM walks a list of key tiles (WsBwdTileScheduler), every role keeping
+// its position (pipeline stage and phase, dQ rounds, K/V loads) from tile to tile; the producer
+// loads a tile's K_j, V_j only after kv_empty says the consumers' epilogue has read the last.
 //
 // dS^T is double-buffered: a consumer writes step t's into buffer t % 2 after the consumers'
 // barrier of step t - 1, which each consumer reaches only after waiting for its step t - 2 dQ
