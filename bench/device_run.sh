@@ -460,31 +460,48 @@ if [[ "$what" == bwd-quick ]]; then
 fi
 
 if [[ "$what" == bwd-ws ]]; then
-  echo "== the ws fused backward (bwd-ws.log): every legal ws config of d 128 and 96 against the"
-  echo "   fp64 reference, compute-sanitizer on one, then flashjit run --pass bwd beside cuDNN"
+  echo "== the ws fused backward (bwd-ws.log): every legal ws config of d 64 and 128 against the"
+  echo "   fp64 reference, compute-sanitizer on d 64 and d 128, then flashjit run --pass bwd beside"
+  echo "   the wgmma -det tile and cuDNN (BWD_WS_DIMS: the head dims timed, default \"64 128\";"
+  echo "   BWD_WS_STEPS: a subset of \"tests sanitize time\", e.g. two calls on one warm machine)"
   : >"$OUT/bwd-ws.log"
-  step bwd-ws all-configs 240 env FLASHJIT_TEST_FAMILIES=ws \
-      build-device/tests/runtime_cuda_backward_test --gtest_filter="${ctest_regex:-AllGroups/CudaBackwardAllConfigs.*/d128_*}"
-  small="--batch 1 --heads 4 --kv-heads 2 --seqlen-q 300 --seqlen-k 257 --head-dim 128 --causal"
-  for tool in racecheck synccheck memcheck; do
-    for config in m64n128w12s2-ws m64n128w12s2-ws-persist; do
-      step bwd-ws "sanitize-$tool-$config" 120 compute-sanitizer --tool "$tool" --error-exitcode 1 \
-          build-device/flashjit run --backend cuda --pass bwd $small --config "$config" --reps 2
+  parts=" ${BWD_WS_STEPS:-tests sanitize time} "
+  [[ $parts == *" tests "* ]] && step bwd-ws all-configs 300 env FLASHJIT_TEST_FAMILIES=ws \
+      build-device/tests/runtime_cuda_backward_test \
+      --gtest_filter="${ctest_regex:-AllGroups/CudaBackwardAllConfigs.*/d128_*:AllGroups/CudaBackwardAllConfigs.*/d64_*}"
+  for d in 128 64; do
+    [[ $parts == *" sanitize "* ]] || break
+    small="--batch 1 --heads 4 --kv-heads 2 --seqlen-q 300 --seqlen-k 257 --head-dim $d --causal"
+    for tool in racecheck synccheck memcheck; do
+      config=m64n128w12s2-ws
+      [[ $d == 64 ]] && config=m64n128w12s2-ws-persist
+      step bwd-ws "sanitize-$tool-d$d-$config" 120 compute-sanitizer --tool "$tool" \
+          --error-exitcode 1 build-device/flashjit run --backend cuda --pass bwd $small \
+          --config "$config" --reps 2
     done
   done
   shapes=("2 16 8192 --causal" "2 16 8192" "1 16 16384")
-  for shape in "${shapes[@]}"; do
-    read -r b h n causal <<<"$shape"
-    for config in m64n128w12s2-ws m64n128w12s2-ws-persist m64n64w4s2-wgmma-det; do
-      tag="$config-b$b-n$n${causal:+-causal}"
-      step bwd-ws "run-$tag" 90 build-device/flashjit run --backend cuda --pass bwd \
-          --batch "$b" --heads "$h" --seqlen "$n" --head-dim 128 $causal --config "$config"
-      grep -E "backward|ms" "$OUT/bwd-ws-run-$tag.log" | head -n 4 | sed "s/^/   $tag: /" |
-          tee -a "$OUT/bwd-ws.log"
+  peers=()
+  for d in ${BWD_WS_DIMS:-64 128}; do
+    [[ $parts == *" time "* ]] || break
+    configs=(m64n128w12s2-ws m64n128w12s2-ws-persist m64n64w4s2-wgmma-det)
+    [[ $d == 64 ]] && configs=(m64n128w12s2-ws m64n128w12s2-ws-persist m64n128w12s3-ws
+                               m128n64w4s2-wgmma-det)
+    for shape in "${shapes[@]}"; do
+      read -r b h n causal <<<"$shape"
+      peers+=("$b,$h,$n,$d,${causal:+1}")
+      for config in "${configs[@]}"; do
+        tag="$config-d$d-b$b-n$n${causal:+-causal}"
+        step bwd-ws "run-$tag" 90 build-device/flashjit run --backend cuda --pass bwd \
+            --batch "$b" --heads "$h" --seqlen "$n" --head-dim "$d" $causal --config "$config"
+        grep -E "backward|ms" "$OUT/bwd-ws-run-$tag.log" | head -n 4 | sed "s/^/   $tag: /" |
+            tee -a "$OUT/bwd-ws.log"
+      done
     done
   done
-  timeout 240 python3 bench/bwd_peers_quick.py 2,16,8192,128,1 2,16,8192,128,0 1,16,16384,128,0 \
-      2>&1 | tee -a "$OUT/bwd-ws.log" || status=1
+  peers=("${peers[@]/%,/,0}")
+  [[ ${#peers[@]} -gt 0 ]] && timeout 300 python3 bench/bwd_peers_quick.py "${peers[@]}" 2>&1 | tee -a "$OUT/bwd-ws.log" ||
+      status=1
   echo "== bwd-ws done at $((SECONDS - start)) s"
 fi
 

@@ -410,8 +410,9 @@ Result<AttentionConfig> default_backward_config(const AttentionProblem& p,
   // The device's best family first, as for the forward: wgmma on sm90 where it has a tile for
   // the head dim, the mma family's formula below otherwise.
   if (device.arch == 90) {
-    // The ws family's fused kernel where it takes the problem (plain attention, d 65..128, not
-    // deterministic): 1.26-1.30x the wgmma -det default on an H200 (docs/PERFORMANCE.md).
+    // The ws family's fused kernel where it takes the problem (plain attention, d <= 128, not
+    // deterministic): 1.26-1.30x the wgmma -det default at d 128 on an H200
+    // (docs/PERFORMANCE.md).
     if (Result<AttentionConfig> ws = default_ws_backward_config(p, device); ws.ok()) return ws;
     Result<AttentionConfig> wgmma = default_wgmma_backward_config(p, device);
     if (wgmma.ok() && check_backward_config(*wgmma, p, device).ok()) return wgmma;

@@ -24,6 +24,8 @@ struct Shape {
   int dp = 0;         // head dim padded to 64
   int consumers = 0;  // block_n / 64
   int dq_tiles = 0;   // 64 x 64 dQ tiles per step
+  // One dQ tile per consumer, or (head dims up to 64 at block_m 64) one the two take turns at.
+  bool dq_fits() const { return dq_tiles == consumers || (dq_tiles == 1 && consumers == 2); }
 };
 
 Shape shape_of(const AttentionConfig& c, const AttentionProblem& p) {
@@ -65,11 +67,12 @@ Status check_template(const AttentionConfig& c, const AttentionProblem& p) {
     return illegal(c, "the ws backward has no separate dQ kernel (-det): dQ by bulk reductions");
   if (c.pingpong) return illegal(c, "-pp is a forward schedule of the ws family");
   const Shape s = shape_of(c, p);
-  if (s.dq_tiles != s.consumers)
+  if (!s.dq_fits())
     return illegal(c, std::to_string(s.dq_tiles) + " dQ tile(s) of 64 x 64 per step for " +
                           std::to_string(s.consumers) +
                           " consumer warpgroups: the template has one per consumer (block_m = 64 "
-                          "at head dims 65..128)");
+                          "at head dims 65..128, block_m = 128 up to 64) or one that the two take "
+                          "turns at (block_m = 64 up to 64)");
   return ok_status();
 }
 
@@ -96,7 +99,7 @@ int ws_backward_consumer_registers(const AttentionConfig& c, const AttentionProb
   // dK and dV (64 keys x dp each over 128 threads: dp), S^T and dP^T (64 x block_m each, fp32:
   // block_m) while their 16-bit fragments are packed, plus the allowance. Calibrated with ptxas
   // 13.0: d 128 at block_m 64 compiles at setmaxnreg's 232 without spills (232 here); d 64 at
-  // block_m 128 spills 80-100 bytes (248 here).
+  // block_m 128 spills 80-100 bytes (248 here); d 64 at block_m 64 (168 here) does not.
   return s.dp + c.block_m + c.block_m / 4 + kRegisterAllowance;
 }
 

@@ -23,7 +23,8 @@
 //       (warp 2)
 //     Q_i, dO_i -> full[s] (TMA, thread 0) dS^T -> dS[t % 2]; consumers' barrier
 //                                          dV += P^T dO_i; dK += dS^T Q_i (RS)
-//                                          dQ tile = dS K_j[:, cols of c] (SS)
+//                                          dQ tile = dS K_j[:, cols of c] (SS;
+//                                            d <= 64: one tile, consumer t % 2)
 //                                          wait all; release s
 //                                          wait dq_empty; stage dQ; dq_full ->  wait dq_full
 //                                                                               bulk-add rows
@@ -74,10 +75,13 @@ struct WsBwdTraits {
   static constexpr int kSdpN = kBlockM;  // S^T columns per consumer: every query of the step
   static constexpr int kKvChunk = kHeadDimPadded % 128 == 0 ? 128 : 64;  // N of a dV/dK wgmma
   static constexpr int kKvChunks = kHeadDimPadded / kKvChunk;
-  // dQ tiles of 64 query rows x 64 columns, one per consumer.
+  // dQ tiles of 64 query rows x 64 columns: one per consumer and step (head dims 65..128: the
+  // consumer's 64 columns), or one per step (head dims up to 64) that the consumers take turns
+  // computing, consumer step % 2 (block_m 128 would give each one, but its S^T and dP^T spill).
   static constexpr int kDqN = 64;
   static constexpr int kDqColTiles = kHeadDimPadded / kDqN;
   static constexpr int kDqTiles = kBlockM / 64 * kDqColTiles;
+  static constexpr bool kDqTakeTurns = kDqTiles == 1 && kConsumers == 2;
   // The staged dQ rows (all columns of a row contiguous: one bulk reduction per row), 32 bytes
   // of padding per row: a half-warp's 8-byte stores land on distinct banks.
   static constexpr int kDqStageRowBytes = kHeadDimPadded * 4 + 32;
@@ -102,7 +106,9 @@ struct WsBwdTraits {
   static_assert(kWarps == 4 * (1 + kConsumers), "a producer warpgroup and the consumers");
   static_assert(kStages >= 2 && kStages <= 3, "2 or 3 Q/dO buffers");
   static_assert(kDqAtomic, "dQ by bulk reductions (no deterministic mode in this family yet)");
-  static_assert(kDqTiles == kConsumers, "one dQ tile of 64 x 64 per consumer and step");
+  static_assert(
+      kDqTiles == kConsumers || kDqTakeTurns,
+      "one dQ tile of 64 x 64 per consumer and step, or one the two consumers take turns at");
   static_assert(kConsumerRegisters >= kProducerRegisters && kConsumerRegisters % 8 == 0,
                 "setmaxnreg counts are multiples of 8");
 };
@@ -423,6 +429,9 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
   PipelineState<K::kStages>& at = pos.at;
   for (int t = 0; t < n; ++t, ++pos.step) {
     const int m0 = steps.m0(t), buffer = at.index, ds_buffer = pos.step & 1;
+    // This step's dQ tile, if this consumer computes one (warpgroup-uniform).
+    const bool computes_dq = !K::kDqTakeTurns || (pos.step & 1) == consumer;
+    const int dq_tile = K::kDqTakeTurns ? 0 : consumer;
     // Descriptors (wgmma.cuh), formed again each step from an opaque copy of the window's
     // address: held across the loop instead, they spilled once the tile loop (-persist) was
     // around it. S^T = K_c Q^T, dP^T = V_c dO^T: A = this consumer's 64 key rows, B = the step's
@@ -469,7 +478,7 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
     wgmma_fence();                      // pt, dst (written above) are ready for the tensor cores
     issue_kv(dv, pt, do_cols, buffer);  // dV += P^T dO_i
     issue_kv(dk, dst, q_cols, buffer);  // dK += dS^T Q_i
-    issue_dq(consumer, ds_buffer, ds_cols, k_cols);  // dQ tile = dS K_j[:, this consumer's cols]
+    if (computes_dq) issue_dq(dq_tile, ds_buffer, ds_cols, k_cols);  // dS K_j[:, the tile's cols]
     wgmma_wait<0>();
     pin(pt);
     pin(dst);
@@ -481,9 +490,13 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
     }
     smem.pipe.consumer_release(at);  // Q_i, dO_i and the stats are read
     at.advance();
-    mbarrier_wait(smem.dq_empty, (pos.step & 1) ^ 1);  // the writer has read the last rows
-    stage_dq(consumer);
-    fence_proxy_async();  // the staged rows, visible to the bulk reductions
+    // The writer has read the last rows. Waited every step, by a consumer that stages nothing
+    // too: each wait then finds dq_empty at most one phase behind, as its parity wait requires.
+    mbarrier_wait(smem.dq_empty, (pos.step & 1) ^ 1);
+    if (computes_dq) {
+      stage_dq(dq_tile);
+      fence_proxy_async();  // the staged rows, visible to the bulk reductions
+    }
     mbarrier_arrive(smem.dq_full);
   }
 
