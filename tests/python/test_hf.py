@@ -337,7 +337,7 @@ def test_padding_mask_packed_once_per_forward(device, dtype, spy):
         real = mask[:, -seqlen_q:] if seqlen_q > 1 else torch.ones(batch, 1, dtype=torch.bool,
                                                                     device=device)
         error = (first.float()[real] - expected[real]).abs().max()
-        assert error <= LOGITS[dtype] / 10, error
+        assert error <= {torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype], error
         assert not first.float()[~real].any()
     assert len(getattr(mask, flashjit.hf._PACKINGS)) == 2  # prefill's and decode's
     assert len(spy) == 6 and all(spy)
