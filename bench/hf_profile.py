@@ -15,7 +15,8 @@ The model and prompts are examples/hf_generate.py's. For the padding of --pad an
 torch.nn.attention.sdpa_kernel; fjit once):
   * cold: the first generate() of --new-tokens tokens in the process under that setting (every
     key length new: what per-shape setup costs, e.g. a cuDNN execution graph built per key length
-    or a flashjit kernel compiled or loaded);
+    or a flashjit kernel compiled or loaded; the caches are the process's, so a backend forced
+    after "default" chose it runs warm);
   * warm: the median of --repeats more of the same call (every shape seen), between
     torch.cuda.synchronize() calls; prefill: the median of --repeats generate() calls of one new
     token; decode per step: (warm - prefill) / (new tokens - 1);
