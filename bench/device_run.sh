@@ -259,21 +259,53 @@ if [[ "$what" == py-adapters ]]; then
     fi
   fi
   "$py" -c "import transformers; print('   transformers', transformers.__version__)" || true
-  echo "== flash_attn and transformers adapters, pytest -k cuda (bf16)"
-  # shellcheck disable=SC2086  # PYTEST_ARGS is a list of flags
-  if ! FLASHJIT_EXPECT_GPU=1 timeout 300 "$py" -m pytest -q -rs -k cuda \
-      tests/python/test_flash_attn.py tests/python/test_hf.py tests/python/test_hf_generate.py \
-      ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/adapters-pytest.log"; then
-    status=1
-    echo "== adapter tests FAILED (or ran past 300 s)"
+  # ADAPTER_PARTS: a subset of "tests generate reference profile" (default: all four).
+  parts=" ${ADAPTER_PARTS:-tests generate reference profile} "
+  # Issue 32's questions: bf16 greedy tokens of both against an fp32 reference (with the padding
+  # of HF_PAD, then none: flashjit's dense path), and where the tokens/s go (bench/hf_profile.py).
+  hf_shape="${HF_SHAPE:---preset medium --batch 8 --prompt-len 512 --new-tokens 64}"
+  if [[ "$parts" == *" tests "* ]]; then
+    echo "== flash_attn and transformers adapters, pytest -k cuda (bf16)"
+    # shellcheck disable=SC2086  # PYTEST_ARGS is a list of flags
+    if ! FLASHJIT_EXPECT_GPU=1 timeout 300 "$py" -m pytest -q -rs -k cuda \
+        tests/python/test_flash_attn.py tests/python/test_hf.py tests/python/test_hf_generate.py \
+        tests/python/test_hf_reference.py ${PYTEST_ARGS:-} 2>&1 |
+        tee "$OUT/adapters-pytest.log"; then
+      status=1
+      echo "== adapter tests FAILED (or ran past 300 s)"
+    fi
   fi
-  echo "== examples/hf_generate.py --device cuda"
-  # shellcheck disable=SC2086  # HF_ARGS is a list of flags
-  if ! timeout 240 "$py" examples/hf_generate.py --device cuda \
-      ${HF_ARGS:---preset medium --batch 8 --prompt-len 512 --new-tokens 64 --pad 0,37,5,0} \
-      --json "$OUT/hf-generate-cuda.json" 2>&1 | tee "$OUT/hf-generate.log"; then
-    status=1
-    echo "== hf_generate.py FAILED"
+  if [[ "$parts" == *" generate "* ]]; then
+    echo "== examples/hf_generate.py --device cuda"
+    # shellcheck disable=SC2086  # HF_ARGS is a list of flags
+    if ! timeout 240 "$py" examples/hf_generate.py --device cuda \
+        ${HF_ARGS:---preset medium --batch 8 --prompt-len 512 --new-tokens 64 --pad 0,37,5,0} \
+        --json "$OUT/hf-generate-cuda.json" 2>&1 | tee "$OUT/hf-generate.log"; then
+      status=1
+      echo "== hf_generate.py FAILED"
+    fi
+  fi
+  if [[ "$parts" == *" reference "* ]]; then
+    for pads in "${HF_PAD:-0,37,5,0}" 0; do
+      echo "== examples/hf_reference.py --device cuda --pad $pads (bf16 vs an fp32 reference)"
+      # shellcheck disable=SC2086  # HF_SHAPE is a list of flags
+      if ! timeout 240 "$py" examples/hf_reference.py --device cuda $hf_shape --pad "$pads" \
+          --json "$OUT/hf-reference-pad${pads//,/-}.json" 2>&1 |
+          tee "$OUT/hf-reference-pad${pads//,/-}.log"; then
+        status=1
+        echo "== hf_reference.py FAILED (--pad $pads)"
+      fi
+    done
+  fi
+  if [[ "$parts" == *" profile "* ]]; then
+    echo "== bench/hf_profile.py --device cuda (tokens/s cold and warm, prefill / decode, kernels)"
+    # shellcheck disable=SC2086  # HF_SHAPE is a list of flags; USDT lines: the profiler's chatter
+    if ! timeout 360 "$py" bench/hf_profile.py --device cuda $hf_shape --pad "${HF_PAD:-0,37,5,0}" \
+        --json "$OUT/hf-profile.json" 2>&1 | grep --line-buffered -v '^USDT:' |
+        tee "$OUT/hf-profile.log"; then
+      status=1
+      echo "== hf_profile.py FAILED"
+    fi
   fi
   echo "== py-adapters done at $((SECONDS - start)) s"
 fi

@@ -19,7 +19,11 @@ tokens per prompt, cycled over the batch):
     own logits (its two best within --tolerance: two correct kernels round differently there),
     which the output names;
   * tokens/s of each implementation (batch * new tokens / the generate() call's time, after one
-    warm-up call that compiles flashjit's kernels and fills caches).
+    warm-up call of the same length: every key length seen once, so that per-shape setup (torch's
+    cuDNN attention builds an execution graph per key length; flashjit compiles or loads a kernel
+    per problem) is out of the timed call; the warm-up's own tokens/s is printed too).
+    bench/hf_profile.py splits the time into prefill and decode and names the kernels each path
+    runs; examples/hf_reference.py compares both implementations' tokens with an fp32 reference.
 Exit status 1 when the tokens differ (other than at such a near tie) or the logits are further
 apart than --tolerance (default 1e-4 absolute for fp32; 0.1 of the largest logit for bf16 / fp16).
 
@@ -97,18 +101,22 @@ def synchronize(torch, device):
 
 
 def run(model, implementation, ids, mask, args, torch):
-    """(prefill logits float32, generated tokens, seconds of the timed generate())."""
+    """(prefill logits float32, generated tokens, seconds of the timed generate(), seconds of
+    the first one). The first generate() of the same length is the warm-up: every key length
+    it meets is new (torch's cuDNN attention builds an execution graph per shape, flashjit
+    compiles or loads a kernel per problem), the timed one meets them again."""
     model.set_attn_implementation(implementation)
+    times = []
     with torch.no_grad():
         logits = model(ids, attention_mask=mask).logits.float()
-        model.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False)  # warm-up
-        synchronize(torch, args.device)
-        start = time.perf_counter()
-        tokens = model.generate(ids, attention_mask=mask, max_new_tokens=args.new_tokens,
-                                min_new_tokens=args.new_tokens, do_sample=False)
-        synchronize(torch, args.device)
-        seconds = time.perf_counter() - start
-    return logits, tokens[:, ids.shape[1]:], seconds
+        for _ in range(2):
+            synchronize(torch, args.device)
+            start = time.perf_counter()
+            tokens = model.generate(ids, attention_mask=mask, max_new_tokens=args.new_tokens,
+                                    min_new_tokens=args.new_tokens, do_sample=False)
+            synchronize(torch, args.device)
+            times.append(time.perf_counter() - start)
+    return logits, tokens[:, ids.shape[1]:], times[1], times[0]
 
 
 def first_difference(model, ids, mask, expected, tokens, args, torch):
@@ -140,9 +148,10 @@ def main(argv=None):
     ids, mask = prompts(args, torch, model.config.vocab_size)
     results = {}
     for implementation in ("sdpa", name):
-        logits, tokens, seconds = run(model, implementation, ids, mask, args, torch)
+        logits, tokens, seconds, first = run(model, implementation, ids, mask, args, torch)
         results[implementation] = dict(logits=logits, tokens=tokens, seconds=seconds,
-                                       tokens_per_s=args.batch * args.new_tokens / seconds)
+                                       tokens_per_s=args.batch * args.new_tokens / seconds,
+                                       tokens_per_s_first=args.batch * args.new_tokens / first)
     real = mask.bool()
     reference = results["sdpa"]["logits"][real]
     difference = (results[name]["logits"][real] - reference).abs().max().item()
@@ -169,7 +178,8 @@ def main(argv=None):
     for implementation in ("sdpa", name):
         result = results[implementation]
         print(f"{implementation:>5}: {result['tokens_per_s']:9.1f} tokens/s "
-              f"({result['seconds'] * 1e3:.1f} ms for {args.batch} x {args.new_tokens} tokens)")
+              f"({result['seconds'] * 1e3:.1f} ms for {args.batch} x {args.new_tokens} tokens; "
+              f"the first call of that length: {result['tokens_per_s_first']:.1f} tokens/s)")
     summary = dict(
         preset=args.preset, device=device, dtype=args.dtype, batch=args.batch,
         prompt_len=args.prompt_len, new_tokens=args.new_tokens, pad=args.pad,
@@ -178,6 +188,7 @@ def main(argv=None):
         flashjit_version=flashjit.__version__,
         transformers_version=transformers.__version__, torch_version=torch.__version__,
         tokens_per_s={k: v["tokens_per_s"] for k, v in results.items()},
+        tokens_per_s_first_call={k: v["tokens_per_s_first"] for k, v in results.items()},
         tokens=results[name]["tokens"].tolist())
     if args.json:
         with open(args.json, "w") as f:

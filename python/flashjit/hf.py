@@ -31,6 +31,9 @@ What the attention function does with what transformers passes:
     document, the output scattered back (zeros at padded query rows). With causal attention this
     is exact for any mask (the queries are the last real keys); a sliding window also needs each
     row's real tokens to be contiguous (left or right padding), else the call falls back / raises.
+    The packing (indices, offsets, longest document: two host waits) is computed by the first
+    layer of a forward and kept on the mask tensor mask_function made for it, which every later
+    layer of that forward is handed (_packing).
   * sliding_window=w: window (w - 1, 0) with causal, (w - 1, w - 1) without, as transformers'
     masks; softcap=c: c * tanh(s / c); scaling: the softmax scale.
   * not supported (flashjit.UnsupportedError naming it, or the fallback): dropout > 0 (training
@@ -105,11 +108,27 @@ def mask_function(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
     if attention_mask is None:
         if filled >= kv_length:
             return None
-        return torch.ones(batch_size, filled, dtype=torch.bool, device=kwargs.get("device"))
+        return _reusable(torch.ones(batch_size, filled, dtype=torch.bool,
+                                    device=kwargs.get("device")))
     attention_mask = attention_mask[:, -kv_length:].to(torch.bool)
     if attention_mask.shape[1] == kv_length and bool(attention_mask.all()):
         return None
-    return attention_mask
+    return _reusable(attention_mask)
+
+
+# The attribute of a padding mask made by mask_function (a new tensor per forward, seen by every
+# layer, never by the user) that holds its packings into documents (_packing).
+_PACKINGS = "_flashjit_packings"
+
+
+def _reusable(mask):
+    """`mask` (a tensor of mask_function's own) with an empty packing cache; under
+    torch.compile / export it stays a plain tensor (every layer packs it anew)."""
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and compiler.is_compiling():
+        return mask
+    setattr(mask, _PACKINGS, {})
+    return mask
 
 
 # --- the attention -----------------------------------------------------------------------------
@@ -162,7 +181,7 @@ def _flashjit_attention(query, key, value, mask, dropout, scaling, sliding_windo
         # A static cache: its first mask.shape[1] rows hold the tokens; without padding there,
         # the dense path on those rows.
         key, value = key[:, :, :mask.shape[1]], value[:, :, :mask.shape[1]]
-        if bool(mask.all()):
+        if _all_real(mask):
             mask = None
     if mask is not None:
         return _padded(query, key, value, mask, scaling, sliding_window, softcap, causal)
@@ -217,9 +236,52 @@ def _padded(query, key, value, mask, scaling, sliding_window, softcap, causal):
     if key.shape[2] > length:  # a static cache: its first `length` rows are the tokens
         key, value = key[:, :, :length], value[:, :, :length]
     window = _window(sliding_window, causal, length)
-    mask = mask.to(device=query.device, dtype=torch.bool)
+    packing = _packing(mask, seqlen_q, window is not None, query.device)
+    q_index, k_index, cu_q, cu_k, max_q, max_k = packing
+    if k_index.numel() == 0 or (q_index is not None and q_index.numel() == 0):
+        return query.new_zeros(batch, seqlen_q, heads, head_dim), None
+    # index_select, not tensor[index]: on the CPU the latter's parallel kernel took ~10 ms per
+    # call on a busy 2-core machine (index_select ~4 us).
+    q = query.transpose(1, 2).reshape(batch * seqlen_q, heads, head_dim)
+    if q_index is not None:
+        q = q.index_select(0, q_index)
+    k, v = (x.transpose(1, 2).reshape(batch * length, x.shape[1], head_dim).index_select(
+        0, k_index) for x in (key, value))
+    out = _flashjit.attention(q, k, v, causal=causal, scale=scaling, window=window,
+                              softcap=softcap, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                              max_seqlen_q=max_q, max_seqlen_k=max_k)
+    if q_index is None:  # every query row real (cached decode): already in order
+        return out.view(batch, seqlen_q, heads, head_dim), None
+    full = out.new_zeros(batch * seqlen_q, heads, head_dim)
+    full = full.index_copy(0, q_index, out)
+    return full.view(batch, seqlen_q, heads, head_dim), None
+
+
+def _all_real(mask):
+    """bool(mask.all()), once per mask of mask_function's (see _packing)."""
+    packings = getattr(mask, _PACKINGS, None)
+    if packings is None:
+        return bool(mask.all())
+    if "all" not in packings:
+        packings["all"] = bool(mask.all())
+    return packings["all"]
+
+
+def _packing(mask, seqlen_q, windowed, device):
+    """(q_index (None: every query row), k_index, cu_q, cu_k, max_q, max_k) of a padding mask:
+    the rows of the real queries and keys in the (batch * length) rows and their documents.
+    transformers hands every layer of a forward the same mask tensor: a mask that
+    mask_function made carries a dict of its packings (_PACKINGS), so that the layers after the
+    first compute nothing and wait for nothing (the first synchronizes twice: the indices and
+    the longest document). Refuses a window over a mask with holes."""
+    packings = getattr(mask, _PACKINGS, None)
+    key = (seqlen_q, windowed, str(device))
+    if packings is not None and key in packings:
+        return packings[key]
+    batch, length = mask.shape
+    mask = mask.to(device=device, dtype=torch.bool)
     counts = mask.sum(dim=1)
-    if window is not None:
+    if windowed:
         # Each row's real tokens contiguous: the window's distances survive the packing.
         positions = torch.arange(length, device=mask.device)
         first = torch.where(mask, positions, length).min(dim=1).values
@@ -227,27 +289,24 @@ def _padded(query, key, value, mask, scaling, sliding_window, softcap, causal):
         if bool(((last - first + 1 != counts) & (counts > 0)).any()):
             raise _Refused("sliding_window with a padding mask whose real tokens are not "
                            "contiguous (holes): the window's distances would change")
-    query_mask = mask[:, -seqlen_q:] if seqlen_q > 1 else torch.ones(
-        batch, 1, dtype=torch.bool, device=mask.device)
-    q_index = torch.nonzero(query_mask.reshape(-1)).reshape(-1)
     k_index = torch.nonzero(mask.reshape(-1)).reshape(-1)
-    q_counts = query_mask.sum(dim=1)
-    cu_q = torch.zeros(batch + 1, dtype=torch.int32, device=mask.device)
     cu_k = torch.zeros(batch + 1, dtype=torch.int32, device=mask.device)
-    cu_q[1:] = torch.cumsum(q_counts, 0)
     cu_k[1:] = torch.cumsum(counts, 0)
-    q = query.transpose(1, 2).reshape(batch * seqlen_q, heads, head_dim)[q_index]
-    k, v = (x.transpose(1, 2).reshape(batch * length, x.shape[1], head_dim)[k_index]
-            for x in (key, value))
-    if q.shape[0] == 0 or k.shape[0] == 0:
-        return query.new_zeros(batch, seqlen_q, heads, head_dim), None
-    out = _flashjit.attention(q, k, v, causal=causal, scale=scaling, window=window,
-                              softcap=softcap, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                              max_seqlen_q=max(1, int(q_counts.max())),
-                              max_seqlen_k=max(1, int(counts.max())))
-    full = out.new_zeros(batch * seqlen_q, heads, head_dim)
-    full = full.index_copy(0, q_index, out)
-    return full.view(batch, seqlen_q, heads, head_dim), None
+    max_k = max(1, int(counts.max()))
+    if seqlen_q == 1:  # one query per sequence, its newest token: a document each
+        q_index, max_q = None, 1
+        cu_q = torch.arange(batch + 1, dtype=torch.int32, device=mask.device)
+    else:
+        query_mask = mask[:, -seqlen_q:]
+        q_index = torch.nonzero(query_mask.reshape(-1)).reshape(-1)
+        q_counts = query_mask.sum(dim=1)
+        cu_q = torch.zeros(batch + 1, dtype=torch.int32, device=mask.device)
+        cu_q[1:] = torch.cumsum(q_counts, 0)
+        max_q = max(1, int(q_counts.max()))
+    packing = (q_index, k_index, cu_q, cu_k, max_q, max_k)
+    if packings is not None:
+        packings[key] = packing
+    return packing
 
 
 # --- the fallback ------------------------------------------------------------------------------

@@ -302,3 +302,42 @@ def test_what_flashjit_does_not_take():
         assert (out - expected).abs().max().item() < 1e-5
     finally:
         flashjit.hf.register()
+
+
+@pytest.mark.parametrize("device,dtype", DEVICES)
+def test_padding_mask_packed_once_per_forward(device, dtype, spy):
+    """A padding mask of mask_function's is packed into documents by the first layer and reused
+    by the others (no recomputation, no host wait per layer); the result equals a fresh
+    packing's, prefill and decode; a mask of the caller's own is packed every call."""
+    setup_device(device)
+    torch.manual_seed(5)
+    batch, heads, kv_heads, d, length = 3, 4, 2, 64, 23
+    _, pad = prompts(device, batch=batch, length=length, pad_left=(0, 6, 2))
+    mask = flashjit.hf.mask_function(batch, length, length, attention_mask=pad)
+    assert mask.dtype == torch.bool and getattr(mask, flashjit.hf._PACKINGS) == {}
+    module = torch.nn.Module()
+    module.is_causal = True
+    for seqlen_q in (length, 1):
+        query = torch.randn(batch, heads, seqlen_q, d, device=device, dtype=dtype)
+        key, value = (torch.randn(batch, kv_heads, length, d, device=device, dtype=dtype)
+                      for _ in range(2))
+        first, _ = flashjit.hf.attention_forward(module, query, key, value, mask)
+        packings = dict(getattr(mask, flashjit.hf._PACKINGS))
+        again, _ = flashjit.hf.attention_forward(module, query, key, value, mask)
+        assert getattr(mask, flashjit.hf._PACKINGS) == packings  # the same packing objects
+        fresh, _ = flashjit.hf.attention_forward(module, query, key, value, mask.clone())
+        assert torch.equal(first, again) and torch.equal(first, fresh)
+        # The padded query rows are zeros; the real ones match sdpa with the same mask.
+        visible = torch.ones(seqlen_q, length, dtype=torch.bool, device=device).tril(
+            length - seqlen_q) & mask[:, None, None, :]
+        visible = visible | ~visible.any(-1, keepdim=True)
+        expected = torch.nn.functional.scaled_dot_product_attention(
+            query.float(), key.float().repeat_interleave(2, 1),
+            value.float().repeat_interleave(2, 1), attn_mask=visible).transpose(1, 2)
+        real = mask[:, -seqlen_q:] if seqlen_q > 1 else torch.ones(batch, 1, dtype=torch.bool,
+                                                                    device=device)
+        error = (first.float()[real] - expected[real]).abs().max()
+        assert error <= {torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype], error
+        assert not first.float()[~real].any()
+    assert len(getattr(mask, flashjit.hf._PACKINGS)) == 2  # prefill's and decode's
+    assert len(spy) == 6 and all(spy)
