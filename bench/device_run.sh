@@ -505,8 +505,8 @@ if [[ "$what" == bwd-ws ]]; then
     [[ $parts == *" sanitize "* ]] || break
     small="--batch 1 --heads 4 --kv-heads 2 --seqlen-q 300 --seqlen-k 257 --head-dim $d --causal"
     for tool in racecheck synccheck memcheck; do
-      config=m64n128w12s2-ws
-      [[ $d == 64 ]] && config=m64n128w12s2-ws-persist
+      config=m64n128w12s2-ws-pp
+      [[ $d == 64 ]] && config=m64n128w12s2-ws-pp-persist
       step bwd-ws "sanitize-$tool-d$d-$config" 120 compute-sanitizer --tool "$tool" \
           --error-exitcode 1 build-device/flashjit run --backend cuda --pass bwd $small \
           --config "$config" --reps 2
@@ -516,8 +516,8 @@ if [[ "$what" == bwd-ws ]]; then
   peers=()
   for d in ${BWD_WS_DIMS:-64 128}; do
     [[ $parts == *" time "* ]] || break
-    configs=(m64n128w12s2-ws m64n128w12s2-ws-persist m64n64w4s2-wgmma-det)
-    [[ $d == 64 ]] && configs=(m64n128w12s2-ws m64n128w12s2-ws-persist m64n128w12s3-ws
+    configs=(m64n128w12s2-ws m64n128w12s2-ws-persist m64n128w12s2-ws-pp)
+    [[ $d == 64 ]] && configs=(m64n128w12s2-ws-pp m64n128w12s2-ws-pp-persist m64n128w12s3-ws-pp
                                m128n64w4s2-wgmma-det)
     for shape in "${shapes[@]}"; do
       read -r b h n causal <<<"$shape"

@@ -24,8 +24,10 @@ struct Shape {
   int dp = 0;         // head dim padded to 64
   int consumers = 0;  // block_n / 64
   int dq_tiles = 0;   // 64 x 64 dQ tiles per step
-  // One dQ tile per consumer, or (head dims up to 64 at block_m 64) one the two take turns at.
-  bool dq_fits() const { return dq_tiles == consumers || (dq_tiles == 1 && consumers == 2); }
+  // One dQ tile per consumer, or (head dims up to 64 at block_m 64) one tile, each consumer
+  // computing its keys' share (staged apart, summed by the dQ writer).
+  bool dq_split_keys() const { return dq_tiles == 1 && consumers == 2; }
+  bool dq_fits() const { return dq_tiles == consumers || dq_split_keys(); }
 };
 
 Shape shape_of(const AttentionConfig& c, const AttentionProblem& p) {
@@ -65,14 +67,13 @@ Status check_template(const AttentionConfig& c, const AttentionProblem& p) {
                    "stages = " + std::to_string(c.stages) + " not in " + list(kWsBwdStageChoices));
   if (c.dq != DqMode::Atomic)
     return illegal(c, "the ws backward has no separate dQ kernel (-det): dQ by bulk reductions");
-  if (c.pingpong) return illegal(c, "-pp is a forward schedule of the ws family");
   const Shape s = shape_of(c, p);
   if (!s.dq_fits())
     return illegal(c, std::to_string(s.dq_tiles) + " dQ tile(s) of 64 x 64 per step for " +
                           std::to_string(s.consumers) +
                           " consumer warpgroups: the template has one per consumer (block_m = 64 "
-                          "at head dims 65..128, block_m = 128 up to 64) or one that the two take "
-                          "turns at (block_m = 64 up to 64)");
+                          "at head dims 65..128, block_m = 128 up to 64) or one that each computes "
+                          "its keys' share of (block_m = 64 up to 64)");
   return ok_status();
 }
 
@@ -88,8 +89,8 @@ int ws_backward_dkdv_smem_bytes(const AttentionConfig& c, const AttentionProblem
   const Shape s = shape_of(c, p);
   const int kv_tile = c.block_n * s.dp * 2, q_tile = c.block_m * s.dp * 2;
   const int score_tile = c.block_n * c.block_m * 2;
-  const int dq_stage = c.block_m * (s.dp * 4 + 32);
-  const int barriers = 8 * (4 + 2 * c.stages);
+  const int dq_stage = (s.dq_split_keys() ? 2 : 1) * c.block_m * (s.dp * 4 + 32);
+  const int barriers = 8 * (4 + 2 * c.stages + (c.pingpong ? 4 : 0));
   return kSwizzleAtomAlign + 2 * kv_tile + 2 * c.stages * q_tile + 2 * score_tile + dq_stage +
          2 * c.stages * c.block_m * 4 + barriers;
 }
@@ -99,8 +100,11 @@ int ws_backward_consumer_registers(const AttentionConfig& c, const AttentionProb
   // dK and dV (64 keys x dp each over 128 threads: dp), S^T and dP^T (64 x block_m each, fp32:
   // block_m) while their 16-bit fragments are packed, plus the allowance. Calibrated with ptxas
   // 13.0: d 128 at block_m 64 compiles at setmaxnreg's 232 without spills (232 here); d 64 at
-  // block_m 128 spills 80-100 bytes (248 here); d 64 at block_m 64 (168 here) does not.
-  return s.dp + c.block_m + c.block_m / 4 + kRegisterAllowance;
+  // block_m 128 spills 80-100 bytes (248 here); d 64 at block_m 64 (168 here) does not. -pp
+  // with -persist (the turns and the tile loop's state together) spilled 8 bytes at d 128 (240
+  // here); -pp alone did not.
+  const int schedule = c.pingpong && c.persistent ? 8 : 0;
+  return s.dp + c.block_m + c.block_m / 4 + kRegisterAllowance + schedule;
 }
 
 int ws_backward_consumer_register_limit(const AttentionConfig& c) {
@@ -118,11 +122,13 @@ std::vector<AttentionConfig> ws_backward_candidates(const AttentionProblem& prob
     for (int block_n : kWsBwdBlockNChoices)
       for (int warps : kWsBwdWarpChoices)
         for (int stages : kWsBwdStageChoices)
-          for (bool persistent : {false, true}) {
-            AttentionConfig c{block_m, block_n, warps, stages, KernelFamily::Ws, DqMode::Atomic};
-            c.persistent = persistent;
-            configs.push_back(c);
-          }
+          for (bool persistent : {false, true})
+            for (bool pingpong : {false, true}) {
+              AttentionConfig c{block_m, block_n, warps, stages, KernelFamily::Ws, DqMode::Atomic};
+              c.persistent = persistent;
+              c.pingpong = pingpong;
+              configs.push_back(c);
+            }
   std::sort(configs.begin(), configs.end());
   return configs;
 }
@@ -174,10 +180,13 @@ std::string explain_ws_backward_plan(const AttentionProblem& p, const DeviceSpec
       << "  stages-deep mbarrier pipeline; two consumer warpgroups of 64 keys (setmaxnreg): S^T,\n"
       << "  dP^T, dV += P^T dO, dK += dS^T Q, dQ tiles = dS K; a dQ-writer warp bulk-adds the\n"
       << "  staged dQ rows into the fp32 workspace. -persist: one CTA per SM walks the key tiles\n"
-      << "  (heaviest first when causal).\n"
+      << "  (heaviest first when causal). -pp: the consumers take turns issuing S^T and dP^T and\n"
+      << "  announce their dS^T rows by mbarriers instead of meeting each step, so that one's\n"
+      << "  softmax runs under the other's products.\n"
       << "  smem = 1024 + 2 * 128 * " << dp << " * 2 (K, V) + 2 * stages * Br * " << dp
       << " * 2 (Q, dO) + 2 * 128 * Br * 2 (dS^T x2)\n"
-      << "         + Br * " << dp * 4 + 32 << " (dQ rows staged) + 2 * stages * Br * 4 (lse, delta)"
+      << "         + " << (dp == 64 ? "2 * " : "") << "Br * " << dp * 4 + 32 << " (dQ rows staged"
+      << (dp == 64 ? ", a share per consumer" : "") << ") + 2 * stages * Br * 4 (lse, delta)"
       << " + barriers   <= " << device.smem_per_block_optin << " B\n"
       << "  regs (consumer) ~= " << dp << " (dK, dV) + Br + Br / 4 (S^T, dP^T, fragments) + "
       << kRegisterAllowance << "   <= setmaxnreg's share\n";

@@ -490,7 +490,8 @@ Result<KernelSource> render_cuda_attention_backward_ws(const AttentionProblem& p
       << config.warps << ", /*stages=*/" << config.stages << ", /*bf16=*/"
       << (problem.dtype == DType::BF16 ? "true" : "false") << ", /*causal=*/"
       << (problem.causal ? "true" : "false") << ", /*dq_atomic=*/true, /*persistent=*/"
-      << (config.persistent ? "true" : "false") << "> Config;\n"
+      << (config.persistent ? "true" : "false") << (config.pingpong ? ", /*pingpong=*/true" : "")
+      << "> Config;\n"
       << "extern \"C\" __global__ void __launch_bounds__(flashjit_kernel::kBackwardThreads)\n"
       << kBackwardPreprocessEntry << params << "  flashjit_kernel::backward_preprocess" << row_args
       << "(params);\n}\n"

@@ -39,7 +39,7 @@ inline constexpr const char* kCudaWgmmaBackwardFiles[] = {
 inline constexpr const char* kCudaWsBackwardFiles[] = {
     "attention_common.h", "cuda/common.cuh", "cuda/wgmma.cuh", "cuda/sm90_tiles.cuh",
     "cuda/tma.cuh", "cuda/attention_bwd_common.cuh", "cuda/attention_bwd_sm90.cuh",
-    "cuda/ws/pipeline.cuh", "cuda/ws/attention_bwd_ws.cuh"};
+    "cuda/ws/pipeline.cuh", "cuda/ws/pingpong.cuh", "cuda/ws/attention_bwd_ws.cuh"};
 inline constexpr const char* kCudaDecodeFiles[] = {
     "attention_common.h", "cuda/common.cuh", "cuda/tiles.cuh", "cuda/decode.cuh"};
 inline constexpr const char* kHipForwardFiles[] = {

@@ -127,6 +127,7 @@ void wgmma_rs(int n, bool bf16, float* d, const uint32_t* a, uint64_t b, bool ac
 void red_add_v2(float* address, float a, float b);
 void store_shared_u32(uint32_t address, uint32_t value);
 void load_shared_16(uint32_t address, void* value);
+void load_shared_4(uint32_t address, void* value);
 float shuffle_xor(float value, int lane_mask);
 void sync_warp();
 void fence_proxy_async();
@@ -170,6 +171,11 @@ inline unsigned __float_as_uint(float value) {
   unsigned bits;
   std::memcpy(&bits, &value, sizeof bits);
   return bits;
+}
+inline float __uint_as_float(unsigned bits) {
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
 }
 
 namespace flashjit_kernel {
@@ -223,6 +229,11 @@ inline void store_shared_u32(u32 address, u32 value) { emu::store_shared_u32(add
 inline Vec16 load_shared_vec16(u32 address) {
   Vec16 v;
   emu::load_shared_16(address, &v);
+  return v;
+}
+inline float load_shared_f32(u32 address) {
+  float v;
+  emu::load_shared_4(address, &v);
   return v;
 }
 

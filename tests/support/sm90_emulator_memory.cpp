@@ -272,13 +272,16 @@ void store_shared_u32(uint32_t address, uint32_t value) {
   record_generic_write(address, 4);
 }
 
-void load_shared_16(uint32_t address, void* value) {
-  if (address % 16 != 0) return fail("ld.shared.v4.b32 at " + std::to_string(address));
-  const unsigned char* at = shared_at(address, 16);
+namespace {
+// ld.shared of `bytes` (aligned to them): checked against loads in flight and unordered stores.
+void load_shared(uint32_t address, void* value, uint32_t bytes) {
+  if (address % bytes != 0)
+    return fail("ld.shared of " + std::to_string(bytes) + " bytes at " + std::to_string(address));
+  const unsigned char* at = shared_at(address, bytes);
   if (!at) return;
   Emulator& e = em();
   const Lane* lane = e.current;
-  for (uint32_t a = address; a < address + 16; ++a) {
+  for (uint32_t a = address; a < address + bytes; ++a) {
     for (const TmaLoad& load : e.loads)
       if (a >= load.destination && a < load.destination + load.bytes)
         return fail("a shared load reads byte " + hex(a) +
@@ -293,8 +296,12 @@ void load_shared_16(uint32_t address, void* value) {
                   " stored with no barrier or arrival ordering the store before the load");
     }
   }
-  std::memcpy(value, at, 16);
+  std::memcpy(value, at, bytes);
 }
+}  // namespace
+
+void load_shared_16(uint32_t address, void* value) { load_shared(address, value, 16); }
+void load_shared_4(uint32_t address, void* value) { load_shared(address, value, 4); }
 
 void fence_proxy_async() {
   Lane* lane = em().current;

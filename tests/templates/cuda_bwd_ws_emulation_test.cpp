@@ -30,6 +30,7 @@
 #include "templates/cuda/attention_bwd_sm90.cuh"
 #include "templates/cuda/attention_bwd_sm90_dq.cuh"
 #include "templates/cuda/ws/pipeline.cuh"
+#include "templates/cuda/ws/pingpong.cuh"
 #include "templates/cuda/ws/attention_bwd_ws.cuh"
 // clang-format on
 #include "support/sm90_backward_emulation.hpp"
@@ -95,12 +96,14 @@ std::string run_ws_backward(const AttentionProblem& p, const AttentionConfig& co
       });
 }
 
-template <int HEAD_DIM, int BLOCK_M, int STAGES, bool BF16, bool CAUSAL, bool PERSISTENT = false>
+template <int HEAD_DIM, int BLOCK_M, int STAGES, bool BF16, bool CAUSAL, bool PERSISTENT = false,
+          bool PINGPONG = false>
 void check_config() {
   using K = flashjit_kernel::WsBwdTraits<HEAD_DIM, BLOCK_M, 128, 12, STAGES, BF16, CAUSAL, true,
-                                         PERSISTENT>;
+                                         PERSISTENT, PINGPONG>;
   AttentionConfig config{BLOCK_M, 128, 12, STAGES, KernelFamily::Ws, DqMode::Atomic};
   config.persistent = PERSISTENT;
+  config.pingpong = PINGPONG;
   const DType dtype = BF16 ? DType::BF16 : DType::F16;
   std::string name = "d";
   name += std::to_string(HEAD_DIM);
@@ -149,13 +152,13 @@ void check_config() {
 
 // Every legal shape: block_m 64 with one dQ column tile per consumer, 2 stages (3 do not fit
 // at d 128), both dtypes, causal and not, a padded head dim; head dims up to 64, where the two
-// consumers take turns at the step's one dQ tile (2 and 3 stages).
+// consumers each compute their keys' share of the step's one dQ tile (2 and 3 stages).
 TEST(CudaBwdWsEmulation, D128) {
   check_config<128, 64, 2, true, true>();
   check_config<128, 64, 2, false, false>();
 }
 TEST(CudaBwdWsEmulation, PaddedHeadDim96) { check_config<96, 64, 2, true, true>(); }
-TEST(CudaBwdWsEmulation, D64TakingTurnsAtDq) {
+TEST(CudaBwdWsEmulation, D64DqSharesByKeys) {
   check_config<64, 64, 2, true, true>();
   check_config<64, 64, 3, false, false>();
   check_config<40, 64, 2, true, false>();  // padded to 64
@@ -166,6 +169,15 @@ TEST(CudaBwdWsEmulation, Persistent) {
   check_config<128, 64, 2, true, true, true>();
   check_config<128, 64, 2, false, false, true>();
   check_config<64, 64, 2, true, true, true>();
+}
+// -pp: the consumers take turns issuing S^T and dP^T and announce their dS^T rows by mbarriers
+// (no meeting point a step): d 128 and 96, and d 64 (its dQ shares need no meeting anyway;
+// with -persist: at d 128 the two spill).
+TEST(CudaBwdWsEmulation, PingPong) {
+  check_config<128, 64, 2, true, true, false, true>();
+  check_config<96, 64, 2, false, false, false, true>();
+  check_config<64, 64, 2, true, false, false, true>();
+  check_config<64, 64, 3, false, true, true, true>();
 }
 
 // The family takes plain attention only: variants, packed documents, deterministic problems and
@@ -192,7 +204,7 @@ TEST(CudaBwdWsBudget, ProblemsTheFamilyDoesNotTake) {
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.error().message.find("variants"), std::string::npos) << refused.error().message;
   // d 64: block_m 128 (a dQ tile per consumer) is over the registers; block_m 64 (the
-  // consumers take turns at one dQ tile) is legal with 2 and 3 stages.
+  // consumers' shares of one dQ tile) is legal with 2 and 3 stages.
   AttentionProblem d64 =
       AttentionProblem::make(1, 4, 4, 1024, 1024, 64, DType::BF16, true, Layout::BSHD)
           .with_pass(Pass::Backward);

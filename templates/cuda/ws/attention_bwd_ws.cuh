@@ -24,7 +24,7 @@
 //     Q_i, dO_i -> full[s] (TMA, thread 0) dS^T -> dS[t % 2]; consumers' barrier
 //                                          dV += P^T dO_i; dK += dS^T Q_i (RS)
 //                                          dQ tile = dS K_j[:, cols of c] (SS;
-//                                            d <= 64: one tile, consumer t % 2)
+//                                            d <= 64: c's keys' share, summed by the writer)
 //                                          wait all; release s
 //                                          wait dq_empty; stage dQ; dq_full ->  wait dq_full
 //                                                                               bulk-add rows
@@ -48,7 +48,7 @@
 namespace flashjit_kernel {
 
 template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WARPS, int STAGES, bool IS_BF16, bool CAUSAL,
-          bool DQ_ATOMIC, bool PERSISTENT = false>
+          bool DQ_ATOMIC, bool PERSISTENT = false, bool PINGPONG = false>
 struct WsBwdTraits {
   static constexpr int kHeadDim = HEAD_DIM;
   static constexpr int kHeadDimPadded = (HEAD_DIM + 63) / 64 * 64;  // whole 64-column blocks
@@ -61,6 +61,7 @@ struct WsBwdTraits {
   static constexpr bool kCausal = CAUSAL;
   static constexpr bool kDqAtomic = DQ_ATOMIC;
   static constexpr bool kPersistent = PERSISTENT;  // "-persist": one CTA per SM walks key tiles
+  static constexpr bool kPingPong = PINGPONG;  // "-pp": consumers take turns at S^T, dP^T (below)
 
   static constexpr int kConsumers = kBlockN / 64;
   static constexpr int kThreads = kWarps * 32;
@@ -76,23 +77,28 @@ struct WsBwdTraits {
   static constexpr int kKvChunk = kHeadDimPadded % 128 == 0 ? 128 : 64;  // N of a dV/dK wgmma
   static constexpr int kKvChunks = kHeadDimPadded / kKvChunk;
   // dQ tiles of 64 query rows x 64 columns: one per consumer and step (head dims 65..128: the
-  // consumer's 64 columns), or one per step (head dims up to 64) that the consumers take turns
-  // computing, consumer step % 2 (block_m 128 would give each one, but its S^T and dP^T spill).
+  // consumer's 64 columns, over every key of the CTA), or (head dims up to 64: one tile a step;
+  // block_m 128 would give each consumer one, but its S^T and dP^T spill) each consumer's share
+  // of the one tile, over its own 64 keys, staged apart and summed by the dQ writer. (Taking
+  // turns at the whole tile put the dQ wgmmas on a divergent path: ptxas serialized them all.)
   static constexpr int kDqN = 64;
   static constexpr int kDqColTiles = kHeadDimPadded / kDqN;
   static constexpr int kDqTiles = kBlockM / 64 * kDqColTiles;
-  static constexpr bool kDqTakeTurns = kDqTiles == 1 && kConsumers == 2;
+  static constexpr bool kDqSplitKeys = kDqTiles == 1 && kConsumers == 2;
+  static constexpr int kDqKeys = kDqSplitKeys ? 64 : kBlockN;  // the dQ wgmmas' K extent
+  static constexpr int kDqStagings = kDqSplitKeys ? kConsumers : 1;
   // The staged dQ rows (all columns of a row contiguous: one bulk reduction per row), 32 bytes
   // of padding per row: a half-warp's 8-byte stores land on distinct banks.
   static constexpr int kDqStageRowBytes = kHeadDimPadded * 4 + 32;
-  static constexpr int kDqStageBytes = kBlockM * kDqStageRowBytes;
+  static constexpr int kDqStagingBytes = kBlockM * kDqStageRowBytes;
+  static constexpr int kDqStageBytes = kDqStagings * kDqStagingBytes;
 
   static constexpr int kKvTileBytes = kBlockN * kHeadDimPadded * 2;  // K_j or V_j
   static constexpr int kQTileBytes = kBlockM * kHeadDimPadded * 2;   // Q_i or dO_i, per stage
   static constexpr int kScoreTileBytes = kBlockN * kBlockM * 2;      // dS^T [keys, queries]
   static constexpr int kStatBytes = kBlockM * 4;                     // lse_log2 or delta
-  // kv_full, kv_empty, full[kStages], empty[kStages], dq_full, dq_empty
-  static constexpr int kBarriers = 4 + 2 * kStages;
+  // kv_full, kv_empty, full[kStages], empty[kStages], dq_full, dq_empty; -pp: ds_ready[2][2]
+  static constexpr int kBarriers = 4 + 2 * kStages + (kPingPong ? 4 : 0);
   // + 1024: the dynamic window is rounded up to a swizzle atom (the tiles first, all multiples
   // of 1024 bytes; then the staged dQ rows, the stats and the barriers).
   static constexpr int kSmemBytes = 1024 + 2 * kKvTileBytes + 2 * kStages * kQTileBytes +
@@ -107,8 +113,8 @@ struct WsBwdTraits {
   static_assert(kStages >= 2 && kStages <= 3, "2 or 3 Q/dO buffers");
   static_assert(kDqAtomic, "dQ by bulk reductions (no deterministic mode in this family yet)");
   static_assert(
-      kDqTiles == kConsumers || kDqTakeTurns,
-      "one dQ tile of 64 x 64 per consumer and step, or one the two consumers take turns at");
+      kDqTiles == kConsumers || kDqSplitKeys,
+      "one dQ tile of 64 x 64 per consumer and step, or each consumer's keys' share of one");
   static_assert(kConsumerRegisters >= kProducerRegisters && kConsumerRegisters % 8 == 0,
                 "setmaxnreg counts are multiples of 8");
 };
@@ -126,6 +132,7 @@ struct WsBwdShared {
   u32 dq_full;   // mbarrier: every consumer staged its dQ tiles (kConsumerThreads arrivals)
   u32 dq_empty;  // mbarrier: the writer's reductions have read them (32 arrivals)
   Pipeline<K::kStages> pipe;  // Q_i, dO_i (TMA bytes, 1 arrival) and the stats (32 arrivals)
+  u32 ds_ready;  // -pp: mbarriers [consumer][buffer]: the consumer's dS^T rows of a step are in
 
   __device__ __forceinline__ explicit WsBwdShared(u32 window) {
     k = (window + 1023) & ~1023u;  // swizzle atoms start on 1024-byte boundaries
@@ -141,6 +148,10 @@ struct WsBwdShared {
     dq_empty = dq_full + 8;
     pipe.full = dq_empty + 8;
     pipe.empty = pipe.full + 8 * K::kStages;
+    ds_ready = pipe.empty + 8 * K::kStages;
+  }
+  __device__ __forceinline__ u32 ds_ready_barrier(int consumer, int buffer) const {
+    return ds_ready + 8 * (2 * consumer + buffer);
   }
 
   // One thread, then fence_barrier_init() and a CTA barrier.
@@ -154,6 +165,9 @@ struct WsBwdShared {
       mbarrier_init(pipe.full_barrier(s), 33);  // the TMA thread's expect_tx, the stats warp
       mbarrier_init(pipe.empty_barrier(s), K::kConsumerThreads);
     }
+    if constexpr (K::kPingPong)
+#pragma unroll
+      for (int b = 0; b < 4; ++b) mbarrier_init(ds_ready + 8 * b, 128);
   }
 };
 
@@ -336,6 +350,18 @@ __device__ __forceinline__ void ws_bwd_write_dq(const FlashjitAttentionParams& p
                                            p.seqlen_q_rounded +
                                        steps.m0(t)) *
                                           K::kHeadDimPadded;
+    if constexpr (K::kDqSplitKeys) {  // the consumers' shares of the tile, summed into the first
+      // One float at a time, not unrolled: this warp runs on the producers' 40 registers.
+      for (int r = lane; r < K::kBlockM; r += 32) {
+        const u32 first = smem.dq_stage + r * K::kDqStageRowBytes;
+#pragma unroll 1
+        for (int c = 0; c < K::kHeadDimPadded * 4; c += 4)
+          store_shared_u32(first + c,
+                           __float_as_uint(load_shared_f32(first + c) +
+                                           load_shared_f32(first + K::kDqStagingBytes + c)));
+      }
+      fence_proxy_async();  // this thread's sums, visible to its bulk reductions
+    }
     // Rows past seqlen_q (the last block's) add zeros into the accumulator's padding rows.
     for (int r = lane; r < K::kBlockM; r += 32)
       bulk_reduce_add_f32(accum + r * K::kHeadDimPadded, smem.dq_stage + r * K::kDqStageRowBytes,
@@ -363,6 +389,7 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
                                                const WsBwdSteps<K>& steps, const WsBwdTile& tile,
                                                int consumer, int diagonal,
                                                unsigned char* window_base, WsBwdReads<K>& pos) {
+  const WsTurns<K> turns{consumer};
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kDp = K::kHeadDimPadded;
   constexpr int kSdpN = K::kSdpN, kKvChunk = K::kKvChunk, kKvChunks = K::kKvChunks;
   constexpr int kDqN = K::kDqN;
@@ -396,14 +423,17 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
                                    1);
     wgmma_commit();
   };
-  // dQ tile = dS[64 rows of tile] K_j[:, cols]
+  // dQ tile = dS[64 rows of tile, keys] K_j[keys, cols]: every key of the CTA, or (split keys)
+  // this consumer's 64.
+  const int dq_key0 = K::kDqSplitKeys ? consumer * 64 : 0;
   auto issue_dq = [&](int tile, int ds_buffer, u64 ds_cols, u64 k_cols) {
     const int mt = tile / K::kDqColTiles, nc = tile % K::kDqColTiles;
 #pragma unroll
-    for (int s = 0; s < kBlockN / 16; ++s) {  // 16 keys per k-step
+    for (int s = 0; s < K::kDqKeys / 16; ++s) {  // 16 keys per k-step
+      const int key = dq_key0 + s * 16;
       const u64 a =
-          advance(ds_cols, ds_buffer * K::kScoreTileBytes + mt * kBlockN * 128 + s * 16 * 128);
-      const u64 b = advance(k_cols, nc * kBlockN * 128 + s * 16 * 128);
+          advance(ds_cols, ds_buffer * K::kScoreTileBytes + mt * kBlockN * 128 + key * 128);
+      const u64 b = advance(k_cols, nc * kBlockN * 128 + key * 128);
       if (s == 0)
         Wgmma<kDqN, kBf16>::template ss_first<1, 1>(dq, a, b);
       else
@@ -413,8 +443,8 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
   };
   auto stage_dq = [&](int tile) {  // this thread's share of a dQ tile into its staged rows, fp32
     const int mt = tile / K::kDqColTiles, nc = tile % K::kDqColTiles;
-    const u32 stage =
-        smem.dq_stage + (mt * 64 + frag_row) * K::kDqStageRowBytes + (nc * kDqN + frag_col) * 4;
+    const u32 stage = smem.dq_stage + (K::kDqSplitKeys ? consumer * K::kDqStagingBytes : 0) +
+                      (mt * 64 + frag_row) * K::kDqStageRowBytes + (nc * kDqN + frag_col) * 4;
 #pragma unroll
     for (int half = 0; half < 2; ++half)
 #pragma unroll
@@ -429,9 +459,7 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
   PipelineState<K::kStages>& at = pos.at;
   for (int t = 0; t < n; ++t, ++pos.step) {
     const int m0 = steps.m0(t), buffer = at.index, ds_buffer = pos.step & 1;
-    // This step's dQ tile, if this consumer computes one (warpgroup-uniform).
-    const bool computes_dq = !K::kDqTakeTurns || (pos.step & 1) == consumer;
-    const int dq_tile = K::kDqTakeTurns ? 0 : consumer;
+    const int dq_tile = K::kDqSplitKeys ? 0 : consumer;
     // Descriptors (wgmma.cuh), formed again each step from an opaque copy of the window's
     // address: held across the loop instead, they spilled once the tile loop (-persist) was
     // around it. S^T = K_c Q^T, dP^T = V_c dO^T: A = this consumer's 64 key rows, B = the step's
@@ -451,11 +479,13 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
     const u64 ds_cols = smem_descriptor(ds_tile, kBlockN * 128, 1024);
     const u64 k_cols = smem_descriptor(k_tile, kBlockN * 128, 1024);
     smem.pipe.consumer_wait(at);  // Q_i, dO_i, the stats of step t
+    turns.take();                 // -pp: the other consumer has issued its S^T, dP^T
     wgmma_fence();
     wgmma_over_head_dim<kSdpN, kDp, kBlockN, kBlockM, kBf16>(st, k_rows, q_rows,
                                                              buffer * K::kQTileBytes);
     wgmma_over_head_dim<kSdpN, kDp, kBlockN, kBlockM, kBf16>(dpt, v_rows, do_rows,
                                                              buffer * K::kQTileBytes);
+    turns.pass();
     wgmma_wait<1>();  // S^T
     pin(st);
     // P^T = exp2(S^T * scale_log2 - lse), masked in blocks that cross an edge; then dS^T
@@ -472,13 +502,33 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
     store_fragments<kSdpN, kBlockN>(
         window_base + (smem.ds - smem.k) + ds_buffer * K::kScoreTileBytes, dst, consumer * 64, 0);
     fence_proxy_async();
-    named_barrier_sync(kConsumersBarrier, K::kConsumerThreads);
-    // (Issuing dV before this barrier and staging the dQ tile while dK runs measured 3-5% slower
-    // on an H200 at 25d4de2: bench/device_run.sh bwd-ws; docs/PERFORMANCE.md.)
-    wgmma_fence();                      // pt, dst (written above) are ready for the tensor cores
-    issue_kv(dv, pt, do_cols, buffer);  // dV += P^T dO_i
-    issue_kv(dk, dst, q_cols, buffer);  // dK += dS^T Q_i
-    if (computes_dq) issue_dq(dq_tile, ds_buffer, ds_cols, k_cols);  // dS K_j[:, the tile's cols]
+    if constexpr (K::kDqSplitKeys) {
+      // d <= 64: this consumer's dQ share reads its own dS^T rows only: its warpgroup's barrier.
+      named_barrier_sync(2 + consumer, 128);
+      wgmma_fence();
+      issue_kv(dv, pt, do_cols, buffer);
+      issue_kv(dk, dst, q_cols, buffer);
+      issue_dq(dq_tile, ds_buffer, ds_cols, k_cols);
+    } else if constexpr (!K::kPingPong) {
+      named_barrier_sync(kConsumersBarrier, K::kConsumerThreads);
+      // (Issuing dV before this barrier and staging the dQ tile while dK runs measured 3-5%
+      // slower on an H200 at 25d4de2: bench/device_run.sh bwd-ws; docs/PERFORMANCE.md.)
+      wgmma_fence();                      // pt, dst (written above) are ready for the tensor cores
+      issue_kv(dv, pt, do_cols, buffer);  // dV += P^T dO_i
+      issue_kv(dk, dst, q_cols, buffer);  // dK += dS^T Q_i
+      issue_dq(dq_tile, ds_buffer, ds_cols, k_cols);  // dQ tile = dS K_j[:, this consumer's cols]
+    } else {
+      // -pp: no meeting point. This consumer's rows are announced, dV and dK (its own data) go
+      // first, and dQ waits for both consumers' rows of this step's buffer.
+      mbarrier_arrive(smem.ds_ready_barrier(consumer, ds_buffer));
+      wgmma_fence();
+      issue_kv(dv, pt, do_cols, buffer);
+      issue_kv(dk, dst, q_cols, buffer);
+      const int phase = (pos.step >> 1) & 1;  // the buffer's uses so far
+      mbarrier_wait(smem.ds_ready_barrier(0, ds_buffer), phase);
+      mbarrier_wait(smem.ds_ready_barrier(1, ds_buffer), phase);
+      issue_dq(dq_tile, ds_buffer, ds_cols, k_cols);
+    }
     wgmma_wait<0>();
     pin(pt);
     pin(dst);
@@ -490,13 +540,9 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
     }
     smem.pipe.consumer_release(at);  // Q_i, dO_i and the stats are read
     at.advance();
-    // The writer has read the last rows. Waited every step, by a consumer that stages nothing
-    // too: each wait then finds dq_empty at most one phase behind, as its parity wait requires.
-    mbarrier_wait(smem.dq_empty, (pos.step & 1) ^ 1);
-    if (computes_dq) {
-      stage_dq(dq_tile);
-      fence_proxy_async();  // the staged rows, visible to the bulk reductions
-    }
+    mbarrier_wait(smem.dq_empty, (pos.step & 1) ^ 1);  // the writer has read the last rows
+    stage_dq(dq_tile);
+    fence_proxy_async();  // the staged rows, visible to the bulk reductions
     mbarrier_arrive(smem.dq_full);
   }
 
@@ -579,6 +625,7 @@ __device__ __forceinline__ void attention_backward_ws_dkdv(const FlashjitAttenti
     }
   } else {
     setmaxnreg_inc<K::kConsumerRegisters>();
+    WsTurns<K>{warpgroup - 1}.init();
     WsBwdReads<K> pos;
     for (WsBwdTile tile; tiles.next(p, tile);)
       ws_bwd_consume<K>(p, smem, steps_of(tile), tile, warpgroup - 1, diagonal, window_base, pos);
