@@ -516,8 +516,8 @@ if [[ "$what" == bwd-ws ]]; then
   peers=()
   for d in ${BWD_WS_DIMS:-64 128}; do
     [[ $parts == *" time "* ]] || break
-    configs=(m64n128w12s2-ws m64n128w12s2-ws-persist m64n128w12s2-ws-pp)
-    [[ $d == 64 ]] && configs=(m64n128w12s2-ws-pp m64n128w12s2-ws-pp-persist m64n128w12s3-ws-pp
+    configs=(m64n128w12s2-ws m64n128w12s2-ws-pp)
+    [[ $d == 64 ]] && configs=(m64n128w12s2-ws m64n128w12s2-ws-pp m64n128w12s2-ws-pp-persist
                                m128n64w4s2-wgmma-det)
     for shape in "${shapes[@]}"; do
       read -r b h n causal <<<"$shape"
