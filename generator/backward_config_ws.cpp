@@ -49,6 +49,11 @@ std::string problem_not_taken(const AttentionProblem& p) {
   if (p.head_dim > 128)
     return "head_dim = " + std::to_string(p.head_dim) +
            ": dK and dV of 64 keys fit a consumer's registers up to 128";
+  if (p.head_dim <= 64)
+    return "head_dim = " + std::to_string(p.head_dim) +
+           " <= 64: the template's split dQ (each consumer's keys' share, summed by the dQ "
+           "writer) measured 5x slower than the wgmma -det tile on an H200 (the writer's sum is "
+           "the critical path; docs/PERFORMANCE.md)";
   return "";
 }
 
