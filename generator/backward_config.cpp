@@ -411,9 +411,11 @@ Result<AttentionConfig> default_backward_config(const AttentionProblem& p,
   // the head dim, the mma family's formula below otherwise.
   if (device.arch == 90) {
     // The ws family's fused kernel where it takes the problem (plain attention, d 65..128, not
-    // deterministic): 1.26-1.30x the wgmma -det default at d 128 on an H200 (d <= 64 measured
-    // slower: generator/backward_config_ws.cpp, docs/PERFORMANCE.md).
-    if (Result<AttentionConfig> ws = default_ws_backward_config(p, device); ws.ok()) return ws;
+    // deterministic): 1.26-1.30x the wgmma -det default at d 128 on an H200. At d <= 64 its
+    // tiles are legal for the tuner but measured slower than the wgmma -det tile
+    // (docs/PERFORMANCE.md).
+    if (p.head_dim > 64)
+      if (Result<AttentionConfig> ws = default_ws_backward_config(p, device); ws.ok()) return ws;
     Result<AttentionConfig> wgmma = default_wgmma_backward_config(p, device);
     if (wgmma.ok() && check_backward_config(*wgmma, p, device).ok()) return wgmma;
   }

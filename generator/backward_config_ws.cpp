@@ -25,7 +25,7 @@ struct Shape {
   int consumers = 0;  // block_n / 64
   int dq_tiles = 0;   // 64 x 64 dQ tiles per step
   // One dQ tile per consumer, or (head dims up to 64 at block_m 64) one tile, each consumer
-  // computing its keys' share (staged apart, summed by the dQ writer).
+  // computing its keys' share (consumer 1 adds its share onto consumer 0's staged one).
   bool dq_split_keys() const { return dq_tiles == 1 && consumers == 2; }
   bool dq_fits() const { return dq_tiles == consumers || dq_split_keys(); }
 };
@@ -49,11 +49,6 @@ std::string problem_not_taken(const AttentionProblem& p) {
   if (p.head_dim > 128)
     return "head_dim = " + std::to_string(p.head_dim) +
            ": dK and dV of 64 keys fit a consumer's registers up to 128";
-  if (p.head_dim <= 64)
-    return "head_dim = " + std::to_string(p.head_dim) +
-           " <= 64: the template's split dQ (each consumer's keys' share, summed by the dQ "
-           "writer) measured 5x slower than the wgmma -det tile on an H200 (the writer's sum is "
-           "the critical path; docs/PERFORMANCE.md)";
   return "";
 }
 
@@ -94,7 +89,7 @@ int ws_backward_dkdv_smem_bytes(const AttentionConfig& c, const AttentionProblem
   const Shape s = shape_of(c, p);
   const int kv_tile = c.block_n * s.dp * 2, q_tile = c.block_m * s.dp * 2;
   const int score_tile = c.block_n * c.block_m * 2;
-  const int dq_stage = (s.dq_split_keys() ? 2 : 1) * c.block_m * (s.dp * 4 + 32);
+  const int dq_stage = c.block_m * (s.dp * 4 + 32);
   const int barriers = 8 * (4 + 2 * c.stages + (c.pingpong ? 4 : 0));
   return kSwizzleAtomAlign + 2 * kv_tile + 2 * c.stages * q_tile + 2 * score_tile + dq_stage +
          2 * c.stages * c.block_m * 4 + barriers;
@@ -190,8 +185,7 @@ std::string explain_ws_backward_plan(const AttentionProblem& p, const DeviceSpec
       << "  softmax runs under the other's products.\n"
       << "  smem = 1024 + 2 * 128 * " << dp << " * 2 (K, V) + 2 * stages * Br * " << dp
       << " * 2 (Q, dO) + 2 * 128 * Br * 2 (dS^T x2)\n"
-      << "         + " << (dp == 64 ? "2 * " : "") << "Br * " << dp * 4 + 32 << " (dQ rows staged"
-      << (dp == 64 ? ", a share per consumer" : "") << ") + 2 * stages * Br * 4 (lse, delta)"
+      << "         + Br * " << dp * 4 + 32 << " (dQ rows staged) + 2 * stages * Br * 4 (lse, delta)"
       << " + barriers   <= " << device.smem_per_block_optin << " B\n"
       << "  regs (consumer) ~= " << dp << " (dK, dV) + Br + Br / 4 (S^T, dP^T, fragments) + "
       << kRegisterAllowance << "   <= setmaxnreg's share\n";

@@ -79,19 +79,19 @@ struct WsBwdTraits {
   // dQ tiles of 64 query rows x 64 columns: one per consumer and step (head dims 65..128: the
   // consumer's 64 columns, over every key of the CTA), or (head dims up to 64: one tile a step;
   // block_m 128 would give each consumer one, but its S^T and dP^T spill) each consumer's share
-  // of the one tile, over its own 64 keys, staged apart and summed by the dQ writer. (Taking
-  // turns at the whole tile put the dQ wgmmas on a divergent path: ptxas serialized them all.)
+  // of the one tile, over its own 64 keys: consumer 0 stages its share, consumer 1 adds its own
+  // onto it (a hand-off barrier between them). (Taking turns at the whole tile put the dQ wgmmas
+  // on a divergent path: ptxas serialized them all. Summing two staged shares in the dQ writer
+  // warp, on 40 registers, made it the critical path: 5x slower.)
   static constexpr int kDqN = 64;
   static constexpr int kDqColTiles = kHeadDimPadded / kDqN;
   static constexpr int kDqTiles = kBlockM / 64 * kDqColTiles;
   static constexpr bool kDqSplitKeys = kDqTiles == 1 && kConsumers == 2;
   static constexpr int kDqKeys = kDqSplitKeys ? 64 : kBlockN;  // the dQ wgmmas' K extent
-  static constexpr int kDqStagings = kDqSplitKeys ? kConsumers : 1;
   // The staged dQ rows (all columns of a row contiguous: one bulk reduction per row), 32 bytes
   // of padding per row: a half-warp's 8-byte stores land on distinct banks.
   static constexpr int kDqStageRowBytes = kHeadDimPadded * 4 + 32;
-  static constexpr int kDqStagingBytes = kBlockM * kDqStageRowBytes;
-  static constexpr int kDqStageBytes = kDqStagings * kDqStagingBytes;
+  static constexpr int kDqStageBytes = kBlockM * kDqStageRowBytes;
 
   static constexpr int kKvTileBytes = kBlockN * kHeadDimPadded * 2;  // K_j or V_j
   static constexpr int kQTileBytes = kBlockM * kHeadDimPadded * 2;   // Q_i or dO_i, per stage
@@ -350,18 +350,6 @@ __device__ __forceinline__ void ws_bwd_write_dq(const FlashjitAttentionParams& p
                                            p.seqlen_q_rounded +
                                        steps.m0(t)) *
                                           K::kHeadDimPadded;
-    if constexpr (K::kDqSplitKeys) {  // the consumers' shares of the tile, summed into the first
-      // One float at a time, not unrolled: this warp runs on the producers' 40 registers.
-      for (int r = lane; r < K::kBlockM; r += 32) {
-        const u32 first = smem.dq_stage + r * K::kDqStageRowBytes;
-#pragma unroll 1
-        for (int c = 0; c < K::kHeadDimPadded * 4; c += 4)
-          store_shared_u32(first + c,
-                           __float_as_uint(load_shared_f32(first + c) +
-                                           load_shared_f32(first + K::kDqStagingBytes + c)));
-      }
-      fence_proxy_async();  // this thread's sums, visible to its bulk reductions
-    }
     // Rows past seqlen_q (the last block's) add zeros into the accumulator's padding rows.
     for (int r = lane; r < K::kBlockM; r += 32)
       bulk_reduce_add_f32(accum + r * K::kHeadDimPadded, smem.dq_stage + r * K::kDqStageRowBytes,
@@ -395,6 +383,10 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
   constexpr int kDqN = K::kDqN;
   constexpr bool kBf16 = K::kIsBf16;
   constexpr int kConsumersBarrier = 1;  // named barrier of the consumer warpgroups
+  // Split keys: consumer 0's dQ share staged, consumer 1 may add (arrive 0, sync 1). Consumer 0
+  // arrives for step t + 1 only after dq_empty of step t, which needs consumer 1's dq_full
+  // arrival of step t, after its sync: the barrier never holds two arrivals of consumer 0.
+  constexpr int kDqHandOffBarrier = 6;
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int frag_row = (warp % 4) * 16 + lane / 4;  // accumulator row within the 64 (+ 8)
@@ -443,16 +435,27 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
   };
   auto stage_dq = [&](int tile) {  // this thread's share of a dQ tile into its staged rows, fp32
     const int mt = tile / K::kDqColTiles, nc = tile % K::kDqColTiles;
-    const u32 stage = smem.dq_stage + (K::kDqSplitKeys ? consumer * K::kDqStagingBytes : 0) +
-                      (mt * 64 + frag_row) * K::kDqStageRowBytes + (nc * kDqN + frag_col) * 4;
+    const u32 stage =
+        smem.dq_stage + (mt * 64 + frag_row) * K::kDqStageRowBytes + (nc * kDqN + frag_col) * 4;
+    // Split keys: consumer 1 adds its share onto consumer 0's, element for element (the same
+    // fragment positions), once consumer 0 has passed the hand-off barrier.
+    const bool add = K::kDqSplitKeys && consumer == 1;
+    if (add) named_barrier_sync(kDqHandOffBarrier, K::kConsumerThreads);
 #pragma unroll
     for (int half = 0; half < 2; ++half)
 #pragma unroll
       for (int t = 0; t < kDqN / 8; ++t) {
         const u32 at = stage + 8 * half * K::kDqStageRowBytes + 32 * t;
-        store_shared_u32(at, __float_as_uint(dq[4 * t + 2 * half]));
-        store_shared_u32(at + 4, __float_as_uint(dq[4 * t + 2 * half + 1]));
+        float x = dq[4 * t + 2 * half], y = dq[4 * t + 2 * half + 1];
+        if (add) {
+          x += load_shared_f32(at);
+          y += load_shared_f32(at + 4);
+        }
+        store_shared_u32(at, __float_as_uint(x));
+        store_shared_u32(at + 4, __float_as_uint(y));
       }
+    if (K::kDqSplitKeys && consumer == 0)
+      named_barrier_arrive(kDqHandOffBarrier, K::kConsumerThreads);
   };
 
   if (n > 0) mbarrier_wait(smem.kv_full, pos.kv_loads++ & 1);
