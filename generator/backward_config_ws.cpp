@@ -89,7 +89,7 @@ int ws_backward_dkdv_smem_bytes(const AttentionConfig& c, const AttentionProblem
   const Shape s = shape_of(c, p);
   const int kv_tile = c.block_n * s.dp * 2, q_tile = c.block_m * s.dp * 2;
   const int score_tile = c.block_n * c.block_m * 2;
-  const int dq_stage = c.block_m * (s.dp * 4 + 32);
+  const int dq_stage = c.block_m * s.dp * 4;
   const int barriers = 8 * (4 + 2 * c.stages + (c.pingpong ? 4 : 0));
   return kSwizzleAtomAlign + 2 * kv_tile + 2 * c.stages * q_tile + 2 * score_tile + dq_stage +
          2 * c.stages * c.block_m * 4 + barriers;
@@ -185,7 +185,7 @@ std::string explain_ws_backward_plan(const AttentionProblem& p, const DeviceSpec
       << "  softmax runs under the other's products.\n"
       << "  smem = 1024 + 2 * 128 * " << dp << " * 2 (K, V) + 2 * stages * Br * " << dp
       << " * 2 (Q, dO) + 2 * 128 * Br * 2 (dS^T x2)\n"
-      << "         + Br * " << dp * 4 + 32 << " (dQ rows staged) + 2 * stages * Br * 4 (lse, delta)"
+      << "         + Br * " << dp * 4 << " (dQ rows staged) + 2 * stages * Br * 4 (lse, delta)"
       << " + barriers   <= " << device.smem_per_block_optin << " B\n"
       << "  regs (consumer) ~= " << dp << " (dK, dV) + Br + Br / 4 (S^T, dP^T, fragments) + "
       << kRegisterAllowance << "   <= setmaxnreg's share\n";
