@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "generator/backward_config.hpp"
+#include "generator/block_mask.hpp"
 #include "generator/cpu_config.hpp"
 #include "generator/hip_config.hpp"
 #include "generator/render_decode.hpp"
@@ -285,7 +286,7 @@ namespace detail {
 Result<KernelSource> assemble(const template_files::Family& family,
                               std::vector<std::string> entries, const char* kind,
                               const AttentionProblem& problem, const AttentionConfig& config,
-                              const std::string& instantiation) {
+                              const std::string& instantiation, bool block_mask) {
   const std::string_view params = templates::text("attention_params.h");
   if (params.empty())
     return make_error(ErrorCode::Unsupported, "attention_params.h is not embedded in this build");
@@ -298,7 +299,7 @@ Result<KernelSource> assemble(const template_files::Family& family,
     kernel += std::string(part) + "\n";
   }
   // "" for plain attention: its sources are exactly those of before variants.
-  Result<std::string> variant = render_variant_prelude(problem);
+  Result<std::string> variant = render_variant_prelude(problem, block_mask);
   if (!variant.ok()) return variant.error();
   KernelSource source;
   source.entries = std::move(entries);
@@ -321,6 +322,7 @@ Result<KernelSource> assemble(const template_files::Family& family,
        << *variant << kernel << "// ---- instantiation ----\n"
        << instantiation;
   source.text = text.str();
+  source.block_mask = block_mask;
   return source;
 }
 
@@ -367,6 +369,8 @@ Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
   FLASHJIT_TRY(check_template_constraints(problem, config));
   if (config.family == KernelFamily::Ws) return render_cuda_attention_ws(problem, config);
   const bool wgmma = config.family == KernelFamily::Wgmma;
+  // A mask_mod's block map: a second parameter, passed on by address.
+  const bool block_mask = block_mask_applies(problem, config);
   std::ostringstream instantiation;
   instantiation << "typedef flashjit_kernel::" << (wgmma ? "Sm90Traits" : "Traits")
                 << "</*head_dim=*/" << problem.head_dim << ", /*block_m=*/" << config.block_m
@@ -376,19 +380,21 @@ Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
                 << (problem.causal ? "true" : "false") << "> Config;\n"
                 << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads, 1)\n"
                 << kAttentionForwardEntry
-                << "(const __grid_constant__ FlashjitAttentionParams params) {\n"
+                << "(const __grid_constant__ FlashjitAttentionParams params"
+                << (block_mask ? ",\n    const __grid_constant__ FlashjitBlockMask block_mask" : "")
+                << ") {\n"
                 << "  flashjit_kernel::"
                 << (wgmma ? (problem.variant.varlen ? "attention_forward_sm90_varlen"
                                                     : "attention_forward_sm90")
                     : problem.variant.varlen ? "attention_forward_varlen"
                                              : "attention_forward")
-                << "<Config>(params);\n"
+                << "<Config>(params" << (block_mask ? ", &block_mask" : "") << ");\n"
                 << "}\n";
   Result<KernelSource> source =
       wgmma ? assemble(template_files::kCudaWgmmaForward, {kAttentionForwardEntry},
-                       "attention_fwd_sm90", problem, config, instantiation.str())
+                       "attention_fwd_sm90", problem, config, instantiation.str(), block_mask)
             : assemble(template_files::kCudaMmaForward, {kAttentionForwardEntry}, "attention_fwd",
-                       problem, config, instantiation.str());
+                       problem, config, instantiation.str(), block_mask);
   if (source.ok()) source->arch_specific = wgmma;
   return source;
 }

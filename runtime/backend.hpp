@@ -17,6 +17,8 @@
 #include "generator/render.hpp"
 #include "runtime/device_fingerprint.hpp"
 
+struct FlashjitBlockMask;  // templates/attention_params.h
+
 namespace flashjit {
 
 // A compiled artifact (CUBIN for CUDA).
@@ -78,6 +80,12 @@ struct AttentionArgs {
   // synchronization fails; the context is lost, as after any device fault). false: the default,
   // FLASHJIT_CHECK_TABLES=1 (on) / 0 (off), else on in debug builds of the library.
   bool check_tables = false;
+  // A mask_mod's block map (issue 31; templates/attention_params.h, generator/block_mask.hpp),
+  // built by the caller for this problem at the kernel's block_m x block_n
+  // (Kernel::block_mask_tile): a host struct of device pointers, read at launch. Null: a kernel
+  // that reads a map builds and caches its own per shape (Kernel::block_mask_build_ms times
+  // that). Ignored by kernels that read none.
+  const FlashjitBlockMask* block_mask = nullptr;
 };
 
 // The problem fields that are compiled into a kernel; everything else is a launch argument.
@@ -127,6 +135,16 @@ class Kernel {
   // `stream` (the backend's native stream handle; nullptr = its default stream). Asynchronous.
   virtual Status launch(const AttentionProblem& problem, const AttentionArgs& args,
                         void* stream = nullptr) const = 0;
+  // Whether the kernel reads a mask_mod's block map (generator/block_mask.hpp) and at which tile
+  // (block_m, block_n): {0, 0} when it reads none.
+  virtual std::pair<int, int> block_mask_tile() const { return {0, 0}; }
+  // A bench hook: the device time in milliseconds of building `problem`'s block map on `stream`
+  // (once more, into the kernel's cached map, waiting for it). Unsupported for kernels without.
+  virtual Result<double> block_mask_build_ms(const AttentionProblem& problem,
+                                             void* stream = nullptr) const {
+    (void)problem, (void)stream;
+    return make_error(ErrorCode::Unsupported, "this kernel reads no block map");
+  }
   // Bytes of scratch a launch for `problem` needs (0 for the forward).
   virtual size_t workspace_bytes(const AttentionProblem& problem) const {
     (void)problem;
