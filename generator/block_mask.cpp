@@ -86,7 +86,9 @@ std::string block_mask_key(const AttentionProblem& problem) {
 
 bool block_mask_applies(const AttentionProblem& problem, const AttentionConfig& config) {
   if (problem.variant.mask_mod.empty() || problem.variant.varlen) return false;
-  return !problem.is_backward() && config.family == KernelFamily::Mma;
+  if (problem.is_backward())
+    return config.family == KernelFamily::Mma || config.family == KernelFamily::Wgmma;
+  return config.family == KernelFamily::Mma || config.family == KernelFamily::Ws;
 }
 
 Result<KernelSource> render_block_mask_builder(const AttentionProblem& problem) {

@@ -60,9 +60,10 @@ BlockMaskShape block_mask_shape(const AttentionProblem& problem, int block_m, in
 std::string block_mask_key(const AttentionProblem& problem);
 
 // Whether the kernel of `config` for `problem` reads a block map: a CUDA family that takes one
-// (the mma forward; the others as they learn it), a problem with a mask_mod, not packed
-// documents (their maps would be per document). Such a kernel's entries take the map as a second
-// parameter (KernelSource::block_mask); every other kernel is rendered exactly as before.
+// (the mma and -ws forwards, the mma and wgmma backwards; the wgmma forward refuses mask_mods,
+// generator/config.cpp; the -ws backward runs plain attention only), a problem with a mask_mod, not
+// packed documents (their maps would be per document). Such a kernel's entries take the map as a
+// second parameter (KernelSource::block_mask); every other kernel is rendered exactly as before.
 bool block_mask_applies(const AttentionProblem& problem, const AttentionConfig& config);
 
 // The builder's source for `problem` (any pass; it needs a mask_mod): attention_params.h, the

@@ -10,14 +10,14 @@
 #include <utility>
 #include <vector>
 
+#include "generator/block_mask.hpp"
 #include "generator/config.hpp"
 #include "generator/device.hpp"
 #include "generator/error.hpp"
 #include "generator/problem.hpp"
 #include "generator/render.hpp"
 #include "runtime/device_fingerprint.hpp"
-
-struct FlashjitBlockMask;  // templates/attention_params.h
+#include "templates/attention_params.h"
 
 namespace flashjit {
 
@@ -188,6 +188,18 @@ class DeviceBuffer {
   std::function<void(void*)> release_;
 };
 
+// A caller-built block map of a mask_mod (issue 31; Backend::build_block_mask): the map of
+// problems of one block_mask_key and shape at one tile, in a device buffer of its own, reusable
+// by every call and layer of that key and shape: pass &map as AttentionArgs::block_mask to a
+// kernel whose block_mask_tile() is (shape.block_m, shape.block_n).
+struct BlockMask {
+  BlockMaskShape shape;
+  std::string key;  // block_mask_key of the problem it was built for
+  FlashjitBlockMask map{};
+  double build_ms = 0;  // the build's device time (build_block_mask waits for it)
+  DeviceBuffer buffer;
+};
+
 // What else ran on a device during a timing, as the device itself can tell (the CPU backend: the
 // host's scheduler, runtime/host_load.hpp). start() opens a window (before a timed batch);
 // disturbed_share() says which share of the device's capacity other work took since then: 0 for
@@ -239,6 +251,16 @@ class Backend {
   // Device time of `work` (which enqueues on the default stream), in milliseconds, measured
   // with events around `repetitions` back-to-back calls and divided by `repetitions`.
   virtual Result<double> time_ms(const std::function<Status()>& work, int repetitions) const = 0;
+
+  // Builds the block map of `problem`'s mask_mod (with its causal flag, window and prefix) at
+  // `block_m` x `block_n` on `stream` and waits for it (BlockMask::build_ms). Unsupported on a
+  // backend whose kernels read no map (the CPU and HIP backends: their kernels find a mask_mod's
+  // hidden blocks themselves or mask per element).
+  virtual Result<BlockMask> build_block_mask(const AttentionProblem& problem, int block_m,
+                                             int block_n, void* stream = nullptr) const {
+    (void)problem, (void)block_m, (void)block_n, (void)stream;
+    return make_error(ErrorCode::Unsupported, "the " + name() + " backend reads no block maps");
+  }
 
   // True when compiling takes the cores the kernels run on (the CPU backend): a tuner must then
   // finish its compiles before it times anything, or the timings measure the compiler too.

@@ -46,51 +46,67 @@ Result<std::vector<char>> block_mask_builder_binary(const AttentionProblem& prob
   return binaries.emplace(key, std::move(binary->bytes)).first->second;
 }
 
-BlockMaskCache::~BlockMaskCache() {
-  if (driver_->cuCtxSetCurrent(context_) != CUDA_SUCCESS) return;
-  for (const Built& built : maps_) driver_->cuMemFree(built.buffer);
-  if (module_ != nullptr) driver_->cuModuleUnload(module_);
-}
-
-Status BlockMaskCache::load(const AttentionProblem& problem) {
-  if (module_ != nullptr) return ok_status();
-  Result<std::vector<char>> binary = block_mask_builder_binary(problem, arch_);
+Result<BlockMaskBuilder> block_mask_builder(const Driver* driver, CUcontext context,
+                                            const AttentionProblem& problem, int arch) {
+  static std::mutex mutex;
+  static std::map<std::pair<CUcontext, std::string>, BlockMaskBuilder> loaded;
+  const std::string key = block_mask_key(problem);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto found = loaded.find({context, key}); found != loaded.end()) return found->second;
+  Result<std::vector<char>> binary = block_mask_builder_binary(problem, arch);
   if (!binary.ok()) return binary.error();
   CUmodule module = nullptr;
-  FLASHJIT_TRY(check(driver_->cuModuleLoadData(&module, binary->data()),
+  FLASHJIT_TRY(check(driver->cuModuleLoadData(&module, binary->data()),
                      "cuModuleLoadData (block mask builder)"));
-  Status found = check(driver_->cuModuleGetFunction(&states_, module, kBlockMaskStatesEntry),
+  BlockMaskBuilder builder;
+  Status found = check(driver->cuModuleGetFunction(&builder.states, module, kBlockMaskStatesEntry),
                        "cuModuleGetFunction (block mask states)");
   if (found.ok())
-    found = check(driver_->cuModuleGetFunction(&lists_, module, kBlockMaskListsEntry),
+    found = check(driver->cuModuleGetFunction(&builder.lists, module, kBlockMaskListsEntry),
                   "cuModuleGetFunction (block mask lists)");
   if (!found.ok()) {
-    driver_->cuModuleUnload(module);
-    return found;
+    driver->cuModuleUnload(module);
+    return found.error();
   }
-  module_ = module;
-  return ok_status();
+  return loaded.emplace(std::make_pair(context, key), builder).first->second;
 }
 
-Status BlockMaskCache::enqueue_build(const BlockMaskShape& shape, const FlashjitBlockMask& map,
-                                     CUstream stream) const {
+Status check_block_mask_shape(const BlockMaskShape& shape) {
+  if (shape.maps() <= 65535 && shape.q_tiles() <= 65535 &&
+      shape.q_tiles() * shape.k_tiles() * shape.maps() < (int64_t{1} << 31))
+    return ok_status();
+  return make_error(ErrorCode::Unsupported,
+                    "block map of " + shape.to_string() +
+                        ": too many tiles (at most 65535 query tiles and 65535 maps, fewer than "
+                        "2^31 tiles in all)");
+}
+
+Status enqueue_block_mask_build(const Driver* driver, const BlockMaskBuilder& builder,
+                                const BlockMaskShape& shape, const FlashjitBlockMask& map,
+                                CUstream stream) {
+  FLASHJIT_TRY(check_block_mask_shape(shape));
   FlashjitAttentionParams params = block_mask_params(shape);
   FlashjitBlockMask mask = map;
   void* states_args[] = {&params, &mask};
   const unsigned states_x =
       static_cast<unsigned>((shape.k_tiles() + kBlockMaskWarps - 1) / kBlockMaskWarps);
   FLASHJIT_TRY(
-      check(driver_->cuLaunchKernel(states_, states_x, static_cast<unsigned>(shape.q_tiles()),
-                                    static_cast<unsigned>(shape.maps()), kBlockMaskThreads, 1, 1, 0,
-                                    stream, states_args, nullptr),
+      check(driver->cuLaunchKernel(builder.states, states_x, static_cast<unsigned>(shape.q_tiles()),
+                                   static_cast<unsigned>(shape.maps()), kBlockMaskThreads, 1, 1, 0,
+                                   stream, states_args, nullptr),
             "cuLaunchKernel (block mask states)", ErrorCode::LaunchFailed));
   void* lists_args[] = {&mask};
   const unsigned lists_x = static_cast<unsigned>(
       (shape.maps() * (shape.q_tiles() + shape.k_tiles()) + kBlockMaskThreads - 1) /
       kBlockMaskThreads);
-  return check(driver_->cuLaunchKernel(lists_, lists_x, 1, 1, kBlockMaskThreads, 1, 1, 0, stream,
-                                       lists_args, nullptr),
+  return check(driver->cuLaunchKernel(builder.lists, lists_x, 1, 1, kBlockMaskThreads, 1, 1, 0,
+                                      stream, lists_args, nullptr),
                "cuLaunchKernel (block mask lists)", ErrorCode::LaunchFailed);
+}
+
+BlockMaskCache::~BlockMaskCache() {
+  if (driver_->cuCtxSetCurrent(context_) != CUDA_SUCCESS) return;
+  for (const Built& built : maps_) driver_->cuMemFree(built.buffer);
 }
 
 Result<FlashjitBlockMask> BlockMaskCache::get_locked(const AttentionProblem& problem,
@@ -98,18 +114,17 @@ Result<FlashjitBlockMask> BlockMaskCache::get_locked(const AttentionProblem& pro
   const BlockMaskShape shape = block_mask_shape(problem, block_m_, block_n_);
   for (const Built& built : maps_)
     if (built.shape == shape) return built.map;
-  if (shape.q_tiles() * shape.k_tiles() * shape.maps() > (int64_t{1} << 31) ||
-      shape.maps() > 65535 || shape.q_tiles() > 65535)
-    return make_error(ErrorCode::Unsupported,
-                      "block map of " + shape.to_string() +
-                          ": too many tiles (at most 65535 query tiles and 65535 maps, "
-                          "2^31 tiles in all)");
-  FLASHJIT_TRY(load(problem));
+  FLASHJIT_TRY(check_block_mask_shape(shape));
+  if (builder_.states == nullptr) {
+    Result<BlockMaskBuilder> builder = block_mask_builder(driver_, context_, problem, arch_);
+    if (!builder.ok()) return builder.error();
+    builder_ = builder.value();
+  }
   Built built;
   built.shape = shape;
   FLASHJIT_TRY(check(driver_->cuMemAlloc(&built.buffer, shape.bytes()), "cuMemAlloc (block map)"));
   built.map = block_mask_view(shape, reinterpret_cast<void*>(built.buffer));
-  Status status = enqueue_build(shape, built.map, stream);
+  Status status = enqueue_block_mask_build(driver_, builder_, shape, built.map, stream);
   if (!status.ok()) {
     driver_->cuMemFree(built.buffer);
     return status.error();
@@ -128,21 +143,26 @@ Result<double> BlockMaskCache::time_build(const AttentionProblem& problem, CUstr
   FLASHJIT_TRY(check(driver_->cuCtxSetCurrent(context_), "cuCtxSetCurrent"));
   Result<FlashjitBlockMask> map = get_locked(problem, stream);
   if (!map.ok()) return map.error();
-  const BlockMaskShape shape = block_mask_shape(problem, block_m_, block_n_);
+  return time_block_mask_build(driver_, builder_, block_mask_shape(problem, block_m_, block_n_),
+                               map.value(), stream);
+}
+
+Result<double> time_block_mask_build(const Driver* driver, const BlockMaskBuilder& builder,
+                                     const BlockMaskShape& shape, const FlashjitBlockMask& map,
+                                     CUstream stream) {
   CUevent start = nullptr, stop = nullptr;
-  FLASHJIT_TRY(check(driver_->cuEventCreate(&start, CU_EVENT_DEFAULT), "cuEventCreate"));
-  Status status = check(driver_->cuEventCreate(&stop, CU_EVENT_DEFAULT), "cuEventCreate");
+  FLASHJIT_TRY(check(driver->cuEventCreate(&start, CU_EVENT_DEFAULT), "cuEventCreate"));
+  Status status = check(driver->cuEventCreate(&stop, CU_EVENT_DEFAULT), "cuEventCreate");
   float elapsed = 0;
-  if (status.ok()) status = check(driver_->cuEventRecord(start, stream), "cuEventRecord");
-  if (status.ok()) status = enqueue_build(shape, map.value(), stream);
-  if (status.ok()) status = check(driver_->cuEventRecord(stop, stream), "cuEventRecord");
+  if (status.ok()) status = check(driver->cuEventRecord(start, stream), "cuEventRecord");
+  if (status.ok()) status = enqueue_block_mask_build(driver, builder, shape, map, stream);
+  if (status.ok()) status = check(driver->cuEventRecord(stop, stream), "cuEventRecord");
   if (status.ok())
-    status =
-        check(driver_->cuEventSynchronize(stop), "cuEventSynchronize", ErrorCode::LaunchFailed);
+    status = check(driver->cuEventSynchronize(stop), "cuEventSynchronize", ErrorCode::LaunchFailed);
   if (status.ok())
-    status = check(driver_->cuEventElapsedTime(&elapsed, start, stop), "cuEventElapsedTime");
-  driver_->cuEventDestroy(start);
-  if (stop != nullptr) driver_->cuEventDestroy(stop);
+    status = check(driver->cuEventElapsedTime(&elapsed, start, stop), "cuEventElapsedTime");
+  driver->cuEventDestroy(start);
+  if (stop != nullptr) driver->cuEventDestroy(stop);
   if (!status.ok()) return status.error();
   return static_cast<double>(elapsed);
 }

@@ -36,10 +36,25 @@ FlashjitAttentionParams block_mask_params(const BlockMaskShape& shape);
 // for the process.
 Result<std::vector<char>> block_mask_builder_binary(const AttentionProblem& problem, int arch);
 
+// The builder's two kernels for `problem` loaded in `context` (current): once per context and
+// block_mask_key in the process (the modules stay loaded with the context).
+struct BlockMaskBuilder {
+  CUfunction states = nullptr;
+  CUfunction lists = nullptr;
+};
+Result<BlockMaskBuilder> block_mask_builder(const Driver* driver, CUcontext context,
+                                            const AttentionProblem& problem, int arch);
+
+// Enqueues the build of the map of `shape` at `map` (block_mask_view of a buffer of
+// shape.bytes()) on `stream`: the states kernel, then the lists kernel. The context is current.
+Status enqueue_block_mask_build(const Driver* driver, const BlockMaskBuilder& builder,
+                                const BlockMaskShape& shape, const FlashjitBlockMask& map,
+                                CUstream stream);
+
 class BlockMaskCache {
  public:
-  // The maps of kernels of `problem`'s signature at `block_m` x `block_n`, in `context` (the
-  // kernel's; the cache takes no reference of its own: the kernel outlives it).
+  // The maps of a kernel at `block_m` x `block_n` in `context` (the kernel's; the cache takes no
+  // reference of its own: the kernel outlives it).
   BlockMaskCache(const Driver* driver, CUcontext context, int arch, int block_m, int block_n)
       : driver_(driver), context_(context), arch_(arch), block_m_(block_m), block_n_(block_n) {}
   ~BlockMaskCache();
@@ -49,22 +64,18 @@ class BlockMaskCache {
   // The map of `problem` (built on `stream` on its shape's first call). The context is current.
   Result<FlashjitBlockMask> get(const AttentionProblem& problem, CUstream stream);
   // A bench hook: builds `problem`'s map again on `stream` between two events and waits for
-  // them: the build's device time in milliseconds (the first build also compiles and loads the
-  // builder, which this leaves out: it builds once first when the shape is new).
+  // them: the build's device time in milliseconds (a new shape is built once first, untimed:
+  // that first build also compiles and loads the builder).
   Result<double> time_build(const AttentionProblem& problem, CUstream stream);
 
  private:
-  Status load(const AttentionProblem& problem);  // the builder's module (under mutex_)
-  Status enqueue_build(const BlockMaskShape& shape, const FlashjitBlockMask& map,
-                       CUstream stream) const;
   Result<FlashjitBlockMask> get_locked(const AttentionProblem& problem, CUstream stream);
 
   const Driver* driver_;
   CUcontext context_;
   int arch_, block_m_, block_n_;
   std::mutex mutex_;
-  CUmodule module_ = nullptr;
-  CUfunction states_ = nullptr, lists_ = nullptr;
+  BlockMaskBuilder builder_;
   struct Built {
     BlockMaskShape shape;
     CUdeviceptr buffer = 0;
@@ -72,5 +83,13 @@ class BlockMaskCache {
   };
   std::vector<Built> maps_;
 };
+
+// Builds the map again between two events on `stream` and waits: the build's device time (ms).
+Result<double> time_block_mask_build(const Driver* driver, const BlockMaskBuilder& builder,
+                                     const BlockMaskShape& shape, const FlashjitBlockMask& map,
+                                     CUstream stream);
+
+// Error Unsupported when a map of `shape` exceeds the launch grid (65535 query tiles or maps).
+Status check_block_mask_shape(const BlockMaskShape& shape);
 
 }  // namespace flashjit::cuda

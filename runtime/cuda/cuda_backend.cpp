@@ -624,4 +624,34 @@ Result<double> CudaBackend::time_ms(const std::function<Status()>& work, int rep
   return static_cast<double>(elapsed_ms) / repetitions;
 }
 
+Result<BlockMask> CudaBackend::build_block_mask(const AttentionProblem& problem, int block_m,
+                                                int block_n, void* stream) const {
+  FLASHJIT_TRY(validate(problem));
+  if (problem.variant.mask_mod.empty() || problem.variant.varlen)
+    return make_error(ErrorCode::InvalidArgument,
+                      problem.variant.varlen
+                          ? "a block map of packed documents (varlen) is not supported"
+                          : "a block map is built from a mask_mod: the problem has none");
+  if (block_m < 1 || block_n < 1 || block_m > 1024 || block_n > 1024)
+    return make_error(ErrorCode::InvalidArgument, "block_m = " + std::to_string(block_m) +
+                                                      ", block_n = " + std::to_string(block_n) +
+                                                      ": each must be in [1, 1024]");
+  BlockMask mask;
+  mask.shape = block_mask_shape(problem, block_m, block_n);
+  mask.key = block_mask_key(problem);
+  FLASHJIT_TRY(check_block_mask_shape(mask.shape));
+  Result<DeviceBuffer> buffer = allocate(mask.shape.bytes());
+  if (!buffer.ok()) return buffer.error();
+  mask.buffer = std::move(buffer.value());
+  mask.map = block_mask_view(mask.shape, mask.buffer.get());
+  FLASHJIT_TRY(make_current());
+  Result<BlockMaskBuilder> builder = block_mask_builder(driver_, context_, problem, device_.arch);
+  if (!builder.ok()) return builder.error();
+  Result<double> ms = time_block_mask_build(driver_, builder.value(), mask.shape, mask.map,
+                                            static_cast<CUstream>(stream));
+  if (!ms.ok()) return ms.error();
+  mask.build_ms = ms.value();
+  return mask;
+}
+
 }  // namespace flashjit::cuda

@@ -116,8 +116,8 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
 #if FLASHJIT_VARIANT_BLOCK_MASK
   // The block map's non-empty key tiles of this query tile (empty ones are never loaded).
   const fv::BlockList key_tiles = fv::key_tiles_of(*block_mask, batch, head, m_block);
-  const int n_blocks = key_tiles.count;
-#define FLASHJIT_KEY_BLOCK(t) key_tiles.tile(t)
+  const int n_blocks = key_tiles.count();
+#define FLASHJIT_KEY_BLOCK(t) key_tiles.at(t)
 #else
   // The variant's key blocks: the t-th block visited is key_blocks.at(t).
   const fv::KeyBlocks key_blocks = fv::key_blocks(p, diagonal, m0, kBlockM, kBlockN);

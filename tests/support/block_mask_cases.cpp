@@ -27,6 +27,17 @@ const char* block_mask_case_name(int mask_case) {
   return mask_case >= 0 && mask_case < kMaskCases ? names[mask_case] : "?";
 }
 
+const char* block_mask_case_expression(int mask_case) {
+  static const char* const expressions[] = {
+      "(q_idx / 48) == (kv_idx / 48)",
+      "(q_idx / 64) == (kv_idx / 64) && !(q_idx >= 64 && q_idx < 160)",
+      "true",
+      "false",
+      "(kv_idx + head + 2 * batch) % 7 != 0 || q_idx < 5",
+  };
+  return mask_case >= 0 && mask_case < kMaskCases ? expressions[mask_case] : "false";
+}
+
 HostBlockMask host_block_mask(const BlockMaskShape& shape) {
   HostBlockMask host;
   host.shape = shape;
@@ -45,6 +56,34 @@ HostBlockMask host_block_mask(const BlockMaskShape& shape) {
   host.map.per_head = shape.per_head ? 1 : 0;
   host.map.heads_q = static_cast<int>(shape.heads_q);
   return host;
+}
+
+void fill_block_mask(HostBlockMask& host, const std::vector<unsigned char>& states) {
+  const BlockMaskShape& s = host.shape;
+  const int64_t qt = s.q_tiles(), kt = s.k_tiles();
+  for (int64_t map = 0; map < s.maps(); ++map) {
+    for (int64_t q = 0; q < qt; ++q) {
+      int count = 0;
+      for (int64_t k = 0; k < kt; ++k) {
+        const unsigned char state = states[(map * qt + q) * kt + k];
+        host.map.states[(map * qt + q) * kt + k] = state;
+        if (state != 0)
+          host.map.q_list[(map * qt + q) * kt + count++] =
+              static_cast<int>((k << 1) | (state == 2));
+      }
+      host.map.q_count[map * qt + q] = count;
+    }
+    for (int64_t k = 0; k < kt; ++k) {
+      int count = 0;
+      for (int64_t q = 0; q < qt; ++q) {
+        const unsigned char state = states[(map * qt + q) * kt + k];
+        if (state != 0)
+          host.map.k_list[(map * kt + k) * qt + count++] =
+              static_cast<int>((q << 1) | (state == 2));
+      }
+      host.map.k_count[map * kt + k] = count;
+    }
+  }
 }
 
 std::string compare_block_mask(const HostBlockMask& built,

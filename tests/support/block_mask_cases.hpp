@@ -23,6 +23,8 @@ enum BlockMaskCase { kDocuments48, kEmptyRows, kNothingHidden, kAllHidden, kPerH
 inline int block_mask_case = kDocuments48;  // the case the compiled-in mask_mod evaluates
 bool block_mask_case_mask(int mask_case, int64_t batch, int64_t head, int64_t q, int64_t k);
 const char* block_mask_case_name(int mask_case);
+// The same mask as a mask_mod expression (for the generator: the GPU tests, the compile test).
+const char* block_mask_case_expression(int mask_case);
 
 // A host map with the layout of `shape` (FlashjitBlockMask's pointers into `storage`), every
 // byte poisoned (0x7f) so that an entry the builder does not write shows.
@@ -57,6 +59,9 @@ std::vector<unsigned char> expected_states(const BlockMaskShape& shape, const Vi
   }
   return states;
 }
+// Writes the states and both lists of `map` from `states` (expected_states' order), as the
+// builder would: for the kernels' emulation tests where the builder's emulator cannot run.
+void fill_block_mask(HostBlockMask& map, const std::vector<unsigned char>& states);
 std::string compare_block_mask(const HostBlockMask& built,
                                const std::vector<unsigned char>& expected);
 

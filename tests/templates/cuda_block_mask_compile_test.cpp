@@ -111,14 +111,41 @@ TEST(BlockMaskCompile, TheBuilderCompilesWithoutSpills) {
 }
 
 TEST(BlockMaskCompile, MaskConfigsCompileWithoutSpills) {
-  // (The tiles that compile without spills with the per-element mask_mod of before: at 32 rows
-  // per warp, m128n64w4s2 spilled 176 bytes then, 216 with the map.)
-  for (const char* tile : {"m64n64w4s2", "m128n128w8s2", "m128n64w8s2"}) {
+  // (Tiles that compile without spills with the per-element mask_mod of before: at 32 rows per
+  // warp, m128n64w4s2 spilled 176 bytes then, 216 with the map. Two per family, to stay short.)
+  for (const char* tile : {"m64n64w4s2", "m128n128w8s2"}) {
     AttentionProblem p = mask_problem("(q_idx / 2048) == (kv_idx / 2048)");
     Result<KernelSource> source = render_cuda_attention(p, AttentionConfig::parse(tile).value());
     ASSERT_TRUE(source.ok()) << source.error().describe();
     ASSERT_TRUE(source->block_mask);
     expect_no_spills(*source, 80, {kAttentionForwardEntry});
+  }
+  // The mma backward (its dK/dV and dQ kernels), Atomic and -det, at tiles without spills before.
+  for (const char* tile : {"m64n64w8s2", "m128n32w8s2-det"}) {
+    AttentionProblem p =
+        mask_problem("(q_idx / 2048) == (kv_idx / 2048)").with_pass(Pass::Backward);
+    Result<KernelSource> source = render_cuda_attention(p, AttentionConfig::parse(tile).value());
+    ASSERT_TRUE(source.ok()) << source.error().describe();
+    ASSERT_TRUE(source->block_mask);
+    expect_no_spills(*source, 80, {kBackwardDkDvEntry, kBackwardDqEntry});
+  }
+  // The wgmma backward (sm90a): the default -det tile, Atomic with one and two warpgroups.
+  for (const char* tile : {"m64n64w4s2-wgmma-det", "m64n128w8s2-wgmma"}) {
+    AttentionProblem p =
+        mask_problem("(q_idx / 2048) == (kv_idx / 2048)").with_pass(Pass::Backward);
+    Result<KernelSource> source = render_cuda_attention(p, AttentionConfig::parse(tile).value());
+    ASSERT_TRUE(source.ok()) << source.error().describe();
+    ASSERT_TRUE(source->block_mask);
+    expect_no_spills(*source, 90, {kBackwardDkDvEntry, kBackwardDqEntry});
+  }
+  // The -ws family (sm90a): two consumers taking turns, one consumer (-persist: the same tile
+  // code).
+  for (const char* tile : {"m128n128w12s2-ws-pp", "m64n64w8s2-ws"}) {
+    AttentionProblem p = mask_problem("(q_idx / 2048) == (kv_idx / 2048)");
+    Result<KernelSource> source = render_cuda_attention(p, AttentionConfig::parse(tile).value());
+    ASSERT_TRUE(source.ok()) << source.error().describe();
+    ASSERT_TRUE(source->block_mask);
+    expect_no_spills(*source, 90, {kAttentionForwardEntry});
   }
 }
 

@@ -21,7 +21,8 @@
 #include "support/reference.hpp"
 #include "support/variant_cases.hpp"
 #include "templates/attention_params.h"
-// clang-format off: the order matters (as the renderer assembles the source)
+// The order matters (as the renderer assembles the source).
+// clang-format off
 #include "support/cuda_emulator.hpp"
 #define FLASHJIT_VARIANT 1
 #define FLASHJIT_VARIANT_CAUSAL 1
