@@ -440,7 +440,7 @@ if [[ "$what" == bmask ]]; then
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
   if ! COMMIT="${commit:-unknown}" timeout "${BENCH_TIMEOUT:-600}" "$py" bench/variants_bench.py \
       --out-dir "$OUT" --backward --cases documents2048,documents-random,documents-varlen \
-      --try-configs m128n128w8s2,m128n64w4s2,m128n128w12s2-ws ${BENCH_ARGS:-} 2>&1 |
+      --try-configs m128n128w8s2,m128n64w8s2,m128n128w12s2-ws ${BENCH_ARGS:-} 2>&1 |
       tee "$OUT/variants-bench.log"; then
     status=1
     echo "== bmask bench FAILED"

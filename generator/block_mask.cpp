@@ -68,11 +68,13 @@ BlockMaskShape block_mask_shape(const AttentionProblem& problem, int block_m, in
   BlockMaskShape shape;
   shape.seqlen_q = problem.seqlen_q;
   shape.seqlen_k = problem.seqlen_k;
-  shape.batch = problem.batch;
-  shape.heads_q = problem.heads_q;
   shape.block_m = block_m;
   shape.block_n = block_n;
   shape.per_head = mask_mod_uses_batch_or_head(problem.variant.mask_mod);
+  // One map serves any batch and head count: equal shapes whatever they are (a kernel's cached
+  // map and a caller's are reused across them).
+  shape.batch = shape.per_head ? problem.batch : 1;
+  shape.heads_q = shape.per_head ? problem.heads_q : 1;
   return shape;
 }
 

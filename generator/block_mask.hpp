@@ -51,7 +51,8 @@ struct BlockMaskShape {
   bool operator==(const BlockMaskShape&) const = default;
 };
 
-// The map `problem` needs at `block_m` x `block_n` (per_head from its mask_mod).
+// The map `problem` needs at `block_m` x `block_n` (per_head from its mask_mod; batch and heads_q
+// 1 without: one map for any).
 BlockMaskShape block_mask_shape(const AttentionProblem& problem, int block_m, int block_n);
 
 // What decides a map's contents besides its shape: the causal flag, the window, the prefix and

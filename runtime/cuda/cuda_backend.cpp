@@ -201,22 +201,26 @@ class CudaKernel final : public Kernel {
             return enqueue_table_check(problem, args, stream);
           });
     }
-    // A mask_mod's block map: the caller's, else this kernel's for the shape (built on first use).
+    // A mask_mod's block map: the caller's, else this kernel's for the shape (built on first
+    // use), taken when the first entry that reads it is enqueued (after the launch's checks).
     FlashjitBlockMask block_mask{};
-    if (block_masks_) {
-      if (args.block_mask != nullptr) {
-        FLASHJIT_TRY(check_block_mask(problem, *args.block_mask));
-        block_mask = *args.block_mask;
-      } else {
-        FLASHJIT_TRY(check(driver_->cuCtxSetCurrent(context_), "cuCtxSetCurrent"));
-        Result<FlashjitBlockMask> built = block_masks_->get(problem, static_cast<CUstream>(stream));
-        if (!built.ok()) return built.error();
-        block_mask = built.value();
-      }
-    }
+    bool have_mask = false;
     return launch_gpu_kernel(
         problem, args, signature_, config_, shapes_, kGridLimits, workspace_, stream,
         [&](size_t entry, const LaunchShape& shape, FlashjitAttentionParams& params) -> Status {
+          if (block_masks_ && !have_mask && (!problem.is_backward() || entry != 0)) {
+            if (args.block_mask != nullptr) {
+              FLASHJIT_TRY(check_block_mask(problem, *args.block_mask));
+              block_mask = *args.block_mask;
+            } else {
+              FLASHJIT_TRY(check(driver_->cuCtxSetCurrent(context_), "cuCtxSetCurrent"));
+              Result<FlashjitBlockMask> built =
+                  block_masks_->get(problem, static_cast<CUstream>(stream));
+              if (!built.ok()) return built.error();
+              block_mask = built.value();
+            }
+            have_mask = true;
+          }
           return enqueue(problem, entry, shape, params, stream, &block_mask);
         });
   }

@@ -30,6 +30,13 @@ TEST(BlockMask, BatchOrHeadMakesTheMapPerHead) {
   const BlockMaskShape per_head = block_mask_shape(mask_problem("head != 1"), 128, 64);
   EXPECT_TRUE(per_head.per_head);
   EXPECT_EQ(per_head.maps(), 8);
+  // One map: the same shape whatever the batch and heads (a cached map serves them all).
+  AttentionProblem other = mask_problem("q_idx >= kv_idx");
+  other.batch = 5;
+  other.heads_q = other.heads_kv = 3;
+  EXPECT_EQ(block_mask_shape(other, 128, 64),
+            block_mask_shape(mask_problem("q_idx >= kv_idx"), 128, 64));
+  EXPECT_EQ(block_mask_shape(other, 128, 64).maps(), 1);
 }
 
 TEST(BlockMask, TheLayoutHoldsEveryArrayApartAndAligned) {
