@@ -41,6 +41,9 @@ Each timing: CUDA events around each call, warm-up first, the median of --reps c
 count the visible (query, key) pairs exactly: 4 * B * H * d * pairs. Ratios are same-run:
 flex_ms / flashjit_ms (> 1: flashjit faster). Also the relative L2 difference of flashjit's
 output to FlexAttention's (both bf16), which must be small.
+A mask_mod case also records its block map (flashjit.block_mask_stats: block_map_ms, the build's
+own device time, and block_map_tiles, the shares of empty / partial / full tiles at the default
+kernel's tile); the timed calls reuse the map the kernel built on its first call.
 Writes variants.md and variants.json to --out-dir.
 """
 import argparse
@@ -421,6 +424,16 @@ def main(argv=None):
                 else:
                     chosen = flashjit.config_for(q, k, v, causal=True, layout="bhsd", **kwargs)
                 row["flashjit_config"] = chosen["config"]
+                if kwargs.get("mask_mod") and hasattr(flashjit, "block_mask_stats"):
+                    # The mask_mod's block map (issue 31): the default kernel's tile, its
+                    # build's own device time (once per shape; the timed calls reuse it) and
+                    # the shares of its tiles that are empty / partial / full.
+                    stats = flashjit.block_mask_stats(q, k, v, causal=True, layout="bhsd",
+                                                      mask_mod=kwargs["mask_mod"])
+                    if stats:
+                        row["block_map_ms"] = round(stats["build_ms"], 4)
+                        row["block_map_tiles"] = {
+                            key: round(stats[key], 4) for key in ("empty", "partial", "full")}
                 with torch.no_grad():
                     def mine(config=None):
                         if varlen:
@@ -569,6 +582,17 @@ def write_outputs(out_dir, header, rows):
             f"{r.get('speedup_vs_sdpa', '-')} | {r['flashjit_vs_flex_rel_l2']} | "
             f"{r.get('best_listed_config', '-')} | {r.get('best_listed_ms', '-')} | "
             f"{r.get('best_listed_vs_flex', '-')} |")
+    maps = [r for r in rows if "block_map_ms" in r]
+    if maps:  # the mask_mod cases' block maps (issue 31), apart from the kernels' times
+        lines += ["", "Block maps of the mask_mod cases (built once per shape, then reused; "
+                  "Flex's create_block_mask is outside its timed loop too):", "",
+                  "| case | N | map build ms | empty | partial | full | Flex sparsity % |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in maps:
+            t = r["block_map_tiles"]
+            lines.append(f"| {r['case']} | {r['N']} | {r['block_map_ms']:.3f} | "
+                         f"{100 * t['empty']:.1f}% | {100 * t['partial']:.1f}% | "
+                         f"{100 * t['full']:.1f}% | {r.get('flex_block_sparsity', '-')} |")
     lines += backward_table(rows)
     text = "\n".join(lines) + "\n"
     with open(os.path.join(out_dir, "variants.md"), "w") as f:
