@@ -4,7 +4,7 @@
 #   bench/device_run.sh MODE [CTEST_REGEX or a gtest filter]
 #
 # MODE: tests gpu-tests bench tune all ws ws-tests ws-bench ws-sanitize sanitize sanitize-cases
-# decode variants owed bwd-quick bwd-ws concurrent py py-tests py-bench py-torch py-adapters
+# decode variants bmask owed bwd-quick bwd-ws concurrent py py-tests py-bench py-torch py-adapters
 # py-ring. What each does, how long it takes, its environment variables (BENCH_ARGS, DTYPES,
 # PASSES, RING_LENGTHS, ...) and the files it leaves in $OUT: docs/DEVICE_RUN.md.
 
@@ -14,9 +14,9 @@ what="${1:-all}"
 DTYPES="${DTYPES:-bf16}"
 ctest_regex="${2:-}"
 case "$what" in
-  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|sanitize|sanitize-cases|py|py-tests|py-bench|py-torch|py-adapters|py-ring|decode|concurrent|variants|owed|bwd-quick|bwd-ws) ;;
+  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|sanitize|sanitize-cases|py|py-tests|py-bench|py-torch|py-adapters|py-ring|decode|concurrent|variants|bmask|owed|bwd-quick|bwd-ws) ;;
   *) echo "usage: bench/device_run.sh [tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|" \
-       "ws-sanitize|sanitize|sanitize-cases|decode|concurrent|variants|owed|bwd-quick|bwd-ws|py|py-tests|py-bench|py-torch|py-adapters|py-ring] [CTEST_REGEX]" >&2
+       "ws-sanitize|sanitize|sanitize-cases|decode|concurrent|variants|bmask|owed|bwd-quick|bwd-ws|py|py-tests|py-bench|py-torch|py-adapters|py-ring] [CTEST_REGEX]" >&2
      exit 2 ;;
 esac
 
@@ -158,6 +158,10 @@ if [[ "$what" != py* ]]; then
   if [[ "$what" == variants ]]; then
     targets=(--target runtime_cuda_variant_test)
   fi
+  if [[ "$what" == bmask ]]; then
+    targets=(--target runtime_cuda_block_mask_test templates_cuda_block_mask_compile_test
+             runtime_cuda_variant_test flashjit_cli)
+  fi
   if [[ "$what" == bwd-quick || "$what" == bwd-ws ]]; then
     targets=(--target flashjit_cli runtime_cuda_backward_test)
   fi
@@ -174,7 +178,7 @@ if [[ "$what" != py* ]]; then
   echo "== built in $((SECONDS - start)) s"
 fi
 
-if [[ "$what" == py* || "$what" == variants || "$what" == owed ]]; then
+if [[ "$what" == py* || "$what" == variants || "$what" == bmask || "$what" == owed ]]; then
   # The Python module, installed into a folder of its own (not the system's site-packages, which
   # Ubuntu marks externally managed): PYTHONPATH points there for every later step. CMake finds
   # .deps/sqlite by itself (CMakeLists.txt) when /usr/include/sqlite3.h is missing.
@@ -445,6 +449,35 @@ if [[ "$what" == variants ]]; then
     echo "== variants bench FAILED"
   fi
   echo "== variants done at $((SECONDS - start)) s"
+fi
+
+if [[ "$what" == bmask ]]; then
+  # Block maps of a mask_mod (issue 31): tests, each map's tiles and build time, the bench.
+  echo "== block-map tests (bmask.log; a second argument filters the variant tests)"
+  : >"$OUT/bmask.log"
+  step bmask compile 300 build-device/tests/templates_cuda_block_mask_compile_test
+  step bmask gpu 600 build-device/tests/runtime_cuda_block_mask_test
+  step bmask variants 600 build-device/tests/runtime_cuda_variant_test \
+    --gtest_filter="${ctest_regex:-*mask_mod*:*HiddenKeyBlocks*}"
+  cat "$OUT/bmask.log"
+  echo "== flashjit run: the 2048-token documents as a mask_mod, the map's tiles and build time"
+  for n in 8192 16384; do
+    for config in "" m128n128w8s2 m128n128w12s2-ws; do
+      build-device/flashjit run --causal --seqlen "$n" --batch $((16384 / n)) --heads 16 \
+        --mask-mod '(q_idx / 2048) == (kv_idx / 2048)' ${config:+--config "$config"} 2>&1 |
+        grep -E '^(problem|config|time|speed|blockmap)|rror' | tee -a "$OUT/bmask-run.log" || true
+    done
+  done
+  echo "== variants_bench.py --backward: documents as mask_mods vs FlexAttention (same run)"
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
+  if ! COMMIT="${commit:-unknown}" timeout "${BENCH_TIMEOUT:-600}" "$py" bench/variants_bench.py \
+      --out-dir "$OUT" --backward --cases documents2048,documents-random,documents-varlen \
+      --try-configs m128n128w8s2,m128n64w8s2,m128n128w12s2-ws ${BENCH_ARGS:-} 2>&1 |
+      tee "$OUT/variants-bench.log"; then
+    status=1
+    echo "== bmask bench FAILED"
+  fi
+  echo "== bmask done at $((SECONDS - start)) s"
 fi
 
 if [[ "$what" == owed ]]; then

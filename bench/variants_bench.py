@@ -20,6 +20,11 @@ Cases (all causal, bottom-right = top-left here since seqlen_q == seqlen_k):
                   key block of the causal band and masks per element; FlexAttention's block mask
                   skips the blocks outside the documents; documents-varlen below is the cu_seqlens
                   form)
+  documents-random  documents of random lengths (uniform in [256, 4096], seeded, the last cut to
+                  fit) in each sequence of N, as a mask_mod comparing document ids written as sums
+                  of boundary tests ("((q_idx >= 1234) + ...) == ((kv_idx >= 1234) + ...)"):
+                  the mask_mod path on documents that do not align with the tiles (issue 31);
+                  Flex: its document_id mask_mod + causal; SDPA: the boolean mask
   documents-varlen  document masking with random document lengths (uniform in [256, 4096],
                   seeded, the last cut to fit) packing all B x N tokens: flashjit's packed
                   variable-length documents (cu_seqlens, q/k/v (total, H, d)) against
@@ -36,6 +41,9 @@ Each timing: CUDA events around each call, warm-up first, the median of --reps c
 count the visible (query, key) pairs exactly: 4 * B * H * d * pairs. Ratios are same-run:
 flex_ms / flashjit_ms (> 1: flashjit faster). Also the relative L2 difference of flashjit's
 output to FlexAttention's (both bf16), which must be small.
+A mask_mod case also records its block map (flashjit.block_mask_stats: block_map_ms, the build's
+own device time, and block_map_tiles, the shares of empty / partial / full tiles at the default
+kernel's tile); the timed calls reuse the map the kernel built on its first call.
 Writes variants.md and variants.json to --out-dir.
 """
 import argparse
@@ -56,8 +64,8 @@ DOCUMENT = 2048
 SOFTCAP = 50.0
 DOC_MIN, DOC_MAX = 256, 4096  # documents-varlen: document lengths, uniform in [DOC_MIN, DOC_MAX]
 
-CASES = ("causal", "causal-variant", "window1024", "documents2048", "documents-varlen",
-         "softcap50", "alibi")
+CASES = ("causal", "causal-variant", "window1024", "documents2048", "documents-random",
+         "documents-varlen", "softcap50", "alibi")
 
 
 def document_lengths(total, seed=17):
@@ -70,6 +78,35 @@ def document_lengths(total, seed=17):
     while sum(lengths) < total:
         lengths.append(min(rng.randint(DOC_MIN, DOC_MAX), total - sum(lengths)))
     return lengths
+
+
+def random_documents(n):
+    """documents-random: the lengths of its documents in a sequence of n (seeded per n)."""
+    return document_lengths(n, seed=29 + n)
+
+
+def random_documents_mask_mod(n):
+    """documents-random as a flashjit mask_mod: equal document ids, each id a sum of boundary
+    tests."""
+    boundaries, at = [], 0
+    for length in random_documents(n)[:-1]:
+        at += length
+        boundaries.append(at)
+    if not boundaries:
+        return "true"
+
+    def doc_id(x):
+        return " + ".join(f"({x} >= {b})" for b in boundaries)
+
+    return f"({doc_id('q_idx')}) == ({doc_id('kv_idx')})"
+
+
+def random_documents_ids(n, device):
+    import torch
+
+    lengths = random_documents(n)
+    return torch.repeat_interleave(torch.arange(len(lengths), device=device),
+                                   torch.tensor(lengths, device=device))
 
 
 def varlen_inputs(q, k, v):
@@ -144,6 +181,8 @@ def visible_pairs(case, n, batch=1):
     if case == "documents2048":
         d = min(DOCUMENT, n)
         return (n // d) * d * (d + 1) // 2 + (n % d) * (n % d + 1) // 2
+    if case == "documents-random":
+        return sum(length * (length + 1) // 2 for length in random_documents(n))
     return causal
 
 
@@ -158,15 +197,25 @@ def flashjit_kwargs(case, n, slopes):
         "causal-variant": dict(window=(n, 0)),
         "window1024": dict(window=(WINDOW, 0)),
         "documents2048": dict(mask_mod=f"(q_idx / {DOCUMENT}) == (kv_idx / {DOCUMENT})"),
+        "documents-random": dict(mask_mod=random_documents_mask_mod(n)),
         "documents-varlen": {},  # varlen_inputs' arguments, with packed q, k, v
         "softcap50": dict(softcap=SOFTCAP),
         "alibi": dict(alibi_slopes=slopes),
     }[case]
 
 
-def flex_mods(case, slopes):
-    """(score_mod, mask_mod) of FlexAttention for a case (causal included in the mask)."""
+def flex_mods(case, slopes, n=None):
+    """(score_mod, mask_mod) of FlexAttention for a case (causal included in the mask; n: the
+    sequence length, for documents-random)."""
     import torch
+
+    if case == "documents-random":
+        document_id = random_documents_ids(n, slopes.device)
+
+        def random_documents_mask(b, h, q_idx, kv_idx):
+            return (q_idx >= kv_idx) & (document_id[q_idx] == document_id[kv_idx])
+
+        return None, random_documents_mask
 
     def causal(b, h, q_idx, kv_idx):
         return q_idx >= kv_idx
@@ -208,6 +257,9 @@ def sdpa_mask(case, n, heads, slopes, device):
         return (i >= j) & (i - j <= WINDOW), False
     if case == "documents2048":
         return (i >= j) & ((i // DOCUMENT) == (j // DOCUMENT)), False
+    if case == "documents-random":
+        ids = random_documents_ids(n, device)
+        return (i >= j) & (ids[:, None] == ids[None, :]), False
     if case == "alibi":
         bias = slopes[:, None, None] * (j - i)[None].float()  # (H, N, N)
         bias = bias.masked_fill(~(i >= j)[None], float("-inf"))
@@ -288,7 +340,7 @@ def dry_run(args):
     slopes = torch.tensor(alibi_slopes_list(heads))
     worst = 0.0
     for case in args.cases:
-        score_mod, mask_mod = flex_mods(case, slopes)
+        score_mod, mask_mod = flex_mods(case, slopes, n)
         if case == "documents-varlen":
             (pq, pk, pv), kwargs, mask_mod, _ = varlen_inputs(q, k, v)
             block_mask = create_block_mask(mask_mod, None, None, n, n, device="cpu")
@@ -372,6 +424,16 @@ def main(argv=None):
                 else:
                     chosen = flashjit.config_for(q, k, v, causal=True, layout="bhsd", **kwargs)
                 row["flashjit_config"] = chosen["config"]
+                if kwargs.get("mask_mod") and hasattr(flashjit, "block_mask_stats"):
+                    # The mask_mod's block map (issue 31): the default kernel's tile, its
+                    # build's own device time (once per shape; the timed calls reuse it) and
+                    # the shares of its tiles that are empty / partial / full.
+                    stats = flashjit.block_mask_stats(q, k, v, causal=True, layout="bhsd",
+                                                      mask_mod=kwargs["mask_mod"])
+                    if stats:
+                        row["block_map_ms"] = round(stats["build_ms"], 4)
+                        row["block_map_tiles"] = {
+                            key: round(stats[key], 4) for key in ("empty", "partial", "full")}
                 with torch.no_grad():
                     def mine(config=None):
                         if varlen:
@@ -397,7 +459,7 @@ def main(argv=None):
                     if best:
                         row["best_listed_config"], row["best_listed_ms"] = best
 
-                    score_mod, mask_mod = flex_mods(case, slopes)
+                    score_mod, mask_mod = flex_mods(case, slopes, n)
                     flex_qkv, flex_n = (q, k, v), n
                     if varlen:
                         mask_mod, flex_n = varlen_mask, batch * n
@@ -520,6 +582,17 @@ def write_outputs(out_dir, header, rows):
             f"{r.get('speedup_vs_sdpa', '-')} | {r['flashjit_vs_flex_rel_l2']} | "
             f"{r.get('best_listed_config', '-')} | {r.get('best_listed_ms', '-')} | "
             f"{r.get('best_listed_vs_flex', '-')} |")
+    maps = [r for r in rows if "block_map_ms" in r]
+    if maps:  # the mask_mod cases' block maps (issue 31), apart from the kernels' times
+        lines += ["", "Block maps of the mask_mod cases (built once per shape, then reused; "
+                  "Flex's create_block_mask is outside its timed loop too):", "",
+                  "| case | N | map build ms | empty | partial | full | Flex sparsity % |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in maps:
+            t = r["block_map_tiles"]
+            lines.append(f"| {r['case']} | {r['N']} | {r['block_map_ms']:.3f} | "
+                         f"{100 * t['empty']:.1f}% | {100 * t['partial']:.1f}% | "
+                         f"{100 * t['full']:.1f}% | {r.get('flex_block_sparsity', '-')} |")
     lines += backward_table(rows)
     text = "\n".join(lines) + "\n"
     with open(os.path.join(out_dir, "variants.md"), "w") as f:

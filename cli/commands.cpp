@@ -626,6 +626,28 @@ int run_run(const ParsedFlags& flags) {
               timing->min, timing->max, static_cast<long long>(*reps));
   std::printf("speed    %s%s\n", speed(problem->flops(), timing->median).c_str(),
               backward ? " (the backward: 2.5x the forward's FLOPs)" : "");
+  if (const auto [block_m, block_n] = ready.block_mask_tile(); block_m > 0) {
+    // A mask_mod's block map (issue 31): its tiles by state, and its build's own device time
+    // (apart from the kernel's: built once per shape, then reused by every call).
+    Result<double> build_ms = ready.block_mask_build_ms(*problem);
+    Result<BlockMask> map = backend.build_block_mask(*problem, block_m, block_n);
+    if (!build_ms.ok()) return report("run", build_ms.error());
+    if (!map.ok()) return report("run", map.error());
+    const BlockMaskShape& shape = map->shape;
+    std::vector<unsigned char> states(
+        static_cast<size_t>(shape.maps() * shape.q_tiles() * shape.k_tiles()));
+    Status copied = backend.copy_to_host(
+        states.data(), static_cast<unsigned char*>(map->buffer.get()) + shape.states_offset(),
+        states.size());
+    if (!copied.ok()) return report("run", copied.error());
+    double count[3] = {0, 0, 0};
+    for (unsigned char state : states) count[state < 3 ? state : 1] += 1;
+    const double tiles = static_cast<double>(states.size());
+    std::printf("blockmap %s: %.1f%% of tiles empty (skipped), %.1f%% partial, %.1f%% full; "
+                "built in %.3f ms\n",
+                shape.to_string().c_str(), 100 * count[0] / tiles, 100 * count[1] / tiles,
+                100 * count[2] / tiles, build_ms.value());
+  }
   if (backward) {
     std::printf("forward  median %.4f ms, %s (config %s)\n", forward_timing->median,
                 speed(forward_problem.flops(), forward_timing->median).c_str(),

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "generator/backward_config.hpp"
+#include "generator/block_mask.hpp"
 #include "generator/cpu_config.hpp"
 #include "generator/hip_config.hpp"
 #include "generator/render_decode.hpp"
@@ -99,6 +100,8 @@ std::string legacy_version_of_templates(std::string_view backend, bool plain, bo
     // Checks (checks/: the decode table check, issue 33) are no kernel's source and came after
     // this scheme: left out, so that adding one does not change a version rows carry.
     if (path.substr(0, 7) == "checks/") continue;
+    // Nor is the block-map builder (issue 31, launched beside the kernels), which came after too.
+    if (path == "cuda/block_mask.cuh") continue;
     hash = fnv1a(path, hash);
     hash = fnv1a(plain ? plain_kernel_text(templates::text(path)) : templates::text(path), hash);
   }
@@ -113,6 +116,9 @@ std::vector<std::string_view> row_templates(std::string_view backend, RowKind ki
   using template_files::Use;
   std::vector<std::string_view> files = {"attention_params.h"};
   if (kind == RowKind::Variant) files.push_back(kVariantHeader);
+  // A mask_mod's block map decides which tiles the CUDA variant kernels visit: its builder
+  // (launched beside them, generator/block_mask.hpp) is part of their rows' version.
+  if (kind == RowKind::Variant && backend == "cuda") files.push_back("cuda/block_mask.cuh");
   const Use use = pass == Pass::Backward ? Use::Backward : Use::Forward;
   for (const template_files::Family* family : template_files::kFamilies) {
     if (family->backend != backend) continue;
@@ -285,7 +291,7 @@ namespace detail {
 Result<KernelSource> assemble(const template_files::Family& family,
                               std::vector<std::string> entries, const char* kind,
                               const AttentionProblem& problem, const AttentionConfig& config,
-                              const std::string& instantiation) {
+                              const std::string& instantiation, bool block_mask) {
   const std::string_view params = templates::text("attention_params.h");
   if (params.empty())
     return make_error(ErrorCode::Unsupported, "attention_params.h is not embedded in this build");
@@ -298,7 +304,7 @@ Result<KernelSource> assemble(const template_files::Family& family,
     kernel += std::string(part) + "\n";
   }
   // "" for plain attention: its sources are exactly those of before variants.
-  Result<std::string> variant = render_variant_prelude(problem);
+  Result<std::string> variant = render_variant_prelude(problem, block_mask);
   if (!variant.ok()) return variant.error();
   KernelSource source;
   source.entries = std::move(entries);
@@ -321,6 +327,7 @@ Result<KernelSource> assemble(const template_files::Family& family,
        << *variant << kernel << "// ---- instantiation ----\n"
        << instantiation;
   source.text = text.str();
+  source.block_mask = block_mask;
   return source;
 }
 
@@ -333,6 +340,7 @@ namespace {
 // The -ws family: its pieces (templates/cuda/ws/) and an entry taking the tensor maps too.
 Result<KernelSource> render_cuda_attention_ws(const AttentionProblem& problem,
                                               const AttentionConfig& config) {
+  const bool block_mask = block_mask_applies(problem, config);  // a third parameter
   std::ostringstream instantiation;
   instantiation << "typedef flashjit_kernel::WsTraits</*head_dim=*/" << problem.head_dim
                 << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n
@@ -345,11 +353,15 @@ Result<KernelSource> render_cuda_attention_ws(const AttentionProblem& problem,
                    "Config::kCtasPerSm)\n"
                 << kAttentionForwardEntry
                 << "(const __grid_constant__ FlashjitAttentionParams params,\n"
-                << "    const __grid_constant__ FlashjitForwardTensorMaps maps) {\n"
-                << "  flashjit_kernel::attention_forward_ws<Config>(params, maps);\n"
+                << "    const __grid_constant__ FlashjitForwardTensorMaps maps"
+                << (block_mask ? ",\n    const __grid_constant__ FlashjitBlockMask block_mask" : "")
+                << ") {\n"
+                << "  flashjit_kernel::attention_forward_ws<Config>(params, maps"
+                << (block_mask ? ", &block_mask" : "") << ");\n"
                 << "}\n";
-  Result<KernelSource> source = assemble(template_files::kCudaWsForward, {kAttentionForwardEntry},
-                                         "attention_fwd_ws", problem, config, instantiation.str());
+  Result<KernelSource> source =
+      assemble(template_files::kCudaWsForward, {kAttentionForwardEntry}, "attention_fwd_ws",
+               problem, config, instantiation.str(), block_mask);
   if (source.ok()) {
     source->arch_specific = true;
     source->tensor_maps = true;
@@ -367,6 +379,8 @@ Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
   FLASHJIT_TRY(check_template_constraints(problem, config));
   if (config.family == KernelFamily::Ws) return render_cuda_attention_ws(problem, config);
   const bool wgmma = config.family == KernelFamily::Wgmma;
+  // A mask_mod's block map: a second parameter, passed on by address.
+  const bool block_mask = block_mask_applies(problem, config);
   std::ostringstream instantiation;
   instantiation << "typedef flashjit_kernel::" << (wgmma ? "Sm90Traits" : "Traits")
                 << "</*head_dim=*/" << problem.head_dim << ", /*block_m=*/" << config.block_m
@@ -376,19 +390,21 @@ Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
                 << (problem.causal ? "true" : "false") << "> Config;\n"
                 << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads, 1)\n"
                 << kAttentionForwardEntry
-                << "(const __grid_constant__ FlashjitAttentionParams params) {\n"
+                << "(const __grid_constant__ FlashjitAttentionParams params"
+                << (block_mask ? ",\n    const __grid_constant__ FlashjitBlockMask block_mask" : "")
+                << ") {\n"
                 << "  flashjit_kernel::"
                 << (wgmma ? (problem.variant.varlen ? "attention_forward_sm90_varlen"
                                                     : "attention_forward_sm90")
                     : problem.variant.varlen ? "attention_forward_varlen"
                                              : "attention_forward")
-                << "<Config>(params);\n"
+                << "<Config>(params" << (block_mask ? ", &block_mask" : "") << ");\n"
                 << "}\n";
   Result<KernelSource> source =
       wgmma ? assemble(template_files::kCudaWgmmaForward, {kAttentionForwardEntry},
-                       "attention_fwd_sm90", problem, config, instantiation.str())
+                       "attention_fwd_sm90", problem, config, instantiation.str(), block_mask)
             : assemble(template_files::kCudaMmaForward, {kAttentionForwardEntry}, "attention_fwd",
-                       problem, config, instantiation.str());
+                       problem, config, instantiation.str(), block_mask);
   if (source.ok()) source->arch_specific = wgmma;
   return source;
 }
@@ -534,6 +550,13 @@ Result<KernelSource> render_cuda_attention_backward(const AttentionProblem& prob
   // Packed documents: each kernel's *_varlen entry, which runs it on the document's view of the
   // params (templates/attention_variant.h, document_tile_view).
   const char* view = problem.variant.varlen ? "_varlen" : "";
+  // A mask_mod's block map: a second parameter of the dK/dV and dQ kernels, passed on by address.
+  const bool block_mask = block_mask_applies(problem, config);
+  const char* masked_params = block_mask
+                                  ? "(const __grid_constant__ FlashjitAttentionParams params,\n"
+                                    "    const __grid_constant__ FlashjitBlockMask block_mask) {\n"
+                                  : params;
+  const char* mask_arg = block_mask ? ", &block_mask" : "";
   std::ostringstream instantiation;
   instantiation
       << "typedef flashjit_kernel::" << traits << "</*head_dim=*/" << problem.head_dim
@@ -546,8 +569,8 @@ Result<KernelSource> render_cuda_attention_backward(const AttentionProblem& prob
       << kBackwardPreprocessEntry << params << "  flashjit_kernel::backward_preprocess" << view
       << row_args << "(params);\n}\n"
       << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads, 1)\n"
-      << kBackwardDkDvEntry << params << "  flashjit_kernel::" << prefix << "_dkdv" << view
-      << "<Config>(params);\n}\n";
+      << kBackwardDkDvEntry << masked_params << "  flashjit_kernel::" << prefix << "_dkdv" << view
+      << "<Config>(params" << mask_arg << ");\n}\n";
   if (config.dq == DqMode::Atomic) {
     instantiation
         << "extern \"C\" __global__ void __launch_bounds__(flashjit_kernel::kBackwardThreads)\n"
@@ -555,16 +578,16 @@ Result<KernelSource> render_cuda_attention_backward(const AttentionProblem& prob
         << row_args << "(params);\n}\n";
   } else {
     instantiation << "extern \"C\" __global__ void __launch_bounds__(Config::kDqThreads, 1)\n"
-                  << kBackwardDqEntry << params << "  flashjit_kernel::" << prefix << "_dq" << view
-                  << "<Config>(params);\n}\n";
+                  << kBackwardDqEntry << masked_params << "  flashjit_kernel::" << prefix << "_dq"
+                  << view << "<Config>(params" << mask_arg << ");\n}\n";
   }
   const std::vector<std::string> entries = {kBackwardPreprocessEntry, kBackwardDkDvEntry,
                                             kBackwardDqEntry};
   Result<KernelSource> source =
       wgmma ? assemble(template_files::kCudaWgmmaBackward, entries, "attention_bwd_sm90", problem,
-                       config, instantiation.str())
+                       config, instantiation.str(), block_mask)
             : assemble(template_files::kCudaMmaBackward, entries, "attention_bwd", problem, config,
-                       instantiation.str());
+                       instantiation.str(), block_mask);
   if (source.ok()) source->arch_specific = wgmma;
   return source;
 }

@@ -27,6 +27,10 @@ struct KernelSource {
   // maps (FlashjitForwardTensorMaps, templates/attention_params.h), encoded per launch (the -ws
   // family).
   bool tensor_maps = false;
+  // The main entries take a mask_mod's block map (FlashjitBlockMask) as their second parameter
+  // (after the tensor maps, for an entry taking those too): generator/block_mask.hpp,
+  // block_mask_applies.
+  bool block_mask = false;
 
   const std::string& entry() const { return entries.front(); }  // the first (or only) one
 };

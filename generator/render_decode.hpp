@@ -49,7 +49,7 @@ namespace detail {
 Result<KernelSource> assemble(const template_files::Family& family,
                               std::vector<std::string> entries, const char* kind,
                               const AttentionProblem& problem, const AttentionConfig& config,
-                              const std::string& instantiation);
+                              const std::string& instantiation, bool block_mask = false);
 std::string cpu_entry(const char* entry, const char* function);
 }  // namespace detail
 

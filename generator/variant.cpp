@@ -41,7 +41,7 @@ int first_error_line(const std::string& log, std::string& message) {
 
 }  // namespace
 
-Result<std::string> render_variant_prelude(const AttentionProblem& problem) {
+Result<std::string> render_variant_prelude(const AttentionProblem& problem, bool block_mask) {
   const Variant& v = problem.variant;
   if (!v.active()) return std::string();
   const std::string_view header = templates::text(kVariantHeader);
@@ -66,7 +66,9 @@ Result<std::string> render_variant_prelude(const AttentionProblem& problem) {
   // The score_mod's derivative: backward kernels only (the forward has no use for it).
   const bool score_mod_grad = problem.is_backward() && !v.score_mod_grad.empty();
   if (score_mod_grad) out << "#define FLASHJIT_VARIANT_SCORE_MOD_GRAD 1\n";
-  out << "#define FLASHJIT_VARIANT_VARLEN " << (v.varlen ? 1 : 0) << "\n" << header << "\n";
+  out << "#define FLASHJIT_VARIANT_VARLEN " << (v.varlen ? 1 : 0) << "\n";
+  if (block_mask) out << "#define FLASHJIT_VARIANT_BLOCK_MASK 1\n";
+  out << header << "\n";
   if (!v.score_mod.empty() || !v.mask_mod.empty()) {
     out << "// ---- the user's expressions ----\nnamespace flashjit_variant {\n";
     if (!v.score_mod.empty())

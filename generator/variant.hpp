@@ -24,7 +24,10 @@ inline constexpr std::string_view kVariantHeader = "attention_variant.h";
 // templates/attention_variant.h and the user's expressions as the bodies of
 // flashjit_variant::user_score_mod / user_mask_mod, each on one line ending in the marker above.
 // Error if the header is not embedded in this build.
-Result<std::string> render_variant_prelude(const AttentionProblem& problem);
+// block_mask: the kernel reads a mask_mod's block map (FLASHJIT_VARIANT_BLOCK_MASK 1;
+// generator/block_mask.hpp).
+Result<std::string> render_variant_prelude(const AttentionProblem& problem,
+                                           bool block_mask = false);
 
 // Where the user's expressions landed in a rendered source: "score_mod: line 612:   return
 // static_cast<float>(...);  // flashjit:score_mod", one line per expression (none: "").

@@ -10,12 +10,14 @@
 #include <utility>
 #include <vector>
 
+#include "generator/block_mask.hpp"
 #include "generator/config.hpp"
 #include "generator/device.hpp"
 #include "generator/error.hpp"
 #include "generator/problem.hpp"
 #include "generator/render.hpp"
 #include "runtime/device_fingerprint.hpp"
+#include "templates/attention_params.h"
 
 namespace flashjit {
 
@@ -78,6 +80,12 @@ struct AttentionArgs {
   // synchronization fails; the context is lost, as after any device fault). false: the default,
   // FLASHJIT_CHECK_TABLES=1 (on) / 0 (off), else on in debug builds of the library.
   bool check_tables = false;
+  // A mask_mod's block map (issue 31; templates/attention_params.h, generator/block_mask.hpp),
+  // built by the caller for this problem at the kernel's block_m x block_n
+  // (Kernel::block_mask_tile): a host struct of device pointers, read at launch. Null: a kernel
+  // that reads a map builds and caches its own per shape (Kernel::block_mask_build_ms times
+  // that). Ignored by kernels that read none.
+  const FlashjitBlockMask* block_mask = nullptr;
 };
 
 // The problem fields that are compiled into a kernel; everything else is a launch argument.
@@ -127,6 +135,16 @@ class Kernel {
   // `stream` (the backend's native stream handle; nullptr = its default stream). Asynchronous.
   virtual Status launch(const AttentionProblem& problem, const AttentionArgs& args,
                         void* stream = nullptr) const = 0;
+  // Whether the kernel reads a mask_mod's block map (generator/block_mask.hpp) and at which tile
+  // (block_m, block_n): {0, 0} when it reads none.
+  virtual std::pair<int, int> block_mask_tile() const { return {0, 0}; }
+  // A bench hook: the device time in milliseconds of building `problem`'s block map on `stream`
+  // (once more, into the kernel's cached map, waiting for it). Unsupported for kernels without.
+  virtual Result<double> block_mask_build_ms(const AttentionProblem& problem,
+                                             void* stream = nullptr) const {
+    (void)problem, (void)stream;
+    return make_error(ErrorCode::Unsupported, "this kernel reads no block map");
+  }
   // Bytes of scratch a launch for `problem` needs (0 for the forward).
   virtual size_t workspace_bytes(const AttentionProblem& problem) const {
     (void)problem;
@@ -168,6 +186,18 @@ class DeviceBuffer {
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
   std::function<void(void*)> release_;
+};
+
+// A caller-built block map of a mask_mod (issue 31; Backend::build_block_mask): the map of
+// problems of one block_mask_key and shape at one tile, in a device buffer of its own, reusable
+// by every call and layer of that key and shape: pass &map as AttentionArgs::block_mask to a
+// kernel whose block_mask_tile() is (shape.block_m, shape.block_n).
+struct BlockMask {
+  BlockMaskShape shape;
+  std::string key;  // block_mask_key of the problem it was built for
+  FlashjitBlockMask map{};
+  double build_ms = 0;  // the build's device time (build_block_mask waits for it)
+  DeviceBuffer buffer;
 };
 
 // What else ran on a device during a timing, as the device itself can tell (the CPU backend: the
@@ -221,6 +251,16 @@ class Backend {
   // Device time of `work` (which enqueues on the default stream), in milliseconds, measured
   // with events around `repetitions` back-to-back calls and divided by `repetitions`.
   virtual Result<double> time_ms(const std::function<Status()>& work, int repetitions) const = 0;
+
+  // Builds the block map of `problem`'s mask_mod (with its causal flag, window and prefix) at
+  // `block_m` x `block_n` on `stream` and waits for it (BlockMask::build_ms). Unsupported on a
+  // backend whose kernels read no map (the CPU and HIP backends: their kernels find a mask_mod's
+  // hidden blocks themselves or mask per element).
+  virtual Result<BlockMask> build_block_mask(const AttentionProblem& problem, int block_m,
+                                             int block_n, void* stream = nullptr) const {
+    (void)problem, (void)block_m, (void)block_n, (void)stream;
+    return make_error(ErrorCode::Unsupported, "the " + name() + " backend reads no block maps");
+  }
 
   // True when compiling takes the cores the kernels run on (the CPU backend): a tuner must then
   // finish its compiles before it times anything, or the timings measure the compiler too.

@@ -76,6 +76,29 @@ struct FlashjitAttentionParams {
   const int* cu_seqlens_k;
   // FLASHJIT_VARIANT_FIELDS_END
 };
+// FLASHJIT_VARIANT_FIELDS_BEGIN
+// A mask_mod's block map (issue 31; generator/block_mask.hpp builds its layout, the generated
+// kernel of templates/cuda/block_mask.cuh fills it on the device): per (query tile of block_m
+// rows, key tile of block_n keys) whether no row of the tile sees a key of the tile (empty:
+// never loaded), every row sees every key (full: no per-element mask) or neither (partial), as
+// the variant's visible() says (mask_mod, causal, window, prefix, keys < seqlen_k; rows past
+// seqlen_q do not count). The kernels of a problem with a mask_mod whose family reads it take it
+// as a second kernel parameter; plain kernels never see this type. One map for every (batch,
+// head) unless the mask_mod names `batch` or `head` (per_head: maps = batch * heads_q, map
+// batch * heads_q + head). Entries of the lists: (tile << 1) | full.
+struct FlashjitBlockMask {
+  int* q_count;  // [maps, q_tiles]: non-empty key tiles of each query tile
+  int* q_list;   // [maps, q_tiles, k_tiles]: those key tiles in increasing order, then unused
+  int* k_count;  // [maps, k_tiles]: non-empty query tiles of each key tile
+  int* k_list;   // [maps, k_tiles, q_tiles]: those query tiles in increasing order
+  unsigned char* states;  // [maps, q_tiles, k_tiles]: 0 empty, 1 partial, 2 full
+  int q_tiles, k_tiles;   // ceil(seqlen_q / block_m), ceil(seqlen_k / block_n)
+  int block_m, block_n;
+  int maps;      // per_head ? batch * heads_q : 1
+  int per_head;  // 1: a map per (batch, head); 0: one map
+  int heads_q;
+};
+// FLASHJIT_VARIANT_FIELDS_END
 
 // The warp-specialized Hopper forward (configs "-ws", templates/cuda/ws/) takes a second
 // parameter block after FlashjitAttentionParams: the TMA tensor maps of q, k, v and o (each a

@@ -112,6 +112,13 @@ constexpr bool kModifiesScores = false;
 // A user mask_mod (blocks it hides whole are found by asking it: block_seen below).
 [[maybe_unused]] constexpr bool kMaskMod = FLASHJIT_VARIANT_MASK_MOD != 0;
 
+// The kernel reads the mask_mod's block map (FlashjitBlockMask, templates/attention_params.h):
+// rendered 1 by the CUDA families that take it (generator/block_mask.hpp, block_mask_applies);
+// their key blocks and full blocks come from it instead of KeyBlocks / block_fully_visible.
+#ifndef FLASHJIT_VARIANT_BLOCK_MASK
+#define FLASHJIT_VARIANT_BLOCK_MASK 0
+#endif
+
 FLASHJIT_DEVICE int clamp_key(long long key, int seqlen_k) {
   return key < 0 ? 0 : key > seqlen_k ? seqlen_k : static_cast<int>(key);
 }
@@ -337,6 +344,77 @@ FLASHJIT_DEVICE bool block_fully_visible(const FlashjitAttentionParams& p, int d
   return (n1 <= p.seqlen_k) & ((kPrefix > 0 && n1 <= kPrefix) | (left & right));
 #endif
 }
+
+#if FLASHJIT_VARIANT_BLOCK_MASK
+// The non-empty tiles of one query tile's row of the block map (the key tiles it visits, in
+// increasing order) or of one key tile's column (the query tiles, for the backward's dK/dV), and
+// whether each is full (every row sees every key: no per-element mask).
+// count() and at(t) as KeyBlocks' (the -ws family's WsKeyBlocks is either).
+struct BlockList {
+  const int* entries;
+  int n;
+  FLASHJIT_DEVICE int count() const { return n; }
+  FLASHJIT_DEVICE int at(int t) const { return entries[t] >> 1; }
+  FLASHJIT_DEVICE bool full(int t) const { return (entries[t] & 1) != 0; }
+};
+
+// The map of (batch, head): its own when the mask_mod names either, else the one map.
+FLASHJIT_DEVICE long long block_map_of(const FlashjitBlockMask& m, int batch, int head) {
+  return m.per_head ? static_cast<long long>(batch) * m.heads_q + head : 0;
+}
+
+FLASHJIT_DEVICE BlockList key_tiles_of(const FlashjitBlockMask& m, int batch, int head,
+                                       int q_tile) {
+  const long long row = block_map_of(m, batch, head) * m.q_tiles + q_tile;
+  return BlockList{m.q_list + row * m.k_tiles, m.q_count[row]};
+}
+
+FLASHJIT_DEVICE BlockList query_tiles_of(const FlashjitBlockMask& m, int batch, int head,
+                                         int k_tile) {
+  const long long column = block_map_of(m, batch, head) * m.k_tiles + k_tile;
+  return BlockList{m.k_list + column * m.q_tiles, m.k_count[column]};
+}
+
+// A backward dK/dV CTA's steps over the query heads of its group (GQA) and their non-empty query
+// tiles of key tile `k_tile`: head after head, each head's tiles in increasing order. One map:
+// every head has the same tiles (the step's head and tile by division); a map per head: the
+// step is found head by head (a group's few counts).
+struct GroupStep {
+  int head;
+  int tile;
+  bool full;
+};
+struct GroupQueryTiles {
+  const FlashjitBlockMask* m;
+  int batch, first_head, group, k_tile;
+  int steps;
+  FLASHJIT_DEVICE GroupQueryTiles(const FlashjitBlockMask& map, int batch_, int first_head_,
+                                  int group_, int k_tile_)
+      : m(&map), batch(batch_), first_head(first_head_), group(group_), k_tile(k_tile_) {
+    steps = 0;
+    if (!map.per_head) {
+      steps = query_tiles_of(map, batch, first_head, k_tile).count() * group;
+    } else {
+      for (int h = 0; h < group; ++h)
+        steps += query_tiles_of(map, batch, first_head + h, k_tile).count();
+    }
+  }
+  FLASHJIT_DEVICE GroupStep at(int t) const {
+    if (!m->per_head) {
+      const BlockList tiles = query_tiles_of(*m, batch, first_head, k_tile);
+      const int i = t % tiles.count();
+      return GroupStep{first_head + t / tiles.count(), tiles.at(i), tiles.full(i)};
+    }
+    int head = first_head;
+    BlockList tiles = query_tiles_of(*m, batch, head, k_tile);
+    while (t >= tiles.count()) {
+      t -= tiles.count();
+      tiles = query_tiles_of(*m, batch, ++head, k_tile);
+    }
+    return GroupStep{head, tiles.at(t), tiles.full(t)};
+  }
+};
+#endif
 
 #if FLASHJIT_VARIANT_VARLEN
 // Packed variable-length documents: turns `p` into document `doc`'s view of the params, as if the

@@ -118,6 +118,7 @@ __all__ = [
     "decode",
     "sdpa",
     "config_for",
+    "block_mask_stats",
     "show",
     "tune",
     "devices",
@@ -717,6 +718,22 @@ def config_for(q, k, v, *, causal=False, scale=None, layout="bshd", config=None,
     return _C.config_for(q, k, v, bool(causal), scale, layout, config, str(pass_),
                          bool(deterministic), variant, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
                          max_seqlen_q or 0, max_seqlen_k or 0)
+
+
+def block_mask_stats(q, k, v, *, causal=False, scale=None, layout="bshd", config=None,
+                     pass_="fwd", deterministic=False, window=None, prefix=0, mask_mod=None):
+    """The block map of a mask_mod (issue 31) that the kernel config_for() names would read
+    (attention() builds and caches it on its first call of a shape): built now, on the device,
+    and waited for. A dict with config, block_m, block_n (its tile), maps (1, or batch x heads
+    when the mask_mod names batch or head), build_ms (the build's device time) and the shares of
+    its tiles that are empty (never loaded), partial (masked per element) and full (unmasked);
+    None when that kernel reads no map (no mask_mod, the CPU backend)."""
+    variant = _variant_spec(window, None, prefix, None, mask_mod)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_array(name, x)
+    q, k, v = (_detached(x) for x in (q, k, v))
+    return _C.block_mask_stats(q, k, v, bool(causal), scale, layout, config, str(pass_),
+                               bool(deterministic), variant)
 
 
 def show(*, head_dim=128, seqlen=4096, seqlen_q=None, seqlen_k=None, batch=2, heads=16,

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "generator/block_mask.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/cuda/driver.hpp"
 
@@ -299,6 +300,51 @@ nb::dict config_for(InArray q, InArray k, InArray v, bool causal, std::optional<
   result["source"] = chosen.second;
   result["device"] = call.place.to_string();
   result["problem"] = p.to_string();
+  return result;
+}
+
+nb::object block_mask_stats(InArray q, InArray k, InArray v, bool causal,
+                            std::optional<double> scale, const std::string& layout,
+                            std::optional<std::string> config, const std::string& pass,
+                            bool deterministic, std::optional<nb::tuple> variant) {
+  Call call = prepare(q, k, v, nullptr, nullptr, causal, scale, layout, variant_of(variant),
+                      nullptr);
+  AttentionProblem& p = call.problem;
+  p.pass = unwrap(parse_pass(pass));
+  p.deterministic = deterministic && p.is_backward();
+  p.do_strides = p.dq_strides = p.o_strides;
+  p.dk_strides = p.dv_strides = p.k_strides;
+  std::shared_ptr<Runtime> runtime = runtimes().get(call.place);
+  AttentionConfig chosen;
+  BlockMask map;
+  std::vector<unsigned char> states;
+  {
+    nb::gil_scoped_release release;
+    CudaContextGuard guard(call.place.cuda());
+    chosen = resolve_config(*runtime, p, config).first;
+    if (runtime->backend().name() == "cuda" && block_mask_applies(p, chosen)) {
+      map = unwrap(runtime->backend().build_block_mask(p, chosen.block_m, chosen.block_n));
+      states.resize(static_cast<size_t>(map.shape.maps() * map.shape.q_tiles() *
+                                        map.shape.k_tiles()));
+      check(runtime->backend().copy_to_host(
+          states.data(),
+          static_cast<const unsigned char*>(map.buffer.get()) + map.shape.states_offset(),
+          states.size()));
+    }
+  }
+  if (states.empty()) return nb::none();
+  double count[3] = {0, 0, 0};
+  for (unsigned char state : states) count[state < 3 ? state : 1] += 1;
+  const double tiles = static_cast<double>(states.size());
+  nb::dict result;
+  result["config"] = chosen.to_string();
+  result["block_m"] = chosen.block_m;
+  result["block_n"] = chosen.block_n;
+  result["maps"] = map.shape.maps();
+  result["build_ms"] = map.build_ms;
+  result["empty"] = count[0] / tiles;
+  result["partial"] = count[1] / tiles;
+  result["full"] = count[2] / tiles;
   return result;
 }
 

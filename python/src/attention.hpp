@@ -118,6 +118,15 @@ nb::dict config_for(InArray q, InArray k, InArray v, bool causal, std::optional<
                     std::optional<InArray> cu_seqlens_k, int64_t max_seqlen_q,
                     int64_t max_seqlen_k);
 
+// The block map (issue 31) the kernel config_for() names would read for q, k, v and the variant
+// (a mask_mod): built now on the device and waited for, {config, block_m, block_n, maps,
+// build_ms, empty, partial, full} (the tiles' shares); None when that kernel reads no map (no
+// mask_mod, packed documents, a family or backend without maps: the CPU's).
+nb::object block_mask_stats(InArray q, InArray k, InArray v, bool causal,
+                            std::optional<double> scale, const std::string& layout,
+                            std::optional<std::string> config, const std::string& pass,
+                            bool deterministic, std::optional<nb::tuple> variant);
+
 // Where a kernel's config came from ("exact", "nearest", "default", "given") and the config:
 // nullopt = the runtime's selection (tuning DBs, then the SRAM-formula default); "default" = the
 // SRAM-formula default; else a config name such as "m128n64w4s2", checked for legality.

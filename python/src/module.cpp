@@ -93,6 +93,9 @@ NB_MODULE(_flashjit, m) {
         nb::arg("deterministic"), nb::arg("variant").none(), nb::arg("alibi_slopes").none(),
         nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(), nb::arg("max_seqlen_q"),
         nb::arg("max_seqlen_k"));
+  m.def("block_mask_stats", &block_mask_stats, nb::arg("q"), nb::arg("k"), nb::arg("v"),
+        nb::arg("causal"), nb::arg("scale").none(), nb::arg("layout"), nb::arg("config").none(),
+        nb::arg("pass_"), nb::arg("deterministic"), nb::arg("variant").none());
   m.def("show", &show, nb::arg("batch"), nb::arg("heads"), nb::arg("kv_heads").none(),
         nb::arg("seqlen_q"), nb::arg("seqlen_k"), nb::arg("head_dim"), nb::arg("dtype"),
         nb::arg("causal"), nb::arg("scale").none(), nb::arg("layout"), nb::arg("config").none(),

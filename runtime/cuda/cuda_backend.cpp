@@ -17,6 +17,7 @@
 #include "generator/decode_config.hpp"
 #include "generator/forward_config_ws.hpp"
 #include "generator/render.hpp"
+#include "runtime/cuda/block_mask.hpp"
 #include "runtime/cuda/nvrtc_compiler.hpp"
 #include "runtime/cuda/tensor_maps.hpp"
 #include "runtime/decode_launch.hpp"
@@ -131,7 +132,7 @@ class CudaKernel final : public Kernel {
   CudaKernel(const Driver* driver, CUdevice device, CUcontext context, CUmodule module,
              std::vector<CUfunction> functions, std::vector<KernelShape> shapes,
              ProblemSignature signature, AttentionConfig config, KernelInfo info, bool tensor_maps,
-             DeviceSpec device_spec)
+             bool block_mask, DeviceSpec device_spec)
       : tensor_maps_(tensor_maps),
         device_spec_(std::move(device_spec)),
         driver_(driver),
@@ -148,9 +149,14 @@ class CudaKernel final : public Kernel {
                      FLASHJIT_TRY(check(driver->cuCtxSetCurrent(context), "cuCtxSetCurrent"));
                      return check(driver->cuStreamSynchronize(static_cast<CUstream>(stream)),
                                   "cuStreamSynchronize", ErrorCode::LaunchFailed);
-                   }) {}
+                   }) {
+    if (block_mask)
+      block_masks_ = std::make_unique<BlockMaskCache>(driver, context, device_spec_.arch,
+                                                      config.block_m, config.block_n);
+  }
 
   ~CudaKernel() override {
+    block_masks_.reset();  // its buffers and module first, in the context we still hold
     // Errors cannot be reported from a destructor; the context reference is ours, so it is alive.
     if (driver_->cuCtxSetCurrent(context_) == CUDA_SUCCESS) {
       driver_->cuModuleUnload(module_);
@@ -195,11 +201,39 @@ class CudaKernel final : public Kernel {
             return enqueue_table_check(problem, args, stream);
           });
     }
+    // A mask_mod's block map: the caller's, else this kernel's for the shape (built on first
+    // use), taken when the first entry that reads it is enqueued (after the launch's checks).
+    FlashjitBlockMask block_mask{};
+    bool have_mask = false;
     return launch_gpu_kernel(
         problem, args, signature_, config_, shapes_, kGridLimits, workspace_, stream,
         [&](size_t entry, const LaunchShape& shape, FlashjitAttentionParams& params) -> Status {
-          return enqueue(problem, entry, shape, params, stream);
+          if (block_masks_ && !have_mask && (!problem.is_backward() || entry != 0)) {
+            if (args.block_mask != nullptr) {
+              FLASHJIT_TRY(check_block_mask(problem, *args.block_mask));
+              block_mask = *args.block_mask;
+            } else {
+              FLASHJIT_TRY(check(driver_->cuCtxSetCurrent(context_), "cuCtxSetCurrent"));
+              Result<FlashjitBlockMask> built =
+                  block_masks_->get(problem, static_cast<CUstream>(stream));
+              if (!built.ok()) return built.error();
+              block_mask = built.value();
+            }
+            have_mask = true;
+          }
+          return enqueue(problem, entry, shape, params, stream, &block_mask);
         });
+  }
+
+  std::pair<int, int> block_mask_tile() const override {
+    if (!block_masks_) return {0, 0};
+    return {config_.block_m, config_.block_n};
+  }
+
+  Result<double> block_mask_build_ms(const AttentionProblem& problem, void* stream) const override {
+    if (!block_masks_) return Kernel::block_mask_build_ms(problem, stream);
+    FLASHJIT_TRY(validate(problem));
+    return block_masks_->time_build(problem, static_cast<CUstream>(stream));
   }
 
  private:
@@ -239,14 +273,21 @@ class CudaKernel final : public Kernel {
 
   // Enqueues entry `entry` of a launch of `problem` with `shape` on `stream`.
   Status enqueue(const AttentionProblem& problem, size_t entry, const LaunchShape& shape,
-                 FlashjitAttentionParams& params, void* stream) const {
+                 FlashjitAttentionParams& params, void* stream,
+                 FlashjitBlockMask* block_mask = nullptr) const {
     FLASHJIT_TRY(check(driver_->cuCtxSetCurrent(context_), "cuCtxSetCurrent"));
     FlashjitForwardTensorMaps maps;
     // The backward's row kernels (entries 0 and 2) take the params only: the maps are for its
     // fused kernel (entry 1, the ws family).
     if (tensor_maps_ && (!problem.is_backward() || entry == 1))
       FLASHJIT_TRY(encode_forward_tensor_maps(*driver_, params, problem, config_, &maps));
-    void* kernel_args[] = {&params, &maps};
+    // Then the block map (a forward's entry; the backward's dK/dV and dQ entries), after the maps
+    // when the entry takes those too.
+    const bool takes_mask = block_masks_ && (!problem.is_backward() || entry != 0);
+    void* kernel_args[] = {
+        &params,
+        takes_mask && !tensor_maps_ ? static_cast<void*>(block_mask) : static_cast<void*>(&maps),
+        block_mask};
     return check(driver_->cuLaunchKernel(functions_[entry], static_cast<unsigned>(shape.grid_x),
                                          static_cast<unsigned>(shape.grid_y),
                                          static_cast<unsigned>(shape.grid_z),
@@ -254,6 +295,22 @@ class CudaKernel final : public Kernel {
                                          static_cast<unsigned>(shape.smem_bytes),
                                          static_cast<CUstream>(stream), kernel_args, nullptr),
                  "cuLaunchKernel", ErrorCode::LaunchFailed);
+  }
+
+  // A user-built block map fits this kernel: its tile, the problem's tiles and maps.
+  Status check_block_mask(const AttentionProblem& problem, const FlashjitBlockMask& map) const {
+    const BlockMaskShape shape = block_mask_shape(problem, config_.block_m, config_.block_n);
+    if (map.block_m == shape.block_m && map.block_n == shape.block_n &&
+        map.q_tiles == shape.q_tiles() && map.k_tiles == shape.k_tiles() &&
+        map.maps == shape.maps() && map.q_count != nullptr && map.q_list != nullptr &&
+        map.k_count != nullptr && map.k_list != nullptr)
+      return ok_status();
+    return make_error(ErrorCode::InvalidArgument,
+                      "block_mask of m" + std::to_string(map.block_m) + " n" +
+                          std::to_string(map.block_n) + ", " + std::to_string(map.q_tiles) + " x " +
+                          std::to_string(map.k_tiles) + " tiles, " + std::to_string(map.maps) +
+                          " map(s): kernel " + config_.to_string() + " needs the map of " +
+                          shape.to_string() + " (build it at Kernel::block_mask_tile)");
   }
 
   const bool tensor_maps_;        // the entry takes (params, maps) rather than (params)
@@ -271,6 +328,7 @@ class CudaKernel final : public Kernel {
   mutable std::mutex check_mutex_;  // the table check's module, loaded on first use
   mutable CUmodule check_module_ = nullptr;
   mutable CUfunction check_function_ = nullptr;
+  std::unique_ptr<BlockMaskCache> block_masks_;  // a kernel that reads a block map: its maps
 };
 
 }  // namespace
@@ -517,7 +575,7 @@ Result<std::shared_ptr<Kernel>> CudaBackend::load(const Binary& binary, const Ke
 
   return std::shared_ptr<Kernel>(std::make_shared<CudaKernel>(
       driver_, device_handle_, context.value(), module, std::move(functions), shapes, signature,
-      config, info, source.tensor_maps, device_));
+      config, info, source.tensor_maps, source.block_mask, device_));
 }
 
 Result<DeviceBuffer> CudaBackend::allocate(size_t bytes) const {
@@ -568,6 +626,36 @@ Result<double> CudaBackend::time_ms(const std::function<Status()>& work, int rep
   FLASHJIT_TRY(check(driver_->cuEventElapsedTime(&elapsed_ms, events.start, events.stop),
                      "cuEventElapsedTime"));
   return static_cast<double>(elapsed_ms) / repetitions;
+}
+
+Result<BlockMask> CudaBackend::build_block_mask(const AttentionProblem& problem, int block_m,
+                                                int block_n, void* stream) const {
+  FLASHJIT_TRY(validate(problem));
+  if (problem.variant.mask_mod.empty() || problem.variant.varlen)
+    return make_error(ErrorCode::InvalidArgument,
+                      problem.variant.varlen
+                          ? "a block map of packed documents (varlen) is not supported"
+                          : "a block map is built from a mask_mod: the problem has none");
+  if (block_m < 1 || block_n < 1 || block_m > 1024 || block_n > 1024)
+    return make_error(ErrorCode::InvalidArgument, "block_m = " + std::to_string(block_m) +
+                                                      ", block_n = " + std::to_string(block_n) +
+                                                      ": each must be in [1, 1024]");
+  BlockMask mask;
+  mask.shape = block_mask_shape(problem, block_m, block_n);
+  mask.key = block_mask_key(problem);
+  FLASHJIT_TRY(check_block_mask_shape(mask.shape));
+  Result<DeviceBuffer> buffer = allocate(mask.shape.bytes());
+  if (!buffer.ok()) return buffer.error();
+  mask.buffer = std::move(buffer.value());
+  mask.map = block_mask_view(mask.shape, mask.buffer.get());
+  FLASHJIT_TRY(make_current());
+  Result<BlockMaskBuilder> builder = block_mask_builder(driver_, context_, problem, device_.arch);
+  if (!builder.ok()) return builder.error();
+  Result<double> ms = time_block_mask_build(driver_, builder.value(), mask.shape, mask.map,
+                                            static_cast<CUstream>(stream));
+  if (!ms.ok()) return ms.error();
+  mask.build_ms = ms.value();
+  return mask;
 }
 
 }  // namespace flashjit::cuda

@@ -41,6 +41,8 @@ class CudaBackend final : public CudaTemplateBackend {
   Status fill_bytes(void* dst, uint8_t value, size_t bytes) const override;
   Status synchronize() const override;
   Result<double> time_ms(const std::function<Status()>& work, int repetitions) const override;
+  Result<BlockMask> build_block_mask(const AttentionProblem& problem, int block_m, int block_n,
+                                     void* stream = nullptr) const override;
 
  private:
   CudaBackend(const Driver* driver, CUdevice device, CUcontext context, DeviceSpec spec);

@@ -284,7 +284,8 @@ __device__ __forceinline__ void scores_to_shared(const FlashjitAttentionParams& 
                                                  u32 k_tile, u32 v_tile, u32 p_tile, u32 ds_tile,
                                                  const float (&lse_log2)[K::Sdp::kMTiles][2],
                                                  const float (&delta)[K::Sdp::kMTiles][2],
-                                                 int batch, int head, float slope) {
+                                                 int batch, int head, float slope,
+                                                 bool map_full = false) {
   namespace fv = flashjit_variant;
 #else
 template <class K, bool STORE_P>
@@ -309,7 +310,9 @@ __device__ __forceinline__ void scores_to_shared(const FlashjitAttentionParams& 
 #ifdef FLASHJIT_VARIANT
   // grad: d score / d (scale * q . k) where the variant modifies the scores (else unused).
   float grad[T::kMTiles][T::kNTiles][4];
-  const bool all_visible = fv::block_fully_visible(p, diagonal, m0, K::kBlockM, n0, K::kBlockN);
+  // (map_full: a mask_mod's block map calls the tile full.)
+  const bool all_visible =
+      map_full || fv::block_fully_visible(p, diagonal, m0, K::kBlockM, n0, K::kBlockN);
   if (!all_visible || fv::kModifiesScores) {
 #pragma unroll
     for (int mt = 0; mt < T::kMTiles; ++mt)
@@ -402,7 +405,13 @@ __device__ __forceinline__ void scores_to_shared(const FlashjitAttentionParams& 
 // ---- the dK/dV kernel --------------------------------------------------------------------------
 
 template <class K>
+#ifdef FLASHJIT_VARIANT
+// A mask_mod's block map (FLASHJIT_VARIANT_BLOCK_MASK): the entry passes its kernel parameter.
+__device__ __forceinline__ void attention_backward_dkdv(const FlashjitAttentionParams& p,
+                                                        const FlashjitBlockMask* block_mask = 0) {
+#else
 __device__ __forceinline__ void attention_backward_dkdv(const FlashjitAttentionParams& p) {
+#endif
   namespace fa = flashjit_attention;
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   constexpr int kDp = K::kHeadDimPadded, kThreads = K::kThreads;
@@ -424,18 +433,28 @@ __device__ __forceinline__ void attention_backward_dkdv(const FlashjitAttentionP
   // Query blocks [m_begin, m_end) of every head of the group see keys of this block: one step
   // per (head, query block), the query block fastest.
 #ifdef FLASHJIT_VARIANT
+#if FLASHJIT_VARIANT_BLOCK_MASK
+  // The block map's non-empty query tiles of this key tile (its transposed lists), head after
+  // head of the group: step t is query_tiles.at(t).
+  const flashjit_variant::GroupQueryTiles query_tiles(*block_mask, batch, kv_head * p.group_size,
+                                                      p.group_size, n_block);
+  const int steps = query_tiles.steps;
+#else
   // The variant's query rows that may see this block (templates/attention_variant.h).
   const flashjit_variant::QueryRows query_rows =
       flashjit_variant::query_rows(p, diagonal, n0, kBlockN);
   const int m_begin = query_rows.first / kBlockM;
   const int m_end =
       query_rows.first < query_rows.last ? (query_rows.last + kBlockM - 1) / kBlockM : m_begin;
+  const int m_count = m_end > m_begin ? m_end - m_begin : 0;
+  const int steps = m_count * p.group_size;
+#endif
 #else
   const int m_begin = fa::first_query_block<K::kCausal>(diagonal, n0, kBlockM);
   const int m_end = fa::query_blocks(p, kBlockM);
-#endif
   const int m_count = m_end > m_begin ? m_end - m_begin : 0;
   const int steps = m_count * p.group_size;
+#endif
 
   const u16* k = static_cast<const u16*>(p.k) + batch * p.k_batch_stride +
                  kv_head * p.k_head_stride + n0 * p.k_seq_stride;
@@ -444,8 +463,19 @@ __device__ __forceinline__ void attention_backward_dkdv(const FlashjitAttentionP
 
   // Starts the copies of step t's Q_i, dO_i, lse_log2_i and D_i into buffer `stage`.
   auto load_step = [&](int t, int stage) {
+#ifdef FLASHJIT_VARIANT
+#if FLASHJIT_VARIANT_BLOCK_MASK
+    const flashjit_variant::GroupStep step = query_tiles.at(t);
+    const int head = step.head;
+    const int m0 = step.tile * kBlockM;
+#else
     const int head = kv_head * p.group_size + t / m_count;
     const int m0 = (m_begin + t % m_count) * kBlockM;
+#endif
+#else
+    const int head = kv_head * p.group_size + t / m_count;
+    const int m0 = (m_begin + t % m_count) * kBlockM;
+#endif
     const u16* q = static_cast<const u16*>(p.q) + batch * p.q_batch_stride +
                    head * p.q_head_stride + m0 * p.q_seq_stride;
     const u16* d_o = static_cast<const u16*>(p.d_o) + batch * p.do_batch_stride +
@@ -489,8 +519,19 @@ __device__ __forceinline__ void attention_backward_dkdv(const FlashjitAttentionP
   for (int t = 0; t < steps; ++t) {
     const int stage = t % kStages;
     pipeline_begin_step<kStages>(t, steps, load_step);  // and everyone is done with P, dS of t - 1
+#ifdef FLASHJIT_VARIANT
+#if FLASHJIT_VARIANT_BLOCK_MASK
+    const flashjit_variant::GroupStep step = query_tiles.at(t);
+    const int head = step.head;
+    const int m0 = step.tile * kBlockM;
+#else
     const int head = kv_head * p.group_size + t / m_count;
     const int m0 = (m_begin + t % m_count) * kBlockM;
+#endif
+#else
+    const int head = kv_head * p.group_size + t / m_count;
+    const int m0 = (m_begin + t % m_count) * kBlockM;
+#endif
     const u32 q_i = q_tile(stage), do_i = q_i + K::kQTileBytes;
 
     float lse_log2[Sdp::kMTiles][2], delta[Sdp::kMTiles][2];
@@ -503,8 +544,14 @@ __device__ __forceinline__ void attention_backward_dkdv(const FlashjitAttentionP
         delta[mt][half] = load_shared_f32(stats(stage) + K::kStatsBytes + 4 * row);
       }
 #ifdef FLASHJIT_VARIANT
+#if FLASHJIT_VARIANT_BLOCK_MASK
+    scores_to_shared<K, true>(p, diagonal, m0, n0, q_i, do_i, k_tile, v_tile, p_tile, ds_tile,
+                              lse_log2, delta, batch, head, flashjit_variant::alibi_slope(p, head),
+                              step.full);
+#else
     scores_to_shared<K, true>(p, diagonal, m0, n0, q_i, do_i, k_tile, v_tile, p_tile, ds_tile,
                               lse_log2, delta, batch, head, flashjit_variant::alibi_slope(p, head));
+#endif
 #else
     scores_to_shared<K, true>(p, diagonal, m0, n0, q_i, do_i, k_tile, v_tile, p_tile, ds_tile,
                               lse_log2, delta);
@@ -567,7 +614,13 @@ __device__ __forceinline__ void attention_backward_dkdv(const FlashjitAttentionP
 // ---- the dQ kernel (DqMode::Separate) -----------------------------------------------------------
 
 template <class K>
+#ifdef FLASHJIT_VARIANT
+// A mask_mod's block map (FLASHJIT_VARIANT_BLOCK_MASK): the entry passes its kernel parameter.
+__device__ __forceinline__ void attention_backward_dq(const FlashjitAttentionParams& p,
+                                                      const FlashjitBlockMask* block_mask = 0) {
+#else
 __device__ __forceinline__ void attention_backward_dq(const FlashjitAttentionParams& p) {
+#endif
   namespace fa = flashjit_attention;
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   constexpr int kDp = K::kHeadDimPadded, kThreads = K::kDqThreads;
@@ -587,9 +640,15 @@ __device__ __forceinline__ void attention_backward_dq(const FlashjitAttentionPar
   const int m0 = m_block * kBlockM;
   const int diagonal = fa::diagonal(p);
 #ifdef FLASHJIT_VARIANT
+#if FLASHJIT_VARIANT_BLOCK_MASK
+  // The block map's non-empty key tiles of this query tile: step j visits key_blocks.at(j).
+  const flashjit_variant::BlockList key_blocks =
+      flashjit_variant::key_tiles_of(*block_mask, batch, head, m_block);
+#else
   // The variant's key blocks: step j visits block key_blocks.at(j).
   const flashjit_variant::KeyBlocks key_blocks =
       flashjit_variant::key_blocks(p, diagonal, m0, kBlockM, kBlockN);
+#endif
   const int n_blocks = key_blocks.count();
   const float slope = flashjit_variant::alibi_slope(p, head);
 #else
@@ -653,8 +712,14 @@ __device__ __forceinline__ void attention_backward_dq(const FlashjitAttentionPar
     pipeline_begin_step<kStages>(j, n_blocks, load_keys);  // and everyone is done with dS of j - 1
     const u32 k_j = k_tile(stage), v_j = k_j + K::kKvTileBytes;
 #ifdef FLASHJIT_VARIANT
+#if FLASHJIT_VARIANT_BLOCK_MASK
+    scores_to_shared<K, false>(p, diagonal, m0, key_blocks.at(j) * kBlockN, q_tile, do_tile, k_j,
+                               v_j, 0, ds_tile, lse_log2, delta, batch, head, slope,
+                               key_blocks.full(j));
+#else
     scores_to_shared<K, false>(p, diagonal, m0, key_blocks.at(j) * kBlockN, q_tile, do_tile, k_j,
                                v_j, 0, ds_tile, lse_log2, delta, batch, head, slope);
+#endif
 #else
     scores_to_shared<K, false>(p, diagonal, m0, j * kBlockN, q_tile, do_tile, k_j, v_j, 0, ds_tile,
                                lse_log2, delta);

@@ -252,7 +252,13 @@ __device__ __forceinline__ void store_tile(u16* out, long long row_stride, int v
 // ---- the dK/dV kernel --------------------------------------------------------------------------
 
 template <class K>
+#ifdef FLASHJIT_VARIANT
+// A mask_mod's block map (FLASHJIT_VARIANT_BLOCK_MASK): the entry passes its kernel parameter.
+__device__ __forceinline__ void attention_backward_sm90_dkdv(
+    const FlashjitAttentionParams& p, const FlashjitBlockMask* block_mask = 0) {
+#else
 __device__ __forceinline__ void attention_backward_sm90_dkdv(const FlashjitAttentionParams& p) {
+#endif
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   constexpr int kDp = K::kHeadDimPadded, kSdpN = K::kSdpN, kKvCols = K::kKvCols;
   constexpr int kKvChunk = K::kKvChunk, kKvChunks = K::kKvChunks, kDqN = K::kDqN;
@@ -301,11 +307,24 @@ __device__ __forceinline__ void attention_backward_sm90_dkdv(const FlashjitAtten
   // that is not 1: then once both S^T and dP^T are in (no array of derivatives held across the
   // dP^T wgmma), else P^T while dP^T is in flight, as plain attention.
   namespace fv = flashjit_variant;
+#if FLASHJIT_VARIANT_BLOCK_MASK
+  // A mask_mod's block map: this key tile's non-empty query tiles (the transposed lists), head
+  // after head of the group; step t is query_tiles.at(t), full tiles unmasked.
+  const fv::GroupQueryTiles query_tiles(*block_mask, batch, kv_head * p.group_size, p.group_size,
+                                        blockIdx.x);
+  const int steps = query_tiles.steps;
+  auto step_head = [&](int t) { return query_tiles.at(t).head; };
+  auto step_m0 = [&](int t) { return query_tiles.at(t).tile * kBlockM; };
+#else
   const fv::QueryRows query_rows = fv::query_rows(p, diagonal, n0, kBlockN);
   const int m_block_first = query_rows.first / kBlockM;
   const int m_blocks = query_rows.first < query_rows.last
                            ? (query_rows.last + kBlockM - 1) / kBlockM - m_block_first
                            : 0;
+  const int steps = m_blocks * p.group_size;  // (query head, query block) pairs, block fastest
+  auto step_head = [&](int t) { return kv_head * p.group_size + t / m_blocks; };
+  auto step_m0 = [&](int t) { return (m_block_first + t % m_blocks) * kBlockM; };
+#endif
 #else
   const int m_blocks_total = (p.seqlen_q + kBlockM - 1) / kBlockM;
   int m_block_first = 0;
@@ -315,10 +334,10 @@ __device__ __forceinline__ void attention_backward_sm90_dkdv(const FlashjitAtten
     if (m_block_first > m_blocks_total) m_block_first = m_blocks_total;
   }
   const int m_blocks = m_blocks_total - m_block_first;
-#endif
   const int steps = m_blocks * p.group_size;  // (query head, query block) pairs, block fastest
   auto step_head = [&](int t) { return kv_head * p.group_size + t / m_blocks; };
   auto step_m0 = [&](int t) { return (m_block_first + t % m_blocks) * kBlockM; };
+#endif
 
   // Load group g carries step g's Q_i, dO_i, lse_log2_i, delta_i; group 0 also K_j and V_j.
   auto load_group = [&](int g) {
@@ -469,7 +488,11 @@ __device__ __forceinline__ void attention_backward_sm90_dkdv(const FlashjitAtten
     const int stat_col = query_part * kSdpN + frag_col;
     {
       const float slope = fv::alibi_slope(p, head);
+#if FLASHJIT_VARIANT_BLOCK_MASK
+      const bool all_visible = query_tiles.at(t).full;  // the map's full tiles: no mask
+#else
       const bool all_visible = fv::block_fully_visible(p, diagonal, m0, kBlockM, n0, kBlockN);
+#endif
       const float scale_log2 = fv::softmax_scale_log2(p);
       const int key = n0 + key_tile * 64 + frag_row;  // + 8 half
       const int query = m0 + stat_col;                // + 8 nt + e

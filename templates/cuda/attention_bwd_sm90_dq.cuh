@@ -8,7 +8,13 @@ namespace flashjit_kernel {
 // ---- the dQ kernel (DqMode::Separate) ----------------------------------------------------------
 
 template <class K>
+#ifdef FLASHJIT_VARIANT
+// A mask_mod's block map (FLASHJIT_VARIANT_BLOCK_MASK): the entry passes its kernel parameter.
+__device__ __forceinline__ void attention_backward_sm90_dq(
+    const FlashjitAttentionParams& p, const FlashjitBlockMask* block_mask = 0) {
+#else
 __device__ __forceinline__ void attention_backward_sm90_dq(const FlashjitAttentionParams& p) {
+#endif
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   constexpr int kDp = K::kHeadDimPadded, kDqChunk = K::kDqChunk, kDqChunks = K::kDqChunks;
   constexpr int kThreads = K::kDqThreads;
@@ -47,7 +53,12 @@ __device__ __forceinline__ void attention_backward_sm90_dq(const FlashjitAttenti
   // An attention variant: the key blocks its rows may see (key_blocks), the scores and the mask
   // per element, dS times d score / d s (as the dK/dV kernel).
   namespace fv = flashjit_variant;
+#if FLASHJIT_VARIANT_BLOCK_MASK
+  // A mask_mod's block map: this query tile's non-empty key tiles, full ones unmasked.
+  const fv::BlockList key_blocks = fv::key_tiles_of(*block_mask, batch, head, m_block);
+#else
   const fv::KeyBlocks key_blocks = fv::key_blocks(p, diagonal, m0, kBlockM, kBlockN);
+#endif
   const int n_blocks = key_blocks.count();
   const float slope = fv::alibi_slope(p, head);
 #else
@@ -128,7 +139,11 @@ __device__ __forceinline__ void attention_backward_sm90_dq(const FlashjitAttenti
 #ifdef FLASHJIT_VARIANT
     {
       const int n0 = key_blocks.at(j) * kBlockN;
+#if FLASHJIT_VARIANT_BLOCK_MASK
+      const bool all_visible = key_blocks.full(j);  // the map's full tiles: no mask
+#else
       const bool all_visible = fv::block_fully_visible(p, diagonal, m0, kBlockM, n0, kBlockN);
+#endif
       const float scale_log2 = fv::softmax_scale_log2(p);
       const int key0 = n0 + frag_col;  // this thread's key at nt, e = 0
       // key - row as a float once: ALiBi's distance is then one add of a constant per score.

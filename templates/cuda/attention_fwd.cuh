@@ -67,7 +67,13 @@ struct Traits {
 // ---- the kernel -------------------------------------------------------------------------------
 
 template <class K>
+#ifdef FLASHJIT_VARIANT
+// A mask_mod's block map (FLASHJIT_VARIANT_BLOCK_MASK): the entry passes its kernel parameter.
+__device__ __forceinline__ void attention_forward(const FlashjitAttentionParams& p,
+                                                  const FlashjitBlockMask* block_mask = 0) {
+#else
 __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams& p) {
+#endif
   namespace fa = flashjit_attention;
 #ifdef FLASHJIT_VARIANT
   namespace fv = flashjit_variant;
@@ -107,10 +113,17 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
   // Causal, bottom-right aligned: row i sees keys j <= i + diagonal.
   const int diagonal = fa::diagonal(p);
 #ifdef FLASHJIT_VARIANT
+#if FLASHJIT_VARIANT_BLOCK_MASK
+  // The block map's non-empty key tiles of this query tile (empty ones are never loaded).
+  const fv::BlockList key_tiles = fv::key_tiles_of(*block_mask, batch, head, m_block);
+  const int n_blocks = key_tiles.count();
+#define FLASHJIT_KEY_BLOCK(t) key_tiles.at(t)
+#else
   // The variant's key blocks: the t-th block visited is key_blocks.at(t).
   const fv::KeyBlocks key_blocks = fv::key_blocks(p, diagonal, m0, kBlockM, kBlockN);
   const int n_blocks = key_blocks.count();
 #define FLASHJIT_KEY_BLOCK(t) key_blocks.at(t)
+#endif
   const float slope = fv::alibi_slope(p, head);
   // Modified scores are scaled scores: the softmax's factor is log2(e) alone.
   const float variant_scale_log2 = fv::kModifiesScores ? 1.4426950408889634f : p.scale_log2;
@@ -212,7 +225,11 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
 #ifdef FLASHJIT_VARIANT
     // The variant's scores and mask, per element, in the blocks that need either: two loops
     // (one loop testing all_visible per score was if-converted, visible() paid in every block).
+#if FLASHJIT_VARIANT_BLOCK_MASK
+    const bool all_visible = key_tiles.full(j);  // the map's full tiles: no per-element mask
+#else
     const bool all_visible = fv::block_fully_visible(p, diagonal, m0, kBlockM, n0, kBlockN);
+#endif
     auto apply = [&](bool masked) {  // called with a constant: one loop per case
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)

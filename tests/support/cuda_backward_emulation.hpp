@@ -17,6 +17,14 @@
 #include "support/reference.hpp"
 #include "support/variant_cases.hpp"  // Gradients
 
+// A translation unit that compiles in a mask_mod's block map (FLASHJIT_VARIANT_BLOCK_MASK 1) passes
+// run_backward's map on to the dK/dV and dQ kernels, as the entries do.
+#if defined(FLASHJIT_VARIANT_BLOCK_MASK) && FLASHJIT_VARIANT_BLOCK_MASK
+#define FLASHJIT_EMULATED_BLOCK_MASK , block_mask
+#else
+#define FLASHJIT_EMULATED_BLOCK_MASK
+#endif
+
 namespace flashjit::testing {
 
 // The inputs every emulated kernel may read (ALiBi's slopes too), registered with the emulator.
@@ -31,10 +39,13 @@ inline void register_inputs(const HostInputs& inputs) {
 
 // The backward's launch sequence (render.hpp's contract, as runtime/cuda/cuda_backend.cpp
 // launches it): preprocess, dK/dV, then the convert or the dQ kernel, over one workspace.
-// Packed documents: the offsets from inputs.cu_seqlens_q / _k.
+// Packed documents: the offsets from inputs.cu_seqlens_q / _k. `block_mask`: the map the kernels
+// read where the translation unit compiles one in (FLASHJIT_EMULATED_BLOCK_MASK).
 template <class K>
 std::string run_backward(const AttentionProblem& problem, const AttentionConfig& config,
-                         const HostInputs& inputs, Gradients* out) {
+                         const HostInputs& inputs, Gradients* out,
+                         const FlashjitBlockMask* block_mask = nullptr) {
+  (void)block_mask;
   const BackwardWorkspace layout = backward_workspace(problem, config);
   std::vector<float> workspace(layout.bytes / sizeof(float) + 64,
                                std::numeric_limits<float>::quiet_NaN());
@@ -79,7 +90,8 @@ std::string run_backward(const AttentionProblem& problem, const AttentionConfig&
   const CudaGrid dkdv{static_cast<int>((problem.seqlen_k + K::kBlockN - 1) / K::kBlockN),
                       static_cast<int>(problem.heads_kv), batch};
   error = emulate_cuda(dkdv, K::kThreads, K::kSmemBytes, [&] {
-    flashjit_kernel::FLASHJIT_EMULATED_ENTRY(attention_backward_dkdv)<K>(params);
+    flashjit_kernel::FLASHJIT_EMULATED_ENTRY(attention_backward_dkdv)<K>(
+        params FLASHJIT_EMULATED_BLOCK_MASK);
   });
   if (!error.empty()) return "dK/dV kernel: " + error;
   if (K::kDqAtomic) {
@@ -93,7 +105,8 @@ std::string run_backward(const AttentionProblem& problem, const AttentionConfig&
     const CudaGrid queries{static_cast<int>((problem.seqlen_q + K::kBlockM - 1) / K::kBlockM),
                            heads_q, batch};
     error = emulate_cuda(queries, K::kDqThreads, K::kDqSmemBytes, [&] {
-      flashjit_kernel::FLASHJIT_EMULATED_ENTRY(attention_backward_dq)<K>(params);
+      flashjit_kernel::FLASHJIT_EMULATED_ENTRY(attention_backward_dq)<K>(
+          params FLASHJIT_EMULATED_BLOCK_MASK);
     });
   }
   if (!error.empty()) return "dQ kernel: " + error;

@@ -20,6 +20,14 @@
 #include "support/variant_emulation.hpp"
 #include "tuner/reference.hpp"
 
+// A translation unit that compiles in a mask_mod's block map (FLASHJIT_VARIANT_BLOCK_MASK 1) passes
+// run_sm90_backward_gradients' map on to the dK/dV and dQ kernels, as the entries do.
+#if defined(FLASHJIT_VARIANT_BLOCK_MASK) && FLASHJIT_VARIANT_BLOCK_MASK
+#define FLASHJIT_EMULATED_SM90_BLOCK_MASK , block_mask
+#else
+#define FLASHJIT_EMULATED_SM90_BLOCK_MASK
+#endif
+
 namespace flashjit::testing {
 
 inline int64_t storage_offset(const Strides& s, int64_t b, int64_t row, int64_t h) {
@@ -120,7 +128,9 @@ std::string run_backward_around_host_rows(const AttentionProblem& p, const Atten
 // kernels, host convert (run_backward_around_host_rows).
 template <class K>
 std::string run_sm90_backward_gradients(const AttentionProblem& p, const AttentionConfig& config,
-                                        const HostInputs& in, Gradients* gradients) {
+                                        const HostInputs& in, Gradients* gradients,
+                                        const FlashjitBlockMask* block_mask = nullptr) {
+  (void)block_mask;
   return run_backward_around_host_rows(
       p, config, in, gradients, [&](FlashjitAttentionParams& params) -> std::string {
         const Sm90Grid dkdv_grid{
@@ -129,7 +139,8 @@ std::string run_sm90_backward_gradients(const AttentionProblem& p, const Attenti
         std::string error = emulate_sm90(
             dkdv_grid, wgmma_backward_dkdv_threads(config),
             wgmma_backward_dkdv_smem_bytes(config, p), [&] {
-              flashjit_kernel::FLASHJIT_EMULATED_ENTRY(attention_backward_sm90_dkdv)<K>(params);
+              flashjit_kernel::FLASHJIT_EMULATED_ENTRY(attention_backward_sm90_dkdv)<K>(
+                  params FLASHJIT_EMULATED_SM90_BLOCK_MASK);
             });
         if (!error.empty()) return "dK/dV kernel: " + error;
         if (config.dq == DqMode::Separate) {
@@ -139,7 +150,8 @@ std::string run_sm90_backward_gradients(const AttentionProblem& p, const Attenti
           error = emulate_sm90(
               dq_grid, wgmma_backward_dq_threads(config), wgmma_backward_dq_smem_bytes(config, p),
               [&] {
-                flashjit_kernel::FLASHJIT_EMULATED_ENTRY(attention_backward_sm90_dq)<K>(params);
+                flashjit_kernel::FLASHJIT_EMULATED_ENTRY(attention_backward_sm90_dq)<K>(
+                    params FLASHJIT_EMULATED_SM90_BLOCK_MASK);
               });
           if (!error.empty()) return "dQ kernel: " + error;
         }

@@ -43,14 +43,29 @@ struct WsTileParams {
   int diagonal;
   __device__ __forceinline__ WsTileParams(const FlashjitAttentionParams& problem, int diagonal)
       : p(problem), diagonal(diagonal) {}
+#if FLASHJIT_VARIANT_BLOCK_MASK
+  int batch = 0, head = 0;  // the tile's: its row of the block map
+  __device__ __forceinline__ void set(const FlashjitAttentionParams&, const WsTile& tile, int) {
+    batch = tile.batch;
+    head = tile.head;
+  }
+#else
   __device__ __forceinline__ void set(const FlashjitAttentionParams&, const WsTile&, int) {}
+#endif
 #endif
 };
 
 #endif
 template <class K>
+#ifdef FLASHJIT_VARIANT
+// A mask_mod's block map (FLASHJIT_VARIANT_BLOCK_MASK): the entry passes its kernel parameter.
+__device__ __forceinline__ void attention_forward_ws(const FlashjitAttentionParams& p,
+                                                     const FlashjitForwardTensorMaps& maps,
+                                                     const FlashjitBlockMask* block_mask = 0) {
+#else
 __device__ __forceinline__ void attention_forward_ws(const FlashjitAttentionParams& p,
                                                      const FlashjitForwardTensorMaps& maps) {
+#endif
   namespace fa = flashjit_attention;
   extern __shared__ __align__(1024) unsigned char shared_bytes[];
   if (dynamic_smem_bytes() < static_cast<u32>(K::kSmemBytes)) __trap();  // a launch bug
@@ -65,7 +80,12 @@ __device__ __forceinline__ void attention_forward_ws(const FlashjitAttentionPara
 #endif
   auto key_blocks = [&](int m0) {
 #ifdef FLASHJIT_VARIANT
+#if FLASHJIT_VARIANT_BLOCK_MASK
+    (void)view.p;  // the block map's row of the tile (view.set recorded its batch and head)
+    return flashjit_variant::key_tiles_of(*block_mask, view.batch, view.head, m0 / K::kBlockM);
+#else
     return flashjit_variant::key_blocks(view.p, view.diagonal, m0, K::kBlockM, K::kBlockN);
+#endif
 #else
     return WsKeyBlocks{fa::key_blocks<K::kCausal>(p, diagonal, m0, K::kBlockM, K::kBlockN)};
 #endif

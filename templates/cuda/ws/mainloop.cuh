@@ -34,7 +34,12 @@
 namespace flashjit_kernel {
 
 #ifdef FLASHJIT_VARIANT
+#if FLASHJIT_VARIANT_BLOCK_MASK
+// A mask_mod's block map: the tile's non-empty key tiles, and which are full.
+using WsKeyBlocks = flashjit_variant::BlockList;
+#else
 using WsKeyBlocks = flashjit_variant::KeyBlocks;
+#endif
 #else
 struct WsKeyBlocks {
   int n;
@@ -208,8 +213,13 @@ __device__ __forceinline__ void ws_consume(const FlashjitAttentionParams& p,
 #ifdef FLASHJIT_VARIANT
   const float slope = flashjit_variant::alibi_slope(p, tile.head);
   auto softmax = [&](int j) {  // S_j -> the variant's scores, masked; exponentials; m, l; corr.
+#if FLASHJIT_VARIANT_BLOCK_MASK
+    out.softmax.variant(s, p, diagonal, first_row, row, blocks.at(j) * kBlockN, tile.batch,
+                        tile.head, slope, blocks.full(j));
+#else
     out.softmax.variant(s, p, diagonal, first_row, row, blocks.at(j) * kBlockN, tile.batch,
                         tile.head, slope);
+#endif
     out.softmax.update(s, flashjit_variant::softmax_scale_log2(p), correction);
   };
 #else

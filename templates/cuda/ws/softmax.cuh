@@ -48,11 +48,13 @@ struct WsSoftmax {
   // [n0, n0 + BLOCK_N), instead of mask(): each score becomes the variant's score of
   // scale * q . k (update() then takes softmax_scale_log2(p)), hidden keys -inf. Blocks every
   // row of the warpgroup (64 from `first_row`) sees whole, with unmodified scores, pay one test.
+  // map_full: a mask_mod's block map calls the tile full (every row of it sees every key).
   __device__ __forceinline__ void variant(float (&s)[kNTiles * 4], const FlashjitAttentionParams& p,
                                           int diagonal, int first_row, int row, int n0, int batch,
-                                          int head, float slope) const {
+                                          int head, float slope, bool map_full = false) const {
     namespace fv = flashjit_variant;
-    const bool all_visible = fv::block_fully_visible(p, diagonal, first_row, 64, n0, BLOCK_N);
+    const bool all_visible =
+        map_full || fv::block_fully_visible(p, diagonal, first_row, 64, n0, BLOCK_N);
     const int col = n0 + 2 * (threadIdx.x % 4);
     auto apply = [&](bool masked) {  // called with a constant: one loop per case
 #pragma unroll
