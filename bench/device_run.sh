@@ -178,7 +178,8 @@ if [[ "$what" != py* ]]; then
   echo "== built in $((SECONDS - start)) s"
 fi
 
-if [[ "$what" == py* || "$what" == variants || "$what" == bmask || "$what" == owed ]]; then
+if [[ "$what" == py* || "$what" == variants || "$what" == owed ||
+      ( "$what" == bmask && " ${BMASK_PARTS:-bench} " == *" bench "* ) ]]; then
   # The Python module, installed into a folder of its own (not the system's site-packages, which
   # Ubuntu marks externally managed): PYTHONPATH points there for every later step. CMake finds
   # .deps/sqlite by itself (CMakeLists.txt) when /usr/include/sqlite3.h is missing.
@@ -453,15 +454,21 @@ fi
 
 if [[ "$what" == bmask ]]; then
   # Block maps of a mask_mod (issue 31): tests, each map's tiles and build time, the bench.
-  echo "== block-map tests (bmask.log; a second argument filters the variant tests)"
+  echo "== block-map tests (bmask.log; a second argument filters the variant tests; BMASK_PARTS:"
+  echo "   a subset of \"compile gpu run bench\")"
   : >"$OUT/bmask.log"
-  step bmask compile 300 build-device/tests/templates_cuda_block_mask_compile_test
-  step bmask gpu 600 build-device/tests/runtime_cuda_block_mask_test
-  step bmask variants 600 build-device/tests/runtime_cuda_variant_test \
-    --gtest_filter="${ctest_regex:-*mask_mod*:*HiddenKeyBlocks*}"
+  parts=" ${BMASK_PARTS:-compile gpu run bench} "
+  [[ $parts == *" compile "* ]] &&
+    step bmask compile 300 build-device/tests/templates_cuda_block_mask_compile_test
+  if [[ $parts == *" gpu "* ]]; then
+    step bmask gpu 600 build-device/tests/runtime_cuda_block_mask_test
+    step bmask variants 600 build-device/tests/runtime_cuda_variant_test \
+      --gtest_filter="${ctest_regex:-*mask_mod*:*HiddenKeyBlocks*}"
+  fi
   cat "$OUT/bmask.log"
   echo "== flashjit run: the 2048-token documents as a mask_mod, the map's tiles and build time"
   for n in 8192 16384; do
+    [[ $parts == *" run "* ]] || break
     for config in "" m128n128w8s2 m128n128w12s2-ws; do
       build-device/flashjit run --causal --seqlen "$n" --batch $((16384 / n)) --heads 16 \
         --mask-mod '(q_idx / 2048) == (kv_idx / 2048)' ${config:+--config "$config"} 2>&1 |
@@ -470,7 +477,8 @@ if [[ "$what" == bmask ]]; then
   done
   echo "== variants_bench.py --backward: documents as mask_mods vs FlexAttention (same run)"
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
-  if ! COMMIT="${commit:-unknown}" timeout "${BENCH_TIMEOUT:-600}" "$py" bench/variants_bench.py \
+  if [[ $parts == *" bench "* ]] &&
+    ! COMMIT="${commit:-unknown}" timeout "${BENCH_TIMEOUT:-600}" "$py" bench/variants_bench.py \
       --out-dir "$OUT" --backward --cases documents2048,documents-random,documents-varlen \
       --try-configs m128n128w8s2,m128n64w8s2,m128n128w12s2-ws ${BENCH_ARGS:-} 2>&1 |
       tee "$OUT/variants-bench.log"; then
