@@ -132,6 +132,12 @@ INSTANTIATE_TEST_SUITE_P(Configs, CudaForwardEmulation,
 
 using BackwardFn = std::string (*)(const AttentionProblem&, const AttentionConfig&,
                                    const ft::HostInputs&, Gradients*);
+// run_backward without a block map (its defaulted last parameter), as a plain function pointer.
+template <class K>
+std::string run_plain_backward(const AttentionProblem& problem, const AttentionConfig& config,
+                               const ft::HostInputs& inputs, Gradients* out) {
+  return run_backward<K>(problem, config, inputs, out);
+}
 
 struct BackwardCase {
   int head_dim;
@@ -155,7 +161,7 @@ BackwardCase backward_case() {
           config,
           BF16 ? DType::BF16 : DType::F16,
           CAUSAL,
-          &run_backward<K>,
+          &run_plain_backward<K>,
           K::kSmemBytes,
           K::kDqSmemBytes,
           K::kThreads};
