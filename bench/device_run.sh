@@ -28,6 +28,7 @@ sanitize_cases() {
   local variant="--causal --window 100,-1 --softcap 30 --alibi"
   local docs="--heads 4 --docs 100,1,17,300"  # a 1-key document, partial tiles
   local decode="--batch 3 --heads 8 --kv-heads 2 --seqlen-q 1 --seqlen-k 3000"
+  local bwd_gqa="--batch 1 --heads 28 --kv-heads 14 --seqlen-q 300 --seqlen-k 1200"
   first_legal() {  # first_legal PLAN SUFFIX_REGEX: the first legal config whose suffix matches
     awk -v re="$2" '$NF == "legal" && $1 ~ /^m[0-9]+n[0-9]+w[0-9]+s[0-9]+/ {
       name = $1; sub(/^m[0-9]+n[0-9]+w[0-9]+s[0-9]+/, "", name); if (name ~ re) { print $1; exit } }' <<<"$1"
@@ -60,6 +61,8 @@ sanitize_cases() {
     docs_bwd_plan=$($plan --pass bwd $docs)
     docs_bwd_mma=$(first_legal "$docs_bwd_plan" '^$')
     docs_bwd_wgmma=$(first_legal "$docs_bwd_plan" '^-wgmma')
+    local bwd_ws
+    bwd_ws=$(first_legal "$bwd_plan" '^-ws$')  # the fused ws backward (plain problems, d <= 128)
     for causal in "" --causal; do
       tag="d$d${causal:+-causal}"
       for tool in memcheck racecheck synccheck; do
@@ -72,12 +75,19 @@ sanitize_cases() {
         [[ -n "$bwd_wgmma" ]] && echo "$tool bwd-wgmma-$tag --pass bwd --config $bwd_wgmma --head-dim $d $small $causal"
         [[ -n "$docs_mma" ]] && echo "$tool fwd-mma-docs-$tag --config $docs_mma --head-dim $d $docs $causal"
         [[ -n "$docs_wgmma" ]] && echo "$tool fwd-wgmma-docs-$tag --config $docs_wgmma --head-dim $d $docs $causal"
+        # GQA, ragged: 14 kv heads x 10 key tiles, more than 132 SMs: -persist CTAs walk two.
+        for c in ${bwd_ws:+$bwd_ws $bwd_ws-persist}; do
+          echo "$tool bwd-${c#*-}-$tag --pass bwd --config $c --head-dim $d $bwd_gqa $causal"
+        done
       done
     done
     for tool in memcheck racecheck synccheck; do
       # Auto splits: 32 for this shape (the plan's splits(auto)); then 4 splits, paged and not.
       echo "$tool decode-paged-d$d --head-dim $d $decode --page-size 64"
       echo "$tool decode-paged-split4-d$d --head-dim $d $decode --page-size 64 --splits 4"
+      # The table check kernel before the decode (run_case sets FLASHJIT_CHECK_TABLES=1 for
+      # names with "-checked").
+      echo "$tool decode-paged-checked-d$d --head-dim $d $decode --page-size 64"
       [[ -n "$decode_tile" ]] && echo "$tool decode-split4-d$d --config $decode_tile --head-dim $d $decode --splits 4"
       echo "$tool fwd-mma-variant-d$d --config $mma --head-dim $d $small $variant"
       [[ -n "$var_wgmma" ]] && echo "$tool fwd-wgmma-variant-d$d --config $var_wgmma --head-dim $d $small $variant"
@@ -614,12 +624,14 @@ if [[ "$what" == sanitize ]]; then
   # The kernels new since the last full sweep (packed documents, variants, split decode) first,
   # so that a call cut off by its time limit has checked them.
   sanitize_cases build-device/flashjit >"$cases.all"
-  { grep -E 'docs|variant|split4' "$cases.all" || true; grep -vE 'docs|variant|split4' "$cases.all" || true; } >"$cases"
+  new='bwd-ws|checked|docs|variant|split4'
+  { grep -E "$new" "$cases.all" || true; grep -vE "$new" "$cases.all" || true; } >"$cases"
   echo "$(wc -l <"$cases") sanitizer runs"
   run_case() {  # run_case TOOL NAME FLAGS...: one sanitizer run, its verdict line
-    local tool=$1 name=$2
+    local tool=$1 name=$2 check=0
     shift 2
-    if timeout 300 "$sanitizer" --tool "$tool" --error-exitcode 3 build-device/flashjit run \
+    [[ "$name" == *-checked* ]] && check=1
+    if FLASHJIT_CHECK_TABLES=$check timeout 300 "$sanitizer" --tool "$tool" --error-exitcode 3 build-device/flashjit run \
         --backend cuda --reps 1 "$@" \
         >"$OUT/sanitize/$tool-$name.full" 2>&1; then
       echo "PASSED $tool $name"
