@@ -6,8 +6,8 @@ With the device's timing lock (tuner/device_lock.hpp) and the disturbance check,
 process must end with the lone run's choices within the noise rule and no gain the lone run does
 not show: for each problem, each process's chosen config either the lone run's or one the lone
 run timed within its noise of its choice, its gain not beyond the lone run's, and its default
-time within --tolerance of the range of two lone runs, one before and one after the concurrent
-ones, unless its choice is the lone run's (then a default off that band is reported, as a
+time not more than --tolerance above the slower of two lone runs, one before and one after the
+concurrent ones, unless its choice is the lone run's (then a default off that band is reported, as a
 disturbance the tuner did not see, but what it stored is right); a
 process whose timings were unstable stores no choice (`disturbed`), which passes. The processes must also have taken turns: at least one "waiting for"
 message on a GPU, and on the CPU one from each process but the first (there the whole run holds
