@@ -372,10 +372,10 @@ if [[ "$what" == concurrent* ]]; then
   rounds=1
   [[ "$what" == concurrent3 ]] && rounds=3
   echo "== concurrent tuners vs a lone one (bench/concurrent_tune.py, $rounds round(s))"
-  # A round that would not fit in 500 s (the device tool's 10-minute call, less the build) is
+  # A round that would not fit in 530 s (the device tool's 10-minute call, less the build) is
   # skipped and reported as such, not cut off mid-way.
   if ! timeout 570 "${PYTHON:-python3}" bench/concurrent_tune.py --flashjit build-device/flashjit \
-      --backend cuda --rounds "$rounds" --budget-s 500 --out "$OUT"; then
+      --backend cuda --rounds "$rounds" --budget-s 530 --out "$OUT"; then
     status=1
     echo "== concurrent tuners FAILED (or ran past its time limit)"
   fi
