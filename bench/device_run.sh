@@ -28,7 +28,7 @@ sanitize_cases() {
   local variant="--causal --window 100,-1 --softcap 30 --alibi"
   local docs="--heads 4 --docs 100,1,17,300"  # a 1-key document, partial tiles
   local decode="--batch 3 --heads 8 --kv-heads 2 --seqlen-q 1 --seqlen-k 3000"
-  local bwd_gqa="--batch 1 --heads 28 --kv-heads 14 --seqlen-q 300 --seqlen-k 1200"
+  local bwd_gqa="--batch 1 --heads 28 --kv-heads 14 --seqlen-q 100 --seqlen-k 1200"
   first_legal() {  # first_legal PLAN SUFFIX_REGEX: the first legal config whose suffix matches
     awk -v re="$2" '$NF == "legal" && $1 ~ /^m[0-9]+n[0-9]+w[0-9]+s[0-9]+/ {
       name = $1; sub(/^m[0-9]+n[0-9]+w[0-9]+s[0-9]+/, "", name); if (name ~ re) { print $1; exit } }' <<<"$1"
@@ -75,7 +75,8 @@ sanitize_cases() {
         [[ -n "$bwd_wgmma" ]] && echo "$tool bwd-wgmma-$tag --pass bwd --config $bwd_wgmma --head-dim $d $small $causal"
         [[ -n "$docs_mma" ]] && echo "$tool fwd-mma-docs-$tag --config $docs_mma --head-dim $d $docs $causal"
         [[ -n "$docs_wgmma" ]] && echo "$tool fwd-wgmma-docs-$tag --config $docs_wgmma --head-dim $d $docs $causal"
-        # GQA, ragged: 14 kv heads x 10 key tiles, more than 132 SMs: -persist CTAs walk two.
+        # GQA, ragged (partial query and key tiles): 14 kv heads x 10 key tiles, more than 132 SMs:
+        # -persist CTAs walk two; few query rows keep racecheck short.
         for c in ${bwd_ws:+$bwd_ws $bwd_ws-persist}; do
           echo "$tool bwd-${c#*-}-$tag --pass bwd --config $c --head-dim $d $bwd_gqa $causal"
         done
