@@ -218,8 +218,9 @@ Status read_text(const Database& db, const fs::path& file) {
     if (sqlite3_step(stmt.get()) != SQLITE_DONE) {
       if (budget.steps > kMaxProgressSteps) {
         return line_error(file, number,
-                          "the statement ran past " + std::to_string(kMaxProgressSteps) +
-                              " thousand SQLite instructions (one INSERT of values is expected)");
+                          "the statement ran past " +
+                              std::to_string(int64_t{kMaxProgressSteps} * kProgressStep) +
+                              " SQLite instructions (one INSERT of values is expected)");
       }
       return line_error(file, number, sqlite3_errmsg(db.db));
     }
