@@ -32,7 +32,7 @@ while (($#)); do
     --jobs) JOBS="$2"; shift 2 ;;
     --workers) workers="$2"; shift 2 ;;
     --prebuilt) prebuilt="$(cd "$2" && pwd)"; shift 2 ;;
-    -h | --help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) log "unknown option $1 (see --help)"; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
