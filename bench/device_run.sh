@@ -4,9 +4,9 @@
 #   bench/device_run.sh MODE [CTEST_REGEX or a gtest filter]
 #
 # MODE: tests gpu-tests bench tune all ws ws-tests ws-bench ws-sanitize sanitize sanitize-cases
-# decode variants bmask owed bwd-quick bwd-ws concurrent py py-tests py-bench py-torch py-adapters
-# py-ring. What each does, how long it takes, its environment variables (BENCH_ARGS, DTYPES,
-# PASSES, RING_LENGTHS, ...) and the files it leaves in $OUT: docs/DEVICE_RUN.md.
+# decode variants bmask owed bwd-quick bwd-ws concurrent concurrent3 py py-tests py-bench py-torch
+# py-adapters py-ring. What each does, how long it takes, its environment variables (BENCH_ARGS,
+# DTYPES, PASSES, RING_LENGTHS, ...) and the files it leaves in $OUT: docs/DEVICE_RUN.md.
 
 set -euo pipefail
 
@@ -14,9 +14,9 @@ what="${1:-all}"
 DTYPES="${DTYPES:-bf16}"
 ctest_regex="${2:-}"
 case "$what" in
-  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|sanitize|sanitize-cases|py|py-tests|py-bench|py-torch|py-adapters|py-ring|decode|concurrent|variants|bmask|owed|bwd-quick|bwd-ws) ;;
+  tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|ws-sanitize|sanitize|sanitize-cases|py|py-tests|py-bench|py-torch|py-adapters|py-ring|decode|concurrent|concurrent3|variants|bmask|owed|bwd-quick|bwd-ws) ;;
   *) echo "usage: bench/device_run.sh [tests|gpu-tests|bench|tune|all|ws|ws-tests|ws-bench|" \
-       "ws-sanitize|sanitize|sanitize-cases|decode|concurrent|variants|bmask|owed|bwd-quick|bwd-ws|py|py-tests|py-bench|py-torch|py-adapters|py-ring] [CTEST_REGEX]" >&2
+       "ws-sanitize|sanitize|sanitize-cases|decode|concurrent|concurrent3|variants|bmask|owed|bwd-quick|bwd-ws|py|py-tests|py-bench|py-torch|py-adapters|py-ring] [CTEST_REGEX]" >&2
      exit 2 ;;
 esac
 
@@ -28,6 +28,7 @@ sanitize_cases() {
   local variant="--causal --window 100,-1 --softcap 30 --alibi"
   local docs="--heads 4 --docs 100,1,17,300"  # a 1-key document, partial tiles
   local decode="--batch 3 --heads 8 --kv-heads 2 --seqlen-q 1 --seqlen-k 3000"
+  local bwd_gqa="--batch 1 --heads 28 --kv-heads 14 --seqlen-q 100 --seqlen-k 1200"
   first_legal() {  # first_legal PLAN SUFFIX_REGEX: the first legal config whose suffix matches
     awk -v re="$2" '$NF == "legal" && $1 ~ /^m[0-9]+n[0-9]+w[0-9]+s[0-9]+/ {
       name = $1; sub(/^m[0-9]+n[0-9]+w[0-9]+s[0-9]+/, "", name); if (name ~ re) { print $1; exit } }' <<<"$1"
@@ -60,6 +61,8 @@ sanitize_cases() {
     docs_bwd_plan=$($plan --pass bwd $docs)
     docs_bwd_mma=$(first_legal "$docs_bwd_plan" '^$')
     docs_bwd_wgmma=$(first_legal "$docs_bwd_plan" '^-wgmma')
+    local bwd_ws
+    bwd_ws=$(first_legal "$bwd_plan" '^-ws$')  # the fused ws backward (plain problems, d <= 128)
     for causal in "" --causal; do
       tag="d$d${causal:+-causal}"
       for tool in memcheck racecheck synccheck; do
@@ -72,12 +75,20 @@ sanitize_cases() {
         [[ -n "$bwd_wgmma" ]] && echo "$tool bwd-wgmma-$tag --pass bwd --config $bwd_wgmma --head-dim $d $small $causal"
         [[ -n "$docs_mma" ]] && echo "$tool fwd-mma-docs-$tag --config $docs_mma --head-dim $d $docs $causal"
         [[ -n "$docs_wgmma" ]] && echo "$tool fwd-wgmma-docs-$tag --config $docs_wgmma --head-dim $d $docs $causal"
+        # GQA, ragged (partial query and key tiles): 14 kv heads x 10 key tiles, more than 132 SMs:
+        # -persist CTAs walk two; few query rows keep racecheck short.
+        for c in ${bwd_ws:+$bwd_ws $bwd_ws-persist}; do
+          echo "$tool bwd-${c#*-}-$tag --pass bwd --config $c --head-dim $d $bwd_gqa $causal"
+        done
       done
     done
     for tool in memcheck racecheck synccheck; do
       # Auto splits: 32 for this shape (the plan's splits(auto)); then 4 splits, paged and not.
       echo "$tool decode-paged-d$d --head-dim $d $decode --page-size 64"
       echo "$tool decode-paged-split4-d$d --head-dim $d $decode --page-size 64 --splits 4"
+      # The table check kernel before the decode (run_case sets FLASHJIT_CHECK_TABLES=1 for
+      # names with "-checked").
+      echo "$tool decode-paged-checked-d$d --head-dim $d $decode --page-size 64"
       [[ -n "$decode_tile" ]] && echo "$tool decode-split4-d$d --config $decode_tile --head-dim $d $decode --splits 4"
       echo "$tool fwd-mma-variant-d$d --config $mma --head-dim $d $small $variant"
       [[ -n "$var_wgmma" ]] && echo "$tool fwd-wgmma-variant-d$d --config $var_wgmma --head-dim $d $small $variant"
@@ -152,7 +163,7 @@ if [[ "$what" != py* ]]; then
   if [[ "$what" == decode ]]; then
     targets=(--target runtime_cuda_decode_test runtime_decode_table_check_test decode_bench)
   fi
-  if [[ "$what" == concurrent || "$what" == sanitize ]]; then
+  if [[ "$what" == concurrent* || "$what" == sanitize ]]; then
     targets=(--target flashjit_cli)
   fi
   if [[ "$what" == variants ]]; then
@@ -393,12 +404,18 @@ if [[ "$what" == tests || "$what" == all ]]; then
   echo "== tests done at $((SECONDS - start)) s"
 fi
 
-if [[ "$what" == concurrent ]]; then
-  echo "== concurrent tuners vs a lone one (bench/concurrent_tune.py)"
-  if ! timeout 540 "${PYTHON:-python3}" bench/concurrent_tune.py --flashjit build-device/flashjit \
-      --backend cuda --out "$OUT"; then
+if [[ "$what" == concurrent* ]]; then
+  # concurrent3: three rounds of 4 concurrent tuners in a row between the two lone runs (~7
+  # minutes on an H100/H200: lone ~30 s, a round ~110 s), each round judged against them.
+  rounds=1
+  [[ "$what" == concurrent3 ]] && rounds=3
+  echo "== concurrent tuners vs a lone one (bench/concurrent_tune.py, $rounds round(s))"
+  # A round that would not fit in 530 s (the device tool's 10-minute call, less the build) is
+  # skipped and reported as such, not cut off mid-way.
+  if ! timeout 570 "${PYTHON:-python3}" bench/concurrent_tune.py --flashjit build-device/flashjit \
+      --backend cuda --rounds "$rounds" --budget-s 530 --out "$OUT"; then
     status=1
-    echo "== concurrent tuners FAILED (or ran past 540 s)"
+    echo "== concurrent tuners FAILED (or ran past its time limit)"
   fi
   rm -rf "$OUT/locks" "$OUT"/*.db
 fi
@@ -454,8 +471,7 @@ fi
 
 if [[ "$what" == bmask ]]; then
   # Block maps of a mask_mod (issue 31): tests, each map's tiles and build time, the bench.
-  echo "== block-map tests (bmask.log; a second argument filters the variant tests; BMASK_PARTS:"
-  echo "   a subset of \"compile gpu run bench\")"
+  echo "== block-map tests (bmask.log; 2nd argument: the variant tests' filter; BMASK_PARTS)"
   : >"$OUT/bmask.log"
   parts=" ${BMASK_PARTS:-compile gpu run bench} "
   [[ $parts == *" compile "* ]] &&
@@ -533,10 +549,7 @@ if [[ "$what" == bwd-quick ]]; then
 fi
 
 if [[ "$what" == bwd-ws ]]; then
-  echo "== the ws fused backward (bwd-ws.log): every legal ws config of d 64 and 128 against the"
-  echo "   fp64 reference, compute-sanitizer on d 64 and d 128, then flashjit run --pass bwd beside"
-  echo "   the wgmma -det tile and cuDNN (BWD_WS_DIMS: the head dims timed, default \"64 128\";"
-  echo "   BWD_WS_STEPS: a subset of \"tests sanitize time\", e.g. two calls on one warm machine)"
+  echo "== the ws fused backward (bwd-ws.log; BWD_WS_DIMS, BWD_WS_STEPS: docs/DEVICE_RUN.md)"
   : >"$OUT/bwd-ws.log"
   parts=" ${BWD_WS_STEPS:-tests sanitize time} "
   [[ $parts == *" tests "* ]] && step bwd-ws all-configs 300 env FLASHJIT_TEST_FAMILIES=ws \
@@ -704,12 +717,14 @@ if [[ "$what" == sanitize ]]; then
   # The kernels new since the last full sweep (packed documents, variants, split decode) first,
   # so that a call cut off by its time limit has checked them.
   sanitize_cases build-device/flashjit >"$cases.all"
-  { grep -E 'docs|variant|split4' "$cases.all" || true; grep -vE 'docs|variant|split4' "$cases.all" || true; } >"$cases"
+  new='bwd-ws|checked|docs|variant|split4'
+  { grep -E "$new" "$cases.all" || true; grep -vE "$new" "$cases.all" || true; } >"$cases"
   echo "$(wc -l <"$cases") sanitizer runs"
   run_case() {  # run_case TOOL NAME FLAGS...: one sanitizer run, its verdict line
-    local tool=$1 name=$2
+    local tool=$1 name=$2 check=0
     shift 2
-    if timeout 300 "$sanitizer" --tool "$tool" --error-exitcode 3 build-device/flashjit run \
+    [[ "$name" == *-checked* ]] && check=1
+    if FLASHJIT_CHECK_TABLES=$check timeout 300 "$sanitizer" --tool "$tool" --error-exitcode 3 build-device/flashjit run \
         --backend cuda --reps 1 "$@" \
         >"$OUT/sanitize/$tool-$name.full" 2>&1; then
       echo "PASSED $tool $name"
