@@ -104,10 +104,7 @@ sanitize_cases() {
   done | sed 's/ *$//'  # xargs -L continues a line that ends in a blank
 }
 
-if [[ "$what" == sanitize-cases ]]; then
-  sanitize_cases "${FLASHJIT:-build-device/flashjit}"
-  exit 0
-fi
+[[ "$what" == sanitize-cases ]] && { sanitize_cases "${FLASHJIT:-build-device/flashjit}"; exit 0; }
 
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-$PWD/device-out}"
