@@ -386,6 +386,8 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
   constexpr int kSdpN = K::kSdpN, kKvChunk = K::kKvChunk, kKvChunks = K::kKvChunks;
   constexpr int kDqN = K::kDqN;
   constexpr bool kBf16 = K::kIsBf16;
+  // Named barriers (0 is __syncthreads): 1 the consumers' meeting, 2 .. 3 each consumer's own,
+  // 4 .. 5 the -pp turns (ws/pingpong.cuh's kWsTurnBarrier + consumer), 6 the dQ hand-off.
   constexpr int kConsumersBarrier = 1;  // named barrier of the consumer warpgroups
   // Split keys: consumer 0's dQ share staged, consumer 1 may add (arrive 0, sync 1). Consumer 0
   // arrives for step t + 1 only after dq_empty of step t, which needs consumer 1's dq_full

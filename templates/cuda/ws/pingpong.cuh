@@ -18,8 +18,7 @@
 namespace flashjit_kernel {
 
 // Named barrier ids of the forward (0 is __syncthreads): ws/epilogue.cuh takes 1 .. 3, the
-// turns 4 .. 6. The fused backward (ws/attention_bwd_ws.cuh, "-pp": turns at S^T and dP^T) takes
-// 1 .. 3 for its consumers' meetings and 4 .. 5 for the turns.
+// turns 4 .. 6.
 constexpr int kWsTurnBarrier = 4;
 
 template <class K>
