@@ -278,26 +278,62 @@ class Backend {
   virtual std::unique_ptr<DisturbanceProbe> disturbance_probe() const { return nullptr; }
 };
 
-// A backend that runs the CUDA template: its config space is generator/config.hpp's on device().
-// The CUDA backend and the tests' fake GPU backends derive from it.
-class CudaTemplateBackend : public Backend {
+// A generator's config space over a backend's target (the DeviceSpec of a GPU, the CpuSpec of the
+// CPU): its legal configs in a stable order, the untuned default, why one config is illegal, the
+// budget arithmetic as `flashjit plan` prints it, and (when not null) the problems its template
+// can run beyond validate().
+template <class Target>
+struct ConfigSpace {
+  std::vector<AttentionConfig> (*legal)(const AttentionProblem&, const Target&);
+  Result<AttentionConfig> (*default_config)(const AttentionProblem&, const Target&);
+  Status (*check)(const AttentionConfig&, const AttentionProblem&, const Target&);
+  std::string (*explain)(const AttentionProblem&, const Target&);
+  Status (*check_problem)(const AttentionProblem&) = nullptr;
+};
+
+// A backend whose config space is `space` over config_target().
+template <class Target>
+class ConfigSpaceBackend : public Backend {
  public:
+  explicit ConfigSpaceBackend(const ConfigSpace<Target>& space) : space_(space) {}
+
   Status check_problem(const AttentionProblem& problem) const override {
-    return ::flashjit::check_cuda_problem(problem);
+    return space_.check_problem ? space_.check_problem(problem) : validate(problem);
   }
   std::vector<AttentionConfig> legal_configs(const AttentionProblem& problem) const override {
-    return ::flashjit::legal_configs(problem, device());
+    return space_.legal(problem, config_target());
   }
   Result<AttentionConfig> default_config(const AttentionProblem& problem) const override {
-    return ::flashjit::default_config(problem, device());
+    return space_.default_config(problem, config_target());
   }
   Status check_config(const AttentionConfig& config,
                       const AttentionProblem& problem) const override {
-    return ::flashjit::check_config(config, problem, device());
+    return space_.check(config, problem, config_target());
   }
   std::string explain_plan(const AttentionProblem& problem) const override {
-    return ::flashjit::explain_plan(problem, device());
+    return space_.explain(problem, config_target());
   }
+
+ protected:
+  virtual const Target& config_target() const = 0;
+
+ private:
+  const ConfigSpace<Target>& space_;
+};
+
+// generator/config.hpp's space: the CUDA template's (f16/bf16 storage only).
+inline constexpr ConfigSpace<DeviceSpec> kCudaConfigSpace{
+    &::flashjit::legal_configs, &::flashjit::default_config, &::flashjit::check_config,
+    &::flashjit::explain_plan, &::flashjit::check_cuda_problem};
+
+// A backend that runs the CUDA template: its config space is generator/config.hpp's on device().
+// The CUDA backend and the tests' fake GPU backends derive from it.
+class CudaTemplateBackend : public ConfigSpaceBackend<DeviceSpec> {
+ public:
+  CudaTemplateBackend() : ConfigSpaceBackend(kCudaConfigSpace) {}
+
+ protected:
+  const DeviceSpec& config_target() const override { return device(); }
 };
 
 }  // namespace flashjit

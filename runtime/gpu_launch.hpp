@@ -19,6 +19,18 @@
 
 namespace flashjit {
 
+// A problem with `signature`'s compiled-in fields: a kernel's shared memory (LDS) and threads
+// depend only on these and the config, so this stands in for any problem the kernel will run.
+inline AttentionProblem representative_problem(const ProblemSignature& signature) {
+  AttentionProblem problem;
+  problem.head_dim = signature.head_dim;
+  problem.dtype = signature.dtype;
+  problem.causal = signature.causal;
+  problem.pass = signature.pass;
+  problem.kv.page_size = signature.page_size;
+  return problem;
+}
+
 // The block shapes of a kernel's entry points in launch order: the forward's one, the
 // backward's three (preprocess, dK/dV, dQ).
 inline std::vector<KernelShape> entry_shapes(Pass pass, KernelShape forward,

@@ -322,8 +322,12 @@ class CpuBackwardKernel final : public Kernel {
 
 }  // namespace
 
+constexpr ConfigSpace<CpuSpec> kCpuConfigSpace{&legal_cpu_configs, &default_cpu_config,
+                                               &check_cpu_config, &explain_cpu_plan};
+
 CpuBackend::CpuBackend(const CpuSpec& spec)
-    : cpu_(spec),
+    : ConfigSpaceBackend(kCpuConfigSpace),
+      cpu_(spec),
       device_(cpu_device_spec(spec)),
       pool_(std::make_shared<ThreadPool>(std::max(1, spec.cores))) {}
 
@@ -369,20 +373,6 @@ DeviceFingerprint CpuBackend::fingerprint() const {
   fp.compiler += std::to_string(cpu_.l1d_bytes);
   fp.compiler += "B";
   return fp;
-}
-
-std::vector<AttentionConfig> CpuBackend::legal_configs(const AttentionProblem& problem) const {
-  return legal_cpu_configs(problem, cpu_);
-}
-Result<AttentionConfig> CpuBackend::default_config(const AttentionProblem& problem) const {
-  return default_cpu_config(problem, cpu_);
-}
-Status CpuBackend::check_config(const AttentionConfig& config,
-                                const AttentionProblem& problem) const {
-  return check_cpu_config(config, problem, cpu_);
-}
-std::string CpuBackend::explain_plan(const AttentionProblem& problem) const {
-  return explain_cpu_plan(problem, cpu_);
 }
 
 Result<KernelSource> CpuBackend::render(const AttentionProblem& problem,

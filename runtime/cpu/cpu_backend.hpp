@@ -20,7 +20,7 @@ namespace flashjit::cpu {
 
 class ThreadPool;
 
-class CpuBackend final : public Backend {
+class CpuBackend final : public ConfigSpaceBackend<CpuSpec> {
  public:
   // The host CPU (host_cpu()); threads = its logical cores.
   static Result<std::unique_ptr<CpuBackend>> create();
@@ -34,12 +34,6 @@ class CpuBackend final : public Backend {
   const DeviceSpec& device() const override { return device_; }
   std::string compiler_fingerprint() const override;
   DeviceFingerprint fingerprint() const override;
-
-  std::vector<AttentionConfig> legal_configs(const AttentionProblem& problem) const override;
-  Result<AttentionConfig> default_config(const AttentionProblem& problem) const override;
-  Status check_config(const AttentionConfig& config,
-                      const AttentionProblem& problem) const override;
-  std::string explain_plan(const AttentionProblem& problem) const override;
 
   Result<KernelSource> render(const AttentionProblem& problem,
                               const AttentionConfig& config) const override;
@@ -59,6 +53,10 @@ class CpuBackend final : public Backend {
   // The host's scheduler: how long the timing's threads waited for the pool's cores
   // (runtime/host_load.hpp; null where the host does not say).
   std::unique_ptr<DisturbanceProbe> disturbance_probe() const override;
+
+ protected:
+  // generator/cpu_config.hpp's space on cpu().
+  const CpuSpec& config_target() const override { return cpu_; }
 
  private:
   explicit CpuBackend(const CpuSpec& spec);
