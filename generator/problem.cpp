@@ -11,41 +11,18 @@
 #include <sstream>
 #include <utility>
 
+#include "generator/enum_names.hpp"
+
 namespace flashjit {
 
 const char* to_string(ErrorCode code) {
-  switch (code) {
-    case ErrorCode::InvalidArgument:
-      return "InvalidArgument";
-    case ErrorCode::Unsupported:
-      return "Unsupported";
-    case ErrorCode::NoDevice:
-      return "NoDevice";
-    case ErrorCode::CompileFailed:
-      return "CompileFailed";
-    case ErrorCode::DriverError:
-      return "DriverError";
-    case ErrorCode::LaunchFailed:
-      return "LaunchFailed";
-    case ErrorCode::IoError:
-      return "IoError";
-    case ErrorCode::NotFound:
-      return "NotFound";
-  }
-  return "Unknown";
+  return enum_name(code,
+                   {"InvalidArgument", "Unsupported", "NoDevice", "CompileFailed", "DriverError",
+                    "LaunchFailed", "IoError", "NotFound"},
+                   "Unknown");
 }
 
-const char* to_string(DType dtype) {
-  switch (dtype) {
-    case DType::F16:
-      return "f16";
-    case DType::BF16:
-      return "bf16";
-    case DType::F32:
-      return "f32";
-  }
-  return "unknown";
-}
+const char* to_string(DType dtype) { return enum_name(dtype, {"f16", "bf16", "f32"}, "unknown"); }
 
 Result<DType> parse_dtype(const std::string& text) {
   std::string lower = text;

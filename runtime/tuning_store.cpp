@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "generator/decode_config.hpp"
+#include "generator/enum_names.hpp"
 #include "generator/render.hpp"
 #include "runtime/tuning_store_impl.hpp"
 #include "runtime/tuning_store_schema.hpp"
@@ -93,17 +94,7 @@ std::string ProblemKey::to_string() const {
 }
 
 const char* to_string(TuneStatus status) {
-  switch (status) {
-    case TuneStatus::Timed:
-      return "timed";
-    case TuneStatus::CompileFailed:
-      return "compile-failed";
-    case TuneStatus::LaunchFailed:
-      return "launch-failed";
-    case TuneStatus::WrongResult:
-      return "wrong-result";
-  }
-  return "unknown";
+  return enum_name(status, {"timed", "compile-failed", "launch-failed", "wrong-result"}, "unknown");
 }
 
 bool ProblemKey::may_run_decode() const {

@@ -6,6 +6,7 @@
 #include <random>
 #include <utility>
 
+#include "generator/enum_names.hpp"
 #include "tuner/variant_functions.hpp"
 
 namespace flashjit {
@@ -129,51 +130,15 @@ Error about(TensorRole role, const Status& status) {
 }  // namespace
 
 const char* to_string(TensorRole role) {
-  switch (role) {
-    case TensorRole::Q:
-      return "q";
-    case TensorRole::K:
-      return "k";
-    case TensorRole::V:
-      return "v";
-    case TensorRole::O:
-      return "o";
-    case TensorRole::Lse:
-      return "lse";
-    case TensorRole::DO:
-      return "do";
-    case TensorRole::DQ:
-      return "dq";
-    case TensorRole::DK:
-      return "dk";
-    case TensorRole::DV:
-      return "dv";
-    case TensorRole::BlockTable:
-      return "block_table";
-    case TensorRole::SeqlensK:
-      return "seqlens_k";
-    case TensorRole::AlibiSlopes:
-      return "alibi_slopes";
-    case TensorRole::CuSeqlensQ:
-      return "cu_seqlens_q";
-    case TensorRole::CuSeqlensK:
-      return "cu_seqlens_k";
-  }
-  return "?";
+  return enum_name(role,
+                   {"q", "k", "v", "o", "lse", "do", "dq", "dk", "dv", "block_table", "seqlens_k",
+                    "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k"},
+                   "?");
 }
 
 const char* to_string(RunStep step) {
-  switch (step) {
-    case RunStep::Poison:
-      return "poison the outputs";
-    case RunStep::Launch:
-      return "launch";
-    case RunStep::Synchronize:
-      return "synchronize";
-    case RunStep::Download:
-      return "copy the outputs back";
-  }
-  return "?";
+  return enum_name(step, {"poison the outputs", "launch", "synchronize", "copy the outputs back"},
+                   "?");
 }
 
 namespace {

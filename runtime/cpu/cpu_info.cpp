@@ -7,6 +7,8 @@
 #include <string>
 #include <thread>
 
+#include "generator/enum_names.hpp"
+
 namespace flashjit::cpu {
 namespace {
 
@@ -27,17 +29,7 @@ std::string trim(const std::string& text) {
 }  // namespace
 
 const char* to_string(CpuIsa isa) {
-  switch (isa) {
-    case CpuIsa::Sse:
-      return "sse";
-    case CpuIsa::Avx2:
-      return "avx2";
-    case CpuIsa::Avx512:
-      return "avx512";
-    case CpuIsa::Avx512Bf16:
-      return "avx512bf16";
-  }
-  return "?";
+  return enum_name(isa, {"sse", "avx2", "avx512", "avx512bf16"}, "?");
 }
 
 Result<std::optional<CpuIsa>> isa_cap() {
