@@ -45,6 +45,11 @@ uint64_t final_mix(uint64_t value) {
   return value;
 }
 
+// A block's lane, scrambled before it is mixed into its half of the state.
+uint64_t scramble(uint64_t lane, uint64_t first, uint64_t second, int bits) {
+  return rotate_left(lane * first, bits) * second;
+}
+
 uint64_t load_le64(const unsigned char* bytes) {
   uint64_t value = 0;
   for (int i = 7; i >= 0; --i) value = (value << 8) | bytes[i];
@@ -61,21 +66,11 @@ void murmur3_x64_128(std::string_view data, uint64_t seed, uint64_t* out_high, u
   uint64_t h2 = seed;
 
   for (size_t i = 0; i < blocks; ++i) {
-    uint64_t k1 = load_le64(bytes + i * 16);
-    uint64_t k2 = load_le64(bytes + i * 16 + 8);
-    k1 *= c1;
-    k1 = rotate_left(k1, 31);
-    k1 *= c2;
-    h1 ^= k1;
-    h1 = rotate_left(h1, 27);
-    h1 += h2;
+    h1 ^= scramble(load_le64(bytes + i * 16), c1, c2, 31);
+    h1 = rotate_left(h1, 27) + h2;
     h1 = h1 * 5 + 0x52dce729;
-    k2 *= c2;
-    k2 = rotate_left(k2, 33);
-    k2 *= c1;
-    h2 ^= k2;
-    h2 = rotate_left(h2, 31);
-    h2 += h1;
+    h2 ^= scramble(load_le64(bytes + i * 16 + 8), c2, c1, 33);
+    h2 = rotate_left(h2, 31) + h1;
     h2 = h2 * 5 + 0x38495ab5;
   }
 
@@ -84,21 +79,11 @@ void murmur3_x64_128(std::string_view data, uint64_t seed, uint64_t* out_high, u
   uint64_t k1 = 0;
   uint64_t k2 = 0;
   for (size_t i = remaining; i > 8; --i) k2 ^= static_cast<uint64_t>(tail[i - 1]) << ((i - 9) * 8);
-  if (remaining > 8) {
-    k2 *= c2;
-    k2 = rotate_left(k2, 33);
-    k2 *= c1;
-    h2 ^= k2;
-  }
+  if (remaining > 8) h2 ^= scramble(k2, c2, c1, 33);
   for (size_t i = remaining < 8 ? remaining : 8; i > 0; --i) {
     k1 ^= static_cast<uint64_t>(tail[i - 1]) << ((i - 1) * 8);
   }
-  if (remaining > 0) {
-    k1 *= c1;
-    k1 = rotate_left(k1, 31);
-    k1 *= c2;
-    h1 ^= k1;
-  }
+  if (remaining > 0) h1 ^= scramble(k1, c1, c2, 31);
 
   h1 ^= static_cast<uint64_t>(length);
   h2 ^= static_cast<uint64_t>(length);

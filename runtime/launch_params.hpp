@@ -182,27 +182,29 @@ inline Status check_attention_launch(const AttentionProblem& problem, const Atte
   return ok_status();
 }
 
+// One tensor's pointer and strides into its params fields.
+template <class Pointer>
+inline void bind_tensor(Pointer& pointer, long long& batch_stride, long long& seq_stride,
+                        long long& head_stride, Pointer value, const Strides& strides) {
+  pointer = value;
+  batch_stride = strides.batch;
+  seq_stride = strides.seq;
+  head_stride = strides.head;
+}
+
 // Assumes validate(problem) passed (sizes fit the int fields).
 inline FlashjitAttentionParams make_launch_params(const AttentionProblem& problem,
                                                   const AttentionArgs& args) {
   FlashjitAttentionParams params{};
-  params.q = args.q;
-  params.k = args.k;
-  params.v = args.v;
-  params.o = args.o;
+  bind_tensor(params.q, params.q_batch_stride, params.q_seq_stride, params.q_head_stride, args.q,
+              problem.q_strides);
+  bind_tensor(params.k, params.k_batch_stride, params.k_seq_stride, params.k_head_stride, args.k,
+              problem.k_strides);
+  bind_tensor(params.v, params.v_batch_stride, params.v_seq_stride, params.v_head_stride, args.v,
+              problem.v_strides);
+  bind_tensor(params.o, params.o_batch_stride, params.o_seq_stride, params.o_head_stride, args.o,
+              problem.o_strides);
   params.lse = args.lse;
-  params.q_batch_stride = problem.q_strides.batch;
-  params.q_seq_stride = problem.q_strides.seq;
-  params.q_head_stride = problem.q_strides.head;
-  params.k_batch_stride = problem.k_strides.batch;
-  params.k_seq_stride = problem.k_strides.seq;
-  params.k_head_stride = problem.k_strides.head;
-  params.v_batch_stride = problem.v_strides.batch;
-  params.v_seq_stride = problem.v_strides.seq;
-  params.v_head_stride = problem.v_strides.head;
-  params.o_batch_stride = problem.o_strides.batch;
-  params.o_seq_stride = problem.o_strides.seq;
-  params.o_head_stride = problem.o_strides.head;
   params.batch = static_cast<int>(problem.batch);
   params.heads_q = static_cast<int>(problem.heads_q);
   params.heads_kv = static_cast<int>(problem.heads_kv);
@@ -215,22 +217,14 @@ inline FlashjitAttentionParams make_launch_params(const AttentionProblem& proble
   params.cu_seqlens_q = problem.variant.varlen ? args.cu_seqlens_q : nullptr;
   params.cu_seqlens_k = problem.variant.varlen ? args.cu_seqlens_k : nullptr;
   if (problem.is_backward()) {
-    params.d_o = args.d_o;
-    params.dq = args.dq;
-    params.dk = args.dk;
-    params.dv = args.dv;
-    params.do_batch_stride = problem.do_strides.batch;
-    params.do_seq_stride = problem.do_strides.seq;
-    params.do_head_stride = problem.do_strides.head;
-    params.dq_batch_stride = problem.dq_strides.batch;
-    params.dq_seq_stride = problem.dq_strides.seq;
-    params.dq_head_stride = problem.dq_strides.head;
-    params.dk_batch_stride = problem.dk_strides.batch;
-    params.dk_seq_stride = problem.dk_strides.seq;
-    params.dk_head_stride = problem.dk_strides.head;
-    params.dv_batch_stride = problem.dv_strides.batch;
-    params.dv_seq_stride = problem.dv_strides.seq;
-    params.dv_head_stride = problem.dv_strides.head;
+    bind_tensor(params.d_o, params.do_batch_stride, params.do_seq_stride, params.do_head_stride,
+                args.d_o, problem.do_strides);
+    bind_tensor(params.dq, params.dq_batch_stride, params.dq_seq_stride, params.dq_head_stride,
+                args.dq, problem.dq_strides);
+    bind_tensor(params.dk, params.dk_batch_stride, params.dk_seq_stride, params.dk_head_stride,
+                args.dk, problem.dk_strides);
+    bind_tensor(params.dv, params.dv_batch_stride, params.dv_seq_stride, params.dv_head_stride,
+                args.dv, problem.dv_strides);
   }
   return params;
 }

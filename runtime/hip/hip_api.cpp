@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <string>
+#include <utility>
 
 namespace flashjit::hip {
 namespace {
@@ -48,16 +49,47 @@ Loaded open_first(const char* const (&names)[N], const char* needed_symbol) {
   return loaded;
 }
 
-template <class Function>
-Status resolve(void* library, const std::string& library_name, Function*& entry, const char* symbol,
-               ErrorCode code) {
-  if (void* address = dlsym(library, symbol)) {
-    entry = reinterpret_cast<Function*>(address);
-    return ok_status();
+// Resolves the entries of a table from the first of `libraries` that has `needed_symbol`
+// (error `code`, `what` naming the library, when none has).
+class Resolver {
+ public:
+  template <size_t N>
+  Resolver(const char* const (&libraries)[N], const char* needed_symbol, ErrorCode code,
+           const char* what)
+      : loaded_(open_first(libraries, needed_symbol)), code_(code), what_(what) {}
+
+  Status found() const {
+    if (loaded_.handle != nullptr) return ok_status();
+    return make_error(code_, std::string(what_) + ": " + loaded_.errors);
   }
-  return make_error(code, library_name + " lacks the symbol " + symbol +
-                              " (ROCm too old or too new for this build of flashjit)");
-}
+  const std::string& library() const { return loaded_.name; }
+
+  // Each (entry, symbol) pair in turn, stopping at the first symbol the library lacks.
+  Status all() const { return ok_status(); }
+  template <class Function, class Symbol, class... Rest>
+  Status all(Function*& entry, const Symbol& symbol, Rest&&... rest) const {
+    FLASHJIT_TRY((*this)(entry, symbol));
+    return all(std::forward<Rest>(rest)...);
+  }
+
+  template <class Function>
+  Status operator()(Function*& entry, const char* symbol) const {
+    if (void* address = dlsym(loaded_.handle, symbol)) {
+      entry = reinterpret_cast<Function*>(address);
+      return ok_status();
+    }
+    return make_error(code_, loaded_.name + " lacks the symbol " + symbol +
+                                 " (ROCm too old or too new for this build of flashjit)");
+  }
+
+ private:
+  Loaded loaded_;
+  ErrorCode code_;
+  const char* what_;
+};
+
+// `table`'s member `entry` and its name, for Resolver::all.
+#define FLASHJIT_ENTRY(entry) table.entry, #entry
 
 std::string describe(const Api* table, hipError_t result) {
   const char* name = table != nullptr ? table->hipGetErrorName(result) : nullptr;
@@ -73,42 +105,25 @@ std::string describe(const Api* table, hipError_t result) {
 }
 
 Result<const Api*> load_api() {
-  Loaded loaded = open_first(kHipLibraries, "hipInit");
-  if (loaded.handle == nullptr) {
-    return make_error(ErrorCode::NoDevice,
-                      "libamdhip64 not found (no ROCm HIP runtime): " + loaded.errors);
-  }
-  // Never dlclose'd: the table lives for the whole process.
+  const Resolver resolve(kHipLibraries, "hipInit", ErrorCode::NoDevice,
+                         "libamdhip64 not found (no ROCm HIP runtime)");
+  FLASHJIT_TRY(resolve.found());
+  // Never dlclose'd: the table lives for the whole process. hipGetDeviceProperties: the plain
+  // name is the pre-6.0 layout in every ROCm (6.x keeps it for old binaries).
   static Api table{};
-  const ErrorCode code = ErrorCode::NoDevice;
-  const std::string& lib = loaded.name;
-  void* h = loaded.handle;
-  FLASHJIT_TRY(resolve(h, lib, table.hipInit, "hipInit", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hipDriverGetVersion, "hipDriverGetVersion", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hipRuntimeGetVersion, "hipRuntimeGetVersion", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hipGetErrorName, "hipGetErrorName", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hipGetErrorString, "hipGetErrorString", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hipGetDeviceCount, "hipGetDeviceCount", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hipSetDevice, "hipSetDevice", code));
-  // The plain name is the pre-6.0 layout in every ROCm (6.x keeps it for old binaries).
-  FLASHJIT_TRY(resolve(h, lib, table.hipGetDeviceProperties, "hipGetDeviceProperties", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hipDeviceSynchronize, "hipDeviceSynchronize", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hipStreamSynchronize, "hipStreamSynchronize", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hipModuleLoadData, "hipModuleLoadData", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hipModuleUnload, "hipModuleUnload", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hipModuleGetFunction, "hipModuleGetFunction", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hipFuncGetAttribute, "hipFuncGetAttribute", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hipModuleLaunchKernel, "hipModuleLaunchKernel", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hipMalloc, "hipMalloc", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hipFree, "hipFree", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hipMemcpy, "hipMemcpy", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hipMemset, "hipMemset", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hipMemsetAsync, "hipMemsetAsync", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hipEventCreate, "hipEventCreate", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hipEventDestroy, "hipEventDestroy", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hipEventRecord, "hipEventRecord", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hipEventSynchronize, "hipEventSynchronize", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hipEventElapsedTime, "hipEventElapsedTime", code));
+  FLASHJIT_TRY(
+      resolve.all(FLASHJIT_ENTRY(hipInit), FLASHJIT_ENTRY(hipDriverGetVersion),
+                  FLASHJIT_ENTRY(hipRuntimeGetVersion), FLASHJIT_ENTRY(hipGetErrorName),
+                  FLASHJIT_ENTRY(hipGetErrorString), FLASHJIT_ENTRY(hipGetDeviceCount),
+                  FLASHJIT_ENTRY(hipSetDevice), FLASHJIT_ENTRY(hipGetDeviceProperties),
+                  FLASHJIT_ENTRY(hipDeviceSynchronize), FLASHJIT_ENTRY(hipStreamSynchronize),
+                  FLASHJIT_ENTRY(hipModuleLoadData), FLASHJIT_ENTRY(hipModuleUnload),
+                  FLASHJIT_ENTRY(hipModuleGetFunction), FLASHJIT_ENTRY(hipFuncGetAttribute),
+                  FLASHJIT_ENTRY(hipModuleLaunchKernel), FLASHJIT_ENTRY(hipMalloc),
+                  FLASHJIT_ENTRY(hipFree), FLASHJIT_ENTRY(hipMemcpy), FLASHJIT_ENTRY(hipMemset),
+                  FLASHJIT_ENTRY(hipMemsetAsync), FLASHJIT_ENTRY(hipEventCreate),
+                  FLASHJIT_ENTRY(hipEventDestroy), FLASHJIT_ENTRY(hipEventRecord),
+                  FLASHJIT_ENTRY(hipEventSynchronize), FLASHJIT_ENTRY(hipEventElapsedTime)));
 
   const hipError_t init = table.hipInit(0);
   if (init != hipSuccess) {
@@ -119,25 +134,17 @@ Result<const Api*> load_api() {
 }
 
 Result<const Rtc*> load_rtc() {
-  Loaded loaded = open_first(kRtcLibraries, "hiprtcCompileProgram");
-  if (loaded.handle == nullptr) {
-    return make_error(ErrorCode::Unsupported,
-                      "hipRTC not found (install libamdhip64-dev, or ROCm): " + loaded.errors);
-  }
+  const Resolver resolve(kRtcLibraries, "hiprtcCompileProgram", ErrorCode::Unsupported,
+                         "hipRTC not found (install libamdhip64-dev, or ROCm)");
+  FLASHJIT_TRY(resolve.found());
   static Rtc table{};
-  const ErrorCode code = ErrorCode::Unsupported;
-  const std::string& lib = loaded.name;
-  void* h = loaded.handle;
-  FLASHJIT_TRY(resolve(h, lib, table.hiprtcVersion, "hiprtcVersion", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hiprtcGetErrorString, "hiprtcGetErrorString", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hiprtcCreateProgram, "hiprtcCreateProgram", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hiprtcCompileProgram, "hiprtcCompileProgram", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hiprtcGetProgramLogSize, "hiprtcGetProgramLogSize", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hiprtcGetProgramLog, "hiprtcGetProgramLog", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hiprtcGetCodeSize, "hiprtcGetCodeSize", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hiprtcGetCode, "hiprtcGetCode", code));
-  FLASHJIT_TRY(resolve(h, lib, table.hiprtcDestroyProgram, "hiprtcDestroyProgram", code));
-  table.library = lib;
+  FLASHJIT_TRY(resolve.all(FLASHJIT_ENTRY(hiprtcVersion), FLASHJIT_ENTRY(hiprtcGetErrorString),
+                           FLASHJIT_ENTRY(hiprtcCreateProgram),
+                           FLASHJIT_ENTRY(hiprtcCompileProgram),
+                           FLASHJIT_ENTRY(hiprtcGetProgramLogSize),
+                           FLASHJIT_ENTRY(hiprtcGetProgramLog), FLASHJIT_ENTRY(hiprtcGetCodeSize),
+                           FLASHJIT_ENTRY(hiprtcGetCode), FLASHJIT_ENTRY(hiprtcDestroyProgram)));
+  table.library = resolve.library();
   // The ROCm version, for cache keys and fingerprints: hipRuntimeGetVersion answers without a
   // device (libhiprtc does not have it; the HIP runtime of the same ROCm does).
   Loaded runtime = open_first(kHipLibraries, "hipRuntimeGetVersion");
