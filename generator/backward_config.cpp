@@ -83,18 +83,10 @@ std::vector<AttentionConfig> mma_candidates(const AttentionProblem&) {
 // The template's static_asserts, in words. Only these can fail on the renderer's "unlimited"
 // device (arch 0, no limits).
 Status check_mma_template(const AttentionConfig& c, const MmaShape& s) {
-  if (!contains(kBackwardBlockMChoices, c.block_m))
-    return illegal(
-        c, "block_m = " + std::to_string(c.block_m) + " not in " + list(kBackwardBlockMChoices));
-  if (!contains(kBackwardBlockNChoices, c.block_n))
-    return illegal(
-        c, "block_n = " + std::to_string(c.block_n) + " not in " + list(kBackwardBlockNChoices));
-  if (!contains(kBackwardWarpChoices, c.warps))
-    return illegal(c,
-                   "warps = " + std::to_string(c.warps) + " not in " + list(kBackwardWarpChoices));
-  if (!contains(kBackwardStageChoices, c.stages))
-    return illegal(
-        c, "stages = " + std::to_string(c.stages) + " not in " + list(kBackwardStageChoices));
+  FLASHJIT_TRY(knobs::check_choice(c, "block_m", c.block_m, kBackwardBlockMChoices));
+  FLASHJIT_TRY(knobs::check_choice(c, "block_n", c.block_n, kBackwardBlockNChoices));
+  FLASHJIT_TRY(knobs::check_choice(c, "warps", c.warps, kBackwardWarpChoices));
+  FLASHJIT_TRY(knobs::check_choice(c, "stages", c.stages, kBackwardStageChoices));
   const struct {
     const char* what;
     const BackwardWarpTiling& tiling;
@@ -251,14 +243,6 @@ const BackwardFamily* family_of(const AttentionConfig& config) {
   return nullptr;
 }
 
-std::string status_text(const AttentionConfig& c, const Status& status) {
-  if (status.ok()) return "legal";
-  std::string why = status.error().message;
-  const std::string prefix = "config " + c.to_string() + ": ";
-  if (why.rfind(prefix, 0) == 0) why = why.substr(prefix.size());
-  return "illegal: " + why;
-}
-
 std::string explain_mma(const AttentionProblem& p, const DeviceSpec& device) {
   std::ostringstream out;
   const int d = p.head_dim, dp = backward_padded_head_dim(d);
@@ -296,7 +280,7 @@ std::string explain_mma(const AttentionProblem& p, const DeviceSpec& device) {
     std::snprintf(line, sizeof line, "%-18s %10d %8s %10d %8s %8d  %s\n", c.to_string().c_str(),
                   use.dkdv_smem_bytes, separate ? std::to_string(use.dq_smem_bytes).c_str() : "-",
                   use.dkdv_registers, separate ? std::to_string(use.dq_registers).c_str() : "-",
-                  use.ctas_per_sm, status_text(c, status).c_str());
+                  use.ctas_per_sm, knobs::verdict(status, c).c_str());
     out << line;
   }
   if (p.deterministic)
@@ -434,8 +418,7 @@ Result<AttentionConfig> default_backward_config(const AttentionProblem& p,
 
 std::string explain_backward_plan(const AttentionProblem& p, const DeviceSpec& device) {
   std::ostringstream out;
-  out << "device:  " << device.to_string() << "\n";
-  out << "problem: " << p.to_string() << "\n\n";
+  knobs::plan_header(out, p, device);
   if (Status dtype = check_cuda_dtype(p.dtype); !dtype.ok())
     return out.str() + dtype.error().message + "\n";
   const int d_pad = backward_padded_head_dim(p.head_dim);
@@ -456,12 +439,8 @@ std::string explain_backward_plan(const AttentionProblem& p, const DeviceSpec& d
     if (family.family != KernelFamily::Mma && device.arch != 90) continue;  // sm90a only
     out << family.explain(p, device) << "\n";
   }
-  const std::vector<AttentionConfig> legal = legal_backward_configs(p, device);
-  out << legal.size() << " legal configs.";
-  if (Result<AttentionConfig> def = default_backward_config(p, device); def.ok())
-    out << " Default (untuned): " << def->to_string() << "\n";
-  else
-    out << " " << def.error().message << "\n";
+  knobs::plan_footer(out, legal_backward_configs(p, device).size(),
+                     default_backward_config(p, device));
   return out.str();
 }
 

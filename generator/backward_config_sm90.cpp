@@ -54,18 +54,13 @@ Shape shape_of(const AttentionConfig& c, const AttentionProblem& p) {
 
 // The template's static_asserts, in its words.
 Status check_template(const AttentionConfig& c, const AttentionProblem& p) {
-  if (!contains(kWgmmaBwdBlockMChoices, c.block_m))
-    return illegal(c, "block_m = " + std::to_string(c.block_m) + " not in " +
-                          list(kWgmmaBwdBlockMChoices) + " (query rows per step)");
-  if (!contains(kWgmmaBwdBlockNChoices, c.block_n))
-    return illegal(c, "block_n = " + std::to_string(c.block_n) + " not in " +
-                          list(kWgmmaBwdBlockNChoices) + " (keys per CTA)");
-  if (!contains(kWgmmaBwdWarpChoices, c.warps))
-    return illegal(c, "warps = " + std::to_string(c.warps) + " not in " +
-                          list(kWgmmaBwdWarpChoices) + " (one or two warpgroups)");
-  if (!contains(kWgmmaBwdStageChoices, c.stages))
-    return illegal(
-        c, "stages = " + std::to_string(c.stages) + " not in " + list(kWgmmaBwdStageChoices));
+  FLASHJIT_TRY(knobs::check_choice(c, "block_m", c.block_m, kWgmmaBwdBlockMChoices,
+                                   " (query rows per step)"));
+  FLASHJIT_TRY(
+      knobs::check_choice(c, "block_n", c.block_n, kWgmmaBwdBlockNChoices, " (keys per CTA)"));
+  FLASHJIT_TRY(
+      knobs::check_choice(c, "warps", c.warps, kWgmmaBwdWarpChoices, " (one or two warpgroups)"));
+  FLASHJIT_TRY(knobs::check_choice(c, "stages", c.stages, kWgmmaBwdStageChoices));
   const Shape s = shape_of(c, p);
   if (s.warpgroups % s.key_tiles != 0 || s.query_split > 2)
     return illegal(c, "block_n = " + std::to_string(c.block_n) + " with " +
@@ -256,9 +251,7 @@ std::string explain_wgmma_backward_plan(const AttentionProblem& p, const DeviceS
   out << "config                 threads  smem dK/dV  smem dQ  regs~  CTAs/SM  status\n";
   for (const AttentionConfig& c : wgmma_backward_candidates(p)) {
     const Status status = check_wgmma_backward_config(c, p, device);
-    std::string why = status.ok() ? "legal" : status.error().message;
-    const std::string prefix = "config " + c.to_string() + ": ";
-    if (why.rfind(prefix, 0) == 0) why = "illegal: " + why.substr(prefix.size());
+    const std::string why = knobs::verdict(status, c, false);
     const int dkdv_smem = wgmma_backward_dkdv_smem_bytes(c, p);
     const int dq_smem = c.dq == DqMode::Separate ? wgmma_backward_dq_smem_bytes(c, p) : 0;
     // dK/dV CTAs per SM, by shared memory and by (estimated, rounded to 8) registers.

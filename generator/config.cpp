@@ -181,18 +181,14 @@ namespace {
 Status check_wgmma_shape(const AttentionConfig& c, const DeviceSpec& device) {
   if (device.arch != 90)
     return illegal(c, "wgmma kernels need sm90 (H100/H200); this device is " + device.arch_name());
-  if (!contains(kWgmmaBlockMChoices, c.block_m))
-    return illegal(c, "block_m = " + std::to_string(c.block_m) + " not in " +
-                          list(kWgmmaBlockMChoices) + " (64 rows per warpgroup)");
-  if (!contains(kWgmmaBlockNChoices, c.block_n))
-    return illegal(
-        c, "block_n = " + std::to_string(c.block_n) + " not in " + list(kWgmmaBlockNChoices));
+  FLASHJIT_TRY(knobs::check_choice(c, "block_m", c.block_m, kWgmmaBlockMChoices,
+                                   " (64 rows per warpgroup)"));
+  FLASHJIT_TRY(knobs::check_choice(c, "block_n", c.block_n, kWgmmaBlockNChoices));
   if (c.warps != c.block_m / 16)
     return illegal(c, "warps = " + std::to_string(c.warps) +
                           ": the wgmma family has block_m / 16 = " +
                           std::to_string(c.block_m / 16) + " (one warpgroup per 64 rows)");
-  if (!contains(kStageChoices, c.stages))
-    return illegal(c, "stages = " + std::to_string(c.stages) + " not in " + list(kStageChoices));
+  FLASHJIT_TRY(knobs::check_choice(c, "stages", c.stages, kStageChoices));
   return ok_status();
 }
 
@@ -221,16 +217,10 @@ Status check_config(const AttentionConfig& c, const AttentionProblem& p, const D
                      ErrorCode::Unsupported);
   } else {
     // Template constraints (mirrored by static_asserts in templates/cuda/attention_fwd.cuh).
-    if (!contains(kBlockMChoices, c.block_m))
-      return illegal(c,
-                     "block_m = " + std::to_string(c.block_m) + " not in " + list(kBlockMChoices));
-    if (!contains(kBlockNChoices, c.block_n))
-      return illegal(c,
-                     "block_n = " + std::to_string(c.block_n) + " not in " + list(kBlockNChoices));
-    if (!contains(kWarpChoices, c.warps))
-      return illegal(c, "warps = " + std::to_string(c.warps) + " not in " + list(kWarpChoices));
-    if (!contains(kStageChoices, c.stages))
-      return illegal(c, "stages = " + std::to_string(c.stages) + " not in " + list(kStageChoices));
+    FLASHJIT_TRY(knobs::check_choice(c, "block_m", c.block_m, kBlockMChoices));
+    FLASHJIT_TRY(knobs::check_choice(c, "block_n", c.block_n, kBlockNChoices));
+    FLASHJIT_TRY(knobs::check_choice(c, "warps", c.warps, kWarpChoices));
+    FLASHJIT_TRY(knobs::check_choice(c, "stages", c.stages, kStageChoices));
     if (c.block_m % (16 * c.warps) != 0 || c.rows_per_warp() / 16 > kMaxMTilesPerWarp)
       return illegal(c, "block_m / warps = " + std::to_string(c.block_m) + " / " +
                             std::to_string(c.warps) + " must be 16 or 32 rows per warp");
@@ -286,13 +276,10 @@ bool sm90_families_offered(const AttentionProblem& p, const DeviceSpec& device) 
 std::vector<AttentionConfig> legal_configs(const AttentionProblem& p, const DeviceSpec& device) {
   if (p.is_backward()) return legal_backward_configs(p, device);
   std::vector<AttentionConfig> configs;
-  for (int block_m : kBlockMChoices)
-    for (int block_n : kBlockNChoices)
-      for (int warps : kWarpChoices)
-        for (int stages : kStageChoices) {
-          AttentionConfig c{block_m, block_n, warps, stages};
-          if (check_config(c, p, device).ok()) configs.push_back(c);
-        }
+  knobs::for_each_tile(kBlockMChoices, kBlockNChoices, kWarpChoices, kStageChoices,
+                       [&](const AttentionConfig& c) {
+                         if (check_config(c, p, device).ok()) configs.push_back(c);
+                       });
   if (sm90_families_offered(p, device))
     for (int block_m : kWgmmaBlockMChoices)
       for (int block_n : kWgmmaBlockNChoices)
@@ -356,8 +343,7 @@ std::string explain_plan(const AttentionProblem& p, const DeviceSpec& device) {
   if (is_decode_problem(p)) return explain_decode_plan(p, device);
   std::ostringstream out;
   const int d = p.head_dim, dp = padded_head_dim(d);
-  out << "device:  " << device.to_string() << "\n";
-  out << "problem: " << p.to_string() << "\n\n";
+  knobs::plan_header(out, p, device);
   out << "Starting formula (FlashAttention): Br = SRAM / (3 * d * sizeof(float))\n";
   out << "  = " << device.smem_per_block_optin << " / (3 * " << d
       << " * 4) = " << formula_block_m(p, device) << " rows\n\n";
@@ -372,23 +358,17 @@ std::string explain_plan(const AttentionProblem& p, const DeviceSpec& device) {
       << list(kBlockNChoices) << ", warps in " << list(kWarpChoices) << ", stages in "
       << list(kStageChoices) << "\n\n";
   out << "config        smem(B)  regs~  CTAs/SM  status\n";
-  for (int block_m : kBlockMChoices)
-    for (int block_n : kBlockNChoices)
-      for (int warps : kWarpChoices)
-        for (int stages : kStageChoices) {
-          AttentionConfig c{block_m, block_n, warps, stages};
-          if (c.block_m % (16 * c.warps) != 0 || c.rows_per_warp() / 16 > kMaxMTilesPerWarp)
-            continue;  // not a shape the template has; listing it would only add noise
-          Status status = check_config(c, p, device);
-          ResourceUse use = resource_use(c, p, device);
-          char line[256];
-          std::string why = status.ok() ? "legal" : status.error().message;
-          const std::string prefix = "config " + c.to_string() + ": ";
-          if (why.rfind(prefix, 0) == 0) why = "illegal: " + why.substr(prefix.size());
-          std::snprintf(line, sizeof line, "%-12s %8d %6d %8d  %s\n", c.to_string().c_str(),
-                        use.smem_bytes, use.regs_per_thread, use.ctas_per_sm, why.c_str());
-          out << line;
-        }
+  knobs::for_each_tile(
+      kBlockMChoices, kBlockNChoices, kWarpChoices, kStageChoices, [&](const AttentionConfig& c) {
+        if (c.block_m % (16 * c.warps) != 0 || c.rows_per_warp() / 16 > kMaxMTilesPerWarp)
+          return;  // not a shape the template has; listing it would only add noise
+        const ResourceUse use = resource_use(c, p, device);
+        char line[256];
+        std::snprintf(line, sizeof line, "%-12s %8d %6d %8d  %s\n", c.to_string().c_str(),
+                      use.smem_bytes, use.regs_per_thread, use.ctas_per_sm,
+                      knobs::verdict(check_config(c, p, device), c, false).c_str());
+        out << line;
+      });
   if (device.arch == 90) {
     out << "\nwgmma family (sm_90a; 64 query rows per warpgroup of 4 warps, S = Q K^T one wgmma "
            "m64n<Bc>k16 per 16 columns of d, P V from registers):\n";
@@ -404,9 +384,7 @@ std::string explain_plan(const AttentionProblem& p, const DeviceSpec& device) {
           AttentionConfig c{block_m, block_n, block_m / 16, stages, KernelFamily::Wgmma};
           Status status = check_config(c, p, device);
           ResourceUse use = resource_use(c, p, device);
-          std::string why = status.ok() ? "legal" : status.error().message;
-          const std::string prefix = "config " + c.to_string() + ": ";
-          if (why.rfind(prefix, 0) == 0) why = "illegal: " + why.substr(prefix.size());
+          const std::string why = knobs::verdict(status, c, false);
           char line[256];
           std::snprintf(line, sizeof line, "%-18s %8d %6d %8d  %s\n", c.to_string().c_str(),
                         use.smem_bytes, use.regs_per_thread, use.ctas_per_sm, why.c_str());
@@ -414,12 +392,8 @@ std::string explain_plan(const AttentionProblem& p, const DeviceSpec& device) {
         }
   }
   if (device.arch == 90) out << "\n" << explain_ws_plan(p, device);
-  auto legal = legal_configs(p, device);
-  out << "\n" << legal.size() << " legal configs.";
-  if (auto def = default_config(p, device); def.ok())
-    out << " Default (untuned): " << def->to_string() << "\n";
-  else
-    out << " " << def.error().message << "\n";
+  out << "\n";
+  knobs::plan_footer(out, legal_configs(p, device).size(), default_config(p, device));
   return out.str();
 }
 

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "generator/decode_config.hpp"
+#include "generator/knobs.hpp"
 
 namespace flashjit {
 namespace {
@@ -301,21 +302,13 @@ namespace {
 
 // "illegal: <why>" without the "config <name>: " prefix, or "legal".
 std::string verdict(const AttentionConfig& c, const AttentionProblem& p, const CpuSpec& cpu) {
-  const Status status = check_cpu_config(c, p, cpu);
-  if (status.ok()) return "legal";
-  std::string why = status.error().message;
-  const std::string prefix = "config " + c.to_string() + ": ";
-  if (why.rfind(prefix, 0) == 0) why = why.substr(prefix.size());
-  return "illegal: " + why;
+  return knobs::verdict(check_cpu_config(c, p, cpu), c);
 }
 
 std::string legal_summary(const AttentionProblem& p, const CpuSpec& cpu) {
   std::ostringstream out;
-  out << "\n" << legal_cpu_configs(p, cpu).size() << " legal configs.";
-  if (auto def = default_cpu_config(p, cpu); def.ok())
-    out << " Default (untuned): " << def->to_string() << "\n";
-  else
-    out << " " << def.error().message << "\n";
+  out << "\n";
+  knobs::plan_footer(out, legal_cpu_configs(p, cpu).size(), default_cpu_config(p, cpu));
   return out.str();
 }
 

@@ -137,15 +137,11 @@ Status check_decode_config(const AttentionConfig& c, const AttentionProblem& p,
   if (device.arch < 80)
     return illegal(c, "the -decode family needs sm80 or newer (mma.sync bf16, cp.async)");
   FLASHJIT_TRY(check_decode_knobs(c));
-  if (!contains(kDecodeBlockMChoices, c.block_m))
-    return illegal(c, "block_m = " + str(c.block_m) + " not in " + list(kDecodeBlockMChoices) +
-                          " (packed query rows per CTA)");
-  if (!contains(kDecodeBlockNChoices, c.block_n))
-    return illegal(c, "block_n = " + str(c.block_n) + " not in " + list(kDecodeBlockNChoices));
-  if (!contains(kDecodeWarpChoices, c.warps))
-    return illegal(c, "warps = " + str(c.warps) + " not in " + list(kDecodeWarpChoices));
-  if (!contains(kDecodeStageChoices, c.stages))
-    return illegal(c, "stages = " + str(c.stages) + " not in " + list(kDecodeStageChoices));
+  FLASHJIT_TRY(knobs::check_choice(c, "block_m", c.block_m, kDecodeBlockMChoices,
+                                   " (packed query rows per CTA)"));
+  FLASHJIT_TRY(knobs::check_choice(c, "block_n", c.block_n, kDecodeBlockNChoices));
+  FLASHJIT_TRY(knobs::check_choice(c, "warps", c.warps, kDecodeWarpChoices));
+  FLASHJIT_TRY(knobs::check_choice(c, "stages", c.stages, kDecodeStageChoices));
   const int warp_keys = c.block_n / c.warps;
   if (warp_keys % 16 != 0)
     return illegal(c, "block_n / warps = " + str(warp_keys) +
@@ -204,14 +200,6 @@ void append_splits(const AttentionConfig& tile, const AttentionProblem& p,
   }
 }
 
-std::string verdict(const Status& status, const AttentionConfig& c) {
-  if (status.ok()) return "legal";
-  std::string why = status.error().message;
-  const std::string prefix = "config " + c.to_string() + ": ";
-  if (why.rfind(prefix, 0) == 0) why = why.substr(prefix.size());
-  return "illegal: " + why;
-}
-
 }  // namespace
 
 std::vector<AttentionConfig> legal_decode_configs(const AttentionProblem& p,
@@ -251,8 +239,7 @@ Result<AttentionConfig> default_decode_config(const AttentionProblem& p, const D
 std::string explain_decode_plan(const AttentionProblem& p, const DeviceSpec& device) {
   std::ostringstream out;
   const int dp = padded_head_dim(p.head_dim);
-  out << "device:  " << device.to_string() << "\n";
-  out << "problem: " << p.to_string() << "\n\n";
+  knobs::plan_header(out, p, device);
   out << "Decode (split-KV, flash-decoding): " << p.group_size() << " query heads x " << p.seqlen_q
       << " queries = " << decode_packed_rows(p)
       << " packed rows per (batch, kv head); K/V read once per group.\n";
@@ -279,7 +266,7 @@ std::string explain_decode_plan(const AttentionProblem& p, const DeviceSpec& dev
     char line[512];
     std::snprintf(line, sizeof line, "%-24s %7d %6d %13d  %s\n", c.to_string().c_str(),
                   r.smem_bytes, r.registers, decode_splits(c, p, device),
-                  verdict(status, c).c_str());
+                  knobs::verdict(status, c).c_str());
     out << line;
   }
   const std::vector<AttentionConfig> legal = legal_decode_configs(p, device);
@@ -349,17 +336,11 @@ Status check_hip_decode_config(const AttentionConfig& c, const AttentionProblem&
     return illegal(c, std::string("dtype = ") + to_string(p.dtype) +
                           ": the HIP templates support f16 and bf16 storage only (MFMA operands)");
   FLASHJIT_TRY(check_decode_knobs(c));
-  if (!contains(kHipDecodeBlockMChoices, c.block_m))
-    return illegal(c, "block_m = " + str(c.block_m) + " not in " + list(kHipDecodeBlockMChoices) +
-                          " (packed query rows per workgroup)");
-  if (!contains(kHipDecodeBlockNChoices, c.block_n))
-    return illegal(c, "block_n = " + str(c.block_n) + " not in " + list(kHipDecodeBlockNChoices));
-  if (!contains(kHipDecodeWaveChoices, c.warps))
-    return illegal(
-        c, "warps (wavefronts) = " + str(c.warps) + " not in " + list(kHipDecodeWaveChoices));
-  if (!contains(kHipStageChoices, c.stages))
-    return illegal(c,
-                   "stages (LDS buffers) = " + str(c.stages) + " not in " + list(kHipStageChoices));
+  FLASHJIT_TRY(knobs::check_choice(c, "block_m", c.block_m, kHipDecodeBlockMChoices,
+                                   " (packed query rows per workgroup)"));
+  FLASHJIT_TRY(knobs::check_choice(c, "block_n", c.block_n, kHipDecodeBlockNChoices));
+  FLASHJIT_TRY(knobs::check_choice(c, "warps (wavefronts)", c.warps, kHipDecodeWaveChoices));
+  FLASHJIT_TRY(knobs::check_choice(c, "stages (LDS buffers)", c.stages, kHipStageChoices));
   if ((c.block_n / c.warps) % 16 != 0)
     return illegal(c, "block_n / waves = " + str(c.block_n / c.warps) +
                           " keys per wave: must be a multiple of 16 (MFMA tiles)");
@@ -422,8 +403,7 @@ Result<AttentionConfig> default_hip_decode_config(const AttentionProblem& p,
 std::string explain_hip_decode_plan(const AttentionProblem& p, const DeviceSpec& device) {
   std::ostringstream out;
   const int dp = padded_head_dim(p.head_dim);
-  out << "device:  " << device.to_string() << "\n";
-  out << "problem: " << p.to_string() << "\n\n";
+  knobs::plan_header(out, p, device);
   out << "Decode (split-KV, flash-decoding): " << p.group_size() << " query heads x " << p.seqlen_q
       << " queries = " << decode_packed_rows(p)
       << " packed rows per (batch, kv head); K/V read once per group.\n";
@@ -449,7 +429,7 @@ std::string explain_hip_decode_plan(const AttentionProblem& p, const DeviceSpec&
     std::snprintf(line, sizeof line, "%-24s %7d %6d %13d  %s\n", c.to_string().c_str(),
                   hip_decode_lds_bytes(c, p), hip_decode_estimated_registers(c, p),
                   hip_decode_splits(c, p, device),
-                  verdict(check_hip_decode_config(c, p, device), c).c_str());
+                  knobs::verdict(check_hip_decode_config(c, p, device), c).c_str());
     out << line;
   }
   const std::vector<AttentionConfig> legal = legal_hip_decode_configs(p, device);
@@ -550,7 +530,7 @@ std::string explain_cpu_decode_plan(const AttentionProblem& p, const CpuSpec& cp
     std::snprintf(line, sizeof line, "%-22s %9lld B  splits(auto) %4d  %s\n", c.to_string().c_str(),
                   static_cast<long long>(cpu_decode_scratch_bytes(c, p)),
                   cpu_decode_splits(c, p, cpu),
-                  verdict(check_cpu_decode_config(c, p, cpu), c).c_str());
+                  knobs::verdict(check_cpu_decode_config(c, p, cpu), c).c_str());
     out << line;
   }
   const auto legal = legal_cpu_decode_configs(p, cpu);

@@ -8,45 +8,37 @@ namespace {
 
 // Limits of one representative part per architecture (CUDA C Programming Guide, "Technical
 // Specifications per Compute Capability", and the parts' datasheets).
+struct NvidiaPart {
+  int arch;
+  const char* name;
+  int sm_count;
+  int smem_per_block_optin_kib, smem_per_sm_kib;
+  int max_threads_per_sm;
+  int l2_mib;
+};
+// clang-format off
+constexpr NvidiaPart kNvidiaParts[] = {
+    {80, "sm80 (table: A100)",      108, 163, 164, 2048, 40},  // A100 SXM
+    {86, "sm86 (table: RTX A6000)",  84,  99, 100, 1536,  6},
+    {89, "sm89 (table: L40S)",      142,  99, 100, 1536, 96},
+    {90, "sm90 (table: H100 SXM)",  132, 227, 228, 2048, 50},
+};
+// clang-format on
+
 DeviceSpec table_entry(int arch) {
   DeviceSpec d;
   d.arch = arch;
   d.regs_per_sm = 65536;
   d.max_regs_per_thread = 255;
   d.max_threads_per_block = 1024;
-  switch (arch) {
-    case 80:  // A100 SXM
-      d.name = "sm80 (table: A100)";
-      d.sm_count = 108;
-      d.smem_per_block_optin = 163 * 1024;
-      d.smem_per_sm = 164 * 1024;
-      d.max_threads_per_sm = 2048;
-      d.l2_bytes = 40 * 1024 * 1024;
-      break;
-    case 86:  // RTX A6000
-      d.name = "sm86 (table: RTX A6000)";
-      d.sm_count = 84;
-      d.smem_per_block_optin = 99 * 1024;
-      d.smem_per_sm = 100 * 1024;
-      d.max_threads_per_sm = 1536;
-      d.l2_bytes = 6 * 1024 * 1024;
-      break;
-    case 89:  // L40S
-      d.name = "sm89 (table: L40S)";
-      d.sm_count = 142;
-      d.smem_per_block_optin = 99 * 1024;
-      d.smem_per_sm = 100 * 1024;
-      d.max_threads_per_sm = 1536;
-      d.l2_bytes = 96 * 1024 * 1024;
-      break;
-    case 90:  // H100 SXM
-      d.name = "sm90 (table: H100 SXM)";
-      d.sm_count = 132;
-      d.smem_per_block_optin = 227 * 1024;
-      d.smem_per_sm = 228 * 1024;
-      d.max_threads_per_sm = 2048;
-      d.l2_bytes = 50 * 1024 * 1024;
-      break;
+  for (const NvidiaPart& part : kNvidiaParts) {
+    if (part.arch != arch) continue;
+    d.name = part.name;
+    d.sm_count = part.sm_count;
+    d.smem_per_block_optin = part.smem_per_block_optin_kib * 1024;
+    d.smem_per_sm = part.smem_per_sm_kib * 1024;
+    d.max_threads_per_sm = part.max_threads_per_sm;
+    d.l2_bytes = part.l2_mib * 1024 * 1024;
   }
   return d;
 }

@@ -38,6 +38,23 @@ Status check_hip_dtype(const AttentionConfig& c, DType dtype) {
 // The backward's functions, defined with the backward's budget below.
 Status check_hip_backward_config(const AttentionConfig& c, const AttentionProblem& p,
                                  const DeviceSpec& device);
+namespace {
+
+// Every backward tile and dQ mode of the choices, in the order of the legal configs.
+std::vector<AttentionConfig> hip_backward_candidates() {
+  std::vector<AttentionConfig> configs;
+  knobs::for_each_tile(kHipBwdBlockMChoices, kHipBwdBlockNChoices, kHipBwdWaveChoices,
+                       kHipStageChoices, [&](AttentionConfig c) {
+                         for (DqMode dq : {DqMode::Atomic, DqMode::Separate}) {
+                           c.dq = dq;
+                           configs.push_back(c);
+                         }
+                       });
+  return configs;
+}
+
+}  // namespace
+
 std::vector<AttentionConfig> legal_hip_backward_configs(const AttentionProblem& p,
                                                         const DeviceSpec& device);
 Result<AttentionConfig> default_hip_backward_config(const AttentionProblem& p,
@@ -102,18 +119,10 @@ Status check_hip_config(const AttentionConfig& c, const AttentionProblem& p,
   if (c.dq != DqMode::Atomic)
     return illegal(c, "-det (a separate dQ kernel) exists in the backward pass only");
   // Template constraints (mirrored by static_asserts in templates/hip/attention_fwd.hpp).
-  if (!contains(kHipBlockMChoices, c.block_m))
-    return illegal(c,
-                   "block_m = " + std::to_string(c.block_m) + " not in " + list(kHipBlockMChoices));
-  if (!contains(kHipBlockNChoices, c.block_n))
-    return illegal(c,
-                   "block_n = " + std::to_string(c.block_n) + " not in " + list(kHipBlockNChoices));
-  if (!contains(kHipWaveChoices, c.warps))
-    return illegal(
-        c, "warps (wavefronts) = " + std::to_string(c.warps) + " not in " + list(kHipWaveChoices));
-  if (!contains(kHipStageChoices, c.stages))
-    return illegal(c, "stages (LDS buffers) = " + std::to_string(c.stages) + " not in " +
-                          list(kHipStageChoices));
+  FLASHJIT_TRY(knobs::check_choice(c, "block_m", c.block_m, kHipBlockMChoices));
+  FLASHJIT_TRY(knobs::check_choice(c, "block_n", c.block_n, kHipBlockNChoices));
+  FLASHJIT_TRY(knobs::check_choice(c, "warps (wavefronts)", c.warps, kHipWaveChoices));
+  FLASHJIT_TRY(knobs::check_choice(c, "stages (LDS buffers)", c.stages, kHipStageChoices));
   if (!has_template_shape(c))
     return illegal(c, "block_m / waves = " + std::to_string(c.block_m) + " / " +
                           std::to_string(c.warps) + " must be 16 or 32 rows per wave");
@@ -155,13 +164,10 @@ std::vector<AttentionConfig> legal_hip_configs(const AttentionProblem& p,
                                                const DeviceSpec& device) {
   if (p.is_backward()) return legal_hip_backward_configs(p, device);
   std::vector<AttentionConfig> configs;
-  for (int block_m : kHipBlockMChoices)
-    for (int block_n : kHipBlockNChoices)
-      for (int waves : kHipWaveChoices)
-        for (int stages : kHipStageChoices) {
-          AttentionConfig c{block_m, block_n, waves, stages};
-          if (check_hip_config(c, p, device).ok()) configs.push_back(c);
-        }
+  knobs::for_each_tile(kHipBlockMChoices, kHipBlockNChoices, kHipWaveChoices, kHipStageChoices,
+                       [&](const AttentionConfig& c) {
+                         if (check_hip_config(c, p, device).ok()) configs.push_back(c);
+                       });
   if (is_decode_problem(p))
     for (const AttentionConfig& c : legal_hip_decode_configs(p, device)) configs.push_back(c);
   return configs;
@@ -180,10 +186,7 @@ Result<AttentionConfig> default_hip_config(const AttentionProblem& p, const Devi
     return std::make_tuple(c.block_m == 128 && c.warps == 4, c.block_m == 128, c.block_n == 64,
                            two_per_cu, c.stages == 2, c.block_n, c.block_m, c.warps);
   };
-  const AttentionConfig* best = &legal.front();
-  for (const AttentionConfig& c : legal)
-    if (rank(c) > rank(*best)) best = &c;
-  return *best;
+  return knobs::best_config(legal, rank);
 }
 
 std::string explain_hip_plan(const AttentionProblem& p, const DeviceSpec& device) {
@@ -191,8 +194,7 @@ std::string explain_hip_plan(const AttentionProblem& p, const DeviceSpec& device
   if (is_decode_problem(p)) return explain_hip_decode_plan(p, device);
   std::ostringstream out;
   const int d = p.head_dim, dp = padded_head_dim(d);
-  out << "device:  " << device.to_string() << "\n";
-  out << "problem: " << p.to_string() << "\n\n";
+  knobs::plan_header(out, p, device);
   out << "Starting formula (FlashAttention): Br = SRAM / (3 * d * sizeof(float))\n";
   out << "  = " << device.smem_per_block_optin << " / (3 * " << d
       << " * 4) = " << device.smem_per_block_optin / (3 * d * 4) << " rows\n";
@@ -214,28 +216,19 @@ std::string explain_hip_plan(const AttentionProblem& p, const DeviceSpec& device
       << list(kHipBlockNChoices) << ", waves in " << list(kHipWaveChoices)
       << ", stages (LDS buffers) in " << list(kHipStageChoices) << "\n\n";
   out << "config        LDS(B)  regs~  WGs/CU  status\n";
-  for (int block_m : kHipBlockMChoices)
-    for (int block_n : kHipBlockNChoices)
-      for (int waves : kHipWaveChoices)
-        for (int stages : kHipStageChoices) {
-          AttentionConfig c{block_m, block_n, waves, stages};
-          if (!has_template_shape(c)) continue;  // not a shape the template has
-          Status status = check_hip_config(c, p, device);
-          HipResourceUse use = hip_resource_use(c, p, device);
-          std::string why = status.ok() ? "legal" : status.error().message;
-          const std::string prefix = "config " + c.to_string() + ": ";
-          if (why.rfind(prefix, 0) == 0) why = "illegal: " + why.substr(prefix.size());
-          char line[256];
-          std::snprintf(line, sizeof line, "%-12s %7d %6d %7d  %s\n", c.to_string().c_str(),
-                        use.lds_bytes, use.regs_per_lane, use.blocks_per_cu, why.c_str());
-          out << line;
-        }
-  auto legal = legal_hip_configs(p, device);
-  out << "\n" << legal.size() << " legal configs.";
-  if (auto def = default_hip_config(p, device); def.ok())
-    out << " Default (untuned): " << def->to_string() << "\n";
-  else
-    out << " " << def.error().message << "\n";
+  knobs::for_each_tile(kHipBlockMChoices, kHipBlockNChoices, kHipWaveChoices, kHipStageChoices,
+                       [&](const AttentionConfig& c) {
+                         if (!has_template_shape(c)) return;  // not a shape the template has
+                         const HipResourceUse use = hip_resource_use(c, p, device);
+                         char line[256];
+                         std::snprintf(
+                             line, sizeof line, "%-12s %7d %6d %7d  %s\n", c.to_string().c_str(),
+                             use.lds_bytes, use.regs_per_lane, use.blocks_per_cu,
+                             knobs::verdict(check_hip_config(c, p, device), c, false).c_str());
+                         out << line;
+                       });
+  out << "\n";
+  knobs::plan_footer(out, legal_hip_configs(p, device).size(), default_hip_config(p, device));
   return out.str();
 }
 
@@ -320,18 +313,11 @@ Status check_hip_backward_config(const AttentionConfig& c, const AttentionProble
   if (p.deterministic && c.dq != DqMode::Separate)
     return illegal(c, "a deterministic backward needs a separate dQ kernel (a -det config)");
   // Template constraints (mirrored by static_asserts in templates/hip/attention_bwd.hpp).
-  if (!contains(kHipBwdBlockMChoices, c.block_m))
-    return illegal(c, "block_m = " + std::to_string(c.block_m) + " not in " +
-                          list(kHipBwdBlockMChoices) + " (backward)");
-  if (!contains(kHipBwdBlockNChoices, c.block_n))
-    return illegal(c, "block_n = " + std::to_string(c.block_n) + " not in " +
-                          list(kHipBwdBlockNChoices) + " (backward)");
-  if (!contains(kHipBwdWaveChoices, c.warps))
-    return illegal(c, "warps (wavefronts) = " + std::to_string(c.warps) + " not in " +
-                          list(kHipBwdWaveChoices) + " (backward)");
-  if (!contains(kHipStageChoices, c.stages))
-    return illegal(c, "stages (LDS buffers) = " + std::to_string(c.stages) + " not in " +
-                          list(kHipStageChoices));
+  FLASHJIT_TRY(knobs::check_choice(c, "block_m", c.block_m, kHipBwdBlockMChoices, " (backward)"));
+  FLASHJIT_TRY(knobs::check_choice(c, "block_n", c.block_n, kHipBwdBlockNChoices, " (backward)"));
+  FLASHJIT_TRY(
+      knobs::check_choice(c, "warps (wavefronts)", c.warps, kHipBwdWaveChoices, " (backward)"));
+  FLASHJIT_TRY(knobs::check_choice(c, "stages (LDS buffers)", c.stages, kHipStageChoices));
   if (!has_backward_template_shape(c))
     return illegal(c, "block_n / waves = " + std::to_string(c.block_n) + " / " +
                           std::to_string(c.warps) + " must be 16 or 32 keys per wave");
@@ -380,15 +366,8 @@ Status check_hip_backward_config(const AttentionConfig& c, const AttentionProble
 std::vector<AttentionConfig> legal_hip_backward_configs(const AttentionProblem& p,
                                                         const DeviceSpec& device) {
   std::vector<AttentionConfig> configs;
-  for (int block_m : kHipBwdBlockMChoices)
-    for (int block_n : kHipBwdBlockNChoices)
-      for (int waves : kHipBwdWaveChoices)
-        for (int stages : kHipStageChoices)
-          for (DqMode dq : {DqMode::Atomic, DqMode::Separate}) {
-            AttentionConfig c{block_m, block_n, waves, stages};
-            c.dq = dq;
-            if (check_hip_backward_config(c, p, device).ok()) configs.push_back(c);
-          }
+  for (const AttentionConfig& c : hip_backward_candidates())
+    if (check_hip_backward_config(c, p, device).ok()) configs.push_back(c);
   return configs;
 }
 
@@ -406,17 +385,13 @@ Result<AttentionConfig> default_hip_backward_config(const AttentionProblem& p,
     return std::make_tuple(c.dq == DqMode::Atomic, c.warps == 4, c.block_n, c.block_m, c.stages,
                            -c.warps);
   };
-  const AttentionConfig* best = &legal.front();
-  for (const AttentionConfig& c : legal)
-    if (rank(c) > rank(*best)) best = &c;
-  return *best;
+  return knobs::best_config(legal, rank);
 }
 
 std::string explain_hip_backward_plan(const AttentionProblem& p, const DeviceSpec& device) {
   std::ostringstream out;
   const int dp = padded_head_dim(p.head_dim);
-  out << "device:  " << device.to_string() << "\n";
-  out << "problem: " << p.to_string() << "\n\n";
+  knobs::plan_header(out, p, device);
   out << "Budget of the HIP backward (MFMA 16x16x16, wave" << kHipWaveSize
       << ", 2-byte elements, head dim padded to " << dp << "):\n";
   out << "  dK/dV kernel: Bn keys per workgroup, 16 or 32 per wave; Q, dO streamed in Bm rows\n";
@@ -439,31 +414,20 @@ std::string explain_hip_backward_plan(const AttentionProblem& p, const DeviceSpe
       << "; dQ atomic, or -det (separate dQ kernel" << (p.deterministic ? ": required" : "")
       << ")\n\n";
   out << "config            LDS dK/dV  LDS dQ  regs~ dK/dV  regs~ dQ  status\n";
-  for (int block_m : kHipBwdBlockMChoices)
-    for (int block_n : kHipBwdBlockNChoices)
-      for (int waves : kHipBwdWaveChoices)
-        for (int stages : kHipStageChoices)
-          for (DqMode dq : {DqMode::Atomic, DqMode::Separate}) {
-            AttentionConfig c{block_m, block_n, waves, stages};
-            c.dq = dq;
-            if (!has_backward_template_shape(c)) continue;  // not a shape the template has
-            Status status = check_hip_backward_config(c, p, device);
-            std::string why = status.ok() ? "legal" : status.error().message;
-            const std::string prefix = "config " + c.to_string() + ": ";
-            if (why.rfind(prefix, 0) == 0) why = "illegal: " + why.substr(prefix.size());
-            char line[320];
-            std::snprintf(line, sizeof line, "%-16s %10d %7d %12d %9d  %s\n", c.to_string().c_str(),
-                          hip_bwd_dkdv_lds_bytes(c, p), hip_bwd_dq_lds_bytes(c, p),
-                          hip_bwd_dkdv_estimated_registers(c, p),
-                          hip_bwd_dq_estimated_registers(c, p), why.c_str());
-            out << line;
-          }
-  auto legal = legal_hip_backward_configs(p, device);
-  out << "\n" << legal.size() << " legal configs.";
-  if (auto def = default_hip_backward_config(p, device); def.ok())
-    out << " Default (untuned): " << def->to_string() << "\n";
-  else
-    out << " " << def.error().message << "\n";
+  for (const AttentionConfig& c : hip_backward_candidates()) {
+    if (!has_backward_template_shape(c)) continue;  // not a shape the template has
+    Status status = check_hip_backward_config(c, p, device);
+    const std::string why = knobs::verdict(status, c, false);
+    char line[320];
+    std::snprintf(line, sizeof line, "%-16s %10d %7d %12d %9d  %s\n", c.to_string().c_str(),
+                  hip_bwd_dkdv_lds_bytes(c, p), hip_bwd_dq_lds_bytes(c, p),
+                  hip_bwd_dkdv_estimated_registers(c, p), hip_bwd_dq_estimated_registers(c, p),
+                  why.c_str());
+    out << line;
+  }
+  out << "\n";
+  knobs::plan_footer(out, legal_hip_backward_configs(p, device).size(),
+                     default_hip_backward_config(p, device));
   return out.str();
 }
 

@@ -1,14 +1,19 @@
 // Helpers every config space's legality rules share (CUDA forward and backward families, HIP,
 // CPU): membership of a knob value in its choices, the choices as text, and the error that names
-// an illegal config and why.
+// an illegal config and why; and the pieces of their `flashjit plan` texts (explain_*_plan) that
+// read the same: the header, a config's verdict, the count of legal configs and the default.
 #pragma once
 
 #include <algorithm>
 #include <iterator>
+#include <ostream>
 #include <string>
+#include <vector>
 
 #include "generator/config.hpp"
+#include "generator/device.hpp"
 #include "generator/error.hpp"
+#include "generator/problem.hpp"
 
 namespace flashjit::knobs {
 
@@ -29,6 +34,62 @@ std::string list(const Range& range) {
 inline Status illegal(const AttentionConfig& config, const std::string& why,
                       ErrorCode code = ErrorCode::InvalidArgument) {
   return make_error(code, "config " + config.to_string() + ": " + why);
+}
+
+// Error InvalidArgument unless knob `name` of `config` (its `value`) is one of `choices`:
+// "config m48n64w4s2: block_m = 48 not in {64, 128}" (then `note`, if any: " (backward)").
+template <class Range>
+Status check_choice(const AttentionConfig& config, const std::string& name, int value,
+                    const Range& choices, const char* note = "") {
+  if (contains(choices, value)) return ok_status();
+  return illegal(config, name + " = " + std::to_string(value) + " not in " + list(choices) + note);
+}
+
+// Calls visit(config) for each tile of the choices, block_m outermost, then block_n, warps
+// (waves), stages: the order of the legal configs.
+template <class M, class N, class W, class S, class Visit>
+void for_each_tile(const M& block_ms, const N& block_ns, const W& warps, const S& stages,
+                   const Visit& visit) {
+  for (int block_m : block_ms)
+    for (int block_n : block_ns)
+      for (int w : warps)
+        for (int s : stages) visit(AttentionConfig{block_m, block_n, w, s});
+}
+
+// A plan row's status: "legal", or "illegal: <why>" (the error without its "config <name>: ";
+// an error without that prefix as it is, unless `tag_every_error`).
+inline std::string verdict(const Status& status, const AttentionConfig& config,
+                           bool tag_every_error = true) {
+  if (status.ok()) return "legal";
+  const std::string& why = status.error().message;
+  const std::string prefix = "config " + config.to_string() + ": ";
+  if (why.rfind(prefix, 0) == 0) return "illegal: " + why.substr(prefix.size());
+  return tag_every_error ? "illegal: " + why : why;
+}
+
+// A plan's first lines: the device and the problem.
+inline void plan_header(std::ostream& out, const AttentionProblem& p, const DeviceSpec& device) {
+  out << "device:  " << device.to_string() << "\n";
+  out << "problem: " << p.to_string() << "\n\n";
+}
+
+// A plan's last line: "<count> legal configs. Default (untuned): <config>" (or why there is none).
+inline void plan_footer(std::ostream& out, size_t legal,
+                        const Result<AttentionConfig>& default_config) {
+  out << legal << " legal configs.";
+  if (default_config.ok())
+    out << " Default (untuned): " << default_config->to_string() << "\n";
+  else
+    out << " " << default_config.error().message << "\n";
+}
+
+// The config of `legal` (not empty) that `rank` ranks highest; the first of equals.
+template <class Rank>
+const AttentionConfig& best_config(const std::vector<AttentionConfig>& legal, const Rank& rank) {
+  const AttentionConfig* best = &legal.front();
+  for (const AttentionConfig& c : legal)
+    if (rank(c) > rank(*best)) best = &c;
+  return *best;
 }
 
 }  // namespace flashjit::knobs
