@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "generator/block_mask.hpp"
+#include "generator/enum_names.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/cuda/driver.hpp"
 
@@ -16,15 +17,7 @@ namespace {
 
 // Where a kernel's config came from, for config_for() and show().
 const char* source_name(ChoiceSource source) {
-  switch (source) {
-    case ChoiceSource::Exact:
-      return "exact";
-    case ChoiceSource::NearestBucket:
-      return "nearest";
-    case ChoiceSource::Default:
-      return "default";
-  }
-  return "unknown";
+  return enum_name(source, {"exact", "nearest", "default"}, "unknown");
 }
 
 std::shared_ptr<Kernel> kernel_for(Runtime& runtime, const Call& call,
@@ -221,6 +214,15 @@ nb::tuple decode(InArray q, InArray k_cache, InArray v_cache, std::optional<InAr
                          args.seqlens_k = static_cast<const int32_t*>(seqlens_k->data());
                        args.check_tables = check_tables;
                      });
+}
+
+void def_attention(nb::module_& m) {
+  m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out").none(),
+        nb::arg("lse").none(), nb::arg("want_lse"), nb::arg("causal"), nb::arg("scale").none(),
+        nb::arg("layout"), nb::arg("config").none(), nb::arg("stream"), nb::arg("synchronize"),
+        nb::arg("framework"), nb::arg("variant").none(), nb::arg("alibi_slopes").none(),
+        nb::arg("cu_seqlens_q").none() = nb::none(), nb::arg("cu_seqlens_k").none() = nb::none(),
+        nb::arg("max_seqlen_q") = 0, nb::arg("max_seqlen_k") = 0);
 }
 
 nb::tuple attention_backward(InArray q, InArray k, InArray v, InArray o, std::optional<InArray> lse,

@@ -69,18 +69,13 @@ Prepared prepare_attention_backward(InArray q, InArray k, InArray v, InArray o, 
                                     std::optional<nb::tuple> variant,
                                     std::optional<InArray> alibi_slopes);
 
-// Returns (out, lse) as allocated here: each None when the caller passed it (or, for lse, did
-// not ask for it). cu_seqlens_q / _k (both or neither): packed variable-length documents, q, k,
-// v the (1, total, heads, head_dim) views of the packed arrays (make_varlen, arrays.hpp); lse
-// then (heads_q * total_q,).
-nb::tuple attention(InArray q, InArray k, InArray v, std::optional<OutArray> out,
-                    std::optional<OutArray> lse, bool want_lse, bool causal,
-                    std::optional<double> scale, const std::string& layout,
-                    std::optional<std::string> config, uintptr_t stream, bool synchronize,
-                    const std::string& framework, std::optional<nb::tuple> variant,
-                    std::optional<InArray> alibi_slopes, std::optional<InArray> cu_seqlens_q,
-                    std::optional<InArray> cu_seqlens_k, int64_t max_seqlen_q,
-                    int64_t max_seqlen_k);
+// Defines `attention` on `m`, the forward: attention(q, k, v, out, lse, want_lse, causal, scale,
+// layout, config, stream, synchronize, framework, variant, alibi_slopes, cu_seqlens_q=None,
+// cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0). Returns (out, lse) as allocated here: each
+// None when the caller passed it (or, for lse, did not ask for it). cu_seqlens_q / _k (both or
+// neither): packed variable-length documents, q, k, v the (1, total, heads, head_dim) views of the
+// packed arrays (make_varlen, arrays.hpp); lse then (heads_q * total_q,).
+void def_attention(nb::module_& m);
 
 // A decode (flashjit.decode): attention of q against a K/V cache, contiguous or paged, with
 // per-sequence key counts (check_decode_arrays). Returns (out, lse) as attention() does.

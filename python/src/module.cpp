@@ -50,12 +50,7 @@ NB_MODULE(_flashjit, m) {
     return flashjit::gradient_tolerance(unwrap(flashjit::parse_dtype(dtype)));
   });
 
-  m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out").none(),
-        nb::arg("lse").none(), nb::arg("want_lse"), nb::arg("causal"), nb::arg("scale").none(),
-        nb::arg("layout"), nb::arg("config").none(), nb::arg("stream"), nb::arg("synchronize"),
-        nb::arg("framework"), nb::arg("variant").none(), nb::arg("alibi_slopes").none(),
-        nb::arg("cu_seqlens_q").none() = nb::none(), nb::arg("cu_seqlens_k").none() = nb::none(),
-        nb::arg("max_seqlen_q") = 0, nb::arg("max_seqlen_k") = 0);
+  def_attention(m);
   m.def("decode", &decode, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"),
         nb::arg("block_table").none(), nb::arg("seqlens_k").none(), nb::arg("out").none(),
         nb::arg("lse").none(), nb::arg("want_lse"), nb::arg("causal"), nb::arg("scale").none(),

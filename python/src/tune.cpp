@@ -172,6 +172,21 @@ nb::dict time_dict(const TunedTime& time) {
   return entry;
 }
 
+// One measured config of a problem.
+nb::dict config_dict(const TunedConfig& c) {
+  nb::dict result;
+  result["config"] = c.config;
+  result["status"] = c.status;
+  result["median_ms"] = number(c.median_ms);
+  result["min_ms"] = number(c.min_ms);
+  result["max_ms"] = number(c.max_ms);
+  result["repetitions"] = c.repetitions;
+  result["tflops"] = number(c.tflops);
+  result["is_default"] = c.is_default;
+  result["message"] = c.message;
+  return result;
+}
+
 // The report as `flashjit tune --json` writes it (tuner/run_report.hpp run_report_json).
 nb::dict report_dict(const TuneRunReport& report) {
   nb::dict out;
@@ -205,19 +220,7 @@ nb::dict report_dict(const TuneRunReport& report) {
     p["seconds"] = number(r.seconds);
     p["note"] = r.note;
     nb::list results;
-    for (const TunedConfig& c : r.results) {
-      nb::dict result;
-      result["config"] = c.config;
-      result["status"] = c.status;
-      result["median_ms"] = number(c.median_ms);
-      result["min_ms"] = number(c.min_ms);
-      result["max_ms"] = number(c.max_ms);
-      result["repetitions"] = c.repetitions;
-      result["tflops"] = number(c.tflops);
-      result["is_default"] = c.is_default;
-      result["message"] = c.message;
-      results.append(result);
-    }
+    for (const TunedConfig& c : r.results) results.append(config_dict(c));
     p["results"] = results;
     problems.append(p);
   }
