@@ -119,10 +119,10 @@ TuneStatus parse_status(std::string_view text) {
 
 // Binds the key columns of kKeyWhere (with_buckets) or kKeyWhereButBuckets starting at `index`;
 // returns the next free index. The generator version is the key's (ProblemKey::generator_version).
-Result<int> bind_key(const Database& impl, Statement& stmt, int index, const std::string& device,
-                     const ProblemKey& key, bool with_buckets = true) {
-  FLASHJIT_TRY(impl.bound(stmt.bind(index++, device)));
-  FLASHJIT_TRY(impl.bound(stmt.bind(index++, std::string_view(key.generator_version(device)))));
+// Binds `key`'s problem fields (kProblemKeyColumns, the buckets only `with_buckets`) from
+// parameter `index` on; the next index.
+Result<int> bind_problem_key(const Database& impl, Statement& stmt, int index,
+                             const ProblemKey& key, bool with_buckets = true) {
   FLASHJIT_TRY(impl.bound(stmt.bind(index++, std::string_view(to_string(key.pass)))));
   FLASHJIT_TRY(impl.bound(stmt.bind(index++, deterministic_column(key.pass, key.deterministic))));
   FLASHJIT_TRY(impl.bound(stmt.bind(index++, int64_t{key.head_dim})));
@@ -138,6 +138,100 @@ Result<int> bind_key(const Database& impl, Statement& stmt, int index, const std
   FLASHJIT_TRY(impl.bound(stmt.bind(index++, int64_t{key.seqlens_k ? 1 : 0})));
   FLASHJIT_TRY(impl.bound(stmt.bind(index++, key.variant)));
   return index;
+}
+
+// Binds the device, the generator version `key` is current under there, and `key`'s problem.
+Result<int> bind_key(const Database& impl, Statement& stmt, int index, const std::string& device,
+                     const ProblemKey& key, bool with_buckets = true) {
+  FLASHJIT_TRY(impl.bound(stmt.bind(index++, device)));
+  FLASHJIT_TRY(impl.bound(stmt.bind(index++, std::string_view(key.generator_version(device)))));
+  return bind_problem_key(impl, stmt, index, key, with_buckets);
+}
+
+// "<select> WHERE <the key's columns> <order>" prepared with the device's and `key`'s parameters
+// bound (bind_key; the buckets only `with_buckets`).
+Result<Statement> prepare_for_key(const Database& impl, const char* select,
+                                  const DeviceFingerprint& device, const ProblemKey& key,
+                                  const char* order = "", bool with_buckets = true) {
+  std::string sql = select;
+  sql += " WHERE ";
+  sql += with_buckets ? tuning_db::kKeyWhere : tuning_db::kKeyWhereButBuckets;
+  sql += order;
+  Result<Statement> stmt = impl.prepare(sql);
+  if (!stmt.ok()) return stmt.error();
+  Result<int> bound = bind_key(impl, *stmt, 1, device.to_string(), key, with_buckets);
+  if (!bound.ok()) return bound.error();
+  return stmt;
+}
+
+// Inserts or replaces the row of `key` and `config` in `table` (`columns`: the key's, the
+// config's name, `values` in order, the time stamp last: now), with `device`'s row, in one
+// transaction.
+template <class... Values>
+Status upsert_row(const Database& impl, const char* table, const char* columns,
+                  const DeviceFingerprint& device, const ProblemKey& key,
+                  const AttentionConfig& config, const char* what, const Values&... values) {
+  std::string sql = "INSERT OR REPLACE INTO ";
+  sql += table;
+  sql += " (";
+  sql += columns;
+  sql += ") VALUES (";
+  for (const char* c = columns; *c != '\0'; ++c)
+    if (*c == ',') sql += "?, ";
+  sql += kNowSql;
+  sql += ")";
+  Result<Statement> stmt = impl.prepare(sql);
+  if (!stmt.ok()) return stmt.error();
+  Result<int> next = bind_key(impl, *stmt, 1, device.to_string(), key);
+  if (!next.ok()) return next.error();
+  int i = next.value();
+  FLASHJIT_TRY(impl.bound(stmt->bind(i++, config.to_string())));
+  Status bound = ok_status();
+  ((bound = bound.ok() ? impl.bound(stmt->bind(i++, values)) : bound), ...);
+  FLASHJIT_TRY(bound);
+  Transaction transaction(impl);
+  FLASHJIT_TRY(transaction.begin());
+  FLASHJIT_TRY(tuning_db::record_device(impl, device));
+  FLASHJIT_TRY(impl.run(*stmt, what));
+  return transaction.commit();
+}
+
+// The result of columns config, status, median_ms, min_ms, max_ms, repetitions, tflops,
+// is_default, message from `column` on; nullopt for a config this build cannot parse (a
+// hand-edited row).
+std::optional<TuneResult> result_at(const Statement& stmt, int column) {
+  Result<AttentionConfig> config = AttentionConfig::parse(stmt.text_at(column));
+  if (!config.ok()) return std::nullopt;
+  TuneResult row;
+  row.config = config.value();
+  row.status = parse_status(stmt.text_at(column + 1));
+  row.median_ms = stmt.double_at(column + 2);
+  row.min_ms = stmt.double_at(column + 3);
+  row.max_ms = stmt.double_at(column + 4);
+  row.repetitions = static_cast<int>(stmt.int_at(column + 5));
+  row.tflops = stmt.double_at(column + 6);
+  row.is_default = stmt.int_at(column + 7) != 0;
+  row.message = stmt.text_at(column + 8);
+  return row;
+}
+
+// The choice of `config` and columns median_ms, default_ms from `column` on.
+TuneChoice choice_at(const Statement& stmt, const AttentionConfig& config, int column) {
+  TuneChoice choice;
+  choice.config = config;
+  choice.median_ms = stmt.double_at(column);
+  choice.default_ms = stmt.double_at(column + 1);
+  return choice;
+}
+
+// Error NotFound unless `path` is a file: "tuning DB <path>: no such file".
+Status check_is_file(const fs::path& path) {
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec)) return ok_status();
+  std::string message = "tuning DB ";
+  message += path.string();
+  message += ": no such file";
+  return make_error(ErrorCode::NotFound, std::move(message));
 }
 
 // Reads a ProblemKey from the columns of kProblemKeyColumns starting at `column`; nullopt for a
@@ -275,13 +369,7 @@ Result<std::unique_ptr<TuningStore>> TuningStore::open(const fs::path& path) {
 }
 
 Result<std::unique_ptr<TuningStore>> TuningStore::open_read_only(const fs::path& path) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) {
-    std::string message = "tuning DB ";
-    message += path.string();
-    message += ": no such file";
-    return make_error(ErrorCode::NotFound, std::move(message));
-  }
+  FLASHJIT_TRY(check_is_file(path));
   auto impl = std::make_unique<Impl>();
   impl->path = path;
   impl->read_only = true;
@@ -298,96 +386,34 @@ Result<std::unique_ptr<TuningStore>> TuningStore::open_read_only(const fs::path&
 Status TuningStore::record(const DeviceFingerprint& device, const ProblemKey& key,
                            const TuneResult& result) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  const Impl& impl = *impl_;
-  std::string sql = "INSERT OR REPLACE INTO results (";
-  sql += tuning_db::kResultColumns;
-  sql +=
-      ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ";
-  sql += kNowSql;
-  sql += ")";
-  Result<Statement> stmt = impl.prepare(sql);
-  if (!stmt.ok()) return stmt.error();
-  Result<int> next = bind_key(impl, *stmt, 1, device.to_string(), key);
-  if (!next.ok()) return next.error();
-  int i = next.value();
-  FLASHJIT_TRY(impl.bound(stmt->bind(i++, result.config.to_string())));
-  FLASHJIT_TRY(impl.bound(stmt->bind(i++, int64_t{result.config.block_m})));
-  FLASHJIT_TRY(impl.bound(stmt->bind(i++, int64_t{result.config.block_n})));
-  FLASHJIT_TRY(impl.bound(stmt->bind(i++, int64_t{result.config.warps})));
-  FLASHJIT_TRY(impl.bound(stmt->bind(i++, int64_t{result.config.stages})));
-  FLASHJIT_TRY(impl.bound(stmt->bind(i++, std::string_view(to_string(result.status)))));
-  FLASHJIT_TRY(impl.bound(stmt->bind(i++, result.median_ms)));
-  FLASHJIT_TRY(impl.bound(stmt->bind(i++, result.min_ms)));
-  FLASHJIT_TRY(impl.bound(stmt->bind(i++, result.max_ms)));
-  FLASHJIT_TRY(impl.bound(stmt->bind(i++, int64_t{result.repetitions})));
-  FLASHJIT_TRY(impl.bound(stmt->bind(i++, result.tflops)));
-  FLASHJIT_TRY(impl.bound(stmt->bind(i++, int64_t{result.is_default ? 1 : 0})));
-  FLASHJIT_TRY(impl.bound(stmt->bind(i++, std::string_view(result.message))));
-
-  Transaction transaction(impl);
-  FLASHJIT_TRY(transaction.begin());
-  FLASHJIT_TRY(record_device(impl, device));
-  FLASHJIT_TRY(impl.run(*stmt, "recording a result"));
-  return transaction.commit();
+  const AttentionConfig& c = result.config;
+  return upsert_row(*impl_, "results", tuning_db::kResultColumns, device, key, c,
+                    "recording a result", int64_t{c.block_m}, int64_t{c.block_n}, int64_t{c.warps},
+                    int64_t{c.stages}, std::string_view(to_string(result.status)), result.median_ms,
+                    result.min_ms, result.max_ms, int64_t{result.repetitions}, result.tflops,
+                    int64_t{result.is_default ? 1 : 0}, std::string_view(result.message));
 }
 
 Status TuningStore::choose(const DeviceFingerprint& device, const ProblemKey& key,
                            const TuneChoice& choice) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  const Impl& impl = *impl_;
-  std::string sql = "INSERT OR REPLACE INTO choices (";
-  sql += tuning_db::kChoiceColumns;
-  sql += ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ";
-  sql += kNowSql;
-  sql += ")";
-  Result<Statement> stmt = impl.prepare(sql);
-  if (!stmt.ok()) return stmt.error();
-  Result<int> next = bind_key(impl, *stmt, 1, device.to_string(), key);
-  if (!next.ok()) return next.error();
-  int i = next.value();
-  FLASHJIT_TRY(impl.bound(stmt->bind(i++, choice.config.to_string())));
-  FLASHJIT_TRY(impl.bound(stmt->bind(i++, choice.median_ms)));
-  FLASHJIT_TRY(impl.bound(stmt->bind(i++, choice.default_ms)));
-
-  Transaction transaction(impl);
-  FLASHJIT_TRY(transaction.begin());
-  FLASHJIT_TRY(record_device(impl, device));
-  FLASHJIT_TRY(impl.run(*stmt, "recording a choice"));
-  return transaction.commit();
+  return upsert_row(*impl_, "choices", tuning_db::kChoiceColumns, device, key, choice.config,
+                    "recording a choice", choice.median_ms, choice.default_ms);
 }
 
 Result<std::vector<TuneResult>> TuningStore::results(const DeviceFingerprint& device,
                                                      const ProblemKey& key) const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  const Impl& impl = *impl_;
-  std::string sql =
+  Result<Statement> stmt = prepare_for_key(
+      *impl_,
       "SELECT config, status, median_ms, min_ms, max_ms, repetitions, tflops, is_default, "
-      "message FROM results WHERE ";
-  sql += tuning_db::kKeyWhere;
-  sql += " ORDER BY status != 'timed', median_ms, config";
-  Result<Statement> stmt = impl.prepare(sql);
+      "message FROM results",
+      device, key, " ORDER BY status != 'timed', median_ms, config");
   if (!stmt.ok()) return stmt.error();
-  Result<int> bound = bind_key(impl, *stmt, 1, device.to_string(), key);
-  if (!bound.ok()) return bound.error();
   std::vector<TuneResult> rows;
-  for (;;) {
-    Result<int> rc = impl.step(*stmt, "reading results");
-    if (!rc.ok()) return rc.error();
-    if (rc.value() == SQLITE_DONE) break;
-    Result<AttentionConfig> config = AttentionConfig::parse(stmt->text_at(0));
-    if (!config.ok()) continue;  // a hand-edited row: not a config this build can use
-    TuneResult row;
-    row.config = config.value();
-    row.status = parse_status(stmt->text_at(1));
-    row.median_ms = stmt->double_at(2);
-    row.min_ms = stmt->double_at(3);
-    row.max_ms = stmt->double_at(4);
-    row.repetitions = static_cast<int>(stmt->int_at(5));
-    row.tflops = stmt->double_at(6);
-    row.is_default = stmt->int_at(7) != 0;
-    row.message = stmt->text_at(8);
-    rows.push_back(std::move(row));
-  }
+  FLASHJIT_TRY(impl_->each_row(*stmt, "reading results", [&] {
+    if (std::optional<TuneResult> row = result_at(*stmt, 0)) rows.push_back(std::move(*row));
+  }));
   return rows;
 }
 
@@ -395,12 +421,9 @@ Result<std::optional<TuneChoice>> TuningStore::choice(const DeviceFingerprint& d
                                                       const ProblemKey& key) const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   const Impl& impl = *impl_;
-  std::string sql = "SELECT config, median_ms, default_ms FROM choices WHERE ";
-  sql += tuning_db::kKeyWhere;
-  Result<Statement> stmt = impl.prepare(sql);
+  Result<Statement> stmt =
+      prepare_for_key(impl, "SELECT config, median_ms, default_ms FROM choices", device, key);
   if (!stmt.ok()) return stmt.error();
-  Result<int> bound = bind_key(impl, *stmt, 1, device.to_string(), key);
-  if (!bound.ok()) return bound.error();
   Result<int> rc = impl.step(*stmt, "reading a choice");
   if (!rc.ok()) return rc.error();
   if (rc.value() == SQLITE_DONE) return std::optional<TuneChoice>();
@@ -416,11 +439,7 @@ Result<std::optional<TuneChoice>> TuningStore::choice(const DeviceFingerprint& d
     message += "': not a config (expected e.g. m128n64w4s2)";
     return make_error(ErrorCode::IoError, std::move(message));
   }
-  TuneChoice choice;
-  choice.config = config.value();
-  choice.median_ms = stmt->double_at(1);
-  choice.default_ms = stmt->double_at(2);
-  return std::optional<TuneChoice>(choice);
+  return std::optional<TuneChoice>(choice_at(*stmt, config.value(), 1));
 }
 
 Result<std::optional<std::pair<ProblemKey, TuneChoice>>> TuningStore::nearest_choice(
@@ -428,14 +447,12 @@ Result<std::optional<std::pair<ProblemKey, TuneChoice>>> TuningStore::nearest_ch
   using Found = std::optional<std::pair<ProblemKey, TuneChoice>>;
   std::lock_guard<std::mutex> lock(impl_->mutex);
   const Impl& impl = *impl_;
-  std::string sql =
+  Result<Statement> stmt = prepare_for_key(
+      impl,
       "SELECT seqlen_q_bucket, seqlen_k_bucket, batch_heads_bucket, config, median_ms, "
-      "default_ms FROM choices WHERE ";
-  sql += tuning_db::kKeyWhereButBuckets;
-  Result<Statement> stmt = impl.prepare(sql);
+      "default_ms FROM choices",
+      device, key, "", /*with_buckets=*/false);
   if (!stmt.ok()) return stmt.error();
-  Result<int> bound = bind_key(impl, *stmt, 1, device.to_string(), key, /*with_buckets=*/false);
-  if (!bound.ok()) return bound.error();
 
   const int q = log2_of(key.seqlen_q_bucket);
   const int k = log2_of(key.seqlen_k_bucket);
@@ -444,12 +461,9 @@ Result<std::optional<std::pair<ProblemKey, TuneChoice>>> TuningStore::nearest_ch
   using Rank = std::tuple<int, int, int, int, int>;
   std::optional<Rank> best_rank;
   Found best;
-  for (;;) {
-    Result<int> rc = impl.step(*stmt, "reading choices");
-    if (!rc.ok()) return rc.error();
-    if (rc.value() == SQLITE_DONE) break;
+  FLASHJIT_TRY(impl.each_row(*stmt, "reading choices", [&] {
     Result<AttentionConfig> config = AttentionConfig::parse(stmt->text_at(3));
-    if (!config.ok()) continue;
+    if (!config.ok()) return;
     ProblemKey candidate = key;  // same pass, flag, head_dim, dtype, causal, group, layout, variant
     candidate.deterministic = deterministic_column(key.pass, key.deterministic) != 0;
     candidate.seqlen_q_bucket = stmt->int_at(0);
@@ -460,14 +474,10 @@ Result<std::optional<std::pair<ProblemKey, TuneChoice>>> TuningStore::nearest_ch
     const int cbh = log2_of(candidate.batch_heads_bucket);
     const int distance = std::abs(cq - q) + std::abs(ck - k) + std::abs(cbh - bh);
     const Rank rank{distance, -(cq + ck + cbh), -cq, -ck, -cbh};
-    if (best_rank && !(rank < *best_rank)) continue;
+    if (best_rank && !(rank < *best_rank)) return;
     best_rank = rank;
-    TuneChoice choice;
-    choice.config = config.value();
-    choice.median_ms = stmt->double_at(4);
-    choice.default_ms = stmt->double_at(5);
-    best = std::make_pair(candidate, choice);
-  }
+    best = std::make_pair(candidate, choice_at(*stmt, config.value(), 4));
+  }));
   return best;
 }
 
@@ -481,23 +491,18 @@ Result<std::vector<TuningStore::Entry>> TuningStore::entries() const {
   Result<Statement> stmt = impl.prepare(sql);
   if (!stmt.ok()) return stmt.error();
   std::vector<Entry> entries;
-  for (;;) {
-    Result<int> rc = impl.step(*stmt, "reading choices");
-    if (!rc.ok()) return rc.error();
-    if (rc.value() == SQLITE_DONE) break;
+  FLASHJIT_TRY(impl.each_row(*stmt, "reading choices", [&] {
     Result<AttentionConfig> config = AttentionConfig::parse(stmt->text_at(14));
     std::optional<ProblemKey> key = key_at(*stmt, 2);
-    if (!config.ok() || !key) continue;
+    if (!config.ok() || !key) return;
     Entry entry;
     entry.device = stmt->text_at(0);
     entry.generator = stmt->text_at(1);
     entry.key = *key;
-    entry.choice.config = config.value();
-    entry.choice.median_ms = stmt->double_at(15);
-    entry.choice.default_ms = stmt->double_at(16);
+    entry.choice = choice_at(*stmt, config.value(), 15);
     entry.current = entry.generator == entry.key.generator_version(entry.device);
     entries.push_back(std::move(entry));
-  }
+  }));
   return entries;
 }
 
@@ -522,44 +527,23 @@ Result<std::vector<TuningStore::ResultEntry>> TuningStore::result_entries(
   Result<Statement> stmt = impl.prepare(sql);
   if (!stmt.ok()) return stmt.error();
   if (key) {
-    FLASHJIT_TRY(impl.bound(stmt->bind(1, std::string_view(to_string(key->pass)))));
-    FLASHJIT_TRY(impl.bound(stmt->bind(2, deterministic_column(key->pass, key->deterministic))));
-    FLASHJIT_TRY(impl.bound(stmt->bind(3, int64_t{key->head_dim})));
-    FLASHJIT_TRY(impl.bound(stmt->bind(4, std::string_view(to_string(key->dtype)))));
-    FLASHJIT_TRY(impl.bound(stmt->bind(5, int64_t{key->causal ? 1 : 0})));
-    FLASHJIT_TRY(impl.bound(stmt->bind(6, key->group_size)));
-    FLASHJIT_TRY(impl.bound(stmt->bind(7, key->seqlen_q_bucket)));
-    FLASHJIT_TRY(impl.bound(stmt->bind(8, key->seqlen_k_bucket)));
-    FLASHJIT_TRY(impl.bound(stmt->bind(9, key->batch_heads_bucket)));
-    FLASHJIT_TRY(impl.bound(stmt->bind(10, int64_t{key->page_size})));
-    FLASHJIT_TRY(impl.bound(stmt->bind(11, int64_t{key->seqlens_k ? 1 : 0})));
-    FLASHJIT_TRY(impl.bound(stmt->bind(12, key->variant)));
+    Result<int> bound = bind_problem_key(impl, *stmt, 1, *key);
+    if (!bound.ok()) return bound.error();
   }
   std::vector<ResultEntry> rows;
-  for (;;) {
-    Result<int> rc = impl.step(*stmt, "reading results");
-    if (!rc.ok()) return rc.error();
-    if (rc.value() == SQLITE_DONE) break;
-    Result<AttentionConfig> config = AttentionConfig::parse(stmt->text_at(14));
+  FLASHJIT_TRY(impl.each_row(*stmt, "reading results", [&] {
+    std::optional<TuneResult> result = result_at(*stmt, 14);
     std::optional<ProblemKey> row_key = key_at(*stmt, 2);
-    if (!config.ok() || !row_key) continue;
+    if (!result || !row_key) return;
     ResultEntry row;
     row.device = stmt->text_at(0);
     row.generator = stmt->text_at(1);
     row.key = *row_key;
-    row.result.config = config.value();
-    row.result.status = parse_status(stmt->text_at(15));
-    row.result.median_ms = stmt->double_at(16);
-    row.result.min_ms = stmt->double_at(17);
-    row.result.max_ms = stmt->double_at(18);
-    row.result.repetitions = static_cast<int>(stmt->int_at(19));
-    row.result.tflops = stmt->double_at(20);
-    row.result.is_default = stmt->int_at(21) != 0;
-    row.result.message = stmt->text_at(22);
+    row.result = std::move(*result);
     row.recorded_at = stmt->text_at(23);
     row.current = row.generator == row.key.generator_version(row.device);
     rows.push_back(std::move(row));
-  }
+  }));
   return rows;
 }
 
@@ -590,13 +574,8 @@ Status TuningStore::merge_from(const fs::path& other) {
   }
   std::lock_guard<std::mutex> lock(impl_->mutex);
   Impl& impl = *impl_;
+  FLASHJIT_TRY(check_is_file(other));
   std::error_code ec;
-  if (!fs::is_regular_file(other, ec)) {
-    std::string message = "tuning DB ";
-    message += other.string();
-    message += ": no such file";
-    return make_error(ErrorCode::NotFound, std::move(message));
-  }
   if (fs::equivalent(other, impl.path, ec)) {
     std::string message = "cannot merge tuning DB ";
     message += other.string();
@@ -631,39 +610,25 @@ Status TuningStore::merge_from(const fs::path& other) {
   };
 
   // Rows of `other` that are newer than (or absent from) ours replace ours.
-  std::string results = "INSERT OR REPLACE INTO main.results (";
-  results += tuning_db::kResultColumns;
-  results += ") SELECT ";
-  results += tuning_db::kResultColumns;
-  results += " FROM ";
-  results += rows_of("results");
+  std::string results = tuning_db::copy_rows_sql("INSERT OR REPLACE INTO main.results",
+                                                 tuning_db::kResultColumns, rows_of("results"));
   results += " AS o WHERE NOT EXISTS (SELECT 1 FROM main.results AS m WHERE ";
   results += tuning_db::key_match("m", "o", /*with_config=*/true);
   results += " AND m.recorded_at >= o.recorded_at)";
 
-  std::string choices = "INSERT OR REPLACE INTO main.choices (";
-  choices += tuning_db::kChoiceColumns;
-  choices += ") SELECT ";
-  choices += tuning_db::kChoiceColumns;
-  choices += " FROM ";
-  choices += rows_of("choices");
+  std::string choices = tuning_db::copy_rows_sql("INSERT OR REPLACE INTO main.choices",
+                                                 tuning_db::kChoiceColumns, rows_of("choices"));
   choices += " AS o WHERE NOT EXISTS (SELECT 1 FROM main.choices AS m WHERE ";
   choices += tuning_db::key_match("m", "o", /*with_config=*/false);
   choices += " AND m.chosen_at >= o.chosen_at)";
 
-  std::string devices = "INSERT OR IGNORE INTO main.devices (";
-  devices += tuning_db::kDeviceColumns;
-  devices += ") SELECT ";
-  devices += tuning_db::kDeviceColumns;
-  devices += " FROM other.devices";
+  const std::string devices = tuning_db::copy_rows_sql("INSERT OR IGNORE INTO main.devices",
+                                                       tuning_db::kDeviceColumns, "other.devices");
 
   // "WHERE true" keeps the upsert's ON CONFLICT from parsing as a join constraint.
-  std::string recorded = "INSERT INTO main.recorded_problems (";
-  recorded += tuning_db::kRecordedColumns;
-  recorded += ") SELECT ";
-  recorded += tuning_db::kRecordedColumns;
-  recorded += " FROM ";
-  recorded += rows_of("recorded_problems");
+  std::string recorded =
+      tuning_db::copy_rows_sql("INSERT INTO main.recorded_problems", tuning_db::kRecordedColumns,
+                               rows_of("recorded_problems"));
   recorded += " WHERE true ON CONFLICT (";
   recorded += tuning_db::kRecordedKey;
   recorded +=

@@ -148,16 +148,13 @@ Result<std::vector<AttentionProblem>> TuningStore::recorded_problems(
   if (!stmt.ok()) return stmt.error();
   FLASHJIT_TRY(impl.bound(stmt->bind(1, device.to_string())));
   std::vector<AttentionProblem> problems;
-  for (;;) {
-    Result<int> rc = impl.step(*stmt, "reading recorded problems");
-    if (!rc.ok()) return rc.error();
-    if (rc.value() == SQLITE_DONE) break;
+  FLASHJIT_TRY(impl.each_row(*stmt, "reading recorded problems", [&] {
     Result<DType> dtype = parse_dtype(stmt->text_at(6));
     Result<Pass> pass = parse_pass(stmt->text_at(8));
     const std::optional<Variant> variant = parse_variant_spec(stmt->text_at(13));
     // A hand-edited row: not a dtype, pass or variant this build knows, or a definition that is
     // not the key's variant.
-    if (!dtype.ok() || !pass.ok() || !variant || variant->key() != stmt->text_at(12)) continue;
+    if (!dtype.ok() || !pass.ok() || !variant || variant->key() != stmt->text_at(12)) return;
     const int64_t batch = stmt->int_at(0), heads_q = stmt->int_at(1), heads_kv = stmt->int_at(2);
     const int64_t seqlen_q = stmt->int_at(3), seqlen_k = stmt->int_at(4);
     const int head_dim = static_cast<int>(stmt->int_at(5));
@@ -178,9 +175,9 @@ Result<std::vector<AttentionProblem>> TuningStore::recorded_problems(
       problem = problem.with_paged_kv(page_size, batch * pages);
     }
     problem.kv.seqlens_k = problem.kv.seqlens_k || stmt->int_at(11) != 0;
-    if (!validate(problem).ok()) continue;  // a hand-edited row
+    if (!validate(problem).ok()) return;  // a hand-edited row
     problems.push_back(problem);
-  }
+  }));
   return problems;
 }
 

@@ -149,14 +149,8 @@ std::string migration_from(int version) {
                                                         {"recorded_problems", kRecordedColumns}};
   for (const auto& [table, columns] : copies) {
     const std::string old_table = std::string(table) + suffix;
-    sql += "INSERT INTO ";
-    sql += table;
-    sql += " (";
-    sql += columns;
-    sql += ") SELECT ";
-    sql += columns;
-    sql += " FROM ";
-    sql += rows_as_current("main", old_table.c_str(), version);
+    sql += copy_rows_sql((std::string("INSERT INTO ") + table).c_str(), columns,
+                         rows_as_current("main", old_table.c_str(), version));
     sql += ";\nDROP TABLE ";
     sql += old_table;
     sql += ";\n";
@@ -251,6 +245,17 @@ std::string key_match(const char* left, const char* right, bool with_config) {
     out += ".config";
   }
   return out;
+}
+
+std::string copy_rows_sql(const char* insert, const char* columns, const std::string& from) {
+  std::string sql = insert;
+  sql += " (";
+  sql += columns;
+  sql += ") SELECT ";
+  sql += columns;
+  sql += " FROM ";
+  sql += from;
+  return sql;
 }
 
 std::string rows_as_current(const char* schema, const char* table, int version) {

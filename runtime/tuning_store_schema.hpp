@@ -83,5 +83,7 @@ Status serve_older_version(const Database& db, int version);
 // columns it lacks (version 1: pass 'fwd' and deterministic 0; both: page_size 0, seqlens_k 0,
 // variant '', variant_spec '').
 std::string rows_as_current(const char* schema, const char* table, int version);
+// "<insert> (<columns>) SELECT <columns> FROM <from>": copies rows between tables alike.
+std::string copy_rows_sql(const char* insert, const char* columns, const std::string& from);
 
 }  // namespace flashjit::tuning_db

@@ -107,11 +107,7 @@ Result<int> Database::step(Statement& stmt, std::string_view what) const {
 }
 
 Status Database::run(Statement& stmt, std::string_view what) const {
-  for (;;) {
-    Result<int> rc = step(stmt, what);
-    if (!rc.ok()) return rc.error();
-    if (rc.value() == SQLITE_DONE) return ok_status();
-  }
+  return each_row(stmt, what, [] {});
 }
 
 Status Database::exec(std::string_view sql, std::string_view what) const {

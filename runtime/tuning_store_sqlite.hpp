@@ -87,6 +87,16 @@ struct Database {
   Result<int> step(Statement& stmt, std::string_view what) const;
   // Runs a statement that returns no rows we need (DDL, INSERT, DELETE, BEGIN, COMMIT).
   Status run(Statement& stmt, std::string_view what) const;
+  // Steps `stmt` to its end, calling row() at each row (which reads it from `stmt`).
+  template <class Row>
+  Status each_row(Statement& stmt, std::string_view what, const Row& row) const {
+    for (;;) {
+      Result<int> rc = step(stmt, what);
+      if (!rc.ok()) return rc.error();
+      if (rc.value() == SQLITE_DONE) return ok_status();
+      row();
+    }
+  }
   // Runs one or more statements of fixed text, retrying a busy lock.
   Status exec(std::string_view sql, std::string_view what) const;
   // The first column of the first row of `sql` as text; nullopt when there is no row.
