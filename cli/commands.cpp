@@ -143,29 +143,36 @@ Result<KernelSource> render_for(const AttentionProblem& problem, const Attention
 }
 
 void print_device(const DeviceSpec& device) {
-  if (device.is_amd()) {
-    std::printf("%s\n", device.name.c_str());
-    std::printf("  target                %s\n", device.gcn_arch.c_str());
-    std::printf("  CUs                   %d\n", device.sm_count);
-    std::printf("  wavefront             %d\n", device.warp_size);
-    std::printf("  LDS per workgroup     %d B\n", device.smem_per_block_optin);
-    std::printf("  LDS per CU            %d B\n", device.smem_per_sm);
-    std::printf("  max regs per lane     %d (VGPRs + AGPRs)\n", device.max_regs_per_thread);
-    std::printf("  max threads per CU    %d\n", device.max_threads_per_sm);
-    std::printf("  max threads per block %d\n", device.max_threads_per_block);
-    std::printf("  L2                    %d B\n", device.l2_bytes);
-    return;
-  }
+  auto b = [](int value) { return std::to_string(value) + " B"; };
+  const std::vector<std::pair<const char*, std::string>> rows =
+      device.is_amd()
+          ? std::vector<std::pair<const char*,
+                                  std::string>>{{"target", device.gcn_arch},
+                                                {"CUs", std::to_string(device.sm_count)},
+                                                {"wavefront", std::to_string(device.warp_size)},
+                                                {"LDS per workgroup",
+                                                 b(device.smem_per_block_optin)},
+                                                {"LDS per CU", b(device.smem_per_sm)},
+                                                {"max regs per lane",
+                                                 std::to_string(device.max_regs_per_thread) +
+                                                     " (VGPRs + AGPRs)"},
+                                                {"max threads per CU",
+                                                 std::to_string(device.max_threads_per_sm)},
+                                                {"max threads per block",
+                                                 std::to_string(device.max_threads_per_block)},
+                                                {"L2", b(device.l2_bytes)}}
+          : std::vector<std::pair<const char*, std::string>>{
+                {"arch", device.arch_name()},
+                {"SMs", std::to_string(device.sm_count)},
+                {"smem per block opt-in", b(device.smem_per_block_optin)},
+                {"smem per SM", b(device.smem_per_sm)},
+                {"registers per SM", std::to_string(device.regs_per_sm)},
+                {"max regs per thread", std::to_string(device.max_regs_per_thread)},
+                {"max threads per SM", std::to_string(device.max_threads_per_sm)},
+                {"max threads per block", std::to_string(device.max_threads_per_block)},
+                {"L2", b(device.l2_bytes)}};
   std::printf("%s\n", device.name.c_str());
-  std::printf("  arch                  %s\n", device.arch_name().c_str());
-  std::printf("  SMs                   %d\n", device.sm_count);
-  std::printf("  smem per block opt-in %d B\n", device.smem_per_block_optin);
-  std::printf("  smem per SM           %d B\n", device.smem_per_sm);
-  std::printf("  registers per SM      %d\n", device.regs_per_sm);
-  std::printf("  max regs per thread   %d\n", device.max_regs_per_thread);
-  std::printf("  max threads per SM    %d\n", device.max_threads_per_sm);
-  std::printf("  max threads per block %d\n", device.max_threads_per_block);
-  std::printf("  L2                    %d B\n", device.l2_bytes);
+  for (const auto& [label, value] : rows) std::printf("  %-21s %s\n", label, value.c_str());
 }
 
 // What choosing a config needs of a target (a GPU or this CPU): its default, its template (does
@@ -243,52 +250,71 @@ Result<bool> plans_for_cpu(const ParsedFlags& flags) {
   return cuda::device_count() == 0 && gpu_device_count("hip") == 0;
 }
 
-int run_plan(const ParsedFlags& flags) {
+// The problem of `flags` and whether it is planned for the host CPU (plans_for_cpu).
+struct PlanTarget {
+  AttentionProblem problem;
+  bool on_cpu = false;
+};
+Result<PlanTarget> plan_target(const ParsedFlags& flags) {
   auto problem = problem_from_flags(flags);
-  if (!problem.ok()) return report("plan", problem.error());
+  if (!problem.ok()) return problem.error();
   auto on_cpu = plans_for_cpu(flags);
-  if (!on_cpu.ok()) return report("plan", on_cpu.error());
-  if (*on_cpu) {
-    std::cout << explain_cpu_plan(*problem, cpu::host_cpu());
+  if (!on_cpu.ok()) return on_cpu.error();
+  return PlanTarget{std::move(problem.value()), on_cpu.value()};
+}
+
+// `flashjit show`'s output: a header line on stderr (problem, config, `target`, entries) and
+// where --score-mod / --mask-mod landed, the source on stdout.
+int print_source(const AttentionProblem& problem, const AttentionConfig& config,
+                 const std::string& target, const KernelSource& source) {
+  std::cerr << "// flashjit show: " << problem.to_string() << " | config " << config.to_string()
+            << " | " << target << " | " << entries_text(source) << "\n";
+  std::cerr << describe_expression_lines(source.text);
+  std::cout << source.text;
+  if (!source.text.empty() && source.text.back() != '\n') std::cout << "\n";
+  return kExitOk;
+}
+
+int run_plan(const ParsedFlags& flags) {
+  auto target = plan_target(flags);
+  if (!target.ok()) return report("plan", target.error());
+  if (target->on_cpu) {
+    std::cout << explain_cpu_plan(target->problem, cpu::host_cpu());
     return kExitOk;
   }
   auto device = resolve_device(flags);
   if (!device.ok()) return report("plan", device.error());
-  std::cout << (device->is_amd() ? explain_hip_plan(*problem, *device)
-                                 : explain_plan(*problem, *device));
+  std::cout << (device->is_amd() ? explain_hip_plan(target->problem, *device)
+                                 : explain_plan(target->problem, *device));
   return kExitOk;
 }
 
 int run_show(const ParsedFlags& flags) {
-  auto problem = problem_from_flags(flags);
-  if (!problem.ok()) return report("show", problem.error());
-  auto on_cpu = plans_for_cpu(flags);
-  if (!on_cpu.ok()) return report("show", on_cpu.error());
-  if (*on_cpu) {
+  auto target = plan_target(flags);
+  if (!target.ok()) return report("show", target.error());
+  const AttentionProblem& problem = target->problem;
+  if (target->on_cpu) {
     const CpuSpec cpu = cpu::host_cpu();
-    auto config = choose_config(flags, *problem, cpu_target(cpu), "show");
+    auto config = choose_config(flags, problem, cpu_target(cpu), "show");
     if (!config.ok()) return report("show", config.error());
-    auto source = render_cpu_attention(*problem, *config);
+    auto source = render_cpu_attention(problem, *config);
     if (!source.ok()) return report("show", source.error());
-    std::cerr << "// flashjit show: " << problem->to_string() << " | config " << config->to_string()
-              << " | cpu " << cpu.to_string() << " | " << entries_text(*source) << "\n";
-    std::cerr << describe_expression_lines(source->text);
-    std::cout << source->text;
-    if (!source->text.empty() && source->text.back() != '\n') std::cout << "\n";
-    return kExitOk;
+    return print_source(problem, *config, "cpu " + cpu.to_string(), *source);
   }
   auto device = resolve_device(flags);
   if (!device.ok()) return report("show", device.error());
-  auto config = choose_config(flags, *problem, gpu_target(*device), "show");
+  auto config = choose_config(flags, problem, gpu_target(*device), "show");
   if (!config.ok()) return report("show", config.error());
-  auto source = render_for(*problem, *config, *device);
+  auto source = render_for(problem, *config, *device);
   if (!source.ok()) return report("show", source.error());
-  std::cerr << "// flashjit show: " << problem->to_string() << " | config " << config->to_string()
-            << " | device " << device_summary(*device) << " | " << entries_text(*source) << "\n";
-  std::cerr << describe_expression_lines(source->text);  // where --score-mod / --mask-mod landed
-  std::cout << source->text;
-  if (!source->text.empty() && source->text.back() != '\n') std::cout << "\n";
-  return kExitOk;
+  return print_source(problem, *config, "device " + device_summary(*device), *source);
+}
+
+// "1.23": a compile's seconds as `flashjit compile` prints them.
+std::string seconds_text(double seconds) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof(buffer), "%.2f", seconds);
+  return buffer;
 }
 
 struct CompileOutcome {
@@ -338,9 +364,7 @@ int compile_hip(const AttentionProblem& problem, const DeviceSpec& device,
       agprs = text(r.agprs);
       spills = text(r.vgpr_spills);
       scratch = text(r.scratch_bytes);
-      char buffer[32];
-      std::snprintf(buffer, sizeof(buffer), "%.2f", binary->compile_seconds);
-      seconds = buffer;
+      seconds = seconds_text(binary->compile_seconds);
     } else {
       ++failures;
       status = "FAILED";
@@ -446,9 +470,7 @@ int run_compile(const ParsedFlags& flags) {
         spills =
             std::to_string(ptxas.spill_store_bytes) + "/" + std::to_string(ptxas.spill_load_bytes);
       }
-      char buffer[32];
-      std::snprintf(buffer, sizeof(buffer), "%.2f", binary->compile_seconds);
-      seconds = buffer;
+      seconds = seconds_text(binary->compile_seconds);
     } else {
       ++failures;
       status = "FAILED";
@@ -658,23 +680,34 @@ int run_run(const ParsedFlags& flags) {
   return kExitOk;
 }
 
+// "<what> <n>: " and each of `count` devices (query(n)), with the fingerprint its backend
+// (create(n)) stores tuning results under (docs/TUNING_DB.md); a backend that cannot be created:
+// "<unusable>: <why>", or nothing when `unusable` is null.
+template <class Query, class Create>
+void print_devices(const char* what, int count, const Query& query, const Create& create,
+                   const char* unusable) {
+  for (int ordinal = 0; ordinal < count; ++ordinal) {
+    auto device = query(ordinal);
+    if (!device.ok()) {
+      std::printf("%s %d: %s\n", what, ordinal, device.error().describe().c_str());
+      continue;
+    }
+    std::printf("%s %d: ", what, ordinal);
+    print_device(*device);
+    if (auto backend = create(ordinal); backend.ok())
+      std::printf("  fingerprint: %s\n", (*backend)->fingerprint().to_string().c_str());
+    else if (unusable != nullptr)
+      std::printf("  %s: %s\n", unusable, backend.error().describe().c_str());
+  }
+}
+
 int run_devices() {
   int count = cuda::device_count();
   if (count == 0) {
     std::printf("no CUDA device (%s)\n", no_device_reason().c_str());
   }
-  for (int ordinal = 0; ordinal < count; ++ordinal) {
-    auto device = cuda::query_device(ordinal);
-    if (!device.ok()) {
-      std::printf("device %d: %s\n", ordinal, device.error().describe().c_str());
-      continue;
-    }
-    std::printf("device %d: ", ordinal);
-    print_device(*device);
-    // The key tuning results are stored under (docs/TUNING_DB.md).
-    if (auto backend = cuda::CudaBackend::create(ordinal); backend.ok())
-      std::printf("  fingerprint: %s\n", (*backend)->fingerprint().to_string().c_str());
-  }
+  // A backend that cannot be created prints nothing more (the device line said why).
+  print_devices("device", count, cuda::query_device, cuda::CudaBackend::create, nullptr);
   std::printf("compiler: %s\n\n", cuda::nvrtc_version().c_str());
 #if FLASHJIT_HAVE_HIP_BACKEND
   const int amd_count = hip::device_count();
@@ -682,20 +715,8 @@ int run_devices() {
     Result<DeviceSpec> amd = hip::query_device(0);
     std::printf("no AMD GPU (%s)\n", amd.ok() ? "none found" : amd.error().message.c_str());
   }
-  for (int ordinal = 0; ordinal < amd_count; ++ordinal) {
-    auto device = hip::query_device(ordinal);
-    if (!device.ok()) {
-      std::printf("AMD device %d: %s\n", ordinal, device.error().describe().c_str());
-      continue;
-    }
-    std::printf("AMD device %d: ", ordinal);
-    print_device(*device);
-    if (auto backend = hip::HipBackend::create(ordinal); backend.ok()) {
-      std::printf("  fingerprint: %s\n", (*backend)->fingerprint().to_string().c_str());
-    } else {
-      std::printf("  HIP backend unusable: %s\n", backend.error().describe().c_str());
-    }
-  }
+  print_devices("AMD device", amd_count, hip::query_device, hip::HipBackend::create,
+                "HIP backend unusable");
   std::printf("compiler: %s\n\n", hip::hiprtc_version().c_str());
 #else
   std::printf("no HIP backend in this build (ROCm headers not found)\n\n");
