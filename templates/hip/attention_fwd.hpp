@@ -88,16 +88,6 @@ FLASHJIT_DEVICE void load_kv(Vec16 (&k_regs)[K::kCopies], Vec16 (&v_regs)[K::kCo
   K::KVCopy::load(v_regs, v, v_stride, n0, seqlen_k, tid);
 }
 
-// Writes the registers of load_kv into one LDS stage: K row-major ([key][dim], 16-byte writes),
-// V transposed ([dim][key], 2-byte writes) so that the P V operand reads are 8-byte reads.
-template <class K>
-FLASHJIT_DEVICE void store_kv(unsigned char* k_tile, unsigned char* v_tile,
-                              const Vec16 (&k_regs)[K::kCopies], const Vec16 (&v_regs)[K::kCopies],
-                              int tid) {
-  K::KVCopy::store_rows(k_tile, k_regs, tid);
-  K::KVCopy::store_transposed(v_tile, v_regs, tid);
-}
-
 // ---- the kernel -------------------------------------------------------------------------------
 
 template <class K>
@@ -117,11 +107,10 @@ FLASHJIT_DEVICE void attention_forward(const FlashjitAttentionParams& p) {
 
   unsigned char* const lds = lds_base();  // kStages x {K [kBlockN][d], V^T [d][kBlockN + 4]}
 
-  const int tid = thread_index();
-  const int lane = lane_index();
-  const int wave = tid / K::kWaveSize;
-  const int lane_row = lane % 16;    // r: the operand row / result column of this lane
-  const int lane_group = lane / 16;  // g: which 4 of the 16 k (or result rows) this lane holds
+  // r: the operand row / result column of this lane; g: which 4 of the 16 k (or result rows) it
+  // holds.
+  const int tid = thread_index(), lane = lane_index(), wave = tid / K::kWaveSize;
+  const int lane_row = lane % 16, lane_group = lane / 16;
   // Causal rows near the end see the most keys: launch them first so the tail is short.
   const int m_block = K::kCausal ? grid_size_x() - 1 - block_index_x() : block_index_x();
   const int head = block_index_y();
@@ -174,13 +163,7 @@ FLASHJIT_DEVICE void attention_forward(const FlashjitAttentionParams& p) {
   f32x4 acc[kMTiles][kDTiles];  // O^T: acc[mt][dt][i] = O[query mt*16 + r][dim dt*16 + 4g + i]
   float row_max[kMTiles];       // m of query mt*16 + r (the same in all 4 lane groups)
   float row_sum[kMTiles];       // l, this lane's partial over its keys (reduced at the end)
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt) acc[mt][dt] = f32x4{0.f, 0.f, 0.f, 0.f};
-    row_max[mt] = -fa::infinity();
-    row_sum[mt] = 0.f;
-  }
+  init_accumulators(acc, row_max, row_sum);
 
   Vec16 k_next[K::kCopies];
   Vec16 v_next[K::kCopies];
@@ -191,7 +174,7 @@ FLASHJIT_DEVICE void attention_forward(const FlashjitAttentionParams& p) {
 #else
     load_kv<K>(k_next, v_next, k, v, p.k_seq_stride, p.v_seq_stride, 0, p.seqlen_k, tid);
 #endif
-    store_kv<K>(lds, lds + K::kKTileBytes, k_next, v_next, tid);
+    store_kv<K>(lds, k_next, v_next, tid);
   }
   barrier();
 
@@ -219,23 +202,7 @@ FLASHJIT_DEVICE void attention_forward(const FlashjitAttentionParams& p) {
 
     // S^T = K Q^T: s[mt][nt][i] = S[query mt*16 + r][key n0 + nt*16 + 4g + i].
     f32x4 s[kMTiles][kNTiles];
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) s[mt][nt] = f32x4{0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int kk = 0; kk < kDTiles; ++kk) {
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) {
-        const Frag k_frag =
-            *reinterpret_cast<const Frag*>(k_tile + KSwizzle::advance(k_lane, nt * 16, 2 * kk));
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-          s[mt][nt] = mfma_16x16x16<K::kIsBf16>(k_frag.lo, k_frag.hi, q_frag[mt][kk].lo,
-                                                q_frag[mt][kk].hi, s[mt][nt]);
-        }
-      }
-    }
+    score_tiles<K, KSwizzle>(s, k_tile, k_lane, 0, q_frag);
 
 #ifdef FLASHJIT_VARIANT
     // The variant's scores and mask, per element, in the blocks that need either: one loop per
@@ -283,60 +250,13 @@ FLASHJIT_DEVICE void attention_forward(const FlashjitAttentionParams& p) {
     }
 #endif
 
-    // Online softmax, base 2. P^T is packed to 16 bits as it is made: p_frag[mt][nt] is the B
-    // operand of k-step nt of O^T += V^T P^T.
+    // Online softmax, base 2; P^T packed to 16 bits as it is made: p_frag[mt][nt] is the B operand
+    // of k-step nt of O^T += V^T P^T.
     Frag p_frag[kMTiles][kNTiles];
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-      float block_max = row_max[mt];
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) block_max = __builtin_fmaxf(block_max, s[mt][nt][i]);
-      // A query's scores are spread over the 4 lane groups (lanes r, r+16, r+32, r+48).
-      block_max = __builtin_fmaxf(block_max, shuffle_xor(block_max, 16));
-      block_max = __builtin_fmaxf(block_max, shuffle_xor(block_max, 32));
-      const float max_scaled = fa::scaled_row_max(block_max, p.scale_log2);
-      const float correction = fast_exp2(row_max[mt] * p.scale_log2 - max_scaled);
-      row_max[mt] = block_max;
-      row_sum[mt] *= correction;
-#pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt) acc[mt][dt] *= correction;
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) {
-        float e[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          e[i] = fast_exp2(__builtin_fmaf(s[mt][nt][i], p.scale_log2, -max_scaled));
-        row_sum[mt] += (e[0] + e[1]) + (e[2] + e[3]);
-        p_frag[mt][nt].lo = pack2<K::kIsBf16>(e[0], e[1]);
-        p_frag[mt][nt].hi = pack2<K::kIsBf16>(e[2], e[3]);
-      }
-    }
+    online_softmax<K>(s, p, row_max, row_sum, acc, p_frag);
+    accumulate_pv<K>(acc, p_frag, v_tile, v_lane);
 
-    // O^T += V^T P^T: acc[mt][dt] += V^T[dims dt*16..][keys nt*16..] P^T[keys nt*16..][queries].
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt) {
-        const Frag v_frag =
-            *reinterpret_cast<const Frag*>(v_tile + v_lane + dt * 16 * K::kVRowBytes + nt * 32);
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-          acc[mt][dt] = mfma_16x16x16<K::kIsBf16>(v_frag.lo, v_frag.hi, p_frag[mt][nt].lo,
-                                                  p_frag[mt][nt].hi, acc[mt][dt]);
-        }
-      }
-    }
-
-    // Block j + 1 into LDS: with one buffer, once everyone is done reading block j from it; with
-    // two, into the buffer block j - 1 used (everyone passed the barrier after reading it).
-    if (kStages == 1) barrier();
-    if (more) {
-      unsigned char* next_tile = lds + (kStages == 2 ? (stage ^ 1) : 0) * K::kStageBytes;
-      store_kv<K>(next_tile, next_tile + K::kKTileBytes, k_next, v_next, tid);
-    }
-    barrier();
+    store_next_stage<K>(lds, stage, more, k_next, v_next, tid);
   }
 
   // Epilogue: O = acc / l straight from the accumulators (4 consecutive dims of one row per lane:

@@ -1,7 +1,8 @@
 // Tiles of 16-bit rows on their way global memory -> registers -> LDS, and the LDS layouts the
-// MFMA operand reads of the HIP templates expect; shared by hip/attention_fwd.hpp and
-// hip/attention_bwd.hpp. Plain C++ over hip/primitives.hpp (the renderer places this after it),
-// so that the host emulation runs it too.
+// MFMA operand reads of the HIP templates expect; shared by hip/attention_fwd.hpp,
+// hip/attention_bwd.hpp and hip/decode.hpp, with the steps of the forward's key loop that the
+// forward and decode kernels share (at the end). Plain C++ over hip/primitives.hpp (the renderer
+// places this after it) and attention_common.h, so that the host emulation runs it too.
 //
 // A tile is ROWS rows of HEAD_DIM elements (zero-padded to HEAD_DIM_PADDED, a multiple of 64),
 // copied in 16-byte chunks of 8 elements: chunk c of the tile in row-major order is copy
@@ -133,6 +134,133 @@ FLASHJIT_DEVICE u16 frag_element(const Frag& frag, int i) {
 template <bool IS_BF16>
 FLASHJIT_DEVICE Frag pack4(float e0, float e1, float e2, float e3) {
   return Frag{pack2<IS_BF16>(e0, e1), pack2<IS_BF16>(e2, e3)};
+}
+
+// ---- the forward's key loop, shared by hip/attention_fwd.hpp and hip/decode.hpp ---------------
+// Transposed: S^T = K Q^T and O^T += V^T P^T, so that P^T leaves the score MFMAs already laid out
+// as the B operand of the next (no LDS round trip). Per lane (r = lane % 16, g = lane / 16):
+// s[mt][nt][i] is the score of query (row) mt*16 + r and key nt*16 + 4g + i of the wave's keys;
+// acc[mt][dt][i] is O[query mt*16 + r][dim dt*16 + 4g + i]; row_max, row_sum: m and this lane's
+// partial l of query mt*16 + r.
+
+// Writes a block's K/V registers (K::KVCopy::load) into the LDS stage at `stage`: K row-major
+// ([key][dim], 16-byte writes), V transposed after it ([dim][key], 2-byte writes) so that the
+// P V operand reads are 8-byte reads.
+template <class K>
+FLASHJIT_DEVICE void store_kv(unsigned char* stage, const Vec16 (&k_regs)[K::kCopies],
+                              const Vec16 (&v_regs)[K::kCopies], int tid) {
+  K::KVCopy::store_rows(stage, k_regs, tid);
+  K::KVCopy::store_transposed(stage + K::kKTileBytes, v_regs, tid);
+}
+
+// After block j's reads (from LDS stage `stage`): block j + 1's registers into LDS when there is
+// one (`more`), then the barrier that publishes them. With one buffer, once every wave is done
+// reading block j from it; with two, into the buffer block j - 1 used (every wave passed the
+// barrier after reading it).
+template <class K>
+FLASHJIT_DEVICE void store_next_stage(unsigned char* lds, int stage, bool more,
+                                      const Vec16 (&k_regs)[K::kCopies],
+                                      const Vec16 (&v_regs)[K::kCopies], int tid) {
+  if (K::kStages == 1) barrier();
+  if (more)
+    store_kv<K>(lds + (K::kStages == 2 ? (stage ^ 1) : 0) * K::kStageBytes, k_regs, v_regs, tid);
+  barrier();
+}
+
+// Before the first key block: O^T = 0, m = -inf, l = 0.
+template <int M_TILES, int D_TILES>
+FLASHJIT_DEVICE void init_accumulators(f32x4 (&acc)[M_TILES][D_TILES], float (&row_max)[M_TILES],
+                                       float (&row_sum)[M_TILES]) {
+#pragma unroll
+  for (int mt = 0; mt < M_TILES; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < D_TILES; ++dt) acc[mt][dt] = f32x4{0.f, 0.f, 0.f, 0.f};
+    row_max[mt] = -flashjit_attention::infinity();
+    row_sum[mt] = 0.f;
+  }
+}
+
+// S^T = K Q^T over the keys [key0, key0 + 16 * N_TILES) of the swizzled K tile (k_lane: this
+// lane's offset in it, KSwizzle::offset(r, 8g)), Q as B operands q_frag[mt][kk] = Q[query mt*16 +
+// r][dims kk*16 + 4g .. + 3].
+template <class K, class KSwizzle, int M_TILES, int N_TILES, int D_TILES>
+FLASHJIT_DEVICE void score_tiles(f32x4 (&s)[M_TILES][N_TILES], const unsigned char* k_tile,
+                                 int k_lane, int key0, const Frag (&q_frag)[M_TILES][D_TILES]) {
+#pragma unroll
+  for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < N_TILES; ++nt) s[mt][nt] = f32x4{0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int kk = 0; kk < D_TILES; ++kk) {
+#pragma unroll
+    for (int nt = 0; nt < N_TILES; ++nt) {
+      const Frag k_frag = *reinterpret_cast<const Frag*>(
+          k_tile + KSwizzle::advance(k_lane, key0 + nt * 16, 2 * kk));
+#pragma unroll
+      for (int mt = 0; mt < M_TILES; ++mt) {
+        s[mt][nt] = mfma_16x16x16<K::kIsBf16>(k_frag.lo, k_frag.hi, q_frag[mt][kk].lo,
+                                              q_frag[mt][kk].hi, s[mt][nt]);
+      }
+    }
+  }
+}
+
+// Online softmax of one block of (masked) scores, base 2: the new row maxima (a query's scores
+// are spread over the 4 lane groups: lanes r, r+16, r+32, r+48), O and l rescaled, P^T packed to
+// 16 bits as it is made: p_frag[mt][nt] is the B operand of k-step nt of O^T += V^T P^T.
+template <class K, int M_TILES, int N_TILES, int D_TILES>
+FLASHJIT_DEVICE void online_softmax(const f32x4 (&s)[M_TILES][N_TILES],
+                                    const FlashjitAttentionParams& p, float (&row_max)[M_TILES],
+                                    float (&row_sum)[M_TILES], f32x4 (&acc)[M_TILES][D_TILES],
+                                    Frag (&p_frag)[M_TILES][N_TILES]) {
+#pragma unroll
+  for (int mt = 0; mt < M_TILES; ++mt) {
+    float block_max = row_max[mt];
+#pragma unroll
+    for (int nt = 0; nt < N_TILES; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) block_max = __builtin_fmaxf(block_max, s[mt][nt][i]);
+    block_max = __builtin_fmaxf(block_max, shuffle_xor(block_max, 16));
+    block_max = __builtin_fmaxf(block_max, shuffle_xor(block_max, 32));
+    const float max_scaled = flashjit_attention::scaled_row_max(block_max, p.scale_log2);
+    const float correction = fast_exp2(row_max[mt] * p.scale_log2 - max_scaled);
+    row_max[mt] = block_max;
+    row_sum[mt] *= correction;
+#pragma unroll
+    for (int dt = 0; dt < D_TILES; ++dt) acc[mt][dt] *= correction;
+#pragma unroll
+    for (int nt = 0; nt < N_TILES; ++nt) {
+      float e[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        e[i] = fast_exp2(__builtin_fmaf(s[mt][nt][i], p.scale_log2, -max_scaled));
+      row_sum[mt] += (e[0] + e[1]) + (e[2] + e[3]);
+      p_frag[mt][nt].lo = pack2<K::kIsBf16>(e[0], e[1]);
+      p_frag[mt][nt].hi = pack2<K::kIsBf16>(e[2], e[3]);
+    }
+  }
+}
+
+// O^T += V^T P^T: acc[mt][dt] += V^T[dims dt*16..][keys nt*16..] P^T[keys nt*16..][queries], the
+// V^T operands from the padded tile at this lane's offset v_lane (r * kVRowBytes + 8g, plus the
+// wave's first key).
+template <class K, int M_TILES, int N_TILES, int D_TILES>
+FLASHJIT_DEVICE void accumulate_pv(f32x4 (&acc)[M_TILES][D_TILES],
+                                   const Frag (&p_frag)[M_TILES][N_TILES],
+                                   const unsigned char* v_tile, int v_lane) {
+#pragma unroll
+  for (int nt = 0; nt < N_TILES; ++nt) {
+#pragma unroll
+    for (int dt = 0; dt < D_TILES; ++dt) {
+      const Frag v_frag =
+          *reinterpret_cast<const Frag*>(v_tile + v_lane + dt * 16 * K::kVRowBytes + nt * 32);
+#pragma unroll
+      for (int mt = 0; mt < M_TILES; ++mt) {
+        acc[mt][dt] = mfma_16x16x16<K::kIsBf16>(v_frag.lo, v_frag.hi, p_frag[mt][nt].lo,
+                                                p_frag[mt][nt].hi, acc[mt][dt]);
+      }
+    }
+  }
 }
 
 }  // namespace flashjit_hip
