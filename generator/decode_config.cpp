@@ -200,15 +200,45 @@ void append_splits(const AttentionConfig& tile, const AttentionProblem& p,
   }
 }
 
+// The useful tiles of `tiles` that `check` accepts, each with its split counts.
+template <class Check>
+std::vector<AttentionConfig> legal_tiles_with_splits(const std::vector<AttentionConfig>& tiles,
+                                                     const AttentionProblem& p,
+                                                     const Check& check) {
+  std::vector<AttentionConfig> out;
+  for (const AttentionConfig& tile : tiles)
+    if (useful_block_m(tile, p) && check(tile).ok()) append_splits(tile, p, out);
+  return out;
+}
+
+// A GPU decode plan's first lines: the device, the problem, its packed rows.
+void decode_plan_header(std::ostream& out, const AttentionProblem& p, const DeviceSpec& device) {
+  knobs::plan_header(out, p, device);
+  out << "Decode (split-KV, flash-decoding): " << p.group_size() << " query heads x " << p.seqlen_q
+      << " queries = " << decode_packed_rows(p)
+      << " packed rows per (batch, kv head); K/V read once per group.\n";
+}
+
+// A GPU decode plan's last line: the legal count, beside the prefill `prefill` unless the problem
+// needs the decode family, and the default with its splits on the device.
+void decode_plan_footer(std::ostream& out, const AttentionProblem& p, size_t legal,
+                        const char* prefill, const Result<AttentionConfig>& def, int splits) {
+  out << "\n" << legal << " legal -decode configs (tiles x splits)";
+  if (!needs_decode_family(p)) out << ", beside the prefill " << prefill << " (tuned together)";
+  out << ".";
+  if (def.ok())
+    out << " Default (untuned): " << def->to_string() << " (splits " << splits << " here)\n";
+  else
+    out << " " << def.error().message << "\n";
+}
+
 }  // namespace
 
 std::vector<AttentionConfig> legal_decode_configs(const AttentionProblem& p,
                                                   const DeviceSpec& device) {
-  std::vector<AttentionConfig> out;
-  for (const AttentionConfig& tile : decode_tiles())
-    if (useful_block_m(tile, p) && check_decode_config(tile, p, device).ok())
-      append_splits(tile, p, out);
-  return out;
+  return legal_tiles_with_splits(decode_tiles(), p, [&](const AttentionConfig& tile) {
+    return check_decode_config(tile, p, device);
+  });
 }
 
 Result<AttentionConfig> default_decode_config(const AttentionProblem& p, const DeviceSpec& device) {
@@ -239,10 +269,7 @@ Result<AttentionConfig> default_decode_config(const AttentionProblem& p, const D
 std::string explain_decode_plan(const AttentionProblem& p, const DeviceSpec& device) {
   std::ostringstream out;
   const int dp = padded_head_dim(p.head_dim);
-  knobs::plan_header(out, p, device);
-  out << "Decode (split-KV, flash-decoding): " << p.group_size() << " query heads x " << p.seqlen_q
-      << " queries = " << decode_packed_rows(p)
-      << " packed rows per (batch, kv head); K/V read once per group.\n";
+  decode_plan_header(out, p, device);
   out << "Budget of templates/cuda/decode.cuh (2-byte elements, head dim padded to " << dp
       << "):\n";
   out << "  smem  = Bm * " << dp << " * 2 + max(2 * stages * Bc * " << dp << " * 2, warps * Bm * "
@@ -269,15 +296,9 @@ std::string explain_decode_plan(const AttentionProblem& p, const DeviceSpec& dev
                   knobs::verdict(status, c).c_str());
     out << line;
   }
-  const std::vector<AttentionConfig> legal = legal_decode_configs(p, device);
-  out << "\n" << legal.size() << " legal -decode configs (tiles x splits)";
-  if (!needs_decode_family(p)) out << ", beside the prefill families' (tuned together)";
-  out << ".";
-  if (auto def = default_decode_config(p, device); def.ok())
-    out << " Default (untuned): " << def->to_string() << " (splits "
-        << decode_splits(*def, p, device) << " here)\n";
-  else
-    out << " " << def.error().message << "\n";
+  const Result<AttentionConfig> def = default_decode_config(p, device);
+  decode_plan_footer(out, p, legal_decode_configs(p, device).size(), "families'", def,
+                     def.ok() ? decode_splits(*def, p, device) : 0);
   return out.str();
 }
 
@@ -374,11 +395,9 @@ Status check_hip_decode_config(const AttentionConfig& c, const AttentionProblem&
 
 std::vector<AttentionConfig> legal_hip_decode_configs(const AttentionProblem& p,
                                                       const DeviceSpec& device) {
-  std::vector<AttentionConfig> out;
-  for (const AttentionConfig& tile : hip_decode_tiles())
-    if (useful_block_m(tile, p) && check_hip_decode_config(tile, p, device).ok())
-      append_splits(tile, p, out);
-  return out;
+  return legal_tiles_with_splits(hip_decode_tiles(), p, [&](const AttentionConfig& tile) {
+    return check_hip_decode_config(tile, p, device);
+  });
 }
 
 Result<AttentionConfig> default_hip_decode_config(const AttentionProblem& p,
@@ -403,10 +422,7 @@ Result<AttentionConfig> default_hip_decode_config(const AttentionProblem& p,
 std::string explain_hip_decode_plan(const AttentionProblem& p, const DeviceSpec& device) {
   std::ostringstream out;
   const int dp = padded_head_dim(p.head_dim);
-  knobs::plan_header(out, p, device);
-  out << "Decode (split-KV, flash-decoding): " << p.group_size() << " query heads x " << p.seqlen_q
-      << " queries = " << decode_packed_rows(p)
-      << " packed rows per (batch, kv head); K/V read once per group.\n";
+  decode_plan_header(out, p, device);
   out << "Budget of templates/hip/decode.hpp (MFMA 16x16x16, wave" << kHipWaveSize
       << ", 2-byte elements, head dim padded to " << dp << "):\n";
   out << "  LDS   = max(stages * (Bc * " << dp << " + " << dp << " * (Bc + " << kHipVRowPadding
@@ -432,15 +448,9 @@ std::string explain_hip_decode_plan(const AttentionProblem& p, const DeviceSpec&
                   knobs::verdict(check_hip_decode_config(c, p, device), c).c_str());
     out << line;
   }
-  const std::vector<AttentionConfig> legal = legal_hip_decode_configs(p, device);
-  out << "\n" << legal.size() << " legal -decode configs (tiles x splits)";
-  if (!needs_decode_family(p)) out << ", beside the prefill configs (tuned together)";
-  out << ".";
-  if (auto def = default_hip_decode_config(p, device); def.ok())
-    out << " Default (untuned): " << def->to_string() << " (splits "
-        << hip_decode_splits(*def, p, device) << " here)\n";
-  else
-    out << " " << def.error().message << "\n";
+  const Result<AttentionConfig> def = default_hip_decode_config(p, device);
+  decode_plan_footer(out, p, legal_hip_decode_configs(p, device).size(), "configs", def,
+                     def.ok() ? hip_decode_splits(*def, p, device) : 0);
   return out.str();
 }
 
