@@ -110,19 +110,6 @@ Status check_host_cu_seqlens(const AttentionProblem& problem, const AttentionArg
                           v.total_k);
 }
 
-// Host memory for allocate() and the backward's own workspace: kWorkspaceAlign (256-byte)
-// aligned, so that any buffer from allocate() can serve as a backward workspace too.
-Result<DeviceBuffer> host_allocation(size_t bytes) {
-  const size_t rounded =
-      (std::max<size_t>(bytes, 1) + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
-  void* pointer = std::aligned_alloc(kWorkspaceAlign, rounded);
-  if (pointer == nullptr) {
-    return make_error(ErrorCode::DriverError,
-                      "host allocation of " + std::to_string(bytes) + " B failed");
-  }
-  return DeviceBuffer(pointer, bytes, [](void* p) { std::free(p); });
-}
-
 // Runs entry(params, begin, end) over work items [0, items) on the pool, in chunks of consecutive
 // items, 4 per thread so that causal imbalance evens out; each chunk is one call (one scratch
 // allocation). False when an entry returned non-zero (its scratch could not be allocated).
@@ -141,21 +128,13 @@ bool run_work_items(ThreadPool& pool, EntryFunction entry, const FlashjitAttenti
   return failures == 0;
 }
 
-class CpuKernel final : public Kernel {
+class CpuKernel final : public CpuKernelBase {
  public:
   CpuKernel(std::unique_ptr<JitModule> module, EntryFunction entry,
             std::shared_ptr<ThreadPool> pool, ProblemSignature signature, AttentionConfig config,
             KernelInfo info)
-      : module_(std::move(module)),
-        entry_(entry),
-        pool_(std::move(pool)),
-        signature_(signature),
-        config_(config),
-        info_(info) {}
-
-  const ProblemSignature& signature() const override { return signature_; }
-  const AttentionConfig& config() const override { return config_; }
-  const KernelInfo& info() const override { return info_; }
+      : CpuKernelBase(std::move(module), {entry}, std::move(signature), config, info),
+        pool_(std::move(pool)) {}
 
   // Synchronous: returns when the output is written. `stream` is ignored.
   Status launch(const AttentionProblem& problem, const AttentionArgs& args, void*) const override {
@@ -210,7 +189,7 @@ class CpuKernel final : public Kernel {
     if (items <= 0) return ok_status();
 
     FlashjitAttentionParams params = make_launch_params(problem, args);
-    if (!run_work_items(*pool_, entry_, params, items)) {
+    if (!run_work_items(*pool_, entries_[0], params, items)) {
       return make_error(ErrorCode::LaunchFailed, "the CPU kernel could not allocate its scratch (" +
                                                      std::to_string(info_.dynamic_smem_bytes) +
                                                      " B per thread)");
@@ -219,36 +198,20 @@ class CpuKernel final : public Kernel {
   }
 
  private:
-  std::unique_ptr<JitModule> module_;
-  EntryFunction entry_;
   std::shared_ptr<ThreadPool> pool_;
-  ProblemSignature signature_;
-  AttentionConfig config_;
-  KernelInfo info_;
 };
 
 // The backward pass: the three entry points of one source (render.hpp's kCpuBackward*Entry, in
 // launch order) run one after the other over the pool, sharing one fp32 workspace (delta,
 // lse_log2 and for the fused dQ, DqMode::Atomic, one dQ accumulator per split of the key blocks:
 // runtime/launch_params.hpp's layout, the GPU's with dq_accum_copies = the split count).
-class CpuBackwardKernel final : public Kernel {
+class CpuBackwardKernel final : public CpuKernelBase {
  public:
   CpuBackwardKernel(std::unique_ptr<JitModule> module, std::vector<EntryFunction> entries,
                     std::shared_ptr<ThreadPool> pool, ProblemSignature signature,
                     AttentionConfig config, KernelInfo info)
-      : module_(std::move(module)),
-        entries_(std::move(entries)),
-        pool_(std::move(pool)),
-        signature_(signature),
-        config_(config),
-        info_(info),
-        workspace_(host_allocation,
-                   // Launches are synchronous: nothing is in flight when a buffer is replaced.
-                   [](void*) { return ok_status(); }) {}
-
-  const ProblemSignature& signature() const override { return signature_; }
-  const AttentionConfig& config() const override { return config_; }
-  const KernelInfo& info() const override { return info_; }
+      : CpuKernelBase(std::move(module), std::move(entries), std::move(signature), config, info),
+        pool_(std::move(pool)) {}
 
   size_t workspace_bytes(const AttentionProblem& problem) const override {
     return layout(problem).bytes;
@@ -310,14 +273,7 @@ class CpuBackwardKernel final : public Kernel {
     return ok_status();
   }
 
-  std::unique_ptr<JitModule> module_;
-  std::vector<EntryFunction> entries_;  // preprocess, dK/dV, dQ
-  std::shared_ptr<ThreadPool> pool_;
-  ProblemSignature signature_;
-  AttentionConfig config_;
-  KernelInfo info_;
-  mutable std::mutex own_workspace_mutex_;
-  mutable WorkspaceCache workspace_;
+  std::shared_ptr<ThreadPool> pool_;  // entries_: preprocess, dK/dV, dQ
 };
 
 }  // namespace

@@ -13,34 +13,14 @@
 namespace flashjit::cpu {
 namespace {
 
-Result<DeviceBuffer> host_buffer(size_t bytes) {
-  const size_t rounded =
-      (std::max<size_t>(bytes, 1) + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
-  void* pointer = std::aligned_alloc(kWorkspaceAlign, rounded);
-  if (pointer == nullptr)
-    return make_error(ErrorCode::DriverError,
-                      "host allocation of " + std::to_string(bytes) + " B failed");
-  return DeviceBuffer(pointer, bytes, [](void* p) { std::free(p); });
-}
-
-class CpuDecodeKernel final : public Kernel {
+class CpuDecodeKernel final : public CpuKernelBase {
  public:
   CpuDecodeKernel(std::unique_ptr<JitModule> module, std::vector<EntryFunction> entries,
                   WorkRunner runner, const CpuSpec& cpu, ProblemSignature signature,
                   AttentionConfig config, KernelInfo info)
-      : module_(std::move(module)),
-        entries_(std::move(entries)),
+      : CpuKernelBase(std::move(module), std::move(entries), std::move(signature), config, info),
         runner_(std::move(runner)),
-        cpu_(cpu),
-        signature_(signature),
-        config_(config),
-        info_(info),
-        // Launches are synchronous: nothing is in flight when a buffer is replaced.
-        workspace_(host_buffer, [](void*) { return ok_status(); }) {}
-
-  const ProblemSignature& signature() const override { return signature_; }
-  const AttentionConfig& config() const override { return config_; }
-  const KernelInfo& info() const override { return info_; }
+        cpu_(cpu) {}
 
   size_t workspace_bytes(const AttentionProblem& problem) const override {
     return decode_workspace(problem, cpu_decode_splits(config_, problem, cpu_)).bytes;
@@ -90,18 +70,30 @@ class CpuDecodeKernel final : public Kernel {
     return ok_status();
   }
 
-  std::unique_ptr<JitModule> module_;
-  std::vector<EntryFunction> entries_;  // split, combine
-  WorkRunner runner_;
+  WorkRunner runner_;  // entries_: split, combine
   CpuSpec cpu_;
-  ProblemSignature signature_;
-  AttentionConfig config_;
-  KernelInfo info_;
-  mutable std::mutex own_workspace_mutex_;
-  mutable WorkspaceCache workspace_;
 };
 
 }  // namespace
+
+Result<DeviceBuffer> host_allocation(size_t bytes) {
+  const size_t rounded =
+      (std::max<size_t>(bytes, 1) + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+  void* pointer = std::aligned_alloc(kWorkspaceAlign, rounded);
+  if (pointer == nullptr)
+    return make_error(ErrorCode::DriverError,
+                      "host allocation of " + std::to_string(bytes) + " B failed");
+  return DeviceBuffer(pointer, bytes, [](void* p) { std::free(p); });
+}
+
+CpuKernelBase::CpuKernelBase(std::unique_ptr<JitModule> module, std::vector<EntryFunction> entries,
+                             ProblemSignature signature, AttentionConfig config, KernelInfo info)
+    : module_(std::move(module)),
+      entries_(std::move(entries)),
+      signature_(std::move(signature)),
+      config_(config),
+      info_(info),
+      workspace_(host_allocation, [](void*) { return ok_status(); }) {}
 
 std::shared_ptr<Kernel> make_cpu_decode_kernel(std::unique_ptr<JitModule> module,
                                                std::vector<EntryFunction> entries,
