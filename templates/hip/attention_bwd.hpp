@@ -44,51 +44,38 @@ namespace flashjit_hip {
 
 template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WAVES, int STAGES, bool IS_BF16, bool CAUSAL,
           bool DQ_ATOMIC>
-struct BwdTraits {
-  static constexpr int kHeadDim = HEAD_DIM;
-  static constexpr int kHeadDimPadded = (HEAD_DIM + 63) / 64 * 64;  // whole swizzle groups
-  static constexpr int kBlockM = BLOCK_M;
-  static constexpr int kBlockN = BLOCK_N;
-  static constexpr int kWaves = WAVES;
-  static constexpr int kStages = STAGES;
-  static constexpr bool kIsBf16 = IS_BF16;
-  static constexpr bool kCausal = CAUSAL;
+struct BwdTraits : TileShape<HEAD_DIM, BLOCK_M, BLOCK_N, WAVES, STAGES, IS_BF16, CAUSAL> {
+  typedef TileShape<HEAD_DIM, BLOCK_M, BLOCK_N, WAVES, STAGES, IS_BF16, CAUSAL> Shape;
   static constexpr bool kDqAtomic = DQ_ATOMIC;
-  static constexpr int kWaveSize = 64;
-  static constexpr int kDTiles = kHeadDimPadded / 16;  // 16-dim tiles
 
   // ---- the dK/dV kernel: kWaves waves share kBlockN keys; Q and dO stream in kBlockM rows
-  static constexpr int kThreads = kWaves * kWaveSize;
-  static constexpr int kKeysPerWave = kBlockN / kWaves;
+  static constexpr int kKeysPerWave = BLOCK_N / WAVES;
   static constexpr int kKTiles = kKeysPerWave / 16;  // 16-key tiles per wave
-  static constexpr int kMTiles = kBlockM / 16;       // 16-query tiles per streamed block
-  static constexpr int kNTiles = kBlockN / 16;       // 16-key tiles per block (dQ's k-steps)
+  static constexpr int kMTiles = BLOCK_M / 16;       // 16-query tiles per streamed block
+  static constexpr int kNTiles = BLOCK_N / 16;       // 16-key tiles per block (dQ's k-steps)
   // dQ = dS K: wave w computes the dim tiles w, w + kWaves, ...
-  static constexpr int kDqDimTilesPerWave = (kDTiles + kWaves - 1) / kWaves;
-  typedef TileCopy<kBlockM, kHeadDim, kHeadDimPadded, kThreads> QCopy;  // Q and dO
+  static constexpr int kDqDimTilesPerWave = (Shape::kDTiles + WAVES - 1) / WAVES;
+  typedef TileCopy<BLOCK_M, HEAD_DIM, Shape::kHeadDimPadded, Shape::kThreads> QCopy;  // Q, dO
   static constexpr int kQTileBytes = QCopy::kTileBytes;                 // [kBlockM][d], swizzled
   static constexpr int kQtTileBytes = QCopy::kTransposedTileBytes;      // [d][kBlockM + 4]
   static constexpr int kStageBytes = 2 * (kQTileBytes + kQtTileBytes);  // Q, Q^T, dO, dO^T
-  static constexpr int kDsRowBytes = (kBlockN + 4) * 2;
-  static constexpr int kDsTileBytes = kDqAtomic ? kBlockM * kDsRowBytes : 0;  // dS [m][n + 4]
-  static constexpr int kLdsBytes = kStages * kStageBytes + kDsTileBytes;      // hip_bwd_lds_bytes
+  static constexpr int kDsRowBytes = (BLOCK_N + 4) * 2;
+  static constexpr int kDsTileBytes = kDqAtomic ? BLOCK_M * kDsRowBytes : 0;  // dS [m][n + 4]
+  static constexpr int kLdsBytes = STAGES * kStageBytes + kDsTileBytes;       // hip_bwd_lds_bytes
 
   // ---- the dQ kernel (DqMode::Separate): kBlockM / 16 waves of 16 query rows; K and V stream
   // in kBlockN rows, K both in rows and transposed
-  static constexpr int kDqWaves = kBlockM / 16;
-  static constexpr int kDqThreads = kDqWaves * kWaveSize;
-  typedef TileCopy<kBlockN, kHeadDim, kHeadDimPadded, kDqThreads> KCopy;  // K and V
+  static constexpr int kDqWaves = BLOCK_M / 16;
+  static constexpr int kDqThreads = kDqWaves * Shape::kWaveSize;
+  typedef TileCopy<BLOCK_N, HEAD_DIM, Shape::kHeadDimPadded, kDqThreads> KCopy;  // K and V
   static constexpr int kDqStageBytes = 2 * KCopy::kTileBytes + KCopy::kTransposedTileBytes;
-  static constexpr int kDqLdsBytes = kDqAtomic ? 0 : kStages * kDqStageBytes;
+  static constexpr int kDqLdsBytes = kDqAtomic ? 0 : STAGES * kDqStageBytes;
 
-  static_assert(kHeadDim % 8 == 0 && kHeadDim >= 8 && kHeadDim <= 256,
-                "head dim: a multiple of 8 in [8, 256]");
-  static_assert(kWaves >= 1 && kWaves <= 8, "1 to 8 waves");
-  static_assert(kBlockN % (16 * kWaves) == 0, "each wave owns whole 16-key MFMA tiles");
+  static_assert(WAVES >= 1 && WAVES <= 8, "1 to 8 waves");
+  static_assert(BLOCK_N % (16 * WAVES) == 0, "each wave owns whole 16-key MFMA tiles");
   static_assert(kKTiles == 1 || kKTiles == 2, "16 or 32 keys per wave");
-  static_assert(kBlockM == 16 || kBlockM == 32 || kBlockM == 64, "block_m: 16, 32 or 64");
-  static_assert(kBlockN == 32 || kBlockN == 64 || kBlockN == 128, "block_n: 32, 64 or 128");
-  static_assert(kStages == 1 || kStages == 2, "1 or 2 LDS buffers for the streamed blocks");
+  static_assert(BLOCK_M == 16 || BLOCK_M == 32 || BLOCK_M == 64, "block_m: 16, 32 or 64");
+  static_assert(BLOCK_N == 32 || BLOCK_N == 64 || BLOCK_N == 128, "block_n: 32, 64 or 128");
   static_assert(QCopy::kCopies <= 8, "at most 8 Q/dO copies per thread per tile");
   static_assert(kDqAtomic || KCopy::kCopies <= 16, "at most 16 K/V copies per thread per tile");
   static_assert(kLdsBytes <= 65536 && kDqLdsBytes <= 65536, "LDS: 64 KiB per workgroup on CDNA");

@@ -36,24 +36,13 @@
 namespace flashjit_hip {
 
 template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WAVES, int STAGES, bool IS_BF16, bool CAUSAL>
-struct Traits {
-  static constexpr int kHeadDim = HEAD_DIM;
-  static constexpr int kHeadDimPadded = (HEAD_DIM + 63) / 64 * 64;  // whole swizzle groups
-  static constexpr int kBlockM = BLOCK_M;
-  static constexpr int kBlockN = BLOCK_N;
-  static constexpr int kWaves = WAVES;
-  static constexpr int kStages = STAGES;
-  static constexpr bool kIsBf16 = IS_BF16;
-  static constexpr bool kCausal = CAUSAL;
-
-  static constexpr int kWaveSize = 64;
-  static constexpr int kThreads = kWaves * kWaveSize;
-  static constexpr int kRowsPerWave = kBlockM / kWaves;
-  static constexpr int kMTiles = kRowsPerWave / 16;    // 16-query tiles per wave
-  static constexpr int kNTiles = kBlockN / 16;         // 16-key tiles of S^T (P V k-steps)
-  static constexpr int kDTiles = kHeadDimPadded / 16;  // 16-dim tiles of O^T (K Q^T k-steps)
+struct Traits : TileShape<HEAD_DIM, BLOCK_M, BLOCK_N, WAVES, STAGES, IS_BF16, CAUSAL> {
+  typedef TileShape<HEAD_DIM, BLOCK_M, BLOCK_N, WAVES, STAGES, IS_BF16, CAUSAL> Shape;
+  static constexpr int kRowsPerWave = BLOCK_M / WAVES;
+  static constexpr int kMTiles = kRowsPerWave / 16;  // 16-query tiles per wave
+  static constexpr int kNTiles = BLOCK_N / 16;       // 16-key tiles of S^T (P V k-steps)
   // K and V stream through LDS: K in rows, V transposed (hip/tiles.hpp).
-  typedef TileCopy<kBlockN, kHeadDim, kHeadDimPadded, kThreads> KVCopy;
+  typedef TileCopy<BLOCK_N, HEAD_DIM, Shape::kHeadDimPadded, Shape::kThreads> KVCopy;
   static constexpr int kChunksPerRow = KVCopy::kChunksPerRow;     // 16-byte chunks of a K/V row
   static constexpr int kCopies = KVCopy::kCopies;                 // K (and V) chunks per thread
   static constexpr int kKRowBytes = KVCopy::kRowBytes;            // K tile: [kBlockN][d], swizzled
@@ -61,16 +50,13 @@ struct Traits {
   static constexpr int kKTileBytes = KVCopy::kTileBytes;
   static constexpr int kVTileBytes = KVCopy::kTransposedTileBytes;
   static constexpr int kStageBytes = kKTileBytes + kVTileBytes;
-  static constexpr int kLdsBytes = kStages * kStageBytes;  // generator: hip_lds_bytes
+  static constexpr int kLdsBytes = STAGES * kStageBytes;  // generator: hip_lds_bytes
 
-  static_assert(kHeadDim % 8 == 0 && kHeadDim >= 8 && kHeadDim <= 256,
-                "head dim: a multiple of 8 in [8, 256]");
-  static_assert(kWaves >= 1 && kWaves <= 8, "1 to 8 waves");
-  static_assert(kBlockM % (16 * kWaves) == 0, "each wave owns whole 16-row MFMA tiles");
+  static_assert(WAVES >= 1 && WAVES <= 8, "1 to 8 waves");
+  static_assert(BLOCK_M % (16 * WAVES) == 0, "each wave owns whole 16-row MFMA tiles");
   static_assert(kMTiles == 1 || kMTiles == 2, "16 or 32 query rows per wave");
-  static_assert(kBlockN == 32 || kBlockN == 64 || kBlockN == 128, "block_n: 32, 64 or 128");
-  static_assert(kStages == 1 || kStages == 2, "1 or 2 LDS buffers for K/V");
-  static_assert((kBlockN * kChunksPerRow) % kThreads == 0, "K/V tile copies split evenly");
+  static_assert(BLOCK_N == 32 || BLOCK_N == 64 || BLOCK_N == 128, "block_n: 32, 64 or 128");
+  static_assert((BLOCK_N * kChunksPerRow) % Shape::kThreads == 0, "K/V tile copies split evenly");
   static_assert(kCopies >= 1 && kCopies <= 16, "at most 16 copies per thread per tile");
   static_assert(kLdsBytes <= 65536, "LDS: 64 KiB per workgroup on CDNA");
 };

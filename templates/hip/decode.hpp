@@ -43,46 +43,32 @@ namespace flashjit_hip {
 
 template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WAVES, int STAGES, bool IS_BF16, bool CAUSAL,
           int PAGE_SIZE>
-struct DecodeTraits {
-  static constexpr int kHeadDim = HEAD_DIM;
-  static constexpr int kHeadDimPadded = (HEAD_DIM + 63) / 64 * 64;  // whole swizzle groups
-  static constexpr int kBlockM = BLOCK_M;
-  static constexpr int kBlockN = BLOCK_N;
-  static constexpr int kWaves = WAVES;
-  static constexpr int kStages = STAGES;
-  static constexpr bool kIsBf16 = IS_BF16;
-  static constexpr bool kCausal = CAUSAL;
-  static constexpr int kPageSize = PAGE_SIZE;  // 0: contiguous K/V
-
-  static constexpr int kWaveSize = 64;
-  static constexpr int kThreads = kWaves * kWaveSize;
-  static constexpr int kMTiles = kBlockM / 16;         // 16-row tiles (every wave: all rows)
-  static constexpr int kWaveKeys = kBlockN / kWaves;   // keys of a block per wave
-  static constexpr int kWaveNTiles = kWaveKeys / 16;   // 16-key tiles of a wave's S^T
-  static constexpr int kDTiles = kHeadDimPadded / 16;  // 16-dim tiles of O^T (K Q^T k-steps)
-  typedef TileCopy<kBlockN, kHeadDim, kHeadDimPadded, kThreads> KVCopy;
+struct DecodeTraits : TileShape<HEAD_DIM, BLOCK_M, BLOCK_N, WAVES, STAGES, IS_BF16, CAUSAL> {
+  typedef TileShape<HEAD_DIM, BLOCK_M, BLOCK_N, WAVES, STAGES, IS_BF16, CAUSAL> Shape;
+  static constexpr int kPageSize = PAGE_SIZE;         // 0: contiguous K/V
+  static constexpr int kMTiles = BLOCK_M / 16;        // 16-row tiles (every wave: all rows)
+  static constexpr int kWaveKeys = BLOCK_N / WAVES;   // keys of a block per wave
+  static constexpr int kWaveNTiles = kWaveKeys / 16;  // 16-key tiles of a wave's S^T
+  typedef TileCopy<BLOCK_N, HEAD_DIM, Shape::kHeadDimPadded, Shape::kThreads> KVCopy;
   static constexpr int kChunksPerRow = KVCopy::kChunksPerRow;
   static constexpr int kCopies = KVCopy::kCopies;                 // K (and V) chunks per thread
   static constexpr int kKRowBytes = KVCopy::kRowBytes;            // K tile: [kBlockN][d], swizzled
   static constexpr int kVRowBytes = KVCopy::kTransposedRowBytes;  // V^T tile: [d][kBlockN + 4]
   static constexpr int kKTileBytes = KVCopy::kTileBytes;
   static constexpr int kStageBytes = kKTileBytes + KVCopy::kTransposedTileBytes;
-  static constexpr int kKvBytes = kStages * kStageBytes;
+  static constexpr int kKvBytes = STAGES * kStageBytes;
   // After the last block the K/V buffers hold each wave's O (fp32) and m, l for the merge.
-  static constexpr int kMergeOFloats = kWaves * kBlockM * kHeadDimPadded;
-  static constexpr int kMergeBytes = (kMergeOFloats + 2 * kWaves * kBlockM) * 4;
+  static constexpr int kMergeOFloats = WAVES * BLOCK_M * Shape::kHeadDimPadded;
+  static constexpr int kMergeBytes = (kMergeOFloats + 2 * WAVES * BLOCK_M) * 4;
   // generator: hip_decode_lds_bytes
   static constexpr int kLdsBytes = kKvBytes > kMergeBytes ? kKvBytes : kMergeBytes;
 
-  static_assert(kHeadDim % 8 == 0 && kHeadDim >= 8 && kHeadDim <= 256,
-                "head dim: a multiple of 8 in [8, 256]");
-  static_assert(kBlockM == 16 || kBlockM == 32, "16 or 32 packed rows per workgroup");
-  static_assert(kWaves == 1 || kWaves == 2 || kWaves == 4, "1, 2 or 4 waves");
+  static_assert(BLOCK_M == 16 || BLOCK_M == 32, "16 or 32 packed rows per workgroup");
+  static_assert(WAVES == 1 || WAVES == 2 || WAVES == 4, "1, 2 or 4 waves");
   static_assert(kWaveKeys % 16 == 0, "each wave takes whole 16-key MFMA tiles of a block");
-  static_assert(kStages == 1 || kStages == 2, "1 or 2 LDS buffers for K/V");
-  static_assert((kBlockN * kChunksPerRow) % kThreads == 0, "K/V tile copies split evenly");
+  static_assert((BLOCK_N * kChunksPerRow) % Shape::kThreads == 0, "K/V tile copies split evenly");
   static_assert(kLdsBytes <= 65536, "LDS: 64 KiB per workgroup on CDNA");
-  static_assert(kPageSize == 0 || (kPageSize % 16 == 0 && kPageSize >= 16 && kPageSize <= 256),
+  static_assert(PAGE_SIZE == 0 || (PAGE_SIZE % 16 == 0 && PAGE_SIZE >= 16 && PAGE_SIZE <= 256),
                 "page size: 0 (contiguous) or a multiple of 16 in [16, 256]");
 };
 

@@ -16,6 +16,28 @@
 
 namespace flashjit_hip {
 
+// What every HIP kernel's traits start from (Traits, BwdTraits, DecodeTraits): the head dim
+// (padded to whole swizzle groups), the block sizes, the waves of a workgroup and the K/V (or
+// Q/dO) stages in LDS, the element type and the mask.
+template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WAVES, int STAGES, bool IS_BF16, bool CAUSAL>
+struct TileShape {
+  static constexpr int kHeadDim = HEAD_DIM;
+  static constexpr int kHeadDimPadded = (HEAD_DIM + 63) / 64 * 64;  // whole swizzle groups
+  static constexpr int kBlockM = BLOCK_M;
+  static constexpr int kBlockN = BLOCK_N;
+  static constexpr int kWaves = WAVES;
+  static constexpr int kStages = STAGES;
+  static constexpr bool kIsBf16 = IS_BF16;
+  static constexpr bool kCausal = CAUSAL;
+  static constexpr int kWaveSize = 64;
+  static constexpr int kThreads = WAVES * kWaveSize;
+  static constexpr int kDTiles = kHeadDimPadded / 16;  // 16-dim tiles of a head-dim row
+
+  static_assert(HEAD_DIM % 8 == 0 && HEAD_DIM >= 8 && HEAD_DIM <= 256,
+                "head dim: a multiple of 8 in [8, 256]");
+  static_assert(STAGES == 1 || STAGES == 2, "1 or 2 LDS buffers for the streamed blocks");
+};
+
 struct alignas(16) Vec16 {  // one 16-byte vector: 8 elements
   u32 x, y, z, w;
 };
@@ -66,47 +88,45 @@ struct TileCopy {
   static_assert(HEAD_DIM_PADDED % 64 == 0, "whole swizzle groups");
   static_assert(ROWS % 16 == 0, "whole 16-row MFMA tiles");
 
+  // f(i, row, chunk) for each copy i of thread `tid` that lies in the tile (the last one may not,
+  // when the chunks do not split evenly): 16-byte chunk `chunk` of row `row`.
+  template <class F>
+  static FLASHJIT_DEVICE void for_each_copy(int tid, F f) {
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      const int copy = tid + i * THREADS;
+      if (kEven || copy < kChunks) f(i, copy / kChunksPerRow, copy % kChunksPerRow);
+    }
+  }
+
   // Rows [row0, row0 + ROWS) of `src` (rows `stride` elements apart) into registers. Rows at or
   // past `rows` and columns past HEAD_DIM read as zero: padded scores are then 0 before masking
   // and products never touch garbage.
   static FLASHJIT_DEVICE void load(Vec16 (&regs)[kCopies], const u16* src, long long stride,
                                    int row0, int rows, int tid) {
+    // A value, not `valid ? *pointer : zero`: selecting between addresses would make the
+    // compiler put `zero` in scratch memory and emit flat loads.
 #pragma unroll
-    for (int i = 0; i < kCopies; ++i) {
-      const int copy = tid + i * THREADS;
-      const int row = copy / kChunksPerRow;
-      const int col = copy % kChunksPerRow * 8;
-      // A value, not `valid ? *pointer : zero`: selecting between addresses would make the
-      // compiler put `zero` in scratch memory and emit flat loads.
-      regs[i] = Vec16{0u, 0u, 0u, 0u};
-      if ((kEven || copy < kChunks) && row0 + row < rows && col < HEAD_DIM)
-        regs[i] = *reinterpret_cast<const Vec16*>(src + (row0 + row) * stride + col);
-    }
+    for (int i = 0; i < kCopies; ++i) regs[i] = Vec16{0u, 0u, 0u, 0u};
+    for_each_copy(tid, [&](int i, int row, int chunk) {
+      if (row0 + row < rows && chunk * 8 < HEAD_DIM)
+        regs[i] = *reinterpret_cast<const Vec16*>(src + (row0 + row) * stride + chunk * 8);
+    });
   }
 
   // The registers of load() into a row-major, swizzled tile (16-byte writes).
   static FLASHJIT_DEVICE void store_rows(unsigned char* tile, const Vec16 (&regs)[kCopies],
                                          int tid) {
-#pragma unroll
-    for (int i = 0; i < kCopies; ++i) {
-      const int copy = tid + i * THREADS;
-      if (!kEven && copy >= kChunks) continue;
-      const int row = copy / kChunksPerRow;
-      const int chunk = copy % kChunksPerRow;
+    for_each_copy(tid, [&](int i, int row, int chunk) {
       *reinterpret_cast<Vec16*>(tile + RowSwizzle::offset(row, chunk * 16)) = regs[i];
-    }
+    });
   }
 
   // The registers of load() into a transposed tile (2-byte writes): element e of a chunk lands
   // kTransposedRowBytes * e past element 0.
   static FLASHJIT_DEVICE void store_transposed(unsigned char* tile, const Vec16 (&regs)[kCopies],
                                                int tid) {
-#pragma unroll
-    for (int i = 0; i < kCopies; ++i) {
-      const int copy = tid + i * THREADS;
-      if (!kEven && copy >= kChunks) continue;
-      const int row = copy / kChunksPerRow;
-      const int chunk = copy % kChunksPerRow;
+    for_each_copy(tid, [&](int i, int row, int chunk) {
       const u32 words[4] = {regs[i].x, regs[i].y, regs[i].z, regs[i].w};
       unsigned char* const column = tile + chunk * 8 * kTransposedRowBytes + row * 2;
 #pragma unroll
@@ -114,7 +134,7 @@ struct TileCopy {
         *reinterpret_cast<u16*>(column + e * kTransposedRowBytes) =
             static_cast<u16>(words[e / 2] >> (16 * (e % 2)));
       }
-    }
+    });
   }
 };
 
