@@ -480,7 +480,7 @@ FLASHJIT_DEVICE void attention_backward_dq(const FlashjitAttentionParams& p) {
   const int tid = thread_index(), lane = lane_index(), wave = tid / K::kWaveSize;
   const int lane_row = lane % 16, lane_group = lane / 16;
   // Causal rows near the end see the most keys: launch them first so the tail is short.
-  const int m_block = K::kCausal ? grid_size_x() - 1 - block_index_x() : block_index_x();
+  const int m_block = query_block<K>();
   const int head = block_index_y(), batch = block_index_z();
   const int kv_head = head / p.group_size;
   const int m0 = m_block * kBlockM;
@@ -660,8 +660,7 @@ FLASHJIT_DEVICE void attention_backward_dq(const FlashjitAttentionParams& p) {
 // hip/attention_bwd_common.hpp) not past its query rows.
 template <class K>
 FLASHJIT_DEVICE void attention_backward_dkdv_variant(const FlashjitAttentionParams& params) {
-  FlashjitAttentionParams p = params;
-  p.scale_log2 = flashjit_variant::softmax_scale_log2(params);
+  FlashjitAttentionParams p = variant_params(params);
 #if FLASHJIT_VARIANT_VARLEN
   if (!flashjit_variant::document_tile_view(p, block_index_z(), -1, block_index_x() * K::kBlockN, 2,
                                             K::kHeadDimPadded))
@@ -672,10 +671,9 @@ FLASHJIT_DEVICE void attention_backward_dkdv_variant(const FlashjitAttentionPara
 
 template <class K>
 FLASHJIT_DEVICE void attention_backward_dq_variant(const FlashjitAttentionParams& params) {
-  FlashjitAttentionParams p = params;
-  p.scale_log2 = flashjit_variant::softmax_scale_log2(params);
+  FlashjitAttentionParams p = variant_params(params);
 #if FLASHJIT_VARIANT_VARLEN
-  const int m_block = K::kCausal ? grid_size_x() - 1 - block_index_x() : block_index_x();
+  const int m_block = query_block<K>();
   if (!flashjit_variant::document_tile_view(p, block_index_z(), m_block * K::kBlockM, -1, 2,
                                             K::kHeadDimPadded))
     return;

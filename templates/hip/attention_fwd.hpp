@@ -97,8 +97,7 @@ FLASHJIT_DEVICE void attention_forward(const FlashjitAttentionParams& p) {
   // holds.
   const int tid = thread_index(), lane = lane_index(), wave = tid / K::kWaveSize;
   const int lane_row = lane % 16, lane_group = lane / 16;
-  // Causal rows near the end see the most keys: launch them first so the tail is short.
-  const int m_block = K::kCausal ? grid_size_x() - 1 - block_index_x() : block_index_x();
+  const int m_block = query_block<K>();
   const int head = block_index_y();
   const int batch = block_index_z();
   const int kv_head = head / p.group_size;
@@ -285,10 +284,9 @@ FLASHJIT_DEVICE void attention_forward(const FlashjitAttentionParams& p) {
 // the variant's band are per document, and no load or store crosses into another document.
 template <class K>
 FLASHJIT_DEVICE void attention_forward_variant(const FlashjitAttentionParams& params) {
-  FlashjitAttentionParams p = params;
-  p.scale_log2 = flashjit_variant::softmax_scale_log2(params);
+  FlashjitAttentionParams p = variant_params(params);
 #if FLASHJIT_VARIANT_VARLEN
-  const int m_block = K::kCausal ? grid_size_x() - 1 - block_index_x() : block_index_x();
+  const int m_block = query_block<K>();
   if (!flashjit_variant::document_view(p, block_index_z(), m_block * K::kBlockM, 2)) return;
 #endif
   attention_forward<K>(p);

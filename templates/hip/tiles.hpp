@@ -138,6 +138,25 @@ struct TileCopy {
   }
 };
 
+// The query block of this workgroup: causal rows near the end see the most keys, so they are
+// launched first and the tail is short.
+template <class K>
+FLASHJIT_DEVICE int query_block() {
+  return K::kCausal ? grid_size_x() - 1 - block_index_x() : block_index_x();
+}
+
+#ifdef FLASHJIT_VARIANT
+// The params a variant entry runs its kernel on: the problem's, with scale_log2 the variant's
+// softmax factor (flashjit_variant::softmax_scale_log2: log2(e) alone when score() takes the
+// scaled scores; p.scale stays the problem's, which score() is given), so that the kernels'
+// softmax and LSE need no branch of their own.
+FLASHJIT_DEVICE FlashjitAttentionParams variant_params(const FlashjitAttentionParams& params) {
+  FlashjitAttentionParams p = params;
+  p.scale_log2 = flashjit_variant::softmax_scale_log2(params);
+  return p;
+}
+#endif
+
 // The 4-element operand at element `element` of row `row` of a transposed (or any padded,
 // unswizzled) tile with ROW_BYTES-byte rows: one 8-byte read.
 template <int ROW_BYTES>
