@@ -41,14 +41,15 @@ inline constexpr const char* kCudaWsBackwardFiles[] = {
     "cuda/tma.cuh", "cuda/attention_bwd_common.cuh", "cuda/attention_bwd_sm90.cuh",
     "cuda/ws/pipeline.cuh", "cuda/ws/pingpong.cuh", "cuda/ws/attention_bwd_ws.cuh"};
 inline constexpr const char* kCudaDecodeFiles[] = {
-    "attention_common.h", "cuda/common.cuh", "cuda/tiles.cuh", "cuda/decode.cuh"};
+    "attention_common.h", "decode_split.h", "cuda/common.cuh", "cuda/tiles.cuh", "cuda/decode.cuh"};
 inline constexpr const char* kHipForwardFiles[] = {
     "attention_common.h", "hip/primitives.hpp", "hip/tiles.hpp", "hip/attention_fwd.hpp"};
 inline constexpr const char* kHipBackwardFiles[] = {
     "attention_common.h", "hip/primitives.hpp", "hip/tiles.hpp", "hip/attention_bwd_common.hpp",
     "hip/attention_bwd.hpp"};
 inline constexpr const char* kHipDecodeFiles[] = {
-    "attention_common.h", "hip/primitives.hpp", "hip/tiles.hpp", "hip/decode.hpp"};
+    "attention_common.h", "decode_split.h", "hip/primitives.hpp", "hip/tiles.hpp",
+    "hip/decode.hpp"};
 inline constexpr const char* kCpuForwardFiles[] = {"cpu/common.hpp", "cpu/attention_fwd.hpp"};
 inline constexpr const char* kCpuBackwardFiles[] = {"cpu/common.hpp", "cpu/attention_bwd.hpp",
                                                      "cpu/attention_bwd_dq.hpp"};

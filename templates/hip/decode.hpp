@@ -105,72 +105,32 @@ FLASHJIT_DEVICE void decode_load_kv(Vec16 (&k_regs)[K::kCopies], Vec16 (&v_regs)
   }
 }
 
-// ---- the combine ------------------------------------------------------------------------------
+// ---- decode_split.h's portability layer on CDNA ----------------------------------------------
 
-// Merges the num_splits partials of row (b * heads_q + h) * seqlen_q + s into o and lse, by the
-// lanes of one wave (every lane must call it):
-//   M = max_s lse_s;  w_s = 2^(lse_s - M);  O = sum_s w_s O_s / sum_s w_s;
-//   lse = (M + log2 sum_s w_s) ln 2;  a row no split saw a key of: O = 0, lse = +inf.
-// The lanes read 64 splits' LSEs at once; each lane loads its columns of kSplitsInFlight splits'
-// partial rows before it sums them (loads in flight rather than a round trip per split).
-template <int HEAD_DIM, bool IS_BF16>
-FLASHJIT_DEVICE void decode_combine_row(const FlashjitAttentionParams& p, long long row, int lane) {
-  constexpr int kPerLane = (HEAD_DIM + 63) / 64;  // columns lane + 64 i
-  constexpr int kSplitsInFlight = 16 / kPerLane;  // 16 loads of partial O per lane
-  const long long rows_total = static_cast<long long>(p.batch) * p.heads_q * p.seqlen_q;
-  const float* lse_of = p.partial_lse + row;  // split s: lse_of[s * rows_total]
-  const int splits = p.num_splits;
-
-  float m = -flashjit_attention::infinity();
-  for (int s = lane; s < splits; s += 64) m = __builtin_fmaxf(m, lse_of[s * rows_total]);
-#pragma unroll
-  for (int offset = 32; offset > 0; offset /= 2) m = __builtin_fmaxf(m, shuffle_xor(m, offset));
-  const bool any_key = m != -flashjit_attention::infinity();  // the same in every lane
-
-  float sum = 0.f, acc[kPerLane];
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) acc[i] = 0.f;
-  if (any_key) {
-    for (int s = lane; s < splits; s += 64) sum += fast_exp2(lse_of[s * rows_total] - m);
-#pragma unroll
-    for (int offset = 32; offset > 0; offset /= 2) sum += shuffle_xor(sum, offset);
-    for (int s0 = 0; s0 < splits; s0 += kSplitsInFlight) {
-      float weight[kSplitsInFlight], x[kSplitsInFlight][kPerLane];
-#pragma unroll
-      for (int u = 0; u < kSplitsInFlight; ++u) {
-        // Loads from valid addresses only, selecting values after (a select between a load and a
-        // constant becomes one between addresses, with the constant in scratch memory): past the
-        // last split its weight is 0, past the head dim a column is never stored.
-        const int s = s0 + u < splits ? s0 + u : splits - 1;
-        weight[u] = lse_of[s * rows_total];
-        if (s0 + u >= splits) weight[u] = -flashjit_attention::infinity();
-        const float* partial = p.partial_o + (s * rows_total + row) * HEAD_DIM;
-#pragma unroll
-        for (int i = 0; i < kPerLane; ++i)
-          x[u][i] = partial[lane + 64 * i < HEAD_DIM ? lane + 64 * i : HEAD_DIM - 1];
-      }
-#pragma unroll
-      for (int u = 0; u < kSplitsInFlight; ++u) {
-        const float w = fast_exp2(weight[u] - m);  // 0: an empty split, or one too small to count
-#pragma unroll
-        for (int i = 0; i < kPerLane; ++i) acc[i] += w > 0.f ? w * x[u][i] : 0.f;
-      }
-    }
+struct DecodeGpu {
+  static constexpr int kLanes = 64;
+  static constexpr int kCombineLoads = 16;  // partial-O loads a lane keeps in flight
+  typedef flashjit_hip::Vec16 Vec16;
+  typedef flashjit_hip::Float4 Float4;
+  static FLASHJIT_DEVICE float shuffle_xor(float x, int mask) {
+    return flashjit_hip::shuffle_xor(x, mask);
   }
-  const float inverse = sum > 0.f ? 1.f / sum : 0.f;
-  const int position = static_cast<int>(row % p.seqlen_q);
-  const int head = static_cast<int>(row / p.seqlen_q % p.heads_q);
-  const int batch = static_cast<int>(row / p.seqlen_q / p.heads_q);
-  u16* out = static_cast<u16*>(p.o) + batch * p.o_batch_stride + position * p.o_seq_stride +
-             head * p.o_head_stride;
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i)
-    if (lane + 64 * i < HEAD_DIM)
-      out[lane + 64 * i] = static_cast<u16>(pack2<IS_BF16>(acc[i] * inverse, 0.f) & 0xffffu);
-  if (p.lse && lane == 0)
-    p.lse[row] =
-        sum > 0.f ? (m + fast_log2(sum)) * 0.6931471805599453f : flashjit_attention::infinity();
-}
+  // Other workgroups' partials are read after an agent-scope acquire fence (memory_fence), which
+  // on CDNA invalidates this CU's L1: a plain load sees them.
+  static FLASHJIT_DEVICE float load_l2(const float* x) { return *x; }
+  static FLASHJIT_DEVICE float fmax(float a, float b) { return __builtin_fmaxf(a, b); }
+  static FLASHJIT_DEVICE float exp2(float x) { return fast_exp2(x); }
+  static FLASHJIT_DEVICE float log2(float x) { return fast_log2(x); }
+  template <bool IS_BF16>
+  static FLASHJIT_DEVICE u32 pack2(float low, float high) {
+    return flashjit_hip::pack2<IS_BF16>(low, high);
+  }
+  static FLASHJIT_DEVICE void fence() { memory_fence(); }
+  static FLASHJIT_DEVICE void barrier() { flashjit_hip::barrier(); }
+  static FLASHJIT_DEVICE int atomic_add(int* counter, int value) {
+    return atomic_fetch_add(counter, value);
+  }
+};
 
 // ---- the split kernel -------------------------------------------------------------------------
 
@@ -206,14 +166,9 @@ FLASHJIT_DEVICE void decode_split(const FlashjitAttentionParams& p) {
   const int diagonal = len - p.seqlen_q;  // causal: position i sees keys j <= i + diagonal
 
   // This split's blocks of the keys the tile's rows see.
-  const int last_row = (r0 + kBlockM < packed_rows ? r0 + kBlockM : packed_rows) - 1;
-  int end = len;
-  if (K::kCausal && last_row / group + diagonal + 1 < end) end = last_row / group + diagonal + 1;
-  const int blocks = end > 0 ? (end + kBlockN - 1) / kBlockN : 0;
-  const int per_split = (blocks + p.num_splits - 1) / p.num_splits;
-  const int first_block = split * per_split;
-  const int end_block = first_block + per_split < blocks ? first_block + per_split : blocks;
-  const int n_blocks = end_block > first_block ? end_block - first_block : 0;
+  const flashjit_decode::SplitBlocks range =
+      flashjit_decode::split_blocks<K::kCausal>(p, r0, kBlockM, kBlockN, len, diagonal, split);
+  const int first_block = range.first_block, n_blocks = range.n_blocks;
 
   const u16* k = static_cast<const u16*>(p.k) + kv_head * p.k_head_stride;
   const u16* v = static_cast<const u16*>(p.v) + kv_head * p.v_head_stride;
@@ -323,82 +278,15 @@ FLASHJIT_DEVICE void decode_split(const FlashjitAttentionParams& p) {
   }
   barrier();
 
-  // Merge the waves and write a row's 8 columns per item: o and lse, or this split's partials.
-  const long long rows_total = static_cast<long long>(p.batch) * p.heads_q * p.seqlen_q;
-  for (int item = tid; item < kBlockM * K::kChunksPerRow; item += K::kThreads) {
-    const int row = item / K::kChunksPerRow;
-    const int col = item % K::kChunksPerRow * 8;
-    const int r = r0 + row;
-    if (r >= packed_rows || col >= K::kHeadDim) continue;
-    float m = -fa::infinity();
-#pragma unroll
-    for (int w = 0; w < K::kWaves; ++w) m = __builtin_fmaxf(m, merge_ml[2 * (w * kBlockM + row)]);
-    const float m_scaled = fa::scaled_row_max(m, p.scale_log2);
-    float l = 0.f, o[8];
-#pragma unroll
-    for (int c = 0; c < 8; ++c) o[c] = 0.f;
-#pragma unroll
-    for (int w = 0; w < K::kWaves; ++w) {
-      const float weight =
-          fast_exp2(merge_ml[2 * (w * kBlockM + row)] * p.scale_log2 - m_scaled);  // 0: no key
-      l += weight * merge_ml[2 * (w * kBlockM + row) + 1];
-      const float* o_w = merge_o + (w * kBlockM + row) * kDp + col;
-#pragma unroll
-      for (int c = 0; c < 8; ++c) o[c] += weight * o_w[c];
-    }
-    const float inverse = l > 0.f ? 1.f / l : 0.f;  // a row with no keys: O = 0
-    const int position = r / group;
-    const int head = kv_head * group + r % group;
-    const long long out_row =
-        (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q + position;
-    if (p.num_splits == 1) {
-      Vec16 packed;
-      packed.x = pack2<K::kIsBf16>(o[0] * inverse, o[1] * inverse);
-      packed.y = pack2<K::kIsBf16>(o[2] * inverse, o[3] * inverse);
-      packed.z = pack2<K::kIsBf16>(o[4] * inverse, o[5] * inverse);
-      packed.w = pack2<K::kIsBf16>(o[6] * inverse, o[7] * inverse);
-      u16* out = static_cast<u16*>(p.o) + batch * p.o_batch_stride + position * p.o_seq_stride +
-                 head * p.o_head_stride + col;
-      *reinterpret_cast<Vec16*>(out) = packed;
-      if (p.lse && col == 0)
-        p.lse[out_row] = fa::row_lse(m, p.scale_log2, l, [](float x) { return fast_log2(x); });
-    } else {
-      float* partial = p.partial_o + (split * rows_total + out_row) * K::kHeadDim + col;
-      *reinterpret_cast<Float4*>(partial) =
-          Float4{o[0] * inverse, o[1] * inverse, o[2] * inverse, o[3] * inverse};
-      *reinterpret_cast<Float4*>(partial + 4) =
-          Float4{o[4] * inverse, o[5] * inverse, o[6] * inverse, o[7] * inverse};
-      if (col == 0)
-        p.partial_lse[split * rows_total + out_row] =
-            l > 0.f ? m_scaled + fast_log2(l) : -fa::infinity();
-    }
-  }
+  // Merge the waves and write a row's 8 columns per item: o and lse, or this split's partials;
+  // with several splits, the tile's last one combines them (decode_split.h). The merge's LDS
+  // bytes are read by no one after the count's barrier: a word of them holds the flag.
+  flashjit_decode::store_merged_rows<DecodeGpu, K, K::kWaves>(p, merge_o, merge_ml, tid, r0, batch,
+                                                              kv_head, split);
   if (p.num_splits == 1) return;
-
-  // Count this split in; the tile's last split merges the partials (every writer's release fence
-  // before the count, the last one's acquire fence after it).
-  memory_fence();
-  barrier();                                     // every thread's partials are out; LDS is free
-  int* last_flag = reinterpret_cast<int*>(lds);  // the merge's bytes: read by no one any more
-  if (tid == 0) {
-    const int tiles = grid_size_x() / p.num_splits;
-    int* counter = reinterpret_cast<int*>(p.partial_lse + p.num_splits * rows_total) +
-                   (static_cast<long long>(batch) * p.heads_kv + kv_head) * tiles + tile;
-    const bool last = atomic_fetch_add(counter, 1) == p.num_splits - 1;
-    if (last) *counter = 0;  // every split has counted: ready for the next call
-    *last_flag = last;
-  }
-  barrier();
-  if (!*last_flag) return;
-  memory_fence();
-  for (int row = wave; row < kBlockM; row += K::kWaves) {
-    const int r = r0 + row;
-    if (r >= packed_rows) break;  // wave-uniform
-    const long long out_row =
-        (static_cast<long long>(batch) * p.heads_q + kv_head * group + r % group) * p.seqlen_q +
-        r / group;
-    decode_combine_row<K::kHeadDim, K::kIsBf16>(p, out_row, lane);
-  }
+  flashjit_decode::count_split_and_combine<DecodeGpu, K, K::kWaves>(
+      p, reinterpret_cast<int*>(lds), tid, wave, lane, r0, batch, kv_head, tile,
+      grid_size_x() / p.num_splits);
 }
 
 }  // namespace flashjit_hip

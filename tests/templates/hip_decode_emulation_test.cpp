@@ -29,6 +29,7 @@
 // clang-format off
 #include "support/hip_emulator.hpp"
 #include "templates/attention_common.h"
+#include "templates/decode_split.h"
 #include "templates/hip/tiles.hpp"
 #include "templates/hip/decode.hpp"
 // clang-format on
