@@ -118,72 +118,32 @@ __device__ __forceinline__ void decode_load_kv(const FlashjitAttentionParams& p,
   }
 }
 
-// ---- the combine
-// ---------------------------------------------------------------------------------
+// ---- decode_split.h's portability layer on CUDA ------------------------------------------------
 
-// Merges the num_splits partials of row (b * heads_q + h) * seqlen_q + s into o and lse, by the
-// lanes of one warp:
-//   M = max_s lse_s;  w_s = 2^(lse_s - M);  O = sum_s w_s O_s / sum_s w_s;
-//   lse = (M + log2 sum_s w_s) ln 2;  a row no split saw a key of: O = 0, lse = +inf.
-// It is a chain of memory round trips, so it keeps loads in flight: the lanes read 32 splits'
-// LSEs at once, and each lane loads its columns of kSplitsInFlight splits' partial rows before it
-// sums them (a split-by-split loop waited ~0.6 us per split). The partials were written by other
-// CTAs of this launch: read through L2 (ld.global.cg), never from this SM's L1.
-template <int HEAD_DIM, bool IS_BF16>
-__device__ __forceinline__ void decode_combine_row(const FlashjitAttentionParams& p, long long row,
-                                                   int lane) {
-  constexpr int kPerLane = (HEAD_DIM + 31) / 32;  // columns lane + 32 i
-  constexpr int kSplitsInFlight = 64 / kPerLane;  // 64 loads of partial O per lane
-  const long long rows_total = static_cast<long long>(p.batch) * p.heads_q * p.seqlen_q;
-  const float* lse_of = p.partial_lse + row;  // split s: lse_of[s * rows_total]
-  const int splits = p.num_splits;
-
-  float m = minus_infinity();
-  for (int s = lane; s < splits; s += 32) m = fmaxf(m, __ldcg(lse_of + s * rows_total));
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2)
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-  const bool any_key = m != minus_infinity();
-
-  float sum = 0.f, acc[kPerLane];
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) acc[i] = 0.f;
-  if (any_key) {
-    for (int s = lane; s < splits; s += 32) sum += fast_exp2(__ldcg(lse_of + s * rows_total) - m);
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    for (int s0 = 0; s0 < splits; s0 += kSplitsInFlight) {
-      float weight[kSplitsInFlight], x[kSplitsInFlight][kPerLane];
-#pragma unroll
-      for (int u = 0; u < kSplitsInFlight; ++u) {
-        const int s = s0 + u < splits ? s0 + u : splits - 1;  // past the last: weight 0
-        weight[u] = s0 + u < splits ? __ldcg(lse_of + s * rows_total) : minus_infinity();
-        const float* partial = p.partial_o + (s * rows_total + row) * HEAD_DIM;
-#pragma unroll
-        for (int i = 0; i < kPerLane; ++i)
-          x[u][i] = lane + 32 * i < HEAD_DIM ? __ldcg(partial + lane + 32 * i) : 0.f;
-      }
-#pragma unroll
-      for (int u = 0; u < kSplitsInFlight; ++u) {
-        const float w = fast_exp2(weight[u] - m);  // 0: an empty split, or one too small to count
-#pragma unroll
-        for (int i = 0; i < kPerLane; ++i) acc[i] += w > 0.f ? w * x[u][i] : 0.f;
-      }
-    }
+struct DecodeGpu {
+  static constexpr int kLanes = 32;
+  static constexpr int kCombineLoads = 64;  // partial-O loads a lane keeps in flight
+  typedef flashjit_kernel::Vec16 Vec16;
+  typedef float4 Float4;
+  static __device__ __forceinline__ float shuffle_xor(float x, int mask) {
+    return __shfl_xor_sync(0xffffffffu, x, mask);
   }
-  const float inverse = sum > 0.f ? 1.f / sum : 0.f;
-  const int position = static_cast<int>(row % p.seqlen_q);
-  const int head = static_cast<int>(row / p.seqlen_q % p.heads_q);
-  const int batch = static_cast<int>(row / p.seqlen_q / p.heads_q);
-  u16* out = static_cast<u16*>(p.o) + batch * p.o_batch_stride + position * p.o_seq_stride +
-             head * p.o_head_stride;
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i)
-    if (lane + 32 * i < HEAD_DIM)
-      out[lane + 32 * i] = static_cast<u16>(pack2<IS_BF16>(acc[i] * inverse, 0.f) & 0xffffu);
-  if (p.lse && lane == 0)
-    p.lse[row] = sum > 0.f ? (m + fast_log2(sum)) * 0.6931471805599453f : plus_infinity();
-}
+  // The partials were written by other CTAs of this launch: read through L2 (ld.global.cg),
+  // never from this SM's L1.
+  static __device__ __forceinline__ float load_l2(const float* x) { return __ldcg(x); }
+  static __device__ __forceinline__ float fmax(float a, float b) { return fmaxf(a, b); }
+  static __device__ __forceinline__ float exp2(float x) { return fast_exp2(x); }
+  static __device__ __forceinline__ float log2(float x) { return fast_log2(x); }
+  template <bool IS_BF16>
+  static __device__ __forceinline__ u32 pack2(float low, float high) {
+    return flashjit_kernel::pack2<IS_BF16>(low, high);
+  }
+  static __device__ __forceinline__ void fence() { __threadfence(); }
+  static __device__ __forceinline__ void barrier() { __syncthreads(); }
+  static __device__ __forceinline__ int atomic_add(int* counter, int value) {
+    return atomicAdd(counter, value);
+  }
+};
 
 // ---- the split kernel ---------------------------------------------------------------------------
 
@@ -212,14 +172,9 @@ __device__ __forceinline__ void decode_split(const FlashjitAttentionParams& p) {
   const int diagonal = len - p.seqlen_q;  // causal: position i sees keys j <= i + diagonal
 
   // This split's blocks of the keys the tile's rows see.
-  const int last_row = (r0 + kBlockM < packed_rows ? r0 + kBlockM : packed_rows) - 1;
-  int end = len;
-  if (K::kCausal && last_row / group + diagonal + 1 < end) end = last_row / group + diagonal + 1;
-  const int blocks = end > 0 ? (end + kBlockN - 1) / kBlockN : 0;
-  const int per_split = (blocks + p.num_splits - 1) / p.num_splits;
-  const int first_block = split * per_split;
-  const int end_block = first_block + per_split < blocks ? first_block + per_split : blocks;
-  const int n_blocks = end_block > first_block ? end_block - first_block : 0;
+  const flashjit_decode::SplitBlocks range =
+      flashjit_decode::split_blocks<K::kCausal>(p, r0, kBlockM, kBlockN, len, diagonal, split);
+  const int first_block = range.first_block, n_blocks = range.n_blocks;
 
   // Fragment layout of an m16n8 accumulator: lane holds rows lane/4 and lane/4 + 8, columns
   // 2 * (lane % 4) + {0, 1}. Byte offsets of what each lane addresses in its ldmatrix calls: Q as
@@ -413,80 +368,15 @@ __device__ __forceinline__ void decode_split(const FlashjitAttentionParams& p) {
     }
   __syncthreads();
 
-  // Merge the warps and write a row's 8 columns per item: o and lse, or this split's partials.
-  const long long rows_total = static_cast<long long>(p.batch) * p.heads_q * p.seqlen_q;
-  for (int item = threadIdx.x; item < kBlockM * K::kChunksPerRow; item += K::kThreads) {
-    const int row = item / K::kChunksPerRow;
-    const int col = item % K::kChunksPerRow * 8;
-    const int r = r0 + row;
-    if (r >= packed_rows || col >= K::kHeadDim) continue;
-    float m = minus_infinity();
-#pragma unroll
-    for (int w = 0; w < K::kWarps; ++w) m = fmaxf(m, merge_ml[2 * (w * kBlockM + row)]);
-    const float m_scaled = fa::scaled_row_max(m, p.scale_log2);
-    float l = 0.f, o[8];
-#pragma unroll
-    for (int c = 0; c < 8; ++c) o[c] = 0.f;
-#pragma unroll
-    for (int w = 0; w < K::kWarps; ++w) {
-      const float weight =
-          fast_exp2(merge_ml[2 * (w * kBlockM + row)] * p.scale_log2 - m_scaled);  // 0: no key
-      l += weight * merge_ml[2 * (w * kBlockM + row) + 1];
-      const float* o_w = merge_o + (w * kBlockM + row) * kDp + col;
-#pragma unroll
-      for (int c = 0; c < 8; ++c) o[c] += weight * o_w[c];
-    }
-    const float inverse = l > 0.f ? 1.f / l : 0.f;  // a row with no keys: O = 0
-    const int position = r / group;
-    const int head = kv_head * group + r % group;
-    const long long out_row =
-        (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q + position;
-    if (p.num_splits == 1) {
-      Vec16 packed;
-      packed.x = pack2<K::kIsBf16>(o[0] * inverse, o[1] * inverse);
-      packed.y = pack2<K::kIsBf16>(o[2] * inverse, o[3] * inverse);
-      packed.z = pack2<K::kIsBf16>(o[4] * inverse, o[5] * inverse);
-      packed.w = pack2<K::kIsBf16>(o[6] * inverse, o[7] * inverse);
-      u16* out = static_cast<u16*>(p.o) + batch * p.o_batch_stride + position * p.o_seq_stride +
-                 head * p.o_head_stride + col;
-      *reinterpret_cast<Vec16*>(out) = packed;
-      if (p.lse && col == 0)
-        p.lse[out_row] = fa::row_lse(m, p.scale_log2, l, [](float x) { return fast_log2(x); });
-    } else {
-      float* partial = p.partial_o + (split * rows_total + out_row) * K::kHeadDim + col;
-#pragma unroll
-      for (int c = 0; c < 8; ++c) partial[c] = o[c] * inverse;
-      if (col == 0)
-        p.partial_lse[split * rows_total + out_row] =
-            l > 0.f ? m_scaled + fast_log2(l) : minus_infinity();
-    }
-  }
+  // Merge the warps and write a row's 8 columns per item: o and lse, or this split's partials;
+  // with several splits, the tile's last one combines them (decode_split.h). The Q tile's bytes
+  // are free by then: a word of them holds the flag.
+  flashjit_decode::store_merged_rows<DecodeGpu, K, K::kWarps>(p, merge_o, merge_ml, threadIdx.x, r0,
+                                                              batch, kv_head, split);
   if (p.num_splits == 1) return;
-
-  // Count this split in; the tile's last split merges the partials (threadFenceReduction's
-  // pattern: every writer fences its partials before the count, the last reader fences after).
-  __threadfence();
-  __syncthreads();
-  int* last_flag = reinterpret_cast<int*>(shared_bytes);  // the Q tile's bytes: free by now
-  if (threadIdx.x == 0) {
-    int* counter =
-        reinterpret_cast<int*>(p.partial_lse + p.num_splits * rows_total) +
-        (static_cast<long long>(batch) * gridDim.y + kv_head) * (gridDim.x / p.num_splits) + tile;
-    const bool last = atomicAdd(counter, 1) == p.num_splits - 1;
-    if (last) *counter = 0;  // every split has counted: ready for the next call
-    *last_flag = last;
-  }
-  __syncthreads();
-  if (!*last_flag) return;
-  __threadfence();
-  for (int row = warp; row < kBlockM; row += K::kWarps) {
-    const int r = r0 + row;
-    if (r >= packed_rows) break;  // warp-uniform
-    const long long out_row =
-        (static_cast<long long>(batch) * p.heads_q + kv_head * group + r % group) * p.seqlen_q +
-        r / group;
-    decode_combine_row<K::kHeadDim, K::kIsBf16>(p, out_row, lane);
-  }
+  flashjit_decode::count_split_and_combine<DecodeGpu, K, K::kWarps>(
+      p, reinterpret_cast<int*>(shared_bytes), threadIdx.x, warp, lane, r0, batch, kv_head, tile,
+      gridDim.x / p.num_splits);
 }
 
 }  // namespace flashjit_kernel
