@@ -20,26 +20,74 @@
 
 namespace flashjit_decode {
 
-// The key blocks [first_block, first_block + n_blocks) of split `split`: its share of the blocks
-// of block_n keys that the packed rows [r0, r0 + block_m) see (len keys; causal: position i sees
-// keys j <= i + diagonal).
-struct SplitBlocks {
-  int first_block, n_blocks;
+// Where a block's work lies, from its grid coordinates (x: row tiles x splits, split fastest;
+// y: kv heads; z: batch): split `split` of the tile of block_m packed rows from r0, over the key
+// blocks [first_block, first_block + n_blocks) of block_n keys, its share of those the tile's
+// rows see (len keys: the sequence's, at most seqlen_k; causal: position i sees keys
+// j <= i + diagonal).
+struct Work {
+  int split, tile, kv_head, batch, r0;
+  int len, diagonal, first_block, n_blocks;
 };
 template <bool CAUSAL>
-FLASHJIT_DEVICE SplitBlocks split_blocks(const FlashjitAttentionParams& p, int r0, int block_m,
-                                         int block_n, int len, int diagonal, int split) {
+FLASHJIT_DEVICE Work work_at(const FlashjitAttentionParams& p, int x, int y, int z, int block_m,
+                             int block_n) {
+  Work w;
+  w.split = x % p.num_splits;
+  w.tile = x / p.num_splits;
+  w.kv_head = y;
+  w.batch = z;
+  w.r0 = w.tile * block_m;
+  // Not `seqlens_k ? seqlens_k[b] : seqlen_k`: hipRTC turns a select between two loads into a
+  // load through a selected address, which puts the kernel argument in scratch memory.
+  w.len = p.seqlen_k;
+  if (p.seqlens_k) {
+    const int keys = p.seqlens_k[w.batch];
+    if (keys < w.len) w.len = keys;
+  }
+  w.diagonal = w.len - p.seqlen_q;
   const int group = p.group_size;
   const int packed_rows = group * p.seqlen_q;
-  const int last_row = (r0 + block_m < packed_rows ? r0 + block_m : packed_rows) - 1;
-  int end = len;
-  if (CAUSAL && last_row / group + diagonal + 1 < end) end = last_row / group + diagonal + 1;
+  const int last_row = (w.r0 + block_m < packed_rows ? w.r0 + block_m : packed_rows) - 1;
+  int end = w.len;
+  if (CAUSAL && last_row / group + w.diagonal + 1 < end) end = last_row / group + w.diagonal + 1;
   const int blocks = end > 0 ? (end + block_n - 1) / block_n : 0;
   const int per_split = (blocks + p.num_splits - 1) / p.num_splits;
-  const int first_block = split * per_split;
-  const int end_block = first_block + per_split < blocks ? first_block + per_split : blocks;
-  return {first_block, end_block > first_block ? end_block - first_block : 0};
+  w.first_block = w.split * per_split;
+  const int end_block = w.first_block + per_split < blocks ? w.first_block + per_split : blocks;
+  w.n_blocks = end_block > w.first_block ? end_block - w.first_block : 0;
+  return w;
 }
+
+// The K and V of (batch, kv head): contiguous, the batch's rows; paged (PAGE_SIZE > 0), the
+// cache's, key j of the sequence in page table[j / PAGE_SIZE] of the batch's block table.
+template <int PAGE_SIZE>
+struct KvSource {
+  const unsigned short* k;
+  const unsigned short* v;
+  const int* table;
+
+  FLASHJIT_DEVICE KvSource(const FlashjitAttentionParams& p, int batch, int kv_head)
+      : k(static_cast<const unsigned short*>(p.k) + kv_head * p.k_head_stride +
+          (PAGE_SIZE == 0 ? batch * p.k_batch_stride : 0)),
+        v(static_cast<const unsigned short*>(p.v) + kv_head * p.v_head_stride +
+          (PAGE_SIZE == 0 ? batch * p.v_batch_stride : 0)),
+        table(PAGE_SIZE > 0 ? p.block_table + batch * p.block_table_stride : 0) {}
+
+  // Element offsets from k and v of column `col` of key `key` (one table lookup for both).
+  FLASHJIT_DEVICE void offsets(const FlashjitAttentionParams& p, int key, int col,
+                               long long& k_offset, long long& v_offset) const {
+    if constexpr (PAGE_SIZE > 0) {
+      const long long page = table[key / PAGE_SIZE];
+      const int in_page = key % PAGE_SIZE;
+      k_offset = page * p.k_batch_stride + in_page * p.k_seq_stride + col;
+      v_offset = page * p.v_batch_stride + in_page * p.v_seq_stride + col;
+    } else {
+      k_offset = key * p.k_seq_stride + col;
+      v_offset = key * p.v_seq_stride + col;
+    }
+  }
+};
 
 // The output row (b * heads_q + h) * seqlen_q + position of packed row r of (batch, kv_head).
 FLASHJIT_DEVICE long long output_row(const FlashjitAttentionParams& p, int batch, int kv_head,

@@ -73,11 +73,6 @@ struct DecodeTraits {
                 "page size: 0 (contiguous) or a multiple of 16 in [16, 256]");
 };
 
-// The keys of sequence `batch`: seqlens_k[batch], or seqlen_k for every sequence.
-__device__ __forceinline__ int decode_sequence_keys(const FlashjitAttentionParams& p, int batch) {
-  return p.seqlens_k ? p.seqlens_k[batch] : p.seqlen_k;
-}
-
 // Starts the copies of keys [n0, n0 + kBlockN) of (batch, kv_head) into the K and V tiles:
 // keys at or past `len` (and the head dim's padding) are zero-filled and never read from global
 // memory. Paged: each key's row through the block table (one lookup per copy, shared by K and V).
@@ -86,13 +81,7 @@ __device__ __forceinline__ void decode_load_kv(const FlashjitAttentionParams& p,
                                                u32 v_tile, int batch, int kv_head, int n0,
                                                int len) {
   constexpr int kDp = K::kHeadDimPadded;
-  const u16* k = static_cast<const u16*>(p.k) + kv_head * p.k_head_stride;
-  const u16* v = static_cast<const u16*>(p.v) + kv_head * p.v_head_stride;
-  if constexpr (K::kPageSize == 0) {
-    k += batch * p.k_batch_stride;
-    v += batch * p.v_batch_stride;
-  }
-  const int* table = K::kPageSize > 0 ? p.block_table + batch * p.block_table_stride : 0;
+  const flashjit_decode::KvSource<K::kPageSize> kv(p, batch, kv_head);
 #pragma unroll
   for (int i = 0; i < K::kKvCopies; ++i) {
     const int copy = threadIdx.x + i * K::kThreads;
@@ -101,20 +90,10 @@ __device__ __forceinline__ void decode_load_kv(const FlashjitAttentionParams& p,
     const int key = n0 + row;
     const bool valid = key < len && col < K::kHeadDim;
     long long k_offset = 0, v_offset = 0;
-    if (valid) {
-      if constexpr (K::kPageSize > 0) {
-        const long long page = table[key / K::kPageSize];
-        const int in_page = key % K::kPageSize;
-        k_offset = page * p.k_batch_stride + in_page * p.k_seq_stride + col;
-        v_offset = page * p.v_batch_stride + in_page * p.v_seq_stride + col;
-      } else {
-        k_offset = key * p.k_seq_stride + col;
-        v_offset = key * p.v_seq_stride + col;
-      }
-    }
+    if (valid) kv.offsets(p, key, col, k_offset, v_offset);
     const u32 to = 2 * swizzled_offset<kDp>(row, col);
-    cp_async_16(k_tile + to, k + k_offset, valid ? 16 : 0);
-    cp_async_16(v_tile + to, v + v_offset, valid ? 16 : 0);
+    cp_async_16(k_tile + to, kv.k + k_offset, valid ? 16 : 0);
+    cp_async_16(v_tile + to, kv.v + v_offset, valid ? 16 : 0);
   }
 }
 
@@ -161,20 +140,13 @@ __device__ __forceinline__ void decode_split(const FlashjitAttentionParams& p) {
 
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
-  const int split = blockIdx.x % p.num_splits;
-  const int tile = blockIdx.x / p.num_splits;
-  const int kv_head = blockIdx.y;
-  const int batch = blockIdx.z;
-  const int group = p.group_size;
-  const int packed_rows = group * p.seqlen_q;
-  const int r0 = tile * kBlockM;  // first packed row of the tile
-  const int len = decode_sequence_keys(p, batch);
-  const int diagonal = len - p.seqlen_q;  // causal: position i sees keys j <= i + diagonal
-
-  // This split's blocks of the keys the tile's rows see.
-  const flashjit_decode::SplitBlocks range =
-      flashjit_decode::split_blocks<K::kCausal>(p, r0, kBlockM, kBlockN, len, diagonal, split);
-  const int first_block = range.first_block, n_blocks = range.n_blocks;
+  // This CTA's split, row tile, kv head and batch, and the split's key blocks.
+  const flashjit_decode::Work work =
+      flashjit_decode::work_at<K::kCausal>(p, blockIdx.x, blockIdx.y, blockIdx.z, kBlockM, kBlockN);
+  const int split = work.split, tile = work.tile, kv_head = work.kv_head, batch = work.batch;
+  const int r0 = work.r0, len = work.len, diagonal = work.diagonal;
+  const int first_block = work.first_block, n_blocks = work.n_blocks;
+  const int group = p.group_size, packed_rows = group * p.seqlen_q;
 
   // Fragment layout of an m16n8 accumulator: lane holds rows lane/4 and lane/4 + 8, columns
   // 2 * (lane % 4) + {0, 1}. Byte offsets of what each lane addresses in its ldmatrix calls: Q as

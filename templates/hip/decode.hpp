@@ -73,13 +73,13 @@ struct DecodeTraits : TileShape<HEAD_DIM, BLOCK_M, BLOCK_N, WAVES, STAGES, IS_BF
 };
 
 // Keys [n0, n0 + kBlockN) of one (batch, kv head) of K and V into registers, 16 bytes per copy
-// (hip/tiles.hpp's chunk order). `k` and `v` point at the kv head (and, contiguous, the batch);
-// paged, each key row is found through `table` (one lookup per copy, shared by K and V). Keys at
-// or past `len` and the head dim's padding are zero and never read.
+// (hip/tiles.hpp's chunk order; paged, one table lookup per copy, shared by K and V). Keys at or
+// past `len` and the head dim's padding are zero and never read.
 template <class K>
 FLASHJIT_DEVICE void decode_load_kv(Vec16 (&k_regs)[K::kCopies], Vec16 (&v_regs)[K::kCopies],
-                                    const FlashjitAttentionParams& p, const u16* k, const u16* v,
-                                    const int* table, int n0, int len, int tid) {
+                                    const FlashjitAttentionParams& p,
+                                    const flashjit_decode::KvSource<K::kPageSize>& kv, int n0,
+                                    int len, int tid) {
 #pragma unroll
   for (int i = 0; i < K::kCopies; ++i) {
     const int copy = tid + i * K::kThreads;
@@ -90,17 +90,9 @@ FLASHJIT_DEVICE void decode_load_kv(Vec16 (&k_regs)[K::kCopies], Vec16 (&v_regs)
     v_regs[i] = Vec16{0u, 0u, 0u, 0u};
     if (key < len && col < K::kHeadDim) {
       long long k_offset, v_offset;
-      if constexpr (K::kPageSize > 0) {
-        const long long page = table[key / K::kPageSize];
-        const int in_page = key % K::kPageSize;
-        k_offset = page * p.k_batch_stride + in_page * p.k_seq_stride + col;
-        v_offset = page * p.v_batch_stride + in_page * p.v_seq_stride + col;
-      } else {
-        k_offset = key * p.k_seq_stride + col;
-        v_offset = key * p.v_seq_stride + col;
-      }
-      k_regs[i] = *reinterpret_cast<const Vec16*>(k + k_offset);
-      v_regs[i] = *reinterpret_cast<const Vec16*>(v + v_offset);
+      kv.offsets(p, key, col, k_offset, v_offset);
+      k_regs[i] = *reinterpret_cast<const Vec16*>(kv.k + k_offset);
+      v_regs[i] = *reinterpret_cast<const Vec16*>(kv.v + v_offset);
     }
   }
 }
@@ -148,35 +140,15 @@ FLASHJIT_DEVICE void decode_split(const FlashjitAttentionParams& p) {
   // holds.
   const int tid = thread_index(), lane = lane_index(), wave = tid / K::kWaveSize;
   const int lane_row = lane % 16, lane_group = lane / 16;
-  const int split = block_index_x() % p.num_splits;
-  const int tile = block_index_x() / p.num_splits;
-  const int kv_head = block_index_y();
-  const int batch = block_index_z();
-  const int group = p.group_size;
-  const int packed_rows = group * p.seqlen_q;
-  const int r0 = tile * kBlockM;  // first packed row of the tile
-  // The sequence's keys, at most seqlen_k (the problem's bound). Not `seqlens_k ? seqlens_k[b] :
-  // seqlen_k`: hipRTC turns a select between two loads into a load through a selected address,
-  // which puts the kernel argument in scratch memory.
-  int len = p.seqlen_k;
-  if (p.seqlens_k) {
-    const int keys = p.seqlens_k[batch];
-    if (keys < len) len = keys;
-  }
-  const int diagonal = len - p.seqlen_q;  // causal: position i sees keys j <= i + diagonal
+  // This workgroup's split, row tile, kv head and batch, and the split's key blocks.
+  const flashjit_decode::Work work = flashjit_decode::work_at<K::kCausal>(
+      p, block_index_x(), block_index_y(), block_index_z(), kBlockM, kBlockN);
+  const int split = work.split, tile = work.tile, kv_head = work.kv_head, batch = work.batch;
+  const int r0 = work.r0, len = work.len, diagonal = work.diagonal;
+  const int first_block = work.first_block, n_blocks = work.n_blocks;
+  const int group = p.group_size, packed_rows = group * p.seqlen_q;
 
-  // This split's blocks of the keys the tile's rows see.
-  const flashjit_decode::SplitBlocks range =
-      flashjit_decode::split_blocks<K::kCausal>(p, r0, kBlockM, kBlockN, len, diagonal, split);
-  const int first_block = range.first_block, n_blocks = range.n_blocks;
-
-  const u16* k = static_cast<const u16*>(p.k) + kv_head * p.k_head_stride;
-  const u16* v = static_cast<const u16*>(p.v) + kv_head * p.v_head_stride;
-  if constexpr (K::kPageSize == 0) {
-    k += batch * p.k_batch_stride;
-    v += batch * p.v_batch_stride;
-  }
-  const int* table = K::kPageSize > 0 ? p.block_table + batch * p.block_table_stride : 0;
+  const flashjit_decode::KvSource<K::kPageSize> kv(p, batch, kv_head);
 
   // Q as B operands of S^T = K Q^T: q_frag[mt][kk] = Q[packed row r0 + mt*16 + r][dims kk*16 +
   // 4g .. + 3], gathered (packed row r: position r / G of head hk * G + r % G). Rows past the
@@ -210,7 +182,7 @@ FLASHJIT_DEVICE void decode_split(const FlashjitAttentionParams& p) {
   Vec16 k_next[K::kCopies];
   Vec16 v_next[K::kCopies];
   if (n_blocks > 0) {
-    decode_load_kv<K>(k_next, v_next, p, k, v, table, first_block * kBlockN, len, tid);
+    decode_load_kv<K>(k_next, v_next, p, kv, first_block * kBlockN, len, tid);
     store_kv<K>(lds, k_next, v_next, tid);
   }
   barrier();
@@ -222,7 +194,7 @@ FLASHJIT_DEVICE void decode_split(const FlashjitAttentionParams& p) {
     const int n0 = (first_block + j) * kBlockN;
     const bool more = j + 1 < n_blocks;
     // Block j + 1 travels from global memory while block j is computed.
-    if (more) decode_load_kv<K>(k_next, v_next, p, k, v, table, n0 + kBlockN, len, tid);
+    if (more) decode_load_kv<K>(k_next, v_next, p, kv, n0 + kBlockN, len, tid);
 
     // S_w^T = K_w Q^T: s[mt][nt][i] = S[row mt*16 + r][key n0 + wave_key0 + nt*16 + 4g + i].
     f32x4 s[kMTiles][kWaveNTiles];
