@@ -149,15 +149,7 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
   float acc[kMTiles][kDTiles][4];  // O accumulator, fp32
   float row_max[kMTiles][2];       // m, in units of raw scores
   float row_sum[kMTiles][2];       // l, this lane's partial (reduced over the quad at the end)
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mt][dt][e] = 0.f;
-    row_max[mt][0] = row_max[mt][1] = minus_infinity();
-    row_sum[mt][0] = row_sum[mt][1] = 0.f;
-  }
+  warp_softmax_init(acc, row_max, row_sum);
 
   if (n_blocks > 0) {
     // Prologue: Q and the first kStages - 1 K/V blocks in flight, one commit group per block.
@@ -197,29 +189,8 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
 
     // S = Q K^T: [kRowsPerWarp, kBlockN] per warp.
     float s[kMTiles][kNTiles][4];
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < K::kHeadDimPadded / 16; ++kk) {
-      u32 q_frag[kMTiles][4];
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-        ldmatrix_x4(q_frag[mt], q_tile_address + swizzled_step<kDp>(q_lane, mt * 16, 2 * kk));
-#pragma unroll
-      for (int np = 0; np < kNTiles / 2; ++np) {  // two 8-key tiles per ldmatrix.x4
-        u32 k_frag[4];
-        ldmatrix_x4(k_frag, k_tile + swizzled_step<kDp>(k_lane, np * 16, 2 * kk));
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-          mma_16x8x16<K::kIsBf16>(s[mt][2 * np], q_frag[mt], k_frag[0], k_frag[1]);
-          mma_16x8x16<K::kIsBf16>(s[mt][2 * np + 1], q_frag[mt], k_frag[2], k_frag[3]);
-        }
-      }
-    }
+    FLASHJIT_WARP_SCORES(kDp, K::kIsBf16, kMTiles, kNTiles, s, q_tile_address, q_lane, k_tile,
+                         k_lane);
 
     const int n0 = FLASHJIT_KEY_BLOCK(j) * kBlockN;
 #ifdef FLASHJIT_VARIANT
@@ -275,61 +246,10 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
     }
 #endif
 
-    // Online softmax, base 2, scale folded into one FMA per score. P is packed to 16 bits as soon
-    // as it exists: the fp32 scores die here, which halves what stays live through P V.
-    u32 p_packed[kMTiles][kNTiles][2];  // [mt][nt][half]: columns frag_col, frag_col + 1
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float block_max = row_max[mt][half];
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-          block_max = fmaxf(block_max, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
-        block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
-        block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
-        // A row that has seen no key yet has max -inf; subtract 0 instead so exp2 gives 0, not NaN.
-        const float max_scaled = fa::scaled_row_max(block_max, FLASHJIT_SCALE_LOG2);
-        const float correction = fast_exp2(row_max[mt][half] * FLASHJIT_SCALE_LOG2 - max_scaled);
-        row_max[mt][half] = block_max;
-        row_sum[mt][half] *= correction;
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          acc[mt][dt][2 * half] *= correction;
-          acc[mt][dt][2 * half + 1] *= correction;
-        }
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-          const float p0 = fast_exp2(fmaf(s[mt][nt][2 * half], FLASHJIT_SCALE_LOG2, -max_scaled));
-          const float p1 =
-              fast_exp2(fmaf(s[mt][nt][2 * half + 1], FLASHJIT_SCALE_LOG2, -max_scaled));
-          row_sum[mt][half] += p0 + p1;
-          p_packed[mt][nt][half] = pack2<K::kIsBf16>(p0, p1);
-        }
-      }
-
-      // acc += P V: the P of key tiles (2t, 2t+1) is exactly the A fragment of k-step t.
-#pragma unroll
-    for (int t = 0; t < kBlockN / 16; ++t) {
-      u32 p_frag[kMTiles][4];
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        p_frag[mt][0] = p_packed[mt][2 * t][0];
-        p_frag[mt][1] = p_packed[mt][2 * t][1];
-        p_frag[mt][2] = p_packed[mt][2 * t + 1][0];
-        p_frag[mt][3] = p_packed[mt][2 * t + 1][1];
-      }
-#pragma unroll
-      for (int dp = 0; dp < kDTiles / 2; ++dp) {  // two 8-column tiles of V per ldmatrix.x4
-        u32 v_frag[4];
-        ldmatrix_x4_trans(v_frag, v_tile + swizzled_step<kDp>(v_lane, t * 16, 2 * dp));
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-          mma_16x8x16<K::kIsBf16>(acc[mt][2 * dp], p_frag[mt], v_frag[0], v_frag[1]);
-          mma_16x8x16<K::kIsBf16>(acc[mt][2 * dp + 1], p_frag[mt], v_frag[2], v_frag[3]);
-        }
-      }
-    }
+    // Online softmax (base 2), then acc += P V.
+    u32 p_packed[kMTiles][kNTiles][2];
+    online_softmax_step<K::kIsBf16>(s, row_max, row_sum, acc, p_packed, FLASHJIT_SCALE_LOG2);
+    FLASHJIT_WARP_PV(kDp, K::kIsBf16, kMTiles, kNTiles, kDTiles, acc, p_packed, v_tile, v_lane);
   }
   cp_async_wait<0>();
   // Every lane's ldmatrix reads of the Q tile are done before any lane overwrites them with O
@@ -343,9 +263,7 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      float sum = row_sum[mt][half];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float sum = quad_sum(row_sum[mt][half]);
       const float inverse = sum > 0.f ? 1.f / sum : 0.f;  // a row with no keys: O = 0
       const int row = warp_row0 + mt * 16 + frag_row + half * 8;
 #pragma unroll

@@ -28,6 +28,7 @@
 #include "templates/attention_common.h"
 #include "templates/decode_split.h"
 #include "templates/cuda/tiles.cuh"
+#include "templates/cuda/warp_mma.cuh"
 // clang-format off: the order of the templates matters (as the renderer assembles them)
 #include "templates/cuda/decode.cuh"
 // clang-format on

@@ -33,6 +33,7 @@
 #include "support/cuda_emulator.hpp"
 #include "templates/attention_common.h"
 #include "templates/cuda/tiles.cuh"
+#include "templates/cuda/warp_mma.cuh"
 // clang-format off: the order of the templates matters (as the renderer assembles them)
 #include "templates/cuda/attention_bwd.cuh"
 #include "templates/cuda/attention_bwd_common.cuh"

@@ -29,6 +29,7 @@
 #include "templates/attention_common.h"
 // (tiles before the kernel)
 #include "templates/cuda/tiles.cuh"
+#include "templates/cuda/warp_mma.cuh"
 // (the kernel last)
 #include "templates/cuda/attention_fwd.cuh"
 // clang-format on

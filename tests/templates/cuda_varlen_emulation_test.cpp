@@ -25,6 +25,7 @@
 #include "support/emulated_varlen.h"
 // (tiles before the kernel)
 #include "templates/cuda/tiles.cuh"
+#include "templates/cuda/warp_mma.cuh"
 // (the kernel last)
 #include "templates/cuda/attention_fwd.cuh"
 // clang-format on
