@@ -51,6 +51,8 @@ if [[ "${1:-}" == "--sweeps" ]]; then
   exit 0
 fi
 install_test_tools
+# `pip install .` and the test build share the library's objects through ccache (common.sh).
+use_ccache
 prepare_python_tests || exit 1
 log "Python package installed in $((SECONDS - start)) s"
 configure_and_build ON
