@@ -11,6 +11,22 @@ JOBS="${JOBS:-$(nproc 2>/dev/null || echo 2)}"
 
 log() { printf '[flashjit] %s\n' "$*" >&2; }
 
+# phase_log <what> <start>: "[flashjit] <what> in N s (CPU M s)": the wall seconds since <start>
+# (a $SECONDS value) and the CPU seconds (user + system) this shell's finished children used so
+# far. On a shared machine wall times grow with the others' load; CPU seconds do not
+# (docs/TESTING.md). A background job counts once it has been waited for. `times` must run in
+# this shell, not in a $(...) subshell, whose children are its own.
+phase_log() {
+  local file cpu
+  file=$(mktemp)
+  times >"${file}"
+  cpu=$(tail -n 1 "${file}" | awk '{ s = 0
+    for (i = 1; i <= NF; ++i) { split($i, p, "m"); s += p[1] * 60 + p[2] }
+    printf "%d", s }')
+  rm -f "${file}"
+  log "$1 in $((SECONDS - $2)) s (CPU ${cpu} s)"
+}
+
 # Installs the Debian packages whose probe fails; nothing when all are present. Needs root
 # (or passwordless sudo) and network only when something is missing.
 #   ensure_packages "probe-command-1" package-1 "probe-command-2" package-2 ...
