@@ -11,6 +11,22 @@ JOBS="${JOBS:-$(nproc 2>/dev/null || echo 2)}"
 
 log() { printf '[flashjit] %s\n' "$*" >&2; }
 
+# phase_log <what> <start>: "[flashjit] <what> in N s (CPU M s)": the wall seconds since <start>
+# (a $SECONDS value) and the CPU seconds (user + system) this shell's finished children used so
+# far. On a shared machine wall times grow with the others' load; CPU seconds do not
+# (docs/TESTING.md). A background job counts once it has been waited for. `times` must run in
+# this shell, not in a $(...) subshell, whose children are its own.
+phase_log() {
+  local file cpu
+  file=$(mktemp)
+  times >"${file}"
+  cpu=$(tail -n 1 "${file}" | awk '{ s = 0
+    for (i = 1; i <= NF; ++i) { split($i, p, "m"); s += p[1] * 60 + p[2] }
+    printf "%d", s }')
+  rm -f "${file}"
+  log "$1 in $((SECONDS - $2)) s (CPU ${cpu} s)"
+}
+
 # Installs the Debian packages whose probe fails; nothing when all are present. Needs root
 # (or passwordless sudo) and network only when something is missing.
 #   ensure_packages "probe-command-1" package-1 "probe-command-2" package-2 ...
@@ -78,6 +94,9 @@ install_test_tools() {
   ensure_packages "have_gtest" libgtest-dev
   # Its own call: if apt cannot install it, the packages above are not held back with it.
   ensure_packages "have_hip" libamdhip64-dev
+  # ccache: `pip install .` and the test build compile the same library sources with the same
+  # flags; with ccache the second build takes them from the first (use_ccache).
+  ensure_packages "command -v ccache" ccache
   # Headless Chromium renders `flashjit report` in tests/python/test_cli_report.py (~30 s to
   # install; the test skips without it).
   ensure_packages "command -v chromium" chromium
@@ -123,10 +142,16 @@ prepare_python_tests() {
   PYTEST_PYTHON="${venv}/bin/python"
 }
 
-# After prepare_python_tests (and whatever build ran meanwhile): torch into its venv, from the
-# background download.
+# After prepare_python_tests (and whatever build ran meanwhile): torch and transformers in its
+# venv, from the background job (start_torch_download).
 finish_python_tests() {
   [[ -n "${PYTEST_PYTHON:-}" ]] || return 0
+  if [[ -n "${TORCH_JOB_PID:-}" ]]; then
+    log "waiting for the background torch install (pid ${TORCH_JOB_PID})"
+    wait "${TORCH_JOB_PID}" || true
+    TORCH_JOB_PID=
+    sed 's/^/  /' "${BUILD_DIR}/torch-wheels/install.log" >&2 || true
+  fi
   install_torch "${PYTEST_PYTHON}" ||
     log "torch could not be installed (offline?): the PyTorch tests will skip"
   install_transformers "${PYTEST_PYTHON}" ||
@@ -157,19 +182,27 @@ install_transformers() {
 # The wheels install_torch needs: torch (--no-deps) and the nvidia-* libraries it links.
 TORCH_WHEELS=(torch nvidia-cufile nvidia-cusparselt-cu13 nvidia-nvshmem-cu13 nvidia-nccl-cu13)
 
-# start_torch_download <python>: fetch TORCH_WHEELS into ${BUILD_DIR}/torch-wheels in the
-# background (~1 GB: network-bound, so it overlaps the CPU-bound builds); install_torch waits for
-# it and installs from there. Nothing when torch imports already or FLASHJIT_SKIP_TORCH=1.
+# start_torch_download <python>: in the background, fetch TORCH_WHEELS into
+# ${BUILD_DIR}/torch-wheels (~1 GB: network-bound), install torch from there and then
+# transformers (install_torch, install_transformers), so that all of it overlaps the builds
+# (`pip install .` and configure_and_build) instead of following them. Its log:
+# ${BUILD_DIR}/torch-wheels/install.log. finish_python_tests waits for it, then runs both
+# installs again in the foreground: nothing when they succeeded, the fallback when not. Nothing
+# when torch imports already or FLASHJIT_SKIP_TORCH=1. Start it after pip has installed numpy:
+# the two pips must not install the same package at once.
 start_torch_download() {
   local python="$1"
   [[ "${FLASHJIT_SKIP_TORCH:-0}" == 1 ]] && return 0
   "${python}" -c "import torch" 2>/dev/null && return 0
   mkdir -p "${BUILD_DIR}/torch-wheels"
-  log "downloading torch in the background (${BUILD_DIR}/torch-wheels)"
-  "${python}" -m pip download -q --disable-pip-version-check --no-deps \
-    -d "${BUILD_DIR}/torch-wheels" "${TORCH_WHEELS[@]}" \
-    >"${BUILD_DIR}/torch-wheels/download.log" 2>&1 &
-  TORCH_DOWNLOAD_PID=$!
+  log "downloading and installing torch in the background (${BUILD_DIR}/torch-wheels)"
+  (
+    "${python}" -m pip download -q --disable-pip-version-check --no-deps \
+      -d "${BUILD_DIR}/torch-wheels" "${TORCH_WHEELS[@]}" ||
+      log "the background download failed: install_torch falls back to PyPI"
+    install_torch "${python}" && install_transformers "${python}"
+  ) >"${BUILD_DIR}/torch-wheels/install.log" 2>&1 &
+  TORCH_JOB_PID=$!
 }
 
 install_torch() {
@@ -181,11 +214,9 @@ install_torch() {
   fi
   "${python}" -c "import torch" 2>/dev/null && return 0
   local start=${SECONDS}
-  if [[ -n "${TORCH_DOWNLOAD_PID:-}" ]]; then
-    log "waiting for the torch download (pid ${TORCH_DOWNLOAD_PID})"
-    wait "${TORCH_DOWNLOAD_PID}" || log "the background download failed: installing from PyPI"
-    TORCH_DOWNLOAD_PID=
-    # Local wheels first; pip falls back to the index for anything the folder lacks.
+  # The wheels start_torch_download fetched first; pip falls back to the index for anything the
+  # folder lacks.
+  if compgen -G "${BUILD_DIR}/torch-wheels/*.whl" >/dev/null; then
     pip+=(--find-links "${BUILD_DIR}/torch-wheels")
   fi
   log "installing torch into $("${python}" -c 'import sys; print(sys.prefix)') (PyPI, --no-deps)"
@@ -197,6 +228,26 @@ install_torch() {
     "${pip[@]}" torch || return 1
   fi
   log "torch installed in $((SECONDS - start)) s"
+}
+
+# use_ccache: compile through ccache (when installed and FLASHJIT_CCACHE is not 0) in every CMake
+# build this shell starts from here on: `pip install .`'s (scikit-build-core, build/python-*) and
+# configure_and_build's. They compile the library's sources with the same flags and absolute
+# paths, so the second build takes ~all of them from the first (a fresh clone on a cold cache:
+# the library is compiled once, not twice). CMake reads CMAKE_<LANG>_COMPILER_LAUNCHER from the
+# environment when it first configures a build directory. One compiler name for both: ccache
+# keys on it, and scikit-build-core would otherwise pick Python's (sysconfig CC/CXX: gcc, g++)
+# while CMake picks c++. CCACHE_BASEDIR, where set, makes paths relative to each build
+# directory, and build/python-* is one level deeper than build/: leave it unset for this.
+use_ccache() {
+  [[ "${FLASHJIT_CCACHE:-1}" == 0 ]] && return 0
+  command -v ccache >/dev/null 2>&1 || return 0
+  export CMAKE_C_COMPILER_LAUNCHER="${CMAKE_C_COMPILER_LAUNCHER:-ccache}"
+  export CMAKE_CXX_COMPILER_LAUNCHER="${CMAKE_CXX_COMPILER_LAUNCHER:-ccache}"
+  if [[ -z "${CC:-}" && -z "${CXX:-}" ]] && command -v gcc >/dev/null && command -v g++ >/dev/null
+  then
+    export CC=gcc CXX=g++
+  fi
 }
 
 # configure_and_build <ON|OFF: tests> [cmake --build args...]

@@ -33,32 +33,34 @@ if [[ "${1:-}" == "--sanitize" ]]; then
   if command -v ccache >/dev/null; then CMAKE_EXTRA_ARGS+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
   install_test_tools
   configure_and_build ON
-  log "sanitizer build done in $((SECONDS - start)) s"
+  phase_log "sanitizer build done" "${start}"
   # Leaks are findings too; a sanitizer report ends the test with a failure.
   export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1}"
   export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
   ctest --test-dir "${BUILD_DIR}" --output-on-failure -j "${CTEST_JOBS:-2}" -E "${SANITIZE_EXCLUDE}"
-  log "sanitizer job done in $((SECONDS - start)) s"
+  phase_log "sanitizer job done" "${start}"
   exit 0
 fi
 if [[ "${1:-}" == "--sweeps" ]]; then
   # The build is the default step's (incremental here); the sweeps need no Python.
   install_test_tools
   configure_and_build ON
-  log "build done in $((SECONDS - start)) s"
+  phase_log "build done" "${start}"
   ctest --test-dir "${BUILD_DIR}" --output-on-failure -j "${CTEST_JOBS:-2}" -L sweep
-  log "sweep job done in $((SECONDS - start)) s"
+  phase_log "sweep job done" "${start}"
   exit 0
 fi
 install_test_tools
+# `pip install .` and the test build share the library's objects through ccache (common.sh).
+use_ccache
 prepare_python_tests || exit 1
-log "Python package installed in $((SECONDS - start)) s"
+phase_log "Python package installed" "${start}"
 configure_and_build ON
-log "build done in $((SECONDS - start)) s"
+phase_log "build done" "${start}"
 finish_python_tests
-log "torch ready in $((SECONDS - start)) s"
+phase_log "torch ready" "${start}"
 
 # Two at a time: GPU tests share one device, and CI machines have two cores. The compile sweeps
 # (label "sweep") are the --sweeps step.
 ctest --test-dir "${BUILD_DIR}" --output-on-failure -j "${CTEST_JOBS:-2}" -LE sweep
-log "test job done in $((SECONDS - start)) s"
+phase_log "test job done" "${start}"

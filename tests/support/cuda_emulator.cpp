@@ -1,11 +1,10 @@
 #include "support/cuda_emulator.hpp"
 
-#include <ucontext.h>
-
 #include <climits>
 #include <memory>
 #include <vector>
 
+#include "support/fiber.hpp"
 #include "tuner/reference.hpp"
 
 namespace flashjit::testing {
@@ -24,7 +23,7 @@ struct Copy {
 };
 
 struct Lane {
-  ucontext_t context;
+  Fiber fiber;
   std::unique_ptr<char[]> stack;
   int tid = 0;
   LaneState state = LaneState::kRunnable;
@@ -50,7 +49,7 @@ struct ByteState {
 };
 
 struct Emulator {
-  ucontext_t scheduler;
+  Fiber scheduler;
   std::vector<Lane> lanes;
   Lane* current = nullptr;
   std::vector<unsigned char> smem;
@@ -77,7 +76,7 @@ void fail(const std::string& message) {
 void suspend(LaneState state) {
   Lane* lane = em().current;
   lane->state = state;
-  swapcontext(&lane->context, &em().scheduler);
+  fiber_switch(lane->fiber, em().scheduler);
 }
 
 void lane_entry() {
@@ -86,7 +85,7 @@ void lane_entry() {
   if (!lane->open.empty() || !lane->groups.empty())
     fail("exits with cp.async copies it never waited for");
   lane->state = LaneState::kDone;
-  // Returning resumes uc_link: the scheduler.
+  // Returning resumes the fiber's link: the scheduler.
 }
 
 bool in_shared(uint32_t address, int bytes) {
@@ -265,7 +264,7 @@ void resume(Lane& lane, int block[3]) {
   threadIdx = {static_cast<unsigned>(lane.tid), 0, 0};
   blockIdx = {static_cast<unsigned>(block[0]), static_cast<unsigned>(block[1]),
               static_cast<unsigned>(block[2])};
-  swapcontext(&em().scheduler, &lane.context);
+  fiber_switch(em().scheduler, lane.fiber);
 }
 
 // Runs one block to completion; "" or the error.
@@ -278,11 +277,7 @@ std::string run_block(Emulator& e, int threads, int block[3]) {
     lane.ops_done = 0;
     lane.groups.clear();
     lane.open.clear();
-    getcontext(&lane.context);
-    lane.context.uc_stack.ss_sp = lane.stack.get();
-    lane.context.uc_stack.ss_size = kStackBytes;
-    lane.context.uc_link = &e.scheduler;
-    makecontext(&lane.context, lane_entry, 0);
+    fiber_start(lane.fiber, lane.stack.get(), kStackBytes, lane_entry, e.scheduler);
   }
   const int warps = threads / kWarpSize;
   for (int phase = 0;; ++phase) {

@@ -1,10 +1,10 @@
 #include "support/hip_emulator.hpp"
 
-#include <ucontext.h>
-
 #include <cstring>
 #include <memory>
 #include <vector>
+
+#include "support/fiber.hpp"
 
 namespace flashjit::testing {
 namespace {
@@ -17,7 +17,7 @@ enum class LaneState { kRunnable, kAtWaveOp, kAtBarrier, kDone };
 enum class WaveOp { kNone, kMfmaBf16, kMfmaF16, kShuffle };
 
 struct Lane {
-  ucontext_t context;
+  Fiber fiber;
   std::unique_ptr<char[]> stack;
   int tid = 0;
   LaneState state = LaneState::kRunnable;
@@ -32,7 +32,7 @@ struct Lane {
 };
 
 struct Emulator {
-  ucontext_t scheduler;
+  Fiber scheduler;
   std::vector<Lane> lanes;
   Lane* current = nullptr;
   int block[3] = {0, 0, 0};
@@ -50,13 +50,13 @@ Emulator& emulator() { return *t_emulator; }
 void suspend(LaneState state) {
   Lane* lane = emulator().current;
   lane->state = state;
-  swapcontext(&lane->context, &emulator().scheduler);
+  fiber_switch(lane->fiber, emulator().scheduler);
 }
 
 void lane_entry() {
   (*emulator().kernel)();
   emulator().current->state = LaneState::kDone;
-  // Returning resumes uc_link: the scheduler.
+  // Returning resumes the fiber's link: the scheduler.
 }
 
 float element(uint32_t word_pair_lo, uint32_t word_pair_hi, int i, bool bf16) {
@@ -123,11 +123,7 @@ std::string run_workgroup(Emulator& em, int threads) {
     lane.state = LaneState::kRunnable;
     lane.op = WaveOp::kNone;
     lane.ops_done = 0;
-    getcontext(&lane.context);
-    lane.context.uc_stack.ss_sp = lane.stack.get();
-    lane.context.uc_stack.ss_size = kStackBytes;
-    lane.context.uc_link = &em.scheduler;
-    makecontext(&lane.context, lane_entry, 0);
+    fiber_start(lane.fiber, lane.stack.get(), kStackBytes, lane_entry, em.scheduler);
   }
   const int waves = threads / kWaveSize;
   for (int phase = 0;; ++phase) {
@@ -141,7 +137,7 @@ std::string run_workgroup(Emulator& em, int threads) {
         for (int l = 0; l < kWaveSize; ++l) {
           if (wave[l].state != LaneState::kRunnable) continue;
           em.current = &wave[l];
-          swapcontext(&em.scheduler, &wave[l].context);
+          fiber_switch(em.scheduler, wave[l].fiber);
         }
         int at_op = 0;
         for (int l = 0; l < kWaveSize; ++l) at_op += wave[l].state == LaneState::kAtWaveOp;

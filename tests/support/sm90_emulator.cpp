@@ -38,7 +38,7 @@ void fail(const std::string& what) {
 void suspend(State state) {
   Lane* lane = em().current;
   lane->state = state;
-  swapcontext(&lane->context, &em().scheduler);
+  fiber_switch(lane->fiber, em().scheduler);
 }
 
 namespace {
@@ -261,7 +261,7 @@ bool run_warpgroup(int w) {
       if (wg[t].state == State::kAtMbarrier && poll_mbarrier(wg[t])) wg[t].state = State::kRunnable;
       if (wg[t].state != State::kRunnable) continue;
       e.current = &wg[t];
-      swapcontext(&e.scheduler, &wg[t].context);
+      fiber_switch(e.scheduler, wg[t].fiber);
       e.current = nullptr;
       ran = true;
       if (!e.error.empty()) return true;
@@ -322,11 +322,7 @@ std::string run_cta() {
     lane.clock.assign(count, 0);
     lane.fences.clear();
     lane.observed.clear();
-    getcontext(&lane.context);
-    lane.context.uc_stack.ss_sp = lane.stack.get();
-    lane.context.uc_stack.ss_size = kStackBytes;
-    lane.context.uc_link = &e.scheduler;
-    makecontext(&lane.context, lane_entry, 0);
+    fiber_start(lane.fiber, lane.stack.get(), kStackBytes, lane_entry, e.scheduler);
   }
   reset_memory();
   const int warpgroups = count / kWarpgroupSize;

@@ -5,8 +5,6 @@
 // tracking, mbarriers, TMA).
 #pragma once
 
-#include <ucontext.h>
-
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -14,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "support/fiber.hpp"
 #include "support/sm90_emulator.hpp"
 
 namespace flashjit::testing::sm90_emulator::internal {
@@ -63,7 +62,7 @@ struct Mma {  // one wgmma as one thread issued it
 enum class WarpOp { kNone, kShuffleXor, kSyncWarp };
 
 struct Lane {
-  ucontext_t context;
+  Fiber fiber;
   std::unique_ptr<char[]> stack;
   int tid = 0;
   State state = State::kRunnable;
@@ -147,7 +146,7 @@ struct TmaStore {  // or a bulk reduction (reduce_to set): cp.reduce.async.bulk 
 };
 
 struct Emulator {
-  ucontext_t scheduler;
+  Fiber scheduler;
   std::vector<Lane> lanes;
   Lane* current = nullptr;
   Sm90Dim3 block, grid;
