@@ -20,16 +20,16 @@ struct Family {
 
 // clang-format off
 inline constexpr const char* kCudaMmaForwardFiles[] = {
-    "attention_common.h", "cuda/common.cuh", "cuda/tiles.cuh", "cuda/warp_mma.cuh",
-    "cuda/attention_fwd.cuh"};
+    "attention_common.h", "cuda/common.cuh", "cuda/online_softmax.cuh", "cuda/tiles.cuh",
+    "cuda/warp_mma.cuh", "cuda/attention_fwd.cuh"};
 inline constexpr const char* kCudaWgmmaForwardFiles[] = {
-    "attention_common.h", "cuda/common.cuh", "cuda/wgmma.cuh", "cuda/sm90_tiles.cuh",
-    "cuda/attention_fwd_sm90.cuh"};
+    "attention_common.h", "cuda/common.cuh", "cuda/online_softmax.cuh", "cuda/wgmma.cuh",
+    "cuda/sm90_tiles.cuh", "cuda/attention_fwd_sm90.cuh"};
 inline constexpr const char* kCudaWsForwardFiles[] = {
-    "attention_common.h", "cuda/common.cuh", "cuda/wgmma.cuh", "cuda/sm90_tiles.cuh",
-    "cuda/tma.cuh", "cuda/ws/pipeline.cuh", "cuda/ws/traits.cuh", "cuda/ws/tile_scheduler.cuh",
-    "cuda/ws/pingpong.cuh", "cuda/ws/softmax.cuh", "cuda/ws/mainloop.cuh",
-    "cuda/ws/epilogue.cuh", "cuda/ws/attention_fwd_ws.cuh"};
+    "attention_common.h", "cuda/common.cuh", "cuda/online_softmax.cuh", "cuda/wgmma.cuh",
+    "cuda/sm90_tiles.cuh", "cuda/tma.cuh", "cuda/ws/pipeline.cuh", "cuda/ws/traits.cuh",
+    "cuda/ws/tile_scheduler.cuh", "cuda/ws/pingpong.cuh", "cuda/ws/softmax.cuh",
+    "cuda/ws/mainloop.cuh", "cuda/ws/epilogue.cuh", "cuda/ws/attention_fwd_ws.cuh"};
 inline constexpr const char* kCudaMmaBackwardFiles[] = {
     "attention_common.h", "cuda/common.cuh", "cuda/tiles.cuh", "cuda/attention_bwd_common.cuh",
     "cuda/attention_bwd.cuh"};
@@ -42,7 +42,8 @@ inline constexpr const char* kCudaWsBackwardFiles[] = {
     "cuda/tma.cuh", "cuda/attention_bwd_common.cuh", "cuda/attention_bwd_sm90.cuh",
     "cuda/ws/pipeline.cuh", "cuda/ws/pingpong.cuh", "cuda/ws/attention_bwd_ws.cuh"};
 inline constexpr const char* kCudaDecodeFiles[] = {
-    "attention_common.h", "decode_split.h", "cuda/common.cuh", "cuda/tiles.cuh",
+    "attention_common.h", "decode_split.h", "cuda/common.cuh", "cuda/online_softmax.cuh",
+    "cuda/tiles.cuh",
     "cuda/warp_mma.cuh", "cuda/decode.cuh"};
 inline constexpr const char* kHipForwardFiles[] = {
     "attention_common.h", "hip/primitives.hpp", "hip/tiles.hpp", "hip/attention_fwd.hpp"};

@@ -7,13 +7,32 @@
 #ifndef FLASHJIT_ATTENTION_COMMON_H
 #define FLASHJIT_ATTENTION_COMMON_H
 
-#ifndef FLASHJIT_DEVICE
-#if defined(__CUDACC__) || defined(__HIP__)
-#define FLASHJIT_DEVICE __device__ __forceinline__
+// The signature of a GPU kernel body over the params p (the __device__ function an entry
+// calls): a variant's body also takes a mask_mod's block map (FLASHJIT_VARIANT_BLOCK_MASK), which
+// its entry passes as a kernel parameter; a plain body takes the params alone.
+#ifdef FLASHJIT_VARIANT
+#define FLASHJIT_KERNEL_BODY(name)                            \
+  FLASHJIT_DEVICE void name(const FlashjitAttentionParams& p, \
+                            const FlashjitBlockMask* block_mask = 0)
 #else
-#define FLASHJIT_DEVICE inline
+#define FLASHJIT_KERNEL_BODY(name) FLASHJIT_DEVICE void name(const FlashjitAttentionParams& p)
 #endif
-#endif
+
+// The first members of a GPU kernel's traits: its tile shape's template parameters as constants,
+// the head dim padded as the kernel lays out its tiles (PADDED), and the head-dim rule they all
+// check. (In this order: NVRTC emits a traits struct's constants as symbols in declaration order,
+// so the plain kernels' CUBINs stay as they were before this macro.)
+#define FLASHJIT_TRAITS_SHAPE(HEAD_DIM, PADDED, BLOCK_M, BLOCK_N, WARPS, STAGES, IS_BF16, CAUSAL) \
+  static constexpr int kHeadDim = HEAD_DIM;                                                       \
+  static constexpr int kHeadDimPadded = PADDED;                                                   \
+  static constexpr int kBlockM = BLOCK_M;                                                         \
+  static constexpr int kBlockN = BLOCK_N;                                                         \
+  static constexpr int kWarps = WARPS;                                                            \
+  static constexpr int kStages = STAGES;                                                          \
+  static constexpr bool kIsBf16 = IS_BF16;                                                        \
+  static constexpr bool kCausal = CAUSAL;                                                         \
+  static_assert(HEAD_DIM % 8 == 0 && HEAD_DIM >= 8 && HEAD_DIM <= 256,                            \
+                "head dim: a multiple of 8 in [8, 256]")
 
 namespace flashjit_attention {
 

@@ -4,6 +4,17 @@
 #ifndef FLASHJIT_ATTENTION_PARAMS_H
 #define FLASHJIT_ATTENTION_PARAMS_H
 
+// How the scalar helpers of the templates that follow (attention_common.h, attention_variant.h)
+// are declared: device functions under NVRTC and hipRTC, inline functions under Clang (the CPU
+// backend) and a host compiler (the host library, the templates' emulation tests).
+#ifndef FLASHJIT_DEVICE
+#if defined(__CUDACC__) || defined(__HIP__)
+#define FLASHJIT_DEVICE __device__ __forceinline__
+#else
+#define FLASHJIT_DEVICE inline
+#endif
+#endif
+
 struct FlashjitAttentionParams {
   const void* q;  // [batch, seqlen_q, heads_q, head_dim] through the q strides
   const void* k;  // [batch, seqlen_k, heads_kv, head_dim] through the k strides

@@ -26,14 +26,6 @@
 #ifndef FLASHJIT_ATTENTION_VARIANT_H
 #define FLASHJIT_ATTENTION_VARIANT_H
 
-#ifndef FLASHJIT_DEVICE
-#if defined(__CUDACC__) || defined(__HIP__)
-#define FLASHJIT_DEVICE __device__ __forceinline__
-#else
-#define FLASHJIT_DEVICE inline
-#endif
-#endif
-
 namespace flashjit_variant {
 
 // ---- what a user expression may call (the expressions are compiled in this namespace) -------

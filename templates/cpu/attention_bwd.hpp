@@ -64,14 +64,10 @@ namespace flashjit_cpu {
 
 template <int HeadDim, int BlockM, int BlockN, int StorageType, bool Causal, bool FusedDq>
 struct BwdTraits {
-  static constexpr int kHeadDim = HeadDim;
-  static constexpr int kBlockM = BlockM;  // queries per dQ work item / streamed block of dK/dV
-  static constexpr int kBlockN = BlockN;  // keys per dK/dV block / streamed block of dQ
-  static constexpr int kStorage = StorageType;
-  static constexpr bool kCausal = Causal;
+  // kBlockM: queries per dQ work item / streamed block of dK/dV; kBlockN: keys per dK/dV block /
+  // streamed block of dQ.
+  FLASHJIT_CPU_TRAITS_SHAPE(HeadDim, BlockM, BlockN, StorageType, Causal);
   static constexpr bool kFusedDq = FusedDq;  // DqMode::Atomic: dQ accumulated by the dK/dV items
-  static_assert(HeadDim >= 8 && HeadDim <= 256 && HeadDim % 8 == 0,
-                "head_dim must be a multiple of 8 in [8, 256]");
   static_assert(BlockM >= kLanes && 128 % BlockM == 0,
                 "block_m must be 16, 32, 64 or 128: whole blocks of the workspace rows, which "
                 "are padded to a multiple of 128");
@@ -245,7 +241,7 @@ struct Backward {
     const int diag = p.seqlen_k - p.seqlen_q;
     const int m_first = T::kCausal ? (n0 - diag > 0 ? (n0 - diag) / BM : 0) : 0;
     const int m_blocks = (p.seqlen_q + BM - 1) / BM;
-    const i32x16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    const i32x16 lane = lane_indices();
 #ifdef FLASHJIT_VARIANT
     // An attention variant (templates/attention_variant.h, before the rest; all its code is under
     // #ifdef FLASHJIT_VARIANT, so that plain kernels compile exactly as before) changes three

@@ -55,9 +55,8 @@ void Backward<T>::dq_block(const FlashjitAttentionParams& p, int b, int h, int m
   for (int x = 0; x < D * BM; ++x) dqt[x] = 0.0f;
 
   const int diag = p.seqlen_k - p.seqlen_q;
-  int kv_end = p.seqlen_k;
-  if (T::kCausal) kv_end = min_int(kv_end, q0 + rows - 1 + diag + 1);
-  const i32x16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const int kv_end = key_end<T::kCausal>(p, q0, rows, diag);
+  const i32x16 lane = lane_indices();
 
 #ifdef FLASHJIT_VARIANT
   // The variant's key blocks (templates/attention_variant.h), as the forward's: hidden blocks

@@ -40,13 +40,7 @@ namespace flashjit_cpu {
 
 template <int HeadDim, int BlockM, int BlockN, int StorageType, bool Causal>
 struct Traits {
-  static constexpr int kHeadDim = HeadDim;
-  static constexpr int kBlockM = BlockM;
-  static constexpr int kBlockN = BlockN;
-  static constexpr int kStorage = StorageType;
-  static constexpr bool kCausal = Causal;
-  static_assert(HeadDim >= 8 && HeadDim <= 256 && HeadDim % 8 == 0,
-                "head_dim must be a multiple of 8 in [8, 256]");
+  FLASHJIT_CPU_TRAITS_SHAPE(HeadDim, BlockM, BlockN, StorageType, Causal);
   static_assert(BlockM >= kLanes && BlockM <= 256 && BlockM % kLanes == 0,
                 "block_m must be a multiple of 16 (the query lanes of a vector) in [16, 256]");
   static_assert(BlockN >= 16 && BlockN <= 256 && BlockN % 16 == 0,
@@ -136,9 +130,8 @@ struct Kernel {
 
     // Causal (bottom-right aligned): query i sees key j iff j <= i + diag.
     const int diag = p.seqlen_k - p.seqlen_q;
-    int kv_end = p.seqlen_k;
-    if (T::kCausal) kv_end = min_int(kv_end, q0 + rows - 1 + diag + 1);
-    const i32x16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    const int kv_end = key_end<T::kCausal>(p, q0, rows, diag);
+    const i32x16 lane = lane_indices();
 
 #ifdef FLASHJIT_VARIANT
     // The variant's key blocks (templates/attention_variant.h): hidden blocks are never packed.

@@ -68,6 +68,17 @@ constexpr int tile_dims(int vectors) {
   return kTileVectors / vectors >= 8 ? 8 : kTileVectors / vectors;
 }
 
+// The first members of a CPU kernel's traits: its template parameters as constants and the
+// head-dim rule every kernel checks (each traits struct adds its own after them).
+#define FLASHJIT_CPU_TRAITS_SHAPE(HeadDim, BlockM, BlockN, StorageType, Causal) \
+  static constexpr int kHeadDim = HeadDim;                                      \
+  static constexpr int kBlockM = BlockM;                                        \
+  static constexpr int kBlockN = BlockN;                                        \
+  static constexpr int kStorage = StorageType;                                  \
+  static constexpr bool kCausal = Causal;                                       \
+  static_assert(HeadDim >= 8 && HeadDim <= 256 && HeadDim % 8 == 0,             \
+                "head_dim must be a multiple of 8 in [8, 256]")
+
 // A compile-time int as a value (tile sizes through generic lambdas).
 template <int N>
 struct Int {
@@ -78,12 +89,18 @@ struct Int {
 typedef float f32x16 __attribute__((ext_vector_type(16)));
 typedef int i32x16 __attribute__((ext_vector_type(16)));
 
-inline f32x16 load(const float* p) {
-  f32x16 v;
+// Unaligned vector loads and stores of floats (V: f32x16 here, f32x8 in cpu/decode.hpp).
+template <class V = f32x16>
+inline V load(const float* p) {
+  V v;
   __builtin_memcpy(&v, p, sizeof(v));
   return v;
 }
-inline void store(float* p, f32x16 v) { __builtin_memcpy(p, &v, sizeof(v)); }
+template <class V>
+inline void store(float* p, V v) {
+  static_assert(sizeof(V) >= 32, "a vector (a scalar would store one float)");
+  __builtin_memcpy(p, &v, sizeof(v));
+}
 inline f32x16 vmax(f32x16 a, f32x16 b) { return a > b ? a : b; }
 
 inline float bits_to_float(u32 bits) { return __builtin_bit_cast(float, bits); }
@@ -195,6 +212,19 @@ inline f32x16 exp2_nonpositive(f32x16 x) {
 
 inline int min_int(int a, int b) { return a < b ? a : b; }
 
+// One past the last key that query rows [q0, q0 + rows) see: seqlen_k, or for a causal mask
+// (bottom-right aligned: query i sees key j iff j <= i + diag) the last row's diagonal + 1.
+template <bool Causal>
+inline int key_end(const FlashjitAttentionParams& p, int q0, int rows, int diag) {
+  return Causal ? min_int(p.seqlen_k, q0 + rows - 1 + diag + 1) : p.seqlen_k;
+}
+
+// The lane indices 0, 1, ..., 15 of a vector.
+inline i32x16 lane_indices() {
+  const i32x16 lanes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  return lanes;
+}
+
 // Asks for `bytes` from `p` on, a cache line at a time, ahead of their use (prefetcht1).
 inline void prefetch(const void* p, int bytes) {
   for (int x = 0; x < bytes; x += 64) __builtin_prefetch((const char*)p + x, 0, 2);
@@ -275,6 +305,21 @@ inline i32x16 pack_bf16_row(f32x16 lo, f32x16 hi) {
 #endif
 }
 
+// The register tile acc[t][v] of rows t0 + t (t < TT) and lanes g + 16 v (v < LV) of a [..][RS]
+// block of floats: zeroed and stored by the scores tiles below (inlined: each compiles as its own
+// loops did; the accumulate tiles keep theirs, which compiled differently through these).
+template <int TT, int LV>
+__attribute__((always_inline)) inline void zero_tile(f32x16 (&acc)[TT][LV]) {
+  for (int t = 0; t < TT; ++t)
+    for (int v = 0; v < LV; ++v) acc[t][v] = 0.0f;
+}
+template <int RS, int TT, int LV>
+__attribute__((always_inline)) inline void store_tile(const f32x16 (&acc)[TT][LV],
+                                                      float* __restrict block, int t0, int g) {
+  for (int t = 0; t < TT; ++t)
+    for (int v = 0; v < LV; ++v) store(block + (t0 + t) * RS + g + v * kLanes, acc[t][v]);
+}
+
 // ---- the two tile shapes (fp32 FMAs, then bf16 pairs) ------------------------------------------
 // L lanes in the owned block (LV vectors of them per tile), rows of length D in the streamed one.
 
@@ -286,8 +331,7 @@ __attribute__((noinline)) void scores_tile(const float* __restrict a, Stride a_s
                                            const float* __restrict bt, float* __restrict out,
                                            int r0, int g) {
   f32x16 acc[RT][LV];
-  for (int r = 0; r < RT; ++r)
-    for (int v = 0; v < LV; ++v) acc[r][v] = 0.0f;
+  zero_tile(acc);
   // Pointers stepped along c (the rows' offsets are loop invariants: no index arithmetic in the
   // loop).
   const float* a_c = a + (i64)r0 * a_stride;
@@ -300,8 +344,7 @@ __attribute__((noinline)) void scores_tile(const float* __restrict a, Stride a_s
       for (int v = 0; v < LV; ++v) acc[r][v] += x * b[v];
     }
   }
-  for (int r = 0; r < RT; ++r)
-    for (int v = 0; v < LV; ++v) store(out + (r0 + r) * L + g + v * kLanes, acc[r][v]);
+  store_tile<L>(acc, out, r0, g);
 }
 
 // acc[c0 + a][g + 16 v] = acc[..] * scale[g + 16 v] + sum_{r < rows} a(r, c0 + a) * y[r][g + 16 v]
@@ -339,8 +382,7 @@ template <int D, int L, int RT, int LV>
 __attribute__((noinline)) void scores_tile_dot(const u16* const* a_rows, const u32* __restrict btp,
                                                float* __restrict out, int r0, int g) {
   f32x16 acc[RT][LV];
-  for (int r = 0; r < RT; ++r)
-    for (int v = 0; v < LV; ++v) acc[r][v] = 0.0f;
+  zero_tile(acc);
   for (i64 c = 0; c < D; c += 2) {
     i32x16 b[LV];
     for (int v = 0; v < LV; ++v) b[v] = load_pairs(btp + (c / 2) * L + g + v * kLanes);
@@ -349,8 +391,7 @@ __attribute__((noinline)) void scores_tile_dot(const u16* const* a_rows, const u
       for (int v = 0; v < LV; ++v) acc[r][v] = dot_bf16_pairs(acc[r][v], b[v], x);
     }
   }
-  for (int r = 0; r < RT; ++r)
-    for (int v = 0; v < LV; ++v) store(out + (r0 + r) * L + g + v * kLanes, acc[r][v]);
+  store_tile<L>(acc, out, r0, g);
 }
 
 // As accumulate_tile over the bf16 pairs of rows (r, r + 1): ap(r / 2, c) =

@@ -25,14 +25,8 @@ namespace flashjit_cpu {
 
 template <int HeadDim, int BlockM, int BlockN, int StorageType, bool Causal, int PageSize>
 struct DecodeTraits {
-  static constexpr int kHeadDim = HeadDim;
-  static constexpr int kBlockM = BlockM;
-  static constexpr int kBlockN = BlockN;
-  static constexpr int kStorage = StorageType;
-  static constexpr bool kCausal = Causal;
+  FLASHJIT_CPU_TRAITS_SHAPE(HeadDim, BlockM, BlockN, StorageType, Causal);
   static constexpr int kPageSize = PageSize;  // 0: contiguous K/V
-  static_assert(HeadDim >= 8 && HeadDim <= 256 && HeadDim % 8 == 0,
-                "head_dim must be a multiple of 8 in [8, 256]");
   static_assert(BlockM >= 1 && BlockM <= 64, "block_m: packed rows per work item, at most 64");
   static_assert(BlockN >= 16 && BlockN <= 256 && BlockN % 16 == 0,
                 "block_n must be a multiple of 16 in [16, 256]");
@@ -51,12 +45,7 @@ struct Decode {
   typedef typename StorageElement<T::kStorage>::type Element;
   typedef float f32x8 __attribute__((ext_vector_type(8)));
 
-  static f32x8 load8(const float* p) {
-    f32x8 v;
-    __builtin_memcpy(&v, p, sizeof(v));
-    return v;
-  }
-  static void store8(float* p, f32x8 v) { __builtin_memcpy(p, &v, sizeof(v)); }
+  static f32x8 load8(const float* p) { return load<f32x8>(p); }
 
   // sum_c a[c] b[c] over the head dim, 8 lanes at a time.
   static float dot(const float* __restrict a, const float* __restrict b) {
@@ -143,12 +132,12 @@ struct Decode {
         const float alpha = __builtin_exp2f(row_max[r] - m_new);  // 0 for the first keys
         float sum = 0.0f;
         float* const o_row = ob + r * D;
-        for (int c = 0; c < D; c += 8) store8(o_row + c, load8(o_row + c) * alpha);
+        for (int c = 0; c < D; c += 8) store(o_row + c, load8(o_row + c) * alpha);
         for (int j = 0; j < cols; ++j) {
           const float pj = __builtin_exp2f(s[j] - m_new);  // 0 for masked keys
           sum += pj;
           for (int c = 0; c < D; c += 8)
-            store8(o_row + c, load8(o_row + c) + pj * load8(vb + j * D + c));
+            store(o_row + c, load8(o_row + c) + pj * load8(vb + j * D + c));
         }
         row_sum[r] = row_sum[r] * alpha + sum;
         row_max[r] = m_new;

@@ -405,13 +405,7 @@ __device__ __forceinline__ void scores_to_shared(const FlashjitAttentionParams& 
 // ---- the dK/dV kernel --------------------------------------------------------------------------
 
 template <class K>
-#ifdef FLASHJIT_VARIANT
-// A mask_mod's block map (FLASHJIT_VARIANT_BLOCK_MASK): the entry passes its kernel parameter.
-__device__ __forceinline__ void attention_backward_dkdv(const FlashjitAttentionParams& p,
-                                                        const FlashjitBlockMask* block_mask = 0) {
-#else
-__device__ __forceinline__ void attention_backward_dkdv(const FlashjitAttentionParams& p) {
-#endif
+FLASHJIT_KERNEL_BODY(attention_backward_dkdv) {  // p (a variant: and its block map)
   namespace fa = flashjit_attention;
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   constexpr int kDp = K::kHeadDimPadded, kThreads = K::kThreads;
@@ -461,21 +455,23 @@ __device__ __forceinline__ void attention_backward_dkdv(const FlashjitAttentionP
   const u16* v = static_cast<const u16*>(p.v) + batch * p.v_batch_stride +
                  kv_head * p.v_head_stride + n0 * p.v_seq_stride;
 
-  // Starts the copies of step t's Q_i, dO_i, lse_log2_i and D_i into buffer `stage`.
-  auto load_step = [&](int t, int stage) {
+  // Step t's query head and the first row of its query tile.
+  auto step_tile = [&](int t, int& head, int& m0) {
 #ifdef FLASHJIT_VARIANT
 #if FLASHJIT_VARIANT_BLOCK_MASK
     const flashjit_variant::GroupStep step = query_tiles.at(t);
-    const int head = step.head;
-    const int m0 = step.tile * kBlockM;
-#else
-    const int head = kv_head * p.group_size + t / m_count;
-    const int m0 = (m_begin + t % m_count) * kBlockM;
+    head = step.head;
+    m0 = step.tile * kBlockM;
+    return;
 #endif
-#else
-    const int head = kv_head * p.group_size + t / m_count;
-    const int m0 = (m_begin + t % m_count) * kBlockM;
 #endif
+    head = kv_head * p.group_size + t / m_count;
+    m0 = (m_begin + t % m_count) * kBlockM;
+  };
+  // Starts the copies of step t's Q_i, dO_i, lse_log2_i and D_i into buffer `stage`.
+  auto load_step = [&](int t, int stage) {
+    int head, m0;
+    step_tile(t, head, m0);
     const u16* q = static_cast<const u16*>(p.q) + batch * p.q_batch_stride +
                    head * p.q_head_stride + m0 * p.q_seq_stride;
     const u16* d_o = static_cast<const u16*>(p.d_o) + batch * p.do_batch_stride +
@@ -519,19 +515,8 @@ __device__ __forceinline__ void attention_backward_dkdv(const FlashjitAttentionP
   for (int t = 0; t < steps; ++t) {
     const int stage = t % kStages;
     pipeline_begin_step<kStages>(t, steps, load_step);  // and everyone is done with P, dS of t - 1
-#ifdef FLASHJIT_VARIANT
-#if FLASHJIT_VARIANT_BLOCK_MASK
-    const flashjit_variant::GroupStep step = query_tiles.at(t);
-    const int head = step.head;
-    const int m0 = step.tile * kBlockM;
-#else
-    const int head = kv_head * p.group_size + t / m_count;
-    const int m0 = (m_begin + t % m_count) * kBlockM;
-#endif
-#else
-    const int head = kv_head * p.group_size + t / m_count;
-    const int m0 = (m_begin + t % m_count) * kBlockM;
-#endif
+    int head, m0;
+    step_tile(t, head, m0);
     const u32 q_i = q_tile(stage), do_i = q_i + K::kQTileBytes;
 
     float lse_log2[Sdp::kMTiles][2], delta[Sdp::kMTiles][2];
@@ -547,7 +532,7 @@ __device__ __forceinline__ void attention_backward_dkdv(const FlashjitAttentionP
 #if FLASHJIT_VARIANT_BLOCK_MASK
     scores_to_shared<K, true>(p, diagonal, m0, n0, q_i, do_i, k_tile, v_tile, p_tile, ds_tile,
                               lse_log2, delta, batch, head, flashjit_variant::alibi_slope(p, head),
-                              step.full);
+                              query_tiles.at(t).full);
 #else
     scores_to_shared<K, true>(p, diagonal, m0, n0, q_i, do_i, k_tile, v_tile, p_tile, ds_tile,
                               lse_log2, delta, batch, head, flashjit_variant::alibi_slope(p, head));
@@ -614,13 +599,7 @@ __device__ __forceinline__ void attention_backward_dkdv(const FlashjitAttentionP
 // ---- the dQ kernel (DqMode::Separate) -----------------------------------------------------------
 
 template <class K>
-#ifdef FLASHJIT_VARIANT
-// A mask_mod's block map (FLASHJIT_VARIANT_BLOCK_MASK): the entry passes its kernel parameter.
-__device__ __forceinline__ void attention_backward_dq(const FlashjitAttentionParams& p,
-                                                      const FlashjitBlockMask* block_mask = 0) {
-#else
-__device__ __forceinline__ void attention_backward_dq(const FlashjitAttentionParams& p) {
-#endif
+FLASHJIT_KERNEL_BODY(attention_backward_dq) {  // p (a variant: and its block map)
   namespace fa = flashjit_attention;
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   constexpr int kDp = K::kHeadDimPadded, kThreads = K::kDqThreads;

@@ -57,14 +57,11 @@ namespace flashjit_kernel {
 template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WARPS, int STAGES, bool IS_BF16, bool CAUSAL,
           bool DQ_ATOMIC>
 struct Sm90BwdTraits {
-  static constexpr int kHeadDim = HEAD_DIM;
-  static constexpr int kHeadDimPadded = (HEAD_DIM + 63) / 64 * 64;  // whole 64-column blocks
-  static constexpr int kBlockM = BLOCK_M;  // query rows per step (dK/dV), per CTA (dQ kernel)
-  static constexpr int kBlockN = BLOCK_N;  // keys per CTA (dK/dV), per step (dQ kernel)
-  static constexpr int kWarps = WARPS;
-  static constexpr int kStages = STAGES;
-  static constexpr bool kIsBf16 = IS_BF16;
-  static constexpr bool kCausal = CAUSAL;
+  // kHeadDimPadded: whole 64-column blocks.
+  // kBlockM: query rows per step (dK/dV), per CTA (dQ kernel); kBlockN: keys per CTA (dK/dV), per
+  // step (dQ kernel).
+  FLASHJIT_TRAITS_SHAPE(HEAD_DIM, (HEAD_DIM + 63) / 64 * 64, BLOCK_M, BLOCK_N, WARPS, STAGES,
+                        IS_BF16, CAUSAL);
   static constexpr bool kDqAtomic = DQ_ATOMIC;
 
   // ---- dK/dV kernel ----
@@ -105,8 +102,6 @@ struct Sm90BwdTraits {
   static constexpr int kDqChunks = kHeadDimPadded / kDqChunk;
   static constexpr int kDqSmemBytes = 1024 + 2 * kQTileBytes + 2 * kStages * kKvTileBytes;
 
-  static_assert(kHeadDim % 8 == 0 && kHeadDim >= 8 && kHeadDim <= 256,
-                "head dim: a multiple of 8 in [8, 256]");
   static_assert(kBlockM == 64 || kBlockM == 128, "block_m: 64 or 128 query rows");
   static_assert(kBlockN == 64 || kBlockN == 128, "block_n: 64 or 128 keys");
   static_assert(kWarps == 4 || kWarps == 8, "one or two warpgroups");
@@ -217,24 +212,6 @@ __device__ __forceinline__ void store_fragments(unsigned char* tile, const u32 (
                        [&](int t, int half) { return a[t / 2][(t % 2) * 2 + half]; });
 }
 
-// d = A B^T over the padded head dim, one commit group: A (64 rows) and B (N rows) both K-major
-// in 64-column swizzled blocks of A_ROWS and B_ROWS rows (128 bytes a row), B at b_offset bytes
-// past its descriptor (a pipeline buffer); 16 head-dim columns per k-step. d is a fresh
-// accumulator: the first k-step is a *_first, nothing loop-carried into it.
-template <int N, int HEAD_DIM_PADDED, int A_ROWS, int B_ROWS, bool IS_BF16>
-__device__ __forceinline__ void wgmma_over_head_dim(float (&d)[N / 2], u64 a, u64 b, u32 b_offset) {
-#pragma unroll
-  for (int kk = 0; kk < HEAD_DIM_PADDED / 16; ++kk) {
-    const u32 a_step = (kk / 4) * (A_ROWS * 128) + (kk % 4) * 32;
-    const u32 b_step = b_offset + (kk / 4) * (B_ROWS * 128) + (kk % 4) * 32;
-    if (kk == 0)
-      Wgmma<N, IS_BF16>::ss_first(d, advance(a, a_step), advance(b, b_step));
-    else
-      Wgmma<N, IS_BF16>::ss(d, advance(a, a_step), advance(b, b_step), 1);
-  }
-  wgmma_commit();
-}
-
 // ROWS rows of a swizzled shared tile to global memory (row r at out + r * row_stride), 16-byte
 // stores by THREADS threads; rows at or past valid_rows and padding columns are not written.
 template <int THREADS, int HEAD_DIM, int ROWS>
@@ -252,13 +229,7 @@ __device__ __forceinline__ void store_tile(u16* out, long long row_stride, int v
 // ---- the dK/dV kernel --------------------------------------------------------------------------
 
 template <class K>
-#ifdef FLASHJIT_VARIANT
-// A mask_mod's block map (FLASHJIT_VARIANT_BLOCK_MASK): the entry passes its kernel parameter.
-__device__ __forceinline__ void attention_backward_sm90_dkdv(
-    const FlashjitAttentionParams& p, const FlashjitBlockMask* block_mask = 0) {
-#else
-__device__ __forceinline__ void attention_backward_sm90_dkdv(const FlashjitAttentionParams& p) {
-#endif
+FLASHJIT_KERNEL_BODY(attention_backward_sm90_dkdv) {  // p (a variant: and its block map)
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   constexpr int kDp = K::kHeadDimPadded, kSdpN = K::kSdpN, kKvCols = K::kKvCols;
   constexpr int kKvChunk = K::kKvChunk, kKvChunks = K::kKvChunks, kDqN = K::kDqN;

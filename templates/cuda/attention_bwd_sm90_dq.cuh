@@ -8,13 +8,7 @@ namespace flashjit_kernel {
 // ---- the dQ kernel (DqMode::Separate) ----------------------------------------------------------
 
 template <class K>
-#ifdef FLASHJIT_VARIANT
-// A mask_mod's block map (FLASHJIT_VARIANT_BLOCK_MASK): the entry passes its kernel parameter.
-__device__ __forceinline__ void attention_backward_sm90_dq(
-    const FlashjitAttentionParams& p, const FlashjitBlockMask* block_mask = 0) {
-#else
-__device__ __forceinline__ void attention_backward_sm90_dq(const FlashjitAttentionParams& p) {
-#endif
+FLASHJIT_KERNEL_BODY(attention_backward_sm90_dq) {  // p (a variant: and its block map)
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   constexpr int kDp = K::kHeadDimPadded, kDqChunk = K::kDqChunk, kDqChunks = K::kDqChunks;
   constexpr int kThreads = K::kDqThreads;

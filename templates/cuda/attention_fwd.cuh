@@ -34,14 +34,9 @@ namespace flashjit_kernel {
 
 template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WARPS, int STAGES, bool IS_BF16, bool CAUSAL>
 struct Traits {
-  static constexpr int kHeadDim = HEAD_DIM;
-  static constexpr int kHeadDimPadded = (HEAD_DIM + 63) / 64 * 64;  // whole swizzle groups
-  static constexpr int kBlockM = BLOCK_M;
-  static constexpr int kBlockN = BLOCK_N;
-  static constexpr int kWarps = WARPS;
-  static constexpr int kStages = STAGES;
-  static constexpr bool kIsBf16 = IS_BF16;
-  static constexpr bool kCausal = CAUSAL;
+  // kHeadDimPadded: whole swizzle groups.
+  FLASHJIT_TRAITS_SHAPE(HEAD_DIM, (HEAD_DIM + 63) / 64 * 64, BLOCK_M, BLOCK_N, WARPS, STAGES,
+                        IS_BF16, CAUSAL);
 
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRowsPerWarp = kBlockM / kWarps;
@@ -52,8 +47,6 @@ struct Traits {
   static constexpr int kRowBytes = kHeadDimPadded * 2;
   static constexpr int kSmemElements = (kBlockM + 2 * kStages * kBlockN) * kHeadDimPadded;
 
-  static_assert(kHeadDim % 8 == 0 && kHeadDim >= 8 && kHeadDim <= 256,
-                "head dim: a multiple of 8 in [8, 256]");
   static_assert(kBlockM % (16 * kWarps) == 0, "each warp owns whole 16-row MMA tiles");
   static_assert(kMTiles == 1 || kMTiles == 2, "16 or 32 query rows per warp");
   static_assert(kBlockN % 16 == 0, "P feeds the second MMA in k-steps of 16 columns");
@@ -67,13 +60,7 @@ struct Traits {
 // ---- the kernel -------------------------------------------------------------------------------
 
 template <class K>
-#ifdef FLASHJIT_VARIANT
-// A mask_mod's block map (FLASHJIT_VARIANT_BLOCK_MASK): the entry passes its kernel parameter.
-__device__ __forceinline__ void attention_forward(const FlashjitAttentionParams& p,
-                                                  const FlashjitBlockMask* block_mask = 0) {
-#else
-__device__ __forceinline__ void attention_forward(const FlashjitAttentionParams& p) {
-#endif
+FLASHJIT_KERNEL_BODY(attention_forward) {  // p (a variant: and its block map)
   namespace fa = flashjit_attention;
 #ifdef FLASHJIT_VARIANT
   namespace fv = flashjit_variant;
@@ -151,20 +138,22 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
   float row_sum[kMTiles][2];       // l, this lane's partial (reduced over the quad at the end)
   warp_softmax_init(acc, row_max, row_sum);
 
+  // Starts the copies of the t-th K/V block visited into buffer `buffer` (of kStages).
+  auto load_kv = [&](int buffer, int t) {
+    const u32 k_tile = kv_tiles + 2 * buffer * kTileBytes;
+    const int n0 = FLASHJIT_KEY_BLOCK(t) * kBlockN;
+    load_tile_async<K::kThreads, kBlockN, kDp, K::kHeadDim>(k_tile, k + n0 * p.k_seq_stride,
+                                                            p.k_seq_stride, p.seqlen_k - n0);
+    load_tile_async<K::kThreads, kBlockN, kDp, K::kHeadDim>(
+        k_tile + kTileBytes, v + n0 * p.v_seq_stride, p.v_seq_stride, p.seqlen_k - n0);
+  };
   if (n_blocks > 0) {
     // Prologue: Q and the first kStages - 1 K/V blocks in flight, one commit group per block.
     load_tile_async<K::kThreads, kBlockM, kDp, K::kHeadDim>(q_tile_address, q, p.q_seq_stride,
                                                             p.seqlen_q - m0);
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      if (s < n_blocks) {
-        const u32 k_tile = kv_tiles + (2 * s) * kTileBytes;
-        const int n0 = FLASHJIT_KEY_BLOCK(s) * kBlockN;
-        load_tile_async<K::kThreads, kBlockN, kDp, K::kHeadDim>(k_tile, k + n0 * p.k_seq_stride,
-                                                                p.k_seq_stride, p.seqlen_k - n0);
-        load_tile_async<K::kThreads, kBlockN, kDp, K::kHeadDim>(
-            k_tile + kTileBytes, v + n0 * p.v_seq_stride, p.v_seq_stride, p.seqlen_k - n0);
-      }
+      if (s < n_blocks) load_kv(s, s);
       cp_async_commit();
     }
   }
@@ -174,14 +163,7 @@ __device__ __forceinline__ void attention_forward(const FlashjitAttentionParams&
     __syncthreads();               // everyone's have; everyone is done with block j - 1's buffer
     {
       const int next = j + kStages - 1;  // refill the buffer block j - 1 used
-      if (next < n_blocks) {
-        const u32 k_tile = kv_tiles + 2 * (next % kStages) * kTileBytes;
-        const int n0 = FLASHJIT_KEY_BLOCK(next) * kBlockN;
-        load_tile_async<K::kThreads, kBlockN, kDp, K::kHeadDim>(k_tile, k + n0 * p.k_seq_stride,
-                                                                p.k_seq_stride, p.seqlen_k - n0);
-        load_tile_async<K::kThreads, kBlockN, kDp, K::kHeadDim>(
-            k_tile + kTileBytes, v + n0 * p.v_seq_stride, p.v_seq_stride, p.seqlen_k - n0);
-      }
+      if (next < n_blocks) load_kv(next % kStages, next);
       cp_async_commit();
     }
     const u32 k_tile = kv_tiles + 2 * (j % kStages) * kTileBytes;

@@ -37,14 +37,9 @@ namespace flashjit_kernel {
 
 template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WARPS, int STAGES, bool IS_BF16, bool CAUSAL>
 struct Sm90Traits {
-  static constexpr int kHeadDim = HEAD_DIM;
-  static constexpr int kHeadDimPadded = (HEAD_DIM + 63) / 64 * 64;  // whole 64-column blocks
-  static constexpr int kBlockM = BLOCK_M;
-  static constexpr int kBlockN = BLOCK_N;
-  static constexpr int kWarps = WARPS;
-  static constexpr int kStages = STAGES;
-  static constexpr bool kIsBf16 = IS_BF16;
-  static constexpr bool kCausal = CAUSAL;
+  // kHeadDimPadded: whole 64-column blocks.
+  FLASHJIT_TRAITS_SHAPE(HEAD_DIM, (HEAD_DIM + 63) / 64 * 64, BLOCK_M, BLOCK_N, WARPS, STAGES,
+                        IS_BF16, CAUSAL);
 
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kWarpgroups = kWarps / 4;
@@ -58,8 +53,6 @@ struct Sm90Traits {
   // + 1024: the dynamic shared window is rounded up to a swizzle atom.
   static constexpr int kSmemBytes = 1024 + kQTileBytes + 2 * kStages * kKvTileBytes;
 
-  static_assert(kHeadDim % 8 == 0 && kHeadDim >= 8 && kHeadDim <= 256,
-                "head dim: a multiple of 8 in [8, 256]");
   static_assert(kWarps % 4 == 0 && kBlockM == 16 * kWarps, "64 query rows per warpgroup");
   static_assert(kBlockN == 64 || kBlockN == 128, "S = Q K^T is one m64n64 or m64n128 wgmma");
   static_assert(kStages >= 2 && kStages <= 3, "2 or 3 K and V buffers");
@@ -184,28 +177,14 @@ __device__ __forceinline__ void attention_forward_sm90(const FlashjitAttentionPa
     load_group(j + kStages - 1);
   };
   auto issue_s = [&](int j) {  // S = Q K_j^T
-    const u64 k_desc = advance(k_desc0, (j % kStages) * K::kKvTileBytes);
-#pragma unroll
-    for (int kk = 0; kk < kDp / 16; ++kk) {  // 16 head-dim columns per step
-      const u32 q_step = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
-      const u32 k_step = (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
-      if (kk == 0)
-        Wgmma<kBlockN, K::kIsBf16>::ss_first(s, advance(q_desc, q_step), advance(k_desc, k_step));
-      else
-        Wgmma<kBlockN, K::kIsBf16>::ss(s, advance(q_desc, q_step), advance(k_desc, k_step), 1);
-    }
-    wgmma_commit();
+    // (The buffer's offset in the descriptor, not in b_offset: the plain kernels compile as when
+    // this loop was the forward's own.)
+    wgmma_over_head_dim<kBlockN, kDp, kBlockM, kBlockN, K::kIsBf16>(
+        s, q_desc, advance(k_desc0, (j % kStages) * K::kKvTileBytes), 0);
   };
   auto issue_pv = [&](int j) {  // O += P_j V_j
-    const u64 v_desc = advance(v_desc0, (j % kStages) * K::kKvTileBytes);
-#pragma unroll
-    for (int t = 0; t < kBlockN / 16; ++t)  // 16 keys per step
-#pragma unroll
-      for (int c = 0; c < kPvChunks; ++c)
-        Wgmma<kPvChunk, K::kIsBf16>::rs(
-            acc[c], p_prev[t], advance(v_desc, t * 16 * 128 + c * (kPvChunk / 64) * kBlockN * 128),
-            1);
-    wgmma_commit();
+    wgmma_pv<kBlockN, kPvChunk, K::kIsBf16>(acc, p_prev,
+                                            advance(v_desc0, (j % kStages) * K::kKvTileBytes));
   };
   // Mask S_j, fold it into m and l, write P_j to p_next; returns the rescale factor of O per half.
   u32 p_next[kBlockN / 16][4];
@@ -253,16 +232,8 @@ __device__ __forceinline__ void attention_forward_sm90(const FlashjitAttentionPa
     // Online softmax, base 2, scale folded into one FMA per score; P packed to 16 bits.
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      float block_max = row_max[half];
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-        block_max = fmaxf(block_max, fmaxf(s[nt * 4 + 2 * half], s[nt * 4 + 2 * half + 1]));
-      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
-      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
-      // A row that has seen no key yet has max -inf; subtract 0 instead so exp2 gives 0, not NaN.
-      const float max_scaled = fa::scaled_row_max(block_max, FLASHJIT_SCALE_LOG2);
-      correction[half] = fast_exp2(row_max[half] * FLASHJIT_SCALE_LOG2 - max_scaled);
-      row_max[half] = block_max;
+      const float max_scaled =
+          online_max_step(row_max[half], s, half, FLASHJIT_SCALE_LOG2, correction[half]);
       float sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt) {
@@ -323,9 +294,7 @@ __device__ __forceinline__ void attention_forward_sm90(const FlashjitAttentionPa
   // read those rows, all finished), then 16-byte coalesced stores. LSE from the quad leaders.
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    float sum = row_sum[half];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float sum = quad_sum(row_sum[half]);
     const float inverse = sum > 0.f ? 1.f / sum : 0.f;  // a row with no keys: O = 0
     const int row = warp_row0 + frag_row + half * 8;
 #pragma unroll

@@ -37,14 +37,9 @@ namespace flashjit_kernel {
 template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WARPS, int STAGES, bool IS_BF16, bool CAUSAL,
           int PAGE_SIZE>
 struct DecodeTraits {
-  static constexpr int kHeadDim = HEAD_DIM;
-  static constexpr int kHeadDimPadded = (HEAD_DIM + 63) / 64 * 64;  // whole swizzle groups
-  static constexpr int kBlockM = BLOCK_M;
-  static constexpr int kBlockN = BLOCK_N;
-  static constexpr int kWarps = WARPS;
-  static constexpr int kStages = STAGES;
-  static constexpr bool kIsBf16 = IS_BF16;
-  static constexpr bool kCausal = CAUSAL;
+  // kHeadDimPadded: whole swizzle groups.
+  FLASHJIT_TRAITS_SHAPE(HEAD_DIM, (HEAD_DIM + 63) / 64 * 64, BLOCK_M, BLOCK_N, WARPS, STAGES,
+                        IS_BF16, CAUSAL);
   static constexpr int kPageSize = PAGE_SIZE;  // 0: contiguous K/V
 
   static constexpr int kThreads = kWarps * 32;
@@ -62,8 +57,6 @@ struct DecodeTraits {
   static constexpr int kMergeBytes = (kMergeOFloats + 2 * kWarps * kBlockM) * 4;
   static constexpr int kSmemBytes = kQBytes + (kKvBytes > kMergeBytes ? kKvBytes : kMergeBytes);
 
-  static_assert(kHeadDim % 8 == 0 && kHeadDim >= 8 && kHeadDim <= 256,
-                "head dim: a multiple of 8 in [8, 256]");
   static_assert(kBlockM == 16 || kBlockM == 32, "16 or 32 packed rows per CTA");
   static_assert(kWarps == 2 || kWarps == 4 || kWarps == 8, "2, 4 or 8 warps");
   static_assert(kWarpKeys % 16 == 0, "P feeds P V in k-steps of 16 keys per warp");

@@ -33,6 +33,42 @@ __device__ __forceinline__ u64 advance(u64 descriptor, u32 bytes) {
   return descriptor + (bytes >> 4);
 }
 
+// ---- products over these tiles (wgmma.cuh's wrappers) ----------------------------------------
+
+// d = A B^T over the padded head dim, one commit group (the forward's S = Q K^T, the backward's
+// S^T = K Q^T and dP^T = V dO^T): A (64 rows) and B (N rows) both K-major in 64-column swizzled
+// blocks of A_ROWS and B_ROWS rows (128 bytes a row), B at b_offset bytes past its descriptor (a
+// pipeline buffer); 16 head-dim columns per k-step. d is a fresh accumulator: the first k-step is
+// a *_first, nothing loop-carried into it.
+template <int N, int HEAD_DIM_PADDED, int A_ROWS, int B_ROWS, bool IS_BF16>
+__device__ __forceinline__ void wgmma_over_head_dim(float (&d)[N / 2], u64 a, u64 b, u32 b_offset) {
+#pragma unroll
+  for (int kk = 0; kk < HEAD_DIM_PADDED / 16; ++kk) {
+    const u32 a_step = (kk / 4) * (A_ROWS * 128) + (kk % 4) * 32;
+    const u32 b_step = b_offset + (kk / 4) * (B_ROWS * 128) + (kk % 4) * 32;
+    if (kk == 0)
+      Wgmma<N, IS_BF16>::ss_first(d, advance(a, a_step), advance(b, b_step));
+    else
+      Wgmma<N, IS_BF16>::ss(d, advance(a, a_step), advance(b, b_step), 1);
+  }
+  wgmma_commit();
+}
+
+// O += P V: P from registers (p[t]: the A fragment of keys [16 t, 16 t + 16)), V through v_desc
+// (MN-major, BLOCK_N rows), O in CHUNKS chunks of PV_CHUNK head-dim columns (one wgmma each).
+// Committed as one wgmma group.
+template <int BLOCK_N, int PV_CHUNK, bool IS_BF16, int CHUNKS, int N>
+__device__ __forceinline__ void wgmma_pv(float (&o)[CHUNKS][N], const u32 (&p)[BLOCK_N / 16][4],
+                                         u64 v_desc) {
+#pragma unroll
+  for (int t = 0; t < BLOCK_N / 16; ++t)  // 16 keys per step
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c)
+      Wgmma<PV_CHUNK, IS_BF16>::rs(
+          o[c], p[t], advance(v_desc, t * 16 * 128 + c * (PV_CHUNK / 64) * BLOCK_N * 128), 1);
+  wgmma_commit();
+}
+
 // ---- swizzled shared-memory tiles --------------------------------------------------------------
 
 // Byte offset of (row, col) in a swizzled tile of ROWS rows (layout at the top of this file).

@@ -3,7 +3,8 @@
 // softmax step (base 2) that turns S into P, and O += P V. A warp owns MT 16-row tiles of
 // queries and NT 8-column tiles of keys; accumulators use the m16n8 fragment layout (lane holds
 // rows lane/4 and lane/4 + 8, columns 2 * (lane % 4) + {0, 1}). Shared tiles are cuda/tiles.cuh's,
-// DP elements per row. The renderer places this after cuda/tiles.cuh.
+// DP elements per row; the per-row steps are cuda/online_softmax.cuh's. The renderer places this
+// after cuda/tiles.cuh.
 
 namespace flashjit_kernel {
 
@@ -21,13 +22,6 @@ __device__ __forceinline__ void warp_softmax_init(float (&acc)[MT][DT][4], float
     row_max[mt][0] = row_max[mt][1] = minus_infinity();
     row_sum[mt][0] = row_sum[mt][1] = 0.f;
   }
-}
-
-// A row's sum over the four lanes of a quad (the lanes that hold one fragment row).
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  x += __shfl_xor_sync(0xffffffffu, x, 2);
-  return x;
 }
 
 // s = Q K^T over the head dim (s: float[MT][NT][4], declared by the caller): q_lane, k_lane are
@@ -73,12 +67,9 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[MT][NT][4],
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
         block_max = fmaxf(block_max, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
-      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
-      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
-      // A row that has seen no key yet has max -inf; subtract 0 instead so exp2 gives 0, not NaN.
-      const float max_scaled = flashjit_attention::scaled_row_max(block_max, scale_log2);
-      const float correction = fast_exp2(row_max[mt][half] * scale_log2 - max_scaled);
-      row_max[mt][half] = block_max;
+      float correction;
+      const float max_scaled =
+          online_max_step(row_max[mt][half], block_max, scale_log2, correction);
       row_sum[mt][half] *= correction;
 #pragma unroll
       for (int dt = 0; dt < DT; ++dt) {

@@ -26,6 +26,7 @@
 #include "support/cuda_emulator.hpp"
 #include "support/block_mask_variant.hpp"
 #include "templates/attention_common.h"
+#include "templates/cuda/online_softmax.cuh"
 #include "templates/cuda/block_mask.cuh"
 // (tiles before the kernel)
 #include "templates/cuda/tiles.cuh"

@@ -27,6 +27,7 @@
 #include "support/sm90_emulator.hpp"
 #include "support/block_mask_variant.hpp"
 #include "templates/attention_common.h"
+#include "templates/cuda/online_softmax.cuh"
 #include "templates/cuda/sm90_tiles.cuh"
 #include "templates/cuda/ws/pipeline.cuh"
 #include "templates/cuda/ws/traits.cuh"

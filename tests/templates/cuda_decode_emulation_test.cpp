@@ -27,6 +27,7 @@
 #include "support/cuda_emulator.hpp"
 #include "templates/attention_common.h"
 #include "templates/decode_split.h"
+#include "templates/cuda/online_softmax.cuh"
 #include "templates/cuda/tiles.cuh"
 #include "templates/cuda/warp_mma.cuh"
 // clang-format off: the order of the templates matters (as the renderer assembles them)

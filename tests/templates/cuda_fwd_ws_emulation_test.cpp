@@ -38,6 +38,7 @@
 #include "templates/attention_params.h"
 #include "templates/attention_common.h"
 #include "support/sm90_emulator.hpp"
+#include "templates/cuda/online_softmax.cuh"
 #include "templates/cuda/sm90_tiles.cuh"
 #include "templates/cuda/ws/pipeline.cuh"
 #include "templates/cuda/ws/traits.cuh"

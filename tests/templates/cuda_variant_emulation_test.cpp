@@ -27,6 +27,7 @@
 #define FLASHJIT_VARIANT_MASK_MOD 0
 #include "support/emulated_variant.h"
 #include "templates/attention_common.h"
+#include "templates/cuda/online_softmax.cuh"
 // (tiles before the kernel)
 #include "templates/cuda/tiles.cuh"
 #include "templates/cuda/warp_mma.cuh"

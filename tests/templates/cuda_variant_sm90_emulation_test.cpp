@@ -33,6 +33,7 @@
 #define FLASHJIT_VARIANT_MASK_MOD 1
 #include "support/emulated_variant.h"
 #include "templates/attention_common.h"
+#include "templates/cuda/online_softmax.cuh"
 // (tiles before the kernel)
 #include "templates/cuda/sm90_tiles.cuh"
 // (the kernel last)

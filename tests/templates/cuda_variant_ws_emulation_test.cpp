@@ -33,6 +33,7 @@
 #define FLASHJIT_VARIANT_MASK_MOD 1
 #include "support/emulated_variant.h"
 #include "templates/attention_common.h"
+#include "templates/cuda/online_softmax.cuh"
 // (tiles, then the -ws pieces in the renderer's order)
 #include "templates/cuda/sm90_tiles.cuh"
 #include "templates/cuda/ws/pipeline.cuh"

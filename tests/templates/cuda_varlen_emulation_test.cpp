@@ -23,6 +23,7 @@
 // clang-format off: the order matters (as the renderer assembles the source)
 #include "support/cuda_emulator.hpp"
 #include "support/emulated_varlen.h"
+#include "templates/cuda/online_softmax.cuh"
 // (tiles before the kernel)
 #include "templates/cuda/tiles.cuh"
 #include "templates/cuda/warp_mma.cuh"

@@ -23,6 +23,7 @@
 // (the emulated primitives before the templates)
 #include "support/sm90_emulator.hpp"
 #include "support/emulated_varlen.h"
+#include "templates/cuda/online_softmax.cuh"
 // (tiles before the kernel)
 #include "templates/cuda/sm90_tiles.cuh"
 // (the kernel last)

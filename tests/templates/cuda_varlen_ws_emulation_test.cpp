@@ -38,6 +38,7 @@
 // (the emulated primitives before the templates)
 #include "support/sm90_emulator.hpp"
 #include "support/emulated_varlen.h"
+#include "templates/cuda/online_softmax.cuh"
 // (tiles, then the -ws pieces in the renderer's order)
 #include "templates/cuda/sm90_tiles.cuh"
 #include "templates/cuda/ws/pipeline.cuh"

@@ -187,28 +187,13 @@ __device__ __forceinline__ void ws_consume(const FlashjitAttentionParams& p,
   PipelineState<K::kStages>& v_read = at.v;
 
   auto issue_s = [&](int stage) {  // S = Q K^T from buffer `stage`
-    const u64 k_desc = advance(k_desc0, stage * K::kKvTileBytes);
-#pragma unroll
-    for (int kk = 0; kk < kDp / 16; ++kk) {  // 16 head-dim columns per step
-      const u32 q_step = (kk / 4) * (kBlockM * 128) + (kk % 4) * 32;
-      const u32 k_step = (kk / 4) * (kBlockN * 128) + (kk % 4) * 32;
-      if (kk == 0)
-        Wgmma<kBlockN, K::kIsBf16>::ss_first(s, advance(q_desc, q_step), advance(k_desc, k_step));
-      else
-        Wgmma<kBlockN, K::kIsBf16>::ss(s, advance(q_desc, q_step), advance(k_desc, k_step), 1);
-    }
-    wgmma_commit();
+    // (The buffer's offset in the descriptor: as attention_fwd_sm90.cuh's.)
+    wgmma_over_head_dim<kBlockN, kDp, kBlockM, kBlockN, K::kIsBf16>(
+        s, q_desc, advance(k_desc0, stage * K::kKvTileBytes), 0);
   };
   auto issue_pv = [&](int stage) {  // O += P V from buffer `stage`
-    const u64 v_desc = advance(v_desc0, stage * K::kKvTileBytes);
-#pragma unroll
-    for (int t = 0; t < kBlockN / 16; ++t)  // 16 keys per step
-#pragma unroll
-      for (int c = 0; c < kPvChunks; ++c)
-        Wgmma<kPvChunk, K::kIsBf16>::rs(
-            out.o[c], p_frag[t],
-            advance(v_desc, t * 16 * 128 + c * (kPvChunk / 64) * kBlockN * 128), 1);
-    wgmma_commit();
+    wgmma_pv<kBlockN, kPvChunk, K::kIsBf16>(out.o, p_frag,
+                                            advance(v_desc0, stage * K::kKvTileBytes));
   };
 #ifdef FLASHJIT_VARIANT
   const float slope = flashjit_variant::alibi_slope(p, tile.head);

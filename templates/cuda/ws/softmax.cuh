@@ -98,16 +98,8 @@ struct WsSoftmax {
                                          float (&correction)[2]) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      float block_max = row_max[half];
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-        block_max = fmaxf(block_max, fmaxf(s[nt * 4 + 2 * half], s[nt * 4 + 2 * half + 1]));
-      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
-      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
-      // A row that has seen no key yet has max -inf: subtract 0 instead, so exp2 gives 0.
-      const float max_scaled = flashjit_attention::scaled_row_max(block_max, scale_log2);
-      correction[half] = fast_exp2(row_max[half] * scale_log2 - max_scaled);
-      row_max[half] = block_max;
+      const float max_scaled =
+          online_max_step(row_max[half], s, half, scale_log2, correction[half]);
       float sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt)
@@ -141,12 +133,7 @@ struct WsSoftmax {
   }
 
   // The row's l over its quad (every lane of the quad gets it).
-  __device__ __forceinline__ float row_total(int half) const {
-    float sum = row_sum[half];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    return sum;
-  }
+  __device__ __forceinline__ float row_total(int half) const { return quad_sum(row_sum[half]); }
 };
 
 }  // namespace flashjit_kernel
