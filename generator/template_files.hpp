@@ -43,8 +43,7 @@ inline constexpr const char* kCudaWsBackwardFiles[] = {
     "cuda/ws/pipeline.cuh", "cuda/ws/pingpong.cuh", "cuda/ws/attention_bwd_ws.cuh"};
 inline constexpr const char* kCudaDecodeFiles[] = {
     "attention_common.h", "decode_split.h", "cuda/common.cuh", "cuda/online_softmax.cuh",
-    "cuda/tiles.cuh",
-    "cuda/warp_mma.cuh", "cuda/decode.cuh"};
+    "cuda/tiles.cuh", "cuda/warp_mma.cuh", "cuda/decode.cuh"};
 inline constexpr const char* kHipForwardFiles[] = {
     "attention_common.h", "hip/primitives.hpp", "hip/tiles.hpp", "hip/attention_fwd.hpp"};
 inline constexpr const char* kHipBackwardFiles[] = {
