@@ -74,9 +74,14 @@ double measure_clock_ghz() {
   return best;
 }
 
-// 12 independent FMA chains (enough to cover 4-cycle latency on 2 pipes), `iterations` rounds;
-// returns fp32 GFLOP/s of one core.
-#define FLASHJIT_CHAINS(STEP)                                                                      \
+// The body of a peak measurement: 12 independent chains (enough to cover 4-cycle latency on 2
+// pipes) of STEP(a) from accumulators of INIT, `iterations` rounds; their sum kept by STORE_SUM
+// (a0 + a11 into float[16]); returns the GFLOP/s of one core at FLOP per instruction.
+#define FLASHJIT_PEAK(INIT, STEP, STORE_SUM, FLOP)                                                 \
+  auto a0 = INIT;                                                                                  \
+  decltype(a0) a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0,    \
+               a10 = a0, a11 = a0;                                                                 \
+  const Clock::time_point start = Clock::now();                                                    \
   for (long i = 0; i < iterations; ++i) {                                                          \
     a0 = STEP(a0), a1 = STEP(a1), a2 = STEP(a2), a3 = STEP(a3), a4 = STEP(a4), a5 = STEP(a5);      \
     a6 = STEP(a6), a7 = STEP(a7), a8 = STEP(a8), a9 = STEP(a9), a10 = STEP(a10);                   \
@@ -84,55 +89,41 @@ double measure_clock_ghz() {
     asm volatile(""                                                                                \
                  : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7), \
                    "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));                                      \
-  }
+  }                                                                                                \
+  const double seconds = seconds_since(start);                                                     \
+  float lanes[16];                                                                                 \
+  STORE_SUM(lanes, a0, a11);                                                                       \
+  volatile float sink = lanes[0];                                                                  \
+  (void)sink;                                                                                      \
+  return 12.0 * iterations * (FLOP) / seconds / 1e9;
 
+// fp32 FMA: 16 (8) lanes x 2 FLOP per instruction.
 __attribute__((target("avx512f"), noinline)) double fma512_gflops(long iterations) {
   const __m512 b = _mm512_set1_ps(0.9999f), c = _mm512_set1_ps(1e-4f);
-  __m512 a0 = _mm512_set1_ps(0.5f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0,
-         a8 = a0, a9 = a0, a10 = a0, a11 = a0;
-  const Clock::time_point start = Clock::now();
 #define STEP(a) _mm512_fmadd_ps(a, b, c)
-  FLASHJIT_CHAINS(STEP)
+#define STORE_SUM(out, x, y) _mm512_storeu_ps(out, _mm512_add_ps(x, y))
+  FLASHJIT_PEAK(_mm512_set1_ps(0.5f), STEP, STORE_SUM, 16 * 2)
+#undef STORE_SUM
 #undef STEP
-  const double seconds = seconds_since(start);
-  float lanes[16];
-  _mm512_storeu_ps(lanes, _mm512_add_ps(a0, a11));
-  volatile float sink = lanes[0];
-  (void)sink;
-  return 12.0 * iterations * 16 * 2 / seconds / 1e9;
 }
 
 __attribute__((target("avx2,fma"), noinline)) double fma256_gflops(long iterations) {
   const __m256 b = _mm256_set1_ps(0.9999f), c = _mm256_set1_ps(1e-4f);
-  __m256 a0 = _mm256_set1_ps(0.5f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0,
-         a8 = a0, a9 = a0, a10 = a0, a11 = a0;
-  const Clock::time_point start = Clock::now();
 #define STEP(a) _mm256_fmadd_ps(a, b, c)
-  FLASHJIT_CHAINS(STEP)
+#define STORE_SUM(out, x, y) _mm256_storeu_ps(out, _mm256_add_ps(x, y))
+  FLASHJIT_PEAK(_mm256_set1_ps(0.5f), STEP, STORE_SUM, 8 * 2)
+#undef STORE_SUM
 #undef STEP
-  const double seconds = seconds_since(start);
-  float out[8];
-  _mm256_storeu_ps(out, _mm256_add_ps(a0, a11));
-  volatile float sink = out[0];
-  (void)sink;
-  return 12.0 * iterations * 8 * 2 / seconds / 1e9;
 }
 
 // vdpbf16ps: 16 lanes x 2 products x 2 FLOP per instruction.
 __attribute__((target("avx512f,avx512bf16"), noinline)) double dpbf16_gflops(long iterations) {
   const __m512bh b = (__m512bh)_mm512_set1_epi16(0x3f80), c = (__m512bh)_mm512_set1_epi16(0x3a80);
-  __m512 a0 = _mm512_set1_ps(0.5f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0,
-         a8 = a0, a9 = a0, a10 = a0, a11 = a0;
-  const Clock::time_point start = Clock::now();
 #define STEP(a) _mm512_dpbf16_ps(a, b, c)
-  FLASHJIT_CHAINS(STEP)
+#define STORE_SUM(out, x, y) _mm512_storeu_ps(out, _mm512_add_ps(x, y))
+  FLASHJIT_PEAK(_mm512_set1_ps(0.5f), STEP, STORE_SUM, 16 * 4)
+#undef STORE_SUM
 #undef STEP
-  const double seconds = seconds_since(start);
-  float lanes[16];
-  _mm512_storeu_ps(lanes, _mm512_add_ps(a0, a11));
-  volatile float sink = lanes[0];
-  (void)sink;
-  return 12.0 * iterations * 16 * 4 / seconds / 1e9;
 }
 
 template <class F>

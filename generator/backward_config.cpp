@@ -199,16 +199,7 @@ struct BackwardFamily {
 // A device with no limits but the architecture the sm90a families' instructions need: their
 // budgets on it are their templates' constraints alone.
 const DeviceSpec& unlimited_sm90() {
-  static const DeviceSpec device = [] {
-    DeviceSpec d;
-    d.name = "(template constraints only)";
-    d.arch = 90;
-    d.smem_per_block_optin = d.smem_per_sm = 1 << 30;
-    d.regs_per_sm = 1 << 30;
-    d.max_regs_per_thread = 1 << 30;
-    d.max_threads_per_sm = d.max_threads_per_block = 1 << 30;
-    return d;
-  }();
+  static const DeviceSpec device = knobs::unlimited_device(90);
   return device;
 }
 Status check_wgmma_template(const AttentionConfig& c, const AttentionProblem& p) {

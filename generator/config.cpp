@@ -295,12 +295,6 @@ std::vector<AttentionConfig> legal_configs(const AttentionProblem& p, const Devi
   return configs;
 }
 
-namespace {
-int formula_block_m(const AttentionProblem& p, const DeviceSpec& device) {
-  return device.smem_per_block_optin / (3 * p.head_dim * static_cast<int>(sizeof(float)));
-}
-}  // namespace
-
 Result<AttentionConfig> default_config(const AttentionProblem& p, const DeviceSpec& device) {
   if (p.is_backward()) return default_backward_config(p, device);
   FLASHJIT_TRY(check_cuda_dtype(p.dtype));
@@ -322,7 +316,7 @@ Result<AttentionConfig> default_config(const AttentionProblem& p, const DeviceSp
     return make_error(
         ErrorCode::Unsupported,
         "no legal config for head_dim = " + std::to_string(p.head_dim) + " on " + device.name);
-  const int target = formula_block_m(p, device);
+  const int target = knobs::formula_block_m(p, device);
   // The largest legal block_m at or below the formula, else the smallest legal one.
   int block_m = 0;
   for (const AttentionConfig& c : legal)
@@ -344,9 +338,8 @@ std::string explain_plan(const AttentionProblem& p, const DeviceSpec& device) {
   std::ostringstream out;
   const int d = p.head_dim, dp = padded_head_dim(d);
   knobs::plan_header(out, p, device);
-  out << "Starting formula (FlashAttention): Br = SRAM / (3 * d * sizeof(float))\n";
-  out << "  = " << device.smem_per_block_optin << " / (3 * " << d
-      << " * 4) = " << formula_block_m(p, device) << " rows\n\n";
+  knobs::plan_formula(out, p, device);
+  out << "\n";
   out << "Budget of this template (2-byte elements, head dim padded to " << dp << "):\n";
   out << "  smem  = (Br + 2 * stages * Bc) * " << dp
       << " * 2 B      <= " << device.smem_per_block_optin << " B per block\n";

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <iterator>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <tuple>
 
@@ -52,6 +53,28 @@ Status check_decode_problem(const AttentionConfig& c, const AttentionProblem& p)
   return ok_status();
 }
 
+// A GPU decode template's tile choices, and how its messages name them.
+struct DecodeTileChoices {
+  std::span<const int> block_m, block_n, warps, stages;
+  const char* block_m_note;  // what block_m counts
+  const char* warps_name;    // "warps", "warps (wavefronts)"
+  const char* stages_name;   // "stages", "stages (LDS buffers)"
+};
+constexpr DecodeTileChoices kCudaDecodeTiles{kDecodeBlockMChoices,
+                                             kDecodeBlockNChoices,
+                                             kDecodeWarpChoices,
+                                             kDecodeStageChoices,
+                                             " (packed query rows per CTA)",
+                                             "warps",
+                                             "stages"};
+constexpr DecodeTileChoices kHipDecodeTiles{kHipDecodeBlockMChoices,
+                                            kHipDecodeBlockNChoices,
+                                            kHipDecodeWaveChoices,
+                                            kHipStageChoices,
+                                            " (packed query rows per workgroup)",
+                                            "warps (wavefronts)",
+                                            "stages (LDS buffers)"};
+
 // The knobs no decode template has, and the split count's range.
 Status check_decode_knobs(const AttentionConfig& c) {
   if (c.dq != DqMode::Atomic) return illegal(c, "-det exists in the backward pass only");
@@ -60,6 +83,26 @@ Status check_decode_knobs(const AttentionConfig& c) {
     return illegal(c, "splits = " + str(c.splits) + ": must be 0 (auto) or in [1, " +
                           str(kMaxDecodeSplits) + "]");
   return ok_status();
+}
+
+// Those, and a GPU template's tile among `tiles`.
+Status check_decode_knobs(const AttentionConfig& c, const DecodeTileChoices& tiles) {
+  FLASHJIT_TRY(check_decode_knobs(c));
+  FLASHJIT_TRY(knobs::check_choice(c, "block_m", c.block_m, tiles.block_m, tiles.block_m_note));
+  FLASHJIT_TRY(knobs::check_choice(c, "block_n", c.block_n, tiles.block_n));
+  FLASHJIT_TRY(knobs::check_choice(c, tiles.warps_name, c.warps, tiles.warps));
+  return knobs::check_choice(c, tiles.stages_name, c.stages, tiles.stages);
+}
+
+// The tiles of `tiles` (splits = auto) in AttentionConfig order.
+std::vector<AttentionConfig> decode_tiles(const DecodeTileChoices& tiles) {
+  std::vector<AttentionConfig> out;
+  knobs::for_each_tile(tiles.block_m, tiles.block_n, tiles.warps, tiles.stages,
+                       [&](AttentionConfig c) {
+                         c.family = KernelFamily::Decode;
+                         out.push_back(c);
+                       });
+  return out;
 }
 
 }  // namespace
@@ -136,12 +179,7 @@ Status check_decode_config(const AttentionConfig& c, const AttentionProblem& p,
                    "this is the CUDA budget: the HIP decode template's is check_hip_decode_config");
   if (device.arch < 80)
     return illegal(c, "the -decode family needs sm80 or newer (mma.sync bf16, cp.async)");
-  FLASHJIT_TRY(check_decode_knobs(c));
-  FLASHJIT_TRY(knobs::check_choice(c, "block_m", c.block_m, kDecodeBlockMChoices,
-                                   " (packed query rows per CTA)"));
-  FLASHJIT_TRY(knobs::check_choice(c, "block_n", c.block_n, kDecodeBlockNChoices));
-  FLASHJIT_TRY(knobs::check_choice(c, "warps", c.warps, kDecodeWarpChoices));
-  FLASHJIT_TRY(knobs::check_choice(c, "stages", c.stages, kDecodeStageChoices));
+  FLASHJIT_TRY(check_decode_knobs(c, kCudaDecodeTiles));
   const int warp_keys = c.block_n / c.warps;
   if (warp_keys % 16 != 0)
     return illegal(c, "block_n / warps = " + str(warp_keys) +
@@ -168,19 +206,6 @@ Status check_decode_config(const AttentionConfig& c, const AttentionProblem& p,
 }
 
 namespace {
-
-// The tiles (splits = auto) in AttentionConfig order.
-std::vector<AttentionConfig> decode_tiles() {
-  std::vector<AttentionConfig> tiles;
-  for (int m : kDecodeBlockMChoices)
-    for (int n : kDecodeBlockNChoices)
-      for (int w : kDecodeWarpChoices)
-        for (int s : kDecodeStageChoices) {
-          AttentionConfig c{m, n, w, s, KernelFamily::Decode};
-          tiles.push_back(c);
-        }
-  return tiles;
-}
 
 // block_m 32 only when the packed rows need more than 16 (else half its rows are padding).
 bool useful_block_m(const AttentionConfig& c, const AttentionProblem& p) {
@@ -236,9 +261,9 @@ void decode_plan_footer(std::ostream& out, const AttentionProblem& p, size_t leg
 
 std::vector<AttentionConfig> legal_decode_configs(const AttentionProblem& p,
                                                   const DeviceSpec& device) {
-  return legal_tiles_with_splits(decode_tiles(), p, [&](const AttentionConfig& tile) {
-    return check_decode_config(tile, p, device);
-  });
+  return legal_tiles_with_splits(
+      decode_tiles(kCudaDecodeTiles), p,
+      [&](const AttentionConfig& tile) { return check_decode_config(tile, p, device); });
 }
 
 Result<AttentionConfig> default_decode_config(const AttentionProblem& p, const DeviceSpec& device) {
@@ -253,7 +278,7 @@ Result<AttentionConfig> default_decode_config(const AttentionProblem& p, const D
                            two_per_sm(c) ? c.stages : -c.stages);
   };
   const AttentionConfig* best = nullptr;
-  const std::vector<AttentionConfig> tiles = decode_tiles();
+  const std::vector<AttentionConfig> tiles = decode_tiles(kCudaDecodeTiles);
   for (const AttentionConfig& c : tiles) {
     if (c.block_n != 64 || c.warps != 4) continue;
     if (!check_decode_config(c, p, device).ok()) continue;
@@ -286,7 +311,7 @@ std::string explain_decode_plan(const AttentionProblem& p, const DeviceSpec& dev
       << " / (batch * heads_kv * row tiles)) within [1, key blocks], or one of "
       << list(kDecodeSplitChoices) << "\n\n";
   out << "config                   smem(B)  regs~  splits(auto)  status\n";
-  for (const AttentionConfig& c : decode_tiles()) {
+  for (const AttentionConfig& c : decode_tiles(kCudaDecodeTiles)) {
     if (!useful_block_m(c, p)) continue;
     const Status status = check_decode_config(c, p, device);
     const DecodeResources r = decode_resources(c, p);
@@ -314,15 +339,6 @@ constexpr int kHipSplitsPerCu = 2;
 
 int hip_decode_copies(const AttentionConfig& c, const AttentionProblem& p) {
   return c.block_n * (padded_head_dim(p.head_dim) / 8) / std::max(1, c.warps * kHipWaveSize);
-}
-
-std::vector<AttentionConfig> hip_decode_tiles() {
-  std::vector<AttentionConfig> tiles;
-  for (int m : kHipDecodeBlockMChoices)
-    for (int n : kHipDecodeBlockNChoices)
-      for (int w : kHipDecodeWaveChoices)
-        for (int s : kHipStageChoices) tiles.push_back({m, n, w, s, KernelFamily::Decode});
-  return tiles;
 }
 
 }  // namespace
@@ -356,12 +372,7 @@ Status check_hip_decode_config(const AttentionConfig& c, const AttentionProblem&
   if (p.dtype != DType::F16 && p.dtype != DType::BF16)
     return illegal(c, std::string("dtype = ") + to_string(p.dtype) +
                           ": the HIP templates support f16 and bf16 storage only (MFMA operands)");
-  FLASHJIT_TRY(check_decode_knobs(c));
-  FLASHJIT_TRY(knobs::check_choice(c, "block_m", c.block_m, kHipDecodeBlockMChoices,
-                                   " (packed query rows per workgroup)"));
-  FLASHJIT_TRY(knobs::check_choice(c, "block_n", c.block_n, kHipDecodeBlockNChoices));
-  FLASHJIT_TRY(knobs::check_choice(c, "warps (wavefronts)", c.warps, kHipDecodeWaveChoices));
-  FLASHJIT_TRY(knobs::check_choice(c, "stages (LDS buffers)", c.stages, kHipStageChoices));
+  FLASHJIT_TRY(check_decode_knobs(c, kHipDecodeTiles));
   if ((c.block_n / c.warps) % 16 != 0)
     return illegal(c, "block_n / waves = " + str(c.block_n / c.warps) +
                           " keys per wave: must be a multiple of 16 (MFMA tiles)");
@@ -395,9 +406,9 @@ Status check_hip_decode_config(const AttentionConfig& c, const AttentionProblem&
 
 std::vector<AttentionConfig> legal_hip_decode_configs(const AttentionProblem& p,
                                                       const DeviceSpec& device) {
-  return legal_tiles_with_splits(hip_decode_tiles(), p, [&](const AttentionConfig& tile) {
-    return check_hip_decode_config(tile, p, device);
-  });
+  return legal_tiles_with_splits(
+      decode_tiles(kHipDecodeTiles), p,
+      [&](const AttentionConfig& tile) { return check_hip_decode_config(tile, p, device); });
 }
 
 Result<AttentionConfig> default_hip_decode_config(const AttentionProblem& p,
@@ -411,7 +422,7 @@ Result<AttentionConfig> default_hip_decode_config(const AttentionProblem& p,
     return std::make_tuple(c.block_m == block_m, two_per_cu, c.warps, c.block_n == 64, c.stages);
   };
   std::optional<AttentionConfig> best;
-  for (const AttentionConfig& c : hip_decode_tiles())
+  for (const AttentionConfig& c : decode_tiles(kHipDecodeTiles))
     if (check_hip_decode_config(c, p, device).ok() && (!best || rank(c) > rank(*best))) best = c;
   if (!best)
     return make_error(ErrorCode::Unsupported, "no legal HIP -decode config for head_dim = " +
@@ -439,7 +450,7 @@ std::string explain_hip_decode_plan(const AttentionProblem& p, const DeviceSpec&
       << " / (batch * heads_kv * row tiles)) within [1, key blocks], or one of "
       << list(kDecodeSplitChoices) << "\n\n";
   out << "config                   LDS(B)  regs~  splits(auto)  status\n";
-  for (const AttentionConfig& c : hip_decode_tiles()) {
+  for (const AttentionConfig& c : decode_tiles(kHipDecodeTiles)) {
     if (!useful_block_m(c, p)) continue;
     char line[512];
     std::snprintf(line, sizeof line, "%-24s %7d %6d %13d  %s\n", c.to_string().c_str(),

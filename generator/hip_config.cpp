@@ -195,9 +195,7 @@ std::string explain_hip_plan(const AttentionProblem& p, const DeviceSpec& device
   std::ostringstream out;
   const int d = p.head_dim, dp = padded_head_dim(d);
   knobs::plan_header(out, p, device);
-  out << "Starting formula (FlashAttention): Br = SRAM / (3 * d * sizeof(float))\n";
-  out << "  = " << device.smem_per_block_optin << " / (3 * " << d
-      << " * 4) = " << device.smem_per_block_optin / (3 * d * 4) << " rows\n";
+  knobs::plan_formula(out, p, device);
   out << "  (assumes Q in SRAM; the HIP template keeps Q in registers, see the default below)\n\n";
   out << "Budget of the HIP template (MFMA 16x16x16, wave" << kHipWaveSize
       << ", 2-byte elements, head dim padded to " << dp << "):\n";

@@ -73,6 +73,33 @@ inline void plan_header(std::ostream& out, const AttentionProblem& p, const Devi
   out << "problem: " << p.to_string() << "\n\n";
 }
 
+// A device with no limits to speak of, for checking a config against its template's own
+// constraints alone (the renderers' checks): NVIDIA `arch` (0, 80, 90), or with `gcn_arch` set
+// ("gfx90a") an AMD device of 64-lane waves (hip_config.hpp's kHipWaveSize).
+inline DeviceSpec unlimited_device(int arch, const std::string& gcn_arch = "") {
+  DeviceSpec unlimited;
+  unlimited.name = "(template constraints only)";
+  unlimited.arch = arch;
+  unlimited.gcn_arch = gcn_arch;
+  if (!gcn_arch.empty()) unlimited.warp_size = 64;
+  unlimited.smem_per_block_optin = unlimited.smem_per_sm = 1 << 30;
+  unlimited.regs_per_sm = 1 << 30;
+  unlimited.max_regs_per_thread = 1 << 30;
+  unlimited.max_threads_per_sm = unlimited.max_threads_per_block = 1 << 30;
+  return unlimited;
+}
+
+// FlashAttention's starting formula for the rows of a tile, Br = SRAM / (3 * d * sizeof(float)),
+// on `device`; plan_formula prints it (two lines) as a forward plan's start.
+inline int formula_block_m(const AttentionProblem& p, const DeviceSpec& device) {
+  return device.smem_per_block_optin / (3 * p.head_dim * static_cast<int>(sizeof(float)));
+}
+inline void plan_formula(std::ostream& out, const AttentionProblem& p, const DeviceSpec& device) {
+  out << "Starting formula (FlashAttention): Br = SRAM / (3 * d * sizeof(float))\n";
+  out << "  = " << device.smem_per_block_optin << " / (3 * " << p.head_dim
+      << " * 4) = " << formula_block_m(p, device) << " rows\n";
+}
+
 // A plan's last line: "<count> legal configs. Default (untuned): <config>" (or why there is none).
 inline void plan_footer(std::ostream& out, size_t legal,
                         const Result<AttentionConfig>& default_config) {

@@ -12,6 +12,7 @@
 #include "generator/block_mask.hpp"
 #include "generator/cpu_config.hpp"
 #include "generator/hip_config.hpp"
+#include "generator/knobs.hpp"
 #include "generator/render_decode.hpp"
 #include "generator/template_files.hpp"
 #include "generator/variant.hpp"
@@ -41,30 +42,16 @@ std::string hex16(uint64_t hash) {
 // Preconditions the template states as static_asserts, checked here first so that a bad
 // config is a clear error instead of a compile log.
 Status check_template_constraints(const AttentionProblem& problem, const AttentionConfig& config) {
-  // A device with no limits to speak of: only the template's own constraints can fail.
-  DeviceSpec unlimited;
-  unlimited.name = "(template constraints only)";
-  unlimited.smem_per_block_optin = unlimited.smem_per_sm = 1 << 30;
-  unlimited.regs_per_sm = 1 << 30;
-  unlimited.max_regs_per_thread = 1 << 30;
-  unlimited.max_threads_per_sm = unlimited.max_threads_per_block = 1 << 30;
-  // The wgmma and ws families exist for sm90 only: the one architecture their constraints accept.
-  if (config.family != KernelFamily::Mma) unlimited.arch = 90;
-  return check_config(config, problem, unlimited);
+  // A device with no limits to speak of: only the template's own constraints can fail. The wgmma
+  // and ws families exist for sm90 only: the one architecture their constraints accept.
+  return check_config(config, problem,
+                      knobs::unlimited_device(config.family != KernelFamily::Mma ? 90 : 0));
 }
 
 // The same for the HIP templates: an AMD device with no limits to speak of.
 Status check_hip_template_constraints(const AttentionProblem& problem,
                                       const AttentionConfig& config) {
-  DeviceSpec unlimited;
-  unlimited.name = "(template constraints only)";
-  unlimited.gcn_arch = "gfx90a";
-  unlimited.warp_size = kHipWaveSize;
-  unlimited.smem_per_block_optin = unlimited.smem_per_sm = 1 << 30;
-  unlimited.regs_per_sm = 1 << 30;
-  unlimited.max_regs_per_thread = 1 << 30;
-  unlimited.max_threads_per_sm = unlimited.max_threads_per_block = 1 << 30;
-  return check_hip_config(config, problem, unlimited);
+  return check_hip_config(config, problem, knobs::unlimited_device(0, "gfx90a"));
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include "generator/cpu_config.hpp"
 #include "generator/decode_config.hpp"
 #include "generator/hip_config.hpp"
+#include "generator/knobs.hpp"
 #include "generator/template_files.hpp"
 
 namespace flashjit {
@@ -39,14 +40,7 @@ Result<KernelSource> render_cuda_decode(const AttentionProblem& problem,
   FLASHJIT_TRY(validate(problem));
   FLASHJIT_TRY(check_cuda_dtype(problem.dtype));
   // A CUDA device with no limits to speak of: only the template's own constraints can fail.
-  DeviceSpec unlimited;
-  unlimited.name = "(template constraints only)";
-  unlimited.arch = 80;
-  unlimited.smem_per_block_optin = unlimited.smem_per_sm = 1 << 30;
-  unlimited.regs_per_sm = 1 << 30;
-  unlimited.max_regs_per_thread = 1 << 30;
-  unlimited.max_threads_per_sm = unlimited.max_threads_per_block = 1 << 30;
-  FLASHJIT_TRY(check_decode_config(config, problem, unlimited));
+  FLASHJIT_TRY(check_decode_config(config, problem, knobs::unlimited_device(80)));
   const char* params = "(const __grid_constant__ FlashjitAttentionParams params) {\n";
   std::ostringstream instantiation;
   instantiation << "typedef flashjit_kernel::DecodeTraits" << gpu_traits_arguments(problem, config)
@@ -62,15 +56,7 @@ Result<KernelSource> render_hip_decode(const AttentionProblem& problem,
                                        const AttentionConfig& config) {
   FLASHJIT_TRY(validate(problem));
   // An AMD device with no limits to speak of: only the template's own constraints can fail.
-  DeviceSpec unlimited;
-  unlimited.name = "(template constraints only)";
-  unlimited.gcn_arch = "gfx90a";
-  unlimited.warp_size = kHipWaveSize;
-  unlimited.smem_per_block_optin = unlimited.smem_per_sm = 1 << 30;
-  unlimited.regs_per_sm = 1 << 30;
-  unlimited.max_regs_per_thread = 1 << 30;
-  unlimited.max_threads_per_sm = unlimited.max_threads_per_block = 1 << 30;
-  FLASHJIT_TRY(check_hip_decode_config(config, problem, unlimited));
+  FLASHJIT_TRY(check_hip_decode_config(config, problem, knobs::unlimited_device(0, "gfx90a")));
   std::ostringstream instantiation;
   instantiation << "typedef flashjit_hip::DecodeTraits" << gpu_traits_arguments(problem, config)
                 << " Config;\n"

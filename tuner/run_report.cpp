@@ -35,20 +35,27 @@ std::string json_number(double value) {
 
 const char* json_bool(bool value) { return value ? "true" : "false"; }
 
+// The problem fields a TunedProblem keeps, copied either way: from an AttentionProblem into a
+// report's row, and back for its label.
+template <class To, class From>
+void copy_problem_fields(To& to, const From& from) {
+  to.pass = from.pass;
+  to.deterministic = from.deterministic;
+  to.head_dim = from.head_dim;
+  to.dtype = from.dtype;
+  to.causal = from.causal;
+  to.batch = from.batch;
+  to.heads_q = from.heads_q;
+  to.heads_kv = from.heads_kv;
+  to.seqlen_q = from.seqlen_q;
+  to.seqlen_k = from.seqlen_k;
+}
+
 }  // namespace
 
 std::string TunedProblem::label() const {
   AttentionProblem problem;
-  problem.pass = pass;
-  problem.deterministic = deterministic;
-  problem.head_dim = head_dim;
-  problem.dtype = dtype;
-  problem.causal = causal;
-  problem.batch = batch;
-  problem.heads_q = heads_q;
-  problem.heads_kv = heads_kv;
-  problem.seqlen_q = seqlen_q;
-  problem.seqlen_k = seqlen_k;
+  copy_problem_fields(problem, *this);
   return problem_label(problem);
 }
 
@@ -61,16 +68,8 @@ TunedProblem tuned_problem(const std::string& device, const TuneReport& r) {
   TunedProblem row;
   row.device = device;
   row.key = r.key.to_string();
-  row.pass = p.pass;
+  copy_problem_fields(row, p);
   row.deterministic = p.is_backward() && p.deterministic;
-  row.head_dim = p.head_dim;
-  row.dtype = p.dtype;
-  row.causal = p.causal;
-  row.batch = p.batch;
-  row.heads_q = p.heads_q;
-  row.heads_kv = p.heads_kv;
-  row.seqlen_q = p.seqlen_q;
-  row.seqlen_k = p.seqlen_k;
   row.default_config = {r.default_config.to_string(), r.default_ms, r.default_tflops()};
   if (r.choice)
     row.chosen = TunedTime{r.choice->config.to_string(), r.choice->median_ms, r.chosen_tflops()};
