@@ -457,16 +457,14 @@ FLASHJIT_KERNEL_BODY(attention_backward_dkdv) {  // p (a variant: and its block 
 
   // Step t's query head and the first row of its query tile.
   auto step_tile = [&](int t, int& head, int& m0) {
-#ifdef FLASHJIT_VARIANT
-#if FLASHJIT_VARIANT_BLOCK_MASK
+#if defined(FLASHJIT_VARIANT) && FLASHJIT_VARIANT_BLOCK_MASK
     const flashjit_variant::GroupStep step = query_tiles.at(t);
     head = step.head;
     m0 = step.tile * kBlockM;
-    return;
-#endif
-#endif
+#else
     head = kv_head * p.group_size + t / m_count;
     m0 = (m_begin + t % m_count) * kBlockM;
+#endif
   };
   // Starts the copies of step t's Q_i, dO_i, lse_log2_i and D_i into buffer `stage`.
   auto load_step = [&](int t, int stage) {
