@@ -457,10 +457,15 @@ FLASHJIT_KERNEL_BODY(attention_backward_dkdv) {  // p (a variant: and its block 
 
   // Step t's query head and the first row of its query tile.
   auto step_tile = [&](int t, int& head, int& m0) {
-#if defined(FLASHJIT_VARIANT) && FLASHJIT_VARIANT_BLOCK_MASK
+#ifdef FLASHJIT_VARIANT
+#if FLASHJIT_VARIANT_BLOCK_MASK
     const flashjit_variant::GroupStep step = query_tiles.at(t);
     head = step.head;
     m0 = step.tile * kBlockM;
+#else
+    head = kv_head * p.group_size + t / m_count;
+    m0 = (m_begin + t % m_count) * kBlockM;
+#endif
 #else
     head = kv_head * p.group_size + t / m_count;
     m0 = (m_begin + t % m_count) * kBlockM;
