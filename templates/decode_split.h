@@ -5,8 +5,6 @@
 //   Vec16, Float4    16-byte vectors of 8 packed 16-bit elements and of 4 floats
 //   shuffle_xor(x, mask)   butterfly exchange within the warp / wave
 //   load_l2(pointer)       a float written by another block of this launch (CUDA: through L2)
-//   load_l2_if(valid, pointer, otherwise)   the same or `otherwise`, pointer valid either way
-//                          (HIP loads, then selects; CUDA predicates the load: fewer registers)
 //   fmax(a, b), exp2(x), log2(x)   (exp2(-inf) = 0; log2 of a positive sum)
 //   pack2<IS_BF16>(lo, hi) two floats rounded to 16 bits, lo in the low half
 //   fence(), barrier(), atomic_add(counter, value)   device-scope fence, block barrier, atomic
@@ -201,7 +199,8 @@ FLASHJIT_DEVICE void combine_row(const FlashjitAttentionParams& p, long long row
 #pragma unroll
       for (int u = 0; u < kSplitsInFlight; ++u) {
         const int s = s0 + u < splits ? s0 + u : splits - 1;
-        weight[u] = Gpu::load_l2_if(s0 + u < splits, lse_of + s * rows_total, -fa::infinity());
+        const float lse = Gpu::load_l2(lse_of + s * rows_total);
+        weight[u] = s0 + u < splits ? lse : -fa::infinity();
         const float* partial = p.partial_o + (s * rows_total + row) * HEAD_DIM;
 #pragma unroll
         for (int i = 0; i < kPerLane; ++i)

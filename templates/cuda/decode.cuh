@@ -103,9 +103,6 @@ struct DecodeGpu {
   // The partials were written by other CTAs of this launch: read through L2 (ld.global.cg),
   // never from this SM's L1.
   static __device__ __forceinline__ float load_l2(const float* x) { return __ldcg(x); }
-  static __device__ __forceinline__ float load_l2_if(bool valid, const float* x, float otherwise) {
-    return valid ? __ldcg(x) : otherwise;
-  }
   static __device__ __forceinline__ float fmax(float a, float b) { return fmaxf(a, b); }
   static __device__ __forceinline__ float exp2(float x) { return fast_exp2(x); }
   static __device__ __forceinline__ float log2(float x) { return fast_log2(x); }

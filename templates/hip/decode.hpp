@@ -110,12 +110,6 @@ struct DecodeGpu {
   // Other workgroups' partials are read after an agent-scope acquire fence (memory_fence), which
   // on CDNA invalidates this CU's L1: a plain load sees them.
   static FLASHJIT_DEVICE float load_l2(const float* x) { return *x; }
-  // A load, then a select of values (a select between a load and a constant would become one
-  // between addresses, with the constant in scratch memory).
-  static FLASHJIT_DEVICE float load_l2_if(bool valid, const float* x, float otherwise) {
-    const float value = *x;
-    return valid ? value : otherwise;
-  }
   static FLASHJIT_DEVICE float fmax(float a, float b) { return __builtin_fmaxf(a, b); }
   static FLASHJIT_DEVICE float exp2(float x) { return fast_exp2(x); }
   static FLASHJIT_DEVICE float log2(float x) { return fast_log2(x); }
