@@ -16,25 +16,18 @@
 
 namespace flashjit_hip {
 
-// What every HIP kernel's traits start from (Traits, BwdTraits, DecodeTraits): the head dim
-// (padded to whole swizzle groups), the block sizes, the waves of a workgroup and the K/V (or
-// Q/dO) stages in LDS, the element type and the mask.
+// What every HIP kernel's traits start from (Traits, BwdTraits, DecodeTraits): the GPU traits'
+// shape (FLASHJIT_TRAITS_SHAPE, attention_common.h; head dim padded to whole swizzle groups, its
+// kWarps are the workgroup's waves), the waves under their own name, the threads of 64-lane
+// waves and the 16-dim tiles of a head-dim row.
 template <int HEAD_DIM, int BLOCK_M, int BLOCK_N, int WAVES, int STAGES, bool IS_BF16, bool CAUSAL>
 struct TileShape {
-  static constexpr int kHeadDim = HEAD_DIM;
-  static constexpr int kHeadDimPadded = (HEAD_DIM + 63) / 64 * 64;  // whole swizzle groups
-  static constexpr int kBlockM = BLOCK_M;
-  static constexpr int kBlockN = BLOCK_N;
+  FLASHJIT_TRAITS_SHAPE(HEAD_DIM, (HEAD_DIM + 63) / 64 * 64, BLOCK_M, BLOCK_N, WAVES, STAGES,
+                        IS_BF16, CAUSAL);
   static constexpr int kWaves = WAVES;
-  static constexpr int kStages = STAGES;
-  static constexpr bool kIsBf16 = IS_BF16;
-  static constexpr bool kCausal = CAUSAL;
   static constexpr int kWaveSize = 64;
   static constexpr int kThreads = WAVES * kWaveSize;
   static constexpr int kDTiles = kHeadDimPadded / 16;  // 16-dim tiles of a head-dim row
-
-  static_assert(HEAD_DIM % 8 == 0 && HEAD_DIM >= 8 && HEAD_DIM <= 256,
-                "head dim: a multiple of 8 in [8, 256]");
   static_assert(STAGES == 1 || STAGES == 2, "1 or 2 LDS buffers for the streamed blocks");
 };
 
