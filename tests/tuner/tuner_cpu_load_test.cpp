@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <thread>
 
 #include "runtime/binary_cache.hpp"
@@ -60,6 +61,13 @@ TEST(TunerCpuLoad, BusyCoresDuringTheFirstTimingsDoNotChangeTheChoice) {
       fs::temp_directory_path() / ("flashjit-cpu-load-" + std::to_string(getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
+  struct RemoveAtExit {
+    fs::path path;
+    ~RemoveAtExit() {
+      std::error_code ignored;
+      fs::remove_all(path, ignored);
+    }
+  } remove_at_exit{dir};
   Result<std::unique_ptr<cpu::CpuBackend>> backend = cpu::CpuBackend::create();
   ASSERT_TRUE(backend.ok()) << backend.error().describe();
   BinaryCache cache(dir / "cache");
@@ -92,7 +100,6 @@ TEST(TunerCpuLoad, BusyCoresDuringTheFirstTimingsDoNotChangeTheChoice) {
   for (int attempt = 0; attempt < 3 && (attempt == 0 || quiet.disturbed); ++attempt)
     quiet = tune("quiet" + std::to_string(attempt) + ".db", options);
   if (quiet.disturbed) {
-    fs::remove_all(dir);
     GTEST_SKIP() << "the host was busy through the quiet reference run: " << quiet.note;
   }
   ASSERT_TRUE(quiet.choice) << quiet.note;
@@ -121,8 +128,16 @@ TEST(TunerCpuLoad, BusyCoresDuringTheFirstTimingsDoNotChangeTheChoice) {
   const TuneReport loaded = tune_on(watched, "loaded.db", options);
   finished = true;
   stopper.join();
-  fs::remove_all(dir);
   ASSERT_TRUE(watched.timing_started()) << "the loaded run timed nothing";
+  // Load only slows a timing down: a quiet reference well slower than the loaded run was itself
+  // disturbed (a fresh-clone CI run once had 0.74 ms quiet against 0.40 ms loaded), so it is taken
+  // again, now that the load is gone, up to twice; the fastest undisturbed one is the reference.
+  // A loaded default well *slower* than the reference still fails below.
+  for (int again = 0; again < 2 && loaded.default_ms < 0.75 * quiet.default_ms; ++again) {
+    TuneReport retaken = tune("quiet-after" + std::to_string(again) + ".db", options);
+    if (!retaken.disturbed && retaken.choice && retaken.default_ms < quiet.default_ms)
+      quiet = std::move(retaken);
+  }
 
   std::printf(
       "quiet run: default %.4f ms, chose %s; loaded run (load held %.0f ms into its timings): %d "
