@@ -145,36 +145,16 @@ Status check_wgmma_backward_config(const AttentionConfig& c, const AttentionProb
   FLASHJIT_TRY(check_template(c, p));
   const int dkdv_threads = wgmma_backward_dkdv_threads(c);
   const int dq_threads = wgmma_backward_dq_threads(c);
-  if (std::max(dkdv_threads, dq_threads) > device.max_threads_per_block)
-    return illegal(c, std::to_string(std::max(dkdv_threads, dq_threads)) +
-                          " threads exceed the device's " +
-                          std::to_string(device.max_threads_per_block) + " per block");
+  FLASHJIT_TRY(knobs::check_threads(c, std::max(dkdv_threads, dq_threads), device));
   // SRAM budget of each kernel.
-  const int dkdv_smem = wgmma_backward_dkdv_smem_bytes(c, p);
-  if (dkdv_smem > device.smem_per_block_optin)
-    return illegal(c, "dK/dV kernel shared memory " + std::to_string(dkdv_smem) +
-                          " B exceeds the device's " + std::to_string(device.smem_per_block_optin) +
-                          " B per block");
-  if (c.dq == DqMode::Separate) {
-    const int dq_smem = wgmma_backward_dq_smem_bytes(c, p);
-    if (dq_smem > device.smem_per_block_optin)
-      return illegal(c, "dQ kernel shared memory " + std::to_string(dq_smem) +
-                            " B exceeds the device's " +
-                            std::to_string(device.smem_per_block_optin) + " B per block");
-  }
+  FLASHJIT_TRY(knobs::check_memory(c, "dK/dV kernel shared memory",
+                                   wgmma_backward_dkdv_smem_bytes(c, p), device));
+  if (c.dq == DqMode::Separate)
+    FLASHJIT_TRY(knobs::check_memory(c, "dQ kernel shared memory",
+                                     wgmma_backward_dq_smem_bytes(c, p), device));
   // Register budget: past the per-thread cap ptxas spills or serializes the wgmmas.
-  auto check_registers = [&](const char* kernel, int regs, int threads) -> Status {
-    if (regs > device.max_regs_per_thread)
-      return illegal(c, std::string(kernel) + " kernel: estimated " + std::to_string(regs) +
-                            " registers per thread exceed " +
-                            std::to_string(device.max_regs_per_thread));
-    if (regs * threads > device.regs_per_sm)
-      return illegal(c, std::string(kernel) + " kernel: estimated " +
-                            std::to_string(regs * threads) + " registers per CTA exceed the SM's " +
-                            std::to_string(device.regs_per_sm));
-    return ok_status();
-  };
-  FLASHJIT_TRY(check_registers("dK/dV", wgmma_backward_dkdv_registers(c, p), dkdv_threads));
+  FLASHJIT_TRY(knobs::check_registers(c, wgmma_backward_dkdv_registers(c, p), dkdv_threads, device,
+                                      "dK/dV kernel: "));
   // Measured, beyond the estimate: Atomic shapes at the 255-register edge that spill (ptxas 13.0,
   // templates_cuda_compile_test): two warpgroups of 64 keys with 128 query columns each
   // (m128n128w8, 8-40 bytes at d <= 64, whatever the stats' loads), and with the dQ tiles staged
@@ -195,7 +175,8 @@ Status check_wgmma_backward_config(const AttentionConfig& c, const AttentionProb
                        "(measured with ptxas 13.0)");
   }
   if (c.dq == DqMode::Separate)
-    FLASHJIT_TRY(check_registers("dQ", wgmma_backward_dq_registers(c, p), dq_threads));
+    FLASHJIT_TRY(knobs::check_registers(c, wgmma_backward_dq_registers(c, p), dq_threads, device,
+                                        "dQ kernel: "));
   return ok_status();
 }
 

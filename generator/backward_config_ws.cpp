@@ -145,14 +145,8 @@ Status check_ws_backward_config(const AttentionConfig& c, const AttentionProblem
   if (const std::string why = problem_not_taken(p); !why.empty())
     return illegal(c, why, ErrorCode::Unsupported);
   FLASHJIT_TRY(check_template(c, p));
-  const int threads = ws_backward_dkdv_threads(c);
-  if (threads > device.max_threads_per_block)
-    return illegal(c, std::to_string(threads) + " threads exceed the device's " +
-                          std::to_string(device.max_threads_per_block) + " per block");
-  const int smem = ws_backward_dkdv_smem_bytes(c, p);
-  if (smem > device.smem_per_block_optin)
-    return illegal(c, "shared memory " + std::to_string(smem) + " B exceeds the device's " +
-                          std::to_string(device.smem_per_block_optin) + " B per block");
+  FLASHJIT_TRY(knobs::check_threads(c, ws_backward_dkdv_threads(c), device));
+  FLASHJIT_TRY(knobs::check_memory(c, "shared memory", ws_backward_dkdv_smem_bytes(c, p), device));
   const int regs = ws_backward_consumer_registers(c, p);
   const int limit = std::min(ws_backward_consumer_register_limit(c), device.max_regs_per_thread);
   if (regs > limit)

@@ -239,24 +239,11 @@ Status check_config(const AttentionConfig& c, const AttentionProblem& p, const D
     return illegal(c, std::to_string(c.block_n * chunks_per_row / c.threads()) +
                           " K/V tile copies per thread exceed " + std::to_string(max_copies) +
                           " (too few threads for the tile: registers would spill)");
-  if (c.threads() > device.max_threads_per_block)
-    return illegal(c, std::to_string(c.threads()) + " threads exceed the device's " +
-                          std::to_string(device.max_threads_per_block) + " per block");
+  FLASHJIT_TRY(knobs::check_threads(c, c.threads(), device));
   // SRAM budget.
-  const int smem = smem_bytes(c, p);
-  if (smem > device.smem_per_block_optin)
-    return illegal(c, "shared memory " + std::to_string(smem) + " B exceeds the device's " +
-                          std::to_string(device.smem_per_block_optin) + " B per block");
+  FLASHJIT_TRY(knobs::check_memory(c, "shared memory", smem_bytes(c, p), device));
   // Register budget: more than the per-thread cap would spill to local memory.
-  const int regs = estimated_registers(c, p);
-  if (regs > device.max_regs_per_thread)
-    return illegal(c, "estimated " + std::to_string(regs) + " registers per thread exceed " +
-                          std::to_string(device.max_regs_per_thread));
-  if (regs * c.threads() > device.regs_per_sm)
-    return illegal(c, "estimated " + std::to_string(regs * c.threads()) +
-                          " registers per CTA exceed the SM's " +
-                          std::to_string(device.regs_per_sm));
-  return ok_status();
+  return knobs::check_registers(c, estimated_registers(c, p), c.threads(), device);
 }
 
 namespace {

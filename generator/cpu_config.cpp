@@ -314,8 +314,7 @@ std::string legal_summary(const AttentionProblem& p, const CpuSpec& cpu) {
 
 std::string explain_cpu_backward_plan(const AttentionProblem& p, const CpuSpec& cpu) {
   std::ostringstream out;
-  out << "cpu:     " << cpu.to_string() << "\n";
-  out << "problem: " << p.to_string() << "\n\n";
+  knobs::plan_header(out, p, "cpu:     ", cpu.to_string());
   out << "Caches as SRAM, backward: a dK/dV block (Bc keys) keeps K^T, V^T and the dK^T, dV^T\n"
          "accumulators while Q and dO stream past in blocks of Br rows. The dQ, two ways, neither\n"
          "with atomics (no two cores write one row; bitwise reproducible):\n"
@@ -379,8 +378,7 @@ std::string explain_cpu_plan(const AttentionProblem& p, const CpuSpec& cpu) {
   if (p.is_backward()) return explain_cpu_backward_plan(p, cpu);
   if (is_decode_problem(p)) return explain_cpu_decode_plan(p, cpu);
   std::ostringstream out;
-  out << "cpu:     " << cpu.to_string() << "\n";
-  out << "problem: " << p.to_string() << "\n\n";
+  knobs::plan_header(out, p, "cpu:     ", cpu.to_string());
   out << "Caches as SRAM: one work item (batch, head, Br query rows) runs on one core; its\n"
          "scratch must fit the core's L2 ("
       << cpu.l2_bytes

@@ -103,12 +103,8 @@ Status check_ws_config(const AttentionConfig& c, const AttentionProblem& p,
                        device.arch_name());
   FLASHJIT_TRY(check_template(c, p));
   const WsResources r = ws_resources(c, p);
-  if (r.threads > device.max_threads_per_block)
-    return illegal(c, std::to_string(r.threads) + " threads exceed the device's " +
-                          std::to_string(device.max_threads_per_block) + " per block");
-  if (r.smem_bytes > device.smem_per_block_optin)
-    return illegal(c, "shared memory " + std::to_string(r.smem_bytes) + " B exceeds the device's " +
-                          std::to_string(device.smem_per_block_optin) + " B per block");
+  FLASHJIT_TRY(knobs::check_threads(c, r.threads, device));
+  FLASHJIT_TRY(knobs::check_memory(c, "shared memory", r.smem_bytes, device));
   if (r.consumer_estimate > std::min(r.consumer_registers, device.max_regs_per_thread))
     return illegal(c, "a consumer thread needs ~" + std::to_string(r.consumer_estimate) +
                           " registers; setmaxnreg gives it " +
