@@ -57,6 +57,58 @@ struct TunedProblem {
   std::string label() const;  // problem_label(): "bwd d128 bf16 causal N=4096 B=4 H=16"
 };
 
+// The fields of a row by the names the JSON report and Python's dict give them, in their order:
+// one list for the writers (run_report_json, python/src/tune.cpp) and the reader
+// (read_run_report). visit(name, member) with a `row` const or not; a member is a std::string,
+// bool, int, int64_t, double, Pass or DType. A TunedProblem's fields come in two runs, around
+// its "default" and "chosen" (TunedTime) which the caller writes between them, and its
+// "results" (TunedConfig) after them.
+template <class Row, class Visit>  // Row: [const] TunedProblem
+void visit_problem_fields(Row& row, Visit&& visit) {
+  visit("device", row.device);
+  visit("key", row.key);
+  visit("pass", row.pass);
+  visit("deterministic", row.deterministic);
+  visit("d", row.head_dim);
+  visit("dtype", row.dtype);
+  visit("causal", row.causal);
+  visit("batch", row.batch);
+  visit("heads_q", row.heads_q);
+  visit("heads_kv", row.heads_kv);
+  visit("seqlen_q", row.seqlen_q);
+  visit("seqlen_k", row.seqlen_k);
+}
+template <class Row, class Visit>  // Row: [const] TunedProblem
+void visit_outcome_fields(Row& row, Visit&& visit) {
+  visit("gain", row.gain);
+  visit("kept_default", row.kept_default);
+  visit("compared", row.compared);
+  visit("disturbed", row.disturbed);
+  visit("busy_batches", row.busy_batches);
+  visit("noise_ms", row.noise_ms);
+  visit("resumed", row.resumed);
+  visit("seconds", row.seconds);
+  visit("note", row.note);
+}
+template <class Time, class Visit>  // Time: [const] TunedTime
+void visit_time_fields(Time& time, Visit&& visit) {
+  visit("config", time.config);
+  visit("ms", time.ms);
+  visit("tflops", time.tflops);
+}
+template <class Config, class Visit>  // Config: [const] TunedConfig
+void visit_config_fields(Config& config, Visit&& visit) {
+  visit("config", config.config);
+  visit("status", config.status);
+  visit("median_ms", config.median_ms);
+  visit("min_ms", config.min_ms);
+  visit("max_ms", config.max_ms);
+  visit("repetitions", config.repetitions);
+  visit("tflops", config.tflops);
+  visit("is_default", config.is_default);
+  visit("message", config.message);
+}
+
 struct TuneRunReport {
   // 0: every problem got a choice; 1: a device, DB or worker failure, or a problem without a
   // choice; 2: a bad request (InvalidArgument) or no device of the kind asked for; in a worker
