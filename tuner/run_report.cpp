@@ -64,27 +64,14 @@ class JsonMembers {
   bool first_;
 };
 
-// The problem fields a TunedProblem keeps, copied either way: from an AttentionProblem into a
-// report's row, and back for its label.
-template <class To, class From>
-void copy_problem_fields(To& to, const From& from) {
-  to.pass = from.pass;
-  to.deterministic = from.deterministic;
-  to.head_dim = from.head_dim;
-  to.dtype = from.dtype;
-  to.causal = from.causal;
-  to.batch = from.batch;
-  to.heads_q = from.heads_q;
-  to.heads_kv = from.heads_kv;
-  to.seqlen_q = from.seqlen_q;
-  to.seqlen_k = from.seqlen_k;
-}
+// A visit_*_fields visitor over two rows: the second's member into the first's.
+constexpr auto kCopy = [](const char*, auto& to, const auto& from) { to = from; };
 
 }  // namespace
 
 std::string TunedProblem::label() const {
   AttentionProblem problem;
-  copy_problem_fields(problem, *this);
+  visit_problem_fields(kCopy, problem, *this);
   return problem_label(problem);
 }
 
@@ -97,20 +84,13 @@ TunedProblem tuned_problem(const std::string& device, const TuneReport& r) {
   TunedProblem row;
   row.device = device;
   row.key = r.key.to_string();
-  copy_problem_fields(row, p);
+  visit_problem_fields(kCopy, row, p);
   row.deterministic = p.is_backward() && p.deterministic;
   row.default_config = {r.default_config.to_string(), r.default_ms, r.default_tflops()};
   if (r.choice)
     row.chosen = TunedTime{r.choice->config.to_string(), r.choice->median_ms, r.chosen_tflops()};
   row.gain = r.gain();
-  row.kept_default = r.kept_default;
-  row.compared = r.compared;
-  row.disturbed = r.disturbed;
-  row.resumed = r.resumed;
-  row.busy_batches = r.busy_batches;
-  row.noise_ms = r.noise_ms;
-  row.seconds = r.seconds;
-  row.note = r.note;
+  visit_outcome_fields(kCopy, row, r);
   for (const TuneResult& c : r.results) {
     row.results.push_back({c.config.to_string(), to_string(c.status), c.median_ms, c.min_ms,
                            c.max_ms, c.repetitions, c.tflops, c.is_default, c.message});
@@ -201,22 +181,27 @@ std::string run_report_json(const TuneRunReport& report, bool handoff) {
     out << (first ? "\n" : ",\n");
     first = false;
     out << "    {";
-    visit_problem_fields(r, JsonMembers(out));
+    JsonMembers head(out);
+    head("device", r.device);
+    head("key", r.key);
+    visit_problem_fields(head, r);
     out << ",\n     \"default\": {";
-    visit_time_fields(r.default_config, JsonMembers(out));
+    visit_time_fields(JsonMembers(out), r.default_config);
     out << "}, \"chosen\": ";
     if (r.chosen) {
       out << "{";
-      visit_time_fields(*r.chosen, JsonMembers(out));
+      visit_time_fields(JsonMembers(out), *r.chosen);
       out << "}";
     } else {
       out << "null";
     }
-    visit_outcome_fields(r, JsonMembers(out, false));
+    JsonMembers outcome(out, false);
+    outcome("gain", r.gain);
+    visit_outcome_fields(outcome, r);
     out << ",\n     \"results\": [";
     for (size_t i = 0; i < r.results.size(); ++i) {
       out << (i ? ",\n" : "\n") << "       {";
-      visit_config_fields(r.results[i], JsonMembers(out));
+      visit_config_fields(JsonMembers(out), r.results[i]);
       out << "}";
     }
     out << "]}";
@@ -267,7 +252,7 @@ struct JsonFields {
 
 TunedTime tuned_time(const Json& value) {
   TunedTime time;
-  visit_time_fields(time, JsonFields{value});
+  visit_time_fields(JsonFields{value}, time);
   return time;
 }
 
@@ -296,15 +281,18 @@ Result<TuneRunReport> read_run_report(const std::string& path) {
   for (const Json& p : doc["problems"].items) {
     TunedProblem row;
     JsonFields fields{p};
-    visit_problem_fields(row, fields);
+    fields("device", row.device);
+    fields("key", row.key);
+    visit_problem_fields(fields, row);
     if (!fields.ok) {
       return make_error(ErrorCode::InvalidArgument, path + ": a problem without pass or dtype");
     }
     row.default_config = tuned_time(p["default"]);
     if (p["chosen"].is_object()) row.chosen = tuned_time(p["chosen"]);
-    visit_outcome_fields(row, JsonFields{p});
+    fields("gain", row.gain);
+    visit_outcome_fields(fields, row);
     for (const Json& c : p["results"].items) {
-      visit_config_fields(row.results.emplace_back(), JsonFields{c});
+      visit_config_fields(JsonFields{c}, row.results.emplace_back());
     }
     report.problems.push_back(std::move(row));
   }

@@ -58,46 +58,44 @@ struct TunedProblem {
 };
 
 // The fields of a row by the names the JSON report and Python's dict give them, in their order:
-// one list for the writers (run_report_json, python/src/tune.cpp) and the reader
-// (read_run_report). visit(name, member) with a `row` const or not; a member is a std::string,
-// bool, int, int64_t, double, Pass or DType. A TunedProblem's fields come in two runs, around
-// its "default" and "chosen" (TunedTime) which the caller writes between them, and its
-// "results" (TunedConfig) after them.
-template <class Row, class Visit>  // Row: [const] TunedProblem
-void visit_problem_fields(Row& row, Visit&& visit) {
-  visit("device", row.device);
-  visit("key", row.key);
-  visit("pass", row.pass);
-  visit("deterministic", row.deterministic);
-  visit("d", row.head_dim);
-  visit("dtype", row.dtype);
-  visit("causal", row.causal);
-  visit("batch", row.batch);
-  visit("heads_q", row.heads_q);
-  visit("heads_kv", row.heads_kv);
-  visit("seqlen_q", row.seqlen_q);
-  visit("seqlen_k", row.seqlen_k);
+// one list for the writers (run_report_json, python/src/tune.cpp), the reader (read_run_report)
+// and the copies from the tuner's TuneReport (tuned_problem). visit(name, row.member...) over
+// one or more rows (const or not) that have the members, each a std::string, bool, int,
+// int64_t, double, Pass or DType. A TunedProblem's row in the JSON report: "device", "key", the
+// problem fields (an AttentionProblem's too), "default" and "chosen" (TunedTime), "gain", the
+// outcome fields (a TuneReport's too), "results" (TunedConfig).
+template <class Visit, class... Rows>
+void visit_problem_fields(Visit&& visit, Rows&... rows) {
+  visit("pass", rows.pass...);
+  visit("deterministic", rows.deterministic...);
+  visit("d", rows.head_dim...);
+  visit("dtype", rows.dtype...);
+  visit("causal", rows.causal...);
+  visit("batch", rows.batch...);
+  visit("heads_q", rows.heads_q...);
+  visit("heads_kv", rows.heads_kv...);
+  visit("seqlen_q", rows.seqlen_q...);
+  visit("seqlen_k", rows.seqlen_k...);
 }
-template <class Row, class Visit>  // Row: [const] TunedProblem
-void visit_outcome_fields(Row& row, Visit&& visit) {
-  visit("gain", row.gain);
-  visit("kept_default", row.kept_default);
-  visit("compared", row.compared);
-  visit("disturbed", row.disturbed);
-  visit("busy_batches", row.busy_batches);
-  visit("noise_ms", row.noise_ms);
-  visit("resumed", row.resumed);
-  visit("seconds", row.seconds);
-  visit("note", row.note);
+template <class Visit, class... Rows>
+void visit_outcome_fields(Visit&& visit, Rows&... rows) {
+  visit("kept_default", rows.kept_default...);
+  visit("compared", rows.compared...);
+  visit("disturbed", rows.disturbed...);
+  visit("busy_batches", rows.busy_batches...);
+  visit("noise_ms", rows.noise_ms...);
+  visit("resumed", rows.resumed...);
+  visit("seconds", rows.seconds...);
+  visit("note", rows.note...);
 }
-template <class Time, class Visit>  // Time: [const] TunedTime
-void visit_time_fields(Time& time, Visit&& visit) {
+template <class Visit, class Time>  // Time: [const] TunedTime
+void visit_time_fields(Visit&& visit, Time& time) {
   visit("config", time.config);
   visit("ms", time.ms);
   visit("tflops", time.tflops);
 }
-template <class Config, class Visit>  // Config: [const] TunedConfig
-void visit_config_fields(Config& config, Visit&& visit) {
+template <class Visit, class Config>  // Config: [const] TunedConfig
+void visit_config_fields(Visit&& visit, Config& config) {
   visit("config", config.config);
   visit("status", config.status);
   visit("median_ms", config.median_ms);
