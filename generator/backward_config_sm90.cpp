@@ -118,14 +118,15 @@ int wgmma_backward_dq_registers(const AttentionConfig& c, const AttentionProblem
 
 std::vector<AttentionConfig> wgmma_backward_candidates(const AttentionProblem& problem) {
   std::vector<AttentionConfig> configs;
-  for (int block_m : kWgmmaBwdBlockMChoices)
-    for (int block_n : kWgmmaBwdBlockNChoices)
-      for (int warps : kWgmmaBwdWarpChoices)
-        for (int stages : kWgmmaBwdStageChoices)
-          for (DqMode dq : {DqMode::Atomic, DqMode::Separate}) {
-            if (problem.deterministic && dq == DqMode::Atomic) continue;
-            configs.push_back({block_m, block_n, warps, stages, KernelFamily::Wgmma, dq});
-          }
+  knobs::for_each_tile(kWgmmaBwdBlockMChoices, kWgmmaBwdBlockNChoices, kWgmmaBwdWarpChoices,
+                       kWgmmaBwdStageChoices, [&](AttentionConfig c) {
+                         c.family = KernelFamily::Wgmma;
+                         for (DqMode dq : {DqMode::Atomic, DqMode::Separate}) {
+                           if (problem.deterministic && dq == DqMode::Atomic) continue;
+                           c.dq = dq;
+                           configs.push_back(c);
+                         }
+                       });
   std::sort(configs.begin(), configs.end());
   return configs;
 }

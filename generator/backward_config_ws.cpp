@@ -118,17 +118,16 @@ int ws_backward_consumer_register_limit(const AttentionConfig& c) {
 std::vector<AttentionConfig> ws_backward_candidates(const AttentionProblem& problem) {
   std::vector<AttentionConfig> configs;
   if (!problem_not_taken(problem).empty()) return configs;
-  for (int block_m : kWsBwdBlockMChoices)
-    for (int block_n : kWsBwdBlockNChoices)
-      for (int warps : kWsBwdWarpChoices)
-        for (int stages : kWsBwdStageChoices)
-          for (bool persistent : {false, true})
-            for (bool pingpong : {false, true}) {
-              AttentionConfig c{block_m, block_n, warps, stages, KernelFamily::Ws, DqMode::Atomic};
-              c.persistent = persistent;
-              c.pingpong = pingpong;
-              configs.push_back(c);
-            }
+  knobs::for_each_tile(kWsBwdBlockMChoices, kWsBwdBlockNChoices, kWsBwdWarpChoices,
+                       kWsBwdStageChoices, [&](AttentionConfig c) {
+                         c.family = KernelFamily::Ws;
+                         for (bool persistent : {false, true})
+                           for (bool pingpong : {false, true}) {
+                             c.persistent = persistent;
+                             c.pingpong = pingpong;
+                             configs.push_back(c);
+                           }
+                       });
   std::sort(configs.begin(), configs.end());
   return configs;
 }

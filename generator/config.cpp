@@ -262,11 +262,9 @@ bool sm90_families_offered(const AttentionProblem& p, const DeviceSpec& device) 
 
 std::vector<AttentionConfig> legal_configs(const AttentionProblem& p, const DeviceSpec& device) {
   if (p.is_backward()) return legal_backward_configs(p, device);
-  std::vector<AttentionConfig> configs;
-  knobs::for_each_tile(kBlockMChoices, kBlockNChoices, kWarpChoices, kStageChoices,
-                       [&](const AttentionConfig& c) {
-                         if (check_config(c, p, device).ok()) configs.push_back(c);
-                       });
+  std::vector<AttentionConfig> configs =
+      knobs::legal_tiles(kBlockMChoices, kBlockNChoices, kWarpChoices, kStageChoices,
+                         [&](const AttentionConfig& c) { return check_config(c, p, device); });
   if (sm90_families_offered(p, device))
     for (int block_m : kWgmmaBlockMChoices)
       for (int block_n : kWgmmaBlockNChoices)

@@ -158,11 +158,9 @@ Status check_hip_config(const AttentionConfig& c, const AttentionProblem& p,
 std::vector<AttentionConfig> legal_hip_configs(const AttentionProblem& p,
                                                const DeviceSpec& device) {
   if (p.is_backward()) return legal_hip_backward_configs(p, device);
-  std::vector<AttentionConfig> configs;
-  knobs::for_each_tile(kHipBlockMChoices, kHipBlockNChoices, kHipWaveChoices, kHipStageChoices,
-                       [&](const AttentionConfig& c) {
-                         if (check_hip_config(c, p, device).ok()) configs.push_back(c);
-                       });
+  std::vector<AttentionConfig> configs =
+      knobs::legal_tiles(kHipBlockMChoices, kHipBlockNChoices, kHipWaveChoices, kHipStageChoices,
+                         [&](const AttentionConfig& c) { return check_hip_config(c, p, device); });
   if (is_decode_problem(p))
     for (const AttentionConfig& c : legal_hip_decode_configs(p, device)) configs.push_back(c);
   return configs;

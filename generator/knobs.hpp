@@ -72,6 +72,17 @@ void for_each_tile(const M& block_ms, const N& block_ns, const W& warps, const S
         for (int s : stages) visit(AttentionConfig{block_m, block_n, w, s});
 }
 
+// The tiles of the choices (in for_each_tile's order) that `check` (config -> Status) passes.
+template <class M, class N, class W, class S, class Check>
+std::vector<AttentionConfig> legal_tiles(const M& block_ms, const N& block_ns, const W& warps,
+                                         const S& stages, const Check& check) {
+  std::vector<AttentionConfig> legal;
+  for_each_tile(block_ms, block_ns, warps, stages, [&](const AttentionConfig& c) {
+    if (check(c).ok()) legal.push_back(c);
+  });
+  return legal;
+}
+
 // A plan row's status: "legal", or "illegal: <why>" (the error without its "config <name>: ";
 // an error without that prefix as it is, unless `tag_every_error`).
 inline std::string verdict(const Status& status, const AttentionConfig& config,
