@@ -320,6 +320,20 @@ Result<KernelSource> assemble(const template_files::Family& family,
 
 }  // namespace detail
 
+namespace {
+
+// A CUDA forward or backward source as its family compiles and launches it: the sm90 families
+// for sm_90a alone (wgmma), the -ws family's main entries taking the TMA tensor maps too.
+Result<KernelSource> for_family(KernelFamily family, Result<KernelSource> source) {
+  if (source.ok()) {
+    source->arch_specific = family == KernelFamily::Wgmma || family == KernelFamily::Ws;
+    source->tensor_maps = family == KernelFamily::Ws;
+  }
+  return source;
+}
+
+}  // namespace
+
 using detail::assemble;
 
 namespace {
@@ -346,14 +360,9 @@ Result<KernelSource> render_cuda_attention_ws(const AttentionProblem& problem,
                 << "  flashjit_kernel::attention_forward_ws<Config>(params, maps"
                 << (block_mask ? ", &block_mask" : "") << ");\n"
                 << "}\n";
-  Result<KernelSource> source =
-      assemble(template_files::kCudaWsForward, {kAttentionForwardEntry}, "attention_fwd_ws",
-               problem, config, instantiation.str(), block_mask);
-  if (source.ok()) {
-    source->arch_specific = true;
-    source->tensor_maps = true;
-  }
-  return source;
+  return for_family(config.family,
+                    assemble(template_files::kCudaWsForward, {kAttentionForwardEntry},
+                             "attention_fwd_ws", problem, config, instantiation.str(), block_mask));
 }
 
 }  // namespace
@@ -387,13 +396,12 @@ Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
                                              : "attention_forward")
                 << "<Config>(params" << (block_mask ? ", &block_mask" : "") << ");\n"
                 << "}\n";
-  Result<KernelSource> source =
+  return for_family(
+      config.family,
       wgmma ? assemble(template_files::kCudaWgmmaForward, {kAttentionForwardEntry},
                        "attention_fwd_sm90", problem, config, instantiation.str(), block_mask)
             : assemble(template_files::kCudaMmaForward, {kAttentionForwardEntry}, "attention_fwd",
-                       problem, config, instantiation.str(), block_mask);
-  if (source.ok()) source->arch_specific = wgmma;
-  return source;
+                       problem, config, instantiation.str(), block_mask));
 }
 
 Result<KernelSource> render_hip_attention(const AttentionProblem& problem,
@@ -505,15 +513,10 @@ Result<KernelSource> render_cuda_attention_backward_ws(const AttentionProblem& p
       << "extern \"C\" __global__ void __launch_bounds__(flashjit_kernel::kBackwardThreads)\n"
       << kBackwardDqEntry << params << "  flashjit_kernel::backward_dq_convert" << row_args
       << "(params);\n}\n";
-  Result<KernelSource> source =
-      assemble(template_files::kCudaWsBackward,
-               {kBackwardPreprocessEntry, kBackwardDkDvEntry, kBackwardDqEntry}, "attention_bwd_ws",
-               problem, config, instantiation.str());
-  if (source.ok()) {
-    source->arch_specific = true;
-    source->tensor_maps = true;
-  }
-  return source;
+  return for_family(config.family,
+                    assemble(template_files::kCudaWsBackward,
+                             {kBackwardPreprocessEntry, kBackwardDkDvEntry, kBackwardDqEntry},
+                             "attention_bwd_ws", problem, config, instantiation.str()));
 }
 
 }  // namespace
@@ -570,13 +573,12 @@ Result<KernelSource> render_cuda_attention_backward(const AttentionProblem& prob
   }
   const std::vector<std::string> entries = {kBackwardPreprocessEntry, kBackwardDkDvEntry,
                                             kBackwardDqEntry};
-  Result<KernelSource> source =
+  return for_family(
+      config.family,
       wgmma ? assemble(template_files::kCudaWgmmaBackward, entries, "attention_bwd_sm90", problem,
                        config, instantiation.str(), block_mask)
             : assemble(template_files::kCudaMmaBackward, entries, "attention_bwd", problem, config,
-                       instantiation.str(), block_mask);
-  if (source.ok()) source->arch_specific = wgmma;
-  return source;
+                       instantiation.str(), block_mask));
 }
 
 Result<KernelSource> render_hip_attention_backward(const AttentionProblem& problem,
