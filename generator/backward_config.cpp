@@ -17,7 +17,6 @@ namespace {
 // copy addresses. Calibrated against ptxas (tests/templates/cuda_compile_test.cpp prints both):
 // a config is legal when the estimate fits the 255-register cap.
 constexpr int kBackwardRegisterAllowance = 40;
-constexpr int kSmemReservedPerCta = 1024;  // the driver reserves 1 KB per CTA on sm80+
 
 using knobs::contains;
 using knobs::illegal;
@@ -312,7 +311,7 @@ BackwardResources backward_resources(const AttentionConfig& c, const AttentionPr
   }
   // Registers are allocated per warp in units of 256 (8 per thread).
   const int regs_rounded = (use.dkdv_registers + 7) / 8 * 8;
-  const int by_smem = device.smem_per_sm / (use.dkdv_smem_bytes + kSmemReservedPerCta);
+  const int by_smem = device.smem_per_sm / (use.dkdv_smem_bytes + knobs::kSmemReservedPerCta);
   const int by_regs = device.regs_per_sm / std::max(1, regs_rounded * use.dkdv_threads);
   const int by_threads = device.max_threads_per_sm / std::max(1, use.dkdv_threads);
   use.ctas_per_sm = std::max(0, std::min({by_smem, by_regs, by_threads}));

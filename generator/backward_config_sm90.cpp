@@ -10,8 +10,6 @@ namespace flashjit {
 
 namespace {
 
-constexpr int kSwizzleAtomAlign = 1024;    // dynamic shared memory rounded up to a swizzle atom
-constexpr int kSmemReservedPerCta = 1024;  // the driver reserves 1 KB per CTA on sm80+
 // Registers beyond the fp32 accumulators: tile addresses, descriptors, loop state, lse/delta.
 // Calibrated against ptxas (CUDA 13.0): the legal set compiles at <= 255 registers with no
 // spills, and the shapes this rejects spill hundreds of bytes or serialize their wgmmas
@@ -93,13 +91,14 @@ int wgmma_backward_dkdv_smem_bytes(const AttentionConfig& c, const AttentionProb
   const bool ds_in_smem = c.dq == DqMode::Atomic || s.scores_in_smem;
   // Atomic: the dQ tiles staged for the bulk reductions, rows padded by 32 bytes.
   const int dq_stage = c.dq == DqMode::Atomic ? s.dq_tiles * 64 * (s.dq_n * 4 + 32) : 0;
-  return kSwizzleAtomAlign + 2 * kv_tile + 2 * c.stages * q_tile + (ds_in_smem ? score_tile : 0) +
-         (s.scores_in_smem ? score_tile : 0) + 2 * c.stages * c.block_m * 4 + dq_stage;
+  return knobs::kSwizzleAtomAlign + 2 * kv_tile + 2 * c.stages * q_tile +
+         (ds_in_smem ? score_tile : 0) + (s.scores_in_smem ? score_tile : 0) +
+         2 * c.stages * c.block_m * 4 + dq_stage;
 }
 
 int wgmma_backward_dq_smem_bytes(const AttentionConfig& c, const AttentionProblem& p) {
   const int dp = padded_head_dim(p.head_dim);
-  return kSwizzleAtomAlign + 2 * c.block_m * dp * 2 + 2 * c.stages * c.block_n * dp * 2;
+  return knobs::kSwizzleAtomAlign + 2 * c.block_m * dp * 2 + 2 * c.stages * c.block_n * dp * 2;
 }
 
 int wgmma_backward_dkdv_registers(const AttentionConfig& c, const AttentionProblem& p) {
@@ -238,7 +237,7 @@ std::string explain_wgmma_backward_plan(const AttentionProblem& p, const DeviceS
     const int dq_smem = c.dq == DqMode::Separate ? wgmma_backward_dq_smem_bytes(c, p) : 0;
     // dK/dV CTAs per SM, by shared memory and by (estimated, rounded to 8) registers.
     const int regs_rounded = (wgmma_backward_dkdv_registers(c, p) + 7) / 8 * 8;
-    const int ctas = std::min(device.smem_per_sm / (dkdv_smem + kSmemReservedPerCta),
+    const int ctas = std::min(device.smem_per_sm / (dkdv_smem + knobs::kSmemReservedPerCta),
                               device.regs_per_sm / (regs_rounded * wgmma_backward_dkdv_threads(c)));
     char regs[32];
     if (c.dq == DqMode::Separate)

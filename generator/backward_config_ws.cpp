@@ -14,8 +14,7 @@ using knobs::contains;
 using knobs::illegal;
 using knobs::list;
 
-constexpr int kSwizzleAtomAlign = 1024;  // dynamic shared memory rounded up to a swizzle atom
-constexpr int kProducerRegisters = 40;   // WsBwdTraits::kProducerRegisters
+constexpr int kProducerRegisters = 40;  // WsBwdTraits::kProducerRegisters
 // Registers of a consumer beyond its fp32 accumulators: descriptors, addresses, loop state.
 constexpr int kRegisterAllowance = 24;
 
@@ -91,8 +90,8 @@ int ws_backward_dkdv_smem_bytes(const AttentionConfig& c, const AttentionProblem
   const int score_tile = c.block_n * c.block_m * 2;
   const int dq_stage = c.block_m * s.dp * 4;
   const int barriers = 8 * (4 + 2 * c.stages + (c.pingpong ? 4 : 0));
-  return kSwizzleAtomAlign + 2 * kv_tile + 2 * c.stages * q_tile + 2 * score_tile + dq_stage +
-         2 * c.stages * c.block_m * 4 + barriers;
+  return knobs::kSwizzleAtomAlign + 2 * kv_tile + 2 * c.stages * q_tile + 2 * score_tile +
+         dq_stage + 2 * c.stages * c.block_m * 4 + barriers;
 }
 
 int ws_backward_consumer_registers(const AttentionConfig& c, const AttentionProblem& p) {

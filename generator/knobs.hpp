@@ -17,6 +17,12 @@
 
 namespace flashjit::knobs {
 
+// The sm90 families (wgmma, ws) start their tiles on a 128-byte-swizzle atom: their dynamic shared
+// memory is rounded up to one (1024 B).
+inline constexpr int kSwizzleAtomAlign = 1024;
+// The shared memory the driver reserves per CTA on sm80+ (the CTAs-per-SM arithmetic).
+inline constexpr int kSmemReservedPerCta = 1024;
+
 template <class Range>
 bool contains(const Range& range, int value) {
   return std::find(std::begin(range), std::end(range), value) != std::end(range);
