@@ -469,9 +469,7 @@ Result<KernelSource> render_cpu_attention(const AttentionProblem& problem,
   if (config.family == KernelFamily::Decode) return render_cpu_decode(problem, config);
   FLASHJIT_TRY(validate(problem));
   // A CPU with no cache limit to speak of: only the template's own constraints can fail.
-  CpuSpec unlimited;
-  unlimited.l1d_bytes = unlimited.l2_bytes = int64_t{1} << 40;
-  FLASHJIT_TRY(check_cpu_config(config, problem, unlimited));
+  FLASHJIT_TRY(check_cpu_config(config, problem, unlimited_cpu()));
   std::ostringstream instantiation;
   instantiation << "typedef flashjit_cpu::Traits" << cpu_traits_arguments(problem, config)
                 << " Config;\n"
@@ -631,9 +629,7 @@ Result<KernelSource> render_cpu_attention_backward(const AttentionProblem& probl
                                                    const AttentionConfig& config) {
   FLASHJIT_TRY(validate(problem));
   // A CPU with no cache limit to speak of: only the template's own constraints can fail.
-  CpuSpec unlimited;
-  unlimited.l1d_bytes = unlimited.l2_bytes = int64_t{1} << 40;
-  FLASHJIT_TRY(check_cpu_config(config, problem, unlimited));
+  FLASHJIT_TRY(check_cpu_config(config, problem, unlimited_cpu()));
   std::ostringstream instantiation;
   instantiation << "typedef flashjit_cpu::BwdTraits" << cpu_traits_arguments(problem, config)
                 << " Config;\n"

@@ -65,9 +65,8 @@ Result<KernelSource> render_hip_decode(const AttentionProblem& problem,
 Result<KernelSource> render_cpu_decode(const AttentionProblem& problem,
                                        const AttentionConfig& config) {
   FLASHJIT_TRY(validate(problem));
-  CpuSpec unlimited;  // only the template's own constraints can fail
-  unlimited.l1d_bytes = unlimited.l2_bytes = int64_t{1} << 40;
-  FLASHJIT_TRY(check_cpu_decode_config(config, problem, unlimited));
+  // only the template's own constraints can fail
+  FLASHJIT_TRY(check_cpu_decode_config(config, problem, unlimited_cpu()));
   std::ostringstream instantiation;
   instantiation << "typedef flashjit_cpu::DecodeTraits</*head_dim=*/" << problem.head_dim
                 << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n
