@@ -335,6 +335,7 @@ Result<KernelSource> for_family(KernelFamily family, Result<KernelSource> source
 }  // namespace
 
 using detail::assemble;
+using detail::gpu_tile_arguments;
 
 namespace {
 
@@ -343,12 +344,8 @@ Result<KernelSource> render_cuda_attention_ws(const AttentionProblem& problem,
                                               const AttentionConfig& config) {
   const bool block_mask = block_mask_applies(problem, config);  // a third parameter
   std::ostringstream instantiation;
-  instantiation << "typedef flashjit_kernel::WsTraits</*head_dim=*/" << problem.head_dim
-                << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n
-                << ", /*warps=*/" << config.warps << ", /*stages=*/" << config.stages
-                << ", /*bf16=*/" << (problem.dtype == DType::BF16 ? "true" : "false")
-                << ", /*causal=*/" << (problem.causal ? "true" : "false") << ", /*pingpong=*/"
-                << (config.pingpong ? "true" : "false") << ", /*persistent=*/"
+  instantiation << "typedef flashjit_kernel::WsTraits<" << gpu_tile_arguments(problem, config)
+                << ", /*pingpong=*/" << (config.pingpong ? "true" : "false") << ", /*persistent=*/"
                 << (config.persistent ? "true" : "false") << "> Config;\n"
                 << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads, "
                    "Config::kCtasPerSm)\n"
@@ -378,12 +375,8 @@ Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
   // A mask_mod's block map: a second parameter, passed on by address.
   const bool block_mask = block_mask_applies(problem, config);
   std::ostringstream instantiation;
-  instantiation << "typedef flashjit_kernel::" << (wgmma ? "Sm90Traits" : "Traits")
-                << "</*head_dim=*/" << problem.head_dim << ", /*block_m=*/" << config.block_m
-                << ", /*block_n=*/" << config.block_n << ", /*warps=*/" << config.warps
-                << ", /*stages=*/" << config.stages << ", /*bf16=*/"
-                << (problem.dtype == DType::BF16 ? "true" : "false") << ", /*causal=*/"
-                << (problem.causal ? "true" : "false") << "> Config;\n"
+  instantiation << "typedef flashjit_kernel::" << (wgmma ? "Sm90Traits" : "Traits") << "<"
+                << gpu_tile_arguments(problem, config) << "> Config;\n"
                 << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads, 1)\n"
                 << kAttentionForwardEntry
                 << "(const __grid_constant__ FlashjitAttentionParams params"
@@ -411,11 +404,8 @@ Result<KernelSource> render_hip_attention(const AttentionProblem& problem,
   FLASHJIT_TRY(validate(problem));
   FLASHJIT_TRY(check_hip_template_constraints(problem, config));
   std::ostringstream instantiation;
-  instantiation << "typedef flashjit_hip::Traits</*head_dim=*/" << problem.head_dim
-                << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n
-                << ", /*waves=*/" << config.warps << ", /*stages=*/" << config.stages
-                << ", /*bf16=*/" << (problem.dtype == DType::BF16 ? "true" : "false")
-                << ", /*causal=*/" << (problem.causal ? "true" : "false") << "> Config;\n"
+  instantiation << "typedef flashjit_hip::Traits<" << gpu_tile_arguments(problem, config, "waves")
+                << "> Config;\n"
                 << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads)\n"
                 << kAttentionForwardEntry << "(FlashjitAttentionParams params) {\n"
                 << "  flashjit_hip::"
@@ -427,6 +417,17 @@ Result<KernelSource> render_hip_attention(const AttentionProblem& problem,
 }
 
 namespace detail {
+
+std::string gpu_tile_arguments(const AttentionProblem& problem, const AttentionConfig& config,
+                               const char* warps) {
+  std::ostringstream out;
+  out << "/*head_dim=*/" << problem.head_dim << ", /*block_m=*/" << config.block_m
+      << ", /*block_n=*/" << config.block_n << ", /*" << warps << "=*/" << config.warps
+      << ", /*stages=*/" << config.stages << ", /*bf16=*/"
+      << (problem.dtype == DType::BF16 ? "true" : "false") << ", /*causal=*/"
+      << (problem.causal ? "true" : "false");
+  return out.str();
+}
 
 // "</*head_dim=*/128, /*block_m=*/64, /*block_n=*/64, /*storage=*/flashjit_cpu::kBF16,
 // /*causal=*/false>": the parameters of both CPU templates' traits; the backward's add
@@ -494,13 +495,9 @@ Result<KernelSource> render_cuda_attention_backward_ws(const AttentionProblem& p
   const char* params = "(const __grid_constant__ FlashjitAttentionParams params) {\n";
   std::ostringstream instantiation;
   instantiation
-      << "typedef flashjit_kernel::WsBwdTraits</*head_dim=*/" << problem.head_dim
-      << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n << ", /*warps=*/"
-      << config.warps << ", /*stages=*/" << config.stages << ", /*bf16=*/"
-      << (problem.dtype == DType::BF16 ? "true" : "false") << ", /*causal=*/"
-      << (problem.causal ? "true" : "false") << ", /*dq_atomic=*/true, /*persistent=*/"
-      << (config.persistent ? "true" : "false") << (config.pingpong ? ", /*pingpong=*/true" : "")
-      << "> Config;\n"
+      << "typedef flashjit_kernel::WsBwdTraits<" << gpu_tile_arguments(problem, config)
+      << ", /*dq_atomic=*/true, /*persistent=*/" << (config.persistent ? "true" : "false")
+      << (config.pingpong ? ", /*pingpong=*/true" : "") << "> Config;\n"
       << "extern \"C\" __global__ void __launch_bounds__(flashjit_kernel::kBackwardThreads)\n"
       << kBackwardPreprocessEntry << params << "  flashjit_kernel::backward_preprocess" << row_args
       << "(params);\n}\n"
@@ -547,12 +544,8 @@ Result<KernelSource> render_cuda_attention_backward(const AttentionProblem& prob
   const char* mask_arg = block_mask ? ", &block_mask" : "";
   std::ostringstream instantiation;
   instantiation
-      << "typedef flashjit_kernel::" << traits << "</*head_dim=*/" << problem.head_dim
-      << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n << ", /*warps=*/"
-      << config.warps << ", /*stages=*/" << config.stages << ", /*bf16=*/"
-      << (problem.dtype == DType::BF16 ? "true" : "false") << ", /*causal=*/"
-      << (problem.causal ? "true" : "false") << ", /*dq_atomic=*/"
-      << (config.dq == DqMode::Atomic ? "true" : "false") << "> Config;\n"
+      << "typedef flashjit_kernel::" << traits << "<" << gpu_tile_arguments(problem, config)
+      << ", /*dq_atomic=*/" << (config.dq == DqMode::Atomic ? "true" : "false") << "> Config;\n"
       << "extern \"C\" __global__ void __launch_bounds__(flashjit_kernel::kBackwardThreads)\n"
       << kBackwardPreprocessEntry << params << "  flashjit_kernel::backward_preprocess" << view
       << row_args << "(params);\n}\n"
@@ -599,11 +592,8 @@ Result<KernelSource> render_hip_attention_backward(const AttentionProblem& probl
   const char* rows = problem.variant.varlen ? "_varlen" : "";
   std::ostringstream instantiation;
   instantiation
-      << "typedef flashjit_hip::BwdTraits</*head_dim=*/" << problem.head_dim << ", /*block_m=*/"
-      << config.block_m << ", /*block_n=*/" << config.block_n << ", /*waves=*/" << config.warps
-      << ", /*stages=*/" << config.stages << ", /*bf16=*/" << (bf16 ? "true" : "false")
-      << ", /*causal=*/" << (problem.causal ? "true" : "false") << ", /*dq_atomic=*/"
-      << (config.dq == DqMode::Atomic ? "true" : "false") << "> Config;\n"
+      << "typedef flashjit_hip::BwdTraits<" << gpu_tile_arguments(problem, config, "waves")
+      << ", /*dq_atomic=*/" << (config.dq == DqMode::Atomic ? "true" : "false") << "> Config;\n"
       << "extern \"C\" __global__ void __launch_bounds__(flashjit_hip::kBackwardThreads)\n"
       << kBackwardPreprocessEntry << params << "  flashjit_hip::backward_preprocess" << rows
       << row_args << "(params);\n}\n"

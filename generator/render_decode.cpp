@@ -27,10 +27,7 @@ const char* bool_text(bool value) { return value ? "true" : "false"; }
 std::string gpu_instantiation(const char* ns, const char* params, const AttentionProblem& problem,
                               const AttentionConfig& config) {
   std::ostringstream text;
-  text << "typedef " << ns << "::DecodeTraits</*head_dim=*/" << problem.head_dim << ", /*block_m=*/"
-       << config.block_m << ", /*block_n=*/" << config.block_n << ", /*warps=*/" << config.warps
-       << ", /*stages=*/" << config.stages << ", /*bf16=*/"
-       << bool_text(problem.dtype == DType::BF16) << ", /*causal=*/" << bool_text(problem.causal)
+  text << "typedef " << ns << "::DecodeTraits<" << detail::gpu_tile_arguments(problem, config)
        << ", /*page_size=*/" << problem.kv.page_size << "> Config;\n"
        << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads)\n"
        << kDecodeSplitEntry << "(" << params << ") {\n"
