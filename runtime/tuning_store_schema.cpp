@@ -3,8 +3,10 @@
 // change).
 #include "runtime/tuning_store_schema.hpp"
 
+#include <iterator>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 namespace flashjit::tuning_db {
 namespace {
@@ -229,8 +231,10 @@ std::string key_match(const char* left, const char* right, bool with_config) {
                                            "page_size",
                                            "seqlens_k",
                                            "variant"};
+  std::vector<const char*> names(std::begin(kNames), std::end(kNames));
+  if (with_config) names.push_back("config");
   std::string out;
-  for (const char* name : kNames) {
+  for (const char* name : names) {
     if (!out.empty()) out += " AND ";
     out += left;
     out += ".";
@@ -239,13 +243,6 @@ std::string key_match(const char* left, const char* right, bool with_config) {
     out += right;
     out += ".";
     out += name;
-  }
-  if (with_config) {
-    out += " AND ";
-    out += left;
-    out += ".config = ";
-    out += right;
-    out += ".config";
   }
   return out;
 }
