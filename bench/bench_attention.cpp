@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_args.hpp"
 #include "runtime/runtime.hpp"
 
 namespace {
@@ -58,20 +59,7 @@ void print_usage() {
       "  --json       also write the rows to PATH as a JSON list\n");
 }
 
-template <class T>
-std::optional<std::vector<T>> parse_list(const std::string& text) {
-  std::vector<T> values;
-  std::stringstream stream(text);
-  std::string item;
-  while (std::getline(stream, item, ',')) {
-    char* end = nullptr;
-    const long long value = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || value <= 0) return std::nullopt;
-    values.push_back(static_cast<T>(value));
-  }
-  if (values.empty()) return std::nullopt;
-  return values;
-}
+using bench::parse_list;
 
 // Parses argv into `options`; prints the problem and returns false on a bad flag.
 bool parse_options(int argc, char** argv, Options* options) {

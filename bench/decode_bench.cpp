@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_args.hpp"
 #include "generator/decode_config.hpp"
 #include "runtime/cuda/driver.hpp"
 #include "runtime/runtime.hpp"
@@ -43,20 +44,6 @@ struct Options {
   double target_ms = 100;
   std::optional<std::string> json_path;
 };
-
-std::optional<std::vector<int64_t>> parse_list(const std::string& text) {
-  std::vector<int64_t> values;
-  std::stringstream stream(text);
-  std::string item;
-  while (std::getline(stream, item, ',')) {
-    char* end = nullptr;
-    const long long value = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || value < 1) return std::nullopt;
-    values.push_back(value);
-  }
-  if (values.empty()) return std::nullopt;
-  return values;
-}
 
 // Median over batches of back-to-back launches, each batch ~target_ms / 10.
 Result<double> median_ms(const Backend& backend, const std::function<Status(int)>& launch,
@@ -122,7 +109,7 @@ int main(int argc, char** argv) {
     };
     if (arg == "--batch" || arg == "--seqlen-k") {
       const std::string text = value();
-      std::optional<std::vector<int64_t>> list = parse_list(text);
+      std::optional<std::vector<int64_t>> list = bench::parse_list<int64_t>(text);
       if (!list) {
         std::fprintf(stderr, "decode_bench: %s = '%s': a comma list of positive integers\n",
                      arg.c_str(), text.c_str());

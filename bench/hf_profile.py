@@ -56,14 +56,7 @@ FLASHJIT_OPS = ("flashjit.attention", "flashjit.attention(varlen)")
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    parser.add_argument("--dtype", choices=tuple(hf_generate.DTYPES), default=None)
-    parser.add_argument("--preset", choices=tuple(hf_generate.PRESETS), default="tiny")
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--prompt-len", type=int, default=64)
-    parser.add_argument("--new-tokens", type=int, default=16)
-    parser.add_argument("--pad", default="0,7,1,0")
-    parser.add_argument("--seed", type=int, default=0)
+    hf_generate.add_model_args(parser, new_tokens=16)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--sdpa-backends", default=None,
                         help=f"comma-separated of {','.join(BACKENDS)} (default: all on CUDA, "
@@ -72,14 +65,8 @@ def parse_args(argv):
                         help="skip the runs without padding")
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--json", default=None)
-    args = parser.parse_args(argv)
+    args = hf_generate.finish_model_args(parser, parser.parse_args(argv))
     cuda = args.device.startswith("cuda")
-    if args.dtype is None:
-        args.dtype = "bf16" if cuda else "fp32"
-    args.pad = [int(x) for x in args.pad.split(",") if x.strip()] or [0]
-    if max(args.pad) >= args.prompt_len:
-        parser.error(f"--pad {max(args.pad)} leaves no real token in a prompt of "
-                     f"{args.prompt_len}")
     if args.new_tokens < 2 or args.repeats < 1:
         parser.error(f"--new-tokens {args.new_tokens} (>= 2: prefill and decode apart), "
                      f"--repeats {args.repeats} (>= 1)")
@@ -385,13 +372,7 @@ def explain(summary, name):
 
 
 def main(argv=None):
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    import torch
-    import transformers
-
-    import flashjit.hf
-
-    name = flashjit.hf.register()
+    args, torch, transformers, name = hf_generate.start(parse_args, argv)
     layers, hidden, heads, kv_heads, _, vocab = hf_generate.PRESETS[args.preset]
     print(f"model: Llama-style {args.preset} ({layers} layers, hidden {hidden}, {heads} heads, "
           f"{kv_heads} kv heads, vocab {vocab}), {args.dtype} on {args.device}; batch "

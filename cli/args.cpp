@@ -39,7 +39,7 @@ std::string join(const std::vector<std::string>& items, std::string_view separat
 const Flag kHelpFlag{"help", "", "print this help and exit"};
 
 std::vector<Flag> problem_flags() {
-  return {
+  std::vector<Flag> flags = {
       {"batch", "N", "batch size (default 2)"},
       {"heads", "N", "query heads (default 16)"},
       {"kv-heads", "N", "key/value heads, dividing --heads (default: --heads; 1 = MQA)"},
@@ -59,26 +59,14 @@ std::vector<Flag> problem_flags() {
       {"page-size", "N",
        "paged K/V cache (the -decode family): keys per page, a multiple of 16 in [16, 256]; "
        "one cache holding every sequence's pages, key counts per sequence (seqlens_k)"},
-      {"window", "L,R",
-       "sliding window: keys up to L before and R after the (bottom-right) diagonal; -1 for "
-       "an unbounded side (with --causal R is 0)"},
-      {"softcap", "C", "soft-capping: scores become C * tanh(score / C); C finite and > 0"},
-      {"alibi", "", "ALiBi: score += slope[head] * (kv_idx - q_idx), the standard slopes"},
-      {"prefix", "P", "prefix-LM: keys [0, P) visible to every query"},
-      {"score-mod", "EXPR",
-       "a C++ float expression over score, batch, head, q_idx, kv_idx, compiled into the kernel "
-       "(e.g. 'score - 0.1f * abs(q_idx - kv_idx)')"},
-      {"mask-mod", "EXPR",
-       "a C++ bool expression over batch, head, q_idx, kv_idx: which keys a query sees"},
-      {"score-mod-grad", "EXPR",
-       "with --score-mod and --pass bwd (required there): d score_mod / d score, a C++ float "
-       "expression over the same variables (score: score_mod's input), e.g. '1.0f'"},
-      {"docs", "L1,L2,...",
-       "packed variable-length documents (cu_seqlens) of these lengths, queries and keys alike "
-       "(replaces --batch and --seqlen: num_docs, the longest, the total); run launches these "
-       "documents (tune times documents of the same count and total split evenly: the offsets "
-       "are launch data)"},
   };
+  for (const Flag& flag : variant_flags()) flags.push_back(flag);
+  flags.push_back({"docs", "L1,L2,...",
+                   "packed variable-length documents (cu_seqlens) of these lengths, queries and "
+                   "keys alike (replaces --batch and --seqlen: num_docs, the longest, the "
+                   "total); run launches these documents (tune times documents of the same count "
+                   "and total split evenly: the offsets are launch data)"});
+  return flags;
 }
 
 std::vector<Flag> with(std::vector<Flag> flags, std::initializer_list<Flag> more) {
@@ -226,6 +214,25 @@ Result<int64_t> integer_flag(const ParsedFlags& flags, std::string_view name, in
                           std::to_string(max_value) + "]");
   }
   return value;
+}
+
+std::vector<Flag> variant_flags() {
+  return {
+      {"window", "L,R",
+       "sliding window: keys up to L before and R after the (bottom-right) diagonal; -1 for "
+       "an unbounded side (with --causal R is 0)"},
+      {"softcap", "C", "soft-capping: scores become C * tanh(score / C); C finite and > 0"},
+      {"alibi", "", "ALiBi: score += slope[head] * (kv_idx - q_idx), the standard slopes"},
+      {"prefix", "P", "prefix-LM: keys [0, P) visible to every query"},
+      {"score-mod", "EXPR",
+       "a C++ float expression over score, batch, head, q_idx, kv_idx, compiled into the kernel "
+       "(e.g. 'score - 0.1f * abs(q_idx - kv_idx)')"},
+      {"mask-mod", "EXPR",
+       "a C++ bool expression over batch, head, q_idx, kv_idx: which keys a query sees"},
+      {"score-mod-grad", "EXPR",
+       "with --score-mod and --pass bwd (required there): d score_mod / d score, a C++ float "
+       "expression over the same variables (score: score_mod's input), e.g. '1.0f'"},
+  };
 }
 
 Status apply_variant_flags(const ParsedFlags& flags, Variant& variant) {

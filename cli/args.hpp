@@ -68,6 +68,8 @@ Result<AttentionProblem> problem_from_flags(const ParsedFlags& flags);
 // --score-mod-grad EXPR into `variant`
 // (the values' ranges are validate()'s to check).
 Status apply_variant_flags(const ParsedFlags& flags, Variant& variant);
+// Those flags, as every command that takes them (plan, show, run, bench, tune) lists them.
+std::vector<Flag> variant_flags();
 // --page-size N: `problem` reading K/V from a paged cache of N keys a page (enough pages for every
 // sequence's to be distinct) with per-sequence lengths; nothing when the flag is absent. Errors
 // name the flag; a backward problem is InvalidArgument.

@@ -98,46 +98,26 @@ int usage_error(const Error& error) {
 constexpr const char* kShapeFlags[] = {"head-dims", "dtypes", "causal", "seqlens", "tokens",
                                        "batch",     "hidden", "heads",  "kv-heads"};
 
-}  // namespace
-
-const Command& tune_command() {
-  static const Command kCommand = {
-      "tune",
-      "tune tile configs on the GPU(s) and write the tuning DB",
-      "Compiles every legal config of each problem (in parallel), verifies each against an fp64\n"
-      "reference, times the correct ones (CUDA events, inputs rotated past 2x L2, median of\n"
-      "repeated batches), re-times the best against the default and records every result and\n"
-      "the choice in the tuning DB. A config only replaces the default if it is faster by more\n"
-      "than the measured noise. Results already in the DB for this device are not measured\n"
-      "again (resume); --retune measures everything anew.\n"
-      "The grid is every combination of --pass, --head-dims, --dtypes, --causal and --seqlens,\n"
-      "with batch = --tokens / seqlen (or --batch) and heads = --hidden / head dim (or --heads);\n"
-      "the default is the standard grid (36 bf16 forward problems; --pass fwd,bwd: 72, each\n"
-      "shape's backward tuned after its forward); on the CPU (no GPU, or --backend cpu) it is a\n"
-      "small one: d 64,128 x N 256,1024 x causal both, batch 1, 4 heads, bf16.",
+// The grid's flags, the variant flags (as plan, show and run take them: args.cpp), the run's.
+std::vector<Flag> tune_flags() {
+  std::vector<Flag> flags = {
+      {"pass", "LIST", "fwd, bwd or fwd,bwd: the passes to tune (default fwd)"},
+      {"deterministic", "",
+       "backward problems: bitwise reproducible gradients (separate dQ kernel configs only)"},
+      {"head-dims", "LIST", "head dims, e.g. 64,128,256 (default 64,128,256)"},
+      {"dtypes", "LIST", "bf16,fp16,fp32 (fp32: CPU backend only; default bf16)"},
+      {"causal", "WHICH", "on, off or both (default both)"},
+      {"seqlens", "LIST", "sequence lengths (default 512,1024,2048,4096,8192,16384)"},
+      {"tokens", "N", "total tokens: batch = N / seqlen, at least 1 (default 16384)"},
+      {"batch", "N", "fixed batch size instead of --tokens"},
+      {"hidden", "N", "hidden size: heads = N / head dim, at least 1 (default 2048)"},
+      {"heads", "N", "fixed query heads instead of --hidden"},
+      {"kv-heads", "N", "key/value heads (GQA), dividing the query heads (default: equal)"},
+  };
+  for (const Flag& flag : variant_flags()) flags.push_back(flag);
+  flags.insert(
+      flags.end(),
       {
-          {"pass", "LIST", "fwd, bwd or fwd,bwd: the passes to tune (default fwd)"},
-          {"deterministic", "",
-           "backward problems: bitwise reproducible gradients (separate dQ kernel configs only)"},
-          {"head-dims", "LIST", "head dims, e.g. 64,128,256 (default 64,128,256)"},
-          {"dtypes", "LIST", "bf16,fp16,fp32 (fp32: CPU backend only; default bf16)"},
-          {"causal", "WHICH", "on, off or both (default both)"},
-          {"seqlens", "LIST", "sequence lengths (default 512,1024,2048,4096,8192,16384)"},
-          {"tokens", "N", "total tokens: batch = N / seqlen, at least 1 (default 16384)"},
-          {"batch", "N", "fixed batch size instead of --tokens"},
-          {"hidden", "N", "hidden size: heads = N / head dim, at least 1 (default 2048)"},
-          {"heads", "N", "fixed query heads instead of --hidden"},
-          {"kv-heads", "N", "key/value heads (GQA), dividing the query heads (default: equal)"},
-          {"window", "L,R", "sliding window: keys before and after the diagonal (-1: unbounded)"},
-          {"softcap", "C", "soft-capping of the scores (> 0)"},
-          {"alibi", "", "ALiBi biases (standard slopes)"},
-          {"prefix", "P", "prefix-LM: keys [0, P) visible to every query"},
-          {"score-mod", "EXPR",
-           "a score_mod expression (verified against the fp64 reference, which compiles it for "
-           "the host: the CPU backend's Clang JIT, else the host's C++ compiler)"},
-          {"mask-mod", "EXPR", "a mask_mod expression (likewise)"},
-          {"score-mod-grad", "EXPR",
-           "with --score-mod and --pass bwd: d score_mod / d score (see `flashjit run --help`)"},
           {"page-size", "N", "forward problems read K/V from a paged cache of N keys a page"},
           {"recorded", "",
            "tune the problems the runtime recorded as untuned in the DB (each with its pass)"},
@@ -159,7 +139,29 @@ const Command& tune_command() {
            "a config in flight this long without progress is a hung kernel: its worker is "
            "killed, the config recorded as failed, the run goes on (default 120; 0: never)"},
           {"help", "", "print this help and exit"},
-      }};
+      });
+  return flags;
+}
+
+}  // namespace
+
+const Command& tune_command() {
+  static const Command kCommand = {
+      "tune", "tune tile configs on the GPU(s) and write the tuning DB",
+      "Compiles every legal config of each problem (in parallel), verifies each against an fp64\n"
+      "reference, times the correct ones (CUDA events, inputs rotated past 2x L2, median of\n"
+      "repeated batches), re-times the best against the default and records every result and\n"
+      "the choice in the tuning DB. A config only replaces the default if it is faster by more\n"
+      "than the measured noise. Results already in the DB for this device are not measured\n"
+      "again (resume); --retune measures everything anew.\n"
+      "The grid is every combination of --pass, --head-dims, --dtypes, --causal and --seqlens,\n"
+      "with batch = --tokens / seqlen (or --batch) and heads = --hidden / head dim (or --heads);\n"
+      "the default is the standard grid (36 bf16 forward problems; --pass fwd,bwd: 72, each\n"
+      "shape's backward tuned after its forward); on the CPU (no GPU, or --backend cpu) it is a\n"
+      "small one: d 64,128 x N 256,1024 x causal both, batch 1, 4 heads, bf16.\n"
+      "A --score-mod or --mask-mod is verified against the fp64 reference, which compiles it for\n"
+      "the host: the CPU backend's Clang JIT, else the host's C++ compiler.",
+      tune_flags()};
   return kCommand;
 }
 

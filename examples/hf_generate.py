@@ -45,28 +45,54 @@ PRESETS = {  # layers, hidden, heads, kv heads, intermediate, vocab
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_model_args(parser, dtypes=tuple(DTYPES), dtype=None, new_tokens=32):
+    """The flags of the model and its prompts that the hf scripts share (this one,
+    hf_reference.py, bench/hf_profile.py): device, dtype (of `dtypes`; None: by the device, see
+    finish_model_args), preset, batch, prompt length, new tokens, padding, seed."""
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    parser.add_argument("--dtype", choices=tuple(DTYPES), default=None)
+    parser.add_argument("--dtype", choices=dtypes, default=dtype)
     parser.add_argument("--preset", choices=tuple(PRESETS), default="tiny")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--prompt-len", type=int, default=64)
-    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=new_tokens)
     parser.add_argument("--pad", default="0,7,1,0",
                         help="left-padding tokens per prompt, comma-separated, cycled")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tolerance", type=float, default=None)
-    parser.add_argument("--json", default=None, help="write the results here")
-    args = parser.parse_args(argv)
+
+
+def finish_model_args(parser, args):
+    """add_model_args' flags parsed: no --dtype is bf16 on CUDA, else fp32; --pad a list of ints,
+    each leaving a real token in every prompt (else parser.error)."""
     if args.dtype is None:
         args.dtype = "bf16" if args.device.startswith("cuda") else "fp32"
-    if args.tolerance is None:
-        args.tolerance = 1e-4 if args.dtype == "fp32" else 0.1
     args.pad = [int(x) for x in args.pad.split(",") if x.strip()] or [0]
     if max(args.pad) >= args.prompt_len:
         parser.error(f"--pad {max(args.pad)} leaves no real token in a prompt of "
                      f"{args.prompt_len}")
+    return args
+
+
+def start(parse_args, argv):
+    """A script's start: its arguments (argv, or the command line's when None), then torch,
+    transformers and flashjit.hf with its attention registered: (args, torch, transformers,
+    the attention's name)."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    import torch
+    import transformers
+
+    import flashjit.hf
+
+    return args, torch, transformers, flashjit.hf.register()
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_model_args(parser)
+    parser.add_argument("--tolerance", type=float, default=None)
+    parser.add_argument("--json", default=None, help="write the results here")
+    args = finish_model_args(parser, parser.parse_args(argv))
+    if args.tolerance is None:
+        args.tolerance = 1e-4 if args.dtype == "fp32" else 0.1
     return args
 
 
@@ -136,14 +162,9 @@ def first_difference(model, ids, mask, expected, tokens, args, torch):
 
 
 def main(argv=None):
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    import torch
-    import transformers
-
+    args, torch, transformers, name = start(parse_args, argv)
     import flashjit
-    import flashjit.hf
 
-    name = flashjit.hf.register()
     model = build_model(args, torch, transformers)
     ids, mask = prompts(args, torch, model.config.vocab_size)
     results = {}

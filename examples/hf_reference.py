@@ -50,15 +50,7 @@ ERROR_RATIO = 1.1  # fjit's mean rounding error may exceed sdpa's by this factor
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    parser.add_argument("--dtype", choices=LOW, default="bf16")
-    parser.add_argument("--preset", choices=tuple(hf_generate.PRESETS), default="tiny")
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--prompt-len", type=int, default=64)
-    parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--pad", default="0,7,1,0",
-                        help="left-padding tokens per prompt, comma-separated, cycled")
-    parser.add_argument("--seed", type=int, default=0)
+    hf_generate.add_model_args(parser, dtypes=LOW, dtype="bf16")
     parser.add_argument("--reference", choices=("eager", "sdpa"), default="eager",
                         help="the fp32 reference's attention implementation")
     parser.add_argument("--top-k", type=int, default=8,
@@ -68,14 +60,10 @@ def parse_args(argv):
                              "tie (default: measured, see the documentation)")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
-    args.pad = [int(x) for x in args.pad.split(",") if x.strip()] or [0]
     if args.batch < 1 or args.new_tokens < 1 or args.top_k < 2:
         parser.error(f"--batch {args.batch}, --new-tokens {args.new_tokens}, --top-k "
                      f"{args.top_k}: expected >= 1, >= 1, >= 2")
-    if max(args.pad) >= args.prompt_len:
-        parser.error(f"--pad {max(args.pad)} leaves no real token in a prompt of "
-                     f"{args.prompt_len}")
-    return args
+    return hf_generate.finish_model_args(parser, args)
 
 
 def build_models(args, torch, transformers):
@@ -288,13 +276,7 @@ def report(summary):
 
 
 def main(argv=None):
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    import torch
-    import transformers
-
-    import flashjit.hf
-
-    name = flashjit.hf.register()
+    args, torch, transformers, name = hf_generate.start(parse_args, argv)
     summary = compare(args, torch, transformers, name)
     print("\n".join(report(summary)))
     if args.json:

@@ -17,7 +17,6 @@ namespace {
 // copy addresses. Calibrated against ptxas (tests/templates/cuda_compile_test.cpp prints both):
 // a config is legal when the estimate fits the 255-register cap.
 constexpr int kBackwardRegisterAllowance = 40;
-constexpr int kSmemReservedPerCta = 1024;  // the driver reserves 1 KB per CTA on sm80+
 
 using knobs::contains;
 using knobs::illegal;
@@ -112,23 +111,16 @@ Status check_mma_shape(const AttentionConfig& c, const AttentionProblem& p) {
 
 // Shared memory of each kernel the config launches.
 Status check_mma_smem(const AttentionConfig& c, const MmaShape& s, const DeviceSpec& device) {
-  if (s.dkdv_smem > device.smem_per_block_optin)
-    return illegal(c, "dK/dV kernel: shared memory " + std::to_string(s.dkdv_smem) +
-                          " B exceeds the device's " + std::to_string(device.smem_per_block_optin) +
-                          " B per block");
-  if (c.dq == DqMode::Separate && s.dq_smem > device.smem_per_block_optin)
-    return illegal(c, "dQ kernel: shared memory " + std::to_string(s.dq_smem) +
-                          " B exceeds the device's " + std::to_string(device.smem_per_block_optin) +
-                          " B per block");
+  FLASHJIT_TRY(knobs::check_memory(c, "dK/dV kernel: shared memory", s.dkdv_smem, device));
+  if (c.dq == DqMode::Separate)
+    FLASHJIT_TRY(knobs::check_memory(c, "dQ kernel: shared memory", s.dq_smem, device));
   return ok_status();
 }
 
 Status check_mma(const AttentionConfig& c, const AttentionProblem& p, const DeviceSpec& device) {
   const MmaShape s = mma_shape(c, p);
   FLASHJIT_TRY(check_mma_template(c, s));
-  if (c.threads() > device.max_threads_per_block)
-    return illegal(c, std::to_string(c.threads()) + " threads exceed the device's " +
-                          std::to_string(device.max_threads_per_block) + " per block");
+  FLASHJIT_TRY(knobs::check_threads(c, c.threads(), device));
   FLASHJIT_TRY(check_mma_smem(c, s, device));
   // The smaller knob values exist for the devices where the larger do not fit: one buffer
   // exposes every Q_i/dO_i load, and 32 keys per CTA reload Q and dO twice as often as 64.
@@ -150,19 +142,10 @@ Status check_mma(const AttentionConfig& c, const AttentionProblem& p, const Devi
                      "devices where it does not");
   }
   // Registers: more than the per-thread cap would spill to local memory.
-  auto check_registers = [&](const char* kernel, int registers) -> Status {
-    if (registers > device.max_regs_per_thread)
-      return illegal(c, std::string(kernel) + ": estimated " + std::to_string(registers) +
-                            " registers per thread exceed " +
-                            std::to_string(device.max_regs_per_thread));
-    if (static_cast<long long>(registers) * c.threads() > device.regs_per_sm)
-      return illegal(
-          c, std::string(kernel) + ": estimated " + std::to_string(registers * c.threads()) +
-                 " registers per CTA exceed the SM's " + std::to_string(device.regs_per_sm));
-    return ok_status();
-  };
-  FLASHJIT_TRY(check_registers("dK/dV kernel", s.dkdv_registers));
-  if (c.dq == DqMode::Separate) FLASHJIT_TRY(check_registers("dQ kernel", s.dq_kernel_registers));
+  FLASHJIT_TRY(knobs::check_registers(c, s.dkdv_registers, c.threads(), device, "dK/dV kernel: "));
+  if (c.dq == DqMode::Separate)
+    FLASHJIT_TRY(
+        knobs::check_registers(c, s.dq_kernel_registers, c.threads(), device, "dQ kernel: "));
   return ok_status();
 }
 
@@ -328,7 +311,7 @@ BackwardResources backward_resources(const AttentionConfig& c, const AttentionPr
   }
   // Registers are allocated per warp in units of 256 (8 per thread).
   const int regs_rounded = (use.dkdv_registers + 7) / 8 * 8;
-  const int by_smem = device.smem_per_sm / (use.dkdv_smem_bytes + kSmemReservedPerCta);
+  const int by_smem = device.smem_per_sm / (use.dkdv_smem_bytes + knobs::kSmemReservedPerCta);
   const int by_regs = device.regs_per_sm / std::max(1, regs_rounded * use.dkdv_threads);
   const int by_threads = device.max_threads_per_sm / std::max(1, use.dkdv_threads);
   use.ctas_per_sm = std::max(0, std::min({by_smem, by_regs, by_threads}));

@@ -10,8 +10,6 @@ namespace flashjit {
 
 namespace {
 
-constexpr int kSwizzleAtomAlign = 1024;    // dynamic shared memory rounded up to a swizzle atom
-constexpr int kSmemReservedPerCta = 1024;  // the driver reserves 1 KB per CTA on sm80+
 // Registers beyond the fp32 accumulators: tile addresses, descriptors, loop state, lse/delta.
 // Calibrated against ptxas (CUDA 13.0): the legal set compiles at <= 255 registers with no
 // spills, and the shapes this rejects spill hundreds of bytes or serialize their wgmmas
@@ -93,13 +91,14 @@ int wgmma_backward_dkdv_smem_bytes(const AttentionConfig& c, const AttentionProb
   const bool ds_in_smem = c.dq == DqMode::Atomic || s.scores_in_smem;
   // Atomic: the dQ tiles staged for the bulk reductions, rows padded by 32 bytes.
   const int dq_stage = c.dq == DqMode::Atomic ? s.dq_tiles * 64 * (s.dq_n * 4 + 32) : 0;
-  return kSwizzleAtomAlign + 2 * kv_tile + 2 * c.stages * q_tile + (ds_in_smem ? score_tile : 0) +
-         (s.scores_in_smem ? score_tile : 0) + 2 * c.stages * c.block_m * 4 + dq_stage;
+  return knobs::kSwizzleAtomAlign + 2 * kv_tile + 2 * c.stages * q_tile +
+         (ds_in_smem ? score_tile : 0) + (s.scores_in_smem ? score_tile : 0) +
+         2 * c.stages * c.block_m * 4 + dq_stage;
 }
 
 int wgmma_backward_dq_smem_bytes(const AttentionConfig& c, const AttentionProblem& p) {
   const int dp = padded_head_dim(p.head_dim);
-  return kSwizzleAtomAlign + 2 * c.block_m * dp * 2 + 2 * c.stages * c.block_n * dp * 2;
+  return knobs::kSwizzleAtomAlign + 2 * c.block_m * dp * 2 + 2 * c.stages * c.block_n * dp * 2;
 }
 
 int wgmma_backward_dkdv_registers(const AttentionConfig& c, const AttentionProblem& p) {
@@ -118,14 +117,15 @@ int wgmma_backward_dq_registers(const AttentionConfig& c, const AttentionProblem
 
 std::vector<AttentionConfig> wgmma_backward_candidates(const AttentionProblem& problem) {
   std::vector<AttentionConfig> configs;
-  for (int block_m : kWgmmaBwdBlockMChoices)
-    for (int block_n : kWgmmaBwdBlockNChoices)
-      for (int warps : kWgmmaBwdWarpChoices)
-        for (int stages : kWgmmaBwdStageChoices)
-          for (DqMode dq : {DqMode::Atomic, DqMode::Separate}) {
-            if (problem.deterministic && dq == DqMode::Atomic) continue;
-            configs.push_back({block_m, block_n, warps, stages, KernelFamily::Wgmma, dq});
-          }
+  knobs::for_each_tile(kWgmmaBwdBlockMChoices, kWgmmaBwdBlockNChoices, kWgmmaBwdWarpChoices,
+                       kWgmmaBwdStageChoices, [&](AttentionConfig c) {
+                         c.family = KernelFamily::Wgmma;
+                         for (DqMode dq : {DqMode::Atomic, DqMode::Separate}) {
+                           if (problem.deterministic && dq == DqMode::Atomic) continue;
+                           c.dq = dq;
+                           configs.push_back(c);
+                         }
+                       });
   std::sort(configs.begin(), configs.end());
   return configs;
 }
@@ -145,36 +145,16 @@ Status check_wgmma_backward_config(const AttentionConfig& c, const AttentionProb
   FLASHJIT_TRY(check_template(c, p));
   const int dkdv_threads = wgmma_backward_dkdv_threads(c);
   const int dq_threads = wgmma_backward_dq_threads(c);
-  if (std::max(dkdv_threads, dq_threads) > device.max_threads_per_block)
-    return illegal(c, std::to_string(std::max(dkdv_threads, dq_threads)) +
-                          " threads exceed the device's " +
-                          std::to_string(device.max_threads_per_block) + " per block");
+  FLASHJIT_TRY(knobs::check_threads(c, std::max(dkdv_threads, dq_threads), device));
   // SRAM budget of each kernel.
-  const int dkdv_smem = wgmma_backward_dkdv_smem_bytes(c, p);
-  if (dkdv_smem > device.smem_per_block_optin)
-    return illegal(c, "dK/dV kernel shared memory " + std::to_string(dkdv_smem) +
-                          " B exceeds the device's " + std::to_string(device.smem_per_block_optin) +
-                          " B per block");
-  if (c.dq == DqMode::Separate) {
-    const int dq_smem = wgmma_backward_dq_smem_bytes(c, p);
-    if (dq_smem > device.smem_per_block_optin)
-      return illegal(c, "dQ kernel shared memory " + std::to_string(dq_smem) +
-                            " B exceeds the device's " +
-                            std::to_string(device.smem_per_block_optin) + " B per block");
-  }
+  FLASHJIT_TRY(knobs::check_memory(c, "dK/dV kernel shared memory",
+                                   wgmma_backward_dkdv_smem_bytes(c, p), device));
+  if (c.dq == DqMode::Separate)
+    FLASHJIT_TRY(knobs::check_memory(c, "dQ kernel shared memory",
+                                     wgmma_backward_dq_smem_bytes(c, p), device));
   // Register budget: past the per-thread cap ptxas spills or serializes the wgmmas.
-  auto check_registers = [&](const char* kernel, int regs, int threads) -> Status {
-    if (regs > device.max_regs_per_thread)
-      return illegal(c, std::string(kernel) + " kernel: estimated " + std::to_string(regs) +
-                            " registers per thread exceed " +
-                            std::to_string(device.max_regs_per_thread));
-    if (regs * threads > device.regs_per_sm)
-      return illegal(c, std::string(kernel) + " kernel: estimated " +
-                            std::to_string(regs * threads) + " registers per CTA exceed the SM's " +
-                            std::to_string(device.regs_per_sm));
-    return ok_status();
-  };
-  FLASHJIT_TRY(check_registers("dK/dV", wgmma_backward_dkdv_registers(c, p), dkdv_threads));
+  FLASHJIT_TRY(knobs::check_registers(c, wgmma_backward_dkdv_registers(c, p), dkdv_threads, device,
+                                      "dK/dV kernel: "));
   // Measured, beyond the estimate: Atomic shapes at the 255-register edge that spill (ptxas 13.0,
   // templates_cuda_compile_test): two warpgroups of 64 keys with 128 query columns each
   // (m128n128w8, 8-40 bytes at d <= 64, whatever the stats' loads), and with the dQ tiles staged
@@ -195,7 +175,8 @@ Status check_wgmma_backward_config(const AttentionConfig& c, const AttentionProb
                        "(measured with ptxas 13.0)");
   }
   if (c.dq == DqMode::Separate)
-    FLASHJIT_TRY(check_registers("dQ", wgmma_backward_dq_registers(c, p), dq_threads));
+    FLASHJIT_TRY(knobs::check_registers(c, wgmma_backward_dq_registers(c, p), dq_threads, device,
+                                        "dQ kernel: "));
   return ok_status();
 }
 
@@ -256,7 +237,7 @@ std::string explain_wgmma_backward_plan(const AttentionProblem& p, const DeviceS
     const int dq_smem = c.dq == DqMode::Separate ? wgmma_backward_dq_smem_bytes(c, p) : 0;
     // dK/dV CTAs per SM, by shared memory and by (estimated, rounded to 8) registers.
     const int regs_rounded = (wgmma_backward_dkdv_registers(c, p) + 7) / 8 * 8;
-    const int ctas = std::min(device.smem_per_sm / (dkdv_smem + kSmemReservedPerCta),
+    const int ctas = std::min(device.smem_per_sm / (dkdv_smem + knobs::kSmemReservedPerCta),
                               device.regs_per_sm / (regs_rounded * wgmma_backward_dkdv_threads(c)));
     char regs[32];
     if (c.dq == DqMode::Separate)

@@ -14,8 +14,7 @@ using knobs::contains;
 using knobs::illegal;
 using knobs::list;
 
-constexpr int kSwizzleAtomAlign = 1024;  // dynamic shared memory rounded up to a swizzle atom
-constexpr int kProducerRegisters = 40;   // WsBwdTraits::kProducerRegisters
+constexpr int kProducerRegisters = 40;  // WsBwdTraits::kProducerRegisters
 // Registers of a consumer beyond its fp32 accumulators: descriptors, addresses, loop state.
 constexpr int kRegisterAllowance = 24;
 
@@ -91,8 +90,8 @@ int ws_backward_dkdv_smem_bytes(const AttentionConfig& c, const AttentionProblem
   const int score_tile = c.block_n * c.block_m * 2;
   const int dq_stage = c.block_m * s.dp * 4;
   const int barriers = 8 * (4 + 2 * c.stages + (c.pingpong ? 4 : 0));
-  return kSwizzleAtomAlign + 2 * kv_tile + 2 * c.stages * q_tile + 2 * score_tile + dq_stage +
-         2 * c.stages * c.block_m * 4 + barriers;
+  return knobs::kSwizzleAtomAlign + 2 * kv_tile + 2 * c.stages * q_tile + 2 * score_tile +
+         dq_stage + 2 * c.stages * c.block_m * 4 + barriers;
 }
 
 int ws_backward_consumer_registers(const AttentionConfig& c, const AttentionProblem& p) {
@@ -118,17 +117,16 @@ int ws_backward_consumer_register_limit(const AttentionConfig& c) {
 std::vector<AttentionConfig> ws_backward_candidates(const AttentionProblem& problem) {
   std::vector<AttentionConfig> configs;
   if (!problem_not_taken(problem).empty()) return configs;
-  for (int block_m : kWsBwdBlockMChoices)
-    for (int block_n : kWsBwdBlockNChoices)
-      for (int warps : kWsBwdWarpChoices)
-        for (int stages : kWsBwdStageChoices)
-          for (bool persistent : {false, true})
-            for (bool pingpong : {false, true}) {
-              AttentionConfig c{block_m, block_n, warps, stages, KernelFamily::Ws, DqMode::Atomic};
-              c.persistent = persistent;
-              c.pingpong = pingpong;
-              configs.push_back(c);
-            }
+  knobs::for_each_tile(kWsBwdBlockMChoices, kWsBwdBlockNChoices, kWsBwdWarpChoices,
+                       kWsBwdStageChoices, [&](AttentionConfig c) {
+                         c.family = KernelFamily::Ws;
+                         for (bool persistent : {false, true})
+                           for (bool pingpong : {false, true}) {
+                             c.persistent = persistent;
+                             c.pingpong = pingpong;
+                             configs.push_back(c);
+                           }
+                       });
   std::sort(configs.begin(), configs.end());
   return configs;
 }
@@ -145,14 +143,8 @@ Status check_ws_backward_config(const AttentionConfig& c, const AttentionProblem
   if (const std::string why = problem_not_taken(p); !why.empty())
     return illegal(c, why, ErrorCode::Unsupported);
   FLASHJIT_TRY(check_template(c, p));
-  const int threads = ws_backward_dkdv_threads(c);
-  if (threads > device.max_threads_per_block)
-    return illegal(c, std::to_string(threads) + " threads exceed the device's " +
-                          std::to_string(device.max_threads_per_block) + " per block");
-  const int smem = ws_backward_dkdv_smem_bytes(c, p);
-  if (smem > device.smem_per_block_optin)
-    return illegal(c, "shared memory " + std::to_string(smem) + " B exceeds the device's " +
-                          std::to_string(device.smem_per_block_optin) + " B per block");
+  FLASHJIT_TRY(knobs::check_threads(c, ws_backward_dkdv_threads(c), device));
+  FLASHJIT_TRY(knobs::check_memory(c, "shared memory", ws_backward_dkdv_smem_bytes(c, p), device));
   const int regs = ws_backward_consumer_registers(c, p);
   const int limit = std::min(ws_backward_consumer_register_limit(c), device.max_regs_per_thread);
   if (regs > limit)

@@ -36,7 +36,6 @@ constexpr int kRegistersPerMTile = 8;
 // constant bank: m64n128w4s2-wgmma at d128 went from 217 registers to 250, and to 255 plus a
 // spill with a window and softcap besides (NVRTC 13.0), so that tile is left out at d128.
 constexpr int kVarlenRegistersWgmma = 24;
-constexpr int kSmemReservedPerCta = 1024;  // the driver reserves 1 KB per CTA on sm80+
 
 using knobs::contains;
 using knobs::illegal;
@@ -99,7 +98,7 @@ int smem_bytes(const AttentionConfig& c, const AttentionProblem& p) {
   if (c.family == KernelFamily::Ws) return ws_resources(c, p).smem_bytes;
   if (c.family == KernelFamily::Decode) return decode_resources(c, p).smem_bytes;
   const int tiles = (c.block_m + 2 * c.stages * c.block_n) * padded_head_dim(p.head_dim) * 2;
-  return c.family == KernelFamily::Wgmma ? tiles + 1024 : tiles;
+  return c.family == KernelFamily::Wgmma ? tiles + knobs::kSwizzleAtomAlign : tiles;
 }
 
 int user_expression_registers(const AttentionProblem& p) {
@@ -137,7 +136,7 @@ ResourceUse resource_use(const AttentionConfig& c, const AttentionProblem& p,
     use.smem_bytes = ws.smem_bytes;
     use.regs_per_thread = ws.consumer_estimate;
     use.threads = ws.threads;
-    const int by_smem = device.smem_per_sm / (ws.smem_bytes + kSmemReservedPerCta);
+    const int by_smem = device.smem_per_sm / (ws.smem_bytes + knobs::kSmemReservedPerCta);
     const int by_regs = device.regs_per_sm / std::max(1, ws.launch_registers * ws.threads);
     const int by_threads = device.max_threads_per_sm / std::max(1, ws.threads);
     use.ctas_per_sm = std::max(0, std::min({by_smem, by_regs, by_threads}));
@@ -148,7 +147,7 @@ ResourceUse resource_use(const AttentionConfig& c, const AttentionProblem& p,
   use.threads = c.threads();
   // Registers are allocated per warp in units of 256 (8 per thread).
   const int regs_rounded = (use.regs_per_thread + 7) / 8 * 8;
-  int by_smem = device.smem_per_sm / (use.smem_bytes + kSmemReservedPerCta);
+  int by_smem = device.smem_per_sm / (use.smem_bytes + knobs::kSmemReservedPerCta);
   int by_regs = device.regs_per_sm / std::max(1, regs_rounded * use.threads);
   int by_threads = device.max_threads_per_sm / std::max(1, use.threads);
   use.ctas_per_sm = std::max(0, std::min({by_smem, by_regs, by_threads}));
@@ -239,24 +238,11 @@ Status check_config(const AttentionConfig& c, const AttentionProblem& p, const D
     return illegal(c, std::to_string(c.block_n * chunks_per_row / c.threads()) +
                           " K/V tile copies per thread exceed " + std::to_string(max_copies) +
                           " (too few threads for the tile: registers would spill)");
-  if (c.threads() > device.max_threads_per_block)
-    return illegal(c, std::to_string(c.threads()) + " threads exceed the device's " +
-                          std::to_string(device.max_threads_per_block) + " per block");
+  FLASHJIT_TRY(knobs::check_threads(c, c.threads(), device));
   // SRAM budget.
-  const int smem = smem_bytes(c, p);
-  if (smem > device.smem_per_block_optin)
-    return illegal(c, "shared memory " + std::to_string(smem) + " B exceeds the device's " +
-                          std::to_string(device.smem_per_block_optin) + " B per block");
+  FLASHJIT_TRY(knobs::check_memory(c, "shared memory", smem_bytes(c, p), device));
   // Register budget: more than the per-thread cap would spill to local memory.
-  const int regs = estimated_registers(c, p);
-  if (regs > device.max_regs_per_thread)
-    return illegal(c, "estimated " + std::to_string(regs) + " registers per thread exceed " +
-                          std::to_string(device.max_regs_per_thread));
-  if (regs * c.threads() > device.regs_per_sm)
-    return illegal(c, "estimated " + std::to_string(regs * c.threads()) +
-                          " registers per CTA exceed the SM's " +
-                          std::to_string(device.regs_per_sm));
-  return ok_status();
+  return knobs::check_registers(c, estimated_registers(c, p), c.threads(), device);
 }
 
 namespace {
@@ -275,11 +261,9 @@ bool sm90_families_offered(const AttentionProblem& p, const DeviceSpec& device) 
 
 std::vector<AttentionConfig> legal_configs(const AttentionProblem& p, const DeviceSpec& device) {
   if (p.is_backward()) return legal_backward_configs(p, device);
-  std::vector<AttentionConfig> configs;
-  knobs::for_each_tile(kBlockMChoices, kBlockNChoices, kWarpChoices, kStageChoices,
-                       [&](const AttentionConfig& c) {
-                         if (check_config(c, p, device).ok()) configs.push_back(c);
-                       });
+  std::vector<AttentionConfig> configs =
+      knobs::legal_tiles(kBlockMChoices, kBlockNChoices, kWarpChoices, kStageChoices,
+                         [&](const AttentionConfig& c) { return check_config(c, p, device); });
   if (sm90_families_offered(p, device))
     for (int block_m : kWgmmaBlockMChoices)
       for (int block_n : kWgmmaBlockNChoices)

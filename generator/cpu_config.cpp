@@ -89,6 +89,12 @@ CpuSpec known_cpu() {
   return cpu;
 }
 
+CpuSpec unlimited_cpu() {
+  CpuSpec unlimited;
+  unlimited.l1d_bytes = unlimited.l2_bytes = int64_t{1} << 40;
+  return unlimited;
+}
+
 DeviceSpec cpu_device_spec(const CpuSpec& cpu) {
   DeviceSpec spec;
   spec.name = cpu.model;
@@ -253,6 +259,15 @@ int64_t backward_target_block_m(int block_n, const CpuSpec& cpu) {
   return cpu.l1d_bytes / (8 * static_cast<int64_t>(block_n));
 }
 
+// The values of `knob` among the `legal` configs (those whose `where` knob is `value`, if given).
+std::vector<int> knob_values(const std::vector<AttentionConfig>& legal, int AttentionConfig::*knob,
+                             int AttentionConfig::*where = nullptr, int value = 0) {
+  std::vector<int> values;
+  for (const AttentionConfig& c : legal)
+    if (where == nullptr || c.*where == value) values.push_back(c.*knob);
+  return values;
+}
+
 // The largest choice <= target among `legal` (the smallest if none is below).
 int round_down(std::span<const int> choices, int64_t target, const std::vector<int>& legal) {
   int best = -1;
@@ -274,27 +289,21 @@ Result<AttentionConfig> default_cpu_config(const AttentionProblem& p, const CpuS
                       "no CPU config fits head_dim = " + std::to_string(p.head_dim) +
                           " in an L2 of " + std::to_string(cpu.l2_bytes) + " B");
   }
+  constexpr auto kBlockM = &AttentionConfig::block_m;
+  constexpr auto kBlockN = &AttentionConfig::block_n;
   if (p.is_backward()) {
-    std::vector<int> legal_n;
-    for (const AttentionConfig& c : legal) legal_n.push_back(c.block_n);
-    const int block_n = round_down(kCpuBackwardBlockNChoices, kCpuTileQueries, legal_n);
-    std::vector<int> legal_m;
-    for (const AttentionConfig& c : legal)
-      if (c.block_n == block_n) legal_m.push_back(c.block_m);
-    const int block_m =
-        round_down(kCpuBackwardBlockMChoices, backward_target_block_m(block_n, cpu), legal_m);
+    const int block_n =
+        round_down(kCpuBackwardBlockNChoices, kCpuTileQueries, knob_values(legal, kBlockN));
+    const int block_m = round_down(kCpuBackwardBlockMChoices, backward_target_block_m(block_n, cpu),
+                                   knob_values(legal, kBlockM, kBlockN, block_n));
     // The fused dQ where it fits the L2, else -det (the legal set has one of the two).
     for (const AttentionConfig& c : legal)
       if (c.block_m == block_m && c.block_n == block_n) return c;
     return legal.front();  // not reached: block_m was picked among block_n's legal configs
   }
-  std::vector<int> legal_m;
-  for (const AttentionConfig& c : legal) legal_m.push_back(c.block_m);
-  const int block_m = round_down(kCpuBlockMChoices, kCpuTileQueries, legal_m);
-  std::vector<int> legal_n;
-  for (const AttentionConfig& c : legal)
-    if (c.block_m == block_m) legal_n.push_back(c.block_n);
-  const int block_n = round_down(kCpuBlockNChoices, target_block_n(block_m, cpu), legal_n);
+  const int block_m = round_down(kCpuBlockMChoices, kCpuTileQueries, knob_values(legal, kBlockM));
+  const int block_n = round_down(kCpuBlockNChoices, target_block_n(block_m, cpu),
+                                 knob_values(legal, kBlockN, kBlockM, block_m));
   return cpu_config(block_m, block_n);
 }
 
@@ -314,8 +323,7 @@ std::string legal_summary(const AttentionProblem& p, const CpuSpec& cpu) {
 
 std::string explain_cpu_backward_plan(const AttentionProblem& p, const CpuSpec& cpu) {
   std::ostringstream out;
-  out << "cpu:     " << cpu.to_string() << "\n";
-  out << "problem: " << p.to_string() << "\n\n";
+  knobs::plan_header(out, p, "cpu:     ", cpu.to_string());
   out << "Caches as SRAM, backward: a dK/dV block (Bc keys) keeps K^T, V^T and the dK^T, dV^T\n"
          "accumulators while Q and dO stream past in blocks of Br rows. The dQ, two ways, neither\n"
          "with atomics (no two cores write one row; bitwise reproducible):\n"
@@ -379,8 +387,7 @@ std::string explain_cpu_plan(const AttentionProblem& p, const CpuSpec& cpu) {
   if (p.is_backward()) return explain_cpu_backward_plan(p, cpu);
   if (is_decode_problem(p)) return explain_cpu_decode_plan(p, cpu);
   std::ostringstream out;
-  out << "cpu:     " << cpu.to_string() << "\n";
-  out << "problem: " << p.to_string() << "\n\n";
+  knobs::plan_header(out, p, "cpu:     ", cpu.to_string());
   out << "Caches as SRAM: one work item (batch, head, Br query rows) runs on one core; its\n"
          "scratch must fit the core's L2 ("
       << cpu.l2_bytes

@@ -41,6 +41,10 @@ struct CpuSpec {
 // and for `flashjit plan --arch cpu` when the machine cannot be read.
 CpuSpec known_cpu();
 
+// A CPU with no cache limits to speak of, for checking a config against its template's own
+// constraints alone (the renderers' checks; knobs::unlimited_device for the GPUs).
+CpuSpec unlimited_cpu();
+
 // The DeviceSpec a CPU backend reports (device()): name = model, arch = 0, sm_count = cores,
 // smem_per_block_optin = smem_per_sm = L2 (the per-work-item budget), regs and threads unused
 // (1), l2_bytes = the last-level cache (L3, else L2: what the tuner rotates its inputs past).

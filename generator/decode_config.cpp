@@ -193,16 +193,9 @@ Status check_decode_config(const AttentionConfig& c, const AttentionProblem& p,
   if (r.copies > max_copies)
     return illegal(c, str(r.copies) + " K/V tile copies per thread exceed " + str(max_copies) +
                           " (too few threads for the tile)");
-  if (r.threads > device.max_threads_per_block)
-    return illegal(c, str(r.threads) + " threads exceed the device's " +
-                          str(device.max_threads_per_block) + " per block");
-  if (r.smem_bytes > device.smem_per_block_optin)
-    return illegal(c, "shared memory " + str(r.smem_bytes) + " B exceeds the device's " +
-                          str(device.smem_per_block_optin) + " B per block");
-  if (r.registers > device.max_regs_per_thread)
-    return illegal(c, "estimated " + str(r.registers) + " registers per thread exceed " +
-                          str(device.max_regs_per_thread));
-  return ok_status();
+  FLASHJIT_TRY(knobs::check_threads(c, r.threads, device));
+  FLASHJIT_TRY(knobs::check_memory(c, "shared memory", r.smem_bytes, device));
+  return knobs::check_registers(c, r.registers, 0, device);  // the per-thread cap alone
 }
 
 namespace {
@@ -389,13 +382,8 @@ Status check_hip_decode_config(const AttentionConfig& c, const AttentionProblem&
     return illegal(c, str(copies) + " K/V tile copies per thread exceed " +
                           str(kHipMaxCopiesPerThread) +
                           " (too few threads for the tile: registers would spill)");
-  if (threads > device.max_threads_per_block)
-    return illegal(c, str(threads) + " threads exceed the device's " +
-                          str(device.max_threads_per_block) + " per workgroup");
-  const int lds = hip_decode_lds_bytes(c, p);
-  if (lds > device.smem_per_block_optin)
-    return illegal(c, "LDS " + str(lds) + " B exceeds the device's " +
-                          str(device.smem_per_block_optin) + " B per workgroup");
+  FLASHJIT_TRY(knobs::check_threads(c, threads, device, "workgroup"));
+  FLASHJIT_TRY(knobs::check_memory(c, "LDS", hip_decode_lds_bytes(c, p), device, "workgroup"));
   const int regs = hip_decode_estimated_registers(c, p);
   const int budget = hip_wave_register_budget(c.warps, device);
   if (regs > budget)
@@ -536,8 +524,7 @@ int cpu_decode_splits(const AttentionConfig& c, const AttentionProblem& p, const
 
 std::string explain_cpu_decode_plan(const AttentionProblem& p, const CpuSpec& cpu) {
   std::ostringstream out;
-  out << "cpu:     " << cpu.to_string() << "\n";
-  out << "problem: " << p.to_string() << "\n\n";
+  knobs::plan_header(out, p, "cpu:     ", cpu.to_string());
   out << "Decode (split-KV) on the CPU: work items (split, row tile of Bm packed rows, kv head, "
          "batch); "
       << decode_packed_rows(p) << " packed rows per (batch, kv head).\n";

@@ -20,9 +20,8 @@ using knobs::contains;
 using knobs::illegal;
 using knobs::list;
 
-constexpr int kSwizzleAtomAlign = 1024;  // dynamic shared memory rounded up to a swizzle atom
-constexpr int kRegistersPerSm = 65536;   // sm90; setmaxnreg moves registers within this
-constexpr int kProducerRegisters = 24;   // the least setmaxnreg allows: one thread issues TMA
+constexpr int kRegistersPerSm = 65536;  // sm90; setmaxnreg moves registers within this
+constexpr int kProducerRegisters = 24;  // the least setmaxnreg allows: one thread issues TMA
 constexpr int kMaxConsumerRegisters = 240;
 // Registers a consumer thread needs beyond its fp32 O and S accumulators and its P fragments:
 // descriptors, pipeline states, softmax state, addresses.
@@ -60,8 +59,8 @@ WsResources ws_resources(const AttentionConfig& c, const AttentionProblem& p) {
   r.threads = 128 * (1 + r.consumers);
   r.ctas_per_sm = r.consumers == 1 ? 2 : 1;
   const int barriers = 2 + 4 * c.stages;
-  r.smem_bytes =
-      kSwizzleAtomAlign + c.block_m * dp * 2 + 2 * c.stages * c.block_n * dp * 2 + 8 * barriers;
+  r.smem_bytes = knobs::kSwizzleAtomAlign + c.block_m * dp * 2 + 2 * c.stages * c.block_n * dp * 2 +
+                 8 * barriers;
   r.launch_registers = kRegistersPerSm / (r.ctas_per_sm * r.threads) / 8 * 8;
   r.producer_registers = kProducerRegisters;
   r.consumer_registers =
@@ -103,12 +102,8 @@ Status check_ws_config(const AttentionConfig& c, const AttentionProblem& p,
                        device.arch_name());
   FLASHJIT_TRY(check_template(c, p));
   const WsResources r = ws_resources(c, p);
-  if (r.threads > device.max_threads_per_block)
-    return illegal(c, std::to_string(r.threads) + " threads exceed the device's " +
-                          std::to_string(device.max_threads_per_block) + " per block");
-  if (r.smem_bytes > device.smem_per_block_optin)
-    return illegal(c, "shared memory " + std::to_string(r.smem_bytes) + " B exceeds the device's " +
-                          std::to_string(device.smem_per_block_optin) + " B per block");
+  FLASHJIT_TRY(knobs::check_threads(c, r.threads, device));
+  FLASHJIT_TRY(knobs::check_memory(c, "shared memory", r.smem_bytes, device));
   if (r.consumer_estimate > std::min(r.consumer_registers, device.max_regs_per_thread))
     return illegal(c, "a consumer thread needs ~" + std::to_string(r.consumer_estimate) +
                           " registers; setmaxnreg gives it " +

@@ -136,14 +136,9 @@ Status check_hip_config(const AttentionConfig& c, const AttentionProblem& p,
                           " K/V tile copies per thread exceed " +
                           std::to_string(kHipMaxCopiesPerThread) +
                           " (too few threads for the tile: registers would spill)");
-  if (threads > device.max_threads_per_block)
-    return illegal(c, std::to_string(threads) + " threads exceed the device's " +
-                          std::to_string(device.max_threads_per_block) + " per workgroup");
+  FLASHJIT_TRY(knobs::check_threads(c, threads, device, "workgroup"));
   // LDS budget.
-  const int lds = hip_lds_bytes(c, p);
-  if (lds > device.smem_per_block_optin)
-    return illegal(c, "LDS " + std::to_string(lds) + " B exceeds the device's " +
-                          std::to_string(device.smem_per_block_optin) + " B per workgroup");
+  FLASHJIT_TRY(knobs::check_memory(c, "LDS", hip_lds_bytes(c, p), device, "workgroup"));
   // Register budget: past it the compiler spills to scratch memory.
   const int accumulator = c.block_m / c.warps / 16 * padded_head_dim(p.head_dim) / 4;
   if (accumulator > kHipMaxAccumulatorPerLane)
@@ -163,11 +158,9 @@ Status check_hip_config(const AttentionConfig& c, const AttentionProblem& p,
 std::vector<AttentionConfig> legal_hip_configs(const AttentionProblem& p,
                                                const DeviceSpec& device) {
   if (p.is_backward()) return legal_hip_backward_configs(p, device);
-  std::vector<AttentionConfig> configs;
-  knobs::for_each_tile(kHipBlockMChoices, kHipBlockNChoices, kHipWaveChoices, kHipStageChoices,
-                       [&](const AttentionConfig& c) {
-                         if (check_hip_config(c, p, device).ok()) configs.push_back(c);
-                       });
+  std::vector<AttentionConfig> configs =
+      knobs::legal_tiles(kHipBlockMChoices, kHipBlockNChoices, kHipWaveChoices, kHipStageChoices,
+                         [&](const AttentionConfig& c) { return check_hip_config(c, p, device); });
   if (is_decode_problem(p))
     for (const AttentionConfig& c : legal_hip_decode_configs(p, device)) configs.push_back(c);
   return configs;
@@ -336,14 +329,9 @@ Status check_hip_backward_config(const AttentionConfig& c, const AttentionProble
   const BackwardShapes shapes = hip_backward_shapes(c, p);
   for (const auto& [name, shape] :
        {std::pair<const char*, KernelShape>{"dK/dV", shapes.dkdv}, {"dQ", shapes.dq}}) {
-    if (shape.threads > device.max_threads_per_block)
-      return illegal(c, std::string("the ") + name + " kernel's " + std::to_string(shape.threads) +
-                            " threads exceed the device's " +
-                            std::to_string(device.max_threads_per_block) + " per workgroup");
-    if (shape.smem_bytes > device.smem_per_block_optin)
-      return illegal(c, std::string("the ") + name + " kernel's LDS " +
-                            std::to_string(shape.smem_bytes) + " B exceeds the device's " +
-                            std::to_string(device.smem_per_block_optin) + " B per workgroup");
+    const std::string kernel = std::string("the ") + name + " kernel's ";
+    FLASHJIT_TRY(knobs::check_threads(c, shape.threads, device, "workgroup", kernel));
+    FLASHJIT_TRY(knobs::check_memory(c, kernel + "LDS", shape.smem_bytes, device, "workgroup"));
   }
   // Register budget of each kernel: past it the compiler spills to scratch memory.
   const int dkdv_regs = hip_bwd_dkdv_estimated_registers(c, p);

@@ -17,6 +17,12 @@
 
 namespace flashjit::knobs {
 
+// The sm90 families (wgmma, ws) start their tiles on a 128-byte-swizzle atom: their dynamic shared
+// memory is rounded up to one (1024 B).
+inline constexpr int kSwizzleAtomAlign = 1024;
+// The shared memory the driver reserves per CTA on sm80+ (the CTAs-per-SM arithmetic).
+inline constexpr int kSmemReservedPerCta = 1024;
+
 template <class Range>
 bool contains(const Range& range, int value) {
   return std::find(std::begin(range), std::end(range), value) != std::end(range);
@@ -45,6 +51,22 @@ Status check_choice(const AttentionConfig& config, const std::string& name, int 
   return illegal(config, name + " = " + std::to_string(value) + " not in " + list(choices) + note);
 }
 
+// The device's per-block limits every budget checks, each error naming the config, the value and
+// the limit (generator/knobs.cpp). `per`: "block" (CUDA) or "workgroup" (HIP); `kernel`: what
+// leads the message, for a config of several kernels ("the dQ kernel's ").
+// "<kernel><threads> threads exceed the device's <max> per <per>"
+Status check_threads(const AttentionConfig& config, int threads, const DeviceSpec& device,
+                     const char* per = "block", const std::string& kernel = "");
+// "<memory> <bytes> B exceeds the device's <max> B per <per>" (memory: "shared memory", "LDS",
+// "dQ kernel: shared memory", ...)
+Status check_memory(const AttentionConfig& config, const std::string& memory, int bytes,
+                    const DeviceSpec& device, const char* per = "block");
+// A CUDA kernel's estimated registers: "<kernel>estimated <regs> registers per thread exceed
+// <max>", then (threads > 0) "<kernel>estimated <regs * threads> registers per CTA exceed the
+// SM's <regs_per_sm>".
+Status check_registers(const AttentionConfig& config, int regs, int threads,
+                       const DeviceSpec& device, const std::string& kernel = "");
+
 // Calls visit(config) for each tile of the choices, block_m outermost, then block_n, warps
 // (waves), stages: the order of the legal configs.
 template <class M, class N, class W, class S, class Visit>
@@ -54,6 +76,17 @@ void for_each_tile(const M& block_ms, const N& block_ns, const W& warps, const S
     for (int block_n : block_ns)
       for (int w : warps)
         for (int s : stages) visit(AttentionConfig{block_m, block_n, w, s});
+}
+
+// The tiles of the choices (in for_each_tile's order) that `check` (config -> Status) passes.
+template <class M, class N, class W, class S, class Check>
+std::vector<AttentionConfig> legal_tiles(const M& block_ms, const N& block_ns, const W& warps,
+                                         const S& stages, const Check& check) {
+  std::vector<AttentionConfig> legal;
+  for_each_tile(block_ms, block_ns, warps, stages, [&](const AttentionConfig& c) {
+    if (check(c).ok()) legal.push_back(c);
+  });
+  return legal;
 }
 
 // A plan row's status: "legal", or "illegal: <why>" (the error without its "config <name>: ";
@@ -67,10 +100,15 @@ inline std::string verdict(const Status& status, const AttentionConfig& config,
   return tag_every_error ? "illegal: " + why : why;
 }
 
-// A plan's first lines: the device and the problem.
-inline void plan_header(std::ostream& out, const AttentionProblem& p, const DeviceSpec& device) {
-  out << "device:  " << device.to_string() << "\n";
+// A plan's first lines: the device (`label`: "device:  " for a GPU, "cpu:     " for the host's
+// CpuSpec) and the problem.
+inline void plan_header(std::ostream& out, const AttentionProblem& p, const char* label,
+                        const std::string& device) {
+  out << label << device << "\n";
   out << "problem: " << p.to_string() << "\n\n";
+}
+inline void plan_header(std::ostream& out, const AttentionProblem& p, const DeviceSpec& device) {
+  plan_header(out, p, "device:  ", device.to_string());
 }
 
 // A device with no limits to speak of, for checking a config against its template's own

@@ -451,6 +451,17 @@ int64_t AttentionProblem::dkv_span() const {
                   span(dv_strides, outer, rows, heads_kv, head_dim));
 }
 
+std::string layout_suffix(int page_size, bool seqlens_k, const std::string& variant) {
+  std::string out;
+  if (page_size > 0) out += " paged" + std::to_string(page_size);
+  if (seqlens_k) out += " seqlens_k";
+  if (!variant.empty()) {  // appended: gcc 12 warns falsely (-Wrestrict) on " " + string
+    out += " ";
+    out += variant;
+  }
+  return out;
+}
+
 std::string AttentionProblem::to_string() const {
   std::ostringstream out;
   out << (pass == Pass::Backward ? "attention_backward(" : "attention(") << "batch=" << batch

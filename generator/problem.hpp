@@ -95,6 +95,10 @@ struct KvCache {
 inline constexpr int kMinPageSize = 16;
 inline constexpr int kMaxPageSize = 256;
 
+// How the runtime's problem texts (ProblemSignature, the tuning store's ProblemKey) end: the
+// compiled-in K/V layout and variant, " paged16 seqlens_k <variant key>", each part only when set.
+std::string layout_suffix(int page_size, bool seqlens_k, const std::string& variant);
+
 // Attention variants (issue 17; forward, and backward on the CPU and the CUDA mma family): what
 // changes which keys a query sees and what its scores are. All default: plain attention (active()
 // is false), whose kernels are exactly those of before variants existed. Indices are 0-based

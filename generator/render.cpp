@@ -320,7 +320,22 @@ Result<KernelSource> assemble(const template_files::Family& family,
 
 }  // namespace detail
 
+namespace {
+
+// A CUDA forward or backward source as its family compiles and launches it: the sm90 families
+// for sm_90a alone (wgmma), the -ws family's main entries taking the TMA tensor maps too.
+Result<KernelSource> for_family(KernelFamily family, Result<KernelSource> source) {
+  if (source.ok()) {
+    source->arch_specific = family == KernelFamily::Wgmma || family == KernelFamily::Ws;
+    source->tensor_maps = family == KernelFamily::Ws;
+  }
+  return source;
+}
+
+}  // namespace
+
 using detail::assemble;
+using detail::gpu_tile_arguments;
 
 namespace {
 
@@ -329,12 +344,8 @@ Result<KernelSource> render_cuda_attention_ws(const AttentionProblem& problem,
                                               const AttentionConfig& config) {
   const bool block_mask = block_mask_applies(problem, config);  // a third parameter
   std::ostringstream instantiation;
-  instantiation << "typedef flashjit_kernel::WsTraits</*head_dim=*/" << problem.head_dim
-                << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n
-                << ", /*warps=*/" << config.warps << ", /*stages=*/" << config.stages
-                << ", /*bf16=*/" << (problem.dtype == DType::BF16 ? "true" : "false")
-                << ", /*causal=*/" << (problem.causal ? "true" : "false") << ", /*pingpong=*/"
-                << (config.pingpong ? "true" : "false") << ", /*persistent=*/"
+  instantiation << "typedef flashjit_kernel::WsTraits<" << gpu_tile_arguments(problem, config)
+                << ", /*pingpong=*/" << (config.pingpong ? "true" : "false") << ", /*persistent=*/"
                 << (config.persistent ? "true" : "false") << "> Config;\n"
                 << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads, "
                    "Config::kCtasPerSm)\n"
@@ -346,14 +357,9 @@ Result<KernelSource> render_cuda_attention_ws(const AttentionProblem& problem,
                 << "  flashjit_kernel::attention_forward_ws<Config>(params, maps"
                 << (block_mask ? ", &block_mask" : "") << ");\n"
                 << "}\n";
-  Result<KernelSource> source =
-      assemble(template_files::kCudaWsForward, {kAttentionForwardEntry}, "attention_fwd_ws",
-               problem, config, instantiation.str(), block_mask);
-  if (source.ok()) {
-    source->arch_specific = true;
-    source->tensor_maps = true;
-  }
-  return source;
+  return for_family(config.family,
+                    assemble(template_files::kCudaWsForward, {kAttentionForwardEntry},
+                             "attention_fwd_ws", problem, config, instantiation.str(), block_mask));
 }
 
 }  // namespace
@@ -369,12 +375,8 @@ Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
   // A mask_mod's block map: a second parameter, passed on by address.
   const bool block_mask = block_mask_applies(problem, config);
   std::ostringstream instantiation;
-  instantiation << "typedef flashjit_kernel::" << (wgmma ? "Sm90Traits" : "Traits")
-                << "</*head_dim=*/" << problem.head_dim << ", /*block_m=*/" << config.block_m
-                << ", /*block_n=*/" << config.block_n << ", /*warps=*/" << config.warps
-                << ", /*stages=*/" << config.stages << ", /*bf16=*/"
-                << (problem.dtype == DType::BF16 ? "true" : "false") << ", /*causal=*/"
-                << (problem.causal ? "true" : "false") << "> Config;\n"
+  instantiation << "typedef flashjit_kernel::" << (wgmma ? "Sm90Traits" : "Traits") << "<"
+                << gpu_tile_arguments(problem, config) << "> Config;\n"
                 << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads, 1)\n"
                 << kAttentionForwardEntry
                 << "(const __grid_constant__ FlashjitAttentionParams params"
@@ -387,13 +389,12 @@ Result<KernelSource> render_cuda_attention(const AttentionProblem& problem,
                                              : "attention_forward")
                 << "<Config>(params" << (block_mask ? ", &block_mask" : "") << ");\n"
                 << "}\n";
-  Result<KernelSource> source =
+  return for_family(
+      config.family,
       wgmma ? assemble(template_files::kCudaWgmmaForward, {kAttentionForwardEntry},
                        "attention_fwd_sm90", problem, config, instantiation.str(), block_mask)
             : assemble(template_files::kCudaMmaForward, {kAttentionForwardEntry}, "attention_fwd",
-                       problem, config, instantiation.str(), block_mask);
-  if (source.ok()) source->arch_specific = wgmma;
-  return source;
+                       problem, config, instantiation.str(), block_mask));
 }
 
 Result<KernelSource> render_hip_attention(const AttentionProblem& problem,
@@ -403,11 +404,8 @@ Result<KernelSource> render_hip_attention(const AttentionProblem& problem,
   FLASHJIT_TRY(validate(problem));
   FLASHJIT_TRY(check_hip_template_constraints(problem, config));
   std::ostringstream instantiation;
-  instantiation << "typedef flashjit_hip::Traits</*head_dim=*/" << problem.head_dim
-                << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n
-                << ", /*waves=*/" << config.warps << ", /*stages=*/" << config.stages
-                << ", /*bf16=*/" << (problem.dtype == DType::BF16 ? "true" : "false")
-                << ", /*causal=*/" << (problem.causal ? "true" : "false") << "> Config;\n"
+  instantiation << "typedef flashjit_hip::Traits<" << gpu_tile_arguments(problem, config, "waves")
+                << "> Config;\n"
                 << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads)\n"
                 << kAttentionForwardEntry << "(FlashjitAttentionParams params) {\n"
                 << "  flashjit_hip::"
@@ -419,6 +417,17 @@ Result<KernelSource> render_hip_attention(const AttentionProblem& problem,
 }
 
 namespace detail {
+
+std::string gpu_tile_arguments(const AttentionProblem& problem, const AttentionConfig& config,
+                               const char* warps) {
+  std::ostringstream out;
+  out << "/*head_dim=*/" << problem.head_dim << ", /*block_m=*/" << config.block_m
+      << ", /*block_n=*/" << config.block_n << ", /*" << warps << "=*/" << config.warps
+      << ", /*stages=*/" << config.stages << ", /*bf16=*/"
+      << (problem.dtype == DType::BF16 ? "true" : "false") << ", /*causal=*/"
+      << (problem.causal ? "true" : "false");
+  return out.str();
+}
 
 // "</*head_dim=*/128, /*block_m=*/64, /*block_n=*/64, /*storage=*/flashjit_cpu::kBF16,
 // /*causal=*/false>": the parameters of both CPU templates' traits; the backward's add
@@ -461,9 +470,7 @@ Result<KernelSource> render_cpu_attention(const AttentionProblem& problem,
   if (config.family == KernelFamily::Decode) return render_cpu_decode(problem, config);
   FLASHJIT_TRY(validate(problem));
   // A CPU with no cache limit to speak of: only the template's own constraints can fail.
-  CpuSpec unlimited;
-  unlimited.l1d_bytes = unlimited.l2_bytes = int64_t{1} << 40;
-  FLASHJIT_TRY(check_cpu_config(config, problem, unlimited));
+  FLASHJIT_TRY(check_cpu_config(config, problem, unlimited_cpu()));
   std::ostringstream instantiation;
   instantiation << "typedef flashjit_cpu::Traits" << cpu_traits_arguments(problem, config)
                 << " Config;\n"
@@ -488,13 +495,9 @@ Result<KernelSource> render_cuda_attention_backward_ws(const AttentionProblem& p
   const char* params = "(const __grid_constant__ FlashjitAttentionParams params) {\n";
   std::ostringstream instantiation;
   instantiation
-      << "typedef flashjit_kernel::WsBwdTraits</*head_dim=*/" << problem.head_dim
-      << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n << ", /*warps=*/"
-      << config.warps << ", /*stages=*/" << config.stages << ", /*bf16=*/"
-      << (problem.dtype == DType::BF16 ? "true" : "false") << ", /*causal=*/"
-      << (problem.causal ? "true" : "false") << ", /*dq_atomic=*/true, /*persistent=*/"
-      << (config.persistent ? "true" : "false") << (config.pingpong ? ", /*pingpong=*/true" : "")
-      << "> Config;\n"
+      << "typedef flashjit_kernel::WsBwdTraits<" << gpu_tile_arguments(problem, config)
+      << ", /*dq_atomic=*/true, /*persistent=*/" << (config.persistent ? "true" : "false")
+      << (config.pingpong ? ", /*pingpong=*/true" : "") << "> Config;\n"
       << "extern \"C\" __global__ void __launch_bounds__(flashjit_kernel::kBackwardThreads)\n"
       << kBackwardPreprocessEntry << params << "  flashjit_kernel::backward_preprocess" << row_args
       << "(params);\n}\n"
@@ -505,15 +508,10 @@ Result<KernelSource> render_cuda_attention_backward_ws(const AttentionProblem& p
       << "extern \"C\" __global__ void __launch_bounds__(flashjit_kernel::kBackwardThreads)\n"
       << kBackwardDqEntry << params << "  flashjit_kernel::backward_dq_convert" << row_args
       << "(params);\n}\n";
-  Result<KernelSource> source =
-      assemble(template_files::kCudaWsBackward,
-               {kBackwardPreprocessEntry, kBackwardDkDvEntry, kBackwardDqEntry}, "attention_bwd_ws",
-               problem, config, instantiation.str());
-  if (source.ok()) {
-    source->arch_specific = true;
-    source->tensor_maps = true;
-  }
-  return source;
+  return for_family(config.family,
+                    assemble(template_files::kCudaWsBackward,
+                             {kBackwardPreprocessEntry, kBackwardDkDvEntry, kBackwardDqEntry},
+                             "attention_bwd_ws", problem, config, instantiation.str()));
 }
 
 }  // namespace
@@ -546,12 +544,8 @@ Result<KernelSource> render_cuda_attention_backward(const AttentionProblem& prob
   const char* mask_arg = block_mask ? ", &block_mask" : "";
   std::ostringstream instantiation;
   instantiation
-      << "typedef flashjit_kernel::" << traits << "</*head_dim=*/" << problem.head_dim
-      << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n << ", /*warps=*/"
-      << config.warps << ", /*stages=*/" << config.stages << ", /*bf16=*/"
-      << (problem.dtype == DType::BF16 ? "true" : "false") << ", /*causal=*/"
-      << (problem.causal ? "true" : "false") << ", /*dq_atomic=*/"
-      << (config.dq == DqMode::Atomic ? "true" : "false") << "> Config;\n"
+      << "typedef flashjit_kernel::" << traits << "<" << gpu_tile_arguments(problem, config)
+      << ", /*dq_atomic=*/" << (config.dq == DqMode::Atomic ? "true" : "false") << "> Config;\n"
       << "extern \"C\" __global__ void __launch_bounds__(flashjit_kernel::kBackwardThreads)\n"
       << kBackwardPreprocessEntry << params << "  flashjit_kernel::backward_preprocess" << view
       << row_args << "(params);\n}\n"
@@ -570,13 +564,12 @@ Result<KernelSource> render_cuda_attention_backward(const AttentionProblem& prob
   }
   const std::vector<std::string> entries = {kBackwardPreprocessEntry, kBackwardDkDvEntry,
                                             kBackwardDqEntry};
-  Result<KernelSource> source =
+  return for_family(
+      config.family,
       wgmma ? assemble(template_files::kCudaWgmmaBackward, entries, "attention_bwd_sm90", problem,
                        config, instantiation.str(), block_mask)
             : assemble(template_files::kCudaMmaBackward, entries, "attention_bwd", problem, config,
-                       instantiation.str(), block_mask);
-  if (source.ok()) source->arch_specific = wgmma;
-  return source;
+                       instantiation.str(), block_mask));
 }
 
 Result<KernelSource> render_hip_attention_backward(const AttentionProblem& problem,
@@ -599,11 +592,8 @@ Result<KernelSource> render_hip_attention_backward(const AttentionProblem& probl
   const char* rows = problem.variant.varlen ? "_varlen" : "";
   std::ostringstream instantiation;
   instantiation
-      << "typedef flashjit_hip::BwdTraits</*head_dim=*/" << problem.head_dim << ", /*block_m=*/"
-      << config.block_m << ", /*block_n=*/" << config.block_n << ", /*waves=*/" << config.warps
-      << ", /*stages=*/" << config.stages << ", /*bf16=*/" << (bf16 ? "true" : "false")
-      << ", /*causal=*/" << (problem.causal ? "true" : "false") << ", /*dq_atomic=*/"
-      << (config.dq == DqMode::Atomic ? "true" : "false") << "> Config;\n"
+      << "typedef flashjit_hip::BwdTraits<" << gpu_tile_arguments(problem, config, "waves")
+      << ", /*dq_atomic=*/" << (config.dq == DqMode::Atomic ? "true" : "false") << "> Config;\n"
       << "extern \"C\" __global__ void __launch_bounds__(flashjit_hip::kBackwardThreads)\n"
       << kBackwardPreprocessEntry << params << "  flashjit_hip::backward_preprocess" << rows
       << row_args << "(params);\n}\n"
@@ -629,9 +619,7 @@ Result<KernelSource> render_cpu_attention_backward(const AttentionProblem& probl
                                                    const AttentionConfig& config) {
   FLASHJIT_TRY(validate(problem));
   // A CPU with no cache limit to speak of: only the template's own constraints can fail.
-  CpuSpec unlimited;
-  unlimited.l1d_bytes = unlimited.l2_bytes = int64_t{1} << 40;
-  FLASHJIT_TRY(check_cpu_config(config, problem, unlimited));
+  FLASHJIT_TRY(check_cpu_config(config, problem, unlimited_cpu()));
   std::ostringstream instantiation;
   instantiation << "typedef flashjit_cpu::BwdTraits" << cpu_traits_arguments(problem, config)
                 << " Config;\n"

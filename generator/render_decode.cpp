@@ -21,15 +21,17 @@ AttentionConfig tile_of(const AttentionConfig& config) {
 
 const char* bool_text(bool value) { return value ? "true" : "false"; }
 
-// The GPU templates' DecodeTraits<...> arguments (CUDA's and HIP's take the same list; `warps`
-// counts waves on HIP).
-std::string gpu_traits_arguments(const AttentionProblem& problem, const AttentionConfig& config) {
+// The GPU decode source's instantiation: namespace `ns`'s DecodeTraits (CUDA's and HIP's take the
+// same arguments; `warps` counts waves on HIP) and the split entry over `params`, the entry's
+// parameter.
+std::string gpu_instantiation(const char* ns, const char* params, const AttentionProblem& problem,
+                              const AttentionConfig& config) {
   std::ostringstream text;
-  text << "</*head_dim=*/" << problem.head_dim << ", /*block_m=*/" << config.block_m
-       << ", /*block_n=*/" << config.block_n << ", /*warps=*/" << config.warps << ", /*stages=*/"
-       << config.stages << ", /*bf16=*/" << bool_text(problem.dtype == DType::BF16)
-       << ", /*causal=*/" << bool_text(problem.causal) << ", /*page_size=*/" << problem.kv.page_size
-       << ">";
+  text << "typedef " << ns << "::DecodeTraits<" << detail::gpu_tile_arguments(problem, config)
+       << ", /*page_size=*/" << problem.kv.page_size << "> Config;\n"
+       << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads)\n"
+       << kDecodeSplitEntry << "(" << params << ") {\n"
+       << "  " << ns << "::decode_split<Config>(params);\n}\n";
   return text.str();
 }
 
@@ -41,15 +43,10 @@ Result<KernelSource> render_cuda_decode(const AttentionProblem& problem,
   FLASHJIT_TRY(check_cuda_dtype(problem.dtype));
   // A CUDA device with no limits to speak of: only the template's own constraints can fail.
   FLASHJIT_TRY(check_decode_config(config, problem, knobs::unlimited_device(80)));
-  const char* params = "(const __grid_constant__ FlashjitAttentionParams params) {\n";
-  std::ostringstream instantiation;
-  instantiation << "typedef flashjit_kernel::DecodeTraits" << gpu_traits_arguments(problem, config)
-                << " Config;\n"
-                << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads)\n"
-                << kDecodeSplitEntry << params
-                << "  flashjit_kernel::decode_split<Config>(params);\n}\n";
-  return detail::assemble(template_files::kCudaDecode, {kDecodeSplitEntry}, "decode", problem,
-                          tile_of(config), instantiation.str());
+  return detail::assemble(
+      template_files::kCudaDecode, {kDecodeSplitEntry}, "decode", problem, tile_of(config),
+      gpu_instantiation("flashjit_kernel", "const __grid_constant__ FlashjitAttentionParams params",
+                        problem, config));
 }
 
 Result<KernelSource> render_hip_decode(const AttentionProblem& problem,
@@ -57,22 +54,16 @@ Result<KernelSource> render_hip_decode(const AttentionProblem& problem,
   FLASHJIT_TRY(validate(problem));
   // An AMD device with no limits to speak of: only the template's own constraints can fail.
   FLASHJIT_TRY(check_hip_decode_config(config, problem, knobs::unlimited_device(0, "gfx90a")));
-  std::ostringstream instantiation;
-  instantiation << "typedef flashjit_hip::DecodeTraits" << gpu_traits_arguments(problem, config)
-                << " Config;\n"
-                << "extern \"C\" __global__ void __launch_bounds__(Config::kThreads)\n"
-                << kDecodeSplitEntry << "(FlashjitAttentionParams params) {\n"
-                << "  flashjit_hip::decode_split<Config>(params);\n}\n";
-  return detail::assemble(template_files::kHipDecode, {kDecodeSplitEntry}, "decode_hip", problem,
-                          tile_of(config), instantiation.str());
+  return detail::assemble(
+      template_files::kHipDecode, {kDecodeSplitEntry}, "decode_hip", problem, tile_of(config),
+      gpu_instantiation("flashjit_hip", "FlashjitAttentionParams params", problem, config));
 }
 
 Result<KernelSource> render_cpu_decode(const AttentionProblem& problem,
                                        const AttentionConfig& config) {
   FLASHJIT_TRY(validate(problem));
-  CpuSpec unlimited;  // only the template's own constraints can fail
-  unlimited.l1d_bytes = unlimited.l2_bytes = int64_t{1} << 40;
-  FLASHJIT_TRY(check_cpu_decode_config(config, problem, unlimited));
+  // only the template's own constraints can fail
+  FLASHJIT_TRY(check_cpu_decode_config(config, problem, unlimited_cpu()));
   std::ostringstream instantiation;
   instantiation << "typedef flashjit_cpu::DecodeTraits</*head_dim=*/" << problem.head_dim
                 << ", /*block_m=*/" << config.block_m << ", /*block_n=*/" << config.block_n

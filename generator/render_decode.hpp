@@ -45,12 +45,18 @@ Result<KernelSource> render_hip_decode(const AttentionProblem& problem,
                                        const AttentionConfig& config);
 
 namespace detail {
-// render.cpp's: the shared assembly of a source, and the CPU template arguments and entry text.
+// render.cpp's: the shared assembly of a source, the CPU entry text and the GPU traits' leading
+// arguments.
 Result<KernelSource> assemble(const template_files::Family& family,
                               std::vector<std::string> entries, const char* kind,
                               const AttentionProblem& problem, const AttentionConfig& config,
                               const std::string& instantiation, bool block_mask = false);
 std::string cpu_entry(const char* entry, const char* function);
+// The leading arguments every CUDA and HIP traits template takes: "/*head_dim=*/128,
+// /*block_m=*/64, /*block_n=*/64, /*warps=*/4, /*stages=*/2, /*bf16=*/true, /*causal=*/false"
+// (`warps`: how the template names that knob, "warps" or HIP's "waves").
+std::string gpu_tile_arguments(const AttentionProblem& problem, const AttentionConfig& config,
+                               const char* warps = "warps");
 }  // namespace detail
 
 }  // namespace flashjit

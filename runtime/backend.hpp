@@ -112,13 +112,7 @@ struct ProblemSignature {
     text += " ";
     text += flashjit::to_string(dtype);
     text += causal ? " causal" : " non-causal";
-    if (page_size > 0) text += " paged" + std::to_string(page_size);
-    if (seqlens_k) text += " seqlens_k";
-    if (!variant.empty()) {  // appended: gcc 12 warns falsely (-Wrestrict) on " " + string
-      text += " ";
-      text += variant;
-    }
-    return text;
+    return text + layout_suffix(page_size, seqlens_k, variant);
   }
 };
 

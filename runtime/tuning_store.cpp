@@ -84,13 +84,7 @@ std::string ProblemKey::to_string() const {
   out += std::to_string(seqlen_k_bucket);
   out += " bh";
   out += std::to_string(batch_heads_bucket);
-  if (page_size > 0) out += " paged" + std::to_string(page_size);
-  if (seqlens_k) out += " seqlens_k";
-  if (!variant.empty()) {  // appended: gcc 12 warns falsely (-Wrestrict) on " " + string
-    out += " ";
-    out += variant;
-  }
-  return out;
+  return out + layout_suffix(page_size, seqlens_k, variant);
 }
 
 const char* to_string(TuneStatus status) {

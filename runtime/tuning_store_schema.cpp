@@ -3,32 +3,44 @@
 // change).
 #include "runtime/tuning_store_schema.hpp"
 
+#include <iterator>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 namespace flashjit::tuning_db {
 namespace {
 
-// The key columns of results and choices, in their order: a device and generator's problem
-// bucket (then the config: part of results' key, the value of choices). key_match and kKeyWhere
-// name the same columns; the primary keys below are their prefix.
-constexpr const char* kKeyColumnsSql = R"sql(
-  device             TEXT NOT NULL,
-  generator          TEXT NOT NULL,
+// The problem's columns every keyed table starts with (after the device): the pass and flag, then
+// what a kernel is compiled for; and the K/V layout and variant columns (version 3).
+constexpr const char* kProblemColumnsSql = R"sql(
   pass               TEXT NOT NULL CHECK (pass IN ('fwd', 'bwd')),
   deterministic      INTEGER NOT NULL CHECK (deterministic = 0 OR (deterministic = 1 AND
                                                                     pass = 'bwd')),
   head_dim           INTEGER NOT NULL,
   dtype              TEXT NOT NULL,
-  causal             INTEGER NOT NULL,
+  causal             INTEGER NOT NULL,)sql";
+constexpr const char* kLayoutColumnsSql = R"sql(
+  page_size          INTEGER NOT NULL DEFAULT 0,
+  seqlens_k          INTEGER NOT NULL DEFAULT 0,
+  variant            TEXT NOT NULL DEFAULT '',)sql";
+
+// The key columns of results and choices, in their order: a device and generator's problem
+// bucket (then the config: part of results' key, the value of choices). key_match and kKeyWhere
+// name the same columns; the primary keys below are their prefix.
+const std::string& key_columns_sql() {
+  static const std::string sql = std::string(R"sql(
+  device             TEXT NOT NULL,
+  generator          TEXT NOT NULL,)sql") +
+                                 kProblemColumnsSql + R"sql(
   group_size         INTEGER NOT NULL,
   seqlen_q_bucket    INTEGER NOT NULL,
   seqlen_k_bucket    INTEGER NOT NULL,
-  batch_heads_bucket INTEGER NOT NULL,
-  page_size          INTEGER NOT NULL DEFAULT 0,
-  seqlens_k          INTEGER NOT NULL DEFAULT 0,
-  variant            TEXT NOT NULL DEFAULT '',
+  batch_heads_bucket INTEGER NOT NULL,)sql" +
+                                 kLayoutColumnsSql + R"sql(
   config             TEXT NOT NULL,)sql";
+  return sql;
+}
 constexpr const char* kKeyPrimarySql = R"sql(
   PRIMARY KEY (device, generator, pass, deterministic, head_dim, dtype, causal, group_size,
                page_size, seqlens_k, variant, seqlen_q_bucket, seqlen_k_bucket,
@@ -56,7 +68,7 @@ CREATE TABLE IF NOT EXISTS devices (
   compiler             TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS results ()sql") +
-                                 kKeyColumnsSql + R"sql(
+                                 key_columns_sql() + R"sql(
   block_m            INTEGER NOT NULL,
   block_n            INTEGER NOT NULL,
   warps              INTEGER NOT NULL,
@@ -73,32 +85,25 @@ CREATE TABLE IF NOT EXISTS results ()sql") +
                                  kKeyPrimarySql + R"sql(, config)
 );
 CREATE TABLE IF NOT EXISTS choices ()sql" +
-                                 kKeyColumnsSql + R"sql(
+                                 key_columns_sql() + R"sql(
   median_ms          REAL NOT NULL DEFAULT 0,
   default_ms         REAL NOT NULL DEFAULT 0,
   chosen_at          TEXT NOT NULL,)sql" +
                                  kKeyPrimarySql + R"sql()
 );
 CREATE TABLE IF NOT EXISTS recorded_problems (
-  device        TEXT NOT NULL,
-  pass          TEXT NOT NULL CHECK (pass IN ('fwd', 'bwd')),
-  deterministic INTEGER NOT NULL CHECK (deterministic = 0 OR (deterministic = 1 AND
-                                                               pass = 'bwd')),
-  head_dim      INTEGER NOT NULL,
-  dtype         TEXT NOT NULL,
-  causal        INTEGER NOT NULL,
-  batch         INTEGER NOT NULL,
-  heads_q       INTEGER NOT NULL,
-  heads_kv      INTEGER NOT NULL,
-  seqlen_q      INTEGER NOT NULL,
-  seqlen_k      INTEGER NOT NULL,
-  page_size     INTEGER NOT NULL DEFAULT 0,
-  seqlens_k     INTEGER NOT NULL DEFAULT 0,
-  variant       TEXT NOT NULL DEFAULT '',
-  variant_spec  TEXT NOT NULL DEFAULT '',
-  uses          INTEGER NOT NULL DEFAULT 1,
-  first_seen    TEXT NOT NULL,
-  last_seen     TEXT NOT NULL,
+  device             TEXT NOT NULL,)sql" +
+                                 kProblemColumnsSql + R"sql(
+  batch              INTEGER NOT NULL,
+  heads_q            INTEGER NOT NULL,
+  heads_kv           INTEGER NOT NULL,
+  seqlen_q           INTEGER NOT NULL,
+  seqlen_k           INTEGER NOT NULL,)sql" +
+                                 kLayoutColumnsSql + R"sql(
+  variant_spec       TEXT NOT NULL DEFAULT '',
+  uses               INTEGER NOT NULL DEFAULT 1,
+  first_seen         TEXT NOT NULL,
+  last_seen          TEXT NOT NULL,
   PRIMARY KEY (device, pass, deterministic, head_dim, dtype, causal, batch, heads_q, heads_kv,
                seqlen_q, seqlen_k, page_size, seqlens_k, variant)
 );
@@ -226,8 +231,10 @@ std::string key_match(const char* left, const char* right, bool with_config) {
                                            "page_size",
                                            "seqlens_k",
                                            "variant"};
+  std::vector<const char*> names(std::begin(kNames), std::end(kNames));
+  if (with_config) names.push_back("config");
   std::string out;
-  for (const char* name : kNames) {
+  for (const char* name : names) {
     if (!out.empty()) out += " AND ";
     out += left;
     out += ".";
@@ -236,13 +243,6 @@ std::string key_match(const char* left, const char* right, bool with_config) {
     out += right;
     out += ".";
     out += name;
-  }
-  if (with_config) {
-    out += " AND ";
-    out += left;
-    out += ".config = ";
-    out += right;
-    out += ".config";
   }
   return out;
 }

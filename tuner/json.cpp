@@ -135,30 +135,36 @@ class Parser {
     return ok_status();
   }
 
-  Status array(Json& out, int depth) {
-    out.kind = Json::Kind::Array;
+  // The rest of an array or object after its opening bracket: item() for each element, ','
+  // between them, up to `close`; `expected`: the error after an element ("expected ',' or ']'").
+  template <class Item>
+  Status elements(char close, const char* expected, const Item& item) {
     ++at_;
     skip_space();
-    if (at_ < text_.size() && text_[at_] == ']') return ++at_, ok_status();
+    if (at_ < text_.size() && text_[at_] == close) return ++at_, ok_status();
     while (true) {
-      out.items.emplace_back();
-      FLASHJIT_TRY(parse(out.items.back(), depth + 1));
+      FLASHJIT_TRY(item());
       skip_space();
       if (at_ < text_.size() && text_[at_] == ',') {
         ++at_;
         continue;
       }
-      if (at_ < text_.size() && text_[at_] == ']') return ++at_, ok_status();
-      return fail("expected ',' or ']'");
+      if (at_ < text_.size() && text_[at_] == close) return ++at_, ok_status();
+      return fail(expected);
     }
+  }
+
+  Status array(Json& out, int depth) {
+    out.kind = Json::Kind::Array;
+    return elements(']', "expected ',' or ']'", [&] {
+      out.items.emplace_back();
+      return parse(out.items.back(), depth + 1);
+    });
   }
 
   Status object(Json& out, int depth) {
     out.kind = Json::Kind::Object;
-    ++at_;
-    skip_space();
-    if (at_ < text_.size() && text_[at_] == '}') return ++at_, ok_status();
-    while (true) {
+    return elements('}', "expected ',' or '}'", [&]() -> Status {
       skip_space();
       if (at_ >= text_.size() || text_[at_] != '"') return fail("expected a member name");
       std::string name;
@@ -166,15 +172,8 @@ class Parser {
       skip_space();
       if (at_ >= text_.size() || text_[at_] != ':') return fail("expected ':'");
       ++at_;
-      FLASHJIT_TRY(parse(out.members[name], depth + 1));
-      skip_space();
-      if (at_ < text_.size() && text_[at_] == ',') {
-        ++at_;
-        continue;
-      }
-      if (at_ < text_.size() && text_[at_] == '}') return ++at_, ok_status();
-      return fail("expected ',' or '}'");
-    }
+      return parse(out.members[name], depth + 1);
+    });
   }
 
   std::string_view text_;

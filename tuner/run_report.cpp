@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <type_traits>
 
 #include "generator/render.hpp"
 #include "tuner/json.hpp"
@@ -35,27 +36,42 @@ std::string json_number(double value) {
 
 const char* json_bool(bool value) { return value ? "true" : "false"; }
 
-// The problem fields a TunedProblem keeps, copied either way: from an AttentionProblem into a
-// report's row, and back for its label.
-template <class To, class From>
-void copy_problem_fields(To& to, const From& from) {
-  to.pass = from.pass;
-  to.deterministic = from.deterministic;
-  to.head_dim = from.head_dim;
-  to.dtype = from.dtype;
-  to.causal = from.causal;
-  to.batch = from.batch;
-  to.heads_q = from.heads_q;
-  to.heads_kv = from.heads_kv;
-  to.seqlen_q = from.seqlen_q;
-  to.seqlen_k = from.seqlen_k;
-}
+// Writes the fields a visit_*_fields gives (run_report.hpp) as JSON members, ", " between them
+// (and before the first unless `first`).
+class JsonMembers {
+ public:
+  explicit JsonMembers(std::ostream& out, bool first = true) : out_(out), first_(first) {}
+  template <class T>
+  void operator()(const char* name, const T& value) {
+    out_ << (first_ ? "\"" : ", \"") << name << "\": ";
+    first_ = false;
+    if constexpr (std::is_same_v<T, std::string>) {
+      out_ << '"' << json_escape(value) << '"';
+    } else if constexpr (std::is_same_v<T, Pass> || std::is_same_v<T, DType>) {
+      out_ << '"' << to_string(value) << '"';
+    } else if constexpr (std::is_same_v<T, bool>) {
+      out_ << json_bool(value);
+    } else if constexpr (std::is_same_v<T, double>) {
+      out_ << json_number(value);
+    } else {
+      static_assert(std::is_integral_v<T>);
+      out_ << value;
+    }
+  }
+
+ private:
+  std::ostream& out_;
+  bool first_;
+};
+
+// A visit_*_fields visitor over two rows: the second's member into the first's.
+constexpr auto kCopy = [](const char*, auto& to, const auto& from) { to = from; };
 
 }  // namespace
 
 std::string TunedProblem::label() const {
   AttentionProblem problem;
-  copy_problem_fields(problem, *this);
+  visit_problem_fields(kCopy, problem, *this);
   return problem_label(problem);
 }
 
@@ -68,20 +84,13 @@ TunedProblem tuned_problem(const std::string& device, const TuneReport& r) {
   TunedProblem row;
   row.device = device;
   row.key = r.key.to_string();
-  copy_problem_fields(row, p);
+  visit_problem_fields(kCopy, row, p);
   row.deterministic = p.is_backward() && p.deterministic;
   row.default_config = {r.default_config.to_string(), r.default_ms, r.default_tflops()};
   if (r.choice)
     row.chosen = TunedTime{r.choice->config.to_string(), r.choice->median_ms, r.chosen_tflops()};
   row.gain = r.gain();
-  row.kept_default = r.kept_default;
-  row.compared = r.compared;
-  row.disturbed = r.disturbed;
-  row.resumed = r.resumed;
-  row.busy_batches = r.busy_batches;
-  row.noise_ms = r.noise_ms;
-  row.seconds = r.seconds;
-  row.note = r.note;
+  visit_outcome_fields(kCopy, row, r);
   for (const TuneResult& c : r.results) {
     row.results.push_back({c.config.to_string(), to_string(c.status), c.median_ms, c.min_ms,
                            c.max_ms, c.repetitions, c.tflops, c.is_default, c.message});
@@ -171,36 +180,29 @@ std::string run_report_json(const TuneRunReport& report, bool handoff) {
   for (const TunedProblem& r : report.problems) {
     out << (first ? "\n" : ",\n");
     first = false;
-    out << "    {\"device\": \"" << json_escape(r.device) << "\", \"key\": \"" << json_escape(r.key)
-        << "\", \"pass\": \"" << to_string(r.pass)
-        << "\", \"deterministic\": " << json_bool(r.deterministic) << ", \"d\": " << r.head_dim
-        << ", \"dtype\": \"" << to_string(r.dtype) << "\", \"causal\": " << json_bool(r.causal)
-        << ", \"batch\": " << r.batch << ", \"heads_q\": " << r.heads_q
-        << ", \"heads_kv\": " << r.heads_kv << ", \"seqlen_q\": " << r.seqlen_q
-        << ", \"seqlen_k\": " << r.seqlen_k << ",\n     \"default\": {\"config\": \""
-        << r.default_config.config << "\", \"ms\": " << json_number(r.default_config.ms)
-        << ", \"tflops\": " << json_number(r.default_config.tflops) << "}, \"chosen\": ";
+    out << "    {";
+    JsonMembers head(out);
+    head("device", r.device);
+    head("key", r.key);
+    visit_problem_fields(head, r);
+    out << ",\n     \"default\": {";
+    visit_time_fields(JsonMembers(out), r.default_config);
+    out << "}, \"chosen\": ";
     if (r.chosen) {
-      out << "{\"config\": \"" << r.chosen->config << "\", \"ms\": " << json_number(r.chosen->ms)
-          << ", \"tflops\": " << json_number(r.chosen->tflops) << "}";
+      out << "{";
+      visit_time_fields(JsonMembers(out), *r.chosen);
+      out << "}";
     } else {
       out << "null";
     }
-    out << ", \"gain\": " << json_number(r.gain)
-        << ", \"kept_default\": " << json_bool(r.kept_default)
-        << ", \"compared\": " << json_bool(r.compared)
-        << ", \"disturbed\": " << json_bool(r.disturbed) << ", \"busy_batches\": " << r.busy_batches
-        << ", \"noise_ms\": " << json_number(r.noise_ms)
-        << ", \"resumed\": " << json_bool(r.resumed) << ", \"seconds\": " << json_number(r.seconds)
-        << ", \"note\": \"" << json_escape(r.note) << "\",\n     \"results\": [";
+    JsonMembers outcome(out, false);
+    outcome("gain", r.gain);
+    visit_outcome_fields(outcome, r);
+    out << ",\n     \"results\": [";
     for (size_t i = 0; i < r.results.size(); ++i) {
-      const TunedConfig& c = r.results[i];
-      out << (i ? ",\n" : "\n") << "       {\"config\": \"" << c.config << "\", \"status\": \""
-          << c.status << "\", \"median_ms\": " << json_number(c.median_ms)
-          << ", \"min_ms\": " << json_number(c.min_ms) << ", \"max_ms\": " << json_number(c.max_ms)
-          << ", \"repetitions\": " << c.repetitions << ", \"tflops\": " << json_number(c.tflops)
-          << ", \"is_default\": " << json_bool(c.is_default) << ", \"message\": \""
-          << json_escape(c.message) << "\"}";
+      out << (i ? ",\n" : "\n") << "       {";
+      visit_config_fields(JsonMembers(out), r.results[i]);
+      out << "}";
     }
     out << "]}";
   }
@@ -218,8 +220,40 @@ namespace {
 
 bool flag(const Json& value) { return value.kind == Json::Kind::Bool && value.boolean; }
 
+// Reads the fields a visit_*_fields gives (run_report.hpp) from a JSON object into a fresh row: a
+// member that is absent (or not a number) leaves the row's default; `ok` turns false on a pass
+// or dtype that does not parse (or is absent).
+struct JsonFields {
+  const Json& object;
+  bool ok = true;
+  template <class T>
+  void operator()(const char* name, T& value) {
+    const Json& member = object[name];
+    if constexpr (std::is_same_v<T, std::string>) {
+      value = member.text_or("");
+    } else if constexpr (std::is_same_v<T, Pass> || std::is_same_v<T, DType>) {
+      Result<T> parsed = [&] {
+        if constexpr (std::is_same_v<T, Pass>)
+          return parse_pass(member.text_or(""));
+        else
+          return parse_dtype(member.text_or(""));
+      }();
+      if (parsed.ok())
+        value = *parsed;
+      else
+        ok = false;
+    } else if constexpr (std::is_same_v<T, bool>) {
+      value = flag(member);
+    } else {
+      value = static_cast<T>(member.number_or(static_cast<double>(value)));
+    }
+  }
+};
+
 TunedTime tuned_time(const Json& value) {
-  return {value["config"].text_or(""), value["ms"].number_or(0), value["tflops"].number_or(0)};
+  TunedTime time;
+  visit_time_fields(JsonFields{value}, time);
+  return time;
 }
 
 }  // namespace
@@ -246,40 +280,19 @@ Result<TuneRunReport> read_run_report(const std::string& path) {
   for (const Json& error : doc["device_errors"].items) report.device_errors.push_back(error.string);
   for (const Json& p : doc["problems"].items) {
     TunedProblem row;
-    row.device = p["device"].text_or("");
-    row.key = p["key"].text_or("");
-    Result<Pass> pass = parse_pass(p["pass"].text_or(""));
-    Result<DType> dtype = parse_dtype(p["dtype"].text_or(""));
-    if (!pass.ok() || !dtype.ok()) {
+    JsonFields fields{p};
+    fields("device", row.device);
+    fields("key", row.key);
+    visit_problem_fields(fields, row);
+    if (!fields.ok) {
       return make_error(ErrorCode::InvalidArgument, path + ": a problem without pass or dtype");
     }
-    row.pass = *pass;
-    row.dtype = *dtype;
-    row.deterministic = flag(p["deterministic"]);
-    row.head_dim = static_cast<int>(p["d"].number_or(0));
-    row.causal = flag(p["causal"]);
-    row.batch = static_cast<int64_t>(p["batch"].number_or(0));
-    row.heads_q = static_cast<int64_t>(p["heads_q"].number_or(0));
-    row.heads_kv = static_cast<int64_t>(p["heads_kv"].number_or(0));
-    row.seqlen_q = static_cast<int64_t>(p["seqlen_q"].number_or(0));
-    row.seqlen_k = static_cast<int64_t>(p["seqlen_k"].number_or(0));
     row.default_config = tuned_time(p["default"]);
     if (p["chosen"].is_object()) row.chosen = tuned_time(p["chosen"]);
-    row.gain = p["gain"].number_or(1);
-    row.kept_default = flag(p["kept_default"]);
-    row.compared = flag(p["compared"]);
-    row.disturbed = flag(p["disturbed"]);
-    row.resumed = flag(p["resumed"]);
-    row.busy_batches = static_cast<int>(p["busy_batches"].number_or(0));
-    row.noise_ms = p["noise_ms"].number_or(0);
-    row.seconds = p["seconds"].number_or(0);
-    row.note = p["note"].text_or("");
+    fields("gain", row.gain);
+    visit_outcome_fields(fields, row);
     for (const Json& c : p["results"].items) {
-      row.results.push_back(
-          {c["config"].text_or(""), c["status"].text_or(""), c["median_ms"].number_or(0),
-           c["min_ms"].number_or(0), c["max_ms"].number_or(0),
-           static_cast<int>(c["repetitions"].number_or(0)), c["tflops"].number_or(0),
-           flag(c["is_default"]), c["message"].text_or("")});
+      visit_config_fields(JsonFields{c}, row.results.emplace_back());
     }
     report.problems.push_back(std::move(row));
   }

@@ -57,6 +57,56 @@ struct TunedProblem {
   std::string label() const;  // problem_label(): "bwd d128 bf16 causal N=4096 B=4 H=16"
 };
 
+// The fields of a row by the names the JSON report and Python's dict give them, in their order:
+// one list for the writers (run_report_json, python/src/tune.cpp), the reader (read_run_report)
+// and the copies from the tuner's TuneReport (tuned_problem). visit(name, row.member...) over
+// one or more rows (const or not) that have the members, each a std::string, bool, int,
+// int64_t, double, Pass or DType. A TunedProblem's row in the JSON report: "device", "key", the
+// problem fields (an AttentionProblem's too), "default" and "chosen" (TunedTime), "gain", the
+// outcome fields (a TuneReport's too), "results" (TunedConfig).
+template <class Visit, class... Rows>
+void visit_problem_fields(Visit&& visit, Rows&... rows) {
+  visit("pass", rows.pass...);
+  visit("deterministic", rows.deterministic...);
+  visit("d", rows.head_dim...);
+  visit("dtype", rows.dtype...);
+  visit("causal", rows.causal...);
+  visit("batch", rows.batch...);
+  visit("heads_q", rows.heads_q...);
+  visit("heads_kv", rows.heads_kv...);
+  visit("seqlen_q", rows.seqlen_q...);
+  visit("seqlen_k", rows.seqlen_k...);
+}
+template <class Visit, class... Rows>
+void visit_outcome_fields(Visit&& visit, Rows&... rows) {
+  visit("kept_default", rows.kept_default...);
+  visit("compared", rows.compared...);
+  visit("disturbed", rows.disturbed...);
+  visit("busy_batches", rows.busy_batches...);
+  visit("noise_ms", rows.noise_ms...);
+  visit("resumed", rows.resumed...);
+  visit("seconds", rows.seconds...);
+  visit("note", rows.note...);
+}
+template <class Visit, class Time>  // Time: [const] TunedTime
+void visit_time_fields(Visit&& visit, Time& time) {
+  visit("config", time.config);
+  visit("ms", time.ms);
+  visit("tflops", time.tflops);
+}
+template <class Visit, class Config>  // Config: [const] TunedConfig
+void visit_config_fields(Visit&& visit, Config& config) {
+  visit("config", config.config);
+  visit("status", config.status);
+  visit("median_ms", config.median_ms);
+  visit("min_ms", config.min_ms);
+  visit("max_ms", config.max_ms);
+  visit("repetitions", config.repetitions);
+  visit("tflops", config.tflops);
+  visit("is_default", config.is_default);
+  visit("message", config.message);
+}
+
 struct TuneRunReport {
   // 0: every problem got a choice; 1: a device, DB or worker failure, or a problem without a
   // choice; 2: a bad request (InvalidArgument) or no device of the kind asked for; in a worker

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <type_traits>
 #include <utility>
 
 #include "generator/enum_names.hpp"
@@ -18,107 +19,80 @@ size_t element_bytes(const AttentionProblem& problem) {
   return static_cast<size_t>(dtype_bytes(problem.dtype));
 }
 
+// Where each role's tensor lives, in one table: its pointer in AttentionArgs, its host storage as
+// an input (HostInputs) and as an output (HostOutputs), `kNone` where it has none.
+// visit(args member, inputs member, outputs member) for `role`.
+constexpr std::nullptr_t kNone = nullptr;
+template <class Visit>
+void visit_role(TensorRole role, const Visit& visit) {
+  using A = AttentionArgs;
+  using I = HostInputs;
+  using O = HostOutputs;
+  switch (role) {
+    case TensorRole::Q:
+      return visit(&A::q, &I::q, kNone);
+    case TensorRole::K:
+      return visit(&A::k, &I::k, kNone);
+    case TensorRole::V:
+      return visit(&A::v, &I::v, kNone);
+    case TensorRole::O:
+      return visit(&A::o, &I::o, &O::o);
+    case TensorRole::Lse:
+      return visit(&A::lse, &I::lse, &O::lse);
+    case TensorRole::DO:
+      return visit(&A::d_o, &I::d_o, kNone);
+    case TensorRole::DQ:
+      return visit(&A::dq, kNone, &O::dq);
+    case TensorRole::DK:
+      return visit(&A::dk, kNone, &O::dk);
+    case TensorRole::DV:
+      return visit(&A::dv, kNone, &O::dv);
+    case TensorRole::BlockTable:
+      return visit(&A::block_table, &I::block_table, kNone);
+    case TensorRole::SeqlensK:
+      return visit(&A::seqlens_k, &I::seqlens_k, kNone);
+    case TensorRole::AlibiSlopes:
+      return visit(&A::alibi_slopes, &I::alibi_slopes, kNone);
+    case TensorRole::CuSeqlensQ:
+      return visit(&A::cu_seqlens_q, &I::cu_seqlens_q, kNone);
+    case TensorRole::CuSeqlensK:
+      return visit(&A::cu_seqlens_k, &I::cu_seqlens_k, kNone);
+  }
+}
+
+template <class Member>
+constexpr bool is_none = std::is_null_pointer_v<Member>;
+
 void bind(AttentionArgs& args, TensorRole role, void* pointer) {
-  switch (role) {
-    case TensorRole::Q:
-      args.q = pointer;
-      break;
-    case TensorRole::K:
-      args.k = pointer;
-      break;
-    case TensorRole::V:
-      args.v = pointer;
-      break;
-    case TensorRole::O:
-      args.o = pointer;
-      break;
-    case TensorRole::Lse:
-      args.lse = static_cast<float*>(pointer);
-      break;
-    case TensorRole::DO:
-      args.d_o = pointer;
-      break;
-    case TensorRole::DQ:
-      args.dq = pointer;
-      break;
-    case TensorRole::DK:
-      args.dk = pointer;
-      break;
-    case TensorRole::DV:
-      args.dv = pointer;
-      break;
-    case TensorRole::BlockTable:
-      args.block_table = static_cast<const int32_t*>(pointer);
-      break;
-    case TensorRole::SeqlensK:
-      args.seqlens_k = static_cast<const int32_t*>(pointer);
-      break;
-    case TensorRole::AlibiSlopes:
-      args.alibi_slopes = static_cast<const float*>(pointer);
-      break;
-    case TensorRole::CuSeqlensQ:
-      args.cu_seqlens_q = static_cast<const int32_t*>(pointer);
-      break;
-    case TensorRole::CuSeqlensK:
-      args.cu_seqlens_k = static_cast<const int32_t*>(pointer);
-      break;
-  }
+  visit_role(role, [&](auto arg, auto, auto) {
+    using Pointer = std::remove_reference_t<decltype(args.*arg)>;
+    args.*arg = static_cast<Pointer>(pointer);
+  });
 }
 
-// The host storage of input `role` and its size in bytes.
+// The host storage of input `role` and its size in bytes ({nullptr, 0}: not an input).
 std::pair<const void*, size_t> host_input(const HostInputs& inputs, TensorRole role) {
-  auto words = [](const std::vector<uint16_t>& v) {
-    return std::pair<const void*, size_t>(v.data(), v.size() * sizeof(uint16_t));
-  };
-  switch (role) {
-    case TensorRole::Q:
-      return words(inputs.q);
-    case TensorRole::K:
-      return words(inputs.k);
-    case TensorRole::V:
-      return words(inputs.v);
-    case TensorRole::O:
-      return words(inputs.o);
-    case TensorRole::Lse:
-      return {inputs.lse.data(), inputs.lse.size() * sizeof(float)};
-    case TensorRole::DO:
-      return words(inputs.d_o);
-    case TensorRole::BlockTable:
-      return {inputs.block_table.data(), inputs.block_table.size() * sizeof(int32_t)};
-    case TensorRole::SeqlensK:
-      return {inputs.seqlens_k.data(), inputs.seqlens_k.size() * sizeof(int32_t)};
-    case TensorRole::AlibiSlopes:
-      return {inputs.alibi_slopes.data(), inputs.alibi_slopes.size() * sizeof(float)};
-    case TensorRole::CuSeqlensQ:
-      return {inputs.cu_seqlens_q.data(), inputs.cu_seqlens_q.size() * sizeof(int32_t)};
-    case TensorRole::CuSeqlensK:
-      return {inputs.cu_seqlens_k.data(), inputs.cu_seqlens_k.size() * sizeof(int32_t)};
-    default:
-      return {nullptr, 0};
-  }
+  std::pair<const void*, size_t> host{nullptr, 0};
+  visit_role(role, [&](auto, auto input, auto) {
+    if constexpr (!is_none<decltype(input)>) {
+      const auto& v = inputs.*input;
+      host = {v.data(), v.size() * sizeof(v[0])};
+    }
+  });
+  return host;
 }
 
-// The host storage output `role` is copied back into.
+// The host storage output `role` is copied back into, sized to `bytes` (nullptr: not an output).
 void* host_output(HostOutputs& outputs, TensorRole role, size_t bytes) {
-  auto words = [bytes](std::vector<uint16_t>& v) {
-    v.resize(bytes / sizeof(uint16_t));
-    return static_cast<void*>(v.data());
-  };
-  switch (role) {
-    case TensorRole::O:
-      return words(outputs.o);
-    case TensorRole::Lse:
-      outputs.lse.resize(bytes / sizeof(float));
-      return outputs.lse.data();
-    case TensorRole::DQ:
-      return words(outputs.dq);
-    case TensorRole::DK:
-      return words(outputs.dk);
-    case TensorRole::DV:
-      return words(outputs.dv);
-    default:
-      return nullptr;
-  }
+  void* host = nullptr;
+  visit_role(role, [&](auto, auto, auto output) {
+    if constexpr (!is_none<decltype(output)>) {
+      auto& v = outputs.*output;
+      v.resize(bytes / sizeof(v[0]));
+      host = v.data();
+    }
+  });
+  return host;
 }
 
 // `status`'s error with the tensor it concerns in front: "dq: ...".

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "runtimes.hpp"
@@ -164,27 +165,25 @@ nb::object number(double value) {
   return nb::float_(value);
 }
 
+// Sets dict[name] for each field a visit_*_fields gives (tuner/run_report.hpp), as the JSON
+// report has it: a pass or dtype by its name, a number that is not finite as None.
+struct DictFields {
+  nb::dict& dict;
+  template <class T>
+  void operator()(const char* name, const T& value) {
+    if constexpr (std::is_same_v<T, double>)
+      dict[name] = number(value);
+    else if constexpr (std::is_same_v<T, Pass> || std::is_same_v<T, DType>)
+      dict[name] = to_string(value);
+    else
+      dict[name] = value;
+  }
+};
+
 nb::dict time_dict(const TunedTime& time) {
   nb::dict entry;
-  entry["config"] = time.config;
-  entry["ms"] = number(time.ms);
-  entry["tflops"] = number(time.tflops);
+  visit_time_fields(DictFields{entry}, time);
   return entry;
-}
-
-// One measured config of a problem.
-nb::dict config_dict(const TunedConfig& c) {
-  nb::dict result;
-  result["config"] = c.config;
-  result["status"] = c.status;
-  result["median_ms"] = number(c.median_ms);
-  result["min_ms"] = number(c.min_ms);
-  result["max_ms"] = number(c.max_ms);
-  result["repetitions"] = c.repetitions;
-  result["tflops"] = number(c.tflops);
-  result["is_default"] = c.is_default;
-  result["message"] = c.message;
-  return result;
 }
 
 // The report as `flashjit tune --json` writes it (tuner/run_report.hpp run_report_json).
@@ -198,29 +197,17 @@ nb::dict report_dict(const TuneRunReport& report) {
     nb::dict p;
     p["device"] = r.device;
     p["key"] = r.key;
-    p["pass"] = to_string(r.pass);
-    p["deterministic"] = r.deterministic;
-    p["d"] = r.head_dim;
-    p["dtype"] = to_string(r.dtype);
-    p["causal"] = r.causal;
-    p["batch"] = r.batch;
-    p["heads_q"] = r.heads_q;
-    p["heads_kv"] = r.heads_kv;
-    p["seqlen_q"] = r.seqlen_q;
-    p["seqlen_k"] = r.seqlen_k;
+    visit_problem_fields(DictFields{p}, r);
     p["default"] = time_dict(r.default_config);
     p["chosen"] = r.chosen ? nb::object(time_dict(*r.chosen)) : nb::none();
     p["gain"] = number(r.gain);
-    p["kept_default"] = r.kept_default;
-    p["compared"] = r.compared;
-    p["disturbed"] = r.disturbed;
-    p["busy_batches"] = r.busy_batches;
-    p["noise_ms"] = number(r.noise_ms);
-    p["resumed"] = r.resumed;
-    p["seconds"] = number(r.seconds);
-    p["note"] = r.note;
+    visit_outcome_fields(DictFields{p}, r);
     nb::list results;
-    for (const TunedConfig& c : r.results) results.append(config_dict(c));
+    for (const TunedConfig& c : r.results) {
+      nb::dict result;
+      visit_config_fields(DictFields{result}, c);
+      results.append(result);
+    }
     p["results"] = results;
     problems.append(p);
   }
