@@ -276,7 +276,7 @@ struct Kernel {
           for_each_tile<DT>(D, [&](int c0, auto tile) {
             constexpr int CT = decltype(tile)::value;
             if constexpr (kDot)
-              accumulate_tile_dot<D, 1, BM, BM, CT, QV>(vp, pp, ot, key_pairs, c0, g, alpha);
+              accumulate_tile<1, BM, BM, CT, QV>(vp, Int<D>(), pp, ot, key_pairs, c0, g, alpha);
             else
               accumulate_tile<1, BM, BM, CT, QV>(v_block, v_stride, st, ot, cols, c0, g, alpha);
           });
