@@ -34,6 +34,33 @@
   static_assert(HEAD_DIM % 8 == 0 && HEAD_DIM >= 8 && HEAD_DIM <= 256,                            \
                 "head dim: a multiple of 8 in [8, 256]")
 
+// The tensors of a forward tile of query rows [m0, ...) of (batch, head), whose keys are those of
+// kv head kv_head, in the kernel's 16-bit storage type u16: q and o from row m0, k and v from
+// key 0, lse the head's row (null when the problem writes none). Declares q, k, v, o and lse.
+// (A macro, as the two above: the CUDA and HIP forwards' plain kernels compile as before it.)
+#define FLASHJIT_FORWARD_TENSORS(p, batch, head, kv_head, m0)                              \
+  const u16* q = static_cast<const u16*>(p.q) + batch * p.q_batch_stride +                 \
+                 head * p.q_head_stride + m0 * p.q_seq_stride;                             \
+  const u16* k =                                                                           \
+      static_cast<const u16*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride; \
+  const u16* v =                                                                           \
+      static_cast<const u16*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride; \
+  u16* o = static_cast<u16*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +    \
+           m0 * p.o_seq_stride;                                                            \
+  float* lse = p.lse ? p.lse + (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q : 0
+
+// The backward preprocess's rows of (batch, head): row_base, the head's first workspace row
+// (delta, lse_log2: seqlen_q_rounded rows per head), o and d_o (u16, from row 0) and the
+// forward's lse. Declares row_base, o, d_o and lse. (A macro likewise: CUDA's and HIP's
+// backward_preprocess.)
+#define FLASHJIT_PREPROCESS_TENSORS(p, batch, head)                                                \
+  const long long row_base =                                                                       \
+      (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q_rounded;                     \
+  const u16* o = static_cast<const u16*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride; \
+  const u16* d_o =                                                                                 \
+      static_cast<const u16*>(p.d_o) + batch * p.do_batch_stride + head * p.do_head_stride;        \
+  const float* lse = p.lse + (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q
+
 namespace flashjit_attention {
 
 // +inf: NVRTC has no __builtin_huge_valf (nor INFINITY without <cmath>).

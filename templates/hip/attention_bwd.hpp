@@ -111,20 +111,6 @@ FLASHJIT_DEVICE float variant_probability(const FlashjitAttentionParams& p, int 
 #endif
 // ---- the dK/dV kernel ---------------------------------------------------------------------------
 
-// The 16-bit operands of 16 rows of a tensor for this lane: frag[kk] = X[row][dims kk*16 + 4g ..
-// + 3] (zero past `rows` or the head dim), the A or B operand of a product over the head dim.
-template <class K>
-FLASHJIT_DEVICE void load_row_operands(Frag (&frag)[K::kDTiles], const u16* x, long long stride,
-                                       int row, int rows, int lane_group) {
-#pragma unroll
-  for (int kk = 0; kk < K::kDTiles; ++kk) {
-    const int col = kk * 16 + 4 * lane_group;
-    frag[kk] = Frag{0u, 0u};
-    if (row < rows && col < K::kHeadDim)
-      frag[kk] = *reinterpret_cast<const Frag*>(x + row * stride + col);
-  }
-}
-
 // One wave's part of the dK/dV kernel: workgroup (x: key block, y: kv head, z: batch).
 //
 //   K_j, V_j (this wave's keys) -> registers, once; dK_j = dV_j = 0
@@ -174,8 +160,8 @@ FLASHJIT_DEVICE void attention_backward_dkdv(const FlashjitAttentionParams& p) {
 #pragma unroll
   for (int kt = 0; kt < kKTiles; ++kt) {
     const int key = wave_key0 + kt * 16 + lane_row;
-    load_row_operands<K>(k_frag[kt], k, p.k_seq_stride, key, keys, lane_group);
-    load_row_operands<K>(v_frag[kt], v, p.v_seq_stride, key, keys, lane_group);
+    load_row_operands<K>(k_frag[kt], k + key * p.k_seq_stride, key < keys, lane_group);
+    load_row_operands<K>(v_frag[kt], v + key * p.v_seq_stride, key < keys, lane_group);
   }
   // Atomic: K as the B operand of dQ = dS K for this wave's dim tiles dt = wave + t * kWaves:
   // kt_frag[nt][t] = K[keys nt*16 + 4g .. + 3][dim dt*16 + r] (zero past seqlen_k, the head dim).
@@ -283,34 +269,13 @@ FLASHJIT_DEVICE void attention_backward_dkdv(const FlashjitAttentionParams& p) {
       const float lse_row[4] = {lse4.x, lse4.y, lse4.z, lse4.w};
       const float delta_row[4] = {delta4.x, delta4.y, delta4.z, delta4.w};
 
-      // S = Q K^T, dP = dO V^T: s[kt][i] = S[query m0 + mt*16 + 4g + i][key wave_key0 + kt*16 + r]
-      // (one product after the other: hipRTC then keeps fewer operands read ahead).
-      f32x4 s[kKTiles], dp[kKTiles];
-#pragma unroll
-      for (int kt = 0; kt < kKTiles; ++kt) {
-        s[kt] = f32x4{0.f, 0.f, 0.f, 0.f};
-        dp[kt] = f32x4{0.f, 0.f, 0.f, 0.f};
-      }
-#pragma unroll
-      for (int kk = 0; kk < kDTiles; ++kk) {
-        const Frag q_a =
-            *reinterpret_cast<const Frag*>(q_tile + QSwizzle::advance(q_lane, mt * 16, 2 * kk));
-#pragma unroll
-        for (int kt = 0; kt < kKTiles; ++kt) {
-          s[kt] = mfma_16x16x16<K::kIsBf16>(q_a.lo, q_a.hi, k_frag[kt][kk].lo, k_frag[kt][kk].hi,
-                                            s[kt]);
-        }
-      }
-#pragma unroll
-      for (int kk = 0; kk < kDTiles; ++kk) {
-        const Frag do_a =
-            *reinterpret_cast<const Frag*>(do_tile + QSwizzle::advance(q_lane, mt * 16, 2 * kk));
-#pragma unroll
-        for (int kt = 0; kt < kKTiles; ++kt) {
-          dp[kt] = mfma_16x16x16<K::kIsBf16>(do_a.lo, do_a.hi, v_frag[kt][kk].lo, v_frag[kt][kk].hi,
-                                             dp[kt]);
-        }
-      }
+      // S = Q K^T, dP = dO V^T: s[kt][0][i] = S[query m0 + mt*16 + 4g + i][key wave_key0 + kt*16 +
+      // r]: the forward's score_tiles (hip/tiles.hpp) with the 16 streamed rows as A and this
+      // wave's keys as B (one product after the other: hipRTC then keeps fewer operands read
+      // ahead).
+      f32x4 s[kKTiles][1], dp[kKTiles][1];
+      score_tiles<K, QSwizzle>(s, q_tile, q_lane, mt * 16, k_frag);
+      score_tiles<K, QSwizzle>(dp, do_tile, q_lane, mt * 16, v_frag);
 
 #ifdef FLASHJIT_VARIANT
       // P and dS of the variant's scores, rounded to 16 bits as below.
@@ -321,8 +286,8 @@ FLASHJIT_DEVICE void attention_backward_dkdv(const FlashjitAttentionParams& p) {
         float pr[4], ds[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          pr[i] = variant_probability(p, diagonal, all_visible, s[kt][i], lse_row[i],
-                                      dp[kt][i] - delta_row[i], slope, batch, head,
+          pr[i] = variant_probability(p, diagonal, all_visible, s[kt][0][i], lse_row[i],
+                                      dp[kt][0][i] - delta_row[i], slope, batch, head,
                                       m0 + mt * 16 + 4 * lane_group + i, key, &ds[i]);
         }
         p_frag[kt] = pack4<K::kIsBf16>(pr[0], pr[1], pr[2], pr[3]);
@@ -338,7 +303,7 @@ FLASHJIT_DEVICE void attention_backward_dkdv(const FlashjitAttentionParams& p) {
               fa::last_key<K::kCausal>(p, diagonal, row) - (n0 + wave_key0 + lane_row);
 #pragma unroll
           for (int kt = 0; kt < kKTiles; ++kt)
-            if (kt * 16 > limit) s[kt][i] = -fa::infinity();
+            if (kt * 16 > limit) s[kt][0][i] = -fa::infinity();
         }
       }
 
@@ -350,9 +315,9 @@ FLASHJIT_DEVICE void attention_backward_dkdv(const FlashjitAttentionParams& p) {
         float pr[4], ds[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          pr[i] = fa::recomputed_probability(s[kt][i], p.scale_log2, lse_row[i],
+          pr[i] = fa::recomputed_probability(s[kt][0][i], p.scale_log2, lse_row[i],
                                              [](float x) { return fast_exp2(x); });
-          ds[i] = pr[i] * (dp[kt][i] - delta_row[i]);
+          ds[i] = pr[i] * (dp[kt][0][i] - delta_row[i]);
         }
         p_frag[kt] = pack4<K::kIsBf16>(pr[0], pr[1], pr[2], pr[3]);
         ds_frag[kt] = pack4<K::kIsBf16>(ds[0], ds[1], ds[2], ds[3]);
@@ -501,8 +466,8 @@ FLASHJIT_DEVICE void attention_backward_dq(const FlashjitAttentionParams& p) {
 
   // This lane's query as the B operand of S^T = K Q^T and dP^T = V dO^T.
   Frag q_frag[kDTiles], do_frag[kDTiles];
-  load_row_operands<K>(q_frag, q, p.q_seq_stride, row, p.seqlen_q, lane_group);
-  load_row_operands<K>(do_frag, d_o, p.do_seq_stride, row, p.seqlen_q, lane_group);
+  load_row_operands<K>(q_frag, q + row * p.q_seq_stride, row < p.seqlen_q, lane_group);
+  load_row_operands<K>(do_frag, d_o + row * p.do_seq_stride, row < p.seqlen_q, lane_group);
 
   f32x4 dq_acc[kDTiles];  // dQ^T: dq_acc[dt][i] = dQ[query row][dim dt*16 + 4g + i]
 #pragma unroll
@@ -560,7 +525,8 @@ FLASHJIT_DEVICE void attention_backward_dq(const FlashjitAttentionParams& p) {
     }
 #endif
 
-    // S^T = K Q^T, dP^T = V dO^T: s[nt][i] = S[query row][key n0 + nt*16 + 4g + i].
+    // S^T = K Q^T, dP^T = V dO^T: s[nt][i] = S[query row][key n0 + nt*16 + 4g + i] (the two
+    // products interleaved: one after the other, as score_tiles would, spills at d 256).
     f32x4 s[kNTiles], dp[kNTiles];
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) {

@@ -104,15 +104,7 @@ FLASHJIT_DEVICE void attention_forward(const FlashjitAttentionParams& p) {
   const int m0 = m_block * kBlockM;
   const int wave_row0 = wave * K::kRowsPerWave;  // first row of this wave within the block
 
-  const u16* q = static_cast<const u16*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride +
-                 m0 * p.q_seq_stride;
-  const u16* k =
-      static_cast<const u16*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
-  const u16* v =
-      static_cast<const u16*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
-  u16* o = static_cast<u16*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
-           m0 * p.o_seq_stride;
-  float* lse = p.lse ? p.lse + (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q : 0;
+  FLASHJIT_FORWARD_TENSORS(p, batch, head, kv_head, m0);  // q, k, v, o, lse
 
   const int diagonal = fa::diagonal(p);  // causal: row i sees keys j <= i + diagonal
 #ifdef FLASHJIT_VARIANT
@@ -130,13 +122,7 @@ FLASHJIT_DEVICE void attention_forward(const FlashjitAttentionParams& p) {
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
     const int row = wave_row0 + mt * 16 + lane_row;
-#pragma unroll
-    for (int kk = 0; kk < kDTiles; ++kk) {
-      const int col = kk * 16 + 4 * lane_group;
-      q_frag[mt][kk] = Frag{0u, 0u};
-      if (m0 + row < p.seqlen_q && col < K::kHeadDim)
-        q_frag[mt][kk] = *reinterpret_cast<const Frag*>(q + row * p.q_seq_stride + col);
-    }
+    load_row_operands<K>(q_frag[mt], q + row * p.q_seq_stride, m0 + row < p.seqlen_q, lane_group);
   }
 
   // Operand reads: byte offsets of this lane's (row r, dims/keys 4g) in a K or V^T tile. The
