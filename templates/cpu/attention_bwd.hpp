@@ -97,11 +97,8 @@ struct BwdTraits {
 
 template <class T>
 struct Backward {
-  static constexpr int D = T::kHeadDim;
-  static constexpr int BM = T::kBlockM;
-  static constexpr int BN = T::kBlockN;
+  FLASHJIT_CPU_KERNEL_SHAPE(T);  // D, BM, BN, Element
   static constexpr bool kDot = T::kDotBf16;
-  typedef typename StorageElement<T::kStorage>::type Element;
 
   // Register tiles of each work item, sized for the host's registers (common.hpp's
   // tile_lane_vectors, tile_dims): lane vectors of the owned block times streamed rows or head

@@ -79,6 +79,14 @@ constexpr int tile_dims(int vectors) {
   static_assert(HeadDim >= 8 && HeadDim <= 256 && HeadDim % 8 == 0,             \
                 "head_dim must be a multiple of 8 in [8, 256]")
 
+// The first members of a CPU kernel over traits T (cpu/attention_fwd.hpp's Kernel, the backward's,
+// decode's): the shape under the short names the kernels use, and the storage's element type.
+#define FLASHJIT_CPU_KERNEL_SHAPE(T)    \
+  static constexpr int D = T::kHeadDim; \
+  static constexpr int BM = T::kBlockM; \
+  static constexpr int BN = T::kBlockN; \
+  typedef typename StorageElement<T::kStorage>::type Element
+
 // A compile-time int as a value (tile sizes through generic lambdas).
 template <int N>
 struct Int {

@@ -187,19 +187,12 @@ FLASHJIT_KERNEL_BODY(attention_forward) {  // p (a variant: and its block map)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int key = n0 + nt * 8 + frag_col + e;
-              float& score = s[mt][nt][2 * half + e];
-              if (fv::kModifiesScores)
-                score = fv::score(score * p.scale, slope, batch, head, row, key,
-                                  distance0 + static_cast<float>(nt * 8 + e));
-              if (masked && !fv::visible(p, diagonal, batch, head, row, key))
-                score = minus_infinity();
+              fa::apply_variant(s[mt][nt][2 * half + e], p, diagonal, masked, slope, batch, head,
+                                row, key, distance0 + static_cast<float>(nt * 8 + e));
             }
         }
     };
-    if (!all_visible)
-      apply(true);
-    else if (fv::kModifiesScores)
-      apply(false);
+    fa::apply_variant_block(all_visible, apply);
 #else
     // Mask keys past seqlen_k and, when causal, above the diagonal. Only blocks that cross one of
     // those edges pay for it.

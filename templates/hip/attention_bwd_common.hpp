@@ -27,7 +27,6 @@ constexpr int kBackwardThreads = 128;
 // the row's lanes with shuffles.
 template <int HEAD_DIM, bool IS_BF16>
 FLASHJIT_DEVICE void backward_preprocess(const FlashjitAttentionParams& p) {
-  namespace fa = flashjit_attention;
   constexpr int kPieces = HEAD_DIM / 4;  // 8-byte pieces of a row
   constexpr int kLanesPerRow = kPieces <= 2    ? 2
                                : kPieces <= 4  ? 4

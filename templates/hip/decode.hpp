@@ -128,7 +128,6 @@ struct DecodeGpu {
 
 template <class K>
 FLASHJIT_DEVICE void decode_split(const FlashjitAttentionParams& p) {
-  namespace fa = flashjit_attention;
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   constexpr int kMTiles = K::kMTiles, kWaveNTiles = K::kWaveNTiles, kDTiles = K::kDTiles;
   constexpr int kDp = K::kHeadDimPadded;

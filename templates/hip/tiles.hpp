@@ -16,6 +16,13 @@
 
 namespace flashjit_hip {
 
+// The names every HIP kernel body uses for the rules all GPU templates share (attention_common.h)
+// and, for a problem with a variant, for attention_variant.h (rendered before both).
+namespace fa = flashjit_attention;
+#ifdef FLASHJIT_VARIANT
+namespace fv = flashjit_variant;
+#endif
+
 // What every HIP kernel's traits start from (Traits, BwdTraits, DecodeTraits): the GPU traits'
 // shape (FLASHJIT_TRAITS_SHAPE, attention_common.h; head dim padded to whole swizzle groups, its
 // kWarps are the workgroup's waves), the waves under their own name, the threads of 64-lane
