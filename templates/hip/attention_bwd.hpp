@@ -492,8 +492,9 @@ FLASHJIT_DEVICE void attention_backward_dq(const FlashjitAttentionParams& p) {
       KCopy::load(v_next, v, p.v_seq_stride, next, p.seqlen_k, tid);
     }
 
-    // S^T = K Q^T, dP^T = V dO^T: s[nt][i] = S[query row][key n0 + nt*16 + 4g + i] (the two
-    // products interleaved: one after the other, as score_tiles would, spills at d 256).
+    // S^T = K Q^T, dP^T = V dO^T: s[nt][i] = S[query row][key n0 + nt*16 + 4g + i]. (The two
+    // products interleaved: one after the other through score_tiles, as the dK/dV kernel's, the
+    // d 256 m16n32w2s1-det dQ kernel spilled 28 VGPRs.)
     f32x4 s[kNTiles], dp[kNTiles];
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) {
