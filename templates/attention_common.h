@@ -34,13 +34,42 @@
   static_assert(HEAD_DIM % 8 == 0 && HEAD_DIM >= 8 && HEAD_DIM <= 256,                            \
                 "head dim: a multiple of 8 in [8, 256]")
 
+// The tensors of a forward tile of query rows [m0, ...) of (batch, head), whose keys are those of
+// kv head kv_head, in the kernel's 16-bit storage type u16: q and o from row m0, k and v from
+// key 0, lse the head's row (null when the problem writes none). Declares q, k, v, o and lse.
+// (A macro, as the two above: the CUDA and HIP forwards' plain kernels compile as before it.)
+#define FLASHJIT_FORWARD_TENSORS(p, batch, head, kv_head, m0)                              \
+  const u16* q = static_cast<const u16*>(p.q) + batch * p.q_batch_stride +                 \
+                 head * p.q_head_stride + m0 * p.q_seq_stride;                             \
+  const u16* k =                                                                           \
+      static_cast<const u16*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride; \
+  const u16* v =                                                                           \
+      static_cast<const u16*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride; \
+  u16* o = static_cast<u16*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +    \
+           m0 * p.o_seq_stride;                                                            \
+  float* lse = p.lse ? p.lse + (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q : 0
+
+// The backward preprocess's rows of (batch, head): row_base, the head's first workspace row
+// (delta, lse_log2: seqlen_q_rounded rows per head), o and d_o (u16, from row 0) and the
+// forward's lse. Declares row_base, o, d_o and lse. (A macro likewise: CUDA's and HIP's
+// backward_preprocess.)
+#define FLASHJIT_PREPROCESS_TENSORS(p, batch, head)                                                \
+  const long long row_base =                                                                       \
+      (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q_rounded;                     \
+  const u16* o = static_cast<const u16*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride; \
+  const u16* d_o =                                                                                 \
+      static_cast<const u16*>(p.d_o) + batch * p.do_batch_stride + head * p.do_head_stride;        \
+  const float* lse = p.lse + (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q
+
 namespace flashjit_attention {
 
-// +inf: NVRTC has no __builtin_huge_valf (nor INFINITY without <cmath>).
+// +inf and -inf: NVRTC has no __builtin_huge_valf (nor INFINITY without <cmath>).
 #if defined(__CUDACC__)
 FLASHJIT_DEVICE float infinity() { return __int_as_float(0x7f800000); }
+FLASHJIT_DEVICE float minus_infinity() { return __int_as_float(0xff800000); }
 #else
 FLASHJIT_DEVICE float infinity() { return __builtin_huge_valf(); }
+FLASHJIT_DEVICE float minus_infinity() { return -__builtin_huge_valf(); }
 #endif
 
 // Causal masking is aligned bottom-right (FlashAttention-2): query row i sees key j iff
@@ -56,6 +85,29 @@ FLASHJIT_DEVICE int key_blocks(const FlashjitAttentionParams& p, int diagonal, i
   const int end = CAUSAL && causal_end < p.seqlen_k ? causal_end : p.seqlen_k;
   return end > 0 ? (end + block_n - 1) / block_n : 0;
 }
+
+// The key blocks a tile of query rows [m0, m0 + block_m) visits, in order: the t-th is at(t), for
+// t < count(). Plain attention: blocks [0, key_blocks<CAUSAL>); a variant: its key-block range
+// (attention_variant.h's KeyBlocks: hidden blocks are never loaded). The HIP forward's and dQ
+// kernel's key loop.
+template <bool CAUSAL>
+struct KeyBlockRange {
+#ifdef FLASHJIT_VARIANT
+  flashjit_variant::KeyBlocks blocks;
+  FLASHJIT_DEVICE KeyBlockRange(const FlashjitAttentionParams& p, int diagonal, int m0, int block_m,
+                                int block_n)
+      : blocks(flashjit_variant::key_blocks(p, diagonal, m0, block_m, block_n)) {}
+  FLASHJIT_DEVICE int count() const { return blocks.count(); }
+  FLASHJIT_DEVICE int at(int t) const { return blocks.at(t); }
+#else
+  int blocks;
+  FLASHJIT_DEVICE KeyBlockRange(const FlashjitAttentionParams& p, int diagonal, int m0, int block_m,
+                                int block_n)
+      : blocks(key_blocks<CAUSAL>(p, diagonal, m0, block_m, block_n)) {}
+  FLASHJIT_DEVICE int count() const { return blocks; }
+  FLASHJIT_DEVICE int at(int t) const { return t; }
+#endif
+};
 
 // True when some score of the key block [n0, n0 + block_n) x rows [m0, ...) must be masked:
 // the block crosses seqlen_k or, when causal, the diagonal of the block's first row. Blocks
@@ -101,6 +153,31 @@ template <class Log2>
 FLASHJIT_DEVICE float row_lse(float row_max, float scale_log2, float sum, Log2 log2) {
   return sum > 0.f ? (row_max * scale_log2 + log2(sum)) * 0.6931471805599453f : infinity();
 }
+
+#ifdef FLASHJIT_VARIANT
+// A forward kernel's score s = q . k of (row, key) through the variant (attention_variant.h), in
+// place: modified where the variant modifies scores (score() of the scaled score; distance = key -
+// row, see score()), -inf where the block is `masked` (not all visible) and the row does not see
+// the key. The CUDA mma and the HIP forwards' per-element loop.
+FLASHJIT_DEVICE void apply_variant(float& s, const FlashjitAttentionParams& p, int diagonal,
+                                   bool masked, float slope, int batch, int head, int row, int key,
+                                   float distance) {
+  namespace fv = flashjit_variant;
+  if (fv::kModifiesScores) s = fv::score(s * p.scale, slope, batch, head, row, key, distance);
+  if (masked && !fv::visible(p, diagonal, batch, head, row, key)) s = minus_infinity();
+}
+
+// Which key blocks go through apply_variant, and how: apply(masked) called with a constant (one
+// loop per case) where the block is not all visible (masked) or, all visible, where the variant
+// modifies the scores (unmasked); not at all for an all-visible block of an unmodified score.
+template <class Apply>
+FLASHJIT_DEVICE void apply_variant_block(bool all_visible, Apply apply) {
+  if (!all_visible)
+    apply(true);
+  else if (flashjit_variant::kModifiesScores)
+    apply(false);
+}
+#endif
 
 // ---- the backward pass ----
 

@@ -193,30 +193,12 @@ FLASHJIT_DEVICE float softcap_tanh(float x) {
 // then the user's score_mod. distance is key - row as a float: the GPU loops form it as one
 // conversion per row and block plus the column's constant offset, so that ALiBi costs an FFMA
 // per score rather than an int-to-float conversion (quarter rate, like the exponential's MUFU).
-FLASHJIT_DEVICE float score(float s, float slope, int batch, int head, int row, int key,
-                            float distance) {
-#ifdef FLASHJIT_VARIANT_SOFTCAP
-  s = FLASHJIT_VARIANT_SOFTCAP * softcap_tanh(s * (1.f / FLASHJIT_VARIANT_SOFTCAP));
-#endif
-#if FLASHJIT_VARIANT_ALIBI
-  s += slope * distance;
-#else
-  (void)slope, (void)distance;
-#endif
-#if FLASHJIT_VARIANT_SCORE_MOD
-  s = user_score_mod(s, batch, head, row, key);
-#else
-  (void)batch, (void)head, (void)row, (void)key;
-#endif
-  return s;
-}
-
-#if !FLASHJIT_VARIANT_SCORE_MOD || FLASHJIT_VARIANT_SCORE_MOD_GRAD
-// The backward's score(): returns score(s, ...) and sets *grad to its derivative d score / d s,
-// the chain factor of dS: the soft-cap's 1 - tanh^2(s / C) (from the same tanh), times the user's
-// score_mod_grad at score_mod's input (ALiBi's bias does not depend on s). Only where the
-// score_mod's derivative is given (a backward problem with a score_mod must have it).
-FLASHJIT_DEVICE float score_and_grad(float s, float slope, int batch, int head, int row, int key,
+// With GRAD (the backward's score_and_grad below), *grad gets its derivative d score / d s, the
+// chain factor of dS: the soft-cap's 1 - tanh^2(s / C) (from the same tanh), times the user's
+// score_mod_grad at score_mod's input (ALiBi's bias does not depend on s); without, grad is
+// unused and the derivative's arithmetic dead.
+template <bool GRAD>
+FLASHJIT_DEVICE float modified_score(float s, float slope, int batch, int head, int row, int key,
                                      float distance, float* grad) {
   float g = 1.f;
 #ifdef FLASHJIT_VARIANT_SOFTCAP
@@ -230,13 +212,28 @@ FLASHJIT_DEVICE float score_and_grad(float s, float slope, int batch, int head, 
   (void)slope, (void)distance;
 #endif
 #if FLASHJIT_VARIANT_SCORE_MOD
-  g *= user_score_mod_grad(s, batch, head, row, key);
+#if FLASHJIT_VARIANT_SCORE_MOD_GRAD
+  if (GRAD) g *= user_score_mod_grad(s, batch, head, row, key);
+#endif
   s = user_score_mod(s, batch, head, row, key);
 #else
   (void)batch, (void)head, (void)row, (void)key;
 #endif
-  *grad = g;
+  if (GRAD) *grad = g;
   return s;
+}
+
+FLASHJIT_DEVICE float score(float s, float slope, int batch, int head, int row, int key,
+                            float distance) {
+  return modified_score<false>(s, slope, batch, head, row, key, distance, 0);
+}
+
+#if !FLASHJIT_VARIANT_SCORE_MOD || FLASHJIT_VARIANT_SCORE_MOD_GRAD
+// The backward's score(): returns score(s, ...) and sets *grad to d score / d s. Only where the
+// score_mod's derivative is given (a backward problem with a score_mod must have it).
+FLASHJIT_DEVICE float score_and_grad(float s, float slope, int batch, int head, int row, int key,
+                                     float distance, float* grad) {
+  return modified_score<true>(s, slope, batch, head, row, key, distance, grad);
 }
 #endif
 

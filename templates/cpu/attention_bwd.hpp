@@ -97,11 +97,8 @@ struct BwdTraits {
 
 template <class T>
 struct Backward {
-  static constexpr int D = T::kHeadDim;
-  static constexpr int BM = T::kBlockM;
-  static constexpr int BN = T::kBlockN;
+  FLASHJIT_CPU_KERNEL_SHAPE(T);  // D, BM, BN, Element
   static constexpr bool kDot = T::kDotBf16;
-  typedef typename StorageElement<T::kStorage>::type Element;
 
   // Register tiles of each work item, sized for the host's registers (common.hpp's
   // tile_lane_vectors, tile_dims): lane vectors of the owned block times streamed rows or head
@@ -435,8 +432,8 @@ struct Backward {
           constexpr int CT = decltype(tile)::value;
           for (int g = 0; g < BN; g += KV * kLanes) {
             if constexpr (kDot) {
-              accumulate_tile_dot<D, 1, BN, BN, CT, KV>(dop, pp, dvt, padded_rows / 2, c0, g);
-              accumulate_tile_dot<D, 1, BN, BN, CT, KV>(qp, dsp, dkt, padded_rows / 2, c0, g);
+              accumulate_tile<1, BN, BN, CT, KV>(dop, Int<D>(), pp, dvt, padded_rows / 2, c0, g);
+              accumulate_tile<1, BN, BN, CT, KV>(qp, Int<D>(), dsp, dkt, padded_rows / 2, c0, g);
             } else {
               accumulate_tile<1, BN, BN, CT, KV>(da, Int<D>(), s, dvt, rows, c0, g);
               accumulate_tile<1, BN, BN, CT, KV>(qa, Int<D>(), dp, dkt, rows, c0, g);
@@ -452,8 +449,8 @@ struct Backward {
             for_each_tile<kDqRows>(padded_rows, [&](int i0, auto tile) {
               constexpr int RT = decltype(tile)::value;
               if constexpr (kDot)
-                accumulate_tile_dot<1, BN / 2, DL, DR, RT, DV>(dsr, kpj, dq_block, (cols + 1) / 2,
-                                                               i0, g);
+                accumulate_tile<BN / 2, DL, DR, RT, DV>(dsr, Int<1>(), kpj, dq_block,
+                                                        (cols + 1) / 2, i0, g);
               else
                 accumulate_tile<BN, DL, DR, RT, DV>(dp, Int<1>(), ka, dq_block, cols, i0, g);
             });

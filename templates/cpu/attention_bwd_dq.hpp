@@ -192,7 +192,7 @@ void Backward<T>::dq_block(const FlashjitAttentionParams& p, int b, int h, int m
       constexpr int CT = decltype(tile)::value;
       for (int g = 0; g < BM; g += QV * kLanes) {
         if constexpr (kDot)
-          accumulate_tile_dot<D, 1, BM, BM, CT, QV>(kp, dsp, dqt, key_pairs, c0, g);
+          accumulate_tile<1, BM, BM, CT, QV>(kp, Int<D>(), dsp, dqt, key_pairs, c0, g);
         else
           accumulate_tile<1, BM, BM, CT, QV>(ka, Int<D>(), dpt, dqt, cols, c0, g);
       }

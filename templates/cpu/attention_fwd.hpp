@@ -71,15 +71,12 @@ struct Traits {
 
 template <class T>
 struct Kernel {
-  static constexpr int D = T::kHeadDim;
-  static constexpr int BM = T::kBlockM;
-  static constexpr int BN = T::kBlockN;
+  FLASHJIT_CPU_KERNEL_SHAPE(T);  // D, BM, BN, Element
   static constexpr int QV = T::kQueryVecs;
   static constexpr int KT = T::kKeyTile;
   static constexpr int DT = T::kDimTile;
   static constexpr bool kDot = T::kDotBf16;
   static constexpr int kGroup = QV * kLanes;  // queries of one register tile
-  typedef typename StorageElement<T::kStorage>::type Element;
 
   // Whether a key block of `cols` rows `row_stride` floats apart is read in place rather than
   // packed: fp32 storage and an even count (the S^T tiles cover the keys in pairs), except with
@@ -276,7 +273,7 @@ struct Kernel {
           for_each_tile<DT>(D, [&](int c0, auto tile) {
             constexpr int CT = decltype(tile)::value;
             if constexpr (kDot)
-              accumulate_tile_dot<D, 1, BM, BM, CT, QV>(vp, pp, ot, key_pairs, c0, g, alpha);
+              accumulate_tile<1, BM, BM, CT, QV>(vp, Int<D>(), pp, ot, key_pairs, c0, g, alpha);
             else
               accumulate_tile<1, BM, BM, CT, QV>(v_block, v_stride, st, ot, cols, c0, g, alpha);
           });

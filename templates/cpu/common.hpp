@@ -79,6 +79,14 @@ constexpr int tile_dims(int vectors) {
   static_assert(HeadDim >= 8 && HeadDim <= 256 && HeadDim % 8 == 0,             \
                 "head_dim must be a multiple of 8 in [8, 256]")
 
+// The first members of a CPU kernel over traits T (cpu/attention_fwd.hpp's Kernel, the backward's,
+// decode's): the shape under the short names the kernels use, and the storage's element type.
+#define FLASHJIT_CPU_KERNEL_SHAPE(T)    \
+  static constexpr int D = T::kHeadDim; \
+  static constexpr int BM = T::kBlockM; \
+  static constexpr int BN = T::kBlockN; \
+  typedef typename StorageElement<T::kStorage>::type Element
+
 // A compile-time int as a value (tile sizes through generic lambdas).
 template <int N>
 struct Int {
@@ -260,6 +268,12 @@ inline u32 pair_at(const u16* p) {
   __builtin_memcpy(&word, p, sizeof(word));
   return word;
 }
+// The operands of a tile step: 16 lanes of fp32 values or of bf16 pairs, and acc + x * b, an
+// fp32 FMA with a broadcast x or, over bf16 pairs, vdpbf16ps (dot_bf16_pairs).
+inline f32x16 load_lanes(const float* p) { return load(p); }
+inline i32x16 load_lanes(const u32* p) { return load_pairs(p); }
+inline f32x16 multiply_add(f32x16 acc, float x, f32x16 b) { return acc + x * b; }
+inline f32x16 multiply_add(f32x16 acc, u32 x, i32x16 b) { return dot_bf16_pairs(acc, b, (int)x); }
 // bf16 pairs (lo[i], hi[i]) from two fp32 vectors, each rounded to the nearest bf16 (even on
 // ties): vcvtne2ps2bf16 gives [lo[0..15], hi[0..15]] as 32 bf16, one shuffle interleaves them.
 // Only called when the host has AVX512_BF16 (Traits::kDotBf16).
@@ -351,9 +365,12 @@ __attribute__((noinline)) void scores_tile(const float* __restrict a, Stride a_s
 // (a < CT, v < LV; scale = 1 when row_scale is null: the forward's O rescale by alpha, fused)
 // a(r, c) = a[r * ar + c * AC] (ar = Int<D> or a tensor's row stride (i64), AC = 1: a row-major
 // [rows][D]; ar = Int<1>, AC = BN: dS [BM][BN] read as dS^T), y: [rows][YS], acc: [..][CS].
-template <int AC, int YS, int CS, int CT, int LV, class Stride>
-__attribute__((noinline)) void accumulate_tile(const float* __restrict a, Stride ar,
-                                               const float* __restrict y, float* __restrict acc_t,
+// E = float: fp32 FMAs. E = u32: the same over the bf16 pairs of rows (r, r + 1), vdpbf16ps:
+// `rows` counts row pairs, a(r / 2, c) and y[r / 2][x] are pairs (one function body, each
+// instance compiles as its own copy did).
+template <int AC, int YS, int CS, int CT, int LV, class E, class Stride>
+__attribute__((noinline)) void accumulate_tile(const E* __restrict a, Stride ar,
+                                               const E* __restrict y, float* __restrict acc_t,
                                                int rows, int c0, int g,
                                                const float* __restrict row_scale = nullptr) {
   f32x16 acc[CT][LV];
@@ -362,14 +379,14 @@ __attribute__((noinline)) void accumulate_tile(const float* __restrict a, Stride
   if (row_scale)
     for (int v = 0; v < LV; ++v)
       for (int c = 0; c < CT; ++c) acc[c][v] *= load(row_scale + g + v * kLanes);
-  const float* a_r = a + (i64)c0 * AC;  // stepped along r, as y_r
-  const float* y_r = y + g;
+  const E* a_r = a + (i64)c0 * AC;  // stepped along r, as y_r
+  const E* y_r = y + g;
   for (int r = 0; r < rows; ++r, a_r += ar, y_r += YS) {
-    f32x16 b[LV];
-    for (int v = 0; v < LV; ++v) b[v] = load(y_r + v * kLanes);
+    decltype(load_lanes(y_r)) b[LV];
+    for (int v = 0; v < LV; ++v) b[v] = load_lanes(y_r + v * kLanes);
     for (int c = 0; c < CT; ++c) {
-      const float x = a_r[c * AC];
-      for (int v = 0; v < LV; ++v) acc[c][v] += x * b[v];
+      const E x = a_r[c * AC];
+      for (int v = 0; v < LV; ++v) acc[c][v] = multiply_add(acc[c][v], x, b[v]);
     }
   }
   for (int c = 0; c < CT; ++c)
@@ -392,34 +409,6 @@ __attribute__((noinline)) void scores_tile_dot(const u16* const* a_rows, const u
     }
   }
   store_tile<L>(acc, out, r0, g);
-}
-
-// As accumulate_tile over the bf16 pairs of rows (r, r + 1): ap(r / 2, c) =
-// ap[(r / 2) * AR + c * AC], yp[r / 2][x] (row length YS).
-template <int AR, int AC, int YS, int CS, int CT, int LV>
-__attribute__((noinline)) void accumulate_tile_dot(const u32* __restrict ap,
-                                                   const u32* __restrict yp,
-                                                   float* __restrict acc_t, int row_pairs, int c0,
-                                                   int g,
-                                                   const float* __restrict row_scale = nullptr) {
-  f32x16 acc[CT][LV];
-  for (int c = 0; c < CT; ++c)
-    for (int v = 0; v < LV; ++v) acc[c][v] = load(acc_t + (c0 + c) * CS + g + v * kLanes);
-  if (row_scale)
-    for (int v = 0; v < LV; ++v)
-      for (int c = 0; c < CT; ++c) acc[c][v] *= load(row_scale + g + v * kLanes);
-  const u32* a_r = ap + (i64)c0 * AC;  // stepped along rr, as y_r
-  const u32* y_r = yp + g;
-  for (int rr = 0; rr < row_pairs; ++rr, a_r += AR, y_r += YS) {
-    i32x16 b[LV];
-    for (int v = 0; v < LV; ++v) b[v] = load_pairs(y_r + v * kLanes);
-    for (int c = 0; c < CT; ++c) {
-      const i32x16 x = (int)a_r[c * AC];
-      for (int v = 0; v < LV; ++v) acc[c][v] = dot_bf16_pairs(acc[c][v], b[v], x);
-    }
-  }
-  for (int c = 0; c < CT; ++c)
-    for (int v = 0; v < LV; ++v) store(acc_t + (c0 + c) * CS + g + v * kLanes, acc[c][v]);
 }
 
 // f(start, Int<size>()) over [0, count) (count even): tiles of Big, then at most one of 4 (when

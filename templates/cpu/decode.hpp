@@ -39,10 +39,7 @@ struct DecodeTraits {
 
 template <class T>
 struct Decode {
-  static constexpr int D = T::kHeadDim;
-  static constexpr int BM = T::kBlockM;
-  static constexpr int BN = T::kBlockN;
-  typedef typename StorageElement<T::kStorage>::type Element;
+  FLASHJIT_CPU_KERNEL_SHAPE(T);  // D, BM, BN, Element
   typedef float f32x8 __attribute__((ext_vector_type(8)));
 
   static f32x8 load8(const float* p) { return load<f32x8>(p); }

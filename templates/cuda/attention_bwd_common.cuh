@@ -42,12 +42,7 @@ __device__ __forceinline__ void backward_preprocess(const FlashjitAttentionParam
   static_assert(HEAD_DIM % 8 == 0 && HEAD_DIM <= 256, "head dim: a multiple of 8 up to 256");
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int head = blockIdx.y, batch = blockIdx.z;
-  const long long row_base =
-      (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q_rounded;
-  const u16* o = static_cast<const u16*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
-  const u16* d_o =
-      static_cast<const u16*>(p.d_o) + batch * p.do_batch_stride + head * p.do_head_stride;
-  const float* lse = p.lse + (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q;
+  FLASHJIT_PREPROCESS_TENSORS(p, batch, head);  // row_base, o, d_o, lse
 
   const int row0 = blockIdx.x * kBackwardRows + warp * kRowsPerWarp;
   for (int r = 0; r < kRowsPerWarp; ++r) {

@@ -87,15 +87,7 @@ FLASHJIT_KERNEL_BODY(attention_forward) {  // p (a variant: and its block map)
   const int m0 = m_block * kBlockM;
   const int warp_row0 = warp * K::kRowsPerWarp;  // first row of this warp within the block
 
-  const u16* q = static_cast<const u16*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride +
-                 m0 * p.q_seq_stride;
-  const u16* k =
-      static_cast<const u16*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
-  const u16* v =
-      static_cast<const u16*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
-  u16* o = static_cast<u16*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
-           m0 * p.o_seq_stride;
-  float* lse = p.lse ? p.lse + (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q : 0;
+  FLASHJIT_FORWARD_TENSORS(p, batch, head, kv_head, m0);  // q, k, v, o, lse
 
   // Causal, bottom-right aligned: row i sees keys j <= i + diagonal.
   const int diagonal = fa::diagonal(p);
@@ -195,19 +187,12 @@ FLASHJIT_KERNEL_BODY(attention_forward) {  // p (a variant: and its block map)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int key = n0 + nt * 8 + frag_col + e;
-              float& score = s[mt][nt][2 * half + e];
-              if (fv::kModifiesScores)
-                score = fv::score(score * p.scale, slope, batch, head, row, key,
-                                  distance0 + static_cast<float>(nt * 8 + e));
-              if (masked && !fv::visible(p, diagonal, batch, head, row, key))
-                score = minus_infinity();
+              fa::apply_variant(s[mt][nt][2 * half + e], p, diagonal, masked, slope, batch, head,
+                                row, key, distance0 + static_cast<float>(nt * 8 + e));
             }
         }
     };
-    if (!all_visible)
-      apply(true);
-    else if (fv::kModifiesScores)
-      apply(false);
+    fa::apply_variant_block(all_visible, apply);
 #else
     // Mask keys past seqlen_k and, when causal, above the diagonal. Only blocks that cross one of
     // those edges pay for it.

@@ -87,15 +87,7 @@ __device__ __forceinline__ void attention_forward_sm90(const FlashjitAttentionPa
   const int m0 = m_block * kBlockM;
   const int warp_row0 = warp * 16;  // first row of this warp within the block
 
-  const u16* q = static_cast<const u16*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride +
-                 m0 * p.q_seq_stride;
-  const u16* k =
-      static_cast<const u16*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
-  const u16* v =
-      static_cast<const u16*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
-  u16* o = static_cast<u16*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
-           m0 * p.o_seq_stride;
-  float* lse = p.lse ? p.lse + (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q : 0;
+  FLASHJIT_FORWARD_TENSORS(p, batch, head, kv_head, m0);  // q, k, v, o, lse
 
   // Causal, bottom-right aligned: row i sees keys j <= i + diagonal (attention_common.h).
   namespace fa = flashjit_attention;

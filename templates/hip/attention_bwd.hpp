@@ -93,7 +93,6 @@ FLASHJIT_DEVICE float variant_probability(const FlashjitAttentionParams& p, int 
                                           bool all_visible, float s, float lse_log2,
                                           float dp_minus_delta, float slope, int batch, int head,
                                           int row, int key, float* ds) {
-  namespace fv = flashjit_variant;
   float g = 1.f;
   if (fv::kModifiesScores)
     s = fv::score_and_grad(s * p.scale, slope, batch, head, row, key, static_cast<float>(key - row),
@@ -111,20 +110,6 @@ FLASHJIT_DEVICE float variant_probability(const FlashjitAttentionParams& p, int 
 #endif
 // ---- the dK/dV kernel ---------------------------------------------------------------------------
 
-// The 16-bit operands of 16 rows of a tensor for this lane: frag[kk] = X[row][dims kk*16 + 4g ..
-// + 3] (zero past `rows` or the head dim), the A or B operand of a product over the head dim.
-template <class K>
-FLASHJIT_DEVICE void load_row_operands(Frag (&frag)[K::kDTiles], const u16* x, long long stride,
-                                       int row, int rows, int lane_group) {
-#pragma unroll
-  for (int kk = 0; kk < K::kDTiles; ++kk) {
-    const int col = kk * 16 + 4 * lane_group;
-    frag[kk] = Frag{0u, 0u};
-    if (row < rows && col < K::kHeadDim)
-      frag[kk] = *reinterpret_cast<const Frag*>(x + row * stride + col);
-  }
-}
-
 // One wave's part of the dK/dV kernel: workgroup (x: key block, y: kv head, z: batch).
 //
 //   K_j, V_j (this wave's keys) -> registers, once; dK_j = dV_j = 0
@@ -138,14 +123,10 @@ FLASHJIT_DEVICE void load_row_operands(Frag (&frag)[K::kDTiles], const u16* x, l
 //       Atomic: dS -> LDS tile
 //     Atomic: dQ_i += dS K_j (all keys of the block; waves split the head dim), fp32 atomics
 //   dK = scale dK_j, dV = dV_j (summed over the group's query heads)
+// A variant (entered through its entry below): the query blocks whose rows may see a key of this
+// block (query_rows); variant_probability gives P and dS.
 template <class K>
 FLASHJIT_DEVICE void attention_backward_dkdv(const FlashjitAttentionParams& p) {
-  namespace fa = flashjit_attention;
-#ifdef FLASHJIT_VARIANT
-  // A variant (entered through attention_backward_dkdv_variant below): the query blocks whose
-  // rows may see a key of this block (query_rows); variant_probability gives P and dS.
-  namespace fv = flashjit_variant;
-#endif
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   constexpr int kKTiles = K::kKTiles, kDTiles = K::kDTiles, kNTiles = K::kNTiles;
   typedef typename K::QCopy QCopy;
@@ -174,8 +155,8 @@ FLASHJIT_DEVICE void attention_backward_dkdv(const FlashjitAttentionParams& p) {
 #pragma unroll
   for (int kt = 0; kt < kKTiles; ++kt) {
     const int key = wave_key0 + kt * 16 + lane_row;
-    load_row_operands<K>(k_frag[kt], k, p.k_seq_stride, key, keys, lane_group);
-    load_row_operands<K>(v_frag[kt], v, p.v_seq_stride, key, keys, lane_group);
+    load_row_operands<K>(k_frag[kt], k + key * p.k_seq_stride, key < keys, lane_group);
+    load_row_operands<K>(v_frag[kt], v + key * p.v_seq_stride, key < keys, lane_group);
   }
   // Atomic: K as the B operand of dQ = dS K for this wave's dim tiles dt = wave + t * kWaves:
   // kt_frag[nt][t] = K[keys nt*16 + 4g .. + 3][dim dt*16 + r] (zero past seqlen_k, the head dim).
@@ -283,52 +264,15 @@ FLASHJIT_DEVICE void attention_backward_dkdv(const FlashjitAttentionParams& p) {
       const float lse_row[4] = {lse4.x, lse4.y, lse4.z, lse4.w};
       const float delta_row[4] = {delta4.x, delta4.y, delta4.z, delta4.w};
 
-      // S = Q K^T, dP = dO V^T: s[kt][i] = S[query m0 + mt*16 + 4g + i][key wave_key0 + kt*16 + r]
-      // (one product after the other: hipRTC then keeps fewer operands read ahead).
-      f32x4 s[kKTiles], dp[kKTiles];
-#pragma unroll
-      for (int kt = 0; kt < kKTiles; ++kt) {
-        s[kt] = f32x4{0.f, 0.f, 0.f, 0.f};
-        dp[kt] = f32x4{0.f, 0.f, 0.f, 0.f};
-      }
-#pragma unroll
-      for (int kk = 0; kk < kDTiles; ++kk) {
-        const Frag q_a =
-            *reinterpret_cast<const Frag*>(q_tile + QSwizzle::advance(q_lane, mt * 16, 2 * kk));
-#pragma unroll
-        for (int kt = 0; kt < kKTiles; ++kt) {
-          s[kt] = mfma_16x16x16<K::kIsBf16>(q_a.lo, q_a.hi, k_frag[kt][kk].lo, k_frag[kt][kk].hi,
-                                            s[kt]);
-        }
-      }
-#pragma unroll
-      for (int kk = 0; kk < kDTiles; ++kk) {
-        const Frag do_a =
-            *reinterpret_cast<const Frag*>(do_tile + QSwizzle::advance(q_lane, mt * 16, 2 * kk));
-#pragma unroll
-        for (int kt = 0; kt < kKTiles; ++kt) {
-          dp[kt] = mfma_16x16x16<K::kIsBf16>(do_a.lo, do_a.hi, v_frag[kt][kk].lo, v_frag[kt][kk].hi,
-                                             dp[kt]);
-        }
-      }
+      // S = Q K^T, dP = dO V^T: s[kt][0][i] = S[query m0 + mt*16 + 4g + i][key wave_key0 + kt*16 +
+      // r]: the forward's score_tiles (hip/tiles.hpp) with the 16 streamed rows as A and this
+      // wave's keys as B (one product after the other: hipRTC then keeps fewer operands read
+      // ahead).
+      f32x4 s[kKTiles][1], dp[kKTiles][1];
+      score_tiles<K, QSwizzle>(s, q_tile, q_lane, mt * 16, k_frag);
+      score_tiles<K, QSwizzle>(dp, do_tile, q_lane, mt * 16, v_frag);
 
-#ifdef FLASHJIT_VARIANT
-      // P and dS of the variant's scores, rounded to 16 bits as below.
-      Frag p_frag[kKTiles], ds_frag[kKTiles];
-#pragma unroll
-      for (int kt = 0; kt < kKTiles; ++kt) {
-        const int key = n0 + wave_key0 + kt * 16 + lane_row;
-        float pr[4], ds[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          pr[i] = variant_probability(p, diagonal, all_visible, s[kt][i], lse_row[i],
-                                      dp[kt][i] - delta_row[i], slope, batch, head,
-                                      m0 + mt * 16 + 4 * lane_group + i, key, &ds[i]);
-        }
-        p_frag[kt] = pack4<K::kIsBf16>(pr[0], pr[1], pr[2], pr[3]);
-        ds_frag[kt] = pack4<K::kIsBf16>(ds[0], ds[1], ds[2], ds[3]);
-      }
-#else
+#ifndef FLASHJIT_VARIANT
       // Mask keys past seqlen_k and, when causal, past each row's diagonal.
       if (masked) {
 #pragma unroll
@@ -338,26 +282,34 @@ FLASHJIT_DEVICE void attention_backward_dkdv(const FlashjitAttentionParams& p) {
               fa::last_key<K::kCausal>(p, diagonal, row) - (n0 + wave_key0 + lane_row);
 #pragma unroll
           for (int kt = 0; kt < kKTiles; ++kt)
-            if (kt * 16 > limit) s[kt][i] = -fa::infinity();
+            if (kt * 16 > limit) s[kt][0][i] = -fa::infinity();
         }
       }
+#endif
 
-      // P and dS, rounded to 16 bits as they are made: in D layout they are the B operands of
-      // dV^T += dO^T P and dK^T += Q^T dS (k = the tile's 16 queries).
+      // P and dS (a variant's: of its scores, variant_probability), rounded to 16 bits as they
+      // are made: in D layout they are the B operands of dV^T += dO^T P and dK^T += Q^T dS (k =
+      // the tile's 16 queries).
       Frag p_frag[kKTiles], ds_frag[kKTiles];
 #pragma unroll
       for (int kt = 0; kt < kKTiles; ++kt) {
         float pr[4], ds[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          pr[i] = fa::recomputed_probability(s[kt][i], p.scale_log2, lse_row[i],
+#ifdef FLASHJIT_VARIANT
+          pr[i] = variant_probability(p, diagonal, all_visible, s[kt][0][i], lse_row[i],
+                                      dp[kt][0][i] - delta_row[i], slope, batch, head,
+                                      m0 + mt * 16 + 4 * lane_group + i,
+                                      n0 + wave_key0 + kt * 16 + lane_row, &ds[i]);
+#else
+          pr[i] = fa::recomputed_probability(s[kt][0][i], p.scale_log2, lse_row[i],
                                              [](float x) { return fast_exp2(x); });
-          ds[i] = pr[i] * (dp[kt][i] - delta_row[i]);
+          ds[i] = pr[i] * (dp[kt][0][i] - delta_row[i]);
+#endif
         }
         p_frag[kt] = pack4<K::kIsBf16>(pr[0], pr[1], pr[2], pr[3]);
         ds_frag[kt] = pack4<K::kIsBf16>(ds[0], ds[1], ds[2], ds[3]);
       }
-#endif
 
       // dV^T += dO^T P, dK^T += Q^T dS: A = dO^T / Q^T [dims dt*16 + r][queries mt*16 + 4g ..].
 #pragma unroll
@@ -461,14 +413,10 @@ FLASHJIT_DEVICE void attention_backward_dkdv(const FlashjitAttentionParams& p) {
 //     dP^T = V_j dO^T, dS^T = P^T (dP^T - D)  (rounded to 16 bits)
 //     dQ^T += K_j^T dS^T
 //   dQ = scale * dQ^T^T
+// A variant (entered through its entry below): the key blocks of its range (hidden blocks are
+// never loaded); variant_probability gives P and dS.
 template <class K>
 FLASHJIT_DEVICE void attention_backward_dq(const FlashjitAttentionParams& p) {
-  namespace fa = flashjit_attention;
-#ifdef FLASHJIT_VARIANT
-  // A variant (entered through attention_backward_dq_variant below): the key blocks of its range
-  // (hidden blocks are never loaded); variant_probability gives P and dS.
-  namespace fv = flashjit_variant;
-#endif
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   constexpr int kNTiles = K::kNTiles, kDTiles = K::kDTiles;
   typedef typename K::KCopy KCopy;
@@ -501,21 +449,19 @@ FLASHJIT_DEVICE void attention_backward_dq(const FlashjitAttentionParams& p) {
 
   // This lane's query as the B operand of S^T = K Q^T and dP^T = V dO^T.
   Frag q_frag[kDTiles], do_frag[kDTiles];
-  load_row_operands<K>(q_frag, q, p.q_seq_stride, row, p.seqlen_q, lane_group);
-  load_row_operands<K>(do_frag, d_o, p.do_seq_stride, row, p.seqlen_q, lane_group);
+  load_row_operands<K>(q_frag, q + row * p.q_seq_stride, row < p.seqlen_q, lane_group);
+  load_row_operands<K>(do_frag, d_o + row * p.do_seq_stride, row < p.seqlen_q, lane_group);
 
   f32x4 dq_acc[kDTiles];  // dQ^T: dq_acc[dt][i] = dQ[query row][dim dt*16 + 4g + i]
 #pragma unroll
   for (int dt = 0; dt < kDTiles; ++dt) dq_acc[dt] = f32x4{0.f, 0.f, 0.f, 0.f};
 
   const int diagonal = fa::diagonal(p);
-#ifdef FLASHJIT_VARIANT
-  // The variant's key blocks: the t-th block visited is key_blocks.at(t).
-  const fv::KeyBlocks key_blocks = fv::key_blocks(p, diagonal, m0, kBlockM, kBlockN);
+  // The t-th key block visited is key_blocks.at(t) (a variant's: of its range), as the forward's.
+  const fa::KeyBlockRange<K::kCausal> key_blocks(p, diagonal, m0, kBlockM, kBlockN);
   const int n_blocks = key_blocks.count();
+#ifdef FLASHJIT_VARIANT
   const float slope = fv::alibi_slope(p, head);
-#else
-  const int n_blocks = fa::key_blocks<K::kCausal>(p, diagonal, m0, kBlockM, kBlockN);
 #endif
   Vec16 k_next[KCopy::kCopies], v_next[KCopy::kCopies];
   auto store_block = [&](unsigned char* stage) {
@@ -526,14 +472,9 @@ FLASHJIT_DEVICE void attention_backward_dq(const FlashjitAttentionParams& p) {
   const int k_lane = KSwizzle::offset(lane_row, lane_group * 8);
 
   if (n_blocks > 0) {
-#ifdef FLASHJIT_VARIANT
     const int first = key_blocks.at(0) * kBlockN;
     KCopy::load(k_next, k, p.k_seq_stride, first, p.seqlen_k, tid);
     KCopy::load(v_next, v, p.v_seq_stride, first, p.seqlen_k, tid);
-#else
-    KCopy::load(k_next, k, p.k_seq_stride, 0, p.seqlen_k, tid);
-    KCopy::load(v_next, v, p.v_seq_stride, 0, p.seqlen_k, tid);
-#endif
     store_block(lds);
   }
   barrier();
@@ -543,7 +484,6 @@ FLASHJIT_DEVICE void attention_backward_dq(const FlashjitAttentionParams& p) {
     const unsigned char* k_tile = lds + stage * K::kDqStageBytes;
     const unsigned char* v_tile = k_tile + KCopy::kTileBytes;
     const unsigned char* kt_tile = v_tile + KCopy::kTileBytes;
-#ifdef FLASHJIT_VARIANT
     const int n0 = key_blocks.at(j) * kBlockN;
     const bool more = j + 1 < n_blocks;
     if (more) {
@@ -551,16 +491,10 @@ FLASHJIT_DEVICE void attention_backward_dq(const FlashjitAttentionParams& p) {
       KCopy::load(k_next, k, p.k_seq_stride, next, p.seqlen_k, tid);
       KCopy::load(v_next, v, p.v_seq_stride, next, p.seqlen_k, tid);
     }
-#else
-    const int n0 = j * kBlockN;
-    const bool more = j + 1 < n_blocks;
-    if (more) {
-      KCopy::load(k_next, k, p.k_seq_stride, n0 + kBlockN, p.seqlen_k, tid);
-      KCopy::load(v_next, v, p.v_seq_stride, n0 + kBlockN, p.seqlen_k, tid);
-    }
-#endif
 
-    // S^T = K Q^T, dP^T = V dO^T: s[nt][i] = S[query row][key n0 + nt*16 + 4g + i].
+    // S^T = K Q^T, dP^T = V dO^T: s[nt][i] = S[query row][key n0 + nt*16 + 4g + i]. (The two
+    // products interleaved: one after the other through score_tiles, as the dK/dV kernel's, the
+    // d 256 m16n32w2s1-det dQ kernel spilled 28 VGPRs.)
     f32x4 s[kNTiles], dp[kNTiles];
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) {
@@ -580,19 +514,7 @@ FLASHJIT_DEVICE void attention_backward_dq(const FlashjitAttentionParams& p) {
     }
 
 #ifdef FLASHJIT_VARIANT
-    // dS^T of the variant's scores, rounded to 16 bits as below.
     const bool all_visible = fv::block_fully_visible(p, diagonal, m0, kBlockM, n0, kBlockN);
-    Frag ds_frag[kNTiles];
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt) {
-      float ds[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        variant_probability(p, diagonal, all_visible, s[nt][i], lse_log2, dp[nt][i] - delta, slope,
-                            batch, head, row, n0 + nt * 16 + 4 * lane_group + i, &ds[i]);
-      }
-      ds_frag[nt] = pack4<K::kIsBf16>(ds[0], ds[1], ds[2], ds[3]);
-    }
 #else
     // Mask keys past seqlen_k and, when causal, past the row's diagonal.
     if (fa::block_needs_mask<K::kCausal>(p, diagonal, m0, n0, kBlockN)) {
@@ -603,21 +525,27 @@ FLASHJIT_DEVICE void attention_backward_dq(const FlashjitAttentionParams& p) {
         for (int i = 0; i < 4; ++i)
           if (nt * 16 + i > limit) s[nt][i] = -fa::infinity();
     }
+#endif
 
-    // P^T and dS^T; dS^T rounded to 16 bits is, in D layout, the B operand of dQ^T += K^T dS^T.
+    // P^T and dS^T (a variant's: of its scores, variant_probability); dS^T rounded to 16 bits is,
+    // in D layout, the B operand of dQ^T += K^T dS^T.
     Frag ds_frag[kNTiles];
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) {
       float ds[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
+#ifdef FLASHJIT_VARIANT
+        variant_probability(p, diagonal, all_visible, s[nt][i], lse_log2, dp[nt][i] - delta, slope,
+                            batch, head, row, n0 + nt * 16 + 4 * lane_group + i, &ds[i]);
+#else
         const float pr = fa::recomputed_probability(s[nt][i], p.scale_log2, lse_log2,
                                                     [](float x) { return fast_exp2(x); });
         ds[i] = pr * (dp[nt][i] - delta);
+#endif
       }
       ds_frag[nt] = pack4<K::kIsBf16>(ds[0], ds[1], ds[2], ds[3]);
     }
-#endif
 
     // dQ^T += K^T dS^T: A = K^T[dims dt*16 + r][keys nt*16 + 4g ..].
 #pragma unroll

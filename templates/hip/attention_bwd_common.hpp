@@ -27,7 +27,6 @@ constexpr int kBackwardThreads = 128;
 // the row's lanes with shuffles.
 template <int HEAD_DIM, bool IS_BF16>
 FLASHJIT_DEVICE void backward_preprocess(const FlashjitAttentionParams& p) {
-  namespace fa = flashjit_attention;
   constexpr int kPieces = HEAD_DIM / 4;  // 8-byte pieces of a row
   constexpr int kLanesPerRow = kPieces <= 2    ? 2
                                : kPieces <= 4  ? 4
@@ -43,12 +42,7 @@ FLASHJIT_DEVICE void backward_preprocess(const FlashjitAttentionParams& p) {
 
   const int tid = thread_index(), lane = lane_index(), wave = tid / 64;
   const int head = block_index_y(), batch = block_index_z();
-  const long long row_base =
-      (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q_rounded;
-  const u16* o = static_cast<const u16*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
-  const u16* d_o =
-      static_cast<const u16*>(p.d_o) + batch * p.do_batch_stride + head * p.do_head_stride;
-  const float* lse = p.lse + (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q;
+  FLASHJIT_PREPROCESS_TENSORS(p, batch, head);  // row_base, o, d_o, lse
   const int piece = lane % kLanesPerRow;
 
   const int wave_row0 = block_index_x() * kBackwardRows + wave * kRowsPerWave;
@@ -110,21 +104,24 @@ FLASHJIT_DEVICE void backward_dq_convert(const FlashjitAttentionParams& p) {
 #if FLASHJIT_VARIANT_VARLEN
 // The row kernels of packed documents (the renderer's *_varlen row entries): each workgroup on
 // its document's view (document_tile_view; the workspace packed by document), none past the
-// document's rows.
+// document's rows. document_rows makes p that view; false when the workgroup's rows start past
+// the document's.
+template <int HEAD_DIM>
+FLASHJIT_DEVICE bool document_rows(FlashjitAttentionParams& p) {
+  return flashjit_variant::document_tile_view(p, block_index_z(), block_index_x() * kBackwardRows,
+                                              -1, 2, (HEAD_DIM + 63) / 64 * 64);
+}
+
 template <int HEAD_DIM, bool IS_BF16>
 FLASHJIT_DEVICE void backward_preprocess_varlen(const FlashjitAttentionParams& params) {
   FlashjitAttentionParams p = params;
-  if (flashjit_variant::document_tile_view(p, block_index_z(), block_index_x() * kBackwardRows, -1,
-                                           2, (HEAD_DIM + 63) / 64 * 64))
-    backward_preprocess<HEAD_DIM, IS_BF16>(p);
+  if (document_rows<HEAD_DIM>(p)) backward_preprocess<HEAD_DIM, IS_BF16>(p);
 }
 
 template <int HEAD_DIM, bool IS_BF16>
 FLASHJIT_DEVICE void backward_dq_convert_varlen(const FlashjitAttentionParams& params) {
   FlashjitAttentionParams p = params;
-  if (flashjit_variant::document_tile_view(p, block_index_z(), block_index_x() * kBackwardRows, -1,
-                                           2, (HEAD_DIM + 63) / 64 * 64))
-    backward_dq_convert<HEAD_DIM, IS_BF16>(p);
+  if (document_rows<HEAD_DIM>(p)) backward_dq_convert<HEAD_DIM, IS_BF16>(p);
 }
 #endif
 #endif

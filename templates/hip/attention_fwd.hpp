@@ -76,17 +76,13 @@ FLASHJIT_DEVICE void load_kv(Vec16 (&k_regs)[K::kCopies], Vec16 (&v_regs)[K::kCo
 
 // ---- the kernel -------------------------------------------------------------------------------
 
+// An attention variant (templates/attention_variant.h, rendered before this file; entered through
+// the variant entry below, which sets p.scale_log2 to the variant's softmax factor) changes three
+// things: the K/V blocks visited come from its key-block range (hidden blocks are never loaded),
+// its mask replaces the causal one, and when it modifies the scores every score passes through it
+// as scale * q . k.
 template <class K>
 FLASHJIT_DEVICE void attention_forward(const FlashjitAttentionParams& p) {
-  namespace fa = flashjit_attention;
-#ifdef FLASHJIT_VARIANT
-  // An attention variant (templates/attention_variant.h, rendered before this file; entered
-  // through attention_forward_variant below, which sets p.scale_log2 to the variant's softmax
-  // factor) changes three things: the K/V blocks visited come from its key-block range (hidden
-  // blocks are never loaded), its mask replaces the causal one, and when it modifies the scores
-  // every score passes through it as scale * q . k.
-  namespace fv = flashjit_variant;
-#endif
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   constexpr int kMTiles = K::kMTiles, kNTiles = K::kNTiles, kDTiles = K::kDTiles;
   typedef Swizzle<K::kKRowBytes> KSwizzle;
@@ -104,24 +100,14 @@ FLASHJIT_DEVICE void attention_forward(const FlashjitAttentionParams& p) {
   const int m0 = m_block * kBlockM;
   const int wave_row0 = wave * K::kRowsPerWave;  // first row of this wave within the block
 
-  const u16* q = static_cast<const u16*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride +
-                 m0 * p.q_seq_stride;
-  const u16* k =
-      static_cast<const u16*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
-  const u16* v =
-      static_cast<const u16*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
-  u16* o = static_cast<u16*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
-           m0 * p.o_seq_stride;
-  float* lse = p.lse ? p.lse + (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q : 0;
+  FLASHJIT_FORWARD_TENSORS(p, batch, head, kv_head, m0);  // q, k, v, o, lse
 
   const int diagonal = fa::diagonal(p);  // causal: row i sees keys j <= i + diagonal
-#ifdef FLASHJIT_VARIANT
-  // The variant's key blocks: the t-th block visited is key_blocks.at(t).
-  const fv::KeyBlocks key_blocks = fv::key_blocks(p, diagonal, m0, kBlockM, kBlockN);
+  // The t-th key block visited is key_blocks.at(t) (a variant's: of its range).
+  const fa::KeyBlockRange<K::kCausal> key_blocks(p, diagonal, m0, kBlockM, kBlockN);
   const int n_blocks = key_blocks.count();
+#ifdef FLASHJIT_VARIANT
   const float slope = fv::alibi_slope(p, head);
-#else
-  const int n_blocks = fa::key_blocks<K::kCausal>(p, diagonal, m0, kBlockM, kBlockN);
 #endif
 
   // Q as B operands of S^T = K Q^T: q_frag[mt][kk] = Q[query mt*16 + r][dims kk*16 + 4g .. + 3].
@@ -130,13 +116,7 @@ FLASHJIT_DEVICE void attention_forward(const FlashjitAttentionParams& p) {
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
     const int row = wave_row0 + mt * 16 + lane_row;
-#pragma unroll
-    for (int kk = 0; kk < kDTiles; ++kk) {
-      const int col = kk * 16 + 4 * lane_group;
-      q_frag[mt][kk] = Frag{0u, 0u};
-      if (m0 + row < p.seqlen_q && col < K::kHeadDim)
-        q_frag[mt][kk] = *reinterpret_cast<const Frag*>(q + row * p.q_seq_stride + col);
-    }
+    load_row_operands<K>(q_frag[mt], q + row * p.q_seq_stride, m0 + row < p.seqlen_q, lane_group);
   }
 
   // Operand reads: byte offsets of this lane's (row r, dims/keys 4g) in a K or V^T tile. The
@@ -153,12 +133,8 @@ FLASHJIT_DEVICE void attention_forward(const FlashjitAttentionParams& p) {
   Vec16 k_next[K::kCopies];
   Vec16 v_next[K::kCopies];
   if (n_blocks > 0) {
-#ifdef FLASHJIT_VARIANT
     load_kv<K>(k_next, v_next, k, v, p.k_seq_stride, p.v_seq_stride, key_blocks.at(0) * kBlockN,
                p.seqlen_k, tid);
-#else
-    load_kv<K>(k_next, v_next, k, v, p.k_seq_stride, p.v_seq_stride, 0, p.seqlen_k, tid);
-#endif
     store_kv<K>(lds, k_next, v_next, tid);
   }
   barrier();
@@ -167,7 +143,6 @@ FLASHJIT_DEVICE void attention_forward(const FlashjitAttentionParams& p) {
     const int stage = kStages == 2 ? (j & 1) : 0;
     const unsigned char* k_tile = lds + stage * K::kStageBytes;
     const unsigned char* v_tile = k_tile + K::kKTileBytes;
-#ifdef FLASHJIT_VARIANT
     const int n0 = key_blocks.at(j) * kBlockN;
     const bool more = j + 1 < n_blocks;
     // Block j + 1 travels from global memory while block j is computed.
@@ -175,15 +150,6 @@ FLASHJIT_DEVICE void attention_forward(const FlashjitAttentionParams& p) {
       load_kv<K>(k_next, v_next, k, v, p.k_seq_stride, p.v_seq_stride,
                  key_blocks.at(j + 1) * kBlockN, p.seqlen_k, tid);
     }
-#else
-    const int n0 = j * kBlockN;
-    const bool more = j + 1 < n_blocks;
-    // Block j + 1 travels from global memory while block j is computed.
-    if (more) {
-      load_kv<K>(k_next, v_next, k, v, p.k_seq_stride, p.v_seq_stride, n0 + kBlockN, p.seqlen_k,
-                 tid);
-    }
-#endif
 
     // S^T = K Q^T: s[mt][nt][i] = S[query mt*16 + r][key n0 + nt*16 + 4g + i].
     f32x4 s[kMTiles][kNTiles];
@@ -206,18 +172,13 @@ FLASHJIT_DEVICE void attention_forward(const FlashjitAttentionParams& p) {
           for (int i = 0; i < 4; ++i) {
             const int key = n0 + nt * 16 + 4 * lane_group + i;
             float score = s[mt][nt][i];  // (a vector element binds to no reference)
-            if (fv::kModifiesScores)
-              score = fv::score(score * p.scale, slope, batch, head, row, key,
-                                distance0 + static_cast<float>(nt * 16 + i));
-            if (masked && !fv::visible(p, diagonal, batch, head, row, key)) score = -fa::infinity();
+            fa::apply_variant(score, p, diagonal, masked, slope, batch, head, row, key,
+                              distance0 + static_cast<float>(nt * 16 + i));
             s[mt][nt][i] = score;
           }
       }
     };
-    if (!all_visible)
-      apply(true);
-    else if (fv::kModifiesScores)
-      apply(false);
+    fa::apply_variant_block(all_visible, apply);
 #else
     // Mask keys past seqlen_k and, when causal, past each row's diagonal.
     if (fa::block_needs_mask<K::kCausal>(p, diagonal, m0, n0, kBlockN)) {

@@ -128,7 +128,6 @@ struct DecodeGpu {
 
 template <class K>
 FLASHJIT_DEVICE void decode_split(const FlashjitAttentionParams& p) {
-  namespace fa = flashjit_attention;
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   constexpr int kMTiles = K::kMTiles, kWaveNTiles = K::kWaveNTiles, kDTiles = K::kDTiles;
   constexpr int kDp = K::kHeadDimPadded;
@@ -158,15 +157,10 @@ FLASHJIT_DEVICE void decode_split(const FlashjitAttentionParams& p) {
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
     const int r = r0 + mt * 16 + lane_row;
-#pragma unroll
-    for (int kk = 0; kk < kDTiles; ++kk) {
-      const int col = kk * 16 + 4 * lane_group;
-      q_frag[mt][kk] = Frag{0u, 0u};
-      if (r < packed_rows && col < K::kHeadDim)
-        q_frag[mt][kk] =
-            *reinterpret_cast<const Frag*>(q + (r / group) * p.q_seq_stride +
-                                           (kv_head * group + r % group) * p.q_head_stride + col);
-    }
+    load_row_operands<K>(
+        q_frag[mt],
+        q + (r / group) * p.q_seq_stride + (kv_head * group + r % group) * p.q_head_stride,
+        r < packed_rows, lane_group);
   }
 
   // This wave's keys of a block, and this lane's operand offsets in the K and V^T tiles.

@@ -16,6 +16,13 @@
 
 namespace flashjit_hip {
 
+// The names every HIP kernel body uses for the rules all GPU templates share (attention_common.h)
+// and, for a problem with a variant, for attention_variant.h (rendered before both).
+namespace fa = flashjit_attention;
+#ifdef FLASHJIT_VARIANT
+namespace fv = flashjit_variant;
+#endif
+
 // What every HIP kernel's traits start from (Traits, BwdTraits, DecodeTraits): the GPU traits'
 // shape (FLASHJIT_TRAITS_SHAPE, attention_common.h; head dim padded to whole swizzle groups, its
 // kWarps are the workgroup's waves), the waves under their own name, the threads of 64-lane
@@ -157,6 +164,21 @@ FLASHJIT_DEVICE Frag read_frag(const unsigned char* tile, int row, int element) 
   return *reinterpret_cast<const Frag*>(tile + row * ROW_BYTES + element * 2);
 }
 
+// The 16-bit operands of one row of a tensor (16 rows: one per lane_row) for this lane:
+// frag[kk] = row[dims kk*16 + 4g .. + 3], zero for a row that is not `in` (past the tensor's rows)
+// and past the head dim: the A or B operand of a product over the head dim that stays in
+// registers (the forward's and decode's Q, the backward's K, V, Q, dO).
+template <class K>
+FLASHJIT_DEVICE void load_row_operands(Frag (&frag)[K::kDTiles], const u16* row, bool in,
+                                       int lane_group) {
+#pragma unroll
+  for (int kk = 0; kk < K::kDTiles; ++kk) {
+    const int col = kk * 16 + 4 * lane_group;
+    frag[kk] = Frag{0u, 0u};
+    if (in && col < K::kHeadDim) frag[kk] = *reinterpret_cast<const Frag*>(row + col);
+  }
+}
+
 // Element i (0..3) of a packed 4-element operand, as 16 bits.
 FLASHJIT_DEVICE u16 frag_element(const Frag& frag, int i) {
   return static_cast<u16>((i < 2 ? frag.lo : frag.hi) >> (16 * (i % 2)));
@@ -214,7 +236,8 @@ FLASHJIT_DEVICE void init_accumulators(f32x4 (&acc)[M_TILES][D_TILES], float (&r
 
 // S^T = K Q^T over the keys [key0, key0 + 16 * N_TILES) of the swizzled K tile (k_lane: this
 // lane's offset in it, KSwizzle::offset(r, 8g)), Q as B operands q_frag[mt][kk] = Q[query mt*16 +
-// r][dims kk*16 + 4g .. + 3].
+// r][dims kk*16 + 4g .. + 3]. (Any product over the head dim of LDS rows by register rows: the
+// backward's S = Q K^T and dP = dO V^T, streamed Q / dO rows by a wave's K / V.)
 template <class K, class KSwizzle, int M_TILES, int N_TILES, int D_TILES>
 FLASHJIT_DEVICE void score_tiles(f32x4 (&s)[M_TILES][N_TILES], const unsigned char* k_tile,
                                  int k_lane, int key0, const Frag (&q_frag)[M_TILES][D_TILES]) {

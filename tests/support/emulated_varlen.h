@@ -25,6 +25,6 @@
 #define FLASHJIT_VARIANT_SCORE_MOD 0
 #define FLASHJIT_VARIANT_MASK_MOD 0
 #define FLASHJIT_VARIANT_VARLEN 1
-#include "templates/attention_common.h"
 #include "templates/attention_variant.h"
+#include "templates/attention_common.h"  // after the variant, as the renderer places them
 // clang-format on
