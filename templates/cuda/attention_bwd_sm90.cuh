@@ -46,7 +46,7 @@
 // appends to this file): one CTA per block of kBlockM query rows (one
 // warpgroup per 64 rows), Q_i and dO_i resident, K_j and V_j streamed: S = Q_i K_j^T and
 // dP = dO_i V_j^T (rows = queries), P, dS as above, dQ_i += dS K_j (RS) in registers; epilogue
-// dQ *= scale, 16-byte stores.
+// dQ *= scale, 16-byte stores. Packed documents' entries of both kernels close that file.
 //
 // Every wgmma in a loop is unconditional, the first of each fresh accumulator is a *_first
 // (nothing loop-carried into it), and every register a wgmma reads or writes asynchronously is
@@ -513,20 +513,8 @@ FLASHJIT_KERNEL_BODY(attention_backward_sm90_dkdv) {  // p (a variant: and its b
           scores(true, false);
         wgmma_wait<0>();  // dP^T
         pin(dpt);
-        // dS^T as the plain path below forms it (not shared with it: the plain kernel's text is
-        // the version its tuning DB rows are kept under, generator/render.hpp).
-#pragma unroll
-        for (int nt = 0; nt < kSdpN / 8; ++nt) {
-          const float2 delta =
-              *reinterpret_cast<const float2*>(stats + kBlockM + stat_col + 8 * nt);
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int i = 4 * nt + 2 * half;
-            const float ds0 = st[i] * (dpt[i] - delta.x), ds1 = st[i + 1] * (dpt[i + 1] - delta.y);
-            pt[nt / 2][(nt % 2) * 2 + half] = pack2<kBf16>(st[i], st[i + 1]);
-            dst[nt / 2][(nt % 2) * 2 + half] = pack2<kBf16>(ds0, ds1);
-          }
-        }
+        // dS^T as the plain path below forms it.
+        probabilities_to_fragments<kSdpN, kBf16>(pt, dst, st, dpt, stats + kBlockM + stat_col);
       } else {
         wgmma_wait<0>();  // S^T and dP^T: g is not held across the wait
         pin(st);
@@ -617,21 +605,4 @@ FLASHJIT_KERNEL_BODY(attention_backward_sm90_dkdv) {  // p (a variant: and its b
                                                 smem + kVTile);
 }
 
-#ifdef FLASHJIT_VARIANT
-#if FLASHJIT_VARIANT_VARLEN
-// Packed variable-length documents: the dK/dV kernel above on the document's view of the params
-// (templates/attention_variant.h, document_tile_view; the workspace as
-// cuda/attention_bwd_common.cuh says; the dQ kernel's entry is cuda/attention_bwd_sm90_dq.cuh's).
-// A dK/dV CTA runs for a document without queries too (its dK = dV = 0 are written) and exits
-// when its keys start past the document's.
-template <class K>
-__device__ __forceinline__ void attention_backward_sm90_dkdv_varlen(
-    const FlashjitAttentionParams& params) {
-  FlashjitAttentionParams document = params;
-  if (flashjit_variant::document_tile_view(document, blockIdx.z, -1, blockIdx.x * K::kBlockN, 2,
-                                           K::kHeadDimPadded))
-    attention_backward_sm90_dkdv<K>(document);
-}
-#endif
-#endif
 }  // namespace flashjit_kernel

@@ -599,15 +599,7 @@ __device__ __forceinline__ void attention_backward_ws_dkdv(const FlashjitAttenti
   const int diagonal = flashjit_attention::diagonal(p);
   const int warpgroup = threadIdx.x / 128;
 
-  if (threadIdx.x == 0) {
-    smem.init_barriers();
-    fence_barrier_init();
-    prefetch_tensor_map(&maps.q);
-    prefetch_tensor_map(&maps.k);
-    prefetch_tensor_map(&maps.v);
-    prefetch_tensor_map(&maps.o);
-  }
-  __syncthreads();  // the barriers are initialized; no CTA-wide barrier after this point
+  ws_init_barriers(smem, maps);  // no CTA-wide barrier after this point
 
   WsBwdTileScheduler<K::kCausal, K::kPersistent, K::kBlockN> tiles;
   auto steps_of = [&](const WsBwdTile& tile) {
