@@ -379,32 +379,25 @@ FLASHJIT_KERNEL_BODY(attention_backward_sm90_dkdv) {  // p (a variant: and its b
   // registers (fragments) or from shared memory (descriptor a_rows), B = dO_i or Q_i MN-major.
   auto issue_kv = [&](float(&d)[kKvChunks][kKvChunk / 2], const u32(&a)[kSdpN / 16][4], u64 a_rows,
                       u64 b_cols, int buffer) {
+    if constexpr (K::kKvFromRegisters) {
+      wgmma_pv<kBlockM, kKvChunk, kBf16>(d, a, b_cols, buffer * K::kQTileBytes);
+    } else {
 #pragma unroll
-    for (int s = 0; s < kBlockM / 16; ++s)  // 16 queries per step
+      for (int s = 0; s < kBlockM / 16; ++s)  // 16 queries per step
 #pragma unroll
-      for (int c = 0; c < kKvChunks; ++c) {
-        const u64 b = advance(
-            b_cols, buffer * K::kQTileBytes + s * 16 * 128 + c * (kKvChunk / 64) * kBlockM * 128);
-        if constexpr (K::kKvFromRegisters)
-          Wgmma<kKvChunk, kBf16>::rs(d[c], a[s], b, 1);
-        else
+        for (int c = 0; c < kKvChunks; ++c)
           Wgmma<kKvChunk, kBf16>::template ss<0, 1>(
-              d[c], advance(a_rows, (s / 4) * (kBlockN * 128) + (s % 4) * 32), b, 1);
-      }
-    wgmma_commit();
+              d[c], advance(a_rows, (s / 4) * (kBlockN * 128) + (s % 4) * 32),
+              advance(b_cols,
+                      buffer * K::kQTileBytes + s * 16 * 128 + c * (kKvChunk / 64) * kBlockM * 128),
+              1);
+      wgmma_commit();
+    }
   };
   auto issue_dq = [&](int tile) {  // dQ tile = dS[64 rows of tile] K_j[:, its columns]
     const int mt = tile / K::kDqColTiles, nc = tile % K::kDqColTiles;
-#pragma unroll
-    for (int s = 0; s < kBlockN / 16; ++s) {  // 16 keys per step
-      const u64 a = advance(ds_cols, mt * kBlockN * 128 + s * 16 * 128);
-      const u64 b = advance(k_cols, nc * (kDqN / 64) * kBlockN * 128 + s * 16 * 128);
-      if (s == 0)
-        Wgmma<kDqN, kBf16>::template ss_first<1, 1>(dq, a, b);
-      else
-        Wgmma<kDqN, kBf16>::template ss<1, 1>(dq, a, b, 1);
-    }
-    wgmma_commit();
+    wgmma_over_keys<kBlockN, kDqN, kBf16>(dq, ds_cols, mt * kBlockN * 128, k_cols,
+                                          nc * (kDqN / 64) * kBlockN * 128);
   };
   // (Atomic) This thread's share of a dQ tile into the tile's staging rows, fp32.
   auto stage_dq = [&](int tile) {

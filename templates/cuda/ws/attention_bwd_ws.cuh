@@ -411,33 +411,16 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
 
   auto issue_kv = [&](float(&d)[kKvChunks][kKvChunk / 2], const u32(&a)[kSdpN / 16][4], u64 b_cols,
                       int buffer) {  // d += A^T-rows x B over the step's queries
-#pragma unroll
-    for (int s = 0; s < kBlockM / 16; ++s)  // 16 queries per k-step
-#pragma unroll
-      for (int c = 0; c < kKvChunks; ++c)
-        Wgmma<kKvChunk, kBf16>::rs(d[c], a[s],
-                                   advance(b_cols, buffer * K::kQTileBytes + s * 16 * 128 +
-                                                       c * (kKvChunk / 64) * kBlockM * 128),
-                                   1);
-    wgmma_commit();
+    wgmma_pv<kBlockM, kKvChunk, kBf16>(d, a, b_cols, buffer * K::kQTileBytes);
   };
   // dQ tile = dS[64 rows of tile, keys] K_j[keys, cols]: every key of the CTA, or (split keys)
   // this consumer's 64.
   const int dq_key0 = K::kDqSplitKeys ? consumer * 64 : 0;
   auto issue_dq = [&](int tile, int ds_buffer, u64 ds_cols, u64 k_cols) {
     const int mt = tile / K::kDqColTiles, nc = tile % K::kDqColTiles;
-#pragma unroll
-    for (int s = 0; s < K::kDqKeys / 16; ++s) {  // 16 keys per k-step
-      const int key = dq_key0 + s * 16;
-      const u64 a =
-          advance(ds_cols, ds_buffer * K::kScoreTileBytes + mt * kBlockN * 128 + key * 128);
-      const u64 b = advance(k_cols, nc * kBlockN * 128 + key * 128);
-      if (s == 0)
-        Wgmma<kDqN, kBf16>::template ss_first<1, 1>(dq, a, b);
-      else
-        Wgmma<kDqN, kBf16>::template ss<1, 1>(dq, a, b, 1);
-    }
-    wgmma_commit();
+    wgmma_over_keys<K::kDqKeys, kDqN, kBf16>(dq, ds_cols,
+                                             ds_buffer * K::kScoreTileBytes + mt * kBlockN * 128,
+                                             k_cols, nc * kBlockN * 128, dq_key0);
   };
   auto stage_dq = [&](int tile) {  // this thread's share of a dQ tile into its staged rows, fp32
     const int mt = tile / K::kDqColTiles, nc = tile % K::kDqColTiles;
