@@ -113,6 +113,24 @@ struct Sm90BwdTraits {
   static_assert(!kDqAtomic || kDqTiles % kWarpgroups == 0, "dQ tiles split evenly");
 };
 
+// dV = dK = 0: a key block's fp32 accumulators, in CHUNKS wgmma chunks of N registers.
+template <int CHUNKS, int N>
+__device__ __forceinline__ void clear_kv(float (&dv)[CHUNKS][N], float (&dk)[CHUNKS][N]) {
+#pragma unroll
+  for (int c = 0; c < CHUNKS; ++c)
+#pragma unroll
+    for (int i = 0; i < N; ++i) dv[c][i] = dk[c][i] = 0.f;
+}
+// wgmma.cuh's pin of dV and dK, chunk by chunk, after the wait that covers their wgmmas.
+template <int CHUNKS, int N>
+__device__ __forceinline__ void pin_kv(float (&dv)[CHUNKS][N], float (&dk)[CHUNKS][N]) {
+#pragma unroll
+  for (int c = 0; c < CHUNKS; ++c) {
+    pin(dv[c]);
+    pin(dk[c]);
+  }
+}
+
 // The 32-bit pairs of this thread's share of a 64 x N accumulator tile (wgmma layout, wgmma.cuh:
 // rows row0 + 16 * (warp % 4) + lane / 4 (+ 8), columns col0 + 2 * (lane % 4) + 8 * t) into a
 // swizzled shared tile of ROWS rows; pair(t, half) gives the value of tile t, row half.
@@ -202,6 +220,24 @@ __device__ __forceinline__ void probabilities_to_fragments(u32 (&pt)[N / 16][4],
       dst[nt / 2][(nt % 2) * 2 + half] = pack2<IS_BF16>(ds0, ds1);
     }
   }
+}
+
+// The plain path of a step once S^T and then dP^T are issued (the last two wgmma groups): P^T as
+// soon as S^T is in, dS^T once dP^T is, both as 16-bit A fragments (pt, dst). key, query: as
+// scores_to_probabilities takes them; stats: the step's lse_log2 at this thread's first column
+// (its delta BLOCK_M floats further on).
+template <int N, int BLOCK_M, bool CAUSAL, bool IS_BF16>
+__device__ __forceinline__ void scores_to_fragments(float (&st)[N / 2], float (&dpt)[N / 2],
+                                                    u32 (&pt)[N / 16][4], u32 (&dst)[N / 16][4],
+                                                    const FlashjitAttentionParams& p, int diagonal,
+                                                    int m0, int n0, int block_n, int key, int query,
+                                                    const float* stats) {
+  wgmma_wait<1>();  // S^T
+  pin(st);
+  scores_to_probabilities<N, CAUSAL>(st, p, diagonal, m0, n0, block_n, key, query, stats);
+  wgmma_wait<0>();  // dP^T
+  pin(dpt);
+  probabilities_to_fragments<N, IS_BF16>(pt, dst, st, dpt, stats + BLOCK_M);
 }
 
 // The same fragments into a swizzled [ROWS, *] shared tile at (row0 + rows, col0 + columns).
@@ -362,10 +398,7 @@ FLASHJIT_KERNEL_BODY(attention_backward_sm90_dkdv) {  // p (a variant: and its b
   const u64 k_cols = smem_descriptor(base + kKTile, kBlockN * 128, 1024);
 
   float dv[kKvChunks][kKvChunk / 2], dk[kKvChunks][kKvChunk / 2];  // fp32, 64 keys x kKvCols
-#pragma unroll
-  for (int c = 0; c < kKvChunks; ++c)
-#pragma unroll
-    for (int i = 0; i < kKvChunk / 2; ++i) dv[c][i] = dk[c][i] = 0.f;
+  clear_kv(dv, dk);
   float st[kSdpN / 2], dpt[kSdpN / 2];        // S^T then P^T; dP^T then dS^T (fp32)
   u32 pt[kSdpN / 16][4], dst[kSdpN / 16][4];  // P^T, dS^T in 16 bits: A fragments
   float dq[kDqN / 2];                         // one dQ tile (Atomic)
@@ -516,17 +549,12 @@ FLASHJIT_KERNEL_BODY(attention_backward_sm90_dkdv) {  // p (a variant: and its b
       }
     }
 #else
-    wgmma_wait<1>();  // S^T
-    pin(st);
     // P^T = exp2(S^T * scale_log2 - lse), masked in blocks that cross an edge; then dS^T.
     const float* stats = reinterpret_cast<const float*>(smem + kStats + 2 * buffer * K::kStatBytes);
     const int stat_col = query_part * kSdpN + frag_col;
-    scores_to_probabilities<kSdpN, K::kCausal>(st, p, diagonal, m0, n0, kBlockN,
-                                               n0 + key_tile * 64 + frag_row, m0 + stat_col,
-                                               stats + stat_col);
-    wgmma_wait<0>();  // dP^T
-    pin(dpt);
-    probabilities_to_fragments<kSdpN, kBf16>(pt, dst, st, dpt, stats + kBlockM + stat_col);
+    scores_to_fragments<kSdpN, kBlockM, K::kCausal, kBf16>(st, dpt, pt, dst, p, diagonal, m0, n0,
+                                                           kBlockN, n0 + key_tile * 64 + frag_row,
+                                                           m0 + stat_col, stats + stat_col);
 #endif
     const int score_row = key_tile * 64, score_col = query_part * kSdpN;
     if constexpr (K::kDsInSmem)
@@ -567,11 +595,7 @@ FLASHJIT_KERNEL_BODY(attention_backward_sm90_dkdv) {  // p (a variant: and its b
     wgmma_wait<0>();
     pin(pt);
     pin(dst);
-#pragma unroll
-    for (int c = 0; c < kKvChunks; ++c) {
-      pin(dv[c]);
-      pin(dk[c]);
-    }
+    pin_kv(dv, dk);
   }
   if constexpr (K::kDqAtomic)
     if (dq_issuer()) bulk_wait_group<0>();  // the last step's adds are done before the CTA ends

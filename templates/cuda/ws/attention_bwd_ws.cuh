@@ -401,10 +401,7 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
   const int n0 = tile.n_block * kBlockN;
 
   float dv[kKvChunks][kKvChunk / 2], dk[kKvChunks][kKvChunk / 2];  // fp32, 64 keys x kDp
-#pragma unroll
-  for (int c = 0; c < kKvChunks; ++c)
-#pragma unroll
-    for (int i = 0; i < kKvChunk / 2; ++i) dv[c][i] = dk[c][i] = 0.f;
+  clear_kv(dv, dk);
   float st[kSdpN / 2], dpt[kSdpN / 2];        // S^T then P^T; dP^T then dS^T (fp32)
   u32 pt[kSdpN / 16][4], dst[kSdpN / 16][4];  // P^T, dS^T in 16 bits: A fragments
   float dq[kDqN / 2];                         // one dQ tile
@@ -478,18 +475,13 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
     wgmma_over_head_dim<kSdpN, kDp, kBlockN, kBlockM, kBf16>(dpt, v_rows, do_rows,
                                                              buffer * K::kQTileBytes);
     turns.pass();
-    wgmma_wait<1>();  // S^T
-    pin(st);
     // P^T = exp2(S^T * scale_log2 - lse), masked in blocks that cross an edge; then dS^T
     // (cuda/attention_bwd_sm90.cuh's plain path).
     const float* stats = reinterpret_cast<const float*>(window_base + (smem.stats - smem.k) +
                                                         2 * buffer * K::kStatBytes);
-    scores_to_probabilities<kSdpN, K::kCausal>(st, p, diagonal, m0, n0, kBlockN,
-                                               n0 + consumer * 64 + frag_row, m0 + frag_col,
-                                               stats + frag_col);
-    wgmma_wait<0>();  // dP^T
-    pin(dpt);
-    probabilities_to_fragments<kSdpN, kBf16>(pt, dst, st, dpt, stats + kBlockM + frag_col);
+    scores_to_fragments<kSdpN, kBlockM, K::kCausal, kBf16>(st, dpt, pt, dst, p, diagonal, m0, n0,
+                                                           kBlockN, n0 + consumer * 64 + frag_row,
+                                                           m0 + frag_col, stats + frag_col);
     // dS^T of every consumer's keys in shared memory before any dQ tile reads it.
     store_fragments<kSdpN, kBlockN>(
         window_base + (smem.ds - smem.k) + ds_buffer * K::kScoreTileBytes, dst, consumer * 64, 0);
@@ -525,11 +517,7 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
     pin(pt);
     pin(dst);
     pin(dq);
-#pragma unroll
-    for (int c = 0; c < kKvChunks; ++c) {
-      pin(dv[c]);
-      pin(dk[c]);
-    }
+    pin_kv(dv, dk);
     smem.pipe.consumer_release(at);  // Q_i, dO_i and the stats are read
     at.advance();
     mbarrier_wait(smem.dq_empty, (pos.step & 1) ^ 1);  // the writer has read the last rows
