@@ -45,10 +45,10 @@
       NAME<K>)
 #define FLASHJIT_BACKWARD_DOCUMENT_ENTRIES(PREFIX, ACCUM_ROW_FLOATS)                              \
   template <class K>                                                                              \
-  FLASHJIT_DOCUMENT_ENTRY(                                                                        \
-      PREFIX##_dkdv_varlen,                                                                       \
-      document_tile_view(document, blockIdx.z, -1, blockIdx.x* K::kBlockN, 2, ACCUM_ROW_FLOATS),  \
-      PREFIX##_dkdv<K>)                                                                           \
+  FLASHJIT_DOCUMENT_ENTRY(PREFIX##_dkdv_varlen,                                                   \
+                          document_tile_view(document, blockIdx.z, -1, (blockIdx.x * K::kBlockN), \
+                                             2, ACCUM_ROW_FLOATS),                                \
+                          PREFIX##_dkdv<K>)                                                       \
   template <class K>                                                                              \
   FLASHJIT_DOCUMENT_ENTRY(                                                                        \
       PREFIX##_dq_varlen,                                                                         \
