@@ -18,6 +18,44 @@
 #define FLASHJIT_KERNEL_BODY(name) FLASHJIT_DEVICE void name(const FlashjitAttentionParams& p)
 #endif
 
+// Packed variable-length documents (FA2's varlen): a GPU kernel body's entry that the renderer
+// calls instead of the body. FLASHJIT_DOCUMENT_ENTRY(name, VIEW, body) defines name(params),
+// which copies the params into `document`, turns it into the CTA's document's view with VIEW
+// (templates/attention_variant.h: document_view, or a backward's document_tile_view, whose
+// workspace is packed by document, called on `document` and blockIdx.z; false when the CTA's
+// rows or keys start past the document's) and runs body on it: masks, the causal diagonal and
+// the variant's band are per document, and no load or store crosses into another document.
+#define FLASHJIT_DOCUMENT_ENTRY(name, VIEW, ...)                     \
+  FLASHJIT_DEVICE void name(const FlashjitAttentionParams& params) { \
+    FlashjitAttentionParams document = params;                       \
+    if (flashjit_variant::VIEW) __VA_ARGS__(document);               \
+  }
+// The query block a CTA of a GPU kernel over query blocks computes: causal rows near the end see
+// the most keys, so they are launched first (the tail is short).
+#define FLASHJIT_QUERY_BLOCK(CAUSAL) ((CAUSAL) ? gridDim.x - 1 - blockIdx.x : blockIdx.x)
+// The entries over traits K of a forward body NAME<K> (NAME##_varlen: a CTA's query rows start
+// at its query block's first), and of a backward family's dK/dV and dQ bodies PREFIX##_dkdv<K>
+// and PREFIX##_dq<K> (a dK/dV CTA's keys start at blockIdx.x * kBlockN, a dQ CTA's rows at its
+// query block's first; workspace rows of ACCUM_ROW_FLOATS floats).
+#define FLASHJIT_FORWARD_DOCUMENT_ENTRY(NAME)                                                \
+  template <class K>                                                                         \
+  FLASHJIT_DOCUMENT_ENTRY(                                                                   \
+      NAME##_varlen,                                                                         \
+      document_view(document, blockIdx.z, FLASHJIT_QUERY_BLOCK(K::kCausal) * K::kBlockM, 2), \
+      NAME<K>)
+#define FLASHJIT_BACKWARD_DOCUMENT_ENTRIES(PREFIX, ACCUM_ROW_FLOATS)                              \
+  template <class K>                                                                              \
+  FLASHJIT_DOCUMENT_ENTRY(PREFIX##_dkdv_varlen,                                                   \
+                          document_tile_view(document, blockIdx.z, -1, (blockIdx.x * K::kBlockN), \
+                                             2, ACCUM_ROW_FLOATS),                                \
+                          PREFIX##_dkdv<K>)                                                       \
+  template <class K>                                                                              \
+  FLASHJIT_DOCUMENT_ENTRY(                                                                        \
+      PREFIX##_dq_varlen,                                                                         \
+      document_tile_view(document, blockIdx.z, FLASHJIT_QUERY_BLOCK(K::kCausal) * K::kBlockM, -1, \
+                         2, ACCUM_ROW_FLOATS),                                                    \
+      PREFIX##_dq<K>)
+
 // The first members of a GPU kernel's traits: its tile shape's template parameters as constants,
 // the head dim padded as the kernel lays out its tiles (PADDED), and the head-dim rule they all
 // check. (In this order: NVRTC emits a traits struct's constants as symbols in declaration order,

@@ -731,24 +731,7 @@ FLASHJIT_KERNEL_BODY(attention_backward_dq) {  // p (a variant: and its block ma
 // cuda/attention_bwd_common.cuh says). A dK/dV CTA runs for a document without queries too (its
 // dK = dV = 0 are written) and exits when its keys start past the document's; a dQ CTA exits when
 // its query rows (m_block as the kernel computes it) start past the document's.
-template <class K>
-__device__ __forceinline__ void attention_backward_dkdv_varlen(
-    const FlashjitAttentionParams& params) {
-  FlashjitAttentionParams document = params;
-  if (flashjit_variant::document_tile_view(document, blockIdx.z, -1, blockIdx.x * K::kBlockN, 2,
-                                           K::kDqAccumDim))
-    attention_backward_dkdv<K>(document);
-}
-
-template <class K>
-__device__ __forceinline__ void attention_backward_dq_varlen(
-    const FlashjitAttentionParams& params) {
-  const int m_block = K::kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // as the kernel's
-  FlashjitAttentionParams document = params;
-  if (flashjit_variant::document_tile_view(document, blockIdx.z, m_block * K::kBlockM, -1, 2,
-                                           K::kDqAccumDim))
-    attention_backward_dq<K>(document);
-}
+FLASHJIT_BACKWARD_DOCUMENT_ENTRIES(attention_backward, K::kDqAccumDim)
 #endif
 #endif
 }  // namespace flashjit_kernel

@@ -112,20 +112,15 @@ __device__ __forceinline__ void backward_dq_convert(const FlashjitAttentionParam
 // 128, and document_tile_view points the kernels' [document, head, row] index at them. The row
 // kernels' CTAs past the document's rows exit.
 template <int HEAD_DIM, bool IS_BF16>
-__device__ __forceinline__ void backward_preprocess_varlen(const FlashjitAttentionParams& params) {
-  FlashjitAttentionParams document = params;
-  if (flashjit_variant::document_tile_view(document, blockIdx.z, blockIdx.x * kBackwardRows, -1, 2,
-                                           (HEAD_DIM + 63) / 64 * 64))
-    backward_preprocess<HEAD_DIM, IS_BF16>(document);
-}
-
+FLASHJIT_DOCUMENT_ENTRY(backward_preprocess_varlen,
+                        document_tile_view(document, blockIdx.z, (blockIdx.x * kBackwardRows), -1,
+                                           2, (HEAD_DIM + 63) / 64 * 64),
+                        backward_preprocess<HEAD_DIM, IS_BF16>)
 template <int HEAD_DIM, bool IS_BF16>
-__device__ __forceinline__ void backward_dq_convert_varlen(const FlashjitAttentionParams& params) {
-  FlashjitAttentionParams document = params;
-  if (flashjit_variant::document_tile_view(document, blockIdx.z, blockIdx.x * kBackwardRows, -1, 2,
-                                           (HEAD_DIM + 63) / 64 * 64))
-    backward_dq_convert<HEAD_DIM, IS_BF16>(document);
-}
+FLASHJIT_DOCUMENT_ENTRY(backward_dq_convert_varlen,
+                        document_tile_view(document, blockIdx.z, (blockIdx.x * kBackwardRows), -1,
+                                           2, (HEAD_DIM + 63) / 64 * 64),
+                        backward_dq_convert<HEAD_DIM, IS_BF16>)
 #endif
 #endif
 

@@ -46,7 +46,7 @@
 // appends to this file): one CTA per block of kBlockM query rows (one
 // warpgroup per 64 rows), Q_i and dO_i resident, K_j and V_j streamed: S = Q_i K_j^T and
 // dP = dO_i V_j^T (rows = queries), P, dS as above, dQ_i += dS K_j (RS) in registers; epilogue
-// dQ *= scale, 16-byte stores.
+// dQ *= scale, 16-byte stores. Packed documents' entries of both kernels close that file.
 //
 // Every wgmma in a loop is unconditional, the first of each fresh accumulator is a *_first
 // (nothing loop-carried into it), and every register a wgmma reads or writes asynchronously is
@@ -112,6 +112,24 @@ struct Sm90BwdTraits {
   static_assert(kSdpN % 16 == 0, "S^T columns: whole 16-query k-steps");
   static_assert(!kDqAtomic || kDqTiles % kWarpgroups == 0, "dQ tiles split evenly");
 };
+
+// dV = dK = 0: a key block's fp32 accumulators, in CHUNKS wgmma chunks of N registers.
+template <int CHUNKS, int N>
+__device__ __forceinline__ void clear_kv(float (&dv)[CHUNKS][N], float (&dk)[CHUNKS][N]) {
+#pragma unroll
+  for (int c = 0; c < CHUNKS; ++c)
+#pragma unroll
+    for (int i = 0; i < N; ++i) dv[c][i] = dk[c][i] = 0.f;
+}
+// wgmma.cuh's pin of dV and dK, chunk by chunk, after the wait that covers their wgmmas.
+template <int CHUNKS, int N>
+__device__ __forceinline__ void pin_kv(float (&dv)[CHUNKS][N], float (&dk)[CHUNKS][N]) {
+#pragma unroll
+  for (int c = 0; c < CHUNKS; ++c) {
+    pin(dv[c]);
+    pin(dk[c]);
+  }
+}
 
 // The 32-bit pairs of this thread's share of a 64 x N accumulator tile (wgmma layout, wgmma.cuh:
 // rows row0 + 16 * (warp % 4) + lane / 4 (+ 8), columns col0 + 2 * (lane % 4) + 8 * t) into a
@@ -202,6 +220,24 @@ __device__ __forceinline__ void probabilities_to_fragments(u32 (&pt)[N / 16][4],
       dst[nt / 2][(nt % 2) * 2 + half] = pack2<IS_BF16>(ds0, ds1);
     }
   }
+}
+
+// The plain path of a step once S^T and then dP^T are issued (the last two wgmma groups): P^T as
+// soon as S^T is in, dS^T once dP^T is, both as 16-bit A fragments (pt, dst). key, query: as
+// scores_to_probabilities takes them; stats: the step's lse_log2 at this thread's first column
+// (its delta BLOCK_M floats further on).
+template <int N, int BLOCK_M, bool CAUSAL, bool IS_BF16>
+__device__ __forceinline__ void scores_to_fragments(float (&st)[N / 2], float (&dpt)[N / 2],
+                                                    u32 (&pt)[N / 16][4], u32 (&dst)[N / 16][4],
+                                                    const FlashjitAttentionParams& p, int diagonal,
+                                                    int m0, int n0, int block_n, int key, int query,
+                                                    const float* stats) {
+  wgmma_wait<1>();  // S^T
+  pin(st);
+  scores_to_probabilities<N, CAUSAL>(st, p, diagonal, m0, n0, block_n, key, query, stats);
+  wgmma_wait<0>();  // dP^T
+  pin(dpt);
+  probabilities_to_fragments<N, IS_BF16>(pt, dst, st, dpt, stats + BLOCK_M);
 }
 
 // The same fragments into a swizzled [ROWS, *] shared tile at (row0 + rows, col0 + columns).
@@ -362,10 +398,7 @@ FLASHJIT_KERNEL_BODY(attention_backward_sm90_dkdv) {  // p (a variant: and its b
   const u64 k_cols = smem_descriptor(base + kKTile, kBlockN * 128, 1024);
 
   float dv[kKvChunks][kKvChunk / 2], dk[kKvChunks][kKvChunk / 2];  // fp32, 64 keys x kKvCols
-#pragma unroll
-  for (int c = 0; c < kKvChunks; ++c)
-#pragma unroll
-    for (int i = 0; i < kKvChunk / 2; ++i) dv[c][i] = dk[c][i] = 0.f;
+  clear_kv(dv, dk);
   float st[kSdpN / 2], dpt[kSdpN / 2];        // S^T then P^T; dP^T then dS^T (fp32)
   u32 pt[kSdpN / 16][4], dst[kSdpN / 16][4];  // P^T, dS^T in 16 bits: A fragments
   float dq[kDqN / 2];                         // one dQ tile (Atomic)
@@ -379,32 +412,25 @@ FLASHJIT_KERNEL_BODY(attention_backward_sm90_dkdv) {  // p (a variant: and its b
   // registers (fragments) or from shared memory (descriptor a_rows), B = dO_i or Q_i MN-major.
   auto issue_kv = [&](float(&d)[kKvChunks][kKvChunk / 2], const u32(&a)[kSdpN / 16][4], u64 a_rows,
                       u64 b_cols, int buffer) {
+    if constexpr (K::kKvFromRegisters) {
+      wgmma_pv<kBlockM, kKvChunk, kBf16>(d, a, b_cols, buffer * K::kQTileBytes);
+    } else {
 #pragma unroll
-    for (int s = 0; s < kBlockM / 16; ++s)  // 16 queries per step
+      for (int s = 0; s < kBlockM / 16; ++s)  // 16 queries per step
 #pragma unroll
-      for (int c = 0; c < kKvChunks; ++c) {
-        const u64 b = advance(
-            b_cols, buffer * K::kQTileBytes + s * 16 * 128 + c * (kKvChunk / 64) * kBlockM * 128);
-        if constexpr (K::kKvFromRegisters)
-          Wgmma<kKvChunk, kBf16>::rs(d[c], a[s], b, 1);
-        else
+        for (int c = 0; c < kKvChunks; ++c)
           Wgmma<kKvChunk, kBf16>::template ss<0, 1>(
-              d[c], advance(a_rows, (s / 4) * (kBlockN * 128) + (s % 4) * 32), b, 1);
-      }
-    wgmma_commit();
+              d[c], advance(a_rows, (s / 4) * (kBlockN * 128) + (s % 4) * 32),
+              advance(b_cols,
+                      buffer * K::kQTileBytes + s * 16 * 128 + c * (kKvChunk / 64) * kBlockM * 128),
+              1);
+      wgmma_commit();
+    }
   };
   auto issue_dq = [&](int tile) {  // dQ tile = dS[64 rows of tile] K_j[:, its columns]
     const int mt = tile / K::kDqColTiles, nc = tile % K::kDqColTiles;
-#pragma unroll
-    for (int s = 0; s < kBlockN / 16; ++s) {  // 16 keys per step
-      const u64 a = advance(ds_cols, mt * kBlockN * 128 + s * 16 * 128);
-      const u64 b = advance(k_cols, nc * (kDqN / 64) * kBlockN * 128 + s * 16 * 128);
-      if (s == 0)
-        Wgmma<kDqN, kBf16>::template ss_first<1, 1>(dq, a, b);
-      else
-        Wgmma<kDqN, kBf16>::template ss<1, 1>(dq, a, b, 1);
-    }
-    wgmma_commit();
+    wgmma_over_keys<kBlockN, kDqN, kBf16>(dq, ds_cols, mt * kBlockN * 128, k_cols,
+                                          nc * (kDqN / 64) * kBlockN * 128);
   };
   // (Atomic) This thread's share of a dQ tile into the tile's staging rows, fp32.
   auto stage_dq = [&](int tile) {
@@ -513,20 +539,8 @@ FLASHJIT_KERNEL_BODY(attention_backward_sm90_dkdv) {  // p (a variant: and its b
           scores(true, false);
         wgmma_wait<0>();  // dP^T
         pin(dpt);
-        // dS^T as the plain path below forms it (not shared with it: the plain kernel's text is
-        // the version its tuning DB rows are kept under, generator/render.hpp).
-#pragma unroll
-        for (int nt = 0; nt < kSdpN / 8; ++nt) {
-          const float2 delta =
-              *reinterpret_cast<const float2*>(stats + kBlockM + stat_col + 8 * nt);
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int i = 4 * nt + 2 * half;
-            const float ds0 = st[i] * (dpt[i] - delta.x), ds1 = st[i + 1] * (dpt[i + 1] - delta.y);
-            pt[nt / 2][(nt % 2) * 2 + half] = pack2<kBf16>(st[i], st[i + 1]);
-            dst[nt / 2][(nt % 2) * 2 + half] = pack2<kBf16>(ds0, ds1);
-          }
-        }
+        // dS^T as the plain path below forms it.
+        probabilities_to_fragments<kSdpN, kBf16>(pt, dst, st, dpt, stats + kBlockM + stat_col);
       } else {
         wgmma_wait<0>();  // S^T and dP^T: g is not held across the wait
         pin(st);
@@ -535,17 +549,12 @@ FLASHJIT_KERNEL_BODY(attention_backward_sm90_dkdv) {  // p (a variant: and its b
       }
     }
 #else
-    wgmma_wait<1>();  // S^T
-    pin(st);
     // P^T = exp2(S^T * scale_log2 - lse), masked in blocks that cross an edge; then dS^T.
     const float* stats = reinterpret_cast<const float*>(smem + kStats + 2 * buffer * K::kStatBytes);
     const int stat_col = query_part * kSdpN + frag_col;
-    scores_to_probabilities<kSdpN, K::kCausal>(st, p, diagonal, m0, n0, kBlockN,
-                                               n0 + key_tile * 64 + frag_row, m0 + stat_col,
-                                               stats + stat_col);
-    wgmma_wait<0>();  // dP^T
-    pin(dpt);
-    probabilities_to_fragments<kSdpN, kBf16>(pt, dst, st, dpt, stats + kBlockM + stat_col);
+    scores_to_fragments<kSdpN, kBlockM, K::kCausal, kBf16>(st, dpt, pt, dst, p, diagonal, m0, n0,
+                                                           kBlockN, n0 + key_tile * 64 + frag_row,
+                                                           m0 + stat_col, stats + stat_col);
 #endif
     const int score_row = key_tile * 64, score_col = query_part * kSdpN;
     if constexpr (K::kDsInSmem)
@@ -586,11 +595,7 @@ FLASHJIT_KERNEL_BODY(attention_backward_sm90_dkdv) {  // p (a variant: and its b
     wgmma_wait<0>();
     pin(pt);
     pin(dst);
-#pragma unroll
-    for (int c = 0; c < kKvChunks; ++c) {
-      pin(dv[c]);
-      pin(dk[c]);
-    }
+    pin_kv(dv, dk);
   }
   if constexpr (K::kDqAtomic)
     if (dq_issuer()) bulk_wait_group<0>();  // the last step's adds are done before the CTA ends
@@ -617,21 +622,4 @@ FLASHJIT_KERNEL_BODY(attention_backward_sm90_dkdv) {  // p (a variant: and its b
                                                 smem + kVTile);
 }
 
-#ifdef FLASHJIT_VARIANT
-#if FLASHJIT_VARIANT_VARLEN
-// Packed variable-length documents: the dK/dV kernel above on the document's view of the params
-// (templates/attention_variant.h, document_tile_view; the workspace as
-// cuda/attention_bwd_common.cuh says; the dQ kernel's entry is cuda/attention_bwd_sm90_dq.cuh's).
-// A dK/dV CTA runs for a document without queries too (its dK = dV = 0 are written) and exits
-// when its keys start past the document's.
-template <class K>
-__device__ __forceinline__ void attention_backward_sm90_dkdv_varlen(
-    const FlashjitAttentionParams& params) {
-  FlashjitAttentionParams document = params;
-  if (flashjit_variant::document_tile_view(document, blockIdx.z, -1, blockIdx.x * K::kBlockN, 2,
-                                           K::kHeadDimPadded))
-    attention_backward_sm90_dkdv<K>(document);
-}
-#endif
-#endif
 }  // namespace flashjit_kernel

@@ -240,18 +240,13 @@ FLASHJIT_KERNEL_BODY(attention_backward_sm90_dq) {  // p (a variant: and its blo
 
 #ifdef FLASHJIT_VARIANT
 #if FLASHJIT_VARIANT_VARLEN
-// Packed variable-length documents: the kernel above on the document's view of the params, as
-// the dK/dV kernel's attention_backward_sm90_dkdv_varlen. A dQ CTA exits when its query rows
-// (m_block as the kernel computes it) start past the document's.
-template <class K>
-__device__ __forceinline__ void attention_backward_sm90_dq_varlen(
-    const FlashjitAttentionParams& params) {
-  const int m_block = K::kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // as the kernel's
-  FlashjitAttentionParams document = params;
-  if (flashjit_variant::document_tile_view(document, blockIdx.z, m_block * K::kBlockM, -1, 2,
-                                           K::kHeadDimPadded))
-    attention_backward_sm90_dq<K>(document);
-}
+// Packed variable-length documents: the family's two kernels (the dK/dV kernel of
+// cuda/attention_bwd_sm90.cuh, the dQ kernel above) on the document's view of the params
+// (templates/attention_variant.h, document_tile_view; the workspace as
+// cuda/attention_bwd_common.cuh says). A dK/dV CTA runs for a document without queries too (its
+// dK = dV = 0 are written) and exits when its keys start past the document's; a dQ CTA exits when
+// its query rows start past the document's.
+FLASHJIT_BACKWARD_DOCUMENT_ENTRIES(attention_backward_sm90, K::kHeadDimPadded)
 #endif
 #endif
 }  // namespace flashjit_kernel

@@ -245,17 +245,8 @@ FLASHJIT_KERNEL_BODY(attention_forward) {  // p (a variant: and its block map)
       }
     }
   __syncwarp();
-  constexpr int kCopies = K::kRowsPerWarp * K::kChunksPerRow / 32;
-#pragma unroll
-  for (int i = 0; i < kCopies; ++i) {
-    const int copy = lane + i * 32;
-    const int row = warp_row0 + copy / K::kChunksPerRow;
-    const int col = copy % K::kChunksPerRow * 8;
-    if (m0 + row < p.seqlen_q && col < K::kHeadDim) {
-      *reinterpret_cast<Vec16*>(o + row * p.o_seq_stride + col) =
-          *reinterpret_cast<const Vec16*>(q_tile + swizzled_offset<kDp>(row, col));
-    }
-  }
+  FLASHJIT_WARP_STORE_ROWS(K::kRowsPerWarp, K::kChunksPerRow, K::kHeadDim, o, p.o_seq_stride, lane,
+                           warp_row0, m0, p.seqlen_q, q_tile + swizzled_offset<kDp>(row, col));
 #undef FLASHJIT_KEY_BLOCK
 #undef FLASHJIT_SCALE_LOG2
 }
@@ -267,13 +258,7 @@ FLASHJIT_KERNEL_BODY(attention_forward) {  // p (a variant: and its block map)
 // queries, and runs the kernel above on the document's view of the params (q, k, v, o, lse at
 // its rows, its lengths as seqlen_q / seqlen_k): masks, the causal diagonal and the variant's
 // band are per document, and no load or store crosses into another document.
-template <class K>
-__device__ __forceinline__ void attention_forward_varlen(const FlashjitAttentionParams& params) {
-  const int m_block = K::kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // as the kernel's
-  FlashjitAttentionParams document = params;
-  if (!flashjit_variant::document_view(document, blockIdx.z, m_block * K::kBlockM, 2)) return;
-  attention_forward<K>(document);
-}
+FLASHJIT_FORWARD_DOCUMENT_ENTRY(attention_forward)
 #endif
 #endif
 }  // namespace flashjit_kernel

@@ -304,17 +304,8 @@ __device__ __forceinline__ void attention_forward_sm90(const FlashjitAttentionPa
     }
   }
   __syncwarp();
-  constexpr int kCopies = 16 * K::kChunksPerRow / 32;
-#pragma unroll
-  for (int i = 0; i < kCopies; ++i) {
-    const int copy = lane + i * 32;
-    const int row = warp_row0 + copy / K::kChunksPerRow;
-    const int col = copy % K::kChunksPerRow * 8;
-    if (m0 + row < p.seqlen_q && col < K::kHeadDim) {
-      *reinterpret_cast<Vec16*>(o + row * p.o_seq_stride + col) =
-          *reinterpret_cast<const Vec16*>(q_tile_pointer + wg_tile_offset<kBlockM>(row, col));
-    }
-  }
+  FLASHJIT_WARP_STORE_ROWS(16, K::kChunksPerRow, K::kHeadDim, o, p.o_seq_stride, lane, warp_row0,
+                           m0, p.seqlen_q, q_tile_pointer + wg_tile_offset<kBlockM>(row, col));
 #undef FLASHJIT_KEY_BLOCK
 #undef FLASHJIT_SCALE_LOG2
 }
@@ -325,14 +316,7 @@ __device__ __forceinline__ void attention_forward_sm90(const FlashjitAttentionPa
 // (m_block, head, document blockIdx.z) runs the kernel above on the document's view of the params
 // (every load and store is a cp.async or a plain access bounded by the document's lengths, so
 // none crosses into another document).
-template <class K>
-__device__ __forceinline__ void attention_forward_sm90_varlen(
-    const FlashjitAttentionParams& params) {
-  const int m_block = K::kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // as the kernel's
-  FlashjitAttentionParams document = params;
-  if (!flashjit_variant::document_view(document, blockIdx.z, m_block * K::kBlockM, 2)) return;
-  attention_forward_sm90<K>(document);
-}
+FLASHJIT_FORWARD_DOCUMENT_ENTRY(attention_forward_sm90)
 #endif
 #endif
 }  // namespace flashjit_kernel

@@ -2,7 +2,8 @@
 // warp-specialized) and the decode kernel. A row's scores sit in the four lanes of a quad
 // (accumulator fragments: lane holds rows lane/4 and lane/4 + 8); the softmax works in base 2 with
 // the scale folded in (p = exp2(s * scale_log2 - m * scale_log2)), m in units of raw scores.
-// The renderer places this after cuda/common.cuh.
+// Its end (the O stores of the mma and wgmma forwards) closes the file. The renderer places
+// this after cuda/common.cuh.
 
 namespace flashjit_kernel {
 
@@ -39,5 +40,26 @@ __device__ __forceinline__ float online_max_step(float& row_max, const float (&s
     block_max = fmaxf(block_max, fmaxf(s[nt * 4 + 2 * half], s[nt * 4 + 2 * half + 1]));
   return online_max_step(row_max, block_max, scale_log2, correction);
 }
+
+// ---- the end of a forward: O out ----------------------------------------------------------------
+
+// A warp's ROWS rows of O, staged in a shared tile of CHUNKS_PER_ROW 16-byte chunks per row, to
+// global memory by 16-byte stores: tile row `row` (from row0; query m0 + row) to
+// o + row * row_stride. Rows at or past seqlen_q - m0 and the tile's padding columns (past
+// HEAD_DIM) are not written. ADDRESS: the (generic) address of element `col` of tile row `row`,
+// an expression of those two names. (A macro for the reason cuda/warp_mma.cuh's loops are: as a
+// function, the kernels' code around it was scheduled differently, and the plain kernels' CUBINs
+// would have changed.)
+#define FLASHJIT_WARP_STORE_ROWS(ROWS, CHUNKS_PER_ROW, HEAD_DIM, o, row_stride, lane, row0, m0, \
+                                 seqlen_q, ADDRESS)                                             \
+  _Pragma("unroll") for (int i = 0; i < ROWS * CHUNKS_PER_ROW / 32; ++i) {                      \
+    const int copy = lane + i * 32;                                                             \
+    const int row = row0 + copy / CHUNKS_PER_ROW;                                               \
+    const int col = copy % CHUNKS_PER_ROW * 8;                                                  \
+    if (m0 + row < seqlen_q && col < HEAD_DIM) {                                                \
+      *reinterpret_cast<Vec16*>(o + row * row_stride + col) =                                   \
+          *reinterpret_cast<const Vec16*>(ADDRESS);                                             \
+    }                                                                                           \
+  }
 
 }  // namespace flashjit_kernel

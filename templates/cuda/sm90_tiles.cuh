@@ -54,18 +54,40 @@ __device__ __forceinline__ void wgmma_over_head_dim(float (&d)[N / 2], u64 a, u6
   wgmma_commit();
 }
 
+// d = A B over KEYS keys from key0 on, one commit group (the backward's dQ tile = dS K_j): A and
+// B both MN-major over the keys (128 bytes a key), at a_offset and b_offset bytes past their
+// descriptors. d is a fresh accumulator: the first k-step is a *_first.
+template <int KEYS, int N, bool IS_BF16>
+__device__ __forceinline__ void wgmma_over_keys(float (&d)[N / 2], u64 a, u32 a_offset, u64 b,
+                                                u32 b_offset, int key0 = 0) {
+#pragma unroll
+  for (int s = 0; s < KEYS / 16; ++s) {  // 16 keys per k-step
+    const int key = key0 + s * 16;
+    const u64 a_step = advance(a, a_offset + key * 128);
+    const u64 b_step = advance(b, b_offset + key * 128);
+    if (s == 0)
+      Wgmma<N, IS_BF16>::template ss_first<1, 1>(d, a_step, b_step);
+    else
+      Wgmma<N, IS_BF16>::template ss<1, 1>(d, a_step, b_step, 1);
+  }
+  wgmma_commit();
+}
+
 // O += P V: P from registers (p[t]: the A fragment of keys [16 t, 16 t + 16)), V through v_desc
-// (MN-major, BLOCK_N rows), O in CHUNKS chunks of PV_CHUNK head-dim columns (one wgmma each).
-// Committed as one wgmma group.
+// (MN-major, BLOCK_N rows, at v_offset bytes past the descriptor: a pipeline buffer), O in CHUNKS
+// chunks of PV_CHUNK head-dim columns (one wgmma each). Committed as one wgmma group. The
+// backward's dV += P^T dO and dK += dS^T Q from registers are the same product over the step's
+// BLOCK_N queries.
 template <int BLOCK_N, int PV_CHUNK, bool IS_BF16, int CHUNKS, int N>
 __device__ __forceinline__ void wgmma_pv(float (&o)[CHUNKS][N], const u32 (&p)[BLOCK_N / 16][4],
-                                         u64 v_desc) {
+                                         u64 v_desc, u32 v_offset = 0) {
 #pragma unroll
   for (int t = 0; t < BLOCK_N / 16; ++t)  // 16 keys per step
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c)
       Wgmma<PV_CHUNK, IS_BF16>::rs(
-          o[c], p[t], advance(v_desc, t * 16 * 128 + c * (PV_CHUNK / 64) * BLOCK_N * 128), 1);
+          o[c], p[t],
+          advance(v_desc, v_offset + t * 16 * 128 + c * (PV_CHUNK / 64) * BLOCK_N * 128), 1);
   wgmma_commit();
 }
 

@@ -24,6 +24,15 @@ __device__ __forceinline__ void warp_softmax_init(float (&acc)[MT][DT][4], float
   }
 }
 
+// d[mt][2j], d[mt][2j + 1] += a[mt] b for each of the warp's MT row tiles: b, one ldmatrix.x4 of
+// B, holds two 8-column tiles (b[0], b[1] and b[2], b[3]); a[mt] the A fragment of row tile mt.
+// The inner step of both products below (a macro as they are).
+#define FLASHJIT_WARP_MMA_PAIR(IS_BF16, MT, d, j, a, b)        \
+  _Pragma("unroll") for (int mt = 0; mt < MT; ++mt) {          \
+    mma_16x8x16<IS_BF16>(d[mt][2 * j], a[mt], b[0], b[1]);     \
+    mma_16x8x16<IS_BF16>(d[mt][2 * j + 1], a[mt], b[2], b[3]); \
+  }
+
 // s = Q K^T over the head dim (s: float[MT][NT][4], declared by the caller): q_lane, k_lane are
 // the lane's byte offsets into the Q tile (A operand) and the K tile (B operand) at shared
 // addresses q_tile, k_tile, before the per-fragment constants. (The two loops are macros, not
@@ -41,10 +50,7 @@ __device__ __forceinline__ void warp_softmax_init(float (&acc)[MT][DT][4], float
     _Pragma("unroll") for (int np = 0; np < NT / 2; ++np) { /* two 8-key tiles per x4 */ \
       u32 k_frag[4];                                                                     \
       ldmatrix_x4(k_frag, k_tile + swizzled_step<DP>(k_lane, np * 16, 2 * kk));          \
-      _Pragma("unroll") for (int mt = 0; mt < MT; ++mt) {                                \
-        mma_16x8x16<IS_BF16>(s[mt][2 * np], q_frag[mt], k_frag[0], k_frag[1]);           \
-        mma_16x8x16<IS_BF16>(s[mt][2 * np + 1], q_frag[mt], k_frag[2], k_frag[3]);       \
-      }                                                                                  \
+      FLASHJIT_WARP_MMA_PAIR(IS_BF16, MT, s, np, q_frag, k_frag)                         \
     }                                                                                    \
   }
 
@@ -102,10 +108,7 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[MT][NT][4],
     _Pragma("unroll") for (int dp = 0; dp < DT / 2; ++dp) { /* two V tiles per x4.trans */ \
       u32 v_frag[4];                                                                       \
       ldmatrix_x4_trans(v_frag, v_tile + swizzled_step<DP>(v_lane, t * 16, 2 * dp));       \
-      _Pragma("unroll") for (int mt = 0; mt < MT; ++mt) {                                  \
-        mma_16x8x16<IS_BF16>(acc[mt][2 * dp], p_frag[mt], v_frag[0], v_frag[1]);           \
-        mma_16x8x16<IS_BF16>(acc[mt][2 * dp + 1], p_frag[mt], v_frag[2], v_frag[3]);       \
-      }                                                                                    \
+      FLASHJIT_WARP_MMA_PAIR(IS_BF16, MT, acc, dp, p_frag, v_frag)                         \
     }                                                                                      \
   }
 

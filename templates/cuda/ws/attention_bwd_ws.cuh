@@ -401,43 +401,23 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
   const int n0 = tile.n_block * kBlockN;
 
   float dv[kKvChunks][kKvChunk / 2], dk[kKvChunks][kKvChunk / 2];  // fp32, 64 keys x kDp
-#pragma unroll
-  for (int c = 0; c < kKvChunks; ++c)
-#pragma unroll
-    for (int i = 0; i < kKvChunk / 2; ++i) dv[c][i] = dk[c][i] = 0.f;
+  clear_kv(dv, dk);
   float st[kSdpN / 2], dpt[kSdpN / 2];        // S^T then P^T; dP^T then dS^T (fp32)
   u32 pt[kSdpN / 16][4], dst[kSdpN / 16][4];  // P^T, dS^T in 16 bits: A fragments
   float dq[kDqN / 2];                         // one dQ tile
 
   auto issue_kv = [&](float(&d)[kKvChunks][kKvChunk / 2], const u32(&a)[kSdpN / 16][4], u64 b_cols,
                       int buffer) {  // d += A^T-rows x B over the step's queries
-#pragma unroll
-    for (int s = 0; s < kBlockM / 16; ++s)  // 16 queries per k-step
-#pragma unroll
-      for (int c = 0; c < kKvChunks; ++c)
-        Wgmma<kKvChunk, kBf16>::rs(d[c], a[s],
-                                   advance(b_cols, buffer * K::kQTileBytes + s * 16 * 128 +
-                                                       c * (kKvChunk / 64) * kBlockM * 128),
-                                   1);
-    wgmma_commit();
+    wgmma_pv<kBlockM, kKvChunk, kBf16>(d, a, b_cols, buffer * K::kQTileBytes);
   };
   // dQ tile = dS[64 rows of tile, keys] K_j[keys, cols]: every key of the CTA, or (split keys)
   // this consumer's 64.
   const int dq_key0 = K::kDqSplitKeys ? consumer * 64 : 0;
   auto issue_dq = [&](int tile, int ds_buffer, u64 ds_cols, u64 k_cols) {
     const int mt = tile / K::kDqColTiles, nc = tile % K::kDqColTiles;
-#pragma unroll
-    for (int s = 0; s < K::kDqKeys / 16; ++s) {  // 16 keys per k-step
-      const int key = dq_key0 + s * 16;
-      const u64 a =
-          advance(ds_cols, ds_buffer * K::kScoreTileBytes + mt * kBlockN * 128 + key * 128);
-      const u64 b = advance(k_cols, nc * kBlockN * 128 + key * 128);
-      if (s == 0)
-        Wgmma<kDqN, kBf16>::template ss_first<1, 1>(dq, a, b);
-      else
-        Wgmma<kDqN, kBf16>::template ss<1, 1>(dq, a, b, 1);
-    }
-    wgmma_commit();
+    wgmma_over_keys<K::kDqKeys, kDqN, kBf16>(dq, ds_cols,
+                                             ds_buffer * K::kScoreTileBytes + mt * kBlockN * 128,
+                                             k_cols, nc * kBlockN * 128, dq_key0);
   };
   auto stage_dq = [&](int tile) {  // this thread's share of a dQ tile into its staged rows, fp32
     const int mt = tile / K::kDqColTiles, nc = tile % K::kDqColTiles;
@@ -495,18 +475,13 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
     wgmma_over_head_dim<kSdpN, kDp, kBlockN, kBlockM, kBf16>(dpt, v_rows, do_rows,
                                                              buffer * K::kQTileBytes);
     turns.pass();
-    wgmma_wait<1>();  // S^T
-    pin(st);
     // P^T = exp2(S^T * scale_log2 - lse), masked in blocks that cross an edge; then dS^T
     // (cuda/attention_bwd_sm90.cuh's plain path).
     const float* stats = reinterpret_cast<const float*>(window_base + (smem.stats - smem.k) +
                                                         2 * buffer * K::kStatBytes);
-    scores_to_probabilities<kSdpN, K::kCausal>(st, p, diagonal, m0, n0, kBlockN,
-                                               n0 + consumer * 64 + frag_row, m0 + frag_col,
-                                               stats + frag_col);
-    wgmma_wait<0>();  // dP^T
-    pin(dpt);
-    probabilities_to_fragments<kSdpN, kBf16>(pt, dst, st, dpt, stats + kBlockM + frag_col);
+    scores_to_fragments<kSdpN, kBlockM, K::kCausal, kBf16>(st, dpt, pt, dst, p, diagonal, m0, n0,
+                                                           kBlockN, n0 + consumer * 64 + frag_row,
+                                                           m0 + frag_col, stats + frag_col);
     // dS^T of every consumer's keys in shared memory before any dQ tile reads it.
     store_fragments<kSdpN, kBlockN>(
         window_base + (smem.ds - smem.k) + ds_buffer * K::kScoreTileBytes, dst, consumer * 64, 0);
@@ -542,11 +517,7 @@ __device__ __forceinline__ void ws_bwd_consume(const FlashjitAttentionParams& p,
     pin(pt);
     pin(dst);
     pin(dq);
-#pragma unroll
-    for (int c = 0; c < kKvChunks; ++c) {
-      pin(dv[c]);
-      pin(dk[c]);
-    }
+    pin_kv(dv, dk);
     smem.pipe.consumer_release(at);  // Q_i, dO_i and the stats are read
     at.advance();
     mbarrier_wait(smem.dq_empty, (pos.step & 1) ^ 1);  // the writer has read the last rows
@@ -599,15 +570,7 @@ __device__ __forceinline__ void attention_backward_ws_dkdv(const FlashjitAttenti
   const int diagonal = flashjit_attention::diagonal(p);
   const int warpgroup = threadIdx.x / 128;
 
-  if (threadIdx.x == 0) {
-    smem.init_barriers();
-    fence_barrier_init();
-    prefetch_tensor_map(&maps.q);
-    prefetch_tensor_map(&maps.k);
-    prefetch_tensor_map(&maps.v);
-    prefetch_tensor_map(&maps.o);
-  }
-  __syncthreads();  // the barriers are initialized; no CTA-wide barrier after this point
+  ws_init_barriers(smem, maps);  // no CTA-wide barrier after this point
 
   WsBwdTileScheduler<K::kCausal, K::kPersistent, K::kBlockN> tiles;
   auto steps_of = [&](const WsBwdTile& tile) {

@@ -91,30 +91,27 @@ __device__ __forceinline__ void attention_forward_ws(const FlashjitAttentionPara
 #endif
   };
 
-  if (threadIdx.x == 0) {
-    smem.init_barriers();
-    fence_barrier_init();
-    prefetch_tensor_map(&maps.q);
-    prefetch_tensor_map(&maps.k);
-    prefetch_tensor_map(&maps.v);
-    prefetch_tensor_map(&maps.o);
-  }
-  __syncthreads();  // the barriers are initialized; no CTA-wide barrier after this point
+  ws_init_barriers(smem, maps);  // no CTA-wide barrier after this point
 
 #ifdef FLASHJIT_VARIANT
   WsVariantTileScheduler<K::kCausal, K::kPersistent> tiles(p, K::kBlockM);
 #else
   WsTileScheduler<K::kCausal, K::kPersistent> tiles(p, K::kBlockM);
 #endif
+  // Each role walks the CTA's tiles; a tile's first query row, once a variant's view is set to it.
+  auto start_tile = [&](const WsTile& tile) {
+    const int m0 = tile.m_block * K::kBlockM;
+#ifdef FLASHJIT_VARIANT
+    view.set(p, tile, m0);
+#endif
+    return m0;
+  };
   if (warpgroup == 0) {  // the producer
     setmaxnreg_dec<K::kProducerRegisters>();
     if (threadIdx.x == 0) {
-      WsLoads<K> at;
+      WsPositions<K> at;
       for (WsTile tile; tiles.next(tile);) {
-        const int m0 = tile.m_block * K::kBlockM;
-#ifdef FLASHJIT_VARIANT
-        view.set(p, tile, m0);
-#endif
+        const int m0 = start_tile(tile);
         ws_load<K>(smem, maps, tile, m0, tile.head / p.group_size, key_blocks(m0), at);
       }
       ws_load_tail<K>(smem, at);
@@ -124,12 +121,9 @@ __device__ __forceinline__ void attention_forward_ws(const FlashjitAttentionPara
     const int consumer = warpgroup - 1;
     const WsTurns<K> turns{consumer};
     turns.init();
-    WsReads<K> at;
+    WsPositions<K> at;
     for (WsTile tile; tiles.next(tile);) {
-      const int m0 = tile.m_block * K::kBlockM;
-#ifdef FLASHJIT_VARIANT
-      view.set(p, tile, m0);
-#endif
+      const int m0 = start_tile(tile);
       const WsKeyBlocks blocks = key_blocks(m0);
       WsAccumulators<K> acc;
 #ifdef FLASHJIT_VARIANT

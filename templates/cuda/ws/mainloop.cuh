@@ -23,7 +23,7 @@
 // With ping-pong (ws/pingpong.cuh) the consumers take turns issuing the loop's GEMMs.
 //
 // The pipelines' positions and the Q rounds carry over from tile to tile (a persistent CTA walks
-// several): WsLoads and WsReads hold them. A tile with no key (causal, seqlen_q > seqlen_k) loads
+// several): WsPositions hold them. A tile with no key (causal, seqlen_q > seqlen_k) loads
 // nothing and counts no Q round.
 //
 // The key blocks of a tile come as a WsKeyBlocks: count() of them, the t-th visited being block
@@ -48,9 +48,10 @@ struct WsKeyBlocks {
 };
 #endif
 
-// The producer's position: the next buffer of each pipeline, and the Q tiles loaded so far.
+// A role's position (the producer's loads, or a consumer's reads): the next buffer of each
+// pipeline, and the Q tiles loaded (or consumed) so far.
 template <class K>
-struct WsLoads {
+struct WsPositions {
   PipelineState<K::kStages> k, v;
   int q_rounds = 0;
 };
@@ -61,7 +62,7 @@ template <class K>
 __device__ __forceinline__ void ws_load(const WsShared<K>& smem,
                                         const FlashjitForwardTensorMaps& maps, const WsTile& tile,
                                         int m0, int kv_head, const WsKeyBlocks& blocks,
-                                        WsLoads<K>& at) {
+                                        WsPositions<K>& at) {
   const int n_blocks = blocks.count();
   if (n_blocks == 0) return;  // no key: the consumers write O = 0 without waiting for anything
   // Block `block` of K or V into the next buffer of its pipeline.
@@ -105,7 +106,7 @@ __device__ __forceinline__ void ws_load(const WsShared<K>& smem,
 // The producer, after its last tile: waits until the consumers released every buffer (the
 // CTA's loads have all landed and been read before the producing thread exits).
 template <class K>
-__device__ __forceinline__ void ws_load_tail(const WsShared<K>& smem, const WsLoads<K>& at) {
+__device__ __forceinline__ void ws_load_tail(const WsShared<K>& smem, const WsPositions<K>& at) {
   smem.k_pipe.producer_tail(at.k);
   smem.v_pipe.producer_tail(at.v);
 }
@@ -139,13 +140,6 @@ __device__ __forceinline__ void ws_zero_rows_from(u32 tile, int first_row) {
 #endif
 #endif
 
-// A consumer's position: the next buffer of each pipeline, and the Q tiles consumed so far.
-template <class K>
-struct WsReads {
-  PipelineState<K::kStages> k, v;
-  int q_rounds = 0;
-};
-
 // One consumer warpgroup's accumulators after the mainloop: O (unnormalized, fp32) and the
 // softmax state (m, l) of its rows.
 template <class K>
@@ -159,8 +153,8 @@ template <class K>
 __device__ __forceinline__ void ws_consume(const FlashjitAttentionParams& p,
                                            const WsShared<K>& smem, const WsTurns<K>& turns,
                                            int consumer, const WsTile& tile, int m0,
-                                           const WsKeyBlocks& blocks, int diagonal, WsReads<K>& at,
-                                           WsAccumulators<K>& out) {
+                                           const WsKeyBlocks& blocks, int diagonal,
+                                           WsPositions<K>& at, WsAccumulators<K>& out) {
   const int n_blocks = blocks.count();
   constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kDp = K::kHeadDimPadded;
   constexpr int kPvChunk = K::kPvChunk, kPvChunks = K::kPvChunks;

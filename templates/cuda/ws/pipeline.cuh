@@ -66,4 +66,22 @@ struct Pipeline {
   }
 };
 
+// The start of a warp-specialized kernel (the forward's and the backward's): one thread
+// initializes the CTA's mbarriers (SHARED::init_barriers(): its pipelines and other barriers) and
+// prefetches the tensor maps' descriptors; then the CTA barrier that publishes the barriers (the
+// last CTA-wide barrier: the roles go their own ways after it).
+template <class SHARED>
+__device__ __forceinline__ void ws_init_barriers(const SHARED& smem,
+                                                 const FlashjitForwardTensorMaps& maps) {
+  if (threadIdx.x == 0) {
+    smem.init_barriers();
+    fence_barrier_init();
+    prefetch_tensor_map(&maps.q);
+    prefetch_tensor_map(&maps.k);
+    prefetch_tensor_map(&maps.v);
+    prefetch_tensor_map(&maps.o);
+  }
+  __syncthreads();
+}
+
 }  // namespace flashjit_kernel
