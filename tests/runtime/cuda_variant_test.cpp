@@ -11,7 +11,6 @@
 
 #include <cmath>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,7 +19,6 @@
 #include "support/attention_cases.hpp"
 #include "support/device_run.hpp"
 #include "support/gpu.hpp"
-#include "support/parallel.hpp"
 #include "support/reference.hpp"
 #include "support/variant_cases.hpp"
 #include "support/variant_gpu_checks.hpp"
@@ -121,14 +119,12 @@ TEST(CudaVarlen, EveryLegalConfigMatchesTheReferencePerDocument) {
         const std::vector<AttentionConfig> configs = configs_to_run(backend, problem);
         ASSERT_FALSE(configs.empty());
         // NVRTC compiles dominate (tens of configs per problem): all of them on every core first.
-        using Built = std::optional<Result<std::shared_ptr<Kernel>>>;
-        const std::vector<Built> kernels = ft::parallel_map<Built>(configs.size(), [&](size_t i) {
-          return Built(build_kernel(backend, nullptr, problem, configs[i]));
-        });
-        for (size_t i = 0; i < configs.size(); ++i) {
-          const std::string where = problem.to_string() + " " + configs[i].to_string();
-          ASSERT_TRUE(kernels[i]->ok()) << where << ": " << kernels[i]->error().describe();
-          const ft::RunOutput out = ft::run_poisoned(backend, ***kernels[i], problem, *tensors);
+        const std::vector<ft::BuiltKernel> kernels =
+            ft::build_all(backend, nullptr, problem, configs);
+        for (const ft::BuiltKernel& built : kernels) {
+          const std::string where = problem.to_string() + " " + built.config.to_string();
+          ASSERT_TRUE(built.kernel) << where << ": " << built.error;
+          const ft::RunOutput out = ft::run_poisoned(backend, *built.kernel, problem, *tensors);
           ASSERT_TRUE(out.status.ok()) << where << ": " << out.status.error().describe();
           EXPECT_TRUE(ft::matches_reference(ft::compare(problem, out.o, out.lse, reference),
                                             kMaxOutputRelError, kMaxLseAbsError))

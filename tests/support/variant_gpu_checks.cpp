@@ -3,14 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <memory>
-#include <optional>
 #include <string>
 #include <utility>
 
 #include "runtime/runtime.hpp"
 #include "support/attention_cases.hpp"
 #include "support/device_run.hpp"
-#include "support/parallel.hpp"
 #include "support/reference.hpp"
 
 namespace flashjit::testing {
@@ -22,10 +20,7 @@ void check_variant_on_every_config(const Backend& backend, const VariantCase& c,
     probe.variant = c.variant;
     const std::vector<AttentionConfig> configs = configs_for(probe);
     if (configs.empty()) GTEST_SKIP() << "no config of the selected families";
-    using Built = std::optional<Result<std::shared_ptr<Kernel>>>;
-    const std::vector<Built> kernels = parallel_map<Built>(configs.size(), [&](size_t i) {
-      return Built(build_kernel(backend, nullptr, probe, configs[i]));
-    });
+    const std::vector<BuiltKernel> kernels = build_all(backend, nullptr, probe, configs);
     uint64_t seed = 1;
     for (const Shape& shape : gpu_test_shapes()) {
       AttentionProblem problem = make_problem(shape, head_dim, dtype, c.causal, pass);
@@ -38,9 +33,9 @@ void check_variant_on_every_config(const Backend& backend, const VariantCase& c,
         const std::string where = std::string(c.name) + " d" + std::to_string(head_dim) + " " +
                                   to_string(dtype) + " " + configs[i].to_string() + " " +
                                   shape.to_string();
-        ASSERT_TRUE(kernels[i]->ok()) << where << ": " << kernels[i]->error().describe();
+        ASSERT_TRUE(kernels[i].kernel) << where << ": " << kernels[i].error;
         EXPECT_TRUE(run_matches_reference(
-            problem, run_poisoned(backend, ***kernels[i], problem, *tensors), reference))
+            problem, run_poisoned(backend, *kernels[i].kernel, problem, *tensors), reference))
             << where;
       }
     }
